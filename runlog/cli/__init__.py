@@ -1,0 +1,42 @@
+"""The ``runlog`` command line. Each area registers its subcommands from its own module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from runlog.errors import RunlogError
+
+# Modules that define ``register(subparsers)``; each owns its subcommands.
+_COMMAND_MODULES = (
+    "runlog.cli.stack_cmd",
+    "runlog.cli.topics_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runlog", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in _COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc: int = args.func(args)
+    except RunlogError as exc:
+        print(f"runlog: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return rc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

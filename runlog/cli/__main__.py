@@ -1,0 +1,5 @@
+import sys
+
+from runlog.cli import main
+
+sys.exit(main())

@@ -1,0 +1,129 @@
+"""One root exception, per-area subclasses, fields rather than prose.
+
+Third-party errors are wrapped at the boundary (``raise X(...) from exc``) so callers
+never need to import confluent_kafka or redis to handle a runlog failure.
+"""
+
+from __future__ import annotations
+
+
+class RunlogError(Exception):
+    """Root of every error runlog raises on purpose."""
+
+    retryable: bool = False
+
+
+class ConfigError(RunlogError):
+    """Settings or topic configuration are wrong or have drifted."""
+
+
+class StackError(RunlogError):
+    """The embedded Kafka/Redis stack could not be brought up, named what is missing."""
+
+
+class SchemaError(RunlogError):
+    """An event could not be encoded or decoded."""
+
+
+class UnknownFingerprint(SchemaError):
+    """The record names a writer schema this reader does not know."""
+
+    def __init__(self, fingerprint: bytes) -> None:
+        super().__init__(f"unknown writer schema fingerprint {fingerprint.hex()}")
+        self.fingerprint = fingerprint
+
+
+class CorruptRecord(SchemaError):
+    """The record's bytes are truncated, have a bad header or do not decode."""
+
+
+class ValidationFailed(SchemaError):
+    """The payload does not satisfy the event type's model."""
+
+
+class UnknownEventType(SchemaError):
+    """An event type that is neither state-changing nor record-only."""
+
+
+class NewerSchemaVersion(SchemaError):
+    """The event was written by a newer release than this reader knows."""
+
+
+class MissingUpcaster(SchemaError):
+    """A change of meaning between versions has no upcaster; the reader refuses to guess."""
+
+
+class RunError(RunlogError):
+    """A failure tied to one run; carries its identity."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        epoch: int | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.epoch = epoch
+        self.seq = seq
+
+
+class Fenced(RunError):
+    """This writer no longer owns the run; it must not act on the append that raised."""
+
+
+class RunLocked(RunError):
+    """A live owner still holds the run after waiting."""
+
+
+class AppendOutcomeUnknown(RunError):
+    """The broker did not confirm an append in time: the event may or may not be in the log.
+
+    Stop; the next ``open_run`` learns the truth from the log.
+    """
+
+
+class RunFinished(RunError):
+    """The run has a terminal outcome; nothing more may be appended."""
+
+
+class Escalated(RunError):
+    """A call needs a person's decision before the run may continue."""
+
+    def __init__(self, message: str, *, approval_id: str | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.approval_id = approval_id
+
+
+class CallUncertain(RunError):
+    """A side effect's outcome is unknown and no evidence allows retrying it yet."""
+
+
+class CallRejected(RunError):
+    """A person decided a call must not be executed (again)."""
+
+
+class ToolFailed(RunError):
+    """The tool proved it failed; the failure is recorded and the call may be tried again."""
+
+
+class ToolArgumentsError(RunlogError):
+    """Tool arguments are not canonicalisable JSON or exceed limits; refused before STARTED."""
+
+
+class UnknownTool(RunlogError):
+    """``call_tool`` named a tool the run was not opened with."""
+
+
+class KafkaUnavailable(RunlogError):
+    """The broker could not be reached or refused an operation."""
+
+    retryable = True
+
+
+class RedisUnavailable(RunlogError):
+    """Redis could not be reached."""
+
+    retryable = True
