@@ -1,0 +1,65 @@
+# runlog developer entry points. Everything runs from the project's own virtualenv (.venv).
+#   make venv   create .venv (python3.11+ from PATH) and install runlog with dev extras
+#   make stack  start the local Kafka (KRaft, one node) + Redis stack and create topics
+#   make test   stack, then: .venv/bin/python -m pytest -q
+#   make lint   ruff check, ruff format --check, mypy (strict)
+#   make demo   stack + topics + the demo ($(DEMO_CMD))
+#   make down   stop the local stack
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUNLOG := $(VENV)/bin/runlog
+STAMP := $(VENV)/.installed
+# First python3.11+ found on PATH (override: make venv PYTHON=/path/to/python3.12).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	if command -v $$p >/dev/null 2>&1 && \
+	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
+	   echo $$p; break; fi; done)
+PACKAGES := runlog producers consumers schemas projections
+LINT_PATHS := $(PACKAGES) tests
+PYTEST_ARGS ?=
+# Hook for the demo: another module may provide runlog.demo; until then a placeholder runs.
+DEMO_CMD ?= $(shell test -f runlog/demo.py -o -f runlog/demo/__init__.py -o -f runlog/demo/__main__.py \
+	&& echo '$(PY) -m runlog.demo' \
+	|| echo 'echo "runlog demo: not provided yet (set DEMO_CMD or add runlog/demo.py)"')
+
+.PHONY: help venv stack topics test lint demo down status
+
+help:
+	@sed -n '2,8p' Makefile | sed 's/^# \{0,1\}//'
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "make venv: no python3.11+ found on PATH" >&2; exit 1; }
+	@echo "make venv: using $$(command -v $(PYTHON)) ($$($(PYTHON) -V))"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+stack: venv
+	$(RUNLOG) stack up
+	$(RUNLOG) topics create
+
+topics: venv
+	$(RUNLOG) topics create
+
+test: stack
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+demo: stack
+	$(DEMO_CMD)
+
+down:
+	@if test -x $(RUNLOG); then $(RUNLOG) stack down; else echo "make down: no $(VENV); nothing to stop"; fi
+
+status: venv
+	$(RUNLOG) stack status

@@ -1,0 +1,48 @@
+"""``runlog topics create|check``: runlog's Kafka topics (see runlog.topics)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from runlog.settings import Settings
+from runlog.topics import TopicsReport, check_topics, ensure_topics
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "topics", help="create or check runlog's Kafka topics"
+    )
+    sub = parser.add_subparsers(dest="topics_command", required=True)
+    p_create = sub.add_parser(
+        "create",
+        help="create missing topics (idempotent); report drift of existing ones (exit 1)",
+    )
+    p_create.add_argument("--timeout", type=float, default=30.0)
+    p_create.set_defaults(func=_create)
+    p_check = sub.add_parser(
+        "check", help="report missing topics and drifted configs/partitions (exit 1 if any)"
+    )
+    p_check.add_argument("--timeout", type=float, default=30.0)
+    p_check.set_defaults(func=_check)
+
+
+def _finish(report: TopicsReport) -> int:
+    print(report.describe())
+    if report.ok:
+        return 0
+    print(
+        "runlog topics: drift found; runlog never alters existing topics: fix them with "
+        "kafka-configs / kafka-topics, or point RUNLOG_TOPIC_PREFIX at new topics",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _create(args: argparse.Namespace) -> int:
+    return _finish(ensure_topics(Settings(), timeout=args.timeout))
+
+
+def _check(args: argparse.Namespace) -> int:
+    return _finish(check_topics(Settings(), timeout=args.timeout))

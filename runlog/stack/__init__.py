@@ -1,0 +1,891 @@
+"""A local Kafka (KRaft) + Redis stack without Docker: ``runlog stack up|down|status|env``.
+
+Kafka's broker is resolved from Maven Central with ``mvn`` (see ``pom.xml`` beside this file)
+into a cache outside the source tree and run as ``java -cp 'JARS/*' kafka.Kafka``: one
+combined broker+controller node on 127.0.0.1. Redis is Debian's ``redis-server`` with an
+append-only file, or an existing server named by ``RUNLOG_REDIS_URL``.
+
+Everything is idempotent: ``up`` on a running stack returns the running stack; ``up`` never
+starts a second copy. State (data, logs, pid files) lives in ``RUNLOG_STACK_DIR``
+(default ``~/.local/state/runlog/stack``); jars in ``RUNLOG_CACHE_DIR`` (default
+``~/.cache/runlog``).
+
+Environment overrides: ``RUNLOG_STACK_DIR``, ``RUNLOG_CACHE_DIR``,
+``RUNLOG_STACK_KAFKA_PORT`` (19092), ``RUNLOG_STACK_CONTROLLER_PORT`` (19093),
+``RUNLOG_STACK_REDIS_PORT`` (16379), ``RUNLOG_STACK_KAFKA_HEAP`` (512m),
+``RUNLOG_STACK_NO_INSTALL`` (do not ``apt-get install redis-server``), ``RUNLOG_REDIS_URL``
+(use that Redis instead of starting one).
+
+The code is shaped for N nodes (:class:`NodeSpec`), but only one node is supported today.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from runlog.errors import StackError
+
+__all__ = [
+    "KAFKA_VERSION",
+    "NodeSpec",
+    "ServiceStatus",
+    "StackConfig",
+    "StackStatus",
+    "down",
+    "env",
+    "resolve_jars",
+    "status",
+    "up",
+]
+
+_HERE = Path(__file__).resolve().parent
+POM_PATH = _HERE / "pom.xml"
+LOG4J2_PATH = _HERE / "log4j2.properties"
+
+DEFAULT_KAFKA_PORT = 19092
+DEFAULT_CONTROLLER_PORT = 19093
+DEFAULT_REDIS_PORT = 16379
+HOST = "127.0.0.1"
+
+Echo = Callable[[str], None]
+
+_log = logging.getLogger("runlog.stack")
+
+
+def _pom_kafka_version(pom_text: str) -> str:
+    match = re.search(r"<kafka\.version>\s*([^<\s]+)\s*</kafka\.version>", pom_text)
+    if match is None:  # pragma: no cover - the pom ships with the package
+        raise StackError(f"{POM_PATH} does not define <kafka.version>")
+    return match.group(1)
+
+
+KAFKA_VERSION = _pom_kafka_version(POM_PATH.read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise StackError(f"{name}={raw!r} is not a port number") from exc
+    if not 0 < value < 65536:
+        raise StackError(f"{name}={value} is not a valid port")
+    return value
+
+
+def _external_redis(url: str | None, redis_port: int) -> str | None:
+    """``RUNLOG_REDIS_URL`` unless it names the stack's own Redis.
+
+    After ``eval "$(runlog stack env)"`` the variable points at our own server; that must
+    not turn it into an "external" Redis that ``up`` would not start and ``down`` not stop.
+    """
+    if not url:
+        return None
+    parsed = urlsplit(url)
+    if parsed.hostname in (HOST, "localhost") and parsed.port == redis_port:
+        return None
+    return url
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One Kafka KRaft node (broker + controller) of the local cluster."""
+
+    node_id: int
+    kafka_port: int
+    controller_port: int
+    dir: Path
+
+    @property
+    def server_properties(self) -> Path:
+        return self.dir / "server.properties"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "kafka.pid"
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.log_dir / "stdout.log"
+
+    @property
+    def server_log(self) -> Path:
+        return self.log_dir / "server.log"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Where the stack lives and which ports it uses. Build with :meth:`from_env`."""
+
+    state_dir: Path
+    cache_dir: Path
+    kafka_port: int = DEFAULT_KAFKA_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+    redis_port: int = DEFAULT_REDIS_PORT
+    external_redis_url: str | None = None
+    kafka_heap: str = "512m"
+    node_count: int = 1
+    allow_install: bool = True
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> StackConfig:
+        e = os.environ if environ is None else environ
+        home = Path(e.get("HOME") or Path.home())
+        state = e.get("RUNLOG_STACK_DIR") or str(home / ".local/state/runlog/stack")
+        cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
+        redis_port = _env_int(e, "RUNLOG_STACK_REDIS_PORT", DEFAULT_REDIS_PORT)
+        return cls(
+            state_dir=Path(state).expanduser().absolute(),
+            cache_dir=Path(cache).expanduser().absolute(),
+            kafka_port=_env_int(e, "RUNLOG_STACK_KAFKA_PORT", DEFAULT_KAFKA_PORT),
+            controller_port=_env_int(e, "RUNLOG_STACK_CONTROLLER_PORT", DEFAULT_CONTROLLER_PORT),
+            redis_port=redis_port,
+            external_redis_url=_external_redis(e.get("RUNLOG_REDIS_URL"), redis_port),
+            kafka_heap=e.get("RUNLOG_STACK_KAFKA_HEAP") or "512m",
+            allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
+        )
+
+    # Layout -------------------------------------------------------------------------
+    @property
+    def jars_dir(self) -> Path:
+        return self.cache_dir / f"kafka-{KAFKA_VERSION}"
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.state_dir / "kafka"
+
+    @property
+    def redis_dir(self) -> Path:
+        return self.state_dir / "redis"
+
+    @property
+    def redis_pid_file(self) -> Path:
+        return self.redis_dir / "redis.pid"
+
+    @property
+    def redis_log(self) -> Path:
+        return self.redis_dir / "redis.log"
+
+    @property
+    def redis_conf(self) -> Path:
+        return self.redis_dir / "redis.conf"
+
+    @property
+    def cluster_id_file(self) -> Path:
+        return self.kafka_dir / "cluster.id"
+
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The cluster's nodes; node i uses ports base+2i (Kafka) and base+2i (controller)."""
+        return tuple(
+            NodeSpec(
+                node_id=i + 1,
+                kafka_port=self.kafka_port + 2 * i,
+                controller_port=self.controller_port + 2 * i,
+                dir=self.kafka_dir / f"node-{i + 1}",
+            )
+            for i in range(self.node_count)
+        )
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{HOST}:{n.kafka_port}" for n in self.nodes())
+
+    @property
+    def redis_url(self) -> str:
+        return self.external_redis_url or f"redis://{HOST}:{self.redis_port}/0"
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One process of the stack (a Kafka node or Redis)."""
+
+    name: str
+    running: bool
+    managed: bool
+    """False when the service is external (``RUNLOG_REDIS_URL``): runlog never stops it."""
+    address: str
+    pid: int | None = None
+    log_file: Path | None = None
+    data_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    services: tuple[ServiceStatus, ...]
+    bootstrap_servers: str
+    redis_url: str
+    state_dir: Path
+    jars_dir: Path
+    kafka_version: str = KAFKA_VERSION
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def running(self) -> bool:
+        return all(s.running for s in self.services)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RUNLOG_BOOTSTRAP_SERVERS": self.bootstrap_servers,
+            "RUNLOG_REDIS_URL": self.redis_url,
+        }
+
+    def describe(self) -> str:
+        lines = [
+            f"stack: {'running' if self.running else 'not running'} "
+            f"(Kafka {self.kafka_version}, KRaft)",
+        ]
+        for s in self.services:
+            state = "running" if s.running else "stopped"
+            if not s.managed:
+                state += " (external, not managed by runlog)"
+            pid = f" pid {s.pid}" if s.pid else ""
+            lines.append(f"  {s.name:<8} {state:<10} {s.address}{pid}")
+            if s.log_file is not None:
+                lines.append(f"           log:  {s.log_file}")
+            if s.data_dir is not None:
+                lines.append(f"           data: {s.data_dir}")
+        lines.append(f"  jars:    {self.jars_dir}")
+        lines.append(f"  state:   {self.state_dir}")
+        lines.extend(f"  note:    {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so two concurrent ``up`` calls start one stack."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _port_answers(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _reap(pid: int) -> None:
+    """Collect a dead child of this process so it stops looking alive (zombie)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _pid_alive(pid: int, marker: str) -> bool:
+    """True if ``pid`` is a live (non-zombie) process whose command line contains ``marker``."""
+    _reap(pid)
+    proc = Path(f"/proc/{pid}")
+    if proc.is_dir():
+        try:
+            stat = (proc / "stat").read_text()
+            state = stat.rsplit(")", 1)[1].split()[0]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X") and marker in cmdline
+    try:  # no /proc (not Linux): trust the pid file
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _live_pid(pid_file: Path, marker: str) -> int | None:
+    pid = _read_pid(pid_file)
+    if pid is not None and _pid_alive(pid, marker):
+        return pid
+    return None
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no {path})"
+    return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
+
+
+def _spawn(argv: list[str], *, cwd: Path, stdout: Path, env: Mapping[str, str]) -> int:
+    """Start ``argv`` detached from this process (own session), stdout/stderr to a file."""
+    stdout.parent.mkdir(parents=True, exist_ok=True)
+    with stdout.open("ab") as out, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=devnull,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+            close_fds=True,
+        )
+    return proc.pid
+
+
+def _stop_pid(pid: int, marker: str, timeout: float) -> None:
+    if not _pid_alive(pid, marker):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid, marker):
+            return
+        time.sleep(0.1)
+    _log.warning("pid %s did not stop after SIGTERM within %.0fs; sending SIGKILL", pid, timeout)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _pid_alive(pid, marker):
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- Java and jars
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin/java").is_file():
+        return str(Path(java_home) / "bin/java")
+    java = shutil.which("java")
+    if java is None:
+        raise StackError(
+            "no `java` on PATH (the Kafka broker needs Java 17+): "
+            "install it, e.g. `apt-get install -y openjdk-17-jre-headless`, or set JAVA_HOME"
+        )
+    return java
+
+
+def _check_java_version(java: str) -> None:
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError as exc:
+        raise StackError(f"cannot run {java}: {exc}") from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if match is None:
+        return
+    major = int(match.group(1))
+    if major == 1 and match.group(2):
+        major = int(match.group(2))
+    if major < 17:
+        raise StackError(
+            f"{java} is Java {major}; Kafka {KAFKA_VERSION} needs Java 17+ "
+            "(e.g. `apt-get install -y openjdk-17-jre-headless`, or set JAVA_HOME)"
+        )
+
+
+def _pom_hash() -> str:
+    return hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
+
+
+def resolve_jars(config: StackConfig, echo: Echo | None = None) -> Path:
+    """The broker's jars, resolved with Maven once per pom content and reused afterwards."""
+    target = config.jars_dir
+    stamp = target / ".pom-sha256"
+    want = _pom_hash()
+    if stamp.is_file() and stamp.read_text().strip() == want:
+        return target
+    with _locked(config.cache_dir / ".lock"):
+        if stamp.is_file() and stamp.read_text().strip() == want:
+            return target
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise StackError(
+                "no `mvn` on PATH: Maven resolves the Kafka broker's jars from Maven Central "
+                f"once (into {target}); install it, e.g. `apt-get install -y maven`"
+            )
+        if echo:
+            echo(f"resolving Kafka {KAFKA_VERSION} jars with Maven into {target} (once) ...")
+        work = config.cache_dir / f".resolve-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        try:
+            shutil.copyfile(POM_PATH, work / "pom.xml")
+            cmd = [
+                mvn,
+                "-B",
+                "-q",
+                "-Dstyle.color=never",
+                "-f",
+                str(work / "pom.xml"),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={work / 'jars'}",
+            ]
+            try:
+                proc = subprocess.run(
+                    cmd, cwd=work, capture_output=True, text=True, timeout=900, check=False
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise StackError(
+                    f"Maven resolution of Kafka {KAFKA_VERSION} failed: {exc}"
+                ) from exc
+            jars = sorted((work / "jars").glob("*.jar")) if (work / "jars").is_dir() else []
+            if proc.returncode != 0 or not jars:
+                output = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+                raise StackError(
+                    f"Maven could not resolve Kafka {KAFKA_VERSION} (exit {proc.returncode}); "
+                    f"is Maven Central reachable (proxy in ~/.m2/settings.xml)?\n"
+                    f"command: {' '.join(cmd)}\n{output}"
+                )
+            if not any(j.name.startswith(f"kafka_2.13-{KAFKA_VERSION}") for j in jars):
+                raise StackError(f"Maven resolved no kafka_2.13-{KAFKA_VERSION} jar")
+            (work / "jars" / ".pom-sha256").write_text(want + "\n")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(work / "jars", target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def _server_properties(config: StackConfig, node: NodeSpec) -> str:
+    voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in config.nodes())
+    rf = min(3, config.node_count)
+    min_isr = max(1, rf - 1)
+    props = {
+        # Combined KRaft node on loopback.
+        "process.roles": "broker,controller",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://{HOST}:{node.kafka_port},CONTROLLER://{HOST}:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{node.kafka_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(node.data_dir),
+        # Internal topics must fit the cluster size (defaults 3 / 2 break one broker).
+        "offsets.topic.replication.factor": str(rf),
+        "transaction.state.log.replication.factor": str(rf),
+        "transaction.state.log.min.isr": str(min_isr),
+        "share.coordinator.state.topic.replication.factor": str(rf),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
+        "default.replication.factor": str(rf),
+        "min.insync.replicas": "1",
+        "unclean.leader.election.enable": "false",
+        # runlog creates its topics explicitly (runlog topics create).
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        # Fast tests: no rebalance delay; small footprint on a 2-core laptop/CI runner.
+        "group.initial.rebalance.delay.ms": "0",
+        "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
+        "log.cleaner.threads": "1",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "1",
+        "background.threads": "4",
+        "offsets.topic.num.partitions": "10",
+        "log.retention.hours": "-1",
+        "log.retention.bytes": "-1",
+    }
+    body = "\n".join(f"{k}={v}" for k, v in props.items())
+    return (
+        "# Written by `runlog stack up`; rewritten on every start. Do not edit.\n"
+        "# One combined broker+controller per node. Note: Kafka does not fsync each message\n"
+        "# by default: an acknowledged write is in the page cache of the replicas.\n"
+        f"{body}\n"
+    )
+
+
+def _kafka_marker(node: NodeSpec) -> str:
+    return str(node.server_properties)
+
+
+def _java_argv(config: StackConfig, java: str, jars: Path, node: NodeSpec) -> list[str]:
+    return [
+        java,
+        f"-Xmx{config.kafka_heap}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J2_PATH}",
+        f"-Drunlog.log.dir={node.log_dir}",
+        f"-Dkafka.logs.dir={node.log_dir}",
+        "-cp",
+        f"{jars}/*",
+    ]
+
+
+def _ensure_cluster_id(config: StackConfig, java: str, jars: Path, node: NodeSpec) -> str:
+    if config.cluster_id_file.is_file():
+        cid = config.cluster_id_file.read_text().strip()
+        if cid:
+            return cid
+    argv = [*_java_argv(config, java, jars, node), "kafka.tools.StorageTool", "random-uuid"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise StackError(f"kafka.tools.StorageTool random-uuid failed:\n{proc.stdout}{proc.stderr}")
+    cid = lines[-1]
+    config.cluster_id_file.parent.mkdir(parents=True, exist_ok=True)
+    config.cluster_id_file.write_text(cid + "\n")
+    return cid
+
+
+def _format_storage(
+    config: StackConfig, java: str, jars: Path, node: NodeSpec, cluster_id: str
+) -> None:
+    if (node.data_dir / "meta.properties").is_file():
+        return
+    argv = [
+        *_java_argv(config, java, jars, node),
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(node.server_properties),
+        "-g",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise StackError(
+            f"formatting {node.data_dir} failed (exit {proc.returncode}):\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
+
+
+def _start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec) -> int:
+    node.dir.mkdir(parents=True, exist_ok=True)
+    node.log_dir.mkdir(parents=True, exist_ok=True)
+    node.server_properties.write_text(_server_properties(config, node))
+    cluster_id = _ensure_cluster_id(config, java, jars, node)
+    _format_storage(config, java, jars, node, cluster_id)
+    argv = [*_java_argv(config, java, jars, node), "kafka.Kafka", str(node.server_properties)]
+    pid = _spawn(argv, cwd=node.dir, stdout=node.stdout_log, env=os.environ)
+    node.pid_file.write_text(f"{pid}\n")
+    return pid
+
+
+def _kafka_ready(bootstrap: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    quiet = logging.getLogger("runlog.stack.librdkafka")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
+    try:
+        md = admin.list_topics(timeout=5)
+    except Exception:
+        return False
+    return len(md.brokers) > 0
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+def _redis_ping(url: str) -> bool:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _redis_server(config: StackConfig, echo: Echo | None) -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    hint = (
+        "install Debian's redis-server (`apt-get install -y redis-server`) or set RUNLOG_REDIS_URL"
+    )
+    if not config.allow_install or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise StackError(f"no `redis-server` on PATH: {hint}")
+    if echo:
+        echo("redis-server missing: apt-get install -y redis-server ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "redis-server"]
+    proc = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        subprocess.run(["apt-get", "update"], capture_output=True, env=env, check=False)
+        proc = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").is_file() else None
+    )
+    if proc.returncode != 0 or found is None:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise StackError(f"apt-get install redis-server failed; {hint}\n{tail}")
+    return found
+
+
+# redis-server rewrites its process title ("redis-server 127.0.0.1:PORT"), so the config
+# path is not in /proc/PID/cmdline; the pid file in our state dir identifies our server.
+_REDIS_MARKER = "redis-server"
+
+
+def _redis_conf(config: StackConfig) -> str:
+    return (
+        "# Written by `runlog stack up`. Durability: AOF, fsync once per second\n"
+        "# (a crash of the machine may lose up to ~1 s of lease/projection writes).\n"
+        f"bind {HOST}\n"
+        f"port {config.redis_port}\n"
+        "protected-mode yes\n"
+        "daemonize no\n"
+        f"dir {config.redis_dir / 'data'}\n"
+        f"logfile {config.redis_log}\n"
+        "appendonly yes\n"
+        "appendfsync everysec\n"
+        'appenddirname "appendonly"\n'
+        'save ""\n'
+        "databases 16\n"
+    )
+
+
+def _start_redis(config: StackConfig, server: str) -> int:
+    (config.redis_dir / "data").mkdir(parents=True, exist_ok=True)
+    config.redis_conf.write_text(_redis_conf(config))
+    pid = _spawn(
+        [server, str(config.redis_conf)],
+        cwd=config.redis_dir,
+        stdout=config.redis_dir / "stdout.log",
+        env=os.environ,
+    )
+    config.redis_pid_file.write_text(f"{pid}\n")
+    return pid
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _port_taken_error(port: int, what: str, env_var: str) -> StackError:
+    return StackError(
+        f"port {HOST}:{port} ({what}) is in use by a process that is not runlog's stack "
+        f"in this state dir; stop it or choose another port with {env_var}=..."
+    )
+
+
+def status(config: StackConfig | None = None) -> StackStatus:
+    """What is running, where. Never starts or stops anything."""
+    cfg = config or StackConfig.from_env()
+    services: list[ServiceStatus] = []
+    for node in cfg.nodes():
+        pid = _live_pid(node.pid_file, _kafka_marker(node))
+        services.append(
+            ServiceStatus(
+                name=f"kafka-{node.node_id}" if cfg.node_count > 1 else "kafka",
+                running=pid is not None and _port_answers(node.kafka_port),
+                managed=True,
+                address=f"{HOST}:{node.kafka_port} (controller {HOST}:{node.controller_port})",
+                pid=pid,
+                log_file=node.server_log,
+                data_dir=node.data_dir,
+            )
+        )
+    if cfg.external_redis_url:
+        services.append(
+            ServiceStatus(
+                name="redis",
+                running=_redis_ping(cfg.external_redis_url),
+                managed=False,
+                address=cfg.external_redis_url,
+            )
+        )
+    else:
+        pid = _live_pid(cfg.redis_pid_file, _REDIS_MARKER)
+        services.append(
+            ServiceStatus(
+                name="redis",
+                running=pid is not None and _port_answers(cfg.redis_port),
+                managed=True,
+                address=f"{HOST}:{cfg.redis_port}",
+                pid=pid,
+                log_file=cfg.redis_log,
+                data_dir=cfg.redis_dir / "data",
+            )
+        )
+    return StackStatus(
+        services=tuple(services),
+        bootstrap_servers=cfg.bootstrap_servers,
+        redis_url=cfg.redis_url,
+        state_dir=cfg.state_dir,
+        jars_dir=cfg.jars_dir,
+        notes=(
+            "single node: no replication, and Kafka does not fsync per message, so an "
+            "acknowledged write is in one machine's page cache (production: RF 3, "
+            "min.insync.replicas=2)",
+        ),
+    )
+
+
+def up(
+    config: StackConfig | None = None,
+    *,
+    timeout: float = 90.0,
+    echo: Echo | None = None,
+) -> StackStatus:
+    """Start the stack if it is not running; wait until Kafka and Redis answer real calls."""
+    cfg = config or StackConfig.from_env()
+    if cfg.node_count != 1:
+        raise StackError("only a single-node local stack is supported so far (node_count=1)")
+    say: Echo = echo or (lambda _msg: None)
+    with _locked(cfg.state_dir / "stack.lock"):
+        started: list[str] = []
+        # Kafka ---------------------------------------------------------------------
+        kafka_pids: dict[int, int] = {}
+        to_start: list[NodeSpec] = []
+        for node in cfg.nodes():
+            pid = _live_pid(node.pid_file, _kafka_marker(node))
+            if pid is not None:
+                if node.server_properties.read_text() != _server_properties(cfg, node):
+                    raise StackError(
+                        f"Kafka node {node.node_id} (pid {pid}) is running with other settings "
+                        f"than requested (see {node.server_properties}); "
+                        "run `runlog stack down` first"
+                    )
+                kafka_pids[node.node_id] = pid
+                continue
+            for port, what, var in (
+                (node.kafka_port, "Kafka", "RUNLOG_STACK_KAFKA_PORT"),
+                (node.controller_port, "Kafka controller", "RUNLOG_STACK_CONTROLLER_PORT"),
+            ):
+                if _port_answers(port):
+                    raise _port_taken_error(port, what, var)
+            to_start.append(node)
+        if to_start:
+            java = _java()
+            _check_java_version(java)
+            jars = resolve_jars(cfg, echo=say)
+            for node in to_start:
+                kafka_pids[node.node_id] = _start_kafka_node(cfg, java, jars, node)
+                started.append(f"kafka node {node.node_id}")
+        # Redis ---------------------------------------------------------------------
+        if cfg.external_redis_url:
+            if not _redis_ping(cfg.external_redis_url):
+                raise StackError(
+                    f"RUNLOG_REDIS_URL={cfg.external_redis_url} does not answer PING; "
+                    "start that Redis or unset RUNLOG_REDIS_URL to let runlog start one"
+                )
+        elif (redis_pid := _live_pid(cfg.redis_pid_file, _REDIS_MARKER)) is not None:
+            if cfg.redis_conf.read_text() != _redis_conf(cfg):
+                raise StackError(
+                    f"redis-server (pid {redis_pid}) is running with other settings than "
+                    f"requested (see {cfg.redis_conf}); run `runlog stack down` first"
+                )
+        else:
+            if _port_answers(cfg.redis_port):
+                raise _port_taken_error(cfg.redis_port, "Redis", "RUNLOG_STACK_REDIS_PORT")
+            _start_redis(cfg, _redis_server(cfg, say))
+            started.append("redis")
+        if started:
+            say(f"starting {', '.join(started)} ...")
+        # Wait for real client calls --------------------------------------------------
+        _wait_ready(cfg, timeout)
+    st = status(cfg)
+    if not st.running:  # pragma: no cover - _wait_ready checked the same things
+        raise StackError(f"stack did not come up:\n{st.describe()}")
+    return st
+
+
+def _wait_ready(cfg: StackConfig, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending_kafka = list(cfg.nodes())
+    redis_ok = False
+    while True:
+        for node in list(pending_kafka):
+            if _live_pid(node.pid_file, _kafka_marker(node)) is None:
+                raise StackError(
+                    f"Kafka node {node.node_id} exited during startup.\n"
+                    f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
+                    f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
+                )
+            if _port_answers(node.kafka_port) and _kafka_ready(f"{HOST}:{node.kafka_port}"):
+                pending_kafka.remove(node)
+        if not redis_ok:
+            if not cfg.external_redis_url and _live_pid(cfg.redis_pid_file, _REDIS_MARKER) is None:
+                raise StackError(
+                    f"redis-server exited during startup.\n--- {cfg.redis_log} (tail) ---\n"
+                    f"{_tail(cfg.redis_log)}\n{_tail(cfg.redis_dir / 'stdout.log', 10)}"
+                )
+            redis_ok = _redis_ping(cfg.redis_url)
+        if not pending_kafka and redis_ok:
+            return
+        if time.monotonic() > deadline:
+            parts = [f"stack not ready after {timeout:.0f}s"]
+            for node in pending_kafka:
+                parts.append(
+                    f"Kafka {HOST}:{node.kafka_port} does not answer a metadata request.\n"
+                    f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
+                    f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
+                )
+            if not redis_ok:
+                parts.append(
+                    f"Redis {cfg.redis_url} does not answer PING.\n"
+                    f"--- {cfg.redis_log} (tail) ---\n{_tail(cfg.redis_log)}"
+                )
+            raise StackError("\n".join(parts))
+        time.sleep(0.25)
+
+
+def down(config: StackConfig | None = None, *, timeout: float = 60.0) -> StackStatus:
+    """Stop Kafka and (runlog's own) Redis: SIGTERM, wait, then SIGKILL. Data is kept."""
+    cfg = config or StackConfig.from_env()
+    with _locked(cfg.state_dir / "stack.lock"):
+        for node in reversed(cfg.nodes()):
+            pid = _live_pid(node.pid_file, _kafka_marker(node))
+            if pid is not None:
+                _stop_pid(pid, _kafka_marker(node), timeout)
+            node.pid_file.unlink(missing_ok=True)
+        if not cfg.external_redis_url:
+            pid = _live_pid(cfg.redis_pid_file, _REDIS_MARKER)
+            if pid is not None:
+                _stop_pid(pid, _REDIS_MARKER, timeout)
+            cfg.redis_pid_file.unlink(missing_ok=True)
+    return status(cfg)
+
+
+def env(config: StackConfig | None = None) -> dict[str, str]:
+    """``RUNLOG_*`` variables that point clients at this stack."""
+    return status(config).env()

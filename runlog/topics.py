@@ -1,0 +1,292 @@
+"""runlog's Kafka topics: declared once, created idempotently, checked for drift.
+
+``ensure_topics(settings)`` creates what is missing and reports how existing topics differ
+from the declaration; ``check_topics(settings)`` only reports. Neither ever alters an
+existing topic: changing partitions or durability of a live log is an operator decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runlog.errors import ConfigError, KafkaUnavailable
+from runlog.settings import Settings
+
+__all__ = [
+    "Drift",
+    "TopicReport",
+    "TopicSpec",
+    "TopicsReport",
+    "check_topics",
+    "ensure_topics",
+    "topic_specs",
+]
+
+_log = logging.getLogger("runlog.topics")
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One way an existing topic differs from its declaration."""
+
+    topic: str
+    key: str
+    """``partitions``, ``replication.factor`` or a topic config name."""
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.key} is {self.actual}, expected {self.expected}"
+
+
+@dataclass(frozen=True)
+class TopicReport:
+    spec: TopicSpec
+    exists: bool
+    created: bool = False
+    drift: tuple[Drift, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.exists and not self.drift
+
+    def describe(self) -> str:
+        s = self.spec
+        head = (
+            f"{s.name}: partitions={s.partitions} rf={s.replication_factor} "
+            f"min.insync.replicas={s.configs.get('min.insync.replicas', '?')}"
+        )
+        if not self.exists:
+            return f"{head}  MISSING"
+        if self.created:
+            return f"{head}  created"
+        if self.drift:
+            return "\n".join([f"{head}  DRIFT", *(f"    {d}" for d in self.drift)])
+        return f"{head}  ok"
+
+
+@dataclass(frozen=True)
+class TopicsReport:
+    topics: tuple[TopicReport, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(t.ok for t in self.topics)
+
+    @property
+    def drift(self) -> tuple[Drift, ...]:
+        return tuple(d for t in self.topics for d in t.drift)
+
+    @property
+    def created(self) -> tuple[str, ...]:
+        return tuple(t.spec.name for t in self.topics if t.created)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(t.spec.name for t in self.topics if not t.exists)
+
+    def __getitem__(self, name: str) -> TopicReport:
+        for t in self.topics:
+            if t.spec.name == name:
+                return t
+        raise KeyError(name)
+
+    def describe(self) -> str:
+        return "\n".join(t.describe() for t in self.topics)
+
+    def raise_for_drift(self) -> None:
+        if not self.ok:
+            problems = [f"missing topic {m}" for m in self.missing] + [str(d) for d in self.drift]
+            raise ConfigError("topic configuration drifted: " + "; ".join(problems))
+
+
+def _durable_configs(settings: Settings) -> dict[str, str]:
+    return {
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "min.insync.replicas": str(settings.effective_min_insync_replicas),
+        "unclean.leader.election.enable": "false",
+        "cleanup.policy": "delete",
+        "message.timestamp.type": "CreateTime",
+    }
+
+
+def topic_specs(settings: Settings) -> tuple[TopicSpec, ...]:
+    """The topics runlog needs: the events log and the quarantine of undecodable records."""
+    if settings.effective_min_insync_replicas > settings.replication_factor:
+        raise ConfigError(
+            f"min.insync.replicas={settings.effective_min_insync_replicas} exceeds "
+            f"replication factor {settings.replication_factor}: every append would fail"
+        )
+    configs = _durable_configs(settings)
+    return (
+        TopicSpec(settings.events_topic, settings.partitions, settings.replication_factor, configs),
+        TopicSpec(
+            settings.quarantine_topic, settings.partitions, settings.replication_factor, configs
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- Kafka plumbing
+
+
+def _admin(settings: Settings) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    # librdkafka's log lines go to Python logging: errors show, informational noise does not.
+    return AdminClient(settings.kafka_common(), logger=_log)
+
+
+def _wrap(exc: BaseException, what: str, settings: Settings) -> Exception:
+    """A runlog error for a confluent_kafka failure (callers ``raise ... from exc``)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(err, KafkaError):
+        code = err.code()
+        config_codes = {
+            KafkaError.INVALID_CONFIG,
+            KafkaError.INVALID_REPLICATION_FACTOR,
+            KafkaError.INVALID_PARTITIONS,
+            KafkaError.POLICY_VIOLATION,
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+            KafkaError.TOPIC_EXCEPTION,
+            KafkaError.INVALID_REQUEST,
+        }
+        if code in config_codes:
+            return ConfigError(f"{what}: {err.str()} ({err.name()})")
+        return KafkaUnavailable(f"{what} at {settings.bootstrap_servers}: {err.str()}")
+    return KafkaUnavailable(f"{what} at {settings.bootstrap_servers}: {exc}")
+
+
+def _metadata(admin: Any, settings: Settings, timeout: float) -> Any:
+    try:
+        return admin.list_topics(timeout=timeout)
+    except Exception as exc:
+        raise _wrap(exc, "listing topics", settings) from exc
+
+
+def _describe(
+    admin: Any, settings: Settings, spec: TopicSpec, md: Any, timeout: float
+) -> TopicReport:
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        ConfigResource,
+        ResourceType,
+    )
+
+    topic_md = md.topics.get(spec.name)
+    if topic_md is None or topic_md.error is not None:
+        return TopicReport(spec, exists=False)
+    drift: list[Drift] = []
+    partitions = len(topic_md.partitions)
+    if partitions != spec.partitions:
+        drift.append(Drift(spec.name, "partitions", str(spec.partitions), str(partitions)))
+    rfs = sorted({len(p.replicas) for p in topic_md.partitions.values()})
+    if rfs and rfs != [spec.replication_factor]:
+        actual = "/".join(str(r) for r in rfs)
+        drift.append(Drift(spec.name, "replication.factor", str(spec.replication_factor), actual))
+    resource = ConfigResource(ResourceType.TOPIC, spec.name)
+    try:
+        futures = admin.describe_configs([resource], request_timeout=timeout)
+        entries = next(iter(futures.values())).result(timeout=timeout)
+    except Exception as exc:
+        raise _wrap(exc, f"describing topic {spec.name}", settings) from exc
+    for key, expected in spec.configs.items():
+        entry = entries.get(key)
+        value: str | None = entry.value if entry is not None else None
+        if value != expected:
+            drift.append(Drift(spec.name, key, expected, str(value)))
+    return TopicReport(spec, exists=True, drift=tuple(drift))
+
+
+def check_topics(settings: Settings, *, timeout: float = 30.0) -> TopicsReport:
+    """Describe runlog's topics and report missing ones and drifted settings. Changes nothing."""
+    specs = topic_specs(settings)
+    admin = _admin(settings)
+    md = _metadata(admin, settings, timeout)
+    return TopicsReport(tuple(_describe(admin, settings, s, md, timeout) for s in specs))
+
+
+def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> TopicsReport:
+    """Create missing topics (idempotent) and report drift of the ones that already existed.
+
+    Returns once created topics have a leader for every partition.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    specs = topic_specs(settings)
+    admin = _admin(settings)
+    md = _metadata(admin, settings, timeout)
+    reports: dict[str, TopicReport] = {}
+    to_create = [s for s in specs if s.name not in md.topics]
+    if to_create:
+        new = [
+            NewTopic(
+                s.name,
+                num_partitions=s.partitions,
+                replication_factor=s.replication_factor,
+                config=dict(s.configs),
+            )
+            for s in to_create
+        ]
+        try:
+            futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
+        except Exception as exc:
+            raise _wrap(exc, "creating topics", settings) from exc
+        for spec in to_create:
+            try:
+                futures[spec.name].result(timeout=timeout)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # created concurrently: describe it like any existing topic
+                raise _wrap(exc, f"creating topic {spec.name}", settings) from exc
+            except Exception as exc:
+                raise _wrap(exc, f"creating topic {spec.name}", settings) from exc
+            reports[spec.name] = TopicReport(spec, exists=True, created=True)
+        _wait_for_leaders(admin, settings, [s for s in to_create if s.name in reports], timeout)
+        md = _metadata(admin, settings, timeout)
+    out = [
+        reports[s.name] if s.name in reports else _describe(admin, settings, s, md, timeout)
+        for s in specs
+    ]
+    return TopicsReport(tuple(out))
+
+
+def _wait_for_leaders(
+    admin: Any, settings: Settings, specs: list[TopicSpec], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while specs:
+        md = _metadata(admin, settings, timeout)
+        pending = []
+        for s in specs:
+            t = md.topics.get(s.name)
+            if (
+                t is None
+                or t.error is not None
+                or len(t.partitions) < s.partitions
+                or any(p.leader < 0 for p in t.partitions.values())
+            ):
+                pending.append(s)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(s.name for s in pending)
+            raise KafkaUnavailable(f"created topics have no leader after {timeout:.0f}s: {names}")
+        specs = pending
+        time.sleep(0.1)
