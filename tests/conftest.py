@@ -1,0 +1,168 @@
+"""Session fixtures: every test runs against a real Kafka and Redis.
+
+Where the stack comes from, in order:
+1. ``RUNLOG_BOOTSTRAP_SERVERS`` and ``RUNLOG_REDIS_URL`` are both set: use them as they are.
+2. Something already answers on the stack's ports but is not runlog's embedded stack
+   (e.g. ``docker compose up -d``): use it.
+3. Otherwise start (or reuse) the embedded stack with :func:`runlog.stack.up`.
+
+A missing or unreachable service FAILS the session (never a skip), in CI and locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from runlog import stack
+from runlog.errors import RunlogError
+from runlog.settings import Settings
+from runlog.topics import ensure_topics
+
+IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+DEFAULT_TEST_TIMEOUT = int(os.environ.get("RUNLOG_TEST_TIMEOUT", "300"))
+TEST_PARTITIONS = 3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "stack: exercises the embedded stack itself")
+    if not config.pluginmanager.hasplugin("timeout"):
+        raise pytest.UsageError("pytest-timeout is required: pip install -e '.[dev]'")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test gets a timeout (a hung broker call must fail, not hang CI)."""
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT))
+
+
+def _answers(host_port: str) -> bool:
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _verify(settings: Settings, source: str) -> None:
+    """A real call on both services, or the session fails with what was tried."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        md = AdminClient(settings.kafka_common()).list_topics(timeout=15)
+        if not md.brokers:
+            raise RuntimeError("metadata lists no brokers")
+    except Exception as exc:
+        pytest.fail(
+            f"Kafka at {settings.bootstrap_servers} ({source}) is unreachable: {exc}",
+            pytrace=False,
+        )
+    try:
+        redis.Redis.from_url(settings.redis_url, socket_timeout=5).ping()
+    except Exception as exc:
+        pytest.fail(
+            f"Redis at {settings.redis_url} ({source}) is unreachable: {exc}", pytrace=False
+        )
+
+
+@pytest.fixture(scope="session")
+def stack_source() -> str:
+    """``env`` (RUNLOG_* given), ``external`` (ports answered) or ``embedded`` (runlog.stack)."""
+    if os.environ.get("RUNLOG_BOOTSTRAP_SERVERS") and os.environ.get("RUNLOG_REDIS_URL"):
+        cfg = stack.StackConfig.from_env()
+        if os.environ["RUNLOG_BOOTSTRAP_SERVERS"] != cfg.bootstrap_servers:
+            return "env"
+    cfg = stack.StackConfig.from_env()
+    st = stack.status(cfg)
+    if st.running:
+        return "embedded"
+    kafka_ports_answer = all(_answers(s) for s in cfg.bootstrap_servers.split(","))
+    if kafka_ports_answer and not any(s.running for s in st.services if s.managed):
+        return "external"
+    return "embedded"
+
+
+@pytest.fixture(scope="session")
+def settings(stack_source: str) -> Iterator[Settings]:
+    """Settings pointing at a live Kafka + Redis (see the module docstring)."""
+    if stack_source == "env":
+        s = Settings()
+    elif stack_source == "external":
+        cfg = stack.StackConfig.from_env()
+        s = Settings(bootstrap_servers=cfg.bootstrap_servers, redis_url=cfg.redis_url)
+    else:
+        try:
+            st = stack.up()
+        except RunlogError as exc:
+            pytest.fail(
+                f"could not bring up the embedded stack (runlog stack up): {exc}", pytrace=False
+            )
+        s = Settings(bootstrap_servers=st.bootstrap_servers, redis_url=st.redis_url)
+    _verify(s, stack_source)
+    yield s
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A prefix unique to this test, e.g. ``t-1a2b3c4d``."""
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def redis_client(settings: Settings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def test_settings(
+    settings: Settings, topic_prefix: str, redis_client: redis.Redis
+) -> Iterator[Settings]:
+    """Settings with this test's own topics (created, 3 partitions) and Redis key prefix.
+
+    Topics and keys are removed afterwards (best effort).
+    """
+    s = settings.model_copy(
+        update={
+            "topic_prefix": topic_prefix,
+            "redis_key_prefix": topic_prefix,
+            "partitions": TEST_PARTITIONS,
+        }
+    )
+    ensure_topics(s).raise_for_drift()
+    yield s
+    _cleanup(s, redis_client)
+
+
+def _cleanup(s: Settings, client: redis.Redis) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    with contextlib.suppress(Exception):  # best effort: the broker keeps running
+        AdminClient(s.kafka_common()).delete_topics(
+            [s.events_topic, s.quarantine_topic], operation_timeout=10
+        )
+    try:
+        keys = list(client.scan_iter(match=f"{s.redis_key_prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    except redis.RedisError:
+        pass
+
+
+@pytest.fixture
+def unique_group() -> Callable[..., str]:
+    """Factory for consumer group names unique to this test: ``unique_group("state")``."""
+
+    def make(name: str = "g") -> str:
+        return f"{name}-{uuid.uuid4().hex[:8]}"
+
+    return make
