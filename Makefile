@@ -40,9 +40,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# topics go to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 stack: venv
 	$(RUNLOG) stack up
-	$(RUNLOG) topics create
+	eval "$$($(RUNLOG) stack env)" && $(RUNLOG) topics create
 
 topics: venv
 	$(RUNLOG) topics create

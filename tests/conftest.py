@@ -107,6 +107,9 @@ def settings(stack_source: str) -> Iterator[Settings]:
             )
         s = Settings(bootstrap_servers=st.bootstrap_servers, redis_url=st.redis_url)
     _verify(s, stack_source)
+    # Subprocesses and code that reads Settings() from the environment find the same stack.
+    os.environ["RUNLOG_BOOTSTRAP_SERVERS"] = s.bootstrap_servers
+    os.environ["RUNLOG_REDIS_URL"] = s.redis_url
     yield s
 
 
