@@ -5,7 +5,7 @@ The variable names are a public contract: renaming one breaks every deployment.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         return conf
 
     def as_env(self) -> dict[str, str]:
-        """The non-secret settings as ``RUNLOG_*`` variables (for ``eval "$(runlog stack env)"``)."""
+        """Non-secret settings as ``RUNLOG_*`` variables, for ``eval "$(runlog stack env)"``."""
         out: dict[str, str] = {}
         for name in (
             "bootstrap_servers",

@@ -1,0 +1,1 @@
+"""Agent-worker side: leases, durable appends, open_run, the tool-call path, recovery."""

@@ -1,0 +1,270 @@
+"""Run leases with fencing tokens in Redis.
+
+One key per run holds ``owner|epoch`` with a TTL; a counter per run hands out epochs.
+Acquisition is atomic (Lua): take the lease only if it is free or expired, and bump the
+epoch above both the counter and a floor the caller read from the log, so epochs never go
+backwards even after Redis restarts empty. Keys carry a hash tag per run so a Redis
+Cluster keeps a run's keys on one slot.
+
+Lease heartbeats are operational telemetry (logged and counted), never semantic events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+
+import redis
+
+from runlog.errors import RedisUnavailable
+
+log = logging.getLogger(__name__)
+
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  return {0, cur, redis.call('PTTL', KEYS[1])}
+end
+local e = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if e <= floor then
+  e = floor + 1
+  redis.call('SET', KEYS[2], e)
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. e, 'PX', ARGV[2])
+return {1, tostring(e), 0}
+"""
+
+# Raise the holder's epoch above a floor learned from the log (after an empty restart).
+_RAISE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local e = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if e <= floor then
+  e = floor + 1
+  redis.call('SET', KEYS[2], e)
+end
+redis.call('SET', KEYS[1], ARGV[2] .. '|' .. e, 'PX', ARGV[4])
+return e
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+METRICS: Counter[str] = Counter()
+"""acquired, takeovers, renewed, renew_lost, released, fenced: process-wide counters."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """Who holds a run's lease, when acquisition fails."""
+
+    holder: str
+    ttl_ms: int
+
+
+@dataclass
+class Lease:
+    """A lease this process holds. ``valid_until`` is a local, conservative deadline."""
+
+    manager: LeaseManager
+    tenant: str
+    run_id: str
+    owner: str
+    epoch: int
+    ttl_ms: int
+    valid_until: float
+    lost: bool = False
+    released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def token(self) -> str:
+        return f"{self.owner}|{self.epoch}"
+
+    def locally_valid(self) -> bool:
+        return not self.lost and not self.released and time.monotonic() < self.valid_until
+
+    def check(self) -> bool:
+        """Authoritative: is this lease still the run's current lease in Redis?"""
+        ok = self.manager.current(self.tenant, self.run_id) == self.token
+        if not ok:
+            self.lost = True
+            METRICS["fenced"] += 1
+            log.warning("lease lost run=%s epoch=%s owner=%s", self.run_id, self.epoch, self.owner)
+        return ok
+
+    def raise_floor(self, floor: int) -> int:
+        """Move to an epoch above ``floor``; returns the new epoch or raises if lost."""
+        new = self.manager.raise_epoch(self, floor)
+        if new is None:
+            self.lost = True
+            return self.epoch
+        self.epoch = new
+        return new
+
+    def release(self) -> None:
+        self.manager.release(self)
+
+
+class LeaseManager:
+    """Acquires, renews (one background thread for all leases) and releases run leases."""
+
+    def __init__(self, client: redis.Redis, *, key_prefix: str = "runlog") -> None:
+        self.redis = client
+        self.prefix = key_prefix
+        self._acquire = client.register_script(_ACQUIRE)
+        self._raise = client.register_script(_RAISE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._leases_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # Keys -------------------------------------------------------------------------------
+    def run_tag(self, tenant: str, run_id: str) -> str:
+        return f"{self.prefix}:{{{tenant}:{run_id}}}"
+
+    def lease_key(self, tenant: str, run_id: str) -> str:
+        return f"{self.run_tag(tenant, run_id)}:lease"
+
+    def epoch_key(self, tenant: str, run_id: str) -> str:
+        return f"{self.run_tag(tenant, run_id)}:epoch"
+
+    # Operations ---------------------------------------------------------------------------
+    def current(self, tenant: str, run_id: str) -> str | None:
+        try:
+            raw = self.redis.get(self.lease_key(tenant, run_id))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def try_acquire(
+        self, tenant: str, run_id: str, owner: str, ttl_ms: int, floor: int = 0
+    ) -> Lease | Held:
+        started = time.monotonic()
+        keys = [self.lease_key(tenant, run_id), self.epoch_key(tenant, run_id)]
+        try:
+            ok, value, pttl = self._acquire(keys=keys, args=[owner, ttl_ms, floor])
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"lease acquire for {run_id}: {exc}") from exc
+        if not ok:
+            return Held(value.decode() if isinstance(value, bytes) else str(value), int(pttl))
+        lease = Lease(
+            manager=self,
+            tenant=tenant,
+            run_id=run_id,
+            owner=owner,
+            epoch=int(value),
+            ttl_ms=ttl_ms,
+            valid_until=started + ttl_ms / 1000 * 0.8,
+        )
+        METRICS["acquired"] += 1
+        log.info("lease acquired run=%s epoch=%s owner=%s", run_id, lease.epoch, owner)
+        with self._leases_lock:
+            self._leases.add(lease)
+        self._ensure_renewer()
+        return lease
+
+    def raise_epoch(self, lease: Lease, floor: int) -> int | None:
+        keys = [
+            self.lease_key(lease.tenant, lease.run_id),
+            self.epoch_key(lease.tenant, lease.run_id),
+        ]
+        with lease.lock:
+            try:
+                new = self._raise(keys=keys, args=[lease.token, lease.owner, floor, lease.ttl_ms])
+            except redis.RedisError as exc:
+                raise RedisUnavailable(f"epoch raise for {lease.run_id}: {exc}") from exc
+        if not new:
+            return None
+        log.info(
+            "epoch raised run=%s from=%s to=%s (log floor %s)",
+            lease.run_id,
+            lease.epoch,
+            new,
+            floor,
+        )
+        return int(new)
+
+    def renew(self, lease: Lease) -> bool:
+        started = time.monotonic()
+        with lease.lock:
+            if lease.lost or lease.released:
+                return False
+            try:
+                ok = self._renew(
+                    keys=[self.lease_key(lease.tenant, lease.run_id)],
+                    args=[lease.token, lease.ttl_ms],
+                )
+            except redis.RedisError as exc:
+                # Not lost yet: the local deadline keeps counting down without renewal.
+                log.warning("lease renew failed run=%s: %s", lease.run_id, exc)
+                return False
+            if ok:
+                lease.valid_until = started + lease.ttl_ms / 1000 * 0.8
+                METRICS["renewed"] += 1
+                return True
+            lease.lost = True
+        METRICS["renew_lost"] += 1
+        log.warning("lease renewal refused run=%s epoch=%s: taken over", lease.run_id, lease.epoch)
+        return False
+
+    def release(self, lease: Lease) -> None:
+        with lease.lock:
+            if lease.released:
+                return
+            lease.released = True
+            try:
+                self._release(keys=[self.lease_key(lease.tenant, lease.run_id)], args=[lease.token])
+            except redis.RedisError as exc:
+                # The lease will expire by itself; nothing else to do.
+                log.warning("lease release failed run=%s: %s", lease.run_id, exc)
+        with self._leases_lock:
+            self._leases.discard(lease)
+        METRICS["released"] += 1
+
+    # Renewal ---------------------------------------------------------------------------
+    def _ensure_renewer(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._renew_loop, name="runlog-lease", daemon=True
+            )
+            self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._leases_lock:
+                leases = list(self._leases)
+            now = time.monotonic()
+            wait = 1.0
+            for lease in leases:
+                period = lease.ttl_ms / 1000 / 3
+                due = lease.valid_until - lease.ttl_ms / 1000 * 0.8 + period
+                if now >= due:
+                    self.renew(lease)
+                    due = now + period
+                wait = min(wait, max(0.01, due - now))
+            self._stop.wait(wait)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)

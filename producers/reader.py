@@ -1,0 +1,165 @@
+"""Read one run's events from the log, starting where the run starts.
+
+Kafka cannot filter by key on the broker, so a reader seeks as close to the run's first
+event as it can (an explicit position, the run's start index, or the run id's embedded
+creation time with ``offsets_for_times``) and reads to the high watermark, decoding only
+the records whose key is the run id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from producers.keys import partition_for, run_id_time_ms
+from runlog.errors import KafkaUnavailable, SchemaError
+from runlog.settings import Settings
+from schemas.codec import decode
+from schemas.models import Event
+
+# How far before a run id's creation time to start looking: covers producer clock skew.
+START_SKEW_MS = 60_000
+
+
+@dataclass(frozen=True)
+class Position:
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    event: Event
+    partition: int
+    offset: int
+
+
+def consumer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    conf = dict(settings.kafka_common())
+    conf.update(
+        {
+            "group.id": f"runlog-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            # Catch-up readers: do not pay librdkafka's 500 ms default wait per fetch.
+            "fetch.wait.max.ms": 10,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    conf.update(extra)
+    return conf
+
+
+class LogReader:
+    """Reads runs' events. Not thread-safe; cheap to create per replay."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = settings.events_topic
+        self._consumer = Consumer(consumer_config(settings))
+        self._partitions: int | None = None
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partition_count(self) -> int:
+        if self._partitions is None:
+            try:
+                md = self._consumer.list_topics(self.topic, timeout=10)
+            except KafkaException as exc:
+                raise KafkaUnavailable(f"metadata for {self.topic}: {exc}") from exc
+            tmd = md.topics.get(self.topic)
+            if tmd is None or tmd.error is not None or not tmd.partitions:
+                raise KafkaUnavailable(f"topic {self.topic} not found (run `runlog topics create`)")
+            self._partitions = len(tmd.partitions)
+        return self._partitions
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_for(run_id, self.partition_count())
+
+    def high_watermark(self, partition: int) -> int:
+        try:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=10, cached=False
+            )
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"watermarks of {self.topic}[{partition}]: {exc}") from exc
+        return int(high)
+
+    def start_offset(self, run_id: str, partition: int, hint: int | None = None) -> int:
+        """Best known offset at or before the run's first event."""
+        if hint is not None:
+            return hint
+        created = run_id_time_ms(run_id)
+        if created is not None:
+            tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
+            try:
+                (found,) = self._consumer.offsets_for_times([tp], timeout=10)
+            except KafkaException as exc:
+                raise KafkaUnavailable(f"offsets_for_times: {exc}") from exc
+            if found.offset >= 0:
+                return int(found.offset)
+            # No record at or after that time: the run has no events yet.
+            return self.high_watermark(partition)
+        return OFFSET_BEGINNING
+
+    def read(
+        self,
+        run_id: str,
+        *,
+        partition: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> Iterator[LogRecord]:
+        """Events of ``run_id`` in log order, from ``start`` up to (excluding) ``end``.
+
+        ``end`` defaults to the high watermark when the read begins. A record of this run
+        that does not decode raises ``SchemaError`` naming its offset: a writer must never
+        resume past a fact it cannot read.
+        """
+        part = self.partition_of(run_id) if partition is None else partition
+        stop = self.high_watermark(part) if end is None else end
+        offset = self.start_offset(run_id, part, start)
+        if stop == 0 or (offset != OFFSET_BEGINNING and offset >= stop):
+            return
+        key = run_id.encode()
+        self._consumer.assign([TopicPartition(self.topic, part, offset)])
+        try:
+            while True:
+                batch = self._consumer.consume(500, timeout=1.0)
+                for msg in batch:
+                    err = msg.error()
+                    off = msg.offset()
+                    assert off is not None  # consumed messages and EOF events carry one
+                    if err is not None:
+                        if err.code() == err._PARTITION_EOF:
+                            if off >= stop:
+                                return
+                            continue
+                        raise KafkaUnavailable(f"reading {self.topic}[{part}]: {err}")
+                    if off >= stop:
+                        return
+                    if msg.key() != key:
+                        continue
+                    try:
+                        ev = decode(msg.value() or b"")
+                    except SchemaError as exc:
+                        exc.add_note(f"record at {self.topic}[{part}]@{off}")
+                        raise
+                    yield LogRecord(ev, part, off)
+                    if off + 1 >= stop:
+                        return
+        finally:
+            self._consumer.unassign()

@@ -1,0 +1,250 @@
+"""Settling uncertain calls: evidence first, then the risk class; every step is an event.
+
+A started call without a completion is uncertain, not failed. Recovery runs inside
+``open_run`` before the model may act, and again whenever the live path meets an
+uncertain outcome. Its decisions:
+
+====================  ===========================================================
+evidence              action
+====================  ===========================================================
+Match(result)         append a completion with source=reconciliation
+Absent()              retry with the same key
+Conflict(detail)      stop the run; escalate to a person with both payloads
+Unavailable(reason)   keep the call uncertain (absence of evidence is not permission)
+no reconciler         safe: retry; reversible: retry, compensation may be needed;
+                      irreversible: escalate to a person
+person decided        approved: retry with the same key; rejected: close the call
+                      with the person's note as its result (it is never executed again)
+====================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from producers.tools import Absent, Conflict, Match, Unavailable
+from projections.run_state import OpenCall
+from runlog.errors import CallUncertain, Escalated, ToolFailed
+from schemas.vocabulary import EventType
+
+if TYPE_CHECKING:
+    from producers.run import Run
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5
+"""Attempts per key before recovery stops retrying and asks a person."""
+
+
+def recover(run: Run) -> None:
+    """Settle every open call of ``run`` that its tools allow settling now."""
+    for call in list(run.state.open_calls.values()):
+        try:
+            recover_call(run, call)
+        except (ToolFailed, CallUncertain, Escalated) as exc:
+            # Recorded in the log already; open_run still returns the run.
+            log.info("recovery of %s left it %s: %s", call.idempotency_key, type(exc).__name__, exc)
+
+
+def _reconciliation(
+    run: Run, call: OpenCall, outcome: str, rule: str, action: str, evidence: str = ""
+) -> None:
+    run.append(
+        EventType.RECONCILIATION_ATTEMPTED,
+        started_seq=call.started_seq,
+        idempotency_key=call.idempotency_key,
+        name=call.name,
+        outcome=outcome,
+        evidence=evidence,
+        rule=rule,
+        action=action,
+    )
+
+
+def _complete(run: Run, call: OpenCall, content: str) -> None:
+    run.append(
+        EventType.TOOL_CALL_COMPLETED,
+        call_id=call.call_id,
+        name=call.name,
+        started_seq=call.started_seq,
+        content=content,
+        is_error=False,
+        idempotency_key=call.idempotency_key,
+        source="reconciliation",
+    )
+
+
+def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | None) -> None:
+    run.request_approval(
+        reason,
+        kind=kind,
+        name=call.name,
+        args_json=call.args_json,
+        idempotency_key=call.idempotency_key,
+        started_seq=call.started_seq,
+        started_at=call.started_at,
+        last_error=call.last_error,
+        detail=detail,
+    )
+
+
+def _retry(run: Run, call: OpenCall) -> None:
+    tool = run.tools[call.name]
+    if call.attempt >= MAX_ATTEMPTS:
+        _reconciliation(
+            run,
+            call,
+            "no_reconciler" if tool.reconcile is None else "unavailable",
+            f"{call.attempt} attempts with this key; a person must decide",
+            "escalate",
+        )
+        _escalate(run, call, "uncertain_call", f"{call.attempt} attempts left it unsettled", None)
+        return
+    run.attempt(
+        tool,
+        call.args_json,
+        call.idempotency_key,
+        call_id=call.call_id,
+        attempt=call.attempt + 1,
+        operation_id=None,
+    )
+
+
+def recover_call(run: Run, call: OpenCall) -> None:
+    """Take the next recovery step for ``call`` (see the module table)."""
+    key = call.idempotency_key
+    if key not in run.state.open_calls:
+        return
+    if not call.uncertain_recorded and call.status in ("started", "uncertain"):
+        # The owner that started it died before recording an outcome.
+        run.append(
+            EventType.TOOL_CALL_UNCERTAIN,
+            started_seq=call.started_seq,
+            call_id=call.call_id,
+            name=call.name,
+            idempotency_key=key,
+            error="started but never completed: the previous owner stopped first",
+            detected_by="recovery",
+        )
+        call = run.state.open_calls[key]
+    tool = run.tools.get(call.name)
+
+    if call.status == "decided":
+        if tool is None and call.decision:
+            return  # the retry needs the tool; a worker that has it will do it
+        if call.decision:
+            _reconciliation(
+                run,
+                call,
+                "decided",
+                f"{call.decided_by} approved a retry with the same key",
+                "retry",
+                call.decision_note,
+            )
+            _retry(run, run.state.open_calls[key])
+        else:
+            _reconciliation(
+                run,
+                call,
+                "decided",
+                f"{call.decided_by} ruled it must not run again",
+                "resolve",
+                call.decision_note,
+            )
+            _complete(
+                run,
+                run.state.open_calls[key],
+                f"resolved by {call.decided_by}: {call.decision_note}",
+            )
+        return
+    if call.status in ("escalated", "conflict"):
+        return  # waiting for a person
+    if tool is None:
+        log.info("call %s (%s) stays uncertain: tool not given to open_run", key, call.name)
+        return
+
+    args = json.loads(call.args_json)
+    if tool.reconcile is not None:
+        try:
+            evidence = tool.reconcile(args, idempotency_key=key)
+        except Exception as exc:  # noqa: BLE001 - a failing lookup is simply no evidence
+            evidence = Unavailable(f"lookup raised {type(exc).__name__}: {exc}")
+        if isinstance(evidence, Match):
+            _reconciliation(
+                run,
+                call,
+                "match",
+                "authoritative lookup found the same effect",
+                "complete",
+                evidence.result,
+            )
+            _complete(run, run.state.open_calls[key], evidence.result)
+        elif isinstance(evidence, Absent):
+            _reconciliation(
+                run,
+                call,
+                "absent",
+                "authoritative absence and the original request can no longer commit",
+                "retry",
+                evidence.evidence,
+            )
+            _retry(run, run.state.open_calls[key])
+        elif isinstance(evidence, Conflict):
+            _reconciliation(
+                run,
+                call,
+                "conflict",
+                "an effect with this identity differs from the intended one",
+                "escalate",
+                evidence.detail,
+            )
+            both = json.dumps({"intended": args, "found": evidence.detail}, sort_keys=True)
+            _escalate(
+                run,
+                run.state.open_calls[key],
+                "conflict",
+                f"conflicting {call.name} effect found",
+                both,
+            )
+        elif isinstance(evidence, Unavailable):
+            _reconciliation(
+                run,
+                call,
+                "unavailable",
+                "no evidence either way: never retry on absence of evidence",
+                "keep_uncertain",
+                evidence.reason,
+            )
+        else:  # pragma: no cover - guarded by the Evidence union
+            raise TypeError(f"reconciler returned {evidence!r}")
+        return
+
+    if tool.risk == "safe":
+        _reconciliation(run, call, "no_reconciler", "risk=safe: repeating it is harmless", "retry")
+        _retry(run, run.state.open_calls[key])
+    elif tool.risk == "reversible":
+        _reconciliation(
+            run,
+            call,
+            "no_reconciler",
+            "risk=reversible: retry; compensate if the first attempt also took effect",
+            "retry_compensate",
+        )
+        _retry(run, run.state.open_calls[key])
+    else:
+        _reconciliation(
+            run,
+            call,
+            "no_reconciler",
+            "risk=irreversible without lookup: a person must decide",
+            "escalate",
+        )
+        _escalate(
+            run,
+            run.state.open_calls[key],
+            "uncertain_call",
+            f"{call.name} may or may not have taken effect",
+            None,
+        )

@@ -1,0 +1,588 @@
+"""A run as its writer sees it: one owner, durable appends, the idempotent tool-call path.
+
+Starting and resuming are the same call (``open_run_with``): acquire the lease, replay the
+run's valid log into state, claim ownership with RUN_STARTED or RUN_RESUMED (confirmed by
+reading the log back), then settle uncertain calls before anything else may act.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from producers.keys import idempotency_key, new_run_id
+from producers.lease import Held, Lease, LeaseManager
+from producers.reader import LogReader
+from producers.tools import Tool, ToolError
+from producers.writer import Delivered, DeliveryFailed, EventWriter
+from projections.run_state import RunState, apply
+from runlog.errors import (
+    AppendOutcomeUnknown,
+    CallUncertain,
+    Escalated,
+    Fenced,
+    KafkaUnavailable,
+    RedisUnavailable,
+    RunFinished,
+    RunLocked,
+    ToolFailed,
+    UnknownTool,
+    ValidationFailed,
+)
+from runlog.settings import Settings
+from schemas import codec
+from schemas.canonical import canonical_json
+from schemas.models import Event, Payload
+from schemas.vocabulary import OWNERSHIP, EventType
+
+log = logging.getLogger(__name__)
+
+MAX_EVENT_BYTES = 900_000
+"""Below the broker's default ``message.max.bytes`` (1 MiB) with room for headers."""
+
+CLAIM_ATTEMPTS = 5
+
+
+@dataclass
+class RunDeps:
+    """What a run needs; wired once per process by the composition root."""
+
+    settings: Settings
+    writer: EventWriter
+    leases: LeaseManager
+    redis: redis.Redis
+    reader_factory: Callable[[], LogReader]
+    writer_id: str
+    snapshots: Any = None
+    """Optional snapshot store with ``load(tenant, run_id)`` / ``maybe_write(run)``."""
+
+    def start_key(self, tenant: str, run_id: str) -> str:
+        return f"{self.leases.run_tag(tenant, run_id)}:start"
+
+
+@dataclass
+class _Pending:
+    event: Event
+    future: Future[Delivered]
+
+
+@dataclass
+class Run:
+    """An owned run. Use as a context manager: closing releases the lease."""
+
+    deps: RunDeps
+    lease: Lease
+    state: RunState
+    tools: dict[str, Tool]
+    partition: int
+    position: int
+    """Offset just past the last record this run has read or written in its partition."""
+    first_offset: int | None = None
+    last_offset: int | None = None
+    """Offset of this run's last acknowledged record."""
+    _pending: list[_Pending] = field(default_factory=list)
+    _poisoned: str | None = None
+    _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    # Identity ---------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    @property
+    def tenant(self) -> str:
+        return self.lease.tenant
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for pipelined appends (best effort) and release the lease."""
+        try:
+            if self._pending and self._poisoned is None:
+                self.barrier()
+        finally:
+            self.lease.release()
+
+    # Appending --------------------------------------------------------------------------
+    def _fenced(self, why: str) -> Fenced:
+        self._poisoned = why
+        return Fenced(why, run_id=self.run_id, epoch=self.epoch, seq=self.state.seq)
+
+    def _usable(self, event_type: EventType) -> None:
+        if self._poisoned is not None:
+            raise Fenced(
+                f"run {self.run_id} can no longer append here: {self._poisoned}",
+                run_id=self.run_id,
+                epoch=self.epoch,
+                seq=self.state.seq,
+            )
+        if self.state.status == "finished":
+            raise RunFinished(
+                f"run {self.run_id} finished with {self.state.outcome!r}",
+                run_id=self.run_id,
+                seq=self.state.seq,
+            )
+        if event_type in OWNERSHIP and self.state.status != "new":
+            raise ValueError(f"{event_type.value} is appended by open_run only")
+
+    def _guard(self) -> None:
+        if self.lease.locally_valid():
+            return
+        try:
+            ok = not self.lease.lost and self.lease.check()
+        except RedisUnavailable as exc:
+            raise self._fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
+        if not ok:
+            raise self._fenced(f"lease of epoch {self.epoch} is no longer current")
+
+    def _build(self, event_type: EventType, payload: Payload | dict[str, Any]) -> Event:
+        return Event(
+            event_id=codec.new_event_id(),
+            run_id=self.run_id,
+            tenant=self.tenant,
+            seq=self.state.seq + 1,
+            epoch=self.epoch,
+            type=event_type,
+            schema_version=codec.registry().current[event_type],
+            occurred_at=codec.now_utc(),
+            writer_id=self.deps.writer_id,
+            payload=codec.make_payload(event_type, payload),
+        )
+
+    def emit(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
+        """Pipeline an event without waiting; ``barrier()`` makes everything emitted durable.
+
+        Nothing may act on an emitted event before the barrier returns.
+        """
+        et = EventType(event_type)
+        with self._lock:
+            self._usable(et)
+            return self._emit(et, payload if payload is not None else kw, local=True)
+
+    def _emit(self, et: EventType, payload: Payload | dict[str, Any], *, local: bool) -> Event:
+        ev = self._build(et, payload)
+        value = codec.encode(ev)
+        if len(value) > MAX_EVENT_BYTES:
+            raise ValidationFailed(
+                f"{et.value} encodes to {len(value)} bytes, over the {MAX_EVENT_BYTES} limit"
+            )
+        self._guard()
+        fut = self.deps.writer.send(
+            self.deps.settings.events_topic, self.run_id.encode(), value, codec.headers(ev)
+        )
+        if local:
+            apply(self.state, ev)
+        self._pending.append(_Pending(ev, fut))
+        return ev
+
+    def barrier(self) -> list[Delivered]:
+        """Wait until every emitted event is acknowledged, then re-check ownership."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            done: list[Delivered] = []
+            timeout = self.deps.settings.delivery_timeout_ms / 1000 + 5
+            for p in pending:
+                try:
+                    d = p.future.result(timeout=timeout)
+                except DeliveryFailed as exc:
+                    self._poisoned = f"append of seq {p.event.seq} failed: {exc}"
+                    if exc.unknown:
+                        raise AppendOutcomeUnknown(
+                            f"broker did not confirm seq {p.event.seq} ({exc}); the next "
+                            "open_run learns from the log whether it was written",
+                            run_id=self.run_id,
+                            epoch=self.epoch,
+                            seq=p.event.seq,
+                        ) from exc
+                    raise KafkaUnavailable(f"append of seq {p.event.seq} refused: {exc}") from exc
+                except FutureTimeout as exc:
+                    self._poisoned = f"no delivery report for seq {p.event.seq}"
+                    raise AppendOutcomeUnknown(
+                        self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=p.event.seq
+                    ) from exc
+                done.append(d)
+                self.last_offset = d.offset
+                if self.first_offset is None and p.event.seq == 1:
+                    self.first_offset = d.offset
+            if pending:
+                try:
+                    ok = self.lease.check()
+                except RedisUnavailable as exc:
+                    raise self._fenced(f"ownership unconfirmed after append: {exc}") from exc
+                if not ok:
+                    raise self._fenced(
+                        f"ownership lost while seq {pending[-1].event.seq} was appended"
+                    )
+            return done
+
+    def append(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
+        """Append one event and return it once acknowledged and ownership re-checked."""
+        with self._lock:
+            ev = self.emit(event_type, payload, **kw)
+            self.barrier()
+            self._after_durable()
+            return ev
+
+    def _after_durable(self) -> None:
+        store = self.deps.snapshots
+        if store is not None:
+            store.maybe_write(self)
+
+    # Tools -----------------------------------------------------------------------------
+    def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
+        """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
+        args_json = canonical_json(args)
+        scope = operation_id or self.run_id
+        ordinal = self._occurrences[(scope, name, args_json)]
+        return idempotency_key(self.tenant, scope, name, args_json, ordinal)
+
+    def call_tool(
+        self,
+        name: str,
+        args: dict[str, Any],
+        *,
+        operation_id: str | None = None,
+        call_id: str | None = None,
+    ) -> str:
+        """Invoke a tool at most once per logical action; see README "Side effects"."""
+        tool = self.tools.get(name)
+        if tool is None:
+            raise UnknownTool(f"run {self.run_id} has no tool {name!r}; pass it to open_run")
+        args_json = canonical_json(args)  # refuses bad arguments before STARTED
+        scope = operation_id or self.run_id
+        ordinal = self._occurrences[(scope, name, args_json)]
+        self._occurrences[(scope, name, args_json)] += 1
+        key = idempotency_key(self.tenant, scope, name, args_json, ordinal)
+        return self.execute(
+            tool,
+            args_json,
+            key,
+            call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
+            operation_id=operation_id,
+        )
+
+    def execute(
+        self,
+        tool: Tool,
+        args_json: str,
+        key: str,
+        *,
+        call_id: str,
+        operation_id: str | None = None,
+    ) -> str:
+        """Run the call with key ``key`` unless the log already settles it."""
+        from producers import recovery
+
+        with self._lock:
+            if self.state.status == "escalated":
+                pending = [a.approval_id for a in self.state.pending_approvals.values()]
+                raise Escalated(
+                    f"run {self.run_id} is stopped by a conflict awaiting a person",
+                    approval_id=pending[0] if pending else None,
+                    run_id=self.run_id,
+                )
+            if key in self.state.completed_calls:
+                return self.state.completed_calls[key]
+            if key in self.state.open_calls:
+                recovery.recover_call(self, self.state.open_calls[key])
+                return self._settled(key)
+            return self.attempt(
+                tool, args_json, key, call_id=call_id, attempt=1, operation_id=operation_id
+            )
+
+    def _settled(self, key: str) -> str:
+        if key in self.state.completed_calls:
+            return self.state.completed_calls[key]
+        call = self.state.open_calls.get(key)
+        if call is None:
+            raise ToolFailed(f"call {key} failed", run_id=self.run_id, seq=self.state.seq)
+        if call.status in ("escalated", "conflict"):
+            raise Escalated(
+                f"call {call.name} ({key}) awaits a person's decision",
+                approval_id=call.approval_id,
+                run_id=self.run_id,
+                seq=call.started_seq,
+            )
+        raise CallUncertain(
+            f"outcome of {call.name} ({key}) is unknown: {call.last_evidence or call.last_error}",
+            run_id=self.run_id,
+            seq=call.started_seq,
+        )
+
+    def attempt(
+        self,
+        tool: Tool,
+        args_json: str,
+        key: str,
+        *,
+        call_id: str,
+        attempt: int,
+        operation_id: str | None = None,
+    ) -> str:
+        """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
+        from producers import recovery
+
+        started = self.append(
+            EventType.TOOL_CALL_STARTED,
+            call_id=call_id,
+            name=tool.name,
+            args_json=args_json,
+            idempotency_key=key,
+            attempt=attempt,
+            risk=tool.risk,
+            operation_id=operation_id,
+        )
+        try:
+            result = tool(json.loads(args_json), idempotency_key=key)
+        except ToolError as exc:
+            # Proven failure: no key, so the action may be tried again later.
+            self.append(
+                EventType.TOOL_CALL_COMPLETED,
+                call_id=call_id,
+                name=tool.name,
+                started_seq=started.seq,
+                content=str(exc),
+                is_error=True,
+                idempotency_key=None,
+                source="live",
+            )
+            raise ToolFailed(str(exc), run_id=self.run_id, seq=started.seq) from exc
+        except Exception as exc:  # noqa: BLE001 - anything but a proven failure is uncertain
+            self.append(
+                EventType.TOOL_CALL_UNCERTAIN,
+                started_seq=started.seq,
+                call_id=call_id,
+                name=tool.name,
+                idempotency_key=key,
+                error=f"{type(exc).__name__}: {exc}",
+                detected_by="live",
+            )
+            recovery.recover_call(self, self.state.open_calls[key])
+            return self._settled(key)
+        self.append(
+            EventType.TOOL_CALL_COMPLETED,
+            call_id=call_id,
+            name=tool.name,
+            started_seq=started.seq,
+            content=str(result),
+            is_error=False,
+            idempotency_key=key,
+            source="live",
+        )
+        return str(result)
+
+    # Approvals and the end ---------------------------------------------------------------
+    def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:
+        approval_id = f"ap-{uuid.uuid4().hex[:12]}"
+        self.append(
+            EventType.APPROVAL_REQUESTED,
+            approval_id=approval_id,
+            kind=kind,
+            reason=reason,
+            **fields,
+        )
+        return approval_id
+
+    def decide(self, approval_id: str, *, approved: bool, decided_by: str, note: str = "") -> None:
+        """Record a person's decision; settles the call it concerns when the tool is here."""
+        from producers import recovery
+
+        if approval_id not in self.state.approvals:
+            raise KeyError(f"run {self.run_id} has no approval request {approval_id!r}")
+        self.append(
+            EventType.APPROVAL_DECIDED,
+            approval_id=approval_id,
+            approved=approved,
+            decided_by=decided_by,
+            note=note,
+        )
+        key = self.state.approvals[approval_id].idempotency_key
+        if key is not None and key in self.state.open_calls:
+            recovery.recover_call(self, self.state.open_calls[key])
+
+    def finish(self, outcome: str, summary: str = "") -> Event:
+        """Append RUN_FINISHED and release the lease."""
+        try:
+            return self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
+        finally:
+            self.lease.release()
+
+    # Reading back ----------------------------------------------------------------------
+    def _read_back(self, reader: LogReader, end: int) -> None:
+        for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
+            apply(self.state, rec.event)
+        self.position = max(self.position, end)
+
+
+def _acquire(deps: RunDeps, tenant: str, run_id: str, wait_s: float) -> Lease:
+    owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = deps.leases.try_acquire(tenant, run_id, owner, deps.settings.lease_ttl_ms)
+        if isinstance(got, Lease):
+            return got
+        assert isinstance(got, Held)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RunLocked(
+                f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
+                run_id=run_id,
+            )
+        time.sleep(min(remaining, max(0.02, min(got.ttl_ms / 1000, 0.25))))
+
+
+def open_run_with(
+    deps: RunDeps,
+    run_id: str | None = None,
+    *,
+    tenant: str = "default",
+    tools: Iterable[Tool] = (),
+    wait_s: float | None = None,
+    agent: str = "",
+    goal: str = "",
+    reason: str = "",
+    recover: bool = True,
+) -> Run:
+    """Start a new run or resume an existing one: the same call either way."""
+    from producers import recovery
+
+    rid = run_id or new_run_id()
+    wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
+    lease = _acquire(deps, tenant, rid, wait)
+    try:
+        reader = deps.reader_factory()
+        try:
+            run = _replay(deps, reader, lease, tools)
+            if run.state.status != "finished":
+                _claim(run, reader, agent=agent, goal=goal, reason=reason)
+        finally:
+            reader.close()
+        if recover and run.state.status != "finished":
+            recovery.recover(run)
+        return run
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
+    rid, tenant = lease.run_id, lease.tenant
+    partition = reader.partition_of(rid)
+    end = reader.high_watermark(partition)
+    state: RunState | None = None
+    start: int | None = None
+    if deps.snapshots is not None:
+        loaded = deps.snapshots.load(tenant, rid, partition=partition)
+        if loaded is not None:
+            state, start = loaded
+    if start is None:
+        start = _start_hint(deps, tenant, rid)
+    state = state if state is not None else RunState()
+    first: int | None = None
+    for rec in reader.read(rid, partition=partition, start=start, end=end):
+        if first is None:
+            first = rec.offset
+        apply(state, rec.event)
+    run = Run(
+        deps=deps,
+        lease=lease,
+        state=state,
+        tools={t.name: t for t in tools},
+        partition=partition,
+        position=end,
+        first_offset=first,
+    )
+    if state.max_epoch_seen >= lease.epoch:
+        # Redis forgot epochs the log remembers (restart without persistence): go above them.
+        lease.raise_floor(state.max_epoch_seen)
+        if lease.lost:
+            raise Fenced(f"lease of {rid} lost while raising its epoch", run_id=rid)
+    return run
+
+
+def _start_hint(deps: RunDeps, tenant: str, run_id: str) -> int | None:
+    try:
+        raw = deps.redis.get(deps.start_key(tenant, run_id))
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return int(text.split(":")[1])
+
+
+def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -> None:
+    """Append the ownership event and confirm, by reading the log back, that it counts.
+
+    A previous owner's append can land between our replay and our claim; the log then
+    rejects our claim (wrong expected seq) and we claim again above what we now know.
+    The claim is not folded locally: the state comes from reading the log back.
+    """
+    for _ in range(CLAIM_ATTEMPTS):
+        st = run.state
+        if st.status == "new":
+            ev = run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=False)
+        else:
+            gap = None
+            if st.last_event_at is not None:
+                gap = int((codec.now_utc() - st.last_event_at).total_seconds() * 1000)
+            payload = {
+                "previous_epoch": st.epoch,
+                "expected_prev_seq": st.seq,
+                "gap_ms": gap,
+                "reason": reason or "resumed by a new owner",
+            }
+            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+        (delivered,) = run.barrier()
+        run._read_back(reader, delivered.offset + 1)
+        if run.state.epoch == run.epoch and run.state.seq >= ev.seq:
+            if ev.type is EventType.RUN_STARTED:
+                _index_start(run, delivered)
+            log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
+            return
+        log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
+        if run.state.max_epoch_seen > run.epoch:
+            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
+    raise run._fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
+
+
+def _index_start(run: Run, delivered: Delivered) -> None:
+    try:
+        run.deps.redis.set(
+            run.deps.start_key(run.tenant, run.run_id),
+            f"{delivered.partition}:{delivered.offset}",
+            nx=True,
+        )
+    except redis.RedisError as exc:
+        # Only an optimisation: readers fall back to the run id's time or a scan.
+        log.warning("could not index the start of %s: %s", run.run_id, exc)

@@ -1,0 +1,434 @@
+"""Run state as a fold of the valid log, and the validation rule every reader shares.
+
+This module is the definition of what a run's state means. It is pure: no Kafka, no
+Redis, no clock, no I/O. ``apply`` mutates and returns the state it is given so that a
+long replay does not copy the message list per event; ``fold`` starts from a fresh state,
+so from the outside replay is a pure function of the events.
+
+Validation (deterministic, identical in every reader, because partition order is total):
+
+* the first valid event is RUN_STARTED with seq 1;
+* RUN_RESUMED is valid iff its epoch is above the current epoch, its seq is the next one
+  and its ``expected_prev_seq`` is the current seq: it moves ownership to its epoch;
+* any other event is valid iff its epoch is the current epoch and its seq the next one;
+* nothing is valid after RUN_FINISHED.
+
+An invalid event is a fenced write: excluded from state, kept in the log, counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from runlog.errors import UnknownEventType
+from schemas import models as m
+from schemas.models import Event
+from schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
+
+FOLD_VERSION = 1
+"""Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses."""
+
+Status = Literal["new", "running", "escalated", "finished"]
+CallStatus = Literal["started", "uncertain", "escalated", "conflict", "decided"]
+
+
+@dataclass
+class ToolResult:
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass
+class Message:
+    role: Literal["user", "assistant", "tool"]
+    content: str = ""
+    trust: Literal["user", "model", "tool", "untrusted"] = "user"
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_result: ToolResult | None = None
+
+
+@dataclass
+class OpenCall:
+    """A started call without a completion: in flight for its writer, uncertain for a reader."""
+
+    idempotency_key: str
+    started_seq: int
+    call_id: str
+    name: str
+    args_json: str
+    risk: str
+    attempt: int
+    started_at: datetime
+    status: CallStatus = "started"
+    last_error: str | None = None
+    last_evidence: str | None = None
+    reconciliations: int = 0
+    uncertain_recorded: bool = False
+    """A TOOL_CALL_UNCERTAIN was appended for this attempt."""
+    approval_id: str | None = None
+    decision: bool | None = None
+    """A person's decision on its escalation: True retry with the same key, False do not."""
+    decision_note: str = ""
+    decided_by: str = ""
+
+
+@dataclass
+class Approval:
+    approval_id: str
+    kind: str
+    reason: str
+    requested_seq: int
+    requested_at: datetime
+    idempotency_key: str | None = None
+    approved: bool | None = None
+    decided_by: str | None = None
+    note: str = ""
+
+
+@dataclass
+class RunState:
+    run_id: str = ""
+    tenant: str = ""
+    status: Status = "new"
+    seq: int = 0
+    """Seq of the last valid event."""
+    epoch: int = 0
+    """Epoch of the current owner, as the log says."""
+    max_epoch_seen: int = 0
+    """Highest epoch on any event of the run, valid or not: the floor for the next owner."""
+    started_at: datetime | None = None
+    last_event_at: datetime | None = None
+    turns: int = 0
+    messages: list[Message] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    completed_calls: dict[str, str] = field(default_factory=dict)
+    """idempotency key -> stored result: the load-bearing deduplication fact."""
+    open_calls: dict[str, OpenCall] = field(default_factory=dict)
+    """idempotency key -> started call with no completion yet."""
+    approvals: dict[str, Approval] = field(default_factory=dict)
+    compactions: int = 0
+    resumptions: int = 0
+    denials: int = 0
+    retries: int = 0
+    fenced_writes: int = 0
+    outcome: str | None = None
+    summary: str = ""
+
+    @property
+    def uncertain_calls(self) -> dict[str, OpenCall]:
+        """Calls whose outcome is not known from the log (after a crash: every open call)."""
+        return self.open_calls
+
+    @property
+    def pending_approvals(self) -> dict[str, Approval]:
+        return {k: a for k, a in self.approvals.items() if a.approved is None}
+
+    @property
+    def usage(self) -> m.Usage:
+        return m.Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every durable field, JSON-ready; equal states give equal dicts."""
+        out: dict[str, Any] = _jsonable(asdict(self))
+        return out
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON of ``to_dict``: equal iff the states are equal."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        """Inverse of ``to_dict`` (used by snapshots)."""
+        d = dict(data)
+        d["started_at"] = _dt(d.get("started_at"))
+        d["last_event_at"] = _dt(d.get("last_event_at"))
+        d["messages"] = [
+            Message(
+                **{
+                    **msg,
+                    "tool_result": ToolResult(**msg["tool_result"]) if msg["tool_result"] else None,
+                }
+            )
+            for msg in d.get("messages", [])
+        ]
+        d["open_calls"] = {
+            k: OpenCall(**{**v, "started_at": _dt(v["started_at"])})
+            for k, v in d.get("open_calls", {}).items()
+        }
+        d["approvals"] = {
+            k: Approval(**{**v, "requested_at": _dt(v["requested_at"])})
+            for k, v in d.get("approvals", {}).items()
+        }
+        return cls(**d)
+
+
+def _dt(value: Any) -> Any:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def is_valid(state: RunState, ev: Event) -> bool:
+    """The ownership rule every reader applies; see the module docstring."""
+    if state.status == "finished":
+        return False
+    if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
+        return False
+    if ev.seq != state.seq + 1:
+        return False
+    if ev.type is EventType.RUN_STARTED:
+        return state.status == "new"
+    if state.status == "new":
+        return False
+    if ev.type is EventType.RUN_RESUMED:
+        p = ev.payload
+        assert isinstance(p, m.RunResumed)
+        return ev.epoch > state.epoch and p.expected_prev_seq == state.seq
+    return ev.epoch == state.epoch
+
+
+# ---------------------------------------------------------------------------- fold rules
+
+Rule = Callable[[RunState, Event], None]
+
+
+def _run_started(st: RunState, ev: Event) -> None:
+    st.run_id, st.tenant, st.status = ev.run_id, ev.tenant, "running"
+    st.epoch = ev.epoch
+    st.started_at = ev.occurred_at
+
+
+def _run_resumed(st: RunState, ev: Event) -> None:
+    st.epoch = ev.epoch
+    st.resumptions += 1
+    # Anything started by the previous owner without a completion is now uncertain:
+    # that owner can no longer report it, so only evidence can settle it.
+    for call in st.open_calls.values():
+        if call.status == "started":
+            call.status = "uncertain"
+
+
+def _user_message(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.UserMessage)
+    st.messages.append(Message("user", p.content, trust="user"))
+
+
+def _model_turn(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ModelTurn)
+    calls = [c.model_dump() for c in p.tool_calls]
+    st.messages.append(Message("assistant", p.text, trust="model", tool_calls=calls))
+    st.turns += 1
+    st.input_tokens += p.usage.input_tokens
+    st.output_tokens += p.usage.output_tokens
+    st.cost_usd += p.cost_usd
+
+
+def _tool_call_denied(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ToolCallDenied)
+    content = f"denied by policy {p.policy}: {p.reason}" if p.policy else f"denied: {p.reason}"
+    st.messages.append(
+        Message("tool", trust="tool", tool_result=ToolResult(p.call_id, p.name, content, True))
+    )
+    st.denials += 1
+
+
+def _tool_call_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ToolCallStarted)
+    previous = st.open_calls.get(p.idempotency_key)
+    if p.attempt > 1:
+        st.retries += 1
+    st.open_calls[p.idempotency_key] = OpenCall(
+        idempotency_key=p.idempotency_key,
+        started_seq=ev.seq,
+        call_id=p.call_id,
+        name=p.name,
+        args_json=p.args_json,
+        risk=p.risk,
+        attempt=p.attempt,
+        started_at=ev.occurred_at,
+        last_error=previous.last_error if previous else None,
+        last_evidence=previous.last_evidence if previous else None,
+        reconciliations=previous.reconciliations if previous else 0,
+    )
+
+
+def _find_open(st: RunState, started_seq: int) -> OpenCall | None:
+    for call in st.open_calls.values():
+        if call.started_seq == started_seq:
+            return call
+    return None
+
+
+def _tool_call_completed(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ToolCallCompleted)
+    st.messages.append(
+        Message(
+            "tool",
+            trust="tool",
+            tool_result=ToolResult(p.call_id, p.name, p.content, p.is_error),
+        )
+    )
+    call = _find_open(st, p.started_seq)
+    if call is not None:
+        del st.open_calls[call.idempotency_key]
+    if p.idempotency_key is not None:
+        st.completed_calls[p.idempotency_key] = p.content  # <- the load-bearing line
+
+
+def _tool_call_uncertain(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ToolCallUncertain)
+    call = st.open_calls.get(p.idempotency_key)
+    if call is not None:
+        call.status = "uncertain" if call.status == "started" else call.status
+        call.last_error = p.error
+        call.uncertain_recorded = True
+
+
+def _reconciliation_attempted(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ReconciliationAttempted)
+    call = st.open_calls.get(p.idempotency_key)
+    if call is None:
+        return
+    call.reconciliations += 1
+    call.last_evidence = f"{p.outcome}: {p.evidence}" if p.evidence else p.outcome
+    if p.action == "escalate":
+        call.status = "conflict" if p.outcome == "conflict" else "escalated"
+    elif p.action == "keep_uncertain":
+        call.status = "uncertain"
+
+
+def _approval_requested(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ApprovalRequested)
+    st.approvals[p.approval_id] = Approval(
+        approval_id=p.approval_id,
+        kind=p.kind,
+        reason=p.reason,
+        requested_seq=ev.seq,
+        requested_at=ev.occurred_at,
+        idempotency_key=p.idempotency_key,
+    )
+    if p.kind in ("uncertain_call", "conflict") and p.idempotency_key in st.open_calls:
+        call = st.open_calls[p.idempotency_key]
+        call.approval_id = p.approval_id
+        call.status = "conflict" if p.kind == "conflict" else "escalated"
+    if p.kind == "conflict":
+        st.status = "escalated"
+
+
+def _approval_decided(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ApprovalDecided)
+    approval = st.approvals.get(p.approval_id)
+    if approval is None or approval.approved is not None:
+        return  # deciding an unknown or already decided request changes nothing
+    approval.approved, approval.decided_by, approval.note = p.approved, p.decided_by, p.note
+    key = approval.idempotency_key
+    if key is not None and key in st.open_calls:
+        call = st.open_calls[key]
+        call.status, call.decision = "decided", p.approved
+        call.decision_note, call.decided_by = p.note, p.decided_by
+    if (
+        approval.kind == "conflict"
+        and st.status == "escalated"
+        and not any(a.kind == "conflict" for a in st.pending_approvals.values())
+    ):
+        st.status = "running"
+
+
+def _context_compacted(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ContextCompacted)
+    tail = st.messages[-p.kept :] if p.kept else []
+    st.messages = [*st.messages[:1], Message("user", p.summary, trust="untrusted"), *tail]
+    st.compactions += 1
+
+
+def _run_finished(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.RunFinished)
+    st.status, st.outcome, st.summary = "finished", p.outcome, p.summary
+
+
+def _record_only(st: RunState, ev: Event) -> None:
+    """Deliberately nothing: audit reads these; run state does not depend on them."""
+
+
+RULES: dict[EventType, Rule] = {
+    EventType.RUN_STARTED: _run_started,
+    EventType.RUN_RESUMED: _run_resumed,
+    EventType.USER_MESSAGE: _user_message,
+    EventType.MODEL_TURN: _model_turn,
+    EventType.TOOL_CALL_DENIED: _tool_call_denied,
+    EventType.TOOL_CALL_STARTED: _tool_call_started,
+    EventType.TOOL_CALL_COMPLETED: _tool_call_completed,
+    EventType.TOOL_CALL_UNCERTAIN: _tool_call_uncertain,
+    EventType.RECONCILIATION_ATTEMPTED: _reconciliation_attempted,
+    EventType.APPROVAL_REQUESTED: _approval_requested,
+    EventType.APPROVAL_DECIDED: _approval_decided,
+    EventType.CONTEXT_COMPACTED: _context_compacted,
+    EventType.RUN_FINISHED: _run_finished,
+    EventType.GUARDRAIL_TRIGGERED: _record_only,
+    EventType.MEMORY_WRITTEN: _record_only,
+}
+
+# The rule table must mirror the classification exactly (checked by tests, and here so a
+# drift fails at import rather than in production).
+if (
+    set(RULES) != STATE_CHANGING | RECORD_ONLY
+    or any(RULES[t] is _record_only for t in STATE_CHANGING)
+    or any(RULES[t] is not _record_only for t in RECORD_ONLY)
+):  # pragma: no cover
+    raise RuntimeError("run-state fold rules disagree with the vocabulary classification")
+
+
+def apply(state: RunState, ev: Event) -> RunState:
+    """Fold one event into ``state`` (mutated and returned). Invalid events are counted."""
+    if ev.epoch > state.max_epoch_seen:
+        state.max_epoch_seen = ev.epoch
+    rule = RULES.get(ev.type)
+    if rule is None:
+        raise UnknownEventType(f"no fold rule for event type {ev.type!r}")
+    if not is_valid(state, ev):
+        state.fenced_writes += 1
+        return state
+    rule(state, ev)
+    state.seq = ev.seq
+    state.last_event_at = ev.occurred_at
+    return state
+
+
+def fold(events: Iterable[Event], state: RunState | None = None) -> RunState:
+    """The state of a run after ``events`` (from ``state``, or from nothing)."""
+    st = RunState() if state is None else state
+    for ev in events:
+        apply(st, ev)
+    return st

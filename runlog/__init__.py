@@ -1,0 +1,89 @@
+"""runlog: durable, fenced, replayable event logs for AI-agent runs on Kafka and Redis.
+
+Users import ``runlog`` only. Errors and settings load eagerly; the worker API loads on
+first use so that ``schemas`` and ``projections`` (which use ``runlog.errors``) never
+import Kafka or Redis clients.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from runlog.errors import (
+    AppendOutcomeUnknown,
+    CallRejected,
+    CallUncertain,
+    ConfigError,
+    Escalated,
+    Fenced,
+    RunError,
+    RunFinished,
+    RunLocked,
+    RunlogError,
+    SchemaError,
+    ToolArgumentsError,
+    ToolFailed,
+    UnknownTool,
+)
+from runlog.settings import Settings
+
+if TYPE_CHECKING:
+    from producers.run import Run
+    from producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
+    from runlog.api import open_run
+    from schemas.models import Event
+    from schemas.vocabulary import EventType
+
+_LAZY = {
+    "open_run": "runlog.api",
+    "Run": "producers.run",
+    "tool": "producers.tools",
+    "Tool": "producers.tools",
+    "ToolError": "producers.tools",
+    "Match": "producers.tools",
+    "Absent": "producers.tools",
+    "Conflict": "producers.tools",
+    "Unavailable": "producers.tools",
+    "Event": "schemas.models",
+    "EventType": "schemas.vocabulary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runlog' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Absent",
+    "AppendOutcomeUnknown",
+    "CallRejected",
+    "CallUncertain",
+    "ConfigError",
+    "Conflict",
+    "Escalated",
+    "Event",
+    "EventType",
+    "Fenced",
+    "Match",
+    "Run",
+    "RunError",
+    "RunFinished",
+    "RunLocked",
+    "RunlogError",
+    "SchemaError",
+    "Settings",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolError",
+    "ToolFailed",
+    "Unavailable",
+    "UnknownTool",
+    "open_run",
+    "tool",
+]

@@ -1,0 +1,47 @@
+"""The public worker API, wired through the composition root."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from runlog.bootstrap import Services
+from runlog.settings import Settings
+
+if TYPE_CHECKING:
+    from producers.run import Run
+    from producers.tools import Tool
+
+
+def open_run(
+    run_id: str | None = None,
+    *,
+    tenant: str = "default",
+    tools: Iterable[Tool] = (),
+    settings: Settings | None = None,
+    wait_s: float | None = None,
+    agent: str = "",
+    goal: str = "",
+    reason: str = "",
+    recover: bool = True,
+) -> Run:
+    """Start a new run (``run_id=None``) or resume one: the same call either way.
+
+    Acquires the run's lease (waiting up to ``wait_s``, default one lease TTL, for a live
+    owner; then ``RunLocked``), replays the run's valid log, appends RUN_STARTED or
+    RUN_RESUMED, settles uncertain calls, and returns the run with its state.
+    """
+    from producers.run import open_run_with
+
+    services = Services.shared(settings or Settings())
+    return open_run_with(
+        services.run_deps(),
+        run_id,
+        tenant=tenant,
+        tools=tools,
+        wait_s=wait_s,
+        agent=agent,
+        goal=goal,
+        reason=reason,
+        recover=recover,
+    )

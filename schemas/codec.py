@@ -1,0 +1,232 @@
+"""Avro single-object encoding of events, and the Kafka headers that travel with them.
+
+Wire format of a value: ``C3 01`` + 8-byte CRC-64-AVRO fingerprint (little-endian) of the
+writer schema + the Avro binary body. No registry server is needed: the fingerprint
+names the exact ``.avsc`` file that wrote the record.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import fastavro
+from pydantic import ValidationError
+
+from runlog.errors import (
+    CorruptRecord,
+    MissingUpcaster,
+    NewerSchemaVersion,
+    SchemaError,
+    UnknownFingerprint,
+    ValidationFailed,
+)
+from schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
+from schemas.models import PAYLOAD_MODELS, Event, Payload
+from schemas.registry import WriterSchema, registry
+
+__all__ = ["decode", "encode", "headers", "make_payload", "registry"]
+from schemas.vocabulary import EventType, parse_event_type
+
+MAGIC = b"\xc3\x01"
+HEADER_LEN = 10
+
+H_TYPE = "runlog.type"
+H_FINGERPRINT = "runlog.fingerprint"
+H_SEQ = "runlog.seq"
+H_EPOCH = "runlog.epoch"
+H_VERSION = "runlog.version"
+
+# The envelope fields every version of every type starts with, in wire order. Used to
+# say *which* newer type/version wrote a record whose fingerprint we do not know.
+_ENVELOPE_PREFIX = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "runlog.EnvelopePrefix",
+        "fields": [
+            {"name": "event_id", "type": "string"},
+            {"name": "run_id", "type": "string"},
+            {"name": "tenant", "type": "string"},
+            {"name": "seq", "type": "long"},
+            {"name": "epoch", "type": "long"},
+            {"name": "type", "type": "string"},
+            {"name": "schema_version", "type": "int"},
+        ],
+    }
+)
+
+
+def now_utc() -> datetime:
+    """Current time in UTC, truncated to microseconds (what Avro timestamp-micros keeps)."""
+    return datetime.now(UTC)
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def make_payload(event_type: EventType, payload: Payload | dict[str, Any]) -> Payload:
+    """Validate ``payload`` against the type's current model; ``ValidationFailed`` names why."""
+    model = PAYLOAD_MODELS[event_type]
+    if isinstance(payload, model):
+        return payload
+    if isinstance(payload, Payload):
+        raise ValidationFailed(
+            f"{event_type.value}: expected {model.__name__}, got {type(payload).__name__}"
+        )
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise ValidationFailed(f"{event_type.value}: invalid payload: {exc}") from exc
+
+
+def encode(event: Event) -> bytes:
+    """The single-object encoding of ``event`` with the current schema of its type."""
+    ws = registry().writer(event.type)
+    if event.schema_version != ws.version:
+        raise ValidationFailed(
+            f"{event.type.value}: writers emit only the current version v{ws.version}, "
+            f"not v{event.schema_version}"
+        )
+    record = {
+        "event_id": event.event_id,
+        "run_id": event.run_id,
+        "tenant": event.tenant,
+        "seq": event.seq,
+        "epoch": event.epoch,
+        "type": event.type.value,
+        "schema_version": event.schema_version,
+        "occurred_at": event.occurred_at,
+        "writer_id": event.writer_id,
+        "payload": event.payload.model_dump(mode="python"),
+    }
+    buf = io.BytesIO()
+    buf.write(MAGIC)
+    buf.write(ws.fingerprint)
+    try:
+        fastavro.schemaless_writer(buf, ws.parsed, record)
+    except (ValueError, TypeError) as exc:
+        raise ValidationFailed(f"{event.type.value}: does not fit its Avro schema: {exc}") from exc
+    return buf.getvalue()
+
+
+def headers(event: Event) -> list[tuple[str, str | bytes | None]]:
+    """Kafka headers: consumers can route or skip without decoding the value."""
+    ws = registry().writer(event.type)
+    return [
+        (H_TYPE, event.type.value.encode()),
+        (H_FINGERPRINT, ws.fingerprint),
+        (H_SEQ, str(event.seq).encode()),
+        (H_EPOCH, str(event.epoch).encode()),
+        (H_VERSION, str(ws.version).encode()),
+    ]
+
+
+def writer_schema_of(data: bytes) -> WriterSchema:
+    """The schema that wrote ``data``; raises ``CorruptRecord`` / ``UnknownFingerprint``."""
+    if data is None or len(data) < HEADER_LEN:
+        size = 0 if data is None else len(data)
+        raise CorruptRecord(f"record of {size} bytes is shorter than the 10-byte header")
+    if data[:2] != MAGIC:
+        raise CorruptRecord(f"bad single-object marker {data[:2].hex()} (expected c301)")
+    fp = bytes(data[2:HEADER_LEN])
+    ws = registry().by_fingerprint.get(fp)
+    if ws is None:
+        raise _unknown(fp, data)
+    return ws
+
+
+def _unknown(fp: bytes, data: bytes) -> SchemaError:
+    """The most precise error for an unknown fingerprint."""
+    try:
+        prefix: Any = fastavro.schemaless_reader(io.BytesIO(data[HEADER_LEN:]), _ENVELOPE_PREFIX)
+        et = EventType(prefix["type"])
+        version = int(prefix["schema_version"])
+    except Exception:  # noqa: BLE001 - any failure means we cannot say more than "unknown"
+        return UnknownFingerprint(fp)
+    known = registry().current[et]
+    if version > known:
+        return NewerSchemaVersion(
+            f"{et.value} v{version} was written by a newer release; this reader knows "
+            f"up to v{known} (fingerprint {fp.hex()})"
+        )
+    return UnknownFingerprint(fp)
+
+
+def _read(data: bytes, writer: Any, reader: Any | None = None) -> dict[str, Any]:
+    try:
+        rec = fastavro.schemaless_reader(io.BytesIO(data), writer, reader)
+    except Exception as exc:  # fastavro raises many types for bad bytes
+        raise CorruptRecord(f"Avro body does not decode: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(rec, dict):  # pragma: no cover - schemas are records
+        raise CorruptRecord("Avro body is not a record")
+    return rec
+
+
+def _upgrade(ws: WriterSchema, record: dict[str, Any]) -> dict[str, Any]:
+    """Walk ``record`` from ``ws.version`` up to the current version, step by step."""
+    reg = registry()
+    version = ws.version
+    target = reg.current[ws.event_type]
+    while version < target:
+        step = (ws.event_type, version)
+        nxt = reg.writer(ws.event_type, version + 1)
+        if step in UPCASTERS:
+            record = dict(record)
+            record["payload"] = UPCASTERS[step](dict(record["payload"]))
+        elif step in COMPATIBLE_STEPS:
+            # Re-encode with vN and resolve into vN+1: exactly Avro's resolution rules.
+            buf = io.BytesIO()
+            fastavro.schemaless_writer(buf, reg.writer(ws.event_type, version).parsed, record)
+            record = _read(buf.getvalue(), reg.writer(ws.event_type, version).parsed, nxt.parsed)
+        else:
+            raise MissingUpcaster(
+                f"{ws.event_type.value}: no upcaster or compatibility rule for "
+                f"v{version} -> v{version + 1}; refusing to guess its meaning"
+            )
+        version += 1
+        record["schema_version"] = version
+    return record
+
+
+def decode(data: bytes) -> Event:
+    """Decode one record into the current version of its event; ``SchemaError`` on failure."""
+    ws = writer_schema_of(data)
+    record = _read(data[HEADER_LEN:], ws.parsed)
+    if record.get("type") != ws.event_type.value:
+        raise CorruptRecord(
+            f"record says type {record.get('type')!r} but its schema is {ws.event_type.value}"
+        )
+    if record.get("schema_version") != ws.version:
+        raise CorruptRecord(
+            f"record says v{record.get('schema_version')} but its schema is v{ws.version}"
+        )
+    if ws.version != registry().current[ws.event_type]:
+        record = _upgrade(ws, record)
+    et = parse_event_type(record["type"])
+    payload = make_payload(et, record["payload"])
+    try:
+        return Event(
+            event_id=record["event_id"],
+            run_id=record["run_id"],
+            tenant=record["tenant"],
+            seq=record["seq"],
+            epoch=record["epoch"],
+            type=et,
+            schema_version=record["schema_version"],
+            occurred_at=record["occurred_at"],
+            writer_id=record["writer_id"],
+            payload=payload,
+        )
+    except ValidationError as exc:
+        raise ValidationFailed(f"{et.value}: invalid envelope: {exc}") from exc
+
+
+def peek_header(data: bytes) -> tuple[EventType, int] | None:
+    """Type and version from the fingerprint alone, without decoding; None if unknown."""
+    if data is None or len(data) < HEADER_LEN or data[:2] != MAGIC:
+        return None
+    ws = registry().by_fingerprint.get(bytes(data[2:HEADER_LEN]))
+    return None if ws is None else (ws.event_type, ws.version)
