@@ -54,20 +54,21 @@ def _answers(host_port: str) -> bool:
 
 def _verify(settings: Settings, source: str) -> None:
     """A real call on both services, or the session fails with what was tried."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     try:
         md = AdminClient(settings.kafka_common()).list_topics(timeout=15)
         if not md.brokers:
             raise RuntimeError("metadata lists no brokers")
-    except Exception as exc:
+    except (KafkaException, RuntimeError) as exc:
         pytest.fail(
             f"Kafka at {settings.bootstrap_servers} ({source}) is unreachable: {exc}",
             pytrace=False,
         )
     try:
         redis.Redis.from_url(settings.redis_url, socket_timeout=5).ping()
-    except Exception as exc:
+    except (redis.RedisError, OSError) as exc:
         pytest.fail(
             f"Redis at {settings.redis_url} ({source}) is unreachable: {exc}", pytrace=False
         )

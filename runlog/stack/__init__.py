@@ -606,6 +606,7 @@ def _start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec
 
 
 def _kafka_ready(bootstrap: str) -> bool:
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     quiet = logging.getLogger("runlog.stack.librdkafka")
@@ -614,7 +615,7 @@ def _kafka_ready(bootstrap: str) -> bool:
     admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
     try:
         md = admin.list_topics(timeout=5)
-    except Exception:
+    except KafkaException:
         return False
     return len(md.brokers) > 0
 
@@ -631,7 +632,7 @@ def _redis_ping(url: str) -> bool:
             return bool(client.ping())
         finally:
             client.close()
-    except Exception:
+    except (redis.RedisError, OSError, ValueError):
         return False
 
 
@@ -773,6 +774,11 @@ def up(
     say: Echo = echo or (lambda _msg: None)
     with _locked(cfg.state_dir / "stack.lock"):
         started: list[str] = []
+        # Find (or install) everything before starting anything, so a missing tool
+        # does not leave half a stack running.
+        redis_bin: str | None = None
+        if not cfg.external_redis_url and _live_pid(cfg.redis_pid_file, _REDIS_MARKER) is None:
+            redis_bin = _redis_server(cfg, say)
         # Kafka ---------------------------------------------------------------------
         kafka_pids: dict[int, int] = {}
         to_start: list[NodeSpec] = []
@@ -817,7 +823,7 @@ def up(
         else:
             if _port_answers(cfg.redis_port):
                 raise _port_taken_error(cfg.redis_port, "Redis", "RUNLOG_STACK_REDIS_PORT")
-            _start_redis(cfg, _redis_server(cfg, say))
+            _start_redis(cfg, redis_bin or _redis_server(cfg, say))
             started.append("redis")
         if started:
             say(f"starting {', '.join(started)} ...")
