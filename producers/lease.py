@@ -78,7 +78,7 @@ class Held:
     ttl_ms: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Lease:
     """A lease this process holds. ``valid_until`` is a local, conservative deadline."""
 

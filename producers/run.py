@@ -37,6 +37,7 @@ from runlog.errors import (
     RunFinished,
     RunLocked,
     ToolFailed,
+    UnknownRun,
     UnknownTool,
     ValidationFailed,
 )
@@ -430,6 +431,35 @@ class Run:
         if key is not None and key in self.state.open_calls:
             recovery.recover_call(self, self.state.open_calls[key])
 
+    def inbox_key(self) -> str:
+        return decisions_key(self.deps, self.tenant, self.run_id)
+
+    def poll_decisions(self) -> int:
+        """Record decisions people submitted while this worker held the lease.
+
+        An entry is removed only after its APPROVAL_DECIDED is durable, so a crash in
+        between leaves it for the next owner, which finds it already decided and drops it.
+        """
+        key = self.inbox_key()
+        try:
+            entries = self.deps.redis.lrange(key, 0, -1)
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"decision inbox of {self.run_id}: {exc}") from exc
+        recorded = 0
+        for raw in entries:
+            d = json.loads(raw)
+            approval = self.state.approvals.get(d["approval_id"])
+            if approval is not None and approval.approved is None:
+                self.decide(
+                    d["approval_id"],
+                    approved=bool(d["approved"]),
+                    decided_by=str(d["decided_by"]),
+                    note=str(d.get("note", "")),
+                )
+                recorded += 1
+            self.deps.redis.lrem(key, 1, raw)  # type: ignore[arg-type]  # bytes are accepted
+        return recorded
+
     def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED and release the lease."""
         try:
@@ -442,6 +472,51 @@ class Run:
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
             apply(self.state, rec.event)
         self.position = max(self.position, end)
+
+
+def decisions_key(deps: RunDeps, tenant: str, run_id: str) -> str:
+    return f"{deps.leases.run_tag(tenant, run_id)}:decisions"
+
+
+def submit_decision(
+    deps: RunDeps,
+    run_id: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str = "",
+    tenant: str = "default",
+    tools: Iterable[Tool] = (),
+) -> str:
+    """Record a person's decision: directly if the run is free, else via its owner's inbox.
+
+    Returns ``"recorded"`` or ``"queued"``. Taking the free run to record the decision is
+    an ownership change like any other (a RUN_RESUMED with the reason).
+    """
+    try:
+        run = open_run_with(
+            deps,
+            run_id,
+            tenant=tenant,
+            tools=tools,
+            wait_s=0,
+            recover=False,
+            create=False,
+            reason=f"decision by {decided_by}",
+        )
+    except RunLocked:
+        entry = {
+            "approval_id": approval_id,
+            "approved": approved,
+            "decided_by": decided_by,
+            "note": note,
+        }
+        deps.redis.rpush(decisions_key(deps, tenant, run_id), json.dumps(entry, sort_keys=True))
+        return "queued"
+    with run:
+        run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+    return "recorded"
 
 
 def _acquire(deps: RunDeps, tenant: str, run_id: str, wait_s: float) -> Lease:
@@ -472,8 +547,12 @@ def open_run_with(
     goal: str = "",
     reason: str = "",
     recover: bool = True,
+    create: bool = True,
 ) -> Run:
-    """Start a new run or resume an existing one: the same call either way."""
+    """Start a new run or resume an existing one: the same call either way.
+
+    ``create=False`` refuses to start a run that has no events (``UnknownRun``).
+    """
     from producers import recovery
 
     rid = run_id or new_run_id()
@@ -483,6 +562,8 @@ def open_run_with(
         reader = deps.reader_factory()
         try:
             run = _replay(deps, reader, lease, tools)
+            if not create and run.state.status == "new":
+                raise UnknownRun(f"run {rid} has no events", run_id=rid)
             if run.state.status != "finished":
                 _claim(run, reader, agent=agent, goal=goal, reason=reason)
         finally:

@@ -24,19 +24,37 @@ from runlog.errors import (
     SchemaError,
     ToolArgumentsError,
     ToolFailed,
+    UnknownRun,
     UnknownTool,
 )
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
+    from producers.agent import (
+        AgentLoop,
+        ApprovalStep,
+        Call,
+        CompactStep,
+        FinishStep,
+        ModelStep,
+        ScriptedModel,
+    )
     from producers.run import Run
     from producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
-    from runlog.api import open_run
+    from runlog.api import decide, open_run
     from schemas.models import Event
     from schemas.vocabulary import EventType
 
 _LAZY = {
     "open_run": "runlog.api",
+    "decide": "runlog.api",
+    "AgentLoop": "producers.agent",
+    "ScriptedModel": "producers.agent",
+    "ModelStep": "producers.agent",
+    "Call": "producers.agent",
+    "CompactStep": "producers.agent",
+    "ApprovalStep": "producers.agent",
+    "FinishStep": "producers.agent",
     "Run": "producers.run",
     "tool": "producers.tools",
     "Tool": "producers.tools",
@@ -61,29 +79,38 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Absent",
+    "AgentLoop",
     "AppendOutcomeUnknown",
+    "ApprovalStep",
+    "Call",
     "CallRejected",
     "CallUncertain",
+    "CompactStep",
     "ConfigError",
     "Conflict",
     "Escalated",
     "Event",
     "EventType",
     "Fenced",
+    "FinishStep",
     "Match",
+    "ModelStep",
     "Run",
     "RunError",
     "RunFinished",
     "RunLocked",
     "RunlogError",
     "SchemaError",
+    "ScriptedModel",
     "Settings",
     "Tool",
     "ToolArgumentsError",
     "ToolError",
     "ToolFailed",
     "Unavailable",
+    "UnknownRun",
     "UnknownTool",
+    "decide",
     "open_run",
     "tool",
 ]

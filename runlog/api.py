@@ -45,3 +45,34 @@ def open_run(
         reason=reason,
         recover=recover,
     )
+
+
+def decide(
+    run_id: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str = "",
+    tenant: str = "default",
+    tools: Iterable[Tool] = (),
+    settings: Settings | None = None,
+) -> str:
+    """Record a person's decision on an approval request of ``run_id``.
+
+    If no worker holds the run, the decision is appended at once (``"recorded"``);
+    otherwise it waits in the run's inbox until its owner records it (``"queued"``).
+    """
+    from producers.run import submit_decision
+
+    services = Services.shared(settings or Settings())
+    return submit_decision(
+        services.run_deps(),
+        run_id,
+        approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        tenant=tenant,
+        tools=tools,
+    )

@@ -85,6 +85,10 @@ class AppendOutcomeUnknown(RunError):
     """
 
 
+class UnknownRun(RunError):
+    """The run has no events in the log."""
+
+
 class RunFinished(RunError):
     """The run has a terminal outcome; nothing more may be appended."""
 

@@ -13,6 +13,7 @@ from runlog.errors import RunlogError
 _COMMAND_MODULES = (
     "runlog.cli.stack_cmd",
     "runlog.cli.topics_cmd",
+    "runlog.cli.runs_cmd",
 )
 
 
