@@ -281,16 +281,25 @@ class Run:
             raise UnknownTool(f"run {self.run_id} has no tool {name!r}; pass it to open_run")
         args_json = canonical_json(args)  # refuses bad arguments before STARTED
         scope = operation_id or self.run_id
-        ordinal = self._occurrences[(scope, name, args_json)]
-        self._occurrences[(scope, name, args_json)] += 1
+        occurrence = (scope, name, args_json)
+        ordinal = self._occurrences[occurrence]
         key = idempotency_key(self.tenant, scope, name, args_json, ordinal)
-        return self.execute(
-            tool,
-            args_json,
-            key,
-            call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
-            operation_id=operation_id,
-        )
+        self._occurrences[occurrence] += 1
+        try:
+            return self.execute(
+                tool,
+                args_json,
+                key,
+                call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
+                operation_id=operation_id,
+            )
+        except ToolFailed:
+            raise  # settled: a proven failure; the next identical call is a new occurrence
+        except BaseException:
+            # Not settled (uncertain, escalated, fenced...): asking again in this execution
+            # must reach the same key, never a fresh one that would execute a second time.
+            self._occurrences[occurrence] -= 1
+            raise
 
     def execute(
         self,
