@@ -26,7 +26,7 @@ from producers.lease import Held, Lease, LeaseManager
 from producers.reader import LogReader
 from producers.tools import Tool, ToolError
 from producers.writer import Delivered, DeliveryFailed, EventWriter
-from projections.run_state import RunState, apply
+from projections.run_state import RunState, apply, is_valid
 from runlog.errors import (
     AppendOutcomeUnknown,
     CallUncertain,
@@ -372,6 +372,7 @@ class Run:
             risk=tool.risk,
             operation_id=operation_id,
         )
+        t0 = time.monotonic()
         try:
             result = tool(json.loads(args_json), idempotency_key=key)
         except ToolError as exc:
@@ -385,6 +386,7 @@ class Run:
                 is_error=True,
                 idempotency_key=None,
                 source="live",
+                duration_ms=_elapsed_ms(t0),
             )
             raise ToolFailed(str(exc), run_id=self.run_id, seq=started.seq) from exc
         except Exception as exc:  # noqa: BLE001 - anything but a proven failure is uncertain
@@ -408,6 +410,7 @@ class Run:
             is_error=False,
             idempotency_key=key,
             source="live",
+            duration_ms=_elapsed_ms(t0),
         )
         return str(result)
 
@@ -589,20 +592,21 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
     rid, tenant = lease.run_id, lease.tenant
     partition = reader.partition_of(rid)
     end = reader.high_watermark(partition)
-    state: RunState | None = None
-    start: int | None = None
+    folded: tuple[RunState, int | None] | None = None
     if deps.snapshots is not None:
         loaded = deps.snapshots.load(tenant, rid, partition=partition)
         if loaded is not None:
-            state, start = loaded
-    if start is None:
-        start = _start_hint(deps, tenant, rid)
-    state = state if state is not None else RunState()
-    first: int | None = None
-    for rec in reader.read(rid, partition=partition, start=start, end=end):
-        if first is None:
-            first = rec.offset
-        apply(state, rec.event)
+            # A snapshot is a cache: its tail must continue it exactly, else replay it all.
+            folded = _fold_log(reader, rid, partition, loaded[1], end, loaded[0])
+            if folded is None:
+                report = getattr(deps.snapshots, "discontinuous", None)
+                if report is not None:
+                    report(tenant, rid, loaded[0].seq)
+                log.warning("snapshot of %s does not continue into the log; full replay", rid)
+    if folded is None:
+        folded = _fold_log(reader, rid, partition, _start_hint(deps, tenant, rid), end, None)
+        assert folded is not None  # no snapshot to contradict
+    state, first = folded
     run = Run(
         deps=deps,
         lease=lease,
@@ -618,6 +622,44 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         if lease.lost:
             raise Fenced(f"lease of {rid} lost while raising its epoch", run_id=rid)
     return run
+
+
+def _fold_log(
+    reader: LogReader,
+    run_id: str,
+    partition: int,
+    start: int | None,
+    end: int,
+    snapshot: RunState | None,
+) -> tuple[RunState, int | None] | None:
+    """Fold ``run_id``'s records in ``[start, end)``, on top of ``snapshot`` if given.
+
+    With a snapshot, None when the tail does not continue it: a position past the end of
+    the log, or a first tail record that is not the snapshot's next valid event (a record
+    skipped or re-read). A late fenced write right after the position also lands here:
+    a needless full replay, never a wrong state.
+    """
+    if snapshot is not None and start is not None and start > end:
+        return None
+    state = snapshot if snapshot is not None else RunState()
+    first: int | None = None
+    records = reader.read(run_id, partition=partition, start=start, end=end)
+    try:
+        for rec in records:
+            if first is None:
+                first = rec.offset
+                if snapshot is not None and not is_valid(state, rec.event):
+                    return None
+            apply(state, rec.event)
+    finally:
+        close = getattr(records, "close", None)  # stop the generator: it unassigns
+        if close is not None:
+            close()
+    return state, first
+
+
+def _elapsed_ms(t0: float) -> int:
+    return int((time.monotonic() - t0) * 1000)
 
 
 def _start_hint(deps: RunDeps, tenant: str, run_id: str) -> int | None:

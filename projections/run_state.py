@@ -30,8 +30,12 @@ from schemas import models as m
 from schemas.models import Event
 from schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
-FOLD_VERSION = 1
-"""Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses."""
+FOLD_VERSION = 2
+"""Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
+
+1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
+pins the exact message count).
+"""
 
 Status = Literal["new", "running", "escalated", "finished"]
 CallStatus = Literal["started", "uncertain", "escalated", "conflict", "decided"]
@@ -364,10 +368,32 @@ def _approval_decided(st: RunState, ev: Event) -> None:
         st.status = "running"
 
 
+def _messages_in_last_turns(messages: list[Message], turns: int) -> int:
+    """Messages from the start of the ``turns``-th last model turn to the end.
+
+    The first message (the task) is always kept separately, so it never counts here.
+    """
+    if turns <= 0:
+        return 0
+    seen = 0
+    for i in range(len(messages) - 1, 0, -1):
+        if messages[i].role == "assistant":
+            seen += 1
+            if seen == turns:
+                return len(messages) - i
+    return max(0, len(messages) - 1)
+
+
 def _context_compacted(st: RunState, ev: Event) -> None:
     p = ev.payload
     assert isinstance(p, m.ContextCompacted)
-    tail = st.messages[-p.kept :] if p.kept else []
+    # kept_messages is the exact v1 fact (and what upcast v1 records carry): apply it
+    # exactly as the v1 fold did, including its slice semantics. Otherwise count turns.
+    if p.kept_messages is not None:
+        keep = p.kept_messages
+    else:
+        keep = _messages_in_last_turns(st.messages, p.kept_turns or 0)
+    tail = st.messages[-keep:] if keep else []
     st.messages = [*st.messages[:1], Message("user", p.summary, trust="untrusted"), *tail]
     st.compactions += 1
 

@@ -19,7 +19,29 @@ from schemas.vocabulary import EventType
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 # (type, from_version): the step from_version -> from_version + 1 is plain Avro resolution.
-COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset()
+COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
+    {
+        # v2 adds the optional ``duration_ms`` (default null): same facts, one more.
+        (EventType.TOOL_CALL_COMPLETED, 1),
+    }
+)
+
+
+def upcast_context_compacted_v1_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 ``kept`` counted MESSAGES retained at the tail; v2 counts turns (``kept_turns``).
+
+    Messages cannot be turned into turns without the state the record was applied to, so
+    the upcast keeps the exact fact it has: ``kept_messages`` = v1 ``kept``, and
+    ``kept_turns`` unknown (null). The fold uses ``kept_messages`` whenever it is set, so
+    an upcast record rebuilds exactly the context the v1 run had.
+    """
+    out = {k: v for k, v in payload.items() if k != "kept"}
+    out["kept_messages"] = payload["kept"]
+    out["kept_turns"] = None
+    return out
+
 
 # (type, from_version): the payload upcaster for the step from_version -> from_version + 1.
-UPCASTERS: dict[tuple[EventType, int], Upcaster] = {}
+UPCASTERS: dict[tuple[EventType, int], Upcaster] = {
+    (EventType.CONTEXT_COMPACTED, 1): upcast_context_compacted_v1_v2,
+}

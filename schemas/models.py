@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.vocabulary import EventType
 
@@ -90,6 +90,8 @@ class ToolCallCompleted(Payload):
     is_error: bool = False
     idempotency_key: str | None = None
     source: Literal["live", "reconciliation"] = "live"
+    duration_ms: int | None = Field(default=None, ge=0)
+    """v2: wall time of the invocation; None when not measured (v1 records, reconciliation)."""
 
 
 class ToolCallUncertain(Payload):
@@ -145,9 +147,41 @@ class GuardrailTriggered(Payload):
 
 
 class ContextCompacted(Payload):
+    """v2. What stays at the tail is counted in turns; ``kept_messages`` pins it exactly.
+
+    v1 had a single ``kept`` counting messages. Its v2 equivalent is ``kept_messages``
+    (the upcaster maps it; see ``schemas.evolution``). A v2 writer gives ``kept_turns``.
+    """
+
     summary: str
-    kept: int = Field(ge=0)
+    kept_turns: int | None = Field(default=None, ge=0)
+    """Turns retained: from the k-th last model turn to the end of the context."""
+    kept_messages: int | None = Field(default=None, ge=0)
+    """Exact messages retained at the tail; when set, replay uses it, not ``kept_turns``."""
     dropped: int = Field(default=0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_callers(cls, data: Any) -> Any:
+        # The v1 API's ``kept`` only ever meant messages, so a caller still passing it is
+        # mapped to that exact meaning, never to turns. (Decoded v1 records do not come
+        # through here unconverted: the codec upcasts them first.)
+        if isinstance(data, dict) and "kept" in data:
+            if "kept_messages" in data:
+                raise ValueError("give kept_messages or the v1 name kept, not both")
+            data = {k: v for k, v in data.items() if k != "kept"} | {"kept_messages": data["kept"]}
+        return data
+
+    @property
+    def kept(self) -> int | None:
+        """Deprecated v1 name, still MESSAGES: ``kept_messages`` (None if counted in turns)."""
+        return self.kept_messages
+
+    @model_validator(mode="after")
+    def _something_kept(self) -> ContextCompacted:
+        if self.kept_turns is None and self.kept_messages is None:
+            raise ValueError("context_compacted needs kept_turns (or kept_messages)")
+        return self
 
 
 class MemoryWritten(Payload):
