@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 from typing import Any
@@ -24,19 +25,45 @@ def register(subparsers: Any) -> None:
     p_up.add_argument(
         "--timeout", type=float, default=90.0, help="seconds to wait for readiness (default 90)"
     )
+    _nodes_option(p_up)
     p_up.set_defaults(func=_up)
 
     p_down = sub.add_parser("down", help="stop the stack (data is kept)")
     p_down.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait after SIGTERM before SIGKILL"
     )
+    _nodes_option(p_down)
     p_down.set_defaults(func=_down)
 
     p_status = sub.add_parser("status", help="running or not, ports, pids, logs, data")
+    _nodes_option(p_status)
     p_status.set_defaults(func=_status)
 
     p_env = sub.add_parser("env", help='print export lines: eval "$(runlog stack env)"')
+    _nodes_option(p_env)
     p_env.set_defaults(func=_env)
+
+    p_node = sub.add_parser(
+        "node", help="fault injection on one Kafka node of a cluster: kill -9, stop, start"
+    )
+    p_node.add_argument("action", choices=("kill", "stop", "start"))
+    p_node.add_argument("node_id", type=int, help="node id (1..N)")
+    _nodes_option(p_node, default=3)
+    p_node.set_defaults(func=_node)
+
+
+def _nodes_option(parser: argparse.ArgumentParser, default: int = 1) -> None:
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=default,
+        help="1: the single-node stack; 3: the three-node cluster on its own ports and "
+        f"state dir, for fault tests (default {default})",
+    )
+
+
+def _config(args: argparse.Namespace) -> stack.StackConfig:
+    return stack.StackConfig.from_env(nodes=args.nodes)
 
 
 def _echo(msg: str) -> None:
@@ -45,26 +72,41 @@ def _echo(msg: str) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    st = stack.up(timeout=args.timeout, echo=_echo)
+    st = stack.up(_config(args), timeout=args.timeout, echo=_echo)
     print(st.describe())
     print(f"ready in {time.monotonic() - t0:.1f}s; point clients at it with:")
-    print('  eval "$(runlog stack env)"')
+    nodes = f" --nodes {args.nodes}" if args.nodes != 1 else ""
+    print(f'  eval "$(runlog stack env{nodes})"')
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    st = stack.down(timeout=args.timeout)
+    st = stack.down(_config(args), timeout=args.timeout)
     print(st.describe())
     return 0 if not any(s.running and s.managed for s in st.services) else 1
 
 
 def _status(args: argparse.Namespace) -> int:
-    st = stack.status()
+    st = stack.status(_config(args))
     print(st.describe())
     return 0 if st.running else 3
 
 
 def _env(args: argparse.Namespace) -> int:
-    for key, value in stack.env().items():
+    for key, value in stack.env(_config(args)).items():
         print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    if args.action == "start":
+        started = stack.start_node(cfg, args.node_id)
+        print(f"kafka node {args.node_id} running (pid {started})")
+        return 0
+    sig = signal.SIGKILL if args.action == "kill" else signal.SIGTERM
+    pid = stack.kill_node(cfg, args.node_id, sig=sig)
+    print(
+        f"kafka node {args.node_id}: " + ("was not running" if pid is None else f"pid {pid} gone")
+    )
     return 0

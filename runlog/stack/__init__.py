@@ -16,7 +16,16 @@ Environment overrides: ``RUNLOG_STACK_DIR``, ``RUNLOG_CACHE_DIR``,
 ``RUNLOG_STACK_NO_INSTALL`` (do not ``apt-get install redis-server``), ``RUNLOG_REDIS_URL``
 (use that Redis instead of starting one).
 
-The code is shaped for N nodes (:class:`NodeSpec`), but only one node is supported today.
+Cluster mode (``runlog stack up --nodes 3``, ``StackConfig.from_env(nodes=3)``): three
+combined nodes (ids 1-3) voting in one KRaft quorum, RF 3 and ``min.insync.replicas=2``
+for every topic, on other ports (Kafka 29092/29094/29096, controllers 29093/29095/29097,
+Redis 26379) and in another state dir (``~/.local/state/runlog/cluster-3``), so it runs
+beside the single-node stack. It is what the fault tests use; :func:`kill_node`,
+:func:`start_node`, :func:`kill_redis` and :func:`start_redis` inject their faults.
+Its overrides: ``RUNLOG_CLUSTER_DIR``, ``RUNLOG_CLUSTER_KAFKA_PORT`` (29092),
+``RUNLOG_CLUSTER_CONTROLLER_PORT`` (29093), ``RUNLOG_CLUSTER_REDIS_PORT`` (26379),
+``RUNLOG_CLUSTER_KAFKA_HEAP`` (384m). ``RUNLOG_REDIS_URL`` never applies to a cluster:
+its Redis is always its own, so restarting it never touches a shared server.
 """
 
 from __future__ import annotations
@@ -47,8 +56,15 @@ __all__ = [
     "StackStatus",
     "down",
     "env",
+    "kill_node",
+    "kill_redis",
+    "node_pid",
+    "redis_pid",
     "resolve_jars",
+    "start_node",
+    "start_redis",
     "status",
+    "stop_node",
     "up",
 ]
 
@@ -59,6 +75,9 @@ LOG4J2_PATH = _HERE / "log4j2.properties"
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_CONTROLLER_PORT = 19093
 DEFAULT_REDIS_PORT = 16379
+DEFAULT_CLUSTER_KAFKA_PORT = 29092
+DEFAULT_CLUSTER_CONTROLLER_PORT = 29093
+DEFAULT_CLUSTER_REDIS_PORT = 26379
 HOST = "127.0.0.1"
 
 Echo = Callable[[str], None]
@@ -155,9 +174,30 @@ class StackConfig:
     allow_install: bool = True
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> StackConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, nodes: int = 1) -> StackConfig:
+        """The single-node stack (``nodes=1``) or a cluster of ``nodes`` (its own ports/dir)."""
         e = os.environ if environ is None else environ
         home = Path(e.get("HOME") or Path.home())
+        if nodes < 1:
+            raise StackError(f"a stack needs at least one node, not {nodes}")
+        if nodes > 1:
+            state = e.get("RUNLOG_CLUSTER_DIR") or str(
+                home / f".local/state/runlog/cluster-{nodes}"
+            )
+            cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
+            return cls(
+                state_dir=Path(state).expanduser().absolute(),
+                cache_dir=Path(cache).expanduser().absolute(),
+                kafka_port=_env_int(e, "RUNLOG_CLUSTER_KAFKA_PORT", DEFAULT_CLUSTER_KAFKA_PORT),
+                controller_port=_env_int(
+                    e, "RUNLOG_CLUSTER_CONTROLLER_PORT", DEFAULT_CLUSTER_CONTROLLER_PORT
+                ),
+                redis_port=_env_int(e, "RUNLOG_CLUSTER_REDIS_PORT", DEFAULT_CLUSTER_REDIS_PORT),
+                external_redis_url=None,
+                kafka_heap=e.get("RUNLOG_CLUSTER_KAFKA_HEAP") or "384m",
+                node_count=nodes,
+                allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
+            )
         state = e.get("RUNLOG_STACK_DIR") or str(home / ".local/state/runlog/stack")
         cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
         redis_port = _env_int(e, "RUNLOG_STACK_REDIS_PORT", DEFAULT_REDIS_PORT)
@@ -202,7 +242,7 @@ class StackConfig:
         return self.kafka_dir / "cluster.id"
 
     def nodes(self) -> tuple[NodeSpec, ...]:
-        """The cluster's nodes; node i uses ports base+2i (Kafka) and base+2i (controller)."""
+        """The cluster's nodes; node i (from 0) uses Kafka port base+2i, controller base+2i."""
         return tuple(
             NodeSpec(
                 node_id=i + 1,
@@ -211,6 +251,27 @@ class StackConfig:
                 dir=self.kafka_dir / f"node-{i + 1}",
             )
             for i in range(self.node_count)
+        )
+
+    def node(self, node_id: int) -> NodeSpec:
+        for n in self.nodes():
+            if n.node_id == node_id:
+                return n
+        raise StackError(f"no Kafka node {node_id} in a {self.node_count}-node stack")
+
+    @property
+    def port_vars(self) -> tuple[str, str, str]:
+        """Environment variables that move the Kafka, controller and Redis ports."""
+        if self.node_count > 1:
+            return (
+                "RUNLOG_CLUSTER_KAFKA_PORT",
+                "RUNLOG_CLUSTER_CONTROLLER_PORT",
+                "RUNLOG_CLUSTER_REDIS_PORT",
+            )
+        return (
+            "RUNLOG_STACK_KAFKA_PORT",
+            "RUNLOG_STACK_CONTROLLER_PORT",
+            "RUNLOG_STACK_REDIS_PORT",
         )
 
     @property
@@ -509,7 +570,7 @@ def _server_properties(config: StackConfig, node: NodeSpec) -> str:
         "share.coordinator.state.topic.replication.factor": str(rf),
         "share.coordinator.state.topic.min.isr": str(min_isr),
         "default.replication.factor": str(rf),
-        "min.insync.replicas": "1",
+        "min.insync.replicas": str(min_isr),
         "unclean.leader.election.enable": "false",
         # runlog creates its topics explicitly (runlog topics create).
         "auto.create.topics.enable": "false",
@@ -526,6 +587,12 @@ def _server_properties(config: StackConfig, node: NodeSpec) -> str:
         "log.retention.hours": "-1",
         "log.retention.bytes": "-1",
     }
+    if config.node_count > 1:
+        # Fault tests kill nodes: notice a dead broker (and move leaders off it) in seconds,
+        # not the default 9 s, without flapping on a busy 2-core machine.
+        props["broker.session.timeout.ms"] = "6000"
+        props["broker.heartbeat.interval.ms"] = "1000"
+        props["replica.lag.time.max.ms"] = "10000"
     body = "\n".join(f"{k}={v}" for k, v in props.items())
     return (
         "# Written by `runlog stack up`; rewritten on every start. Do not edit.\n"
@@ -605,7 +672,7 @@ def _start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec
     return pid
 
 
-def _kafka_ready(bootstrap: str) -> bool:
+def _kafka_ready(bootstrap: str, brokers: int = 1) -> bool:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -617,7 +684,7 @@ def _kafka_ready(bootstrap: str) -> bool:
         md = admin.list_topics(timeout=5)
     except KafkaException:
         return False
-    return len(md.brokers) > 0
+    return len(md.brokers) >= brokers
 
 
 # --------------------------------------------------------------------------- Redis
@@ -753,11 +820,23 @@ def status(config: StackConfig | None = None) -> StackStatus:
         redis_url=cfg.redis_url,
         state_dir=cfg.state_dir,
         jars_dir=cfg.jars_dir,
-        notes=(
+        notes=(_durability_note(cfg),),
+    )
+
+
+def _durability_note(cfg: StackConfig) -> str:
+    if cfg.node_count == 1:
+        return (
             "single node: no replication, and Kafka does not fsync per message, so an "
             "acknowledged write is in one machine's page cache (production: RF 3, "
-            "min.insync.replicas=2)",
-        ),
+            "min.insync.replicas=2)"
+        )
+    rf = min(3, cfg.node_count)
+    isr = max(1, rf - 1)
+    return (
+        f"{cfg.node_count} nodes on one machine (RF {rf}, min.insync.replicas={isr}): an "
+        f"acknowledged write is in the page cache of at least {isr} broker processes, so "
+        "it survives kill -9 of a broker, not a power loss of this machine; for fault tests"
     )
 
 
@@ -769,8 +848,6 @@ def up(
 ) -> StackStatus:
     """Start the stack if it is not running; wait until Kafka and Redis answer real calls."""
     cfg = config or StackConfig.from_env()
-    if cfg.node_count != 1:
-        raise StackError("only a single-node local stack is supported so far (node_count=1)")
     say: Echo = echo or (lambda _msg: None)
     with _locked(cfg.state_dir / "stack.lock"):
         started: list[str] = []
@@ -794,8 +871,8 @@ def up(
                 kafka_pids[node.node_id] = pid
                 continue
             for port, what, var in (
-                (node.kafka_port, "Kafka", "RUNLOG_STACK_KAFKA_PORT"),
-                (node.controller_port, "Kafka controller", "RUNLOG_STACK_CONTROLLER_PORT"),
+                (node.kafka_port, "Kafka", cfg.port_vars[0]),
+                (node.controller_port, "Kafka controller", cfg.port_vars[1]),
             ):
                 if _port_answers(port):
                     raise _port_taken_error(port, what, var)
@@ -822,7 +899,7 @@ def up(
                 )
         else:
             if _port_answers(cfg.redis_port):
-                raise _port_taken_error(cfg.redis_port, "Redis", "RUNLOG_STACK_REDIS_PORT")
+                raise _port_taken_error(cfg.redis_port, "Redis", cfg.port_vars[2])
             _start_redis(cfg, redis_bin or _redis_server(cfg, say))
             started.append("redis")
         if started:
@@ -847,7 +924,9 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
                     f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
                     f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
                 )
-            if _port_answers(node.kafka_port) and _kafka_ready(f"{HOST}:{node.kafka_port}"):
+            if _port_answers(node.kafka_port) and _kafka_ready(
+                f"{HOST}:{node.kafka_port}", cfg.node_count
+            ):
                 pending_kafka.remove(node)
         if not redis_ok:
             if not cfg.external_redis_url and _live_pid(cfg.redis_pid_file, _REDIS_MARKER) is None:
@@ -862,7 +941,8 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
             parts = [f"stack not ready after {timeout:.0f}s"]
             for node in pending_kafka:
                 parts.append(
-                    f"Kafka {HOST}:{node.kafka_port} does not answer a metadata request.\n"
+                    f"Kafka {HOST}:{node.kafka_port} does not answer a metadata request "
+                    f"listing {cfg.node_count} broker(s).\n"
                     f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
                     f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
                 )
@@ -895,3 +975,118 @@ def down(config: StackConfig | None = None, *, timeout: float = 60.0) -> StackSt
 def env(config: StackConfig | None = None) -> dict[str, str]:
     """``RUNLOG_*`` variables that point clients at this stack."""
     return status(config).env()
+
+
+# --------------------------------------------------------------------------- fault injection
+#
+# For the fault tests (tests/faults): kill or stop one node of a cluster, start it again,
+# kill or start the stack's own Redis. Never used on an external Redis.
+
+
+def node_pid(config: StackConfig, node_id: int) -> int | None:
+    """Pid of Kafka node ``node_id`` if it is running (a stopped, SIGSTOPped one counts)."""
+    node = config.node(node_id)
+    return _live_pid(node.pid_file, _kafka_marker(node))
+
+
+def kill_node(config: StackConfig, node_id: int, *, sig: int = signal.SIGKILL) -> int | None:
+    """Send ``sig`` (default ``kill -9``) to node ``node_id``; wait until it is gone.
+
+    Returns the pid signalled, or None if the node was not running. With SIGTERM the
+    broker shuts down cleanly (leadership moves first); with SIGKILL it just vanishes.
+    """
+    node = config.node(node_id)
+    marker = _kafka_marker(node)
+    pid = _live_pid(node.pid_file, marker)
+    if pid is None:
+        return None
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _pid_alive(pid, marker):
+            time.sleep(0.05)
+    else:
+        _stop_pid(pid, marker, timeout=60)
+    return pid
+
+
+def stop_node(config: StackConfig, node_id: int) -> int | None:
+    """Stop node ``node_id`` cleanly (SIGTERM, then SIGKILL after 60 s)."""
+    return kill_node(config, node_id, sig=signal.SIGTERM)
+
+
+def start_node(config: StackConfig, node_id: int, *, timeout: float = 90.0) -> int:
+    """(Re)start node ``node_id`` on its existing data; returns once it answers metadata.
+
+    The node catches up its replicas in the background: callers that need it back in
+    every ISR wait for that themselves.
+    """
+    node = config.node(node_id)
+    with _locked(config.state_dir / "stack.lock"):
+        pid = _live_pid(node.pid_file, _kafka_marker(node))
+        if pid is None:
+            java = _java()
+            jars = resolve_jars(config)
+            pid = _start_kafka_node(config, java, jars, node)
+    deadline = time.monotonic() + timeout
+    while True:
+        if _live_pid(node.pid_file, _kafka_marker(node)) is None:
+            raise StackError(
+                f"Kafka node {node_id} exited during startup.\n"
+                f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}"
+            )
+        if _port_answers(node.kafka_port) and _kafka_ready(f"{HOST}:{node.kafka_port}"):
+            return pid
+        if time.monotonic() > deadline:
+            raise StackError(
+                f"Kafka node {node_id} not ready after {timeout:.0f}s.\n"
+                f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}"
+            )
+        time.sleep(0.25)
+
+
+def redis_pid(config: StackConfig) -> int | None:
+    """Pid of the stack's own redis-server if it is running."""
+    return None if config.external_redis_url else _live_pid(config.redis_pid_file, _REDIS_MARKER)
+
+
+def kill_redis(config: StackConfig, *, sig: int = signal.SIGKILL) -> int | None:
+    """Send ``sig`` to the stack's own Redis and wait until it is gone (never an external one).
+
+    SIGKILL loses what the append-only file had not yet fsynced (up to about a second).
+    """
+    if config.external_redis_url:
+        raise StackError("refusing to kill an external Redis (RUNLOG_REDIS_URL)")
+    pid = _live_pid(config.redis_pid_file, _REDIS_MARKER)
+    if pid is None:
+        return None
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _pid_alive(pid, _REDIS_MARKER):
+            time.sleep(0.05)
+    else:
+        _stop_pid(pid, _REDIS_MARKER, timeout=30)
+    return pid
+
+
+def start_redis(config: StackConfig, *, empty: bool = False, timeout: float = 30.0) -> int:
+    """(Re)start the stack's own Redis; ``empty=True`` first deletes its data (a lost disk)."""
+    if config.external_redis_url:
+        raise StackError("refusing to start an external Redis (RUNLOG_REDIS_URL)")
+    with _locked(config.state_dir / "stack.lock"):
+        pid = _live_pid(config.redis_pid_file, _REDIS_MARKER)
+        if pid is None:
+            if empty:
+                shutil.rmtree(config.redis_dir / "data", ignore_errors=True)
+            pid = _start_redis(config, _redis_server(config, None))
+    deadline = time.monotonic() + timeout
+    while not _redis_ping(config.redis_url):
+        if _live_pid(config.redis_pid_file, _REDIS_MARKER) is None:
+            raise StackError(f"redis-server exited during startup.\n{_tail(config.redis_log)}")
+        if time.monotonic() > deadline:
+            raise StackError(f"Redis not ready after {timeout:.0f}s.\n{_tail(config.redis_log)}")
+        time.sleep(0.05)
+    return pid
