@@ -1,0 +1,236 @@
+"""Reading the projections: library functions behind ``runlog state|uncertain|audit|...``.
+
+Ages and overdue actions are computed here, at query time, from the start times the
+uncertain-call projection stored; the projection itself never reads a clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from consumers.store import PROJECTIONS, SEP, ProjectionKeys
+from producers.keys import partition_for
+from runlog.errors import RedisUnavailable
+from runlog.settings import Settings
+
+DEFAULT_DEADLINES_S: Mapping[str, float] = {
+    "irreversible": 15 * 60,
+    "reversible": 60 * 60,
+    "safe": 4 * 60 * 60,
+}
+"""How long an uncertain call of each risk class may stay open before it is overdue."""
+
+
+def _keys(settings: Settings, name: str) -> ProjectionKeys:
+    return ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
+
+
+def _partitions(settings: Settings) -> range:
+    return range(settings.partitions)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _wrap(exc: Exception, what: str) -> RedisUnavailable:
+    return RedisUnavailable(f"{what}: {exc}")
+
+
+def _find_run(
+    client: redis.Redis, keys: ProjectionKeys, settings: Settings, run_id: str
+) -> int | None:
+    """The partition holding ``run_id`` in this projection (its murmur2 one first)."""
+    first = partition_for(run_id, settings.partitions)
+    order = [first, *(p for p in _partitions(settings) if p != first)]
+    for p in order:
+        if client.exists(keys.run(p, run_id)):
+            return p
+    return None
+
+
+def get_state(client: redis.Redis, settings: Settings, run_id: str) -> dict[str, Any] | None:
+    """The state projection of ``run_id``: full view plus summary, or None if unknown."""
+    keys = _keys(settings, "state")
+    try:
+        p = _find_run(client, keys, settings, run_id)
+        if p is None:
+            return None
+        raw = client.get(keys.run(p, run_id))
+    except redis.RedisError as exc:
+        raise _wrap(exc, f"state of {run_id}") from exc
+    if raw is None:
+        return None
+    view: dict[str, Any] = json.loads(raw)
+    return view
+
+
+def get_summary(client: redis.Redis, settings: Settings, run_id: str) -> dict[str, str] | None:
+    keys = _keys(settings, "state")
+    try:
+        p = _find_run(client, keys, settings, run_id)
+        if p is None:
+            return None
+        raw = client.hgetall(keys.summary(p, run_id))
+    except redis.RedisError as exc:
+        raise _wrap(exc, f"summary of {run_id}") from exc
+    return {_s(k): _s(v) for k, v in raw.items()}
+
+
+def get_audit(client: redis.Redis, settings: Settings, run_id: str) -> list[dict[str, Any]]:
+    """The audit entries of ``run_id``, in log order (empty if unknown)."""
+    keys = _keys(settings, "audit")
+    try:
+        p = _find_run(client, keys, settings, run_id)
+        if p is None:
+            return []
+        raws = client.lrange(keys.log(p, run_id), 0, -1)
+    except redis.RedisError as exc:
+        raise _wrap(exc, f"audit of {run_id}") from exc
+    return [json.loads(r) for r in raws]
+
+
+@dataclass
+class UncertainReport:
+    now: str
+    counters: dict[str, int]
+    open: list[dict[str, Any]]
+    """Open uncertain calls, oldest first, each with ``age_s`` and ``overdue``."""
+    oldest_age_s: dict[str, float]
+    """Risk class -> age of its oldest open call."""
+    by_status: dict[str, int]
+    overdue: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "counters": self.counters,
+            "still_open": len(self.open),
+            "by_status": self.by_status,
+            "oldest_age_s": self.oldest_age_s,
+            "open": self.open,
+            "overdue": self.overdue,
+        }
+
+
+def uncertain_report(
+    client: redis.Redis,
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    deadlines_s: Mapping[str, float] | None = None,
+) -> UncertainReport:
+    """The uncertain-call queue with ages and overdue actions as of ``now``."""
+    at = now or datetime.now(UTC)
+    limits = {**DEFAULT_DEADLINES_S, **(deadlines_s or {})}
+    keys = _keys(settings, "uncertain")
+    counters: dict[str, int] = {}
+    calls: list[dict[str, Any]] = []
+    try:
+        for p in _partitions(settings):
+            for k, v in client.hgetall(keys.counters(p)).items():
+                counters[_s(k)] = counters.get(_s(k), 0) + int(v)
+            for field_, raw in client.hgetall(keys.open(p)).items():
+                call = json.loads(raw)
+                assert _s(field_).split(SEP, 1)[0] == call["run_id"]
+                calls.append(call)
+    except redis.RedisError as exc:
+        raise _wrap(exc, "uncertain calls") from exc
+    oldest: dict[str, float] = {}
+    by_status: dict[str, int] = {}
+    overdue: list[dict[str, Any]] = []
+    for call in calls:
+        age = (at - datetime.fromisoformat(call["first_started_at"])).total_seconds()
+        call["age_s"] = round(age, 3)
+        limit = limits.get(call["risk"], limits["irreversible"])
+        call["deadline_s"] = limit
+        call["overdue"] = age > limit
+        oldest[call["risk"]] = max(oldest.get(call["risk"], 0.0), call["age_s"])
+        by_status[call["status"]] = by_status.get(call["status"], 0) + 1
+        if call["overdue"]:
+            overdue.append(
+                {
+                    "run_id": call["run_id"],
+                    "tool": call["tool"],
+                    "idempotency_key": call["idempotency_key"],
+                    "risk": call["risk"],
+                    "age_s": call["age_s"],
+                    "deadline_s": limit,
+                    "status": call["status"],
+                }
+            )
+    calls.sort(key=lambda c: (-c["age_s"], c["run_id"], c["idempotency_key"]))
+    overdue.sort(key=lambda c: -c["age_s"])
+    return UncertainReport(
+        now=at.isoformat(),
+        counters=counters,
+        open=calls,
+        oldest_age_s=oldest,
+        by_status=by_status,
+        overdue=overdue,
+    )
+
+
+def quarantined(
+    client: redis.Redis, settings: Settings, projections: tuple[str, ...] = PROJECTIONS
+) -> list[dict[str, Any]]:
+    """Quarantined records, one entry per (topic, partition, offset), with the projections
+    that quarantined it."""
+    found: dict[tuple[str, int, int], dict[str, Any]] = {}
+    try:
+        for name in projections:
+            keys = _keys(settings, name)
+            for p in _partitions(settings):
+                for _, raw in client.hgetall(keys.quarantine(p)).items():
+                    rec = json.loads(raw)
+                    ident = (rec["topic"], rec["partition"], rec["offset"])
+                    entry = found.setdefault(ident, {**rec, "projections": []})
+                    entry["projections"].append(name)
+    except redis.RedisError as exc:
+        raise _wrap(exc, "quarantine") from exc
+    return [found[k] for k in sorted(found)]
+
+
+def positions(
+    client: redis.Redis, settings: Settings, name: str
+) -> dict[int, dict[str, int | None]]:
+    """Per partition: stored position and durable counters of projection ``name``."""
+    keys = _keys(settings, name)
+    out: dict[int, dict[str, int | None]] = {}
+    try:
+        for p in _partitions(settings):
+            raw = client.get(keys.pos(p))
+            stats = client.hgetall(keys.stats(p))
+            out[p] = {
+                "position": None if raw is None else int(raw),
+                "applied": int(stats.get(b"applied", 0)),
+                "quarantined": int(stats.get(b"quarantined", 0)),
+            }
+    except redis.RedisError as exc:
+        raise _wrap(exc, f"positions of {name}") from exc
+    return out
+
+
+def dump_projection(client: redis.Redis, settings: Settings, name: str) -> dict[str, Any]:
+    """Every key of projection ``name`` with its exact stored value (for equality checks)."""
+    keys = _keys(settings, name)
+    out: dict[str, Any] = {}
+    for key in sorted(client.scan_iter(match=keys.pattern(), count=1000)):
+        kind = client.type(key)
+        if kind == b"string":
+            out[key.decode()] = client.get(key)
+        elif kind == b"hash":
+            out[key.decode()] = dict(sorted(client.hgetall(key).items()))
+        elif kind == b"list":
+            out[key.decode()] = client.lrange(key, 0, -1)
+        elif kind == b"set":
+            out[key.decode()] = sorted(client.smembers(key))
+        else:  # pragma: no cover - the store writes only these types
+            out[key.decode()] = kind
+    return out

@@ -1,0 +1,297 @@
+"""Redis layout of the projections and the store half of each one.
+
+Every key of a projection lives under ``<prefix>:proj:<name>:{<topic>:<partition>}``; the
+braces are a Redis Cluster hash tag, so one partition's position and the effects of the
+records it covers sit in one slot and can be written by one MULTI/EXEC.
+
+Per (projection, topic, partition):
+
+==================  =======================================================================
+``pos``             offset of the last record applied (the tracking record)
+``stats``           hash: ``applied`` (decoded records folded), ``quarantined``
+``quarantine``      hash: offset -> JSON (original bytes base64, error class and message)
+``runs``            set of run ids seen in the partition
+``run:<id>``        JSON of the projection's per-run state
+``sum:<id>``        state only: hash summary of the run
+``open``            uncertain only: hash ``<run>\\x1f<key>`` -> JSON of an open uncertain call
+``counters``        uncertain only: hash of queue counters (opened, reconciled, ...)
+``log:<id>``        audit only: list of JSON entries, append-only
+==================  =======================================================================
+
+Values are canonical JSON (sorted keys, no spaces), so a rebuild is byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import redis
+
+from projections import audit, state_view, uncertain
+from schemas.models import Event
+
+S = TypeVar("S")
+
+PROJECTIONS = ("state", "uncertain", "audit")
+SEP = "\x1f"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ProjectionKeys:
+    prefix: str
+    projection: str
+    topic: str
+
+    @property
+    def root(self) -> str:
+        return f"{self.prefix}:proj:{self.projection}"
+
+    def part(self, partition: int) -> str:
+        return f"{self.root}:{{{self.topic}:{partition}}}"
+
+    def pos(self, partition: int) -> str:
+        return f"{self.part(partition)}:pos"
+
+    def stats(self, partition: int) -> str:
+        return f"{self.part(partition)}:stats"
+
+    def quarantine(self, partition: int) -> str:
+        return f"{self.part(partition)}:quarantine"
+
+    def runs(self, partition: int) -> str:
+        return f"{self.part(partition)}:runs"
+
+    def run(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:run:{run_id}"
+
+    def summary(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:sum:{run_id}"
+
+    def open(self, partition: int) -> str:
+        return f"{self.part(partition)}:open"
+
+    def counters(self, partition: int) -> str:
+        return f"{self.part(partition)}:counters"
+
+    def log(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:log:{run_id}"
+
+    def pattern(self) -> str:
+        """Matches every key of this projection on this topic (for rebuild and tests)."""
+        return f"{self.root}:{{{self.topic}:*"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One record the runner could decode: the event and where it is."""
+
+    event: Event
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """One record that is quarantined; ``run_id`` is its Kafka key, if any."""
+
+    run_id: str | None
+    partition: int
+    offset: int
+    error: str
+    message: str
+
+
+@dataclass
+class Batch(Generic[S]):
+    """The per-run states of one partition batch, loaded once and written once."""
+
+    partition: int
+    states: dict[str, S]
+    before: dict[str, Any]
+    """What ``Handler.remember`` kept of each run's state as loaded."""
+    dirty: set[str] = field(default_factory=set)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Handler(ABC, Generic[S]):
+    """The store half of a projection: load per-run states, fold a batch, queue writes."""
+
+    name: str
+
+    def __init__(self, keys: ProjectionKeys) -> None:
+        self.keys = keys
+
+    @abstractmethod
+    def empty(self) -> S: ...
+
+    @abstractmethod
+    def loads(self, data: dict[str, Any]) -> S: ...
+
+    @abstractmethod
+    def dumps(self, state: S) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def on_event(self, batch: Batch[S], state: S, rec: Decoded) -> None: ...
+
+    def remember(self, state: S) -> Any:
+        """What to keep of a run's state as loaded, for ``write_run`` (default nothing)."""
+        return None
+
+    def on_rejected(self, batch: Batch[S], state: S, rec: Rejected) -> None:
+        """Default: the Redis quarantine record (written by the runner) is enough."""
+
+    def write_run(self, pipe: Any, batch: Batch[S], run_id: str, state: S) -> None:
+        """Extra writes for one changed run (beyond its JSON and the runs set)."""
+
+    def write_batch(self, pipe: Any, batch: Batch[S]) -> None:
+        """Extra writes for the whole partition batch."""
+
+    # The generic part ----------------------------------------------------------------
+    def begin(self, client: redis.Redis, partition: int, run_ids: list[str]) -> Batch[S]:
+        """Load the runs of a batch (``client`` is a pipeline in WATCH, immediate mode)."""
+        states: dict[str, S] = {}
+        if run_ids:
+            raws = client.mget([self.keys.run(partition, r) for r in run_ids])
+            for rid, raw in zip(run_ids, raws, strict=True):
+                states[rid] = self.empty() if raw is None else self.loads(json.loads(raw))
+        before = {rid: self.remember(st) for rid, st in states.items()}
+        return Batch(partition=partition, states=states, before=before)
+
+    def apply(self, batch: Batch[S], rec: Decoded | Rejected) -> None:
+        rid = rec.event.run_id if isinstance(rec, Decoded) else rec.run_id
+        if rid is None:
+            return
+        state = batch.states[rid]
+        if isinstance(rec, Decoded):
+            self.on_event(batch, state, rec)
+        else:
+            self.on_rejected(batch, state, rec)
+        batch.dirty.add(rid)
+
+    def write(self, pipe: Any, batch: Batch[S]) -> None:
+        p = batch.partition
+        for rid in sorted(batch.dirty):
+            state = batch.states[rid]
+            pipe.set(self.keys.run(p, rid), dumps(self.dumps(state)))
+            pipe.sadd(self.keys.runs(p), rid)
+            self.write_run(pipe, batch, rid, state)
+        self.write_batch(pipe, batch)
+
+
+class StateHandler(Handler[state_view.StateView]):
+    name = "state"
+
+    def empty(self) -> state_view.StateView:
+        return state_view.StateView()
+
+    def loads(self, data: dict[str, Any]) -> state_view.StateView:
+        return state_view.StateView.from_dict(data)
+
+    def dumps(self, state: state_view.StateView) -> dict[str, Any]:
+        return state.to_dict()
+
+    def on_event(
+        self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Decoded
+    ) -> None:
+        state_view.apply_record(state, rec.event, rec.partition, rec.offset)
+
+    def on_rejected(
+        self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Rejected
+    ) -> None:
+        state_view.apply_quarantined(state, rec.partition, rec.offset, rec.error)
+
+    def write_run(
+        self, pipe: Any, batch: Batch[state_view.StateView], run_id: str, state: Any
+    ) -> None:
+        pipe.hset(self.keys.summary(batch.partition, run_id), mapping=state.summary())
+
+
+class UncertainHandler(Handler[uncertain.UncertainRun]):
+    name = "uncertain"
+
+    def empty(self) -> uncertain.UncertainRun:
+        return uncertain.UncertainRun()
+
+    def loads(self, data: dict[str, Any]) -> uncertain.UncertainRun:
+        return uncertain.UncertainRun.from_dict(data)
+
+    def dumps(self, state: uncertain.UncertainRun) -> dict[str, Any]:
+        return state.to_dict()
+
+    def remember(self, state: uncertain.UncertainRun) -> Any:
+        return set(state.calls)
+
+    def on_event(
+        self, batch: Batch[uncertain.UncertainRun], state: uncertain.UncertainRun, rec: Decoded
+    ) -> None:
+        delta = uncertain.apply_event(state, rec.event)
+        totals: dict[str, int] = batch.extra.setdefault("counters", {})
+        for name, n in delta.items():
+            totals[name] = totals.get(name, 0) + n
+
+    def write_run(
+        self, pipe: Any, batch: Batch[uncertain.UncertainRun], run_id: str, state: Any
+    ) -> None:
+        old: set[str] = batch.before.get(run_id) or set()
+        gone = old - set(state.calls)
+        key = self.keys.open(batch.partition)
+        if gone:
+            pipe.hdel(key, *sorted(f"{run_id}{SEP}{k}" for k in gone))
+        for k in sorted(state.calls):
+            pipe.hset(key, f"{run_id}{SEP}{k}", dumps(state.calls[k].to_dict()))
+
+    def write_batch(self, pipe: Any, batch: Batch[uncertain.UncertainRun]) -> None:
+        for name, n in sorted(batch.extra.get("counters", {}).items()):
+            if n:
+                pipe.hincrby(self.keys.counters(batch.partition), name, n)
+
+
+class AuditHandler(Handler[audit.AuditRun]):
+    name = "audit"
+
+    def empty(self) -> audit.AuditRun:
+        return audit.AuditRun()
+
+    def loads(self, data: dict[str, Any]) -> audit.AuditRun:
+        return audit.AuditRun.from_dict(data)
+
+    def dumps(self, state: audit.AuditRun) -> dict[str, Any]:
+        return state.to_dict()
+
+    def _entries(self, batch: Batch[audit.AuditRun], run_id: str) -> list[audit.Entry]:
+        per_run: dict[str, list[audit.Entry]] = batch.extra.setdefault("entries", {})
+        return per_run.setdefault(run_id, [])
+
+    def on_event(self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Decoded) -> None:
+        entries = audit.apply_event(state, rec.event, rec.partition, rec.offset)
+        self._entries(batch, rec.event.run_id).extend(entries)
+
+    def on_rejected(
+        self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Rejected
+    ) -> None:
+        assert rec.run_id is not None
+        entry = audit.quarantined_entry(rec.partition, rec.offset, rec.error, rec.message)
+        self._entries(batch, rec.run_id).append(entry)
+
+    def write_run(self, pipe: Any, batch: Batch[audit.AuditRun], run_id: str, state: Any) -> None:
+        entries = batch.extra.get("entries", {}).get(run_id, [])
+        if entries:
+            pipe.rpush(self.keys.log(batch.partition, run_id), *[dumps(e) for e in entries])
+
+
+def make_handler(name: str, prefix: str, topic: str) -> Handler[Any]:
+    keys = ProjectionKeys(prefix, name, topic)
+    if name == "state":
+        return StateHandler(keys)
+    if name == "uncertain":
+        return UncertainHandler(keys)
+    if name == "audit":
+        return AuditHandler(keys)
+    raise ValueError(f"unknown projection {name!r}; expected one of {', '.join(PROJECTIONS)}")

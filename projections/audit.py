@@ -1,0 +1,105 @@
+"""The audit projection: an append-only record per run of who did what, and when.
+
+Entries: denials, approvals (requested; decided, by whom, latency to the person),
+guardrail trips, retries (STARTED with attempt > 1), compactions (what was dropped),
+resumptions (crash gap), fenced writes (what the ownership rule rejected), reconciliation
+decisions, the run's end, and records that were quarantined.
+
+Pure: entries carry the event's own time, never a clock; a rebuild yields the same list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from projections.run_state import RunState
+from projections.verdict import fold_with_verdict, slim_dict
+from schemas import models as m
+from schemas.models import Event
+
+Entry = dict[str, Any]
+
+
+@dataclass
+class AuditRun:
+    """Per-run projection state: only the validator; the entries are appended elsewhere."""
+
+    validator: RunState = field(default_factory=RunState)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"validator": slim_dict(self.validator)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AuditRun:
+        return cls(validator=RunState.from_dict(data["validator"]))
+
+
+def _base(kind: str, ev: Event, partition: int, offset: int) -> Entry:
+    return {
+        "kind": kind,
+        "seq": ev.seq,
+        "epoch": ev.epoch,
+        "at": ev.occurred_at.isoformat(),
+        "writer": ev.writer_id,
+        "partition": partition,
+        "offset": offset,
+    }
+
+
+def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[Entry]:
+    """Fold ``ev``; returns the entries to append (in order)."""
+    st = run.validator
+    requested = {k: a.requested_at for k, a in st.approvals.items()}
+    if not fold_with_verdict(st, ev):
+        e = _base("fenced_write", ev, partition, offset)
+        e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
+        return [e]
+    p = ev.payload
+    e = _base(ev.type.value, ev, partition, offset)
+    if isinstance(p, m.ToolCallDenied):
+        e.update(kind="denial", tool=p.name, args_json=p.args_json, reason=p.reason)
+        e["policy"] = p.policy
+    elif isinstance(p, m.ApprovalRequested):
+        e.update(kind="approval_requested", approval_id=p.approval_id, type=p.kind)
+        e.update(reason=p.reason, tool=p.name, idempotency_key=p.idempotency_key)
+    elif isinstance(p, m.ApprovalDecided):
+        at = requested.get(p.approval_id)
+        latency = None if at is None else round((ev.occurred_at - at).total_seconds() * 1000)
+        e.update(kind="approval_decided", approval_id=p.approval_id, approved=p.approved)
+        e.update(decided_by=p.decided_by, note=p.note, latency_ms=latency)
+        e["requested_at"] = None if at is None else at.isoformat()
+    elif isinstance(p, m.GuardrailTriggered):
+        e.update(kind="guardrail", guardrail=p.guardrail, severity=p.severity, action=p.action)
+        e["detail"] = p.detail
+    elif isinstance(p, m.ToolCallStarted):
+        if p.attempt <= 1:
+            return []
+        e.update(kind="retry", tool=p.name, idempotency_key=p.idempotency_key, attempt=p.attempt)
+    elif isinstance(p, m.ContextCompacted):
+        e.update(kind="compaction", dropped=p.dropped, kept=p.kept, summary=p.summary)
+    elif isinstance(p, m.RunResumed):
+        e.update(kind="resumption", previous_epoch=p.previous_epoch, gap_ms=p.gap_ms)
+        e["reason"] = p.reason
+    elif isinstance(p, m.ReconciliationAttempted):
+        e.update(kind="reconciliation", tool=p.name, idempotency_key=p.idempotency_key)
+        e.update(outcome=p.outcome, rule=p.rule, action=p.action, evidence=p.evidence)
+    elif isinstance(p, m.ToolCallUncertain):
+        e.update(kind="uncertain", tool=p.name, idempotency_key=p.idempotency_key)
+        e.update(error=p.error, detected_by=p.detected_by)
+    elif isinstance(p, m.RunFinished):
+        e.update(kind="finished", outcome=p.outcome)
+    else:
+        return []
+    return [e]
+
+
+def quarantined_entry(partition: int, offset: int, error: str, message: str) -> Entry:
+    """The entry for a record of this run (by key) that could not be decoded."""
+    return {
+        "kind": "quarantined",
+        "partition": partition,
+        "offset": offset,
+        "error": error,
+        "message": message,
+    }

@@ -1,0 +1,112 @@
+"""The state projection: the run-state fold plus where the run lives in the log.
+
+Pure: the log position of a record is given to the fold as data, like the event itself.
+The run state is exactly ``projections.run_state.apply`` (the writers' fold and validation
+rule); this module only adds what a reader of the log knows and a writer does not need:
+the run's partition and first offset (so replay jobs can seek instead of scanning) and the
+records of the run that could not be decoded (quarantined).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from projections.run_state import RunState, apply
+from schemas.models import Event
+
+VIEW_VERSION = 1
+"""Bump when the stored shape or meaning changes: stored views must then be rebuilt."""
+
+
+@dataclass
+class Quarantined:
+    """A record of this run (by Kafka key) that the projection could not use."""
+
+    partition: int
+    offset: int
+    error: str
+    """Error class name, e.g. ``CorruptRecord``."""
+
+
+@dataclass
+class StateView:
+    state: RunState = field(default_factory=RunState)
+    partition: int | None = None
+    first_offset: int | None = None
+    """Offset of the first record with this run's key: where a replay should start."""
+    last_offset: int | None = None
+    records: int = 0
+    """Records of this run seen (valid, fenced or quarantined)."""
+    quarantined: list[Quarantined] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": VIEW_VERSION,
+            "state": self.state.to_dict(),
+            "partition": self.partition,
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+            "records": self.records,
+            "quarantined": [
+                {"partition": q.partition, "offset": q.offset, "error": q.error}
+                for q in self.quarantined
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StateView:
+        return cls(
+            state=RunState.from_dict(data["state"]),
+            partition=data["partition"],
+            first_offset=data["first_offset"],
+            last_offset=data["last_offset"],
+            records=data["records"],
+            quarantined=[Quarantined(**q) for q in data["quarantined"]],
+        )
+
+    def summary(self) -> dict[str, str]:
+        """A flat, small view for dashboards (every value a string, Redis-hash ready)."""
+        st = self.state
+        return {
+            "run_id": st.run_id,
+            "tenant": st.tenant,
+            "status": st.status,
+            "seq": str(st.seq),
+            "epoch": str(st.epoch),
+            "turns": str(st.turns),
+            "input_tokens": str(st.input_tokens),
+            "output_tokens": str(st.output_tokens),
+            "cost_usd": repr(st.cost_usd),
+            "completed_calls": str(len(st.completed_calls)),
+            "open_calls": str(len(st.open_calls)),
+            "compactions": str(st.compactions),
+            "resumptions": str(st.resumptions),
+            "fenced_writes": str(st.fenced_writes),
+            "outcome": st.outcome or "",
+            "last_event_at": st.last_event_at.isoformat() if st.last_event_at else "",
+            "partition": "" if self.partition is None else str(self.partition),
+            "first_offset": "" if self.first_offset is None else str(self.first_offset),
+            "quarantined": str(len(self.quarantined)),
+        }
+
+
+def _locate(view: StateView, partition: int, offset: int) -> None:
+    if view.first_offset is None:
+        view.partition, view.first_offset = partition, offset
+    view.last_offset = offset
+    view.records += 1
+
+
+def apply_record(view: StateView, ev: Event, partition: int, offset: int) -> StateView:
+    """Fold one decoded record (mutates and returns ``view``)."""
+    _locate(view, partition, offset)
+    apply(view.state, ev)
+    return view
+
+
+def apply_quarantined(view: StateView, partition: int, offset: int, error: str) -> StateView:
+    """Mark that a record of this run was quarantined; the run state itself is unchanged."""
+    _locate(view, partition, offset)
+    view.quarantined.append(Quarantined(partition, offset, error))
+    return view

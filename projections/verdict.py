@@ -1,0 +1,30 @@
+"""The writers' validation verdict for projections that keep less than the full state.
+
+Uncertain-call and audit projections must count only what the log's ownership rule
+accepts, so they fold a run state alongside their own and ask it. They do not need the
+conversation, so the stored copy is *slim*: messages and stored results are dropped.
+Neither affects the verdict (``is_valid`` reads status, seq, epoch, run and tenant) nor
+the open calls and approvals these projections read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from projections.run_state import RunState, apply
+from schemas.models import Event
+
+
+def fold_with_verdict(state: RunState, ev: Event) -> bool:
+    """Fold ``ev`` into ``state`` with the writers' rule; True iff it was valid."""
+    before = state.fenced_writes
+    apply(state, ev)
+    return state.fenced_writes == before
+
+
+def slim_dict(state: RunState) -> dict[str, Any]:
+    """``state.to_dict()`` without the conversation and stored results."""
+    data = state.to_dict()
+    data["messages"] = []
+    data["completed_calls"] = {}
+    return data

@@ -1,0 +1,283 @@
+"""Projection services and their queries.
+
+``runlog project state|uncertain|audit|all`` runs the services; ``runlog state RUN_ID``,
+``runlog uncertain``, ``runlog audit RUN_ID``, ``runlog quarantine`` and ``runlog metrics``
+read them; ``runlog rebuild PROJECTION`` refolds one from offset zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+from runlog.errors import ConfigError
+from runlog.settings import Settings
+
+_CHOICES = ("state", "uncertain", "audit", "all")
+_ALL = ("state", "uncertain", "audit")
+
+
+def _names(choice: str) -> tuple[str, ...]:
+    return _ALL if choice == "all" else (choice,)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "project",
+        help="run projection services (state, uncertain calls, audit) until SIGTERM/SIGINT",
+        description=(
+            "Consume the events topic as a consumer-group member and keep a projection in "
+            "Redis, exactly once per record. `all` runs the three projections off one "
+            "consumer (one fetch and one decode per record, a separate position each)."
+        ),
+    )
+    p.add_argument("projection", choices=_CHOICES)
+    p.add_argument("--group", default=None, help="consumer group (default: derived)")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus text on this port"
+    )
+    p.set_defaults(func=_project)
+
+    p = sub.add_parser("state", help="a run's state projection")
+    p.add_argument("run_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_state)
+
+    p = sub.add_parser("uncertain", help="the uncertain-call queue, with ages and overdue calls")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--deadline",
+        action="append",
+        default=[],
+        metavar="RISK=SECONDS",
+        help="overdue deadline per risk class (default irreversible=900 reversible=3600 "
+        "safe=14400)",
+    )
+    p.set_defaults(func=_uncertain)
+
+    p = sub.add_parser("audit", help="a run's audit trail")
+    p.add_argument("run_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_audit)
+
+    p = sub.add_parser("quarantine", help="records the projections could not decode")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_quarantine)
+
+    p = sub.add_parser(
+        "rebuild",
+        help="delete a projection and refold it from offset zero to today's end of the log",
+        description="Stop the projection's services first; they resume from the rebuilt "
+        "positions when restarted.",
+    )
+    p.add_argument("projection", choices=_CHOICES)
+    p.set_defaults(func=_rebuild)
+
+    p = sub.add_parser("metrics", help="projection lag, applied/quarantined records, queue gauges")
+    p.add_argument("--json", action="store_true", help="JSON (default: Prometheus text)")
+    p.add_argument("--projection", choices=_CHOICES, default="all")
+    p.set_defaults(func=_metrics)
+
+
+def _redis(settings: Settings) -> Any:
+    from runlog.bootstrap import redis_client
+
+    return redis_client(settings)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def _project(args: argparse.Namespace) -> int:
+    from consumers import projection_metrics
+    from consumers.runner import ProjectionRunner
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = Settings()
+    client = _redis(settings)
+    names = _names(args.projection)
+    runner = ProjectionRunner(settings, client, names, group=args.group, batch_size=args.batch_size)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        logging.getLogger("runlog.project").info("signal %s: stopping after this batch", signum)
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = None
+    marks = None
+    if args.metrics_port is not None:
+        marks = projection_metrics.Watermarks(settings)
+
+        def render() -> str:
+            assert marks is not None
+            snap = projection_metrics.collect(client, settings, names, marks.high)
+            stats = {"applied": dict(runner.stats.applied), "lag": dict(runner.stats.lag)}
+            return projection_metrics.to_prometheus(snap, stats)
+
+        server = projection_metrics.serve(args.metrics_port, render)
+    try:
+        runner.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+        if marks is not None:
+            marks.close()
+        client.close()
+    return 0
+
+
+def _state(args: argparse.Namespace) -> int:
+    from consumers import queries
+
+    settings = Settings()
+    view = queries.get_state(_redis(settings), settings, args.run_id)
+    if view is None:
+        print(f"runlog: run {args.run_id} is not in the state projection", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(view)
+        return 0
+    st = view["state"]
+    print(f"run        {st['run_id']}  (tenant {st['tenant']})")
+    print(f"status     {st['status']}  outcome={st['outcome']}")
+    print(f"seq/epoch  {st['seq']} / {st['epoch']}  (max epoch seen {st['max_epoch_seen']})")
+    print(f"turns      {st['turns']}  tokens in/out {st['input_tokens']}/{st['output_tokens']}")
+    print(f"cost       ${st['cost_usd']:.6f}")
+    print(
+        f"calls      completed {len(st['completed_calls'])}  open {len(st['open_calls'])}"
+        f"  retries {st['retries']}  denials {st['denials']}"
+    )
+    print(f"compactions {st['compactions']}  resumptions {st['resumptions']}")
+    print(f"fenced     {st['fenced_writes']} write(s) rejected by the ownership rule")
+    print(f"last event {st['last_event_at']}")
+    print(f"log        partition {view['partition']} first offset {view['first_offset']}")
+    if view["quarantined"]:
+        print(f"QUARANTINED {len(view['quarantined'])} record(s):")
+        for q in view["quarantined"]:
+            print(f"    partition {q['partition']} offset {q['offset']}: {q['error']}")
+    return 0
+
+
+def _deadlines(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        risk, sep, secs = item.partition("=")
+        if not sep or risk not in ("safe", "reversible", "irreversible"):
+            raise ConfigError(f"--deadline wants RISK=SECONDS with a risk class, not {item!r}")
+        try:
+            out[risk] = float(secs)
+        except ValueError as exc:
+            raise ConfigError(f"--deadline {item!r}: {secs!r} is not a number") from exc
+    return out
+
+
+def _uncertain(args: argparse.Namespace) -> int:
+    from consumers import queries
+
+    settings = Settings()
+    rep = queries.uncertain_report(
+        _redis(settings), settings, deadlines_s=_deadlines(args.deadline)
+    )
+    if args.json:
+        _print_json(rep.to_dict())
+        return 0
+    c = rep.counters
+    print(
+        f"opened {c.get('opened', 0)}  reconciled {c.get('reconciled', 0)}  "
+        f"retried {c.get('retried', 0)}  decided {c.get('decided', 0)}  "
+        f"failed {c.get('failed', 0)}  escalated {c.get('escalated', 0)}  "
+        f"still open {len(rep.open)}"
+    )
+    for risk, age in sorted(rep.oldest_age_s.items()):
+        print(f"oldest {risk}: {age:.0f}s")
+    for call in rep.open:
+        flag = "OVERDUE " if call["overdue"] else ""
+        print(
+            f"{flag}{call['status']:<9} {call['risk']:<12} age {call['age_s']:>8.0f}s  "
+            f"{call['run_id']} {call['tool']} key={call['idempotency_key']} "
+            f"attempts={call['attempts']} evidence={call['last_evidence'] or '-'}"
+        )
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from consumers import queries
+
+    settings = Settings()
+    entries = queries.get_audit(_redis(settings), settings, args.run_id)
+    if args.json:
+        _print_json(entries)
+        return 0
+    if not entries:
+        print(f"runlog: no audit entries for run {args.run_id}", file=sys.stderr)
+        return 1
+    for e in entries:
+        rest = {
+            k: v
+            for k, v in e.items()
+            if k not in ("kind", "at", "seq", "epoch", "partition", "offset")
+            and v not in (None, "")
+        }
+        detail = " ".join(f"{k}={v}" for k, v in sorted(rest.items()))
+        print(f"{e.get('at', '-')} seq={e.get('seq', '-')} {e['kind']:<18} {detail}")
+    return 0
+
+
+def _quarantine(args: argparse.Namespace) -> int:
+    from consumers import queries
+
+    settings = Settings()
+    recs = queries.quarantined(_redis(settings), settings)
+    if args.json:
+        _print_json(recs)
+        return 0
+    for r in recs:
+        print(
+            f"{r['topic']}[{r['partition']}]@{r['offset']} run={r['run_id']} "
+            f"{r['error']}: {r['message']}  ({', '.join(r['projections'])})"
+        )
+    print(f"{len(recs)} quarantined record(s)", file=sys.stderr)
+    return 0
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from consumers.runner import progress_bar, rebuild
+
+    settings = Settings()
+    client = _redis(settings)
+    names = _names(args.projection)
+    try:
+        targets = rebuild(
+            client, settings, names, progress=progress_bar(f"rebuild {args.projection}")
+        )
+    finally:
+        client.close()
+    print(f"rebuilt {', '.join(names)} up to {json.dumps(targets, sort_keys=True)}")
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from consumers import projection_metrics
+
+    settings = Settings()
+    client = _redis(settings)
+    marks = projection_metrics.Watermarks(settings)
+    try:
+        snap = projection_metrics.collect(client, settings, _names(args.projection), marks.high)
+    finally:
+        marks.close()
+        client.close()
+    if args.json:
+        _print_json(snap)
+    else:
+        sys.stdout.write(projection_metrics.to_prometheus(snap))
+    return 0
