@@ -14,6 +14,7 @@ _COMMAND_MODULES = (
     "runlog.cli.stack_cmd",
     "runlog.cli.topics_cmd",
     "runlog.cli.runs_cmd",
+    "runlog.cli.projections_cmd",
 )
 
 
