@@ -1,0 +1,453 @@
+"""Snapshots: a cache of a partial fold in Redis, never a second source of truth.
+
+Body (JSON, one Redis string per snapshot)::
+
+    {"format": 1, "fold_version": 2, "schema_versions": {...}, "run_id": ..., "tenant": ...,
+     "seq": 500, "epoch": 3, "partition": 4, "offset": 91234, "written_at": ...,
+     "state": {RunState.to_dict()}, "digest": "<sha256 of the canonical JSON of the rest>"}
+
+``offset`` is just past the last record the state includes: the tail starts there.
+
+Crash windows (seed 5.8: body durable before the pointer that advertises it):
+
+1. ``SET`` the body under a new key (``<run tag>:snap:<seq>:<random>``); nothing points
+   to it yet, so a crash here leaves only garbage;
+2. where Redis supports it (7.2+, AOF on), ``WAITAOF 1 0`` waits until that write is
+   fsynced; on older Redis the AOF is still one ordered log, so after any restart the
+   pointer update (step 3) can only exist if the body written before it does;
+3. one Lua script moves the pointer hash (``<run tag>:snap``): ``current`` becomes the new
+   body, the old ``current`` becomes ``previous`` (the fallback), and only the body older
+   than that is deleted. An older snapshot never replaces a newer one.
+
+Durability is Redis's: with ``appendonly yes`` + ``appendfsync everysec`` (runlog's stack)
+a machine crash can lose about the last second of snapshots, i.e. recovery replays a
+longer tail; ``appendfsync always`` makes each snapshot write cost an fsync. Losing every
+snapshot costs time, never correctness: the log is authoritative.
+
+On load, a missing or unparsable body, a wrong digest, an unknown snapshot format or fold
+version, or a body for another run/partition is a cache miss (counted, with its reason);
+``previous`` is tried next, then the caller replays the whole log. The caller also checks
+that the log continues the snapshot (``consumers.replay.fold_range``,
+``producers.run._fold_log``) and reports a discontinuity here, which quarantines it.
+
+A snapshot is written from the LOG, not from the writer's memory: ``write(run)`` folds
+the run's records from the previous snapshot up to the run's last acknowledged offset and
+compares that with the live state (a difference is counted as a live divergence, e.g. a
+late fenced write the live owner never read) before storing the log's answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from consumers import metrics
+from consumers.replay import ReplayReader, fold_range, locate, run_tag
+from projections.run_state import FOLD_VERSION, RunState
+from runlog.errors import RedisUnavailable, RunlogError
+from runlog.settings import Settings
+from schemas.codec import registry
+
+if TYPE_CHECKING:
+    from producers.run import Run
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+"""Snapshot body format; bump when the body's shape changes (older bodies become misses)."""
+
+_SWAP = """
+local cur = redis.call('HGET', KEYS[1], 'current')
+local curseq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '-1')
+if cur and tonumber(ARGV[2]) < curseq then
+  redis.call('DEL', ARGV[1])
+  return 0
+end
+local prev = redis.call('HGET', KEYS[1], 'previous')
+if prev and prev ~= cur then redis.call('DEL', prev) end
+if cur then
+  redis.call('HSET', KEYS[1], 'previous', cur, 'previous_seq', tostring(curseq))
+end
+redis.call('HSET', KEYS[1], 'current', ARGV[1], 'seq', ARGV[2])
+return 1
+"""
+
+_QUARANTINE = """
+local function move(field, seqfield)
+  local body = redis.call('HGET', KEYS[1], field)
+  local old = redis.call('HGET', KEYS[1], 'quarantined')
+  if old and old ~= body then redis.call('DEL', old) end
+  redis.call('HSET', KEYS[1], 'quarantined', body, 'quarantined_seq', ARGV[1])
+  redis.call('HDEL', KEYS[1], field, seqfield)
+end
+local cur = redis.call('HGET', KEYS[1], 'current')
+if cur and redis.call('HGET', KEYS[1], 'seq') == ARGV[1] then
+  move('current', 'seq')
+  local prev = redis.call('HGET', KEYS[1], 'previous')
+  if prev then
+    redis.call('HSET', KEYS[1], 'current', prev, 'seq', redis.call('HGET', KEYS[1], 'previous_seq'))
+    redis.call('HDEL', KEYS[1], 'previous', 'previous_seq')
+  end
+  return 1
+end
+if redis.call('HGET', KEYS[1], 'previous_seq') == ARGV[1] then
+  move('previous', 'previous_seq')
+  return 1
+end
+return 0
+"""
+
+
+class SnapshotInvalid(RunlogError):
+    """A stored snapshot body that must not be used; ``reason`` says why."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A validated snapshot body."""
+
+    key: str
+    run_id: str
+    tenant: str
+    seq: int
+    epoch: int
+    partition: int
+    offset: int
+    fold_version: int
+    written_at: str
+    state: RunState
+
+
+def _digest(body: dict[str, Any]) -> str:
+    text = json.dumps(
+        {k: v for k, v in body.items() if k != "digest"}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode_body(state: RunState, *, tenant: str, run_id: str, partition: int, offset: int) -> bytes:
+    body: dict[str, Any] = {
+        "format": FORMAT,
+        "fold_version": FOLD_VERSION,
+        "schema_versions": {et.value: v for et, v in sorted(registry().current.items())},
+        "run_id": run_id,
+        "tenant": tenant,
+        "seq": state.seq,
+        "epoch": state.epoch,
+        "partition": partition,
+        "offset": offset,
+        "written_at": datetime.now(UTC).isoformat(),
+        "state": state.to_dict(),
+    }
+    body["digest"] = _digest(body)
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_body(
+    raw: bytes | None, *, key: str, tenant: str, run_id: str, partition: int | None
+) -> Snapshot:
+    """A validated snapshot, or ``SnapshotInvalid`` naming the reason."""
+    if raw is None:
+        raise SnapshotInvalid("missing", f"body {key} is gone")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SnapshotInvalid("unparsable", str(exc)) from exc
+    if not isinstance(body, dict):
+        raise SnapshotInvalid("unparsable", "body is not an object")
+    if body.get("digest") != _digest(body):
+        raise SnapshotInvalid("digest", f"body {key} does not match its digest")
+    if body.get("format") != FORMAT:
+        raise SnapshotInvalid("format", f"snapshot format {body.get('format')} (know {FORMAT})")
+    if body.get("fold_version") != FOLD_VERSION:
+        raise SnapshotInvalid(
+            "fold_version", f"fold v{body.get('fold_version')} (this code folds v{FOLD_VERSION})"
+        )
+    if body.get("run_id") != run_id or body.get("tenant") != tenant:
+        raise SnapshotInvalid(
+            "identity", f"body belongs to {body.get('tenant')}/{body.get('run_id')}"
+        )
+    if partition is not None and body.get("partition") != partition:
+        raise SnapshotInvalid(
+            "partition", f"written for partition {body.get('partition')}, run is in {partition}"
+        )
+    try:
+        state = RunState.from_dict(body["state"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotInvalid("state", f"{type(exc).__name__}: {exc}") from exc
+    if state.seq != body.get("seq") or state.run_id != run_id:
+        raise SnapshotInvalid("state", "state disagrees with the body's seq or run")
+    return Snapshot(
+        key=key,
+        run_id=run_id,
+        tenant=tenant,
+        seq=int(body["seq"]),
+        epoch=int(body["epoch"]),
+        partition=int(body["partition"]),
+        offset=int(body["offset"]),
+        fold_version=int(body["fold_version"]),
+        written_at=str(body["written_at"]),
+        state=state,
+    )
+
+
+class SnapshotStore:
+    """Snapshots of runs in Redis. Thread-safe; one per process (see ``runlog.bootstrap``)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        *,
+        interval: int | None = None,
+        from_log: bool = True,
+    ) -> None:
+        self.redis = client
+        self.settings = settings
+        self.interval = settings.snapshot_interval if interval is None else interval
+        """Default events between snapshots of a run; 0 disables ``maybe_write``."""
+        self.from_log = from_log
+        """Derive each snapshot by folding the log (True) or trust the live state (False)."""
+        self._swap = client.register_script(_SWAP)
+        self._quarantine = client.register_script(_QUARANTINE)
+        self._lock = threading.Lock()
+        self._intervals: dict[tuple[str, str], int] = {}
+        self._last_seq: dict[tuple[str, str], int] = {}
+        self._waitaof: bool | None = None
+        self.last_miss: str | None = None
+
+    # Keys --------------------------------------------------------------------------------
+    def pointer_key(self, tenant: str, run_id: str) -> str:
+        return f"{run_tag(self.redis, self.settings, tenant, run_id)}:snap"
+
+    def _body_key(self, tenant: str, run_id: str, seq: int) -> str:
+        return f"{self.pointer_key(tenant, run_id)}:{seq}:{uuid.uuid4().hex[:8]}"
+
+    # Interval ------------------------------------------------------------------------------
+    def set_interval(self, tenant: str, run_id: str, interval: int) -> None:
+        """Override the interval for one run (0: never snapshot it); stored with its pointer."""
+        if interval < 0:
+            raise ValueError("interval must be >= 0")
+        try:
+            self.redis.hset(self.pointer_key(tenant, run_id), "interval", str(interval))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"snapshot interval of {run_id}: {exc}") from exc
+        with self._lock:
+            self._intervals[(tenant, run_id)] = interval
+
+    def interval_for(self, tenant: str, run_id: str) -> int:
+        with self._lock:
+            known = self._intervals.get((tenant, run_id))
+        if known is not None:
+            return known
+        try:
+            raw = self.redis.hmget(self.pointer_key(tenant, run_id), ["interval", "seq"])
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"snapshot interval of {run_id}: {exc}") from exc
+        value = self.interval if raw[0] is None else int(raw[0])
+        with self._lock:
+            self._intervals[(tenant, run_id)] = value
+            if raw[1] is not None:
+                self._last_seq.setdefault((tenant, run_id), int(raw[1]))
+        return value
+
+    # Writing -------------------------------------------------------------------------------
+    def maybe_write(self, run: Run) -> bool:
+        """Write a snapshot if the run has advanced an interval since its last one.
+
+        Called after every durable append. A failure is logged, never raised: a snapshot
+        is a cache and must not stop the run.
+        """
+        try:
+            interval = self.interval_for(run.tenant, run.run_id)
+            if interval <= 0 or run.last_offset is None:
+                return False
+            with self._lock:
+                last = self._last_seq.get((run.tenant, run.run_id), 0)
+            if run.state.seq - last < interval:
+                return False
+            self.write(run)
+            return True
+        except (RunlogError, redis.RedisError) as exc:
+            log.warning("snapshot of %s at seq %s skipped: %s", run.run_id, run.state.seq, exc)
+            return False
+
+    def write(self, run: Run) -> Snapshot:
+        """Snapshot ``run`` as of its last acknowledged record (see the module docstring)."""
+        if run.last_offset is None:
+            raise ValueError(f"run {run.run_id} has no acknowledged record to snapshot")
+        offset = run.last_offset + 1
+        t0 = time.perf_counter()
+        state = run.state
+        if self.from_log:
+            state = self.fold_log(run.tenant, run.run_id, run.partition, offset)
+            if state.digest() != run.state.digest():
+                metrics.incr("snapshot_live_divergences")
+                log.warning(
+                    "run %s: live state at seq %s differs from the log's fold at seq %s "
+                    "(e.g. a fenced write the owner never read); snapshotting the log's",
+                    run.run_id,
+                    run.state.seq,
+                    state.seq,
+                )
+        snap = self.put(run.tenant, run.run_id, state, partition=run.partition, offset=offset)
+        metrics.timing("snapshot_write_ms", (time.perf_counter() - t0) * 1000)
+        return snap
+
+    def fold_log(self, tenant: str, run_id: str, partition: int, end: int) -> RunState:
+        """The run's state from its log up to ``end`` (from the latest usable snapshot)."""
+        reader = ReplayReader(self.settings)
+        try:
+            folded = None
+            loaded = self.load(tenant, run_id, partition=partition, count=False)
+            if loaded is not None:
+                folded = fold_range(reader, run_id, partition, loaded[1], end, base=loaded[0])
+            if folded is None:
+                start, _ = locate(reader, self.redis, self.settings, tenant, run_id)
+                folded = fold_range(reader, run_id, partition, start, end)
+            assert folded is not None
+            return folded.state
+        finally:
+            reader.close()
+
+    def put(
+        self, tenant: str, run_id: str, state: RunState, *, partition: int, offset: int
+    ) -> Snapshot:
+        """Store ``state`` as the run's current snapshot, tail starting at ``offset``."""
+        if state.run_id != run_id or state.tenant != tenant:
+            raise ValueError(f"state of {state.tenant}/{state.run_id} is not {tenant}/{run_id}")
+        body = encode_body(state, tenant=tenant, run_id=run_id, partition=partition, offset=offset)
+        key = self._body_key(tenant, run_id, state.seq)
+        t0 = time.perf_counter()
+        try:
+            self.redis.set(key, body)
+            self._wait_durable()
+            self._swap(keys=[self.pointer_key(tenant, run_id)], args=[key, state.seq])
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"snapshot of {run_id} at seq {state.seq}: {exc}") from exc
+        metrics.incr("snapshot_writes")
+        metrics.timing("snapshot_put_ms", (time.perf_counter() - t0) * 1000)
+        with self._lock:
+            self._last_seq[(tenant, run_id)] = state.seq
+        return decode_body(body, key=key, tenant=tenant, run_id=run_id, partition=partition)
+
+    def _wait_durable(self) -> None:
+        """fsync the body to the AOF before the pointer moves, where Redis can (7.2+)."""
+        if self._waitaof is False:
+            return
+        try:
+            self.redis.execute_command("WAITAOF", 1, 0, 5000)  # type: ignore[no-untyped-call]
+            self._waitaof = True
+        except redis.ResponseError as exc:
+            # Unknown command (Redis < 7.2) or AOF off: ordering of the AOF is the guarantee.
+            log.info("WAITAOF unavailable (%s); relying on AOF ordering", exc)
+            self._waitaof = False
+
+    # Reading -------------------------------------------------------------------------------
+    def _pointer(self, tenant: str, run_id: str) -> dict[str, str]:
+        try:
+            raw = self.redis.hgetall(self.pointer_key(tenant, run_id))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"snapshot pointer of {run_id}: {exc}") from exc
+        return {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in raw.items()
+        }
+
+    def candidates(
+        self, tenant: str, run_id: str, *, partition: int | None = None
+    ) -> list[Snapshot | SnapshotInvalid]:
+        """Every stored snapshot (current, then previous), validated or with its error."""
+        ptr = self._pointer(tenant, run_id)
+        out: list[Snapshot | SnapshotInvalid] = []
+        for field in ("current", "previous"):
+            key = ptr.get(field)
+            if key is None:
+                continue
+            try:
+                raw = self.redis.get(key)
+            except redis.RedisError as exc:
+                raise RedisUnavailable(f"snapshot body of {run_id}: {exc}") from exc
+            try:
+                out.append(
+                    decode_body(
+                        raw if isinstance(raw, bytes) else None,
+                        key=key,
+                        tenant=tenant,
+                        run_id=run_id,
+                        partition=partition,
+                    )
+                )
+            except SnapshotInvalid as exc:
+                out.append(exc)
+        return out
+
+    def load(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        partition: int,
+        max_seq: int | None = None,
+        count: bool = True,
+    ) -> tuple[RunState, int] | None:
+        """``(state, offset the tail starts at)`` of the newest usable snapshot, else None."""
+        t0 = time.perf_counter()
+        self.last_miss = None
+        found: tuple[RunState, int] | None = None
+        reasons: list[str] = []
+        for cand in self.candidates(tenant, run_id, partition=partition):
+            if isinstance(cand, SnapshotInvalid):
+                reasons.append(cand.reason)
+                log.warning("snapshot of %s unusable (%s); trying the next", run_id, cand)
+                continue
+            if max_seq is not None and cand.seq > max_seq:
+                reasons.append("after_target")
+                continue
+            found = (cand.state, cand.offset)
+            break
+        if count:
+            metrics.timing("snapshot_load_ms", (time.perf_counter() - t0) * 1000)
+            if found is not None:
+                metrics.incr("snapshot_loads")
+            elif reasons:
+                metrics.incr("snapshot_misses")
+        self.last_miss = ",".join(reasons) or None
+        if found is not None:
+            with self._lock:
+                self._last_seq.setdefault((tenant, run_id), found[0].seq)
+        return found
+
+    def discontinuous(self, tenant: str, run_id: str, seq: int) -> None:
+        """The log does not continue the snapshot at ``seq``: quarantine it (kept for diagnosis)."""
+        metrics.incr("snapshot_discontinuities")
+        try:
+            self._quarantine(keys=[self.pointer_key(tenant, run_id)], args=[str(seq)])
+        except redis.RedisError as exc:
+            log.warning("could not quarantine snapshot %s of %s: %s", seq, run_id, exc)
+        with self._lock:
+            self._last_seq.pop((tenant, run_id), None)
+
+    def delete(self, tenant: str, run_id: str) -> int:
+        """Remove every snapshot of a run (recovery must not notice, except in time)."""
+        ptr = self._pointer(tenant, run_id)
+        keys = [v for k, v in ptr.items() if k in ("current", "previous", "quarantined")]
+        try:
+            return int(self.redis.delete(self.pointer_key(tenant, run_id), *keys))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"deleting snapshots of {run_id}: {exc}") from exc

@@ -1,0 +1,328 @@
+"""Verification of the replay contract for one run (or all): what ``runlog verify`` runs.
+
+Checks (seed 5.3, 5.4, 5.8):
+
+* ``determinism``: folding the run's log twice gives identical state (digest);
+* ``vocabulary``: every event type is classified (state-changing or record-only) and has
+  a fold rule, and every event in the log has a classified type;
+* ``gaps``: valid events have seqs 1..N without a hole, and every record the fold rejected
+  is explained: a stale epoch after a takeover (``stale_epoch``, with or without a
+  duplicate seq) or a lost ownership claim (``lost_claim``). Anything else is unexplained;
+* ``snapshot_equivalence``: every stored snapshot plus its tail equals the full replay,
+  and so does an in-memory snapshot (``to_dict``/``from_dict`` round trip) at sampled cut
+  points of the log. A mismatch counts ``full_replay_equivalence_failures``.
+
+Pure functions take decoded records; ``verify_run`` reads them from Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from consumers import metrics
+from consumers.replay import ReplayReader, fold_range, locate
+from producers.reader import LogReader, LogRecord, consumer_config
+from projections.run_state import RULES, RunState, apply, fold, is_valid
+from runlog.errors import KafkaUnavailable, SchemaError
+from runlog.settings import Settings
+from schemas.codec import decode
+from schemas.models import Event
+from schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
+
+if TYPE_CHECKING:
+    from consumers.snapshots import SnapshotStore
+
+EXPLAINED = frozenset({"stale_epoch", "stale_epoch_duplicate_seq", "lost_claim"})
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "counts": self.counts}
+
+
+@dataclass
+class Report:
+    run_id: str
+    tenant: str
+    records: int = 0
+    seq: int = 0
+    checks: list[Check] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and all(c.ok for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "tenant": self.tenant,
+            "ok": self.ok,
+            "records": self.records,
+            "seq": self.seq,
+            "error": self.error,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+    def text(self) -> str:
+        head = "OK  " if self.ok else "FAIL"
+        lines = [f"{head} {self.tenant}/{self.run_id}: {self.records} records, seq {self.seq}"]
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        for c in self.checks:
+            mark = "ok  " if c.ok else "FAIL"
+            extra = f" {c.counts}" if c.counts else ""
+            lines.append(f"  {mark} {c.name}: {c.detail}{extra}")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- pure checks
+
+
+def check_determinism(events: Sequence[Event]) -> Check:
+    a, b = fold(events), fold(events)
+    same = a.digest() == b.digest() and a.to_dict() == b.to_dict()
+    return Check("determinism", same, f"digest {a.digest()[:16]}" if same else "two folds differ")
+
+
+def check_vocabulary(events: Iterable[Event] = ()) -> Check:
+    problems: list[str] = []
+    for et in EventType:
+        try:
+            classify(et)
+        except SchemaError as exc:
+            problems.append(str(exc))
+        if et not in RULES:
+            problems.append(f"{et.value} has no fold rule")
+    if STATE_CHANGING & RECORD_ONLY:
+        problems.append(f"both state-changing and record-only: {STATE_CHANGING & RECORD_ONLY}")
+    seen: Counter[str] = Counter()
+    for ev in events:
+        seen[ev.type.value] += 1
+        if ev.type not in STATE_CHANGING | RECORD_ONLY:
+            problems.append(f"{ev.type.value} in the log is not classified")
+    detail = "; ".join(problems) if problems else f"{len(EventType)} types classified with rules"
+    return Check("vocabulary", not problems, detail, dict(sorted(seen.items())))
+
+
+def explain_rejection(state: RunState, ev: Event) -> str:
+    """Why the fold rejects ``ev`` on top of ``state`` (call only when it does)."""
+    if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
+        return "foreign_record"
+    if ev.epoch < state.epoch:
+        return "stale_epoch_duplicate_seq" if ev.seq <= state.seq else "stale_epoch"
+    if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED) and ev.epoch > state.epoch:
+        # A would-be owner claimed on an outdated view; it re-reads and claims again.
+        return "lost_claim"
+    if state.status == "finished":
+        return "after_finish"
+    if ev.epoch > state.epoch:
+        return "epoch_without_takeover"
+    if ev.seq <= state.seq:
+        return "duplicate_seq_same_epoch"
+    if ev.seq > state.seq + 1:
+        return "seq_gap"
+    return "invalid_transition"
+
+
+def check_gaps(events: Sequence[Event]) -> Check:
+    st = RunState()
+    reasons: Counter[str] = Counter()
+    valid_seqs: list[int] = []
+    where: list[str] = []
+    for ev in events:
+        if is_valid(st, ev):
+            valid_seqs.append(ev.seq)
+        else:
+            why = explain_rejection(st, ev)
+            reasons[why] += 1
+            if why not in EXPLAINED:
+                where.append(f"seq {ev.seq} epoch {ev.epoch} {ev.type.value}: {why}")
+        apply(st, ev)
+    contiguous = valid_seqs == list(range(1, len(valid_seqs) + 1))
+    ok = contiguous and not where
+    if not contiguous:
+        where.insert(0, "valid seqs are not 1..N")
+    detail = (
+        f"{len(valid_seqs)} valid, {sum(reasons.values())} fenced, all explained"
+        if ok
+        else "; ".join(where)
+    )
+    return Check("gaps", ok, detail, dict(sorted(reasons.items())))
+
+
+def cut_points(n: int, samples: int = 16) -> list[int]:
+    if n <= samples:
+        return list(range(n + 1))
+    step = n / samples
+    return sorted({0, n, *(int(i * step) for i in range(samples))})
+
+
+def check_cut_points(events: Sequence[Event], samples: int = 16) -> Check:
+    """Snapshot (to_dict -> from_dict) at cut points + fold of the tail == full fold."""
+    full = fold(events).digest()
+    bad: list[int] = []
+    for cut in cut_points(len(events), samples):
+        snap = RunState.from_dict(fold(events[:cut]).to_dict())
+        if fold(events[cut:], snap).digest() != full:
+            bad.append(cut)
+    if bad:
+        metrics.incr("full_replay_equivalence_failures", len(bad))
+    return Check(
+        "cut_points",
+        not bad,
+        f"{len(cut_points(len(events), samples))} cut points agree"
+        if not bad
+        else f"snapshot+tail differs at cuts {bad}",
+    )
+
+
+def check_stored_snapshots(
+    records: Sequence[LogRecord], full: RunState, store: SnapshotStore, tenant: str, run_id: str
+) -> Check:
+    """Every stored snapshot + the records after its offset == the full replay."""
+    from consumers.snapshots import SnapshotInvalid
+
+    if not records:
+        return Check("stored_snapshots", True, "no records")
+    partition = records[0].partition
+    results: Counter[str] = Counter()
+    notes: list[str] = []
+    ok = True
+    for cand in store.candidates(tenant, run_id, partition=partition):
+        if isinstance(cand, SnapshotInvalid):
+            results[f"miss_{cand.reason}"] += 1  # a cache miss, never a correctness failure
+            notes.append(f"unusable ({cand})")
+            continue
+        tail = [r.event for r in records if r.offset >= cand.offset]
+        state = RunState.from_dict(cand.state.to_dict())
+        if tail and not is_valid(state, tail[0]):
+            results["discontinuous"] += 1
+            notes.append(f"seq {cand.seq}: tail starts at seq {tail[0].seq} (cache miss)")
+            continue
+        if fold(tail, state).digest() == full.digest():
+            results["equal"] += 1
+        else:
+            ok = False
+            results["mismatch"] += 1
+            metrics.incr("full_replay_equivalence_failures")
+            notes.append(f"seq {cand.seq} ({cand.key}) + tail differs from full replay")
+    detail = "; ".join(notes) if notes else f"{results['equal']} stored snapshot(s) agree"
+    if not results:
+        detail = "no stored snapshots"
+    return Check("stored_snapshots", ok, detail, dict(results))
+
+
+def verify_events(events: Sequence[Event]) -> list[Check]:
+    """The log-only checks (no snapshot store)."""
+    return [
+        check_determinism(events),
+        check_vocabulary(events),
+        check_gaps(events),
+        check_cut_points(events),
+    ]
+
+
+# ------------------------------------------------------------------------- against Kafka
+
+
+def verify_run(
+    settings: Settings,
+    client: redis.Redis,
+    run_id: str,
+    *,
+    tenant: str = "default",
+    snapshots: SnapshotStore | None = None,
+    reader: LogReader | None = None,
+) -> Report:
+    report = Report(run_id=run_id, tenant=tenant)
+    own = reader is None
+    rd = ReplayReader(settings) if reader is None else reader
+    t0 = time.perf_counter()
+    try:
+        partition = rd.partition_of(run_id)
+        end = rd.high_watermark(partition)
+        start, _ = locate(rd, client, settings, tenant, run_id)
+        try:
+            folded = fold_range(rd, run_id, partition, start, end, keep=True)
+        except SchemaError as exc:
+            report.error = f"{type(exc).__name__}: {exc} {' '.join(getattr(exc, '__notes__', []))}"
+            return report
+        assert folded is not None
+        records = folded.kept
+        events = [r.event for r in records]
+        report.records, report.seq = len(records), folded.state.seq
+        if not records:
+            report.error = f"no records of run {run_id} in {settings.events_topic}[{partition}]"
+            return report
+        if events[0].tenant != tenant:
+            report.error = f"run {run_id} belongs to tenant {events[0].tenant!r}, not {tenant!r}"
+            return report
+        report.checks.extend(verify_events(events))
+        if snapshots is not None:
+            report.checks.append(
+                check_stored_snapshots(records, folded.state, snapshots, tenant, run_id)
+            )
+        metrics.incr("events_replayed", len(records))
+        metrics.timing("replay_duration_ms", (time.perf_counter() - t0) * 1000)
+        return report
+    finally:
+        if own:
+            rd.close()
+
+
+def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, str]]:
+    """``(tenant, run_id)`` of every run in the events topic, by scanning its keys.
+
+    Decodes only the first record of each key (for its tenant). Cost: one pass over the
+    topic; a state-projection index would avoid it.
+    """
+    consumer = Consumer(consumer_config(settings))
+    found: dict[str, str] = {}
+    try:
+        reader = ReplayReader(settings)
+        try:
+            parts = reader.partition_count()
+            highs = [reader.high_watermark(p) for p in range(parts)]
+        finally:
+            reader.close()
+        total = sum(highs)
+        done = 0
+        for p, high in enumerate(highs):
+            if high == 0:
+                continue
+            consumer.assign([TopicPartition(settings.events_topic, p, 0)])
+            pos = 0
+            while pos < high:
+                for msg in consumer.consume(1000, timeout=1.0):
+                    if msg.error() is not None:
+                        continue
+                    pos = (msg.offset() or 0) + 1
+                    done += 1
+                    key = (msg.key() or b"").decode(errors="replace")
+                    if key and key not in found:
+                        try:
+                            found[key] = decode(msg.value() or b"").tenant
+                        except SchemaError:
+                            found[key] = "?"
+                    if progress is not None:
+                        progress(done - 1, total)
+            consumer.unassign()
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"scanning {settings.events_topic}: {exc}") from exc
+    finally:
+        consumer.close()
+    return sorted((tenant, rid) for rid, tenant in found.items())
