@@ -136,9 +136,14 @@ class LogReader:
             return
         key = run_id.encode()
         self._consumer.assign([TopicPartition(self.topic, part, offset)])
+        nxt = offset if offset >= 0 else None
         try:
             while True:
-                batch = self._consumer.consume(500, timeout=1.0)
+                # consume() waits its whole timeout unless the batch fills, even at the end
+                # of the partition: ask for no more than the records left before ``stop``,
+                # so a short replay (every open_run's read-back) returns at once.
+                want = 500 if nxt is None else max(1, min(500, stop - nxt))
+                batch = self._consumer.consume(want, timeout=1.0)
                 for msg in batch:
                     err = msg.error()
                     off = msg.offset()
@@ -151,6 +156,7 @@ class LogReader:
                         raise KafkaUnavailable(f"reading {self.topic}[{part}]: {err}")
                     if off >= stop:
                         return
+                    nxt = off + 1
                     if msg.key() != key:
                         continue
                     try:
