@@ -1,0 +1,220 @@
+"""A worker process the writer tests start, kill, pause and resume.
+
+    python tests/workers/agent_worker.py --dir D --name N --run-id R --scenario agent ...
+
+Settings come from RUNLOG_* variables. The worker reports progress by writing flag files
+``D/N.<flag>`` (so a test kills it at a known point, not after a guessed sleep), writes
+``D/N.result`` (JSON: outcome, epoch, state digest) when it stops on its own, and exits
+with a code naming what stopped it (see ``workers.common.EXIT_*``).
+
+The ``charge`` tool applies its effect to the ledger in Redis (outside this process),
+keyed by idempotency key. Its reconciler is an authoritative lookup of that ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
+
+import runlog  # noqa: E402
+from producers.agent import AgentLoop, Call, FinishStep, ModelStep, ScriptedModel, Step  # noqa: E402
+from projections.run_state import RunState  # noqa: E402
+from runlog.bootstrap import Services, redis_client  # noqa: E402
+from runlog.settings import Settings  # noqa: E402
+from schemas.canonical import canonical_json  # noqa: E402
+from schemas.vocabulary import EventType  # noqa: E402
+from workers.common import (  # noqa: E402
+    EXIT_ESCALATED,
+    EXIT_FENCED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_TOOL_FAILED,
+    EXIT_UNCERTAIN,
+    Ledger,
+)
+
+HOLD_MAX_S = 120.0
+
+
+class Flags:
+    def __init__(self, directory: str, name: str) -> None:
+        self.dir, self.name = Path(directory), name
+
+    def path(self, flag: str) -> Path:
+        return self.dir / f"{self.name}.{flag}"
+
+    def set(self, flag: str, text: str = "") -> None:
+        tmp = self.path(flag + ".tmp")
+        tmp.write_text(text)
+        tmp.rename(self.path(flag))  # atomic: a test never reads half a flag
+
+    def hold(self) -> None:
+        """Block until the test writes the ``go`` flag (or a signal ends the process)."""
+        deadline = time.monotonic() + HOLD_MAX_S
+        while not self.path("go").exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("held too long without a go")
+            time.sleep(0.01)
+
+
+def make_charge(opts: argparse.Namespace, flags: Flags, ledger: Ledger) -> runlog.Tool:
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        found = ledger.found(idempotency_key)
+        if found is None:
+            # The worker that started it is dead (killed by the test), so it cannot commit.
+            return runlog.Absent(f"ledger has no entry {idempotency_key}")
+        if found != canonical_json(args):
+            return runlog.Conflict(found)
+        return runlog.Match(f"charged {args['amount']} to {args['acct']}")
+
+    def charge(args: dict[str, Any], *, idempotency_key: str) -> str:
+        if opts.charge_mode == "block-before":
+            flags.set("in-tool", idempotency_key)
+            flags.hold()
+        ledger.apply(idempotency_key, canonical_json(args))
+        if opts.charge_mode == "block-after":
+            flags.set("effect", idempotency_key)
+            flags.hold()
+        return f"charged {args['amount']} to {args['acct']}"
+
+    reconcile = lookup if opts.reconcile == "ledger" else None
+    return runlog.tool("charge", risk=opts.risk, reconcile=reconcile)(charge)
+
+
+class SignallingModel(ScriptedModel):
+    """Writes ``model-<pos>`` just before the loop runs (and thinks about) step ``pos``."""
+
+    flags: Flags | None = None
+
+    def next_step(self, state: RunState) -> Step | None:
+        step = super().next_step(state)
+        if self.flags is not None and isinstance(step, ModelStep):
+            self.flags.set(f"model-{self.position(state)}")
+        return step
+
+
+def agent_script(think_at: int, think_s: float) -> list[Step]:
+    """Step 1 charges; ``think_s`` is the model latency of step ``think_at``."""
+
+    def think(pos: int) -> float:
+        return think_s if pos == think_at else 0.0
+
+    return [
+        ModelStep("Looking at account A-1.", input_tokens=40, output_tokens=9, think_s=think(0)),
+        ModelStep(
+            "Charging seven dollars.",
+            calls=(Call("charge", {"amount": 7, "acct": "A-1"}),),
+            input_tokens=60,
+            output_tokens=12,
+            cost_usd=0.002,
+            think_s=think(1),
+        ),
+        ModelStep("Charged; done.", input_tokens=80, output_tokens=5, think_s=think(2)),
+        FinishStep("succeeded", "charged once"),
+    ]
+
+
+def scenario_agent(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
+    model = SignallingModel(agent_script(opts.think_at, opts.think_s))
+    model.flags = flags
+    AgentLoop(model).run(run, user_message="charge seven dollars to A-1")
+
+
+def scenario_direct(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
+    """Re-executed from the top after a crash: keys come from the call order, not memory."""
+    results = [run.call_tool("charge", {"amount": 7, "acct": "A-1"}) for _ in range(opts.repeat)]
+    flags.set("after-calls", json.dumps(results))
+    if opts.hold_after:
+        flags.hold()
+    run.finish("succeeded", f"{len(results)} charges")
+
+
+def scenario_hold(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
+    if run.state.seq == 1:
+        run.append(EventType.USER_MESSAGE, content="hold the run")
+    flags.set("holding", str(run.epoch))
+    flags.hold()
+    run.append(EventType.MEMORY_WRITTEN, key="after-hold", value=opts.name)
+    run.finish("succeeded", f"finished by {opts.name}")
+
+
+SCENARIOS = {"agent": scenario_agent, "direct": scenario_direct, "hold": scenario_hold}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent")
+    ap.add_argument("--charge-mode", choices=["normal", "block-before", "block-after"])
+    ap.add_argument("--reconcile", choices=["ledger", "none"], default="ledger")
+    ap.add_argument(
+        "--risk", choices=["safe", "reversible", "irreversible"], default="irreversible"
+    )
+    ap.add_argument("--think-at", type=int, default=-1)
+    ap.add_argument("--think-s", type=float, default=0.0)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--hold-after", action="store_true")
+    ap.add_argument("--wait-s", type=float, default=None)
+    opts = ap.parse_args()
+    opts.charge_mode = opts.charge_mode or "normal"
+
+    settings = Settings()
+    flags = Flags(opts.dir, opts.name)
+    ledger = Ledger(redis_client(settings), settings.redis_key_prefix)
+    charge = make_charge(opts, flags, ledger)
+    result: dict[str, Any] = {"outcome": "ok", "error": ""}
+    code = EXIT_OK
+    run: runlog.Run | None = None
+    try:
+        run = runlog.open_run(
+            opts.run_id, tools=[charge], settings=settings, wait_s=opts.wait_s, agent="worker"
+        )
+        flags.set("opened", json.dumps({"epoch": run.epoch, "seq": run.state.seq}))
+        SCENARIOS[opts.scenario](run, opts, flags)
+    except runlog.Fenced as exc:
+        result, code = {"outcome": "Fenced", "error": str(exc)}, EXIT_FENCED
+    except runlog.RunLocked as exc:
+        result, code = {"outcome": "RunLocked", "error": str(exc)}, EXIT_LOCKED
+    except runlog.Escalated as exc:
+        result = {"outcome": "Escalated", "error": str(exc), "approval_id": exc.approval_id}
+        code = EXIT_ESCALATED
+    except runlog.CallUncertain as exc:
+        result, code = {"outcome": "CallUncertain", "error": str(exc)}, EXIT_UNCERTAIN
+    except runlog.ToolFailed as exc:
+        result, code = {"outcome": "ToolFailed", "error": str(exc)}, EXIT_TOOL_FAILED
+    except Exception:  # noqa: BLE001 - anything else is a test failure: show it, exit 1
+        traceback.print_exc()
+        return 1
+    finally:
+        if run is not None:
+            try:
+                run.close()
+            except runlog.RunlogError as exc:  # the outcome above is what the test checks
+                print(f"close: {exc}", file=sys.stderr)
+    if run is not None:
+        result.update(
+            run_id=run.run_id,
+            epoch=run.epoch,
+            seq=run.state.seq,
+            status=run.state.status,
+            digest=run.state.digest(),
+            fenced_writes=run.state.fenced_writes,
+        )
+    Services.shared(settings).close()
+    flags.set("result", json.dumps(result))
+    print(json.dumps(result))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
