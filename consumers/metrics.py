@@ -1,8 +1,9 @@
-"""In-process counters, gauges and timings (replay jobs, snapshots).
+"""Process-wide replay and snapshot metrics (seed section 5.8), printed by ``--json`` outputs.
 
-RECONSTRUCTED: the projections work (issue #4) accidentally overwrote this file while it
-was still uncommitted; this is a minimal stand-in with the functions ``consumers.replay``
-calls (``incr``, ``gauge``, ``timing``). Its owner should replace it with the original.
+Owned by the replay/snapshot work (issue #5); projection metrics live in
+``consumers.projection_metrics``. A plain dict behind a lock: enough for a CLI and tests,
+and easy to export later. Counters add up; ``*_ms`` timings keep the last value plus a
+``_total`` and ``_count``; gauges keep the last value.
 """
 
 from __future__ import annotations
@@ -10,38 +11,49 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-_lock = threading.Lock()
-_counters: dict[str, float] = {}
-_gauges: dict[str, float] = {}
-_timings: dict[str, list[float]] = {}
+_LOCK = threading.Lock()
+_METRICS: dict[str, float] = {}
+
+COUNTERS = (
+    "events_replayed",
+    "snapshot_loads",
+    "snapshot_misses",
+    "snapshot_writes",
+    "snapshot_discontinuities",
+    "snapshot_live_divergences",
+    "full_replay_equivalence_failures",
+)
+TIMINGS = ("replay_duration_ms", "snapshot_load_ms", "snapshot_write_ms")
+GAUGES = ("snapshot_seq_gap",)
+"""Events between the snapshot used and the head of the run: what the tail replayed."""
 
 
-def incr(name: str, value: float = 1) -> None:
-    with _lock:
-        _counters[name] = _counters.get(name, 0) + value
-
-
-def gauge(name: str, value: float) -> None:
-    with _lock:
-        _gauges[name] = value
+def incr(name: str, by: float = 1) -> None:
+    with _LOCK:
+        _METRICS[name] = _METRICS.get(name, 0) + by
 
 
 def timing(name: str, ms: float) -> None:
-    with _lock:
-        _timings.setdefault(name, []).append(ms)
+    """Record one duration: ``name`` keeps the last, ``name_total`` and ``name_count`` add."""
+    with _LOCK:
+        _METRICS[name] = ms
+        _METRICS[f"{name}_total"] = _METRICS.get(f"{name}_total", 0) + ms
+        _METRICS[f"{name}_count"] = _METRICS.get(f"{name}_count", 0) + 1
+
+
+def gauge(name: str, value: float) -> None:
+    with _LOCK:
+        _METRICS[name] = value
 
 
 def snapshot() -> dict[str, Any]:
-    with _lock:
-        return {
-            "counters": dict(_counters),
-            "gauges": dict(_gauges),
-            "timings": {k: list(v) for k, v in _timings.items()},
-        }
+    """A copy of every metric, with the known names present (0 if never touched)."""
+    with _LOCK:
+        out: dict[str, Any] = {n: 0 for n in (*COUNTERS, *TIMINGS, *GAUGES)}
+        out.update(_METRICS)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in sorted(out.items())}
 
 
 def reset() -> None:
-    with _lock:
-        _counters.clear()
-        _gauges.clear()
-        _timings.clear()
+    with _LOCK:
+        _METRICS.clear()
