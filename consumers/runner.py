@@ -67,18 +67,21 @@ class Stopped(RunlogError):
 
 
 def consumer_config(settings: Settings, group: str, **extra: Any) -> dict[str, Any]:
-    conf = dict(settings.kafka_common())
+    # Tunables first, so RUNLOG_KAFKA_EXTRA may override them; then what correctness needs.
+    conf: dict[str, Any] = {
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 1_000,
+        "max.poll.interval.ms": 300_000,
+        "fetch.wait.max.ms": 20,
+    }
+    conf.update(settings.kafka_common())
     conf.update(
         {
             "group.id": group,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 20,
             "isolation.level": "read_committed",
-            "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 1_000,
-            "max.poll.interval.ms": 300_000,
         }
     )
     conf.update(extra)

@@ -1,0 +1,107 @@
+"""Helpers shared by tests/test_projections_*.py (real Kafka, real Redis, real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import redis
+
+from consumers import queries
+from consumers.projection_metrics import Watermarks
+from consumers.store import PROJECTIONS
+from producers.reader import LogReader
+from projections.run_state import fold
+from runlog.settings import Settings
+
+
+def env_for(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "RUNLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "RUNLOG_REDIS_URL": settings.redis_url,
+            "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
+            "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
+            "RUNLOG_PARTITIONS": str(settings.partitions),
+            # Faster takeover after a SIGKILL (the broker's minimum session timeout).
+            "RUNLOG_KAFKA_EXTRA": '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}',
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def start_runner(
+    settings: Settings, projection: str, group: str, *args: str, log_path: str | None = None
+) -> subprocess.Popen[bytes]:
+    out: Any = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-m", "runlog.cli", "project", projection, "--group", group, *args],
+        env=env_for(settings),
+        stdout=out,
+        stderr=out,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout=timeout)
+
+
+def applied_total(client: redis.Redis, settings: Settings, name: str) -> int:
+    rows = queries.positions(client, settings, name)
+    return sum(int(r["applied"] or 0) + int(r["quarantined"] or 0) for r in rows.values())
+
+
+def wait_caught_up(
+    client: redis.Redis,
+    settings: Settings,
+    names: tuple[str, ...] = PROJECTIONS,
+    timeout: float = 60,
+) -> dict[int, int]:
+    """Until every projection's position is just below each partition's high watermark."""
+    marks = Watermarks(settings)
+    try:
+        highs = {p: marks.high(p) for p in range(settings.partitions)}
+        deadline = time.monotonic() + timeout
+        while True:
+            behind = []
+            for name in names:
+                for p, row in queries.positions(client, settings, name).items():
+                    nxt = 0 if row["position"] is None else int(row["position"]) + 1
+                    if nxt < highs[p]:
+                        behind.append((name, p, highs[p] - nxt))
+            if not behind:
+                return highs
+            if time.monotonic() > deadline:
+                raise AssertionError(f"projections still behind after {timeout}s: {behind}")
+            time.sleep(0.2)
+    finally:
+        marks.close()
+
+
+def dump(client: redis.Redis, settings: Settings, names: tuple[str, ...] = PROJECTIONS) -> dict:
+    """Every stored key and exact value of ``names``, with this settings' prefix removed."""
+    out: dict[str, Any] = {}
+    prefix = settings.redis_key_prefix
+    for name in names:
+        for key, value in queries.dump_projection(client, settings, name).items():
+            assert key.startswith(prefix + ":")
+            out[key[len(prefix) :]] = value
+    return out
+
+
+def replayed_states(settings: Settings, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The writers' fold of each run, by an independent full read of the log."""
+    out = {}
+    with LogReader(settings) as reader:
+        for rid in run_ids:
+            part = reader.partition_of(rid)
+            out[rid] = fold(r.event for r in reader.read(rid, partition=part, start=0)).to_dict()
+    return out
