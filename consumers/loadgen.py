@@ -203,3 +203,29 @@ class LoadGenerator:
         left = self._producer.flush(30)
         if left or self._errors:
             raise KafkaUnavailable(f"loadgen: {left} unacknowledged, errors {self._errors[:3]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m consumers.loadgen [--runs N --events M | --rate R --duration S]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m consumers.loadgen", description=__doc__)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--events", type=int, default=50, help="events per run (batch mode)")
+    parser.add_argument("--rate", type=float, default=None, help="events/s (steady mode)")
+    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    gen = LoadGenerator(Settings(), seed=args.seed)
+    started = time.monotonic()
+    if args.rate is None:
+        gen.generate(args.runs, args.events)
+    else:
+        gen.steady(args.rate, args.duration, runs=args.runs)
+    took = time.monotonic() - started
+    print(f"sent {gen.sent} events in {took:.1f}s ({gen.sent / took:.0f}/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
