@@ -8,12 +8,13 @@ the records whose key is the run id.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from producers.keys import partition_for, run_id_time_ms
 from runlog.errors import KafkaUnavailable, SchemaError
@@ -23,6 +24,41 @@ from schemas.models import Event
 
 # How far before a run id's creation time to start looking: covers producer clock skew.
 START_SKEW_MS = 60_000
+
+# How long a lookup retries a retriable broker error (leader moving, metadata not yet
+# propagated after topic creation) before reporting the broker unavailable.
+RETRY_FOR_S = 10.0
+# librdkafka reports these as plain error codes (``retriable()`` is False on them).
+TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+
+T = TypeVar("T")
+
+
+def _retrying(what: str, call: Callable[[], T]) -> T:
+    """``call()``, retried with capped backoff while the broker says the error is transient."""
+    deadline = time.monotonic() + RETRY_FOR_S
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = isinstance(err, KafkaError) and (err.retriable() or err.code() in TRANSIENT)
+            if not retriable or time.monotonic() + delay > deadline:
+                raise KafkaUnavailable(f"{what}: {exc}") from exc
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -90,12 +126,11 @@ class LogReader:
         return partition_for(run_id, self.partition_count())
 
     def high_watermark(self, partition: int) -> int:
-        try:
-            _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=10, cached=False
-            )
-        except KafkaException as exc:
-            raise KafkaUnavailable(f"watermarks of {self.topic}[{partition}]: {exc}") from exc
+        tp = TopicPartition(self.topic, partition)
+        _, high = _retrying(
+            f"watermarks of {self.topic}[{partition}]",
+            lambda: self._consumer.get_watermark_offsets(tp, timeout=10, cached=False),
+        )
         return int(high)
 
     def start_offset(self, run_id: str, partition: int, hint: int | None = None) -> int:
@@ -105,10 +140,9 @@ class LogReader:
         created = run_id_time_ms(run_id)
         if created is not None:
             tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
-            try:
-                (found,) = self._consumer.offsets_for_times([tp], timeout=10)
-            except KafkaException as exc:
-                raise KafkaUnavailable(f"offsets_for_times: {exc}") from exc
+            (found,) = _retrying(
+                "offsets_for_times", lambda: self._consumer.offsets_for_times([tp], timeout=10)
+            )
             if found.offset >= 0:
                 return int(found.offset)
             # No record at or after that time: the run has no events yet.
