@@ -1,0 +1,377 @@
+"""The tool-call path: every reconciliation outcome, every risk class, people's decisions,
+proven failures and intentional repeats, each checked by the exact events it leaves.
+
+Tools change the ledger in Redis (outside the run's state) and count their invocations;
+the log is read back from Kafka, never taken from the writer's memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from workers.common import Ledger, assert_log_sound, read_log, services_for, verdicts
+
+import runlog
+from runlog.settings import Settings
+from schemas import models as m
+from schemas.canonical import canonical_json
+from schemas.vocabulary import EventType
+
+pytestmark = pytest.mark.timeout(60)
+
+ARGS = {"amount": 7, "acct": "A-1"}
+
+
+@pytest.fixture
+def fast(test_settings: Settings) -> Iterator[Settings]:
+    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
+    with services_for(s):
+        yield s
+
+
+@pytest.fixture
+def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
+    return Ledger(redis_client, fast.redis_key_prefix)
+
+
+class Charge:
+    """A charge tool whose first invocations misbehave as told.
+
+    ``first``: what the first invocation does: ``"ok"``; ``"timeout-before"`` (raises
+    before reaching the ledger); ``"timeout-after"`` (applies the effect, then the
+    response is lost); ``"wrong-after"`` (the receiver applies a different amount, then
+    the response is lost); ``"declined"`` (a proven failure).
+    """
+
+    def __init__(self, ledger: Ledger, first: str = "ok") -> None:
+        self.ledger, self.first = ledger, first
+        self.invocations: Counter[str] = Counter()
+
+    def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
+        self.invocations[idempotency_key] += 1
+        n = sum(self.invocations.values())
+        if n == 1 and self.first == "declined":
+            raise runlog.ToolError("card declined")
+        if n == 1 and self.first == "timeout-before":
+            raise TimeoutError("gateway did not answer")
+        if n == 1 and self.first == "wrong-after":
+            self.ledger.apply(idempotency_key, canonical_json({**args, "amount": 70}))
+            raise TimeoutError("gateway timed out after accepting")
+        self.ledger.apply(idempotency_key, canonical_json(args))
+        if n == 1 and self.first == "timeout-after":
+            raise TimeoutError("gateway timed out after accepting")
+        return f"charged {args['amount']} to {args['acct']}"
+
+    def lookup(self, args: dict[str, Any], *, idempotency_key: str) -> Any:
+        found = self.ledger.found(idempotency_key)
+        if found is None:
+            return runlog.Absent(f"no ledger entry {idempotency_key}")
+        if found != canonical_json(args):
+            return runlog.Conflict(found)
+        return runlog.Match(f"charged {args['amount']} to {args['acct']}")
+
+    def tool(self, risk: str = "irreversible", reconcile: Callable[..., Any] | None = None) -> Any:
+        return runlog.tool("charge", risk=risk, reconcile=reconcile)(self)  # type: ignore[arg-type]
+
+
+def _after(settings: Settings, run_id: str, seq: int) -> list[m.Event]:
+    """Valid events after ``seq``, read back from the log (which must be sound)."""
+    events = [r.event for r in read_log(settings, run_id)]
+    assert_log_sound(events)
+    return [ev for ev, ok in verdicts(events) if ok and ev.seq > seq]
+
+
+def _shape(events: list[m.Event]) -> list[tuple[Any, ...]]:
+    """The facts each recovery step must leave, in order."""
+    out: list[tuple[Any, ...]] = []
+    for ev in events:
+        p: Any = ev.payload
+        if ev.type is EventType.TOOL_CALL_STARTED:
+            out.append(("started", p.attempt))
+        elif ev.type is EventType.TOOL_CALL_UNCERTAIN:
+            out.append(("uncertain", p.detected_by))
+        elif ev.type is EventType.RECONCILIATION_ATTEMPTED:
+            out.append(("reconciliation", p.outcome, p.action))
+        elif ev.type is EventType.TOOL_CALL_COMPLETED:
+            out.append(("completed", p.source, p.is_error))
+        elif ev.type is EventType.APPROVAL_REQUESTED:
+            out.append(("approval_requested", p.kind))
+        else:
+            out.append((ev.type.value,))
+    return out
+
+
+def _keys(events: list[m.Event]) -> set[str | None]:
+    return {getattr(ev.payload, "idempotency_key", None) for ev in events} - {None}
+
+
+# ------------------------------------------------------------------------ reconciliation
+@pytest.mark.parametrize(
+    ("first", "expected", "settles"),
+    [
+        (
+            "timeout-after",
+            [
+                ("started", 1),
+                ("uncertain", "live"),
+                ("reconciliation", "match", "complete"),
+                ("completed", "reconciliation", False),
+            ],
+            "result",
+        ),
+        (
+            "timeout-before",
+            [
+                ("started", 1),
+                ("uncertain", "live"),
+                ("reconciliation", "absent", "retry"),
+                ("started", 2),
+                ("completed", "live", False),
+            ],
+            "result",
+        ),
+        (
+            "wrong-after",
+            [
+                ("started", 1),
+                ("uncertain", "live"),
+                ("reconciliation", "conflict", "escalate"),
+                ("approval_requested", "conflict"),
+            ],
+            "escalated",
+        ),
+    ],
+    ids=["match", "absent", "conflict"],
+)
+def test_reconciliation_outcomes(
+    first: str, expected: list[tuple[Any, ...]], settles: str, fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, first)
+    with runlog.open_run(settings=fast, tools=[charge.tool(reconcile=charge.lookup)]) as run:
+        seq = run.state.seq
+        if settles == "result":
+            assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
+        else:
+            with pytest.raises(runlog.Escalated) as info:
+                run.call_tool("charge", ARGS)
+            assert info.value.approval_id in run.state.approvals
+            assert run.state.status == "escalated"
+            with pytest.raises(runlog.Escalated):  # the run stays stopped
+                run.call_tool("charge", {"amount": 1, "acct": "B"})
+        state = run.state
+    events = _after(fast, run.run_id, seq)
+    assert _shape(events) == expected
+    (key,) = _keys(events)
+    assert sum(charge.invocations.values()) == (2 if first == "timeout-before" else 1)
+    assert set(charge.invocations) == {key}  # a retry reuses the key, never a new one
+    if settles == "result":
+        assert ledger.per_key() == {key: 1} and state.completed_calls == {key: "charged 7 to A-1"}
+    else:
+        req = events[-1].payload
+        assert isinstance(req, m.ApprovalRequested) and req.detail is not None
+        both = json.loads(req.detail)
+        assert both["intended"] == ARGS and json.loads(both["found"])["amount"] == 70
+        assert req.idempotency_key == key and key not in state.completed_calls
+
+
+def test_reconciliation_unavailable_keeps_the_call_uncertain_and_never_retries(
+    fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "timeout-before")
+
+    def down(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        return runlog.Unavailable("ledger query timed out")
+
+    with runlog.open_run(settings=fast, tools=[charge.tool(risk="safe", reconcile=down)]) as run:
+        seq = run.state.seq
+        with pytest.raises(runlog.CallUncertain):
+            run.call_tool("charge", ARGS)
+        with pytest.raises(runlog.CallUncertain):  # asking again reaches the same key
+            run.call_tool("charge", ARGS)
+        (key,) = run.state.open_calls
+        assert run.state.open_calls[key].status == "uncertain"
+    events = _after(fast, run.run_id, seq)
+    assert _shape(events) == [
+        ("started", 1),
+        ("uncertain", "live"),
+        ("reconciliation", "unavailable", "keep_uncertain"),
+        ("reconciliation", "unavailable", "keep_uncertain"),
+    ]
+    assert _keys(events) == {key}
+    assert sum(charge.invocations.values()) == 1 and ledger.total() == 0
+
+
+# ------------------------------------------------------------------------ risk classes
+@pytest.mark.parametrize(
+    ("risk", "action"), [("safe", "retry"), ("reversible", "retry_compensate")]
+)
+def test_without_reconciler_safe_and_reversible_calls_are_retried(
+    risk: str, action: str, fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "timeout-before")
+    with runlog.open_run(settings=fast, tools=[charge.tool(risk=risk)]) as run:
+        seq = run.state.seq
+        assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
+    events = _after(fast, run.run_id, seq)
+    assert _shape(events) == [
+        ("started", 1),
+        ("uncertain", "live"),
+        ("reconciliation", "no_reconciler", action),
+        ("started", 2),
+        ("completed", "live", False),
+    ]
+    (key,) = _keys(events)
+    assert charge.invocations == {key: 2} and ledger.per_key() == {key: 1}
+
+
+def _escalated_irreversible(fast: Settings, charge: Charge) -> tuple[str, str, int]:
+    with runlog.open_run(settings=fast, tools=[charge.tool()]) as run:
+        seq = run.state.seq
+        with pytest.raises(runlog.Escalated) as info:
+            run.call_tool("charge", ARGS)
+        approval_id = info.value.approval_id
+        assert approval_id is not None
+        assert run.state.status == "running"  # only this call waits, not the run
+    events = _after(fast, run.run_id, seq)
+    assert _shape(events) == [
+        ("started", 1),
+        ("uncertain", "live"),
+        ("reconciliation", "no_reconciler", "escalate"),
+        ("approval_requested", "uncertain_call"),
+    ]
+    req = events[-1].payload
+    started = events[0].payload
+    assert isinstance(req, m.ApprovalRequested) and isinstance(started, m.ToolCallStarted)
+    assert req.approval_id == approval_id and req.idempotency_key == started.idempotency_key
+    assert req.args_json == started.args_json and req.started_at == events[0].occurred_at
+    assert req.last_error == "TimeoutError: gateway did not answer"
+    return run.run_id, approval_id, events[-1].seq
+
+
+def test_irreversible_without_reconciler_waits_for_approval_then_retries_same_key(
+    fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "timeout-before")
+    rid, approval_id, seq = _escalated_irreversible(fast, charge)
+    # Resuming without a decision does not execute it.
+    with (
+        runlog.open_run(rid, settings=fast, tools=[charge.tool()]) as run,
+        pytest.raises(runlog.Escalated),
+    ):
+        run.call_tool("charge", ARGS)
+    assert sum(charge.invocations.values()) == 1
+
+    got = runlog.decide(
+        rid,
+        approval_id,
+        approved=True,
+        decided_by="ops@example",
+        tools=[charge.tool()],
+        settings=fast,
+    )
+    assert got == "recorded"
+    events = _after(fast, rid, seq)
+    assert _shape(events) == [
+        ("run_resumed",),
+        ("run_resumed",),
+        ("approval_decided",),
+        ("reconciliation", "decided", "retry"),
+        ("started", 2),
+        ("completed", "live", False),
+    ]
+    (key,) = charge.invocations
+    assert charge.invocations == {key: 2} and _keys(events) == {key}
+    assert ledger.per_key() == {key: 1}
+    decided = events[2].payload
+    assert isinstance(decided, m.ApprovalDecided) and decided.decided_by == "ops@example"
+
+
+def test_irreversible_rejected_by_a_person_completes_with_the_note_and_never_runs(
+    fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "timeout-before")
+    rid, approval_id, seq = _escalated_irreversible(fast, charge)
+    got = runlog.decide(
+        rid, approval_id, approved=False, decided_by="ops", note="customer cancelled", settings=fast
+    )
+    assert got == "recorded"
+    events = _after(fast, rid, seq)
+    assert _shape(events) == [
+        ("run_resumed",),
+        ("approval_decided",),
+        ("reconciliation", "decided", "resolve"),
+        ("completed", "reconciliation", False),
+    ]
+    done = events[-1].payload
+    assert isinstance(done, m.ToolCallCompleted) and "customer cancelled" in done.content
+    # Re-executing the worker's code from the top finds the call settled by the person.
+    with runlog.open_run(rid, settings=fast, tools=[charge.tool()]) as run:
+        assert run.call_tool("charge", ARGS) == done.content
+    assert sum(charge.invocations.values()) == 1 and ledger.total() == 0
+
+
+def test_decision_while_the_run_is_owned_is_queued_and_recorded_by_the_owner(
+    fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "timeout-before")
+    rid, approval_id, seq = _escalated_irreversible(fast, charge)
+    with runlog.open_run(rid, settings=fast, tools=[charge.tool()]) as run:
+        got = runlog.decide(rid, approval_id, approved=True, decided_by="ops", settings=fast)
+        assert got == "queued"
+        assert sum(charge.invocations.values()) == 1
+        assert run.poll_decisions() == 1
+        assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
+        assert run.poll_decisions() == 0  # the inbox entry is gone once recorded
+    events = _after(fast, rid, seq)
+    assert _shape(events) == [
+        ("run_resumed",),
+        ("approval_decided",),
+        ("reconciliation", "decided", "retry"),
+        ("started", 2),
+        ("completed", "live", False),
+    ]
+    assert sum(charge.invocations.values()) == 2 and ledger.total() == 1
+
+
+# ------------------------------------------------------------------------ failures, repeats
+def test_a_proven_failure_records_no_key_and_an_identical_call_runs_again(
+    fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "declined")
+    with runlog.open_run(settings=fast, tools=[charge.tool()]) as run:
+        seq = run.state.seq
+        with pytest.raises(runlog.ToolFailed, match="card declined"):
+            run.call_tool("charge", ARGS)
+        assert not run.state.open_calls and not run.state.completed_calls
+        assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
+    events = _after(fast, run.run_id, seq)
+    assert _shape(events) == [
+        ("started", 1),
+        ("completed", "live", True),
+        ("started", 1),
+        ("completed", "live", False),
+    ]
+    failed = events[1].payload
+    assert isinstance(failed, m.ToolCallCompleted)
+    assert failed.idempotency_key is None and failed.content == "card declined"
+    assert sum(charge.invocations.values()) == 2 and ledger.total() == 1
+
+
+def test_two_intentional_charges_are_two_actions(fast: Settings, ledger: Ledger) -> None:
+    charge = Charge(ledger)
+    with runlog.open_run(settings=fast, tools=[charge.tool()]) as run:
+        seq = run.state.seq
+        first_key = run.key_for("charge", ARGS)
+        run.call_tool("charge", ARGS)
+        second_key = run.key_for("charge", ARGS)
+        run.call_tool("charge", dict(reversed(ARGS.items())))  # same action, other key order
+        assert first_key != second_key
+        assert set(run.state.completed_calls) == {first_key, second_key}
+    events = _after(fast, run.run_id, seq)
+    assert _keys(events) == {first_key, second_key}
+    assert ledger.per_key() == {first_key: 1, second_key: 1}
