@@ -1,0 +1,163 @@
+"""Permanent fixtures: every prefix folds to the live state, and old runs resume today."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer
+from replay_support import FIXTURE_VERSIONS, Fixture, FixtureRecord, load_fixture
+
+import runlog
+from consumers.replay import replay
+from consumers.verify import check_gaps, verify_events, verify_run
+from producers.tools import tool
+from projections.run_state import RunState, apply
+from runlog.cli import main as cli_main
+from runlog.settings import Settings
+from schemas.vocabulary import EventType
+
+# Fields a resumption legitimately changes; everything else must be carried over exactly.
+RESUME_FIELDS = {"seq", "epoch", "max_epoch_seen", "resumptions", "last_event_at"}
+
+
+def test_fixtures_exist_for_every_released_version() -> None:
+    assert {"v1", "v2"} <= set(FIXTURE_VERSIONS)
+
+
+@pytest.mark.parametrize("version", FIXTURE_VERSIONS)
+def test_every_prefix_folds_to_the_live_state(version: str) -> None:
+    fx = load_fixture(version)
+    state = RunState()
+    compared = 0
+    for i, ev in enumerate(fx.events()):
+        before = state.seq
+        apply(state, ev)
+        if state.seq == before:  # a fenced record: excluded, counted
+            assert state.fenced_writes >= 1, f"record {i} rejected without being counted"
+            continue
+        assert state.to_dict() == fx.states[state.seq], (
+            f"{version}: state differs at seq {state.seq}"
+        )
+        compared += 1
+    assert compared == len(fx.states) == state.seq
+
+
+@pytest.mark.parametrize("version", FIXTURE_VERSIONS)
+def test_fixture_passes_verification(version: str) -> None:
+    events = load_fixture(version).events()
+    checks = {c.name: c for c in verify_events(events)}
+    assert all(c.ok for c in checks.values()), checks
+    assert checks["gaps"].counts == {"stale_epoch_duplicate_seq": 1}
+    assert set(checks["vocabulary"].counts) == {et.value for et in EventType}
+
+
+def test_verification_can_fail_on_an_unexplained_gap() -> None:
+    events = load_fixture("v1").events()
+    # Drop one valid event from the middle: the next one's seq no longer follows.
+    holed = events[:10] + events[11:]
+    gaps = check_gaps(holed)
+    assert not gaps.ok and "seq_gap" in gaps.counts
+
+
+def _produce(settings: Settings, records: list[FixtureRecord]) -> None:
+    p = Producer({**settings.kafka_common(), "partitioner": "murmur2_random", "acks": "all"})
+    for r in records:
+        p.produce(settings.events_topic, key=r.key, value=r.value, headers=list(r.headers))
+    assert p.flush(30) == 0
+
+
+def _tools() -> list[Any]:
+    @tool("notify", risk="safe")
+    def notify(args: dict[str, Any], *, idempotency_key: str) -> str:
+        return f"notified {args['to']} again"
+
+    return [notify]
+
+
+def _prefix(fx: Fixture, seq: int) -> list[FixtureRecord]:
+    """Records up to the valid event with ``seq`` (fenced ones before it included)."""
+    out: list[FixtureRecord] = []
+    state = RunState()
+    for r, ev in zip(fx.records, fx.events(), strict=True):
+        out.append(r)
+        apply(state, ev)
+        if state.seq == seq:
+            return out
+    raise AssertionError(f"no seq {seq}")
+
+
+def _carried(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in RESUME_FIELDS}
+
+
+@pytest.mark.parametrize("version", FIXTURE_VERSIONS)
+def test_old_runs_resume_under_current_code(
+    version: str, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    fx = load_fixture(version)
+    last = max(fx.states)
+    before_finish = last - 1  # the fixture ends with RUN_FINISHED
+    _produce(test_settings, _prefix(fx, before_finish))
+
+    with runlog.open_run(
+        fx.run_id, tenant=fx.tenant, settings=test_settings, tools=_tools()
+    ) as run:
+        got = run.state.to_dict()
+        assert run.state.seq == before_finish + 1
+        assert run.state.status == "running"
+        assert run.state.epoch > fx.states[before_finish]["max_epoch_seen"]  # floor raised
+    assert _carried(got) == _carried(fx.states[before_finish])
+    assert got["resumptions"] == fx.states[before_finish]["resumptions"] + 1
+
+    result = replay(test_settings, redis_client, fx.run_id, tenant=fx.tenant)
+    assert result.state.to_dict() == got
+    assert result.source == "time"  # raw records, no start index: the run id's time
+
+
+@pytest.mark.parametrize("version", FIXTURE_VERSIONS)
+def test_old_run_crashed_mid_tool_call_recovers_under_current_code(
+    version: str, test_settings: Settings
+) -> None:
+    fx = load_fixture(version)
+    # Owner 1 died right after a TOOL_CALL_STARTED: the last seq before the first takeover.
+    crash = next(r.seq for r in fx.records if r.type == "run_resumed") - 1
+    assert fx.states[crash]["open_calls"], "fixture should end owner 1 mid-tool-call"
+    _produce(test_settings, _prefix(fx, crash))
+    open_key = next(iter(fx.states[crash]["open_calls"]))
+    with runlog.open_run(
+        fx.run_id, tenant=fx.tenant, settings=test_settings, tools=_tools()
+    ) as run:
+        assert run.state.completed_calls[open_key] == "notified customer again"
+        assert not run.state.open_calls
+        # Everything the old run knew is still there, in the same order.
+        n = len(fx.states[crash]["messages"])
+        assert run.state.to_dict()["messages"][:n] == fx.states[crash]["messages"]
+
+
+def test_time_travel_and_cli(
+    test_settings: Settings,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fx = load_fixture("v1")
+    _produce(test_settings, fx.records)
+    for seq in (1, 18, 27, 33, max(fx.states)):
+        r = replay(test_settings, redis_client, fx.run_id, tenant=fx.tenant, to_seq=seq)
+        assert r.state.to_dict() == fx.states[seq], seq
+
+    monkeypatch.setenv("RUNLOG_TOPIC_PREFIX", test_settings.topic_prefix)
+    monkeypatch.setenv("RUNLOG_REDIS_KEY_PREFIX", test_settings.redis_key_prefix)
+    monkeypatch.setenv("RUNLOG_PARTITIONS", str(test_settings.partitions))
+    assert cli_main(["replay", fx.run_id, "--tenant", fx.tenant, "--to-seq", "18", "--json"]) == 0
+    assert '"compactions": 1' in capsys.readouterr().out
+    assert cli_main(["verify", fx.run_id, "--tenant", fx.tenant]) == 0
+    assert cli_main(["verify", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "verified 1 run(s): 0 failed" in out
+
+    report = verify_run(test_settings, redis_client, fx.run_id, tenant="wrong-tenant")
+    assert not report.ok
+    assert cli_main(["verify", fx.run_id, "--tenant", "wrong-tenant"]) == 1

@@ -1,0 +1,226 @@
+"""Snapshots: snapshot + tail == full replay, and every doubtful snapshot is a cache miss."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from replay_support import OPS, synthetic_log
+
+import consumers.snapshots as snapshots_mod
+from consumers import metrics
+from consumers.replay import replay
+from consumers.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
+from consumers.verify import verify_run
+from producers.run import open_run_with
+from projections.run_state import RunState, fold
+from runlog.bootstrap import Services
+from runlog.settings import Settings
+from schemas.vocabulary import EventType
+
+# ----------------------------------------------------------------------------- pure
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=60),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_snapshot_plus_tail_equals_full_replay_at_any_cut(
+    ops: list[str], seed: int, data: st.DataObject
+) -> None:
+    events = synthetic_log(ops, seed)
+    full = fold(events)
+    cuts = data.draw(st.lists(st.integers(0, len(events)), min_size=1, max_size=6))
+    for cut in cuts:
+        prefix = fold(events[:cut])
+        # Through the real body encoding: digest, versions, JSON round trip.
+        body = encode_body(prefix, tenant="t", run_id="r-synthetic", partition=0, offset=cut)
+        if prefix.seq == 0:
+            continue  # nothing valid yet: no snapshot would be written
+        snap = decode_body(body, key="k", tenant="t", run_id="r-synthetic", partition=0)
+        resumed = fold(events[cut:], snap.state)
+        assert resumed.to_dict() == full.to_dict(), f"cut {cut} of {len(events)}"
+        assert resumed.digest() == full.digest()
+
+
+def test_the_property_can_fail() -> None:
+    """A snapshot that drops a field must be caught by the same comparison."""
+    events = synthetic_log(["call", "complete", "turn", "compact", "turn"], 3)
+    state = fold(events[:3])
+    d = state.to_dict()
+    d["completed_calls"] = {}
+    broken = RunState.from_dict(d)
+    assert fold(events[3:], broken).digest() != fold(events).digest()
+
+
+def _body(state: RunState) -> bytes:
+    return encode_body(state, tenant="t", run_id="r-synthetic", partition=0, offset=9)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda b: b[:-20], "unparsable"),
+        (lambda b: b.replace(b'"turns":', b'"turns":1'), "digest"),
+        (lambda b: _rewrite(b, seq=99, keep_digest=True), "digest"),
+        (lambda b: _rewrite(b, fold_version=1), "fold_version"),
+        (lambda b: _rewrite(b, format=99), "format"),
+        (lambda b: _rewrite(b, run_id="r-other"), "identity"),
+        (lambda b: _rewrite(b, partition=5), "partition"),
+    ],
+)
+def test_bad_bodies_are_rejected_with_a_reason(mutate: object, reason: str) -> None:
+    state = fold(synthetic_log(["turn", "call", "complete"], 1))
+    bad = mutate(_body(state))  # type: ignore[operator]
+    with pytest.raises(SnapshotInvalid) as err:
+        decode_body(bad, key="k", tenant="t", run_id="r-synthetic", partition=0)
+    assert err.value.reason == reason
+
+
+def _rewrite(raw: bytes, keep_digest: bool = False, **changes: object) -> bytes:
+    body = json.loads(raw)
+    body.update(changes)
+    if not keep_digest:
+        body["digest"] = snapshots_mod._digest(body)
+    return json.dumps(body).encode()
+
+
+# ------------------------------------------------------------------------ real stack
+
+
+def _snap_settings(test_settings: Settings, interval: int) -> Settings:
+    return test_settings.model_copy(update={"snapshot_interval": interval})
+
+
+def _work(run: object, n: int) -> None:
+    from producers.run import Run
+
+    assert isinstance(run, Run)
+    for i in range(n):
+        run.append(EventType.USER_MESSAGE, content=f"hello {i}")
+        run.append(EventType.MODEL_TURN, text=f"turn {i}", usage={"input_tokens": i})
+        if i % 4 == 3:
+            run.append(EventType.CONTEXT_COMPACTED, summary=f"s{i}", kept_turns=1)
+
+
+def _full_replay(s: Settings, client: redis.Redis, run_id: str, tenant: str) -> RunState:
+    return replay(s, client, run_id, tenant=tenant).state
+
+
+def test_open_run_resumes_from_a_snapshot_and_equals_full_replay(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    s = _snap_settings(test_settings, 5)
+    services = Services(s)
+    try:
+        deps = services.run_deps()
+        assert isinstance(deps.snapshots, SnapshotStore)
+        with open_run_with(deps, tenant="acme") as run:
+            _work(run, 8)
+            run_id = run.run_id
+            live = run.state.to_dict()
+        store = deps.snapshots
+        cands = store.candidates("acme", run_id)
+        assert len(cands) == 2, cands  # current and the previous one as fallback
+        assert all(not isinstance(c, SnapshotInvalid) for c in cands)
+
+        before = metrics.snapshot()["snapshot_loads"]
+        with open_run_with(deps, run_id, tenant="acme") as again:
+            assert metrics.snapshot()["snapshot_loads"] == before + 1
+            resumed = again.state
+            assert resumed.seq == live["seq"] + 1  # + RUN_RESUMED
+        full = _full_replay(s, redis_client, run_id, "acme")
+        assert resumed.digest() == full.digest()
+
+        report = verify_run(s, redis_client, run_id, tenant="acme", snapshots=store)
+        assert report.ok, report.text()
+        by_name = {c.name: c for c in report.checks}
+        assert by_name["stored_snapshots"].counts.get("equal") == 2
+        print(
+            f"\nsnapshot_write_ms last={metrics.snapshot()['snapshot_write_ms']:.2f} "
+            f"load_ms last={metrics.snapshot()['snapshot_load_ms']:.2f}"
+        )
+    finally:
+        services.close()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "old_fold", "discontinuous", "deleted"])
+def test_a_bad_snapshot_falls_back_to_full_replay(
+    test_settings: Settings,
+    redis_client: redis.Redis,
+    damage: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = _snap_settings(test_settings, 1000)  # only the snapshots this test writes
+    services = Services(s)
+    try:
+        deps = services.run_deps()
+        store: SnapshotStore = deps.snapshots
+        with open_run_with(deps, tenant="acme") as run:
+            _work(run, 3)
+            mid = store.write(run)
+            _work(run, 3)
+            run_id = run.run_id
+
+        ptr = store.pointer_key("acme", run_id)
+        if damage == "corrupt":
+            key = redis_client.hget(ptr, "current")
+            assert key is not None
+            raw = redis_client.get(key)
+            assert isinstance(raw, bytes)
+            redis_client.set(key, raw.replace(b'"hello 0"', b'"HELLO 0"'))
+        elif damage == "old_fold":
+            redis_client.delete(ptr)
+            monkeypatch.setattr(snapshots_mod, "FOLD_VERSION", 1)
+            with open_run_with(deps, run_id, tenant="acme", recover=False) as r2:
+                store.write(r2)
+            monkeypatch.undo()
+        elif damage == "discontinuous":
+            # A snapshot whose position skips records: it claims seq 7 but its tail starts
+            # after later events, so the first tail record is not seq 8.
+            state = RunState.from_dict(mid.state.to_dict())
+            store.put("acme", run_id, state, partition=mid.partition, offset=mid.offset + 3)
+        elif damage == "deleted":
+            store.delete("acme", run_id)
+
+        truth = _full_replay(s, redis_client, run_id, "acme")
+        misses = metrics.snapshot()
+        with open_run_with(deps, run_id, tenant="acme", recover=False) as again:
+            resumed = dataclasses.replace(again.state)
+        assert resumed.seq == truth.seq + 1  # nothing lost: the log's state + RUN_RESUMED
+        full_now = _full_replay(s, redis_client, run_id, "acme")
+        assert resumed.digest() == full_now.digest()
+        now = metrics.snapshot()
+        if damage == "discontinuous":
+            assert now["snapshot_discontinuities"] == misses["snapshot_discontinuities"] + 1
+            q = redis_client.hget(ptr, "quarantined")
+            assert q is not None
+        if damage in ("corrupt", "old_fold"):
+            assert now["snapshot_misses"] >= misses["snapshot_misses"] + 1 or (
+                store.last_miss is not None
+            )
+    finally:
+        services.close()
+
+
+def test_interval_is_per_run(test_settings: Settings) -> None:
+    s = _snap_settings(test_settings, 3)
+    services = Services(s)
+    try:
+        deps = services.run_deps()
+        store: SnapshotStore = deps.snapshots
+        with open_run_with(deps, tenant="acme") as quiet:
+            store.set_interval("acme", quiet.run_id, 0)
+            _work(quiet, 3)
+            assert store.candidates("acme", quiet.run_id) == []
+        with open_run_with(deps, tenant="acme") as busy:
+            _work(busy, 3)
+            assert store.candidates("acme", busy.run_id)
+    finally:
+        services.close()
