@@ -2,6 +2,7 @@
 #   make venv   create .venv (python3.11+ from PATH) and install runlog with dev extras
 #   make stack  start the local Kafka (KRaft, one node) + Redis stack and create topics
 #   make test   stack, then: .venv/bin/python -m pytest -q
+#   make faults fault tests on their own 3-node cluster + Redis (minutes; tests/faults)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make demo   stack + topics + the demo ($(DEMO_CMD))
 #   make down   stop the local stack
@@ -25,10 +26,10 @@ DEMO_CMD ?= $(shell test -f runlog/demo.py -o -f runlog/demo/__init__.py -o -f r
 	&& echo '$(PY) -m runlog.demo' \
 	|| echo 'echo "runlog demo: not provided yet (set DEMO_CMD or add runlog/demo.py)"')
 
-.PHONY: help venv stack topics test lint demo down status
+.PHONY: help venv stack topics test faults lint demo down status
 
 help:
-	@sed -n '2,8p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -50,6 +51,10 @@ topics: venv
 
 test: stack
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The fault suite starts (and stops) its own cluster: `runlog stack up --nodes 3`.
+faults: venv
+	$(PY) -m pytest -q tests/faults $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

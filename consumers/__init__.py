@@ -1,0 +1,1 @@
+"""Projection runners, stores, replay jobs and snapshots."""
