@@ -959,10 +959,19 @@ def down(config: StackConfig | None = None, *, timeout: float = 60.0) -> StackSt
     """Stop Kafka and (runlog's own) Redis: SIGTERM, wait, then SIGKILL. Data is kept."""
     cfg = config or StackConfig.from_env()
     with _locked(cfg.state_dir / "stack.lock"):
-        for node in reversed(cfg.nodes()):
-            pid = _live_pid(node.pid_file, _kafka_marker(node))
-            if pid is not None:
-                _stop_pid(pid, _kafka_marker(node), timeout)
+        # SIGTERM every node at once: stopped one by one, the last nodes of a cluster lose
+        # their controller quorum and wait out the timeout in a controlled shutdown.
+        running = [
+            (node, pid)
+            for node in reversed(cfg.nodes())
+            if (pid := _live_pid(node.pid_file, _kafka_marker(node))) is not None
+        ]
+        for _node, pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for node, pid in running:
+            _stop_pid(pid, _kafka_marker(node), timeout)
+        for node in cfg.nodes():
             node.pid_file.unlink(missing_ok=True)
         if not cfg.external_redis_url:
             pid = _live_pid(cfg.redis_pid_file, _REDIS_MARKER)
