@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BATCH_SIZE = 500
+CATCH_UP_BATCH = 5000
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 5.0
 
@@ -464,7 +465,8 @@ class ProjectionRunner:
                     raise KafkaUnavailable(
                         f"catch-up of {self.topic} did not finish in {timeout_s}s"
                     )
-                msgs = self._consumer.consume(self.batch_size, timeout=0.5)
+                # Bigger batches than live: each touched run is serialised once per batch.
+                msgs = self._consumer.consume(max(self.batch_size, CATCH_UP_BATCH), timeout=0.5)
                 # Records past the captured watermark belong to the next catch-up.
                 self._handle(
                     [

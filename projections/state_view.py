@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from projections.run_state import RunState, apply
+from projections.verdict import state_dict
 from schemas.models import Event
 
 VIEW_VERSION = 1
@@ -43,7 +44,7 @@ class StateView:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": VIEW_VERSION,
-            "state": self.state.to_dict(),
+            "state": state_dict(self.state),
             "partition": self.partition,
             "first_offset": self.first_offset,
             "last_offset": self.last_offset,
