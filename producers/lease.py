@@ -187,17 +187,22 @@ class LeaseManager:
             self.lease_key(lease.tenant, lease.run_id),
             self.epoch_key(lease.tenant, lease.run_id),
         ]
+        old = lease.epoch
         with lease.lock:
             try:
                 new = self._raise(keys=keys, args=[lease.token, lease.owner, floor, lease.ttl_ms])
             except redis.RedisError as exc:
                 raise RedisUnavailable(f"epoch raise for {lease.run_id}: {exc}") from exc
+            if new:
+                # Under the lock: a renewal must never send the old token once Redis holds
+                # the new one, or it would refuse and mark this lease lost.
+                lease.epoch = int(new)
         if not new:
             return None
         log.info(
             "epoch raised run=%s from=%s to=%s (log floor %s)",
             lease.run_id,
-            lease.epoch,
+            old,
             new,
             floor,
         )

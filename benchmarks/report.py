@@ -1,0 +1,329 @@
+"""The results as a text table (printed, and the README's source) and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _f(x: float) -> str:
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    if x >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def _mmm(s: dict[str, Any] | None) -> str:
+    if not s:
+        return "n/a"
+    return f"{_f(s['min'])} / {_f(s['median'])} / {_f(s['max'])}"
+
+
+def table(res: dict[str, Any]) -> str:
+    """Every figure as min / median / max over the repeats, preceded by the machine."""
+    rows: list[tuple[str, str, str]] = []
+
+    def row(label: str, s: dict[str, Any] | None, unit: str) -> None:
+        rows.append((label, _mmm(s), unit))
+
+    lat = res.get("latency")
+    if lat:
+        rows.append((f"1. durable append latency ({lat['appends_per_repeat']} appends)", "", ""))
+        for name, v in lat["systems"].items():
+            row(f"  {name} p50", v["p50_ms"], "ms")
+            row(f"  {name} p99", v["p99_ms"], "ms")
+        row("  ratio runlog/raw_kafka p50", lat["ratio_runlog_over_raw_kafka"]["p50"], "x")
+        row("  ratio runlog/raw_kafka p99", lat["ratio_runlog_over_raw_kafka"]["p99"], "x")
+    thr = res.get("throughput")
+    if thr:
+        rows.append(
+            (
+                f"2. throughput ({thr['total_events']} events, barrier every "
+                f"{thr['events_per_barrier']})",
+                "",
+                "",
+            )
+        )
+        for k, v in thr["by_runs"].items():
+            row(f"  {k} runs: runlog", v["runlog_events_per_s"], "ev/s")
+            row(f"  {k} runs: raw_kafka", v["raw_kafka_events_per_s"], "ev/s")
+            row(f"  {k} runs: ratio runlog/raw", v["ratio_runlog_over_raw"], "x")
+        o = thr["open_run_new_s"]
+        rows.append(("  open_run (new run) p50 / p99", f"{_f(o['p50'])} / {_f(o['p99'])}", "s"))
+    rep = res.get("replay")
+    if rep:
+        rows.append((f"3. replay (record ~{rep['avg_record_bytes']:.0f} B)", "", ""))
+        for k, v in rep["in_memory"].items():
+            row(f"  in-memory {k}: avro only", v["avro_events_per_s"], "ev/s")
+            row(f"  in-memory {k}: decode+validate", v["decode_events_per_s"], "ev/s")
+            row(f"  in-memory {k}: decode+validate+fold", v["fold_events_per_s"], "ev/s")
+            row(f"  in-memory {k}: ratio fold/avro (time)", v["ratio_fold_over_avro"], "x")
+        for s, m in rep["in_memory_model"].items():
+            rows.append(
+                (
+                    f"  in-memory model {s}",
+                    f"{m['per_event_us']:.1f} us/event, log-log slope {m['loglog_slope']:.2f}",
+                    "",
+                )
+            )
+        for k, v in rep["kafka"].items():
+            row(f"  kafka {k}: fetch only", v["fetch_events_per_s"], "ev/s")
+            row(f"  kafka {k}: LogReader+fold", v["logreader_fold_events_per_s"], "ev/s")
+        for name, m in rep.get("kafka_model", {}).items():
+            rows.append(
+                (
+                    f"  kafka model {name}",
+                    f"{m['fixed_s']:.3f} s + {m['per_event_us']:.1f} us/event",
+                    "",
+                )
+            )
+        for k, v in rep.get("batch_boundary", {}).items():
+            row(f"  LogReader+fold, run of exactly {k} records", v, "s")
+        for k, v in rep["interleaved"].items():
+            row(
+                f"  {k} ({v['records_scanned']} records scanned)",
+                v["logreader_fold_s"],
+                "s",
+            )
+    rec = res.get("recovery")
+    if rec:
+        rows.append((f"4. recovery (lease TTL {rec['lease_ttl_ms']} ms)", "", ""))
+        for how in ("expiry", "release"):
+            v = rec["handoff"][how]
+            row(f"  {how}: signal -> successor's first append", v["total_s"], "s")
+            row(f"  {how}: lease TTL left at signal", v["lease_pttl_at_signal_s"], "s")
+        r = rec["resume"]
+        row("  open_run of a new run", r["new_run_open_s"], "s")
+        row(f"  resume {r['events']}-event run, no snapshot", r["without_snapshot_s"], "s")
+        if "with_snapshot_s" in r:
+            row(
+                f"  resume with snapshot every {r['snapshot_interval']} "
+                f"(tail {r['tail_events_after_snapshot']})",
+                r["with_snapshot_s"],
+                "s",
+            )
+            row("  snapshot write", r.get("snapshot_write_s"), "s")
+        else:
+            rows.append(("  with snapshot", str(r.get("with_snapshot")), ""))
+    lag = res.get("projection_lag")
+    if lag:
+        if lag.get("status") == "measured":
+            rows.append(
+                (f"5. projection lag at {lag['rate_events_per_s']:.0f} ev/s (state)", "", "")
+            )
+            row("  p50", lag["p50_ms"], "ms")
+            row("  p99", lag["p99_ms"], "ms")
+        else:
+            rows.append(("5. projection lag", str(lag.get("note")), ""))
+    mem = res.get("memory")
+    if mem:
+        rows.append(("6. memory (peak RSS, VmHWM)", "", ""))
+        row("  worker, no runs", mem["baseline_vm_hwm_mib"], "MiB")
+        row(
+            f"  worker, {mem['runs']} open runs (opened {mem['open_threads']} at a time)",
+            mem["worker_vm_hwm_mib"],
+            "MiB",
+        )
+        row("  same worker, RSS after opening", mem["worker_vm_rss_after_mib"], "MiB")
+        row("  per open run, peak", mem["per_run_peak_kib"], "KiB")
+        row("  per open run, steady", mem["per_run_steady_kib"], "KiB")
+        if lag and lag.get("runner_vm_hwm_mib"):
+            row("  projection runner (state)", lag["runner_vm_hwm_mib"], "MiB")
+    width = max(len(r[0]) for r in rows) + 2
+    vwidth = max(len(r[1]) for r in rows) + 2
+    head = _machine_lines(res)
+    lines = [*head, "", f"{'':{width}}{'min / median / max':{vwidth}}unit"]
+    lines += [f"{a:{width}}{b:{vwidth}}{c}".rstrip() for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def _machine_lines(res: dict[str, Any]) -> list[str]:
+    m = res["machine"]
+    s = res["settings"]
+    return [
+        f"runlog bench ({res['mode']}, {res['repeats']} repeat(s), {res['elapsed_s']:.0f} s) "
+        f"at {m['measured_at']}",
+        f"machine: {m['cores']} cores, {m['memory_gib']} GiB, {m['cpu_model']}, "
+        f"load {m['load_avg_at_start']}, kernel {m['kernel']}",
+        f"software: python {m['python']}, kafka {m['kafka_broker']}, librdkafka "
+        f"{m['librdkafka']}, confluent-kafka {m['confluent_kafka']}, redis {m['redis_server']}, "
+        f"fastavro {m['fastavro']}, pydantic {m['pydantic']}",
+        f"settings: {s['events_topic']} ({s['partitions']} partitions, RF "
+        f"{s['replication_factor']}), producer {s['producer']}, lease TTL {s['lease_ttl_ms']} ms",
+    ]
+
+
+# --------------------------------------------------------------------------------- plots
+
+
+def plots(res: dict[str, Any], out: Path) -> list[str]:
+    """PNG files in ``out``; returns their names. Needs matplotlib (``.[bench]``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[str] = []
+    subtitle = (
+        f"{res['machine']['cores']} cores, {res['machine']['cpu_model']}; "
+        f"{res['mode']}, {res['repeats']} repeat(s); bars: median, whiskers: min-max"
+    )
+
+    def err(s: dict[str, Any], scale: float = 1.0) -> tuple[float, list[float]]:
+        med = s["median"] * scale
+        return med, [med - s["min"] * scale, s["max"] * scale - med]
+
+    def save(fig: Any, name: str) -> None:
+        fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.4")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+
+    lat = res.get("latency")
+    if lat:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = list(lat["systems"])
+        for j, q in enumerate(("p50_ms", "p99_ms")):
+            vals = [err(lat["systems"][n][q]) for n in names]
+            xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
+            ax.bar(
+                xs,
+                [v[0] for v in vals],
+                width=0.38,
+                yerr=list(zip(*[v[1] for v in vals], strict=True)),
+                label=q.split("_")[0],
+                capsize=3,
+            )
+        ax.set_xticks(range(len(names)), names)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per durable append (log)")
+        ax.set_title("1. Durable append latency, each acknowledged before the next")
+        ax.legend()
+        save(fig, "latency.png")
+
+    thr = res.get("throughput")
+    if thr:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ks = list(thr["by_runs"])
+        xs = [int(k) for k in ks]
+        for key, label in (("runlog_events_per_s", "runlog"), ("raw_kafka_events_per_s", "raw")):
+            vals = [err(thr["by_runs"][k][key]) for k in ks]
+            ax.errorbar(
+                xs,
+                [v[0] for v in vals],
+                yerr=list(zip(*[v[1] for v in vals], strict=True)),
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+        for k, x in zip(ks, xs, strict=True):
+            r = thr["by_runs"][k]["ratio_runlog_over_raw"]["median"]
+            y = thr["by_runs"][k]["runlog_events_per_s"]["median"]
+            ax.annotate(f"{r:.2f}x", (x, y), textcoords="offset points", xytext=(4, -12))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent runs in one process")
+        ax.set_ylabel("events/s (log)")
+        ax.set_title(f"2. Throughput, barrier every {thr['events_per_barrier']} events per run")
+        ax.legend()
+        save(fig, "throughput.png")
+
+    rep = res.get("replay")
+    if rep:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        series = [
+            (rep["in_memory"], f"{s}_s", f"in-memory {s}") for s in ("avro", "decode", "fold")
+        ] + [
+            (rep["kafka"], "fetch_s", "kafka fetch only"),
+            (rep["kafka"], "logreader_fold_s", "kafka LogReader+fold"),
+        ]
+        for table_, key, label in series:
+            ns = [int(k) for k in table_]
+            ts = [table_[k][key]["median"] for k in table_]
+            a1.plot(ns, ts, marker="o", label=label)
+            a2.plot(ns, [t / n * 1e6 for t, n in zip(ts, ns, strict=True)], marker="o", label=label)
+        a1.set_xscale("log")
+        a1.set_yscale("log")
+        a1.set_xlabel("events in the run")
+        a1.set_ylabel("replay time, s (log)")
+        a1.set_title("3. Replay time vs run length (slope 1 = linear)")
+        a2.set_xscale("log")
+        a2.set_yscale("log")
+        a2.set_xlabel("events in the run")
+        a2.set_ylabel("us per event (log)")
+        a2.set_title("Cost per event (flat = linear)")
+        a2.legend(fontsize=7)
+        save(fig, "replay.png")
+
+        inter = rep["interleaved"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = [
+            f"{v['layout']}\n{v['other_runs']} others\n{v['records_scanned']:,} rec"
+            for v in inter.values()
+        ]
+        vals = [err(v["logreader_fold_s"]) for v in inter.values()]
+        ax.bar(
+            range(len(vals)),
+            [v[0] for v in vals],
+            yerr=list(zip(*[v[1] for v in vals], strict=True)),
+            capsize=3,
+        )
+        ax.set_xticks(range(len(vals)), labels, fontsize=8)
+        n = next(iter(inter.values()))["run_events"]
+        ax.set_ylabel("s to replay the run via LogReader")
+        ax.set_title(f"3b. Replay of one {n}-event run with other runs in its partition")
+        save(fig, "replay_interleaved.png")
+
+    rec = res.get("recovery")
+    if rec:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        r = rec["resume"]
+        bars = [
+            ("SIGKILL\n(lease expiry)", rec["handoff"]["expiry"]["total_s"]),
+            ("SIGTERM\n(release on close)", rec["handoff"]["release"]["total_s"]),
+            ("open_run\nnew run", r["new_run_open_s"]),
+            (f"resume {r['events']}\nno snapshot", r["without_snapshot_s"]),
+        ]
+        if "with_snapshot_s" in r:
+            bars.append((f"resume {r['events']}\nwith snapshot", r["with_snapshot_s"]))
+        vals = [err(b[1]) for b in bars]
+        ax.bar(
+            range(len(bars)),
+            [v[0] for v in vals],
+            yerr=list(zip(*[v[1] for v in vals], strict=True)),
+            capsize=3,
+            color=["C3", "C1", "C0", "C2", "C4"][: len(bars)],
+        )
+        ax.axhline(4.0, color="0.5", ls="--", lw=1)
+        ax.text(len(bars) - 0.5, 4.05, "seed 5.8 example: 4 s", ha="right", fontsize=7)
+        ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+        ax.set_ylabel("seconds")
+        ax.set_title(f"4. Recovery (lease TTL {rec['lease_ttl_ms']} ms)")
+        save(fig, "recovery.png")
+
+    mem = res.get("memory")
+    lag = res.get("projection_lag") or {}
+    if mem:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        bars = [
+            ("worker\nno runs", mem["baseline_vm_hwm_mib"]),
+            (f"worker\n{mem['runs']} runs", mem["worker_vm_hwm_mib"]),
+        ]
+        if lag.get("runner_vm_hwm_mib"):
+            bars.append(("projection\nrunner", lag["runner_vm_hwm_mib"]))
+        vals = [err(b[1]) for b in bars]
+        ax.bar(
+            range(len(bars)),
+            [v[0] for v in vals],
+            yerr=list(zip(*[v[1] for v in vals], strict=True)),
+            capsize=3,
+        )
+        ax.set_xticks(range(len(bars)), [b[0] for b in bars])
+        ax.set_ylabel("peak RSS (VmHWM), MiB")
+        ax.set_title("6. Memory")
+        save(fig, "memory.png")
+    return written

@@ -1,0 +1,222 @@
+"""Run every benchmark in one process and one sitting, so their ratios are comparable.
+
+    python -m benchmarks.run [--quick] [--out DIR]      (or: runlog bench, make bench)
+
+Everything runs on scratch topics and Redis keys under a unique prefix (deleted
+afterwards) against the stack the settings name. Writes ``results.json``, ``results.txt``
+and PNG plots to the output directory and returns the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import lag, latency, memory, recovery, replay, report, throughput
+from benchmarks.common import Scratch, machine, settings_summary
+from runlog.settings import Settings
+
+log = logging.getLogger("runlog.bench")
+
+SECTIONS = ("latency", "throughput", "replay", "recovery", "projection_lag", "memory")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each benchmark to run."""
+
+    repeats: int
+    latency_appends: int
+    throughput_runs: tuple[int, ...]
+    throughput_events: int
+    barrier_every: int
+    replay_lengths: tuple[int, ...]
+    replay_kafka_lengths: tuple[int, ...]
+    interleave_len: int
+    interleave_others: tuple[int, ...]
+    recovery_ttl_ms: int
+    resume_events: int
+    lag_rate: float
+    lag_seconds: float
+    lag_runs: int
+    memory_runs: int
+    memory_events: int
+    memory_open_threads: int
+
+
+FULL = Plan(
+    repeats=3,
+    latency_appends=500,
+    throughput_runs=(1, 10, 100),
+    throughput_events=20_000,
+    barrier_every=10,
+    replay_lengths=(100, 1_000, 10_000, 100_000),
+    replay_kafka_lengths=(101, 1_001, 10_001, 100_001),
+    interleave_len=1_001,
+    interleave_others=(1, 100),
+    recovery_ttl_ms=2_000,
+    resume_events=4_000,
+    lag_rate=200.0,
+    lag_seconds=10.0,
+    lag_runs=10,
+    memory_runs=100,
+    memory_events=10,
+    memory_open_threads=10,
+)
+
+QUICK = Plan(
+    repeats=1,
+    latency_appends=100,
+    throughput_runs=(1, 10, 100),
+    throughput_events=2_000,
+    barrier_every=10,
+    replay_lengths=(100, 500, 2_000),
+    replay_kafka_lengths=(101, 501, 2_001),
+    interleave_len=201,
+    interleave_others=(20,),
+    recovery_ttl_ms=1_000,
+    resume_events=4_000,
+    lag_rate=100.0,
+    lag_seconds=2.0,
+    lag_runs=4,
+    memory_runs=100,
+    memory_events=2,
+    memory_open_threads=50,
+)
+
+
+def run_all(
+    base: Settings,
+    *,
+    quick: bool = False,
+    out: Path | None = None,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the benchmarks against the stack ``base`` points at; write results to ``out``."""
+    from runlog.bootstrap import Services
+
+    plan = QUICK if quick else FULL
+    started = time.perf_counter()
+    scratch = Scratch.create(base)
+    s = scratch.settings
+    res: dict[str, Any] = {
+        "mode": "quick" if quick else "full",
+        "repeats": plan.repeats,
+        "plan": asdict(plan),
+        "machine": machine(s),
+        "settings": settings_summary(s),
+    }
+    echo(report._machine_lines({**res, "elapsed_s": 0.0})[1])
+    services = Services(s)
+    try:
+        deps = services.run_deps()
+        steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            (
+                "latency",
+                lambda: latency.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
+            ),
+            (
+                "throughput",
+                lambda: throughput.measure(
+                    deps,
+                    s,
+                    run_counts=plan.throughput_runs,
+                    total_events=plan.throughput_events,
+                    batch=plan.barrier_every,
+                    repeats=plan.repeats,
+                ),
+            ),
+            (
+                "replay",
+                lambda: replay.measure(
+                    s,
+                    lengths=plan.replay_lengths,
+                    kafka_lengths=plan.replay_kafka_lengths,
+                    interleave_len=plan.interleave_len,
+                    others=plan.interleave_others,
+                    repeats=plan.repeats,
+                ),
+            ),
+            (
+                "recovery",
+                lambda: recovery.measure(
+                    deps,
+                    base,
+                    ttl_ms=plan.recovery_ttl_ms,
+                    resume_events=plan.resume_events,
+                    repeats=plan.repeats,
+                ),
+            ),
+            (
+                "projection_lag",
+                lambda: lag.measure(
+                    deps,
+                    s,
+                    rate=plan.lag_rate,
+                    seconds=plan.lag_seconds,
+                    runs=plan.lag_runs,
+                    repeats=plan.repeats,
+                ),
+            ),
+            (
+                "memory",
+                lambda: memory.measure(
+                    s,
+                    runs=plan.memory_runs,
+                    events=plan.memory_events,
+                    threads=plan.memory_open_threads,
+                    repeats=plan.repeats,
+                ),
+            ),
+        ]
+        timings: dict[str, float] = {}
+        for name, step in steps:
+            t0 = time.perf_counter()
+            echo(f"bench: {name} ...")
+            res[name] = step()
+            timings[name] = time.perf_counter() - t0
+            echo(f"bench: {name} done in {timings[name]:.1f} s")
+        res["section_seconds"] = timings
+    finally:
+        services.close()
+        scratch.cleanup()
+    res["elapsed_s"] = time.perf_counter() - started
+    try:
+        import os
+
+        res["machine"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    text = report.table(res)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            res["plots"] = report.plots(res, out)
+        except ImportError:
+            res["plots"] = []
+            echo("bench: matplotlib not installed (pip install -e '.[bench]'): no plots")
+        (out / "results.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+        (out / "results.txt").write_text(text + "\n")
+    echo(text)
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes, 1 repeat (CI smoke)")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    run_all(Settings(), quick=args.quick, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

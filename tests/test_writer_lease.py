@@ -1,0 +1,62 @@
+"""The lease itself: epochs above the log's floor, and renewals racing an epoch raise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from producers import lease as lease_mod
+from producers.lease import Held, Lease, LeaseManager
+from runlog.settings import Settings
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def manager(test_settings: Settings, redis_client: redis.Redis) -> Any:
+    mgr = LeaseManager(redis_client, key_prefix=test_settings.redis_key_prefix)
+    yield mgr
+    mgr.close()
+
+
+def test_epochs_go_above_the_floor_and_the_holder_excludes_others(manager: LeaseManager) -> None:
+    first = manager.try_acquire("acme", "run-1", "a", 1500)
+    assert isinstance(first, Lease) and first.epoch == 1
+    held = manager.try_acquire("acme", "run-1", "b", 1500)
+    assert isinstance(held, Held) and held.holder == "a|1" and 0 < held.ttl_ms <= 1500
+    assert first.raise_floor(41) == 42 and first.check()
+    first.release()
+    second = manager.try_acquire("acme", "run-1", "b", 1500)
+    assert isinstance(second, Lease) and second.epoch == 43  # never back to the counter
+    assert not first.check()  # the old token is not current any more
+    second.release()
+
+
+def test_a_renewal_right_after_an_epoch_raise_keeps_the_lease(
+    manager: LeaseManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the renewer ran between Redis taking the new epoch and the lease object
+    learning it, sent the old token, was refused, and marked a healthy lease lost."""
+    got = manager.try_acquire("acme", "run-2", "a", 1500)
+    assert isinstance(got, Lease)
+    lease = got
+    real_log = lease_mod.log
+
+    class RenewInTheWindow:
+        """Stands in for the module logger; renews at the first point after the lock."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_log, name)
+
+        def info(self, msg: str, *args: Any) -> None:
+            if msg.startswith("epoch raised"):
+                manager.renew(lease)
+            real_log.info(msg, *args)
+
+    monkeypatch.setattr(lease_mod, "log", RenewInTheWindow())
+    assert lease.raise_floor(9) == 10
+    assert not lease.lost and lease.check()
+    assert manager.renew(lease)
+    lease.release()
