@@ -6,6 +6,7 @@
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make demo   stack + topics + the demo ($(DEMO_CMD))
 #   make down   stop the local stack
+#   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -18,7 +19,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && \
 	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
 	   echo $$p; break; fi; done)
-PACKAGES := runlog producers consumers schemas projections
+PACKAGES := runlog producers consumers schemas projections benchmarks
 LINT_PATHS := $(PACKAGES) tests
 PYTEST_ARGS ?=
 # Hook for the demo: another module may provide runlog.demo; until then a placeholder runs.
@@ -26,7 +27,7 @@ DEMO_CMD ?= $(shell test -f runlog/demo.py -o -f runlog/demo/__init__.py -o -f r
 	&& echo '$(PY) -m runlog.demo' \
 	|| echo 'echo "runlog demo: not provided yet (set DEMO_CMD or add runlog/demo.py)"')
 
-.PHONY: help venv stack topics test faults lint demo down status
+.PHONY: help venv stack topics test faults lint demo down status bench
 
 help:
 	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
@@ -63,6 +64,10 @@ lint: venv
 
 demo: stack
 	$(DEMO_CMD)
+
+bench: stack
+	$(PY) -m pip install -q -e '.[bench]'
+	$(RUNLOG) bench $(BENCH_ARGS)
 
 down:
 	@if test -x $(RUNLOG); then $(RUNLOG) stack down; else echo "make down: no $(VENV); nothing to stop"; fi
