@@ -4,9 +4,8 @@
 #   make test   stack, then: .venv/bin/python -m pytest -q
 #   make faults fault tests on their own 3-node cluster + Redis (minutes; tests/faults)
 #   make lint   ruff check, ruff format --check, mypy (strict)
-#   make demo   stack + topics + the demo ($(DEMO_CMD))
+#   make demo   stack + topics, then the kill -9 demo (DEMO_SEED=7 DEMO_KILLS=3 DEMO_ARGS=...)
 #   make down   stop the local stack
-#   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -19,15 +18,17 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && \
 	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
 	   echo $$p; break; fi; done)
-PACKAGES := runlog producers consumers schemas projections benchmarks
+PACKAGES := runlog producers consumers schemas projections
 LINT_PATHS := $(PACKAGES) tests
 PYTEST_ARGS ?=
-# Hook for the demo: another module may provide runlog.demo; until then a placeholder runs.
-DEMO_CMD ?= $(shell test -f runlog/demo.py -o -f runlog/demo/__init__.py -o -f runlog/demo/__main__.py \
-	&& echo '$(PY) -m runlog.demo' \
-	|| echo 'echo "runlog demo: not provided yet (set DEMO_CMD or add runlog/demo.py)"')
+# The demo (README "The demo"): supervisor, ledger service and agent workers, all runlog.demo.
+# Override DEMO_CMD to run something else on the same stack.
+DEMO_SEED ?= 7
+DEMO_KILLS ?= 3
+DEMO_ARGS ?=
+DEMO_CMD ?= $(PY) -m runlog.demo run --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults lint demo down status bench
+.PHONY: help venv stack topics test faults lint demo down status
 
 help:
 	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
@@ -62,12 +63,9 @@ lint: venv
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
+# The demo talks to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 demo: stack
-	$(DEMO_CMD)
-
-bench: stack
-	$(PY) -m pip install -q -e '.[bench]'
-	$(RUNLOG) bench $(BENCH_ARGS)
+	eval "$$($(RUNLOG) stack env)" && $(DEMO_CMD)
 
 down:
 	@if test -x $(RUNLOG); then $(RUNLOG) stack down; else echo "make down: no $(VENV); nothing to stop"; fi
