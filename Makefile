@@ -6,6 +6,7 @@
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make demo   stack + topics, then the kill -9 demo (DEMO_SEED=7 DEMO_KILLS=3 DEMO_ARGS=...)
 #   make down   stop the local stack
+#   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -18,7 +19,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && \
 	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
 	   echo $$p; break; fi; done)
-PACKAGES := runlog producers consumers schemas projections
+PACKAGES := runlog producers consumers schemas projections benchmarks
 LINT_PATHS := $(PACKAGES) tests
 PYTEST_ARGS ?=
 # The demo (README "The demo"): supervisor, ledger service and agent workers, all runlog.demo.
@@ -28,7 +29,7 @@ DEMO_KILLS ?= 3
 DEMO_ARGS ?=
 DEMO_CMD ?= $(PY) -m runlog.demo run --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults lint demo down status
+.PHONY: help venv stack topics test faults lint demo down status bench
 
 help:
 	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
@@ -66,6 +67,10 @@ lint: venv
 # The demo talks to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 demo: stack
 	eval "$$($(RUNLOG) stack env)" && $(DEMO_CMD)
+
+bench: stack
+	$(PY) -m pip install -q -e '.[bench]'
+	$(RUNLOG) bench $(BENCH_ARGS)
 
 down:
 	@if test -x $(RUNLOG); then $(RUNLOG) stack down; else echo "make down: no $(VENV); nothing to stop"; fi
