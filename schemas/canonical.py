@@ -15,14 +15,31 @@ def canonical_json(value: Any, *, limit: int = MAX_ARGS_BYTES) -> str:
 
     ``{"amount": 10, "acct": "x"}`` and ``{"acct": "x", "amount": 10}`` are one action.
     """
+    _refuse_non_str_keys(value)
     try:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-    except (TypeError, ValueError) as exc:
+        size = len(text.encode())
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogate) included
         raise ToolArgumentsError(f"tool arguments are not canonical JSON: {exc}") from exc
-    if len(text.encode()) > limit:
-        raise ToolArgumentsError(
-            f"tool arguments are {len(text.encode())} bytes, over the {limit}-byte limit"
-        )
+    if size > limit:
+        raise ToolArgumentsError(f"tool arguments are {size} bytes, over the {limit}-byte limit")
     return text
+
+
+def _refuse_non_str_keys(value: Any, depth: int = 0) -> None:
+    """JSON would turn ``{1: x}`` into ``{"1": x}`` silently: two argument sets, one key."""
+    if depth > 100:
+        raise ToolArgumentsError("tool arguments are nested more than 100 levels deep")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ToolArgumentsError(
+                    f"tool arguments are not canonical JSON: key {k!r} is a "
+                    f"{type(k).__name__}, not a string"
+                )
+            _refuse_non_str_keys(v, depth + 1)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _refuse_non_str_keys(v, depth + 1)
