@@ -29,6 +29,18 @@ def run_id_time_ms(run_id: str) -> int | None:
     return None
 
 
+def check_tenant(tenant: str) -> str:
+    """A tenant name that cannot be confused with another tenant's keys.
+
+    Redis keys spell ``{tenant:run_id}`` and idempotency keys join fields with ``\x1f``:
+    a ``:`` or a control character in the tenant would let tenant ``a:x`` with run ``y``
+    share the lease (and so fence) tenant ``a`` with run ``x:y``.
+    """
+    if not tenant or ":" in tenant or any(ord(c) < 32 or ord(c) == 127 for c in tenant):
+        raise ValueError(f"tenant {tenant!r} must be non-empty, without ':' or control characters")
+    return tenant
+
+
 def idempotency_key(tenant: str, scope: str, tool: str, args_json: str, ordinal: int) -> str:
     """Key of one logical action.
 
@@ -37,7 +49,7 @@ def idempotency_key(tenant: str, scope: str, tool: str, args_json: str, ordinal:
     (scope, tool, args) so that the second charge of seven dollars is a new action while
     a re-execution after a crash recomputes the same keys. Never include a model call id.
     """
-    material = "\x1f".join((tenant, scope, tool, args_json, str(ordinal)))
+    material = "\x1f".join((check_tenant(tenant), scope, tool, args_json, str(ordinal)))
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 

@@ -1,0 +1,355 @@
+"""Tenancy and secrets.
+
+* Two tenants using the same run id and the same tool arguments get different
+  idempotency keys and different Redis keys; tenant B cannot fence tenant A, never sees
+  A's events, and every reader excludes the other tenant's events from a run's fold.
+* Configured secrets (SASL password, TLS key password, Redis password) reach librdkafka
+  and Redis, and nothing else: not the Kafka topics, not Redis keys or values (leases,
+  start index, snapshots), not logs, not ``Settings.as_env()``, ``repr`` or ``str``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Consumer, TopicPartition
+
+from producers.keys import idempotency_key, new_run_id
+from producers.lease import LeaseManager
+from producers.reader import LogReader
+from producers.run import decisions_key, open_run_with
+from producers.tools import Tool
+from projections.run_state import RunState, apply
+from runlog import stack
+from runlog.bootstrap import Services, redis_client
+from runlog.errors import Fenced
+from runlog.settings import Settings
+from schemas.canonical import canonical_json
+from schemas.vocabulary import EventType
+
+SASL_SECRET = "sasl-S3CRET-a94be1"
+TLS_SECRET = "tls-S3CRET-77c0d2"
+REDIS_SECRET = "redis-S3CRET-5f1e08"
+SECRETS = (SASL_SECRET, TLS_SECRET, REDIS_SECRET)
+
+
+def _echo_tool(calls: list[str]) -> Tool:
+    def echo(args: dict[str, Any], *, idempotency_key: str) -> str:
+        calls.append(idempotency_key)
+        return f"echo {args}"
+
+    return Tool(name="echo", fn=echo)
+
+
+# ---------------------------------------------------------------------------- keys
+
+
+def test_idempotency_and_redis_keys_of_two_tenants_never_collide() -> None:
+    rid = new_run_id()
+    args = canonical_json({"amount": 7, "to": "acct-1"})
+    assert idempotency_key("a", rid, "pay", args, 0) != idempotency_key("b", rid, "pay", args, 0)
+    # A tenant name cannot be forged out of the scope: fields are separated, not glued.
+    assert idempotency_key("a", "b" + rid, "pay", args, 0) != idempotency_key(
+        "ab", rid, "pay", args, 0
+    )
+    leases = LeaseManager(redis.Redis(), key_prefix="p")  # never connects: keys only
+    for key in (leases.lease_key, leases.epoch_key, leases.run_tag):
+        assert key("a", rid) != key("b", rid)
+    # Tenant "a:x" with run "y" would share tenant "a"'s lease of run "x:y": refused.
+    for bad in ("a:x", "", "a\x1fb", "a\nb"):
+        with pytest.raises(ValueError):
+            leases.lease_key(bad, "y")
+        with pytest.raises(ValueError):
+            idempotency_key(bad, rid, "pay", args, 0)
+
+
+def _fold_for(records: list[Any], run_id: str, tenant: str) -> RunState:
+    state = RunState(run_id=run_id, tenant=tenant)
+    for rec in records:
+        apply(state, rec.event)
+    return state
+
+
+def _without_foreign(state: RunState) -> dict[str, Any]:
+    d = state.to_dict()
+    del d["fenced_writes"], d["max_epoch_seen"]
+    return d
+
+
+def test_same_run_id_in_two_tenants_stays_apart(test_settings: Settings) -> None:
+    """Tenant B opening A's run id neither fences A nor sees A's conversation."""
+    services = Services(test_settings, writer_id="tenancy")
+    deps = services.run_deps()
+    rid = new_run_id()
+    calls: list[str] = []
+    args = {"amount": 7, "to": "acct-1"}
+    try:
+        a = open_run_with(deps, rid, tenant="a", tools=[_echo_tool(calls)])
+        a.append(EventType.USER_MESSAGE, content="a's private message")
+        key_a = a.key_for("echo", args)
+        a.call_tool("echo", args)
+        a_epoch = a.epoch
+        try:
+            with open_run_with(deps, rid, tenant="b", tools=[_echo_tool(calls)]) as b:
+                assert b.key_for("echo", args) != key_a
+                assert all("a's private" not in m.content for m in b.state.messages), (
+                    "tenant b replayed tenant a's events"
+                )
+                assert b.state.tenant == "b" and b.state.completed_calls == {}
+                b.append(EventType.USER_MESSAGE, content="b's message")
+                b.call_tool("echo", args)
+        except Fenced:
+            pass  # b may be refused the run id; it must never affect a (checked below)
+        # A still owns its run at its epoch and keeps appending.
+        a.append(EventType.USER_MESSAGE, content="a again")
+        assert a.epoch == a_epoch
+        a.finish("completed")
+        assert len(set(calls)) == len(calls)
+
+        with LogReader(test_settings) as reader:
+            records = list(reader.read(rid))
+        fold_a = _fold_for(records, rid, "a")
+        assert fold_a.status == "finished" and fold_a.tenant == "a"
+        assert all(m.content != "b's message" for m in fold_a.messages)
+        # The writer never read b's records back; only their count and epochs differ.
+        assert _without_foreign(fold_a) == _without_foreign(a.state)
+        other = [r for r in records if r.event.tenant == "b"]
+        assert fold_a.fenced_writes == len(other)  # b's events: kept, excluded, counted
+        assert key_a in fold_a.completed_calls
+        for r in other:
+            assert r.event.tenant == "b"
+    finally:
+        services.close()
+
+
+# ---------------------------------------------------------------------------- secrets
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def redis_with_password(tmp_path: Path) -> Iterator[str]:
+    """A throwaway redis-server that requires ``REDIS_SECRET`` (never the shared one)."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed (runlog stack up installs it)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--requirepass",
+            REDIS_SECRET,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+            "--logfile",
+            str(tmp_path / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url, password=REDIS_SECRET).ping()
+                break
+            except (redis.RedisError, OSError):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _secret_settings(base: Settings, redis_url: str) -> Settings:
+    from pydantic import SecretStr
+
+    return base.model_copy(
+        update={
+            "redis_url": redis_url,
+            "redis_password": SecretStr(REDIS_SECRET),
+            # PLAINTEXT broker: librdkafka takes (and ignores) the SASL/TLS secrets.
+            "sasl_mechanism": "PLAIN",
+            "sasl_username": "runlog",
+            "sasl_password": SecretStr(SASL_SECRET),
+            "ssl_key_password": SecretStr(TLS_SECRET),
+            "snapshot_interval": 2,
+        }
+    )
+
+
+def test_secrets_pass_through_to_clients() -> None:
+    from pydantic import SecretStr
+
+    s = Settings(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="svc",
+        sasl_password=SecretStr(SASL_SECRET),
+        ssl_ca_location="/etc/ca.pem",
+        ssl_certificate_location="/etc/cert.pem",
+        ssl_key_location="/etc/key.pem",
+        ssl_key_password=SecretStr(TLS_SECRET),
+        redis_password=SecretStr(REDIS_SECRET),
+    )
+    conf = s.kafka_common()
+    assert conf["security.protocol"] == "SASL_SSL"
+    assert conf["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert conf["sasl.username"] == "svc"
+    assert conf["sasl.password"] == SASL_SECRET
+    assert conf["ssl.key.password"] == TLS_SECRET
+    assert conf["ssl.ca.location"] == "/etc/ca.pem"
+    assert conf["ssl.certificate.location"] == "/etc/cert.pem"
+    assert conf["ssl.key.location"] == "/etc/key.pem"
+    client = redis_client(s)
+    try:
+        assert client.connection_pool.connection_kwargs["password"] == REDIS_SECRET
+    finally:
+        client.close()
+    printed = [repr(s), str(s), str(s.as_env()), s.model_dump_json(), str(s.model_dump())]
+    for text in printed:
+        for secret in SECRETS:
+            assert secret not in text
+    # Environment variables are read the same way (the names are a public contract).
+
+
+def test_secrets_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNLOG_SASL_PASSWORD", SASL_SECRET)
+    monkeypatch.setenv("RUNLOG_REDIS_PASSWORD", REDIS_SECRET)
+    monkeypatch.setenv("RUNLOG_SSL_KEY_PASSWORD", TLS_SECRET)
+    s = Settings()
+    assert s.kafka_common()["sasl.password"] == SASL_SECRET
+    assert s.kafka_common()["ssl.key.password"] == TLS_SECRET
+    assert s.redis_password is not None
+    assert s.redis_password.get_secret_value() == REDIS_SECRET
+    for text in (repr(s), str(s), str(s.as_env())):
+        assert not any(secret in text for secret in SECRETS)
+
+
+def _topic_bytes(s: Settings) -> bytes:
+    consumer = Consumer(
+        {
+            **s.kafka_common(),
+            "group.id": f"secret-scan-{new_run_id()}",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    chunks: list[bytes] = []
+    try:
+        for topic in (s.events_topic, s.quarantine_topic):
+            tps = [TopicPartition(topic, p, 0) for p in range(s.partitions)]
+            consumer.assign(tps)
+            eof: set[int] = set()
+            deadline = time.monotonic() + 30
+            while len(eof) < len(tps) and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=0.5):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == err._PARTITION_EOF:
+                            eof.add(msg.partition() or 0)
+                        continue
+                    headers: list[Any] = list(msg.headers() or [])
+                    chunks += [_b(msg.key() or b""), _b(msg.value() or b"")]
+                    chunks += [_b(h[0]) + b"=" + _b(h[1] or b"") for h in headers]
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return b"\n".join(chunks)
+
+
+def _b(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _redis_bytes(client: redis.Redis) -> bytes:
+    """Every key and value in the Redis, whatever its type (strings, hashes, lists...)."""
+    c: Any = client  # redis-py's return types are unions of sync and async results
+    out: list[bytes] = []
+    for key in c.scan_iter(count=1000):
+        out.append(_b(key))
+        kind = c.type(key)
+        items: list[Any] = []
+        if kind == b"string":
+            items = [c.get(key)]
+        elif kind == b"hash":
+            items = [x for kv in c.hgetall(key).items() for x in kv]
+        elif kind == b"list":
+            items = c.lrange(key, 0, -1)
+        elif kind == b"set":
+            items = list(c.smembers(key))
+        elif kind == b"zset":
+            items = c.zrange(key, 0, -1)
+        elif kind == b"stream":
+            items = [x for _, fields in c.xrange(key) for kv in fields.items() for x in kv]
+        out += [_b(x) for x in items]
+    return b"\n".join(out)
+
+
+def test_configured_secrets_never_reach_logs_topics_or_redis(
+    test_settings: Settings,
+    redis_with_password: str,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    s = _secret_settings(test_settings, redis_with_password)
+    calls: list[str] = []
+    services = Services(s, writer_id="secrets")
+    caplog.set_level(logging.DEBUG)
+    try:
+        deps = services.run_deps()
+        rid = new_run_id()
+        with open_run_with(deps, rid, tools=[_echo_tool(calls)]) as run:
+            for i in range(5):
+                run.append(EventType.USER_MESSAGE, content=f"hello {i}")
+                run.call_tool("echo", {"i": i})
+            run.request_approval("check", kind="action")
+        with open_run_with(deps, rid, tools=[_echo_tool(calls)]) as again:  # resume
+            again.finish("completed", "done")
+        client = redis_client(s)
+        try:
+            client.rpush(decisions_key(deps, "default", rid), b"{}")  # an inbox exists too
+            stored = _redis_bytes(client)
+        finally:
+            client.close()
+    finally:
+        services.close()
+    assert calls and stored, "the workload wrote nothing to scan"
+    scanned: dict[str, bytes] = {
+        "kafka topics": _topic_bytes(s),
+        "redis keys and values (leases, start index, snapshots, inbox)": stored,
+        "python logs": caplog.text.encode(),
+        "stdout/stderr (librdkafka logs)": "".join(capfd.readouterr()).encode(),
+    }
+    cfg = stack.StackConfig.from_env()
+    for path in [n.server_log for n in cfg.nodes()] + [cfg.redis_log]:
+        if path.is_file():
+            scanned[str(path)] = path.read_bytes()[-5_000_000:]
+    for where, data in scanned.items():
+        for secret in SECRETS:
+            assert secret.encode() not in data, f"{secret} found in {where}"
