@@ -104,6 +104,8 @@ class AgentLoop:
     def run(self, run: Run, *, user_message: str | None = None) -> RunState:
         """Drive ``run`` to its end (or to a point that needs a person)."""
         st = run.state
+        if st.status in ("running", "escalated"):
+            run.poll_decisions()  # queued decisions (needed when opened with recover=False)
         if user_message is not None and not any(m.role == "user" for m in st.messages):
             run.append(EventType.USER_MESSAGE, content=user_message)
         while run.state.status == "running":

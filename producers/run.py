@@ -581,6 +581,9 @@ def open_run_with(
         finally:
             reader.close()
         if recover and run.state.status != "finished":
+            # Decisions people queued while another worker held the run settle its
+            # escalated calls; without this only an action-approval wait ever read them.
+            run.poll_decisions()
             recovery.recover(run)
         return run
     except BaseException:

@@ -210,3 +210,45 @@ def test_demo_kill_points_are_sigkills_of_separate_worker_processes(
     fenced = [p for p in demo["pauses"] if p["fenced"]]
     assert fenced and all(p["paused_exit"] == EXIT_FENCED for p in fenced)
     assert all(p["paused_pid"] != p["successor_pid"] for p in fenced)
+
+
+# ------------------------------------------------------------- decisions via the inbox
+
+
+def test_a_decision_queued_while_a_worker_held_the_run_settles_the_call_on_resume(
+    test_settings: Settings,
+) -> None:
+    """Regression: a queued decision on an uncertain call was only read by an action wait."""
+    import runlog
+    from producers.tools import tool
+
+    sent: list[str] = []
+
+    @tool("notify_regulator", risk="irreversible")
+    def notify(args: dict[str, Any], *, idempotency_key: str) -> str:
+        sent.append(idempotency_key)
+        if len(sent) == 1:
+            raise TimeoutError("no answer")
+        return "sent"
+
+    run = runlog.open_run(tenant="acme", tools=[notify], settings=test_settings)
+    with pytest.raises(runlog.Escalated) as esc:
+        run.call_tool("notify_regulator", {"n": 1})
+    approval_id = esc.value.approval_id
+    assert approval_id is not None
+    how = runlog.decide(
+        run.run_id,
+        approval_id,
+        approved=True,
+        decided_by="alice",
+        note="not sent",
+        tenant="acme",
+        settings=test_settings,
+    )
+    assert how == "queued"  # the worker still holds the run
+    run.close()
+    again = runlog.open_run(run.run_id, tenant="acme", tools=[notify], settings=test_settings)
+    with again:
+        assert not again.state.open_calls, "the queued decision must settle the call"
+        assert again.state.approvals[approval_id].approved is True
+    assert len(sent) == 2
