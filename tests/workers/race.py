@@ -6,7 +6,8 @@ shared run id without waiting for a live owner, append, finish; report what happ
 
 Trial kinds:
 
-* ``free``: nobody holds the run; both contenders try to take it.
+* ``free``: nobody holds the run; both contenders try to take it, and neither appends
+  before both have tried.
 * ``expired``: contender 0 already owns the run and its lease vanishes (the test deletes
   it, as an expiry during a pause would) just before the barrier; at release, the old
   owner appends while the other takes over.
@@ -45,7 +46,14 @@ def contender(
                 go.get(timeout=RESULT_TIMEOUT_S)
             barrier.wait(RESULT_TIMEOUT_S)
             if run is None:
-                run = runlog.open_run(rid, settings=settings, wait_s=0)
+                try:
+                    run = runlog.open_run(rid, settings=settings, wait_s=0)
+                finally:
+                    if kind == "free":
+                        # Both have tried before either appends: on a loaded machine one
+                        # contender could otherwise finish the run before the other starts,
+                        # and the "race" would be a friendly sequence.
+                        barrier.wait(RESULT_TIMEOUT_S)
             epoch = run.epoch
             run.append(EventType.USER_MESSAGE, content=f"from {name}")
             run.append(EventType.MEMORY_WRITTEN, key="writer", value=name)
