@@ -26,6 +26,7 @@ a 1 s timeout, so any read that did not end on a full batch paid a second.
 from __future__ import annotations
 
 import io
+import time
 import uuid
 from typing import Any
 
@@ -165,6 +166,7 @@ def measure(
     interleave_len: int,
     others: tuple[int, ...],
     repeats: int,
+    deps: Any = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"in_memory": {}, "kafka": {}, "interleaved": {}}
     # In memory ---------------------------------------------------------------------------
@@ -256,4 +258,35 @@ def measure(
                 "logreader_fold_s": summary(times),
                 "run_events_per_s": summary([n / t for t in times]),
             }
+    if deps is not None:
+        out["open_new_run_after_traffic"] = _open_after_traffic(deps, settings, repeats)
     return out
+
+
+def _open_after_traffic(deps: Any, settings: Settings, repeats: int) -> dict[str, Any]:
+    """``open_run`` of a new run right after this section filled the topic.
+
+    A new run has no events, but its open looks for them from the run id's time minus a
+    60 s clock-skew margin to the end of its partition: it reads every record written
+    there in the last minute.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    from benchmarks.common import TENANT
+    from producers.reader import consumer_config
+    from producers.run import open_run_with
+
+    consumer = Consumer(consumer_config(settings))
+    try:
+        total = sum(
+            consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=10)[1]
+            for p in range(settings.partitions)
+        )
+    finally:
+        consumer.close()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        open_run_with(deps, None, tenant=TENANT, recover=False).close()
+        times.append(time.perf_counter() - t0)
+    return {"records_in_topic": total, "open_s": summary(times)}

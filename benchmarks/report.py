@@ -22,9 +22,19 @@ def _mmm(s: dict[str, Any] | None) -> str:
     return f"{_f(s['min'])} / {_f(s['median'])} / {_f(s['max'])}"
 
 
+def _measured(res: dict[str, Any]) -> dict[str, Any]:
+    """``res`` without the sections that failed."""
+    return {
+        k: v for k, v in res.items() if not (isinstance(v, dict) and v.get("status") == "failed")
+    }
+
+
 def table(res: dict[str, Any]) -> str:
     """Every figure as min / median / max over the repeats, preceded by the machine."""
-    rows: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, str, str]] = [
+        (f"FAILED: {name}", res[name]["error"][:120], "") for name in res.get("failed", [])
+    ]
+    res = _measured(res)
 
     def row(label: str, s: dict[str, Any] | None, unit: str) -> None:
         rows.append((label, _mmm(s), unit))
@@ -86,6 +96,13 @@ def table(res: dict[str, Any]) -> str:
             row(
                 f"  {k} ({v['records_scanned']} records scanned)",
                 v["logreader_fold_s"],
+                "s",
+            )
+        busy = rep.get("open_new_run_after_traffic")
+        if busy:
+            row(
+                f"  open_run (new run), {busy['records_in_topic']:,} records written <60 s ago",
+                busy["open_s"],
                 "s",
             )
     rec = res.get("recovery")
@@ -166,6 +183,7 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    res = _measured(res)
     written: list[str] = []
     subtitle = (
         f"{res['machine']['cores']} cores, {res['machine']['cpu_model']}; "

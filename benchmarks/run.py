@@ -104,89 +104,102 @@ def run_all(
 
     plan = QUICK if quick else FULL
     started = time.perf_counter()
-    scratch = Scratch.create(base)
-    s = scratch.settings
+    settings_note = Scratch.create(base)  # the settings every section's scratch copies
+    s0 = settings_note.settings
+    settings_note.cleanup()
     res: dict[str, Any] = {
         "mode": "quick" if quick else "full",
         "repeats": plan.repeats,
         "plan": asdict(plan),
-        "machine": machine(s),
-        "settings": settings_summary(s),
+        "machine": machine(s0),
+        "settings": settings_summary(s0),
+        "failed": [],
     }
     echo(report._machine_lines({**res, "elapsed_s": 0.0})[1])
-    services = Services(s)
-    try:
-        deps = services.run_deps()
-        steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            (
-                "latency",
-                lambda: latency.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
+    Step = Callable[[Any, Settings], dict[str, Any]]
+    steps: list[tuple[str, Step]] = [
+        (
+            "latency",
+            lambda deps, s: latency.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
+        ),
+        (
+            "throughput",
+            lambda deps, s: throughput.measure(
+                deps,
+                s,
+                run_counts=plan.throughput_runs,
+                total_events=plan.throughput_events,
+                batch=plan.barrier_every,
+                repeats=plan.repeats,
             ),
-            (
-                "throughput",
-                lambda: throughput.measure(
-                    deps,
-                    s,
-                    run_counts=plan.throughput_runs,
-                    total_events=plan.throughput_events,
-                    batch=plan.barrier_every,
-                    repeats=plan.repeats,
-                ),
+        ),
+        (
+            "replay",
+            lambda deps, s: replay.measure(
+                s,
+                lengths=plan.replay_lengths,
+                kafka_lengths=plan.replay_kafka_lengths,
+                interleave_len=plan.interleave_len,
+                others=plan.interleave_others,
+                repeats=plan.repeats,
+                deps=deps,
             ),
-            (
-                "replay",
-                lambda: replay.measure(
-                    s,
-                    lengths=plan.replay_lengths,
-                    kafka_lengths=plan.replay_kafka_lengths,
-                    interleave_len=plan.interleave_len,
-                    others=plan.interleave_others,
-                    repeats=plan.repeats,
-                ),
+        ),
+        (
+            "recovery",
+            lambda deps, s: recovery.measure(
+                deps,
+                base,
+                ttl_ms=plan.recovery_ttl_ms,
+                resume_events=plan.resume_events,
+                repeats=plan.repeats,
             ),
-            (
-                "recovery",
-                lambda: recovery.measure(
-                    deps,
-                    base,
-                    ttl_ms=plan.recovery_ttl_ms,
-                    resume_events=plan.resume_events,
-                    repeats=plan.repeats,
-                ),
+        ),
+        (
+            "projection_lag",
+            lambda deps, s: lag.measure(
+                deps,
+                s,
+                rate=plan.lag_rate,
+                seconds=plan.lag_seconds,
+                runs=plan.lag_runs,
+                repeats=plan.repeats,
             ),
-            (
-                "projection_lag",
-                lambda: lag.measure(
-                    deps,
-                    s,
-                    rate=plan.lag_rate,
-                    seconds=plan.lag_seconds,
-                    runs=plan.lag_runs,
-                    repeats=plan.repeats,
-                ),
+        ),
+        (
+            "memory",
+            lambda deps, s: memory.measure(
+                s,
+                runs=plan.memory_runs,
+                events=plan.memory_events,
+                threads=plan.memory_open_threads,
+                repeats=plan.repeats,
             ),
-            (
-                "memory",
-                lambda: memory.measure(
-                    s,
-                    runs=plan.memory_runs,
-                    events=plan.memory_events,
-                    threads=plan.memory_open_threads,
-                    repeats=plan.repeats,
-                ),
-            ),
-        ]
-        timings: dict[str, float] = {}
-        for name, step in steps:
-            t0 = time.perf_counter()
-            echo(f"bench: {name} ...")
-            res[name] = step()
-            timings[name] = time.perf_counter() - t0
-            echo(f"bench: {name} done in {timings[name]:.1f} s")
-        res["section_seconds"] = timings
-    finally:
-        services.close()
-        scratch.cleanup()
+        ),
+    ]
+    timings: dict[str, float] = {}
+    res["section_seconds"] = timings
+    for name, step in steps:
+        # Each section gets fresh topics: one section's records must not slow another's
+        # reads (a new run's open scans the last minute of its partition, for instance).
+        t0 = time.perf_counter()
+        echo(f"bench: {name} ...")
+        scratch = Scratch.create(base)
+        services = Services(scratch.settings)
+        try:
+            res[name] = step(services.run_deps(), scratch.settings)
+        except Exception as exc:
+            log.exception("bench section %s failed", name)
+            res[name] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+            res["failed"].append(name)
+        finally:
+            services.close()
+            scratch.cleanup()
+        timings[name] = time.perf_counter() - t0
+        echo(f"bench: {name} done in {timings[name]:.1f} s")
+        if out is not None:  # partial results survive a later failure
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     res["elapsed_s"] = time.perf_counter() - started
     try:
         import os
@@ -214,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    run_all(Settings(), quick=args.quick, out=args.out)
-    return 0
+    res = run_all(Settings(), quick=args.quick, out=args.out)
+    return 1 if res["failed"] else 0
 
 
 if __name__ == "__main__":

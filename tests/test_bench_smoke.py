@@ -40,6 +40,7 @@ def test_quick_bench_reports_every_section_with_positive_numbers(
 
     saved = json.loads((out / "results.json").read_text())
     assert saved["mode"] == "quick"
+    assert not saved["failed"], {name: saved[name]["error"] for name in saved["failed"]}
     for key in ("cores", "memory_gib", "cpu_model", "python", "kafka_broker", "librdkafka"):
         assert saved["machine"][key], key
     assert saved["settings"]["producer"]["acks"] == "all"
