@@ -992,6 +992,24 @@ def env(config: StackConfig | None = None) -> dict[str, str]:
 # kill or start the stack's own Redis. Never used on an external Redis.
 
 
+def _wait_gone(pid: int, timeout: float = 30.0) -> None:
+    """Wait until ``pid`` has really exited (reaped or a zombie), whatever its command line.
+
+    A JVM tearing down can already show an empty command line while it still holds its
+    data dir lock and ports; a restart in that window fails.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.05)
+
+
 def node_pid(config: StackConfig, node_id: int) -> int | None:
     """Pid of Kafka node ``node_id`` if it is running (a stopped, SIGSTOPped one counts)."""
     node = config.node(node_id)
@@ -1012,11 +1030,9 @@ def kill_node(config: StackConfig, node_id: int, *, sig: int = signal.SIGKILL) -
     if sig == signal.SIGKILL:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _pid_alive(pid, marker):
-            time.sleep(0.05)
     else:
         _stop_pid(pid, marker, timeout=60)
+    _wait_gone(pid)
     return pid
 
 
@@ -1032,19 +1048,25 @@ def start_node(config: StackConfig, node_id: int, *, timeout: float = 90.0) -> i
     every ISR wait for that themselves.
     """
     node = config.node(node_id)
-    with _locked(config.state_dir / "stack.lock"):
-        pid = _live_pid(node.pid_file, _kafka_marker(node))
-        if pid is None:
-            java = _java()
-            jars = resolve_jars(config)
-            pid = _start_kafka_node(config, java, jars, node)
+    spawns = 0
     deadline = time.monotonic() + timeout
     while True:
-        if _live_pid(node.pid_file, _kafka_marker(node)) is None:
-            raise StackError(
-                f"Kafka node {node_id} exited during startup.\n"
-                f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}"
-            )
+        with _locked(config.state_dir / "stack.lock"):
+            pid_or_none = _live_pid(node.pid_file, _kafka_marker(node))
+            if pid_or_none is None:
+                # A node that died at once (e.g. its previous process was still letting
+                # go of the data dir) gets two more tries before this is an error.
+                if spawns == 3:
+                    raise StackError(
+                        f"Kafka node {node_id} exited during startup (3 tries).\n"
+                        f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
+                        f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
+                    )
+                if spawns:
+                    time.sleep(2)
+                spawns += 1
+                pid_or_none = _start_kafka_node(config, _java(), resolve_jars(config), node)
+        pid = pid_or_none
         if _port_answers(node.kafka_port) and _kafka_ready(f"{HOST}:{node.kafka_port}"):
             return pid
         if time.monotonic() > deadline:
@@ -1078,6 +1100,7 @@ def kill_redis(config: StackConfig, *, sig: int = signal.SIGKILL) -> int | None:
             time.sleep(0.05)
     else:
         _stop_pid(pid, _REDIS_MARKER, timeout=30)
+    _wait_gone(pid)
     return pid
 
 
