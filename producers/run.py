@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from producers.context import CallContext, call_context
 from producers.keys import idempotency_key, new_run_id
 from producers.lease import Held, Lease, LeaseManager
 from producers.reader import LogReader
@@ -36,6 +37,7 @@ from runlog.errors import (
     RedisUnavailable,
     RunFinished,
     RunLocked,
+    TenantMismatch,
     ToolFailed,
     UnknownRun,
     UnknownTool,
@@ -374,7 +376,10 @@ class Run:
         )
         t0 = time.monotonic()
         try:
-            result = tool(json.loads(args_json), idempotency_key=key)
+            with call_context(
+                CallContext(self.run_id, self.tenant, self.epoch, key, attempt, started.seq)
+            ):
+                result = tool(json.loads(args_json), idempotency_key=key)
         except ToolError as exc:
             # Proven failure: no key, so the action may be tried again later.
             self.append(
@@ -480,10 +485,16 @@ class Run:
             self.lease.release()
 
     # Reading back ----------------------------------------------------------------------
-    def _read_back(self, reader: LogReader, end: int) -> None:
+    def _read_back(self, reader: LogReader, end: int) -> set[str]:
+        """Fold this run's records up to ``end``; returns the ids of the events accepted."""
+        accepted: set[str] = set()
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
+            before = self.state.seq
             apply(self.state, rec.event)
+            if self.state.seq != before:
+                accepted.add(rec.event.event_id)
         self.position = max(self.position, end)
+        return accepted
 
 
 def decisions_key(deps: RunDeps, tenant: str, run_id: str) -> str:
@@ -545,7 +556,7 @@ def _acquire(deps: RunDeps, tenant: str, run_id: str, wait_s: float) -> Lease:
                 f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
                 run_id=run_id,
             )
-        time.sleep(min(remaining, max(0.02, min(got.ttl_ms / 1000, 0.25))))
+        time.sleep(min(remaining, max(0.02, min(got.ttl_ms / 1000, 0.05))))
 
 
 def open_run_with(
@@ -573,7 +584,7 @@ def open_run_with(
     try:
         reader = deps.reader_factory()
         try:
-            run = _replay(deps, reader, lease, tools)
+            run = _replay(deps, reader, lease, tools, fresh=run_id is None)
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
             if run.state.status != "finished":
@@ -591,12 +602,18 @@ def open_run_with(
         raise
 
 
-def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
+def _replay(
+    deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool], *, fresh: bool = False
+) -> Run:
     rid, tenant = lease.run_id, lease.tenant
     partition = reader.partition_of(rid)
     end = reader.high_watermark(partition)
     folded: tuple[RunState, int | None] | None = None
-    if deps.snapshots is not None:
+    if fresh:
+        # A run id minted just now has no events: skip the look-back of its time index.
+        # The claim's read-back still covers everything from ``end`` on.
+        folded = (RunState(), None)
+    elif deps.snapshots is not None:
         loaded = deps.snapshots.load(tenant, rid, partition=partition)
         if loaded is not None:
             # A snapshot is a cache: its tail must continue it exactly, else replay it all.
@@ -610,6 +627,12 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         folded = _fold_log(reader, rid, partition, _start_hint(deps, tenant, rid), end, None)
         assert folded is not None  # no snapshot to contradict
     state, first = folded
+    if state.tenant and state.tenant != tenant:
+        raise TenantMismatch(
+            f"run id {rid} belongs to tenant {state.tenant!r}, not {tenant!r}; "
+            "choose another run id",
+            run_id=rid,
+        )
     run = Run(
         deps=deps,
         lease=lease,
@@ -699,8 +722,10 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
             }
             ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
         (delivered,) = run.barrier()
-        run._read_back(reader, delivered.offset + 1)
-        if run.state.epoch == run.epoch and run.state.seq >= ev.seq:
+        accepted = run._read_back(reader, delivered.offset + 1)
+        # Our own event must be the one the log accepted: after Redis lost its data, a
+        # writer holding the same epoch number could otherwise confirm our claim for us.
+        if ev.event_id in accepted:
             if ev.type is EventType.RUN_STARTED:
                 _index_start(run, delivered)
             log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
@@ -708,6 +733,11 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
         log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
         if run.state.max_epoch_seen > run.epoch:
             raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
+        if run.state.epoch >= run.epoch:
+            # Same epoch number in the log (Redis forgot it): move above it, then claim.
+            run.lease.raise_floor(run.state.max_epoch_seen)
+            if run.lease.lost:
+                raise run._fenced("lease lost while moving above a colliding epoch")
     raise run._fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
 
 

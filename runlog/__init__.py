@@ -22,6 +22,7 @@ from runlog.errors import (
     RunLocked,
     RunlogError,
     SchemaError,
+    TenantMismatch,
     ToolArgumentsError,
     ToolFailed,
     UnknownRun,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
         ModelStep,
         ScriptedModel,
     )
+    from producers.context import CallContext, current_call
     from producers.run import Run
     from producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
     from runlog.api import decide, open_run
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "open_run": "runlog.api",
+    "current_call": "producers.context",
+    "CallContext": "producers.context",
     "decide": "runlog.api",
     "AgentLoop": "producers.agent",
     "ScriptedModel": "producers.agent",
@@ -83,6 +87,7 @@ __all__ = [
     "AppendOutcomeUnknown",
     "ApprovalStep",
     "Call",
+    "CallContext",
     "CallRejected",
     "CallUncertain",
     "CompactStep",
@@ -103,6 +108,7 @@ __all__ = [
     "SchemaError",
     "ScriptedModel",
     "Settings",
+    "TenantMismatch",
     "Tool",
     "ToolArgumentsError",
     "ToolError",
@@ -110,6 +116,7 @@ __all__ = [
     "Unavailable",
     "UnknownRun",
     "UnknownTool",
+    "current_call",
     "decide",
     "open_run",
     "tool",

@@ -85,6 +85,10 @@ class AppendOutcomeUnknown(RunError):
     """
 
 
+class TenantMismatch(RunError):
+    """The run id already belongs to another tenant; this tenant may not open it."""
+
+
 class UnknownRun(RunError):
     """The run has no events in the log."""
 
