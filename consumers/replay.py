@@ -23,16 +23,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import redis
-from confluent_kafka import KafkaError, TopicPartition
 
 from consumers import metrics
 from producers.keys import run_id_time_ms
 from producers.lease import LeaseManager
 from producers.reader import LogReader, LogRecord
 from projections.run_state import RunState, apply, is_valid
-from runlog.errors import KafkaUnavailable, RedisUnavailable, SchemaError
+from runlog.errors import RedisUnavailable
 from runlog.settings import Settings
-from schemas.codec import decode
 
 if TYPE_CHECKING:
     from consumers.snapshots import SnapshotStore
@@ -41,60 +39,6 @@ Source = Literal["snapshot", "index", "time", "scan"]
 Progress = Callable[[int, int], None]
 
 BATCH = 500
-
-
-class ReplayReader(LogReader):
-    """``LogReader`` whose batches never wait out the consume timeout at the end of a range.
-
-    librdkafka's ``consume(n, timeout)`` returns only when ``n`` messages (or events) are
-    collected or the timeout expires, so the base reader's last, partial batch of every
-    read costs its full 1 s timeout. Asking for no more than what is left before ``end``
-    (plus the EOF event) lets the last batch return as soon as it is complete.
-    """
-
-    def read(
-        self,
-        run_id: str,
-        *,
-        partition: int | None = None,
-        start: int | None = None,
-        end: int | None = None,
-    ) -> Iterator[LogRecord]:
-        part = self.partition_of(run_id) if partition is None else partition
-        stop = self.high_watermark(part) if end is None else end
-        offset = self.start_offset(run_id, part, start)
-        if stop == 0 or (offset >= 0 and offset >= stop):
-            return
-        key = run_id.encode()
-        self._consumer.assign([TopicPartition(self.topic, part, offset)])
-        next_offset = max(offset, 0)
-        try:
-            while True:
-                want = max(1, min(BATCH, stop - next_offset + 1))
-                for msg in self._consumer.consume(want, timeout=1.0):
-                    err = msg.error()
-                    off = msg.offset()
-                    assert off is not None  # consumed messages and EOF events carry one
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            if off >= stop:
-                                return
-                            continue
-                        raise KafkaUnavailable(f"reading {self.topic}[{part}]: {err}")
-                    if off >= stop:
-                        return
-                    next_offset = off + 1
-                    if msg.key() == key:
-                        try:
-                            ev = decode(msg.value() or b"")
-                        except SchemaError as exc:
-                            exc.add_note(f"record at {self.topic}[{part}]@{off}")
-                            raise
-                        yield LogRecord(ev, part, off)
-                    if next_offset >= stop:
-                        return
-        finally:
-            self._consumer.unassign()
 
 
 def run_tag(client: redis.Redis, settings: Settings, tenant: str, run_id: str) -> str:
@@ -273,7 +217,7 @@ def replay(
 ) -> ReplayResult:
     """The state of ``run_id`` after its ``to_seq``-th valid event (default: the head)."""
     own = reader is None
-    rd = ReplayReader(settings) if reader is None else reader
+    rd = LogReader(settings) if reader is None else reader
     t0 = time.perf_counter()
     try:
         partition = rd.partition_of(run_id)

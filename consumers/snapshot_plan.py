@@ -28,8 +28,9 @@ from typing import Any
 
 import redis
 
-from consumers.replay import ReplayReader, fold_range, locate
+from consumers.replay import fold_range, locate
 from consumers.snapshots import SnapshotStore
+from producers.reader import LogReader
 from runlog.settings import Settings
 from schemas.vocabulary import EventType
 
@@ -115,7 +116,7 @@ def measure(
     state = None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        reader = ReplayReader(settings)
+        reader = LogReader(settings)
         try:
             partition = reader.partition_of(run_id)
             end = reader.high_watermark(partition)

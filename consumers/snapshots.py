@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from consumers import metrics
-from consumers.replay import ReplayReader, fold_range, locate, run_tag
+from consumers.replay import fold_range, locate, run_tag
+from producers.reader import LogReader
 from projections.run_state import FOLD_VERSION, RunState
 from runlog.errors import RedisUnavailable, RunlogError
 from runlog.settings import Settings
@@ -309,7 +310,7 @@ class SnapshotStore:
 
     def fold_log(self, tenant: str, run_id: str, partition: int, end: int) -> RunState:
         """The run's state from its log up to ``end`` (from the latest usable snapshot)."""
-        reader = ReplayReader(self.settings)
+        reader = LogReader(self.settings)
         try:
             folded = None
             loaded = self.load(tenant, run_id, partition=partition, count=False)

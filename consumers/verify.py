@@ -27,7 +27,7 @@ import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers import metrics
-from consumers.replay import ReplayReader, fold_range, locate
+from consumers.replay import fold_range, locate
 from producers.reader import LogReader, LogRecord, consumer_config
 from projections.run_state import RULES, RunState, apply, fold, is_valid
 from runlog.errors import KafkaUnavailable, SchemaError
@@ -250,7 +250,7 @@ def verify_run(
 ) -> Report:
     report = Report(run_id=run_id, tenant=tenant)
     own = reader is None
-    rd = ReplayReader(settings) if reader is None else reader
+    rd = LogReader(settings) if reader is None else reader
     t0 = time.perf_counter()
     try:
         partition = rd.partition_of(run_id)
@@ -293,7 +293,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
     consumer = Consumer(consumer_config(settings))
     found: dict[str, str] = {}
     try:
-        reader = ReplayReader(settings)
+        reader = LogReader(settings)
         try:
             parts = reader.partition_count()
             highs = [reader.high_watermark(p) for p in range(parts)]

@@ -191,15 +191,14 @@ class LogReader:
                     if off >= stop:
                         return
                     nxt = off + 1
-                    if msg.key() != key:
-                        continue
-                    try:
-                        ev = decode(msg.value() or b"")
-                    except SchemaError as exc:
-                        exc.add_note(f"record at {self.topic}[{part}]@{off}")
-                        raise
-                    yield LogRecord(ev, part, off)
-                    if off + 1 >= stop:
+                    if msg.key() == key:
+                        try:
+                            ev = decode(msg.value() or b"")
+                        except SchemaError as exc:
+                            exc.add_note(f"record at {self.topic}[{part}]@{off}")
+                            raise
+                        yield LogRecord(ev, part, off)
+                    if nxt >= stop:
                         return
         finally:
             self._consumer.unassign()

@@ -225,13 +225,13 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace) -> int:
-    from consumers.replay import ReplayReader
+    from producers.reader import LogReader
 
     settings = Settings()
     client = _clients(settings)
     try:
         store = _store(settings, client)
-        with ReplayReader(settings) as reader:
+        with LogReader(settings) as reader:
             partition = reader.partition_of(args.run_id)
             end = reader.high_watermark(partition)
         state = store.fold_log(args.tenant, args.run_id, partition, end)
