@@ -4,7 +4,8 @@ Where the stack comes from, in order:
 1. ``RUNLOG_BOOTSTRAP_SERVERS`` and ``RUNLOG_REDIS_URL`` are both set: use them as they are.
 2. Something already answers on the stack's ports but is not runlog's embedded stack
    (e.g. ``docker compose up -d``): use it.
-3. Otherwise start (or reuse) the embedded stack with :func:`runlog.stack.up`.
+3. A Docker engine answers: docker-compose.yml's stack through testcontainers.
+4. Otherwise start (or reuse) the embedded stack with :func:`runlog.stack.up`.
 
 A missing or unreachable service FAILS the session (never a skip), in CI and locally.
 """
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -76,7 +80,7 @@ def _verify(settings: Settings, source: str) -> None:
 
 @pytest.fixture(scope="session")
 def stack_source() -> str:
-    """``env`` (RUNLOG_* given), ``external`` (ports answered) or ``embedded`` (runlog.stack)."""
+    """``env`` (RUNLOG_* given), ``external`` (ports answer), ``docker`` or ``embedded``."""
     if os.environ.get("RUNLOG_BOOTSTRAP_SERVERS") and os.environ.get("RUNLOG_REDIS_URL"):
         cfg = stack.StackConfig.from_env()
         if os.environ["RUNLOG_BOOTSTRAP_SERVERS"] != cfg.bootstrap_servers:
@@ -88,12 +92,52 @@ def stack_source() -> str:
     kafka_ports_answer = all(_answers(s) for s in cfg.bootstrap_servers.split(","))
     if kafka_ports_answer and not any(s.running for s in st.services if s.managed):
         return "external"
+    if _docker_engine_answers():
+        return "docker"
     return "embedded"
+
+
+def _docker_engine_answers() -> bool:
+    """True only when a Docker *engine* answers (a docker client alone is not enough)."""
+    if os.environ.get("RUNLOG_TEST_NO_DOCKER") or shutil.which("docker") is None:
+        return False
+    try:
+        done = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+@contextlib.contextmanager
+def _compose_stack() -> Iterator[None]:
+    """docker-compose.yml's Kafka + Redis through testcontainers, for the session."""
+    from testcontainers.compose import DockerCompose
+
+    compose = DockerCompose(Path(__file__).resolve().parent.parent, wait=True)
+    compose.start()
+    try:
+        yield
+    finally:
+        compose.stop()
 
 
 @pytest.fixture(scope="session")
 def settings(stack_source: str) -> Iterator[Settings]:
     """Settings pointing at a live Kafka + Redis (see the module docstring)."""
+    if stack_source == "docker":
+        with _compose_stack():
+            s = Settings()
+            _verify(s, stack_source)
+            ensure_topics(s)
+            os.environ["RUNLOG_BOOTSTRAP_SERVERS"] = s.bootstrap_servers
+            os.environ["RUNLOG_REDIS_URL"] = s.redis_url
+            yield s
+        return
     if stack_source == "env":
         s = Settings()
     elif stack_source == "external":
