@@ -1,0 +1,138 @@
+"""Durability contracts the writer path rests on, checked on the real stack.
+
+- Events pipelined with ``Run.emit`` but not behind a barrier may be lost in a crash; what
+  survives is always a prefix (never a gap), and nothing after it counts.
+- Readers find a run where librdkafka's producer put it: our murmur2 agrees with
+  ``partitioner=murmur2_random`` for every key.
+- The producer is configured for durability (librdkafka's defaults are not).
+- Released schemas never change: their fingerprints are pinned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import runlog
+from producers.keys import partition_for
+from producers.reader import LogReader
+from producers.writer import EventWriter, producer_config
+from projections.run_state import fold
+from runlog.settings import Settings
+from runlog.topics import ensure_topics
+from schemas.registry import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CRASHING_WORKER = r"""
+import os, signal, sys
+import runlog
+run = runlog.open_run(sys.argv[1])
+run.append("user_message", content="durable")          # behind a barrier: acknowledged
+for i in range(int(sys.argv[2])):
+    run.emit("user_message", content=f"pipelined {i}")  # no barrier: may be lost
+os.kill(os.getpid(), signal.SIGKILL)                    # die before any barrier
+"""
+
+
+def _env(s: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "RUNLOG_BOOTSTRAP_SERVERS": s.bootstrap_servers,
+            "RUNLOG_REDIS_URL": s.redis_url,
+            "RUNLOG_TOPIC_PREFIX": s.topic_prefix,
+            "RUNLOG_REDIS_KEY_PREFIX": s.redis_key_prefix,
+            "RUNLOG_PARTITIONS": str(s.partitions),
+            "RUNLOG_LEASE_TTL_MS": str(s.lease_ttl_ms),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    return env
+
+
+@pytest.mark.parametrize("pipelined", [1, 50, 400])
+def test_a_crash_between_barriers_loses_only_a_suffix_of_unacknowledged_events(
+    test_settings: Settings, pipelined: int
+) -> None:
+    s = test_settings.model_copy(update={"lease_ttl_ms": 800})
+    with runlog.open_run(settings=s) as started:  # started, then released
+        rid = started.run_id
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHING_WORKER, rid, str(pipelined)],
+        env=_env(s),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -9, done.stderr
+
+    with runlog.open_run(rid, settings=s, wait_s=5) as resumed:
+        st = resumed.state
+        pipelined_seen = [m.content for m in st.messages if m.content.startswith("pipelined ")]
+        # Whatever survived is a prefix of what was emitted: no gap, no reordering.
+        assert pipelined_seen == [f"pipelined {i}" for i in range(len(pipelined_seen))]
+        print(f"pipelined {pipelined}, survived the crash: {len(pipelined_seen)}")
+        assert any(m.content == "durable" for m in st.messages)
+        assert st.fenced_writes == 0
+        # RUN_STARTED, RUN_RESUMED (the worker), durable, the surviving prefix, RUN_RESUMED.
+        assert st.seq == 4 + len(pipelined_seen)
+        resumed.append("user_message", content="after the crash")
+        live = resumed.state.digest()
+
+    with LogReader(s) as reader:
+        records = list(reader.read(rid))
+    # Every record in the log counts: nothing half-written, nothing out of order.
+    logged = fold(r.event for r in records)
+    assert logged.digest() == live
+    assert [r.event.seq for r in records] == list(range(1, len(records) + 1))
+
+
+def test_readers_compute_the_partition_the_producer_chose(settings: Settings) -> None:
+    s = settings.model_copy(update={"topic_prefix": f"t-{uuid.uuid4().hex[:8]}", "partitions": 7})
+    ensure_topics(s).raise_for_drift()
+    writer = EventWriter(s)
+    try:
+        keys = [f"run-{uuid.uuid4().hex}" for _ in range(150)] + ["r", "ab", "abc", "é"]
+        futures = {k: writer.send(s.events_topic, k.encode(), b"x", []) for k in keys}
+        for key, fut in futures.items():
+            assert fut.result(timeout=30).partition == partition_for(key, 7), key
+    finally:
+        writer.close()
+        from confluent_kafka.admin import AdminClient
+
+        AdminClient(s.kafka_common()).delete_topics([s.events_topic, s.quarantine_topic])
+
+
+def test_the_producer_is_configured_for_durability(settings: Settings) -> None:
+    conf = producer_config(settings)
+    assert conf["enable.idempotence"] is True
+    assert conf["acks"] == "all"
+    assert conf["partitioner"] == "murmur2_random"
+    # A caller's extra properties are layered on a copy, never on the settings.
+    extra = {"linger.ms": 0}
+    assert producer_config(settings, extra)["linger.ms"] == 0
+    assert extra == {"linger.ms": 0}
+
+
+PINS = ROOT / "tests" / "fixtures" / "schema_fingerprints.json"
+
+
+def test_released_schemas_never_change() -> None:
+    """Editing a released .avsc changes its fingerprint and fails here (add a version)."""
+    pinned: dict[str, str] = json.loads(PINS.read_text())
+    shipped = {
+        f"{et.value}/v{v}": ws.fingerprint.hex()
+        for (et, v), ws in registry().by_type_version.items()
+    }
+    for name, fp in pinned.items():
+        assert shipped.get(name) == fp, f"released schema {name} changed or disappeared"
+    new = sorted(set(shipped) - set(pinned))
+    assert not new, f"pin the new schema versions in {PINS.name}: {new}"
