@@ -68,7 +68,8 @@ return 0
 """
 
 METRICS: Counter[str] = Counter()
-"""acquired, takeovers, renewed, renew_lost, released, fenced: process-wide counters."""
+"""Process-wide ownership telemetry (never semantic events): acquired, takeovers,
+claims_lost, renewed, renew_lost, released, fenced. ``runlog.lease_metrics()`` reads it."""
 
 
 @dataclass(frozen=True)

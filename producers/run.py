@@ -23,7 +23,7 @@ import redis
 
 from producers.context import CallContext, call_context
 from producers.keys import idempotency_key, new_run_id
-from producers.lease import Held, Lease, LeaseManager
+from producers.lease import METRICS, Held, Lease, LeaseManager
 from producers.reader import LogReader
 from producers.tools import Tool, ToolError
 from producers.writer import Delivered, DeliveryFailed, EventWriter
@@ -728,8 +728,11 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
         if ev.event_id in accepted:
             if ev.type is EventType.RUN_STARTED:
                 _index_start(run, delivered)
+            else:
+                METRICS["takeovers"] += 1
             log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
             return
+        METRICS["claims_lost"] += 1
         log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
         if run.state.max_epoch_seen > run.epoch:
             raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")

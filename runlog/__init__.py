@@ -43,13 +43,14 @@ if TYPE_CHECKING:
     from producers.context import CallContext, current_call
     from producers.run import Run
     from producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
-    from runlog.api import decide, open_run
+    from runlog.api import decide, lease_metrics, open_run
     from schemas.models import Event
     from schemas.vocabulary import EventType
 
 _LAZY = {
     "open_run": "runlog.api",
     "current_call": "producers.context",
+    "lease_metrics": "runlog.api",
     "CallContext": "producers.context",
     "decide": "runlog.api",
     "AgentLoop": "producers.agent",
@@ -118,6 +119,7 @@ __all__ = [
     "UnknownTool",
     "current_call",
     "decide",
+    "lease_metrics",
     "open_run",
     "tool",
 ]

@@ -76,3 +76,11 @@ def decide(
         tenant=tenant,
         tools=tools,
     )
+
+
+def lease_metrics() -> dict[str, int]:
+    """This process's ownership counters: acquired, takeovers, claims_lost, renewed,
+    renew_lost, released, fenced. Operational telemetry, never written to the log."""
+    from producers.lease import METRICS
+
+    return dict(METRICS)

@@ -60,3 +60,23 @@ def test_a_renewal_right_after_an_epoch_raise_keeps_the_lease(
     assert not lease.lost and lease.check()
     assert manager.renew(lease)
     lease.release()
+
+
+def test_ownership_changes_are_counted_not_written_as_events(test_settings: Settings) -> None:
+    """Acquisitions and takeovers are telemetry; only RUN_RESUMED enters the log."""
+    import runlog
+
+    before = runlog.lease_metrics()
+    with runlog.open_run(settings=test_settings) as first:
+        rid = first.run_id
+    with runlog.open_run(rid, settings=test_settings) as second:
+        assert second.state.resumptions == 1
+    after = runlog.lease_metrics()
+    from producers.reader import LogReader
+
+    with LogReader(test_settings) as reader:
+        logged = [r.event.type.value for r in reader.read(rid)]
+    assert logged == ["run_started", "run_resumed"]  # no lease heartbeat is an event
+    assert after.get("acquired", 0) - before.get("acquired", 0) == 2
+    assert after.get("takeovers", 0) - before.get("takeovers", 0) == 1
+    assert after.get("released", 0) - before.get("released", 0) == 2
