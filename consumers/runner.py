@@ -53,6 +53,7 @@ T = TypeVar("T")
 
 BATCH_SIZE = 500
 CATCH_UP_BATCH = 5000
+POLL_TIMEOUT_S = 0.05
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 5.0
 
@@ -409,7 +410,9 @@ class ProjectionRunner:
         )
         try:
             while not self._stop.is_set():
-                msgs = self._consumer.consume(self.batch_size, timeout=0.2)
+                # consume() returns when the batch fills or the timeout ends: under a light
+                # load the timeout *is* the projection lag, so keep it short.
+                msgs = self._consumer.consume(self.batch_size, timeout=POLL_TIMEOUT_S)
                 if msgs:
                     self._handle(msgs)
                     self._update_lag()

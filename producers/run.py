@@ -578,13 +578,15 @@ def open_run_with(
     """
     from producers import recovery
 
-    rid = run_id or new_run_id()
+    if run_id is None:
+        return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
+    rid = run_id
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
     lease = _acquire(deps, tenant, rid, wait)
     try:
         reader = deps.reader_factory()
         try:
-            run = _replay(deps, reader, lease, tools, fresh=run_id is None)
+            run = _replay(deps, reader, lease, tools)
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
             if run.state.status != "finished":
@@ -602,18 +604,44 @@ def open_run_with(
         raise
 
 
-def _replay(
-    deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool], *, fresh: bool = False
+def _start_fresh(
+    deps: RunDeps, tenant: str, tools: Iterable[Tool], *, agent: str, goal: str
 ) -> Run:
+    """Start a run under an id minted here: nothing to replay and no race to lose.
+
+    The id holds 64 random bits and nobody else knows it yet, so no other writer can have
+    appended to it: RUN_STARTED is folded locally and needs no read-back (the reader's
+    consumer would cost more than the whole append).
+    """
+    rid = new_run_id()
+    lease = _acquire(deps, tenant, rid, 0)
+    try:
+        run = Run(
+            deps=deps,
+            lease=lease,
+            state=RunState(),
+            tools={t.name: t for t in tools},
+            partition=-1,
+            position=0,
+        )
+        with run._lock:
+            run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
+            (delivered,) = run.barrier()
+        run.partition, run.position = delivered.partition, delivered.offset + 1
+        _index_start(run, delivered)
+        log.info("run %s started at epoch %s", rid, run.epoch)
+        return run
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
     rid, tenant = lease.run_id, lease.tenant
     partition = reader.partition_of(rid)
     end = reader.high_watermark(partition)
     folded: tuple[RunState, int | None] | None = None
-    if fresh:
-        # A run id minted just now has no events: skip the look-back of its time index.
-        # The claim's read-back still covers everything from ``end`` on.
-        folded = (RunState(), None)
-    elif deps.snapshots is not None:
+    if deps.snapshots is not None:
         loaded = deps.snapshots.load(tenant, rid, partition=partition)
         if loaded is not None:
             # A snapshot is a cache: its tail must continue it exactly, else replay it all.

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -46,6 +47,15 @@ def start_runner(
         stdout=out,
         stderr=out,
     )
+
+
+def wait_assigned(proc: subprocess.Popen[bytes], log_path: str, timeout: float = 30) -> None:
+    """Until the runner logged a partition assignment (its signal handlers are in place)."""
+    deadline = time.monotonic() + timeout
+    while "assigned" not in Path(log_path).read_text(errors="replace"):
+        assert proc.poll() is None, Path(log_path).read_text()[-2000:]
+        assert time.monotonic() < deadline, "runner was not assigned partitions"
+        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> int:

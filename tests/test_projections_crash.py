@@ -11,7 +11,14 @@ import urllib.request
 from pathlib import Path
 
 import redis
-from projections_support import applied_total, dump, start_runner, stop, wait_caught_up
+from projections_support import (
+    applied_total,
+    dump,
+    start_runner,
+    stop,
+    wait_assigned,
+    wait_caught_up,
+)
 
 from consumers.loadgen import LoadGenerator
 from consumers.runner import ProjectionRunner
@@ -62,8 +69,12 @@ def test_sigkill_mid_stream_many_times(
     finally:
         writer.join()
     # Restart once more; it must finish what the killed ones left, and stop on SIGTERM.
+    Path(log).write_text("")
     proc = start_runner(test_settings, "all", group, "--metrics-port", "0", log_path=log)
     try:
+        # The killed runners may have finished everything already: stop it only once it
+        # is really running, or SIGTERM lands before its handler exists (exit -15).
+        wait_assigned(proc, log)
         highs = wait_caught_up(redis_client, test_settings, timeout=90)
     finally:
         assert stop(proc) == 0, Path(log).read_text()[-2000:]
