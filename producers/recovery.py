@@ -24,6 +24,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from producers.context import CallContext, call_context
 from producers.tools import Absent, Conflict, Match, Unavailable
 from projections.run_state import OpenCall
 from runlog.errors import CallUncertain, Escalated, ToolFailed
@@ -167,8 +168,10 @@ def recover_call(run: Run, call: OpenCall) -> None:
 
     args = json.loads(call.args_json)
     if tool.reconcile is not None:
+        ctx = CallContext(run.run_id, run.tenant, run.epoch, key, call.attempt, call.started_seq)
         try:
-            evidence = tool.reconcile(args, idempotency_key=key)
+            with call_context(ctx):
+                evidence = tool.reconcile(args, idempotency_key=key)
         except Exception as exc:  # noqa: BLE001 - a failing lookup is simply no evidence
             evidence = Unavailable(f"lookup raised {type(exc).__name__}: {exc}")
         if isinstance(evidence, Match):

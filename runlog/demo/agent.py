@@ -101,14 +101,20 @@ class LedgerClient:
     tenant: str = TENANT
     timeout_s: float = 2.0
     fencing_token: Callable[[], int] | None = None
-    """The owning run's epoch; set once ``open_run`` returns."""
+    """Overrides the token; by default the epoch of the call being executed or reconciled
+    (``runlog.current_call()``)."""
     deadlines: dict[str, int] = field(default_factory=dict)
     """id -> deadline (Unix ms) of this process's last request for it."""
 
     def _token(self) -> int:
-        if self.fencing_token is None:
-            raise RuntimeError("no fencing token yet: tools run only after open_run returns")
-        return self.fencing_token()
+        if self.fencing_token is not None:
+            return self.fencing_token()
+        from runlog import current_call
+
+        ctx = current_call()
+        if ctx is None:
+            raise RuntimeError("no fencing token: ledger writes happen inside a tool call")
+        return ctx.epoch
 
     def request(
         self,
@@ -331,8 +337,8 @@ def run(args: argparse.Namespace) -> int:
     client = LedgerClient(args.ledger_url, args.run_id, timeout_s=args.http_timeout)
     try:
         try:
-            # recover=False: the tools need this owner's fencing token, known only once
-            # open_run returns; the loop settles every open call before the model acts.
+            # Tools and reconcilers send runlog.current_call().epoch as the fencing token,
+            # so open_run's own recovery already carries this owner's token.
             opened = runlog.open_run(
                 args.run_id,
                 tenant=TENANT,
@@ -341,7 +347,6 @@ def run(args: argparse.Namespace) -> int:
                 agent="reference-reconciliation-agent",
                 goal=TASK,
                 reason=args.reason,
-                recover=False,
             )
         except RunLocked as exc:
             say(f"run is locked: {exc}")
@@ -349,7 +354,6 @@ def run(args: argparse.Namespace) -> int:
         except Fenced as exc:
             say(f"fenced while opening: {exc}")
             return EXIT_FENCED
-        client.fencing_token = lambda: opened.epoch
         st = opened.state
         say(
             f"opened run {opened.run_id} as epoch {opened.epoch} at seq {st.seq} "

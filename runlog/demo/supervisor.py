@@ -380,6 +380,16 @@ class Supervisor:
         attempt.ran_s = round(time.monotonic() - child.started, 2)
         child.stop()
 
+    def _progress(self, child: Child, steps: int, timeout: float = 15.0) -> float:
+        """Wait until ``child`` reported ``steps`` more lines (or exited); seconds waited."""
+        started = time.monotonic()
+        target = len(child.lines) + steps
+        while child.alive() and len(child.lines) < target:
+            if time.monotonic() - started > timeout or self.remaining() <= 0:
+                break
+            time.sleep(0.01)
+        return time.monotonic() - started
+
     def _opened(self, child: Child, attempt: Attempt) -> bool:
         while not child.opened.wait(0.1):
             if not child.alive() or self.remaining() <= 0:
@@ -441,8 +451,13 @@ class Supervisor:
                         child, attempt = self._pause(child, attempt)
                         continue
                 elif self.kills_left > 0:
-                    delay = self.rng.uniform(0.15, 1.6)
-                    if child.wait(delay) is None:
+                    # Kill after a seeded amount of *progress* (lines the worker reports),
+                    # plus a little jitter to land mid-step: a wall-clock delay let a fast
+                    # worker finish the run before the planned kills had happened.
+                    steps = self.rng.randint(1, 5)
+                    jitter = self.rng.uniform(0.0, 0.15)
+                    delay = self._progress(child, steps) + jitter
+                    if child.wait(jitter) is None and not _leaving(child):
                         child.signal(signal.SIGKILL)
                         rc = child.wait(10)
                         attempt.killed = True
