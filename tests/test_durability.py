@@ -136,3 +136,31 @@ def test_released_schemas_never_change() -> None:
         assert shipped.get(name) == fp, f"released schema {name} changed or disappeared"
     new = sorted(set(shipped) - set(pinned))
     assert not new, f"pin the new schema versions in {PINS.name}: {new}"
+
+
+def test_an_unacknowledged_started_never_invokes_the_tool(test_settings: Settings) -> None:
+    """STARTED must be durable before the tool runs; an unknown outcome stops the run."""
+    from confluent_kafka.admin import AdminClient
+
+    s = test_settings.model_copy(update={"delivery_timeout_ms": 2000})
+    invoked: list[str] = []
+
+    @runlog.tool(risk="irreversible")
+    def transfer(args: dict[str, object], *, idempotency_key: str) -> str:
+        invoked.append(idempotency_key)
+        return "moved"
+
+    run = runlog.open_run(tools=[transfer], settings=s)
+    try:
+        # The broker loses the topic under the writer: nothing can be acknowledged now.
+        admin = AdminClient(s.kafka_common())
+        admin.delete_topics([s.events_topic])[s.events_topic].result(timeout=30)
+        with pytest.raises((runlog.AppendOutcomeUnknown, runlog.KafkaUnavailable)):
+            run.call_tool("transfer", {"amount": 5})
+        assert invoked == [], "the tool ran although its STARTED was never acknowledged"
+        # The run refuses to go on: the next open_run must learn the truth from the log.
+        with pytest.raises(runlog.Fenced):
+            run.append("user_message", content="after an unknown outcome")
+        assert invoked == []
+    finally:
+        run.lease.release()
