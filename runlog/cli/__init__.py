@@ -22,7 +22,11 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runlog", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="runlog",
+        description="Durable, fenced, replayable event logs for AI-agent runs on Kafka and "
+        "Redis. `runlog COMMAND --help` for each command; README.md has the guide.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMAND_MODULES:
         module = importlib.import_module(name)
