@@ -26,10 +26,8 @@ import redis
 
 from consumers import metrics
 from producers.keys import run_id_time_ms
-from producers.lease import LeaseManager
-from producers.reader import LogReader, LogRecord
+from producers.reader import LogReader, LogRecord, start_index
 from projections.run_state import RunState, apply, is_valid
-from runlog.errors import RedisUnavailable
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
@@ -41,33 +39,11 @@ Progress = Callable[[int, int], None]
 BATCH = 500
 
 
-def run_tag(client: redis.Redis, settings: Settings, tenant: str, run_id: str) -> str:
-    """The run's Redis hash tag, exactly as the writers' lease manager spells it."""
-    return LeaseManager(client, key_prefix=settings.redis_key_prefix).run_tag(tenant, run_id)
-
-
-def start_key(client: redis.Redis, settings: Settings, tenant: str, run_id: str) -> str:
-    """The writer's start index of a run (see ``producers.run._index_start``)."""
-    return f"{run_tag(client, settings, tenant, run_id)}:start"
-
-
-def indexed_start(client: redis.Redis, settings: Settings, tenant: str, run_id: str) -> int | None:
-    """Offset of the run's RUN_STARTED from the start index, or None if not indexed."""
-    try:
-        raw = client.get(start_key(client, settings, tenant, run_id))
-    except redis.RedisError as exc:
-        raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
-    if raw is None:
-        return None
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return int(text.split(":")[1])
-
-
 def locate(
     reader: LogReader, client: redis.Redis, settings: Settings, tenant: str, run_id: str
 ) -> tuple[int | None, Source]:
     """Where a full replay of the run starts, and how that was found (None: the beginning)."""
-    hint = indexed_start(client, settings, tenant, run_id)
+    hint = start_index(client, settings.redis_key_prefix, tenant, run_id)
     if hint is not None:
         return hint, "index"
     if run_id_time_ms(run_id) is not None:

@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from consumers import metrics
-from consumers.replay import fold_range, locate, run_tag
+from consumers.replay import fold_range, locate
+from producers.keys import run_tag
 from producers.reader import LogReader
 from projections.run_state import FOLD_VERSION, RunState
 from runlog.errors import RedisUnavailable, RunlogError
@@ -232,7 +233,7 @@ class SnapshotStore:
 
     # Keys --------------------------------------------------------------------------------
     def pointer_key(self, tenant: str, run_id: str) -> str:
-        return f"{run_tag(self.redis, self.settings, tenant, run_id)}:snap"
+        return f"{run_tag(self.settings.redis_key_prefix, tenant, run_id)}:snap"
 
     def _body_key(self, tenant: str, run_id: str, seq: int) -> str:
         return f"{self.pointer_key(tenant, run_id)}:{seq}:{uuid.uuid4().hex[:8]}"

@@ -41,6 +41,20 @@ def check_tenant(tenant: str) -> str:
     return tenant
 
 
+def run_tag(key_prefix: str, tenant: str, run_id: str) -> str:
+    """``<prefix>:{tenant:run_id}``: every Redis key of a run starts with it.
+
+    The braces are a Redis Cluster hash tag, so a run's lease, epoch, start index,
+    decisions and snapshots live on one slot and its Lua scripts stay single-slot.
+    """
+    return f"{key_prefix}:{{{check_tenant(tenant)}:{run_id}}}"
+
+
+def start_key(key_prefix: str, tenant: str, run_id: str) -> str:
+    """The run's start index: ``partition:offset`` of its acknowledged RUN_STARTED."""
+    return f"{run_tag(key_prefix, tenant, run_id)}:start"
+
+
 def idempotency_key(tenant: str, scope: str, tool: str, args_json: str, ordinal: int) -> str:
     """Key of one logical action.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from producers.keys import check_tenant
+from producers.keys import run_tag
 from runlog.errors import RedisUnavailable
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class LeaseManager:
 
     # Keys -------------------------------------------------------------------------------
     def run_tag(self, tenant: str, run_id: str) -> str:
-        return f"{self.prefix}:{{{check_tenant(tenant)}:{run_id}}}"
+        return run_tag(self.prefix, tenant, run_id)
 
     def lease_key(self, tenant: str, run_id: str) -> str:
         return f"{self.run_tag(tenant, run_id)}:lease"

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from producers.keys import partition_for, run_id_time_ms
-from runlog.errors import KafkaUnavailable, SchemaError
+from producers.keys import partition_for, run_id_time_ms, start_key
+from runlog.errors import KafkaUnavailable, RedisUnavailable, SchemaError
 from runlog.settings import Settings
 from schemas.codec import decode
 from schemas.models import Event
@@ -202,3 +203,19 @@ class LogReader:
                         return
         finally:
             self._consumer.unassign()
+
+
+def start_index(client: redis.Redis, key_prefix: str, tenant: str, run_id: str) -> int | None:
+    """Offset of the run's RUN_STARTED from its start index, or None if not indexed.
+
+    Written by the writer once RUN_STARTED is acknowledged (``producers.run``); an
+    optimisation only: without it readers use the run id's time or a scan.
+    """
+    try:
+        raw = client.get(start_key(key_prefix, tenant, run_id))
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return int(text.split(":")[1])

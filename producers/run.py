@@ -22,9 +22,9 @@ from typing import Any
 import redis
 
 from producers.context import CallContext, call_context
-from producers.keys import idempotency_key, new_run_id
+from producers.keys import idempotency_key, new_run_id, start_key
 from producers.lease import METRICS, Held, Lease, LeaseManager
-from producers.reader import LogReader
+from producers.reader import LogReader, start_index
 from producers.tools import Tool, ToolError
 from producers.writer import Delivered, DeliveryFailed, EventWriter
 from projections.run_state import RunState, apply, is_valid
@@ -71,7 +71,7 @@ class RunDeps:
     """Optional snapshot store with ``load(tenant, run_id)`` / ``maybe_write(run)``."""
 
     def start_key(self, tenant: str, run_id: str) -> str:
-        return f"{self.leases.run_tag(tenant, run_id)}:start"
+        return start_key(self.settings.redis_key_prefix, tenant, run_id)
 
 
 @dataclass
@@ -652,7 +652,14 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
                     report(tenant, rid, loaded[0].seq)
                 log.warning("snapshot of %s does not continue into the log; full replay", rid)
     if folded is None:
-        folded = _fold_log(reader, rid, partition, _start_hint(deps, tenant, rid), end, None)
+        folded = _fold_log(
+            reader,
+            rid,
+            partition,
+            start_index(deps.redis, deps.settings.redis_key_prefix, tenant, rid),
+            end,
+            None,
+        )
         assert folded is not None  # no snapshot to contradict
     state, first = folded
     if state.tenant and state.tenant != tenant:
@@ -714,17 +721,6 @@ def _fold_log(
 
 def _elapsed_ms(t0: float) -> int:
     return int((time.monotonic() - t0) * 1000)
-
-
-def _start_hint(deps: RunDeps, tenant: str, run_id: str) -> int | None:
-    try:
-        raw = deps.redis.get(deps.start_key(tenant, run_id))
-    except redis.RedisError as exc:
-        raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
-    if raw is None:
-        return None
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return int(text.split(":")[1])
 
 
 def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -> None:

@@ -12,8 +12,8 @@ import time
 import redis
 from replay_support import OPS, synthetic_log
 
-from consumers.replay import replay, start_key
-from producers.keys import new_run_id
+from consumers.replay import replay
+from producers.keys import new_run_id, start_key
 from producers.writer import EventWriter
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
@@ -85,11 +85,11 @@ def test_replay_cost_does_not_grow_with_other_runs(
     writer = EventWriter(test_settings)
     try:
         offs = _send(writer, alone.events_topic, a)
-        redis_client.set(start_key(redis_client, alone, "t", run_id), f"0:{offs[0]}")
+        redis_client.set(start_key(alone.redis_key_prefix, "t", run_id), f"0:{offs[0]}")
         mixed = _interleave(a, others)
         offs = _send(writer, shared.events_topic, mixed)
         first = offs[next(i for i, e in enumerate(mixed) if e.run_id == run_id)]
-        redis_client.set(start_key(redis_client, shared, "t", run_id), f"0:{first}")
+        redis_client.set(start_key(shared.redis_key_prefix, "t", run_id), f"0:{first}")
     finally:
         writer.close()
 
