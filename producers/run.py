@@ -159,7 +159,9 @@ class Run:
             raise self._fenced(f"lease of epoch {self.epoch} is no longer current")
 
     def _build(self, event_type: EventType, payload: Payload | dict[str, Any]) -> Event:
-        return Event(
+        # The payload is validated against its model (the caller's input); the envelope
+        # is made here from values this writer owns, so it skips a second validation.
+        return Event.model_construct(
             event_id=codec.new_event_id(),
             run_id=self.run_id,
             tenant=self.tenant,
