@@ -46,12 +46,15 @@ if TYPE_CHECKING:
     from producers.run import Run
     from producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
     from runlog.api import decide, lease_metrics, open_run
+    from schemas.codec import decode, encode
     from schemas.models import Event
     from schemas.vocabulary import EventType
 
 _LAZY = {
     "open_run": "runlog.api",
     "current_call": "producers.context",
+    "decode": "schemas.codec",
+    "encode": "schemas.codec",
     "lease_metrics": "runlog.api",
     "CallContext": "producers.context",
     "decide": "runlog.api",
@@ -123,6 +126,8 @@ __all__ = [
     "UnknownTool",
     "current_call",
     "decide",
+    "decode",
+    "encode",
     "lease_metrics",
     "open_run",
     "tool",
