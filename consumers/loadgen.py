@@ -150,7 +150,9 @@ class LoadGenerator:
                 run, EventType.USER_MESSAGE, {"content": "stale"}, epoch=old, seq=run.seq + 1
             )
         elif r < 0.63:
-            self._send(run, EventType.CONTEXT_COMPACTED, {"summary": "s", "kept": 2, "dropped": 3})
+            self._send(
+                run, EventType.CONTEXT_COMPACTED, {"summary": "s", "kept_turns": 2, "dropped": 3}
+            )
         elif r < 0.66:
             self._send(
                 run,

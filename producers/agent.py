@@ -19,7 +19,7 @@ from typing import Any
 
 from producers.keys import idempotency_key
 from producers.run import Run
-from projections.run_state import RunState
+from projections.run_state import RunState, messages_in_last_turns
 from runlog.errors import Escalated, ToolFailed
 from schemas.canonical import canonical_json
 from schemas.vocabulary import EventType
@@ -51,10 +51,11 @@ class ModelStep:
 
 @dataclass(frozen=True)
 class CompactStep:
-    """Compact the context to ``summary`` plus the last ``kept`` messages."""
+    """Compact the context to ``summary`` plus the last ``kept_turns`` model turns
+    (each with the tool results that followed it), as context_compacted v2 counts."""
 
     summary: str
-    kept: int
+    kept_turns: int
 
 
 @dataclass(frozen=True)
@@ -183,11 +184,17 @@ class AgentLoop:
             ordinal += 1
 
     def _compact(self, run: Run, step: CompactStep) -> None:
-        dropped = max(0, len(run.state.messages) - 1 - step.kept)
+        before = len(run.state.messages)
         run.append(
-            EventType.CONTEXT_COMPACTED, summary=step.summary, kept=step.kept, dropped=dropped
+            EventType.CONTEXT_COMPACTED,
+            summary=step.summary,
+            kept_turns=step.kept_turns,
+            dropped=max(
+                0, before - 1 - messages_in_last_turns(run.state.messages, step.kept_turns)
+            ),
         )
-        self.on_event(f"context compacted: kept {step.kept}, dropped {dropped}")
+        kept = len(run.state.messages) - 2  # minus the task and the summary
+        self.on_event(f"context compacted: kept {step.kept_turns} turn(s), {kept} message(s)")
 
     def _approval(self, run: Run, step: ApprovalStep) -> None:
         run.request_approval(step.reason, kind="action")

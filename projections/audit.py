@@ -77,7 +77,8 @@ def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[E
             return []
         e.update(kind="retry", tool=p.name, idempotency_key=p.idempotency_key, attempt=p.attempt)
     elif isinstance(p, m.ContextCompacted):
-        e.update(kind="compaction", dropped=p.dropped, kept=p.kept, summary=p.summary)
+        e.update(kind="compaction", dropped=p.dropped, summary=p.summary)
+        e.update(kept_turns=p.kept_turns, kept_messages=p.kept_messages)
     elif isinstance(p, m.RunResumed):
         e.update(kind="resumption", previous_epoch=p.previous_epoch, gap_ms=p.gap_ms)
         e["reason"] = p.reason

@@ -368,7 +368,7 @@ def _approval_decided(st: RunState, ev: Event) -> None:
         st.status = "running"
 
 
-def _messages_in_last_turns(messages: list[Message], turns: int) -> int:
+def messages_in_last_turns(messages: list[Message], turns: int) -> int:
     """Messages from the start of the ``turns``-th last model turn to the end.
 
     The first message (the task) is always kept separately, so it never counts here.
@@ -392,7 +392,7 @@ def _context_compacted(st: RunState, ev: Event) -> None:
     if p.kept_messages is not None:
         keep = p.kept_messages
     else:
-        keep = _messages_in_last_turns(st.messages, p.kept_turns or 0)
+        keep = messages_in_last_turns(st.messages, p.kept_turns or 0)
     tail = st.messages[-keep:] if keep else []
     st.messages = [*st.messages[:1], Message("user", p.summary, trust="untrusted"), *tail]
     st.compactions += 1

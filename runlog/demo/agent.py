@@ -304,7 +304,7 @@ def script(think_s: float = 0.25) -> list[Any]:
             "Read all 14 ledgers for 2025-Q3. Nine discrepancies to correct (C-01..C-09); "
             "two need a person (EXC-1 duplicate invoice on ledger 4, EXC-2 unmatched "
             "intercompany on ledger 10).",
-            kept=3,
+            kept_turns=1,
         ),
         ApprovalStep(f"post 9 corrections (net {money(total)}) to 9 ledgers for {PERIOD}"),
         ModelStep("Posting the 9 approved corrections.", corrections, 1_200, 610, 0.0052, think_s),
