@@ -18,10 +18,11 @@ An invalid event is a fenced write: excluded from state, kept in the log, counte
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -142,7 +143,7 @@ class RunState:
 
     def to_dict(self) -> dict[str, Any]:
         """Every durable field, JSON-ready; equal states give equal dicts."""
-        out: dict[str, Any] = _jsonable(asdict(self))
+        out: dict[str, Any] = jsonable(self)
         return out
 
     def digest(self) -> str:
@@ -180,11 +181,18 @@ def _dt(value: Any) -> Any:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """JSON-ready copy of a state: dataclasses -> dicts, tuples -> lists, datetimes -> ISO.
+
+    Walks the values directly: ``dataclasses.asdict`` deep-copies every leaf first, which
+    dominated snapshot and projection writes.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
     return value
