@@ -104,6 +104,8 @@ class Lease:
 
     def check(self) -> bool:
         """Authoritative: is this lease still the run's current lease in Redis?"""
+        if self.released:
+            return False  # released by us: even if Redis kept the key, we no longer own it
         ok = self.manager.current(self.tenant, self.run_id) == self.token
         if not ok:
             self.lost = True

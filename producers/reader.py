@@ -18,7 +18,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from producers.keys import partition_for, run_id_time_ms, start_key
-from runlog.errors import KafkaUnavailable, RedisUnavailable, SchemaError
+from runlog.errors import ConfigError, KafkaUnavailable, RedisUnavailable, SchemaError
 from runlog.settings import Settings
 from schemas.codec import decode
 from schemas.models import Event
@@ -205,11 +205,20 @@ class LogReader:
             self._consumer.unassign()
 
 
-def start_index(client: redis.Redis, key_prefix: str, tenant: str, run_id: str) -> int | None:
+def start_index(
+    client: redis.Redis,
+    key_prefix: str,
+    tenant: str,
+    run_id: str,
+    *,
+    partition: int | None = None,
+) -> int | None:
     """Offset of the run's RUN_STARTED from its start index, or None if not indexed.
 
     Written by the writer once RUN_STARTED is acknowledged (``producers.run``); an
-    optimisation only: without it readers use the run id's time or a scan.
+    optimisation only: without it readers use the run id's time or a scan. With
+    ``partition``, an index naming another partition raises ``ConfigError``: the topic's
+    partition count changed, so key hashing no longer finds the run's records.
     """
     try:
         raw = client.get(start_key(key_prefix, tenant, run_id))
@@ -218,4 +227,10 @@ def start_index(client: redis.Redis, key_prefix: str, tenant: str, run_id: str) 
     if raw is None:
         return None
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return int(text.split(":")[1])
+    indexed_partition, offset = (int(x) for x in text.split(":"))
+    if partition is not None and indexed_partition != partition:
+        raise ConfigError(
+            f"run {run_id} started in partition {indexed_partition} but hashes to {partition} "
+            "now: the events topic's partition count changed (see `runlog topics check`)"
+        )
+    return offset

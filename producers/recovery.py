@@ -42,6 +42,9 @@ MAX_ATTEMPTS = 5
 def recover(run: Run) -> None:
     """Settle every open call of ``run`` that its tools allow settling now."""
     for call in list(run.state.open_calls.values()):
+        if run.state.status == "escalated":
+            log.info("run %s is stopped by a conflict; recovery waits for a person", run.run_id)
+            return
         try:
             recover_call(run, call)
         except (ToolFailed, CallUncertain, Escalated) as exc:
@@ -91,13 +94,14 @@ def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | No
     )
 
 
-def _retry(run: Run, call: OpenCall) -> None:
+def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> None:
+    """Retry with the same key; after ``MAX_ATTEMPTS`` a person decides (unless one did)."""
     tool = run.tools[call.name]
-    if call.attempt >= MAX_ATTEMPTS:
+    if call.attempt >= MAX_ATTEMPTS and not approved:
         _reconciliation(
             run,
             call,
-            "no_reconciler" if tool.reconcile is None else "unavailable",
+            outcome,
             f"{call.attempt} attempts with this key; a person must decide",
             "escalate",
         )
@@ -144,7 +148,7 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 "retry",
                 call.decision_note,
             )
-            _retry(run, run.state.open_calls[key])
+            _retry(run, run.state.open_calls[key], "decided", approved=True)
         else:
             _reconciliation(
                 run,
@@ -174,6 +178,9 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 evidence = tool.reconcile(args, idempotency_key=key)
         except Exception as exc:  # noqa: BLE001 - a failing lookup is simply no evidence
             evidence = Unavailable(f"lookup raised {type(exc).__name__}: {exc}")
+        if not isinstance(evidence, Match | Absent | Conflict | Unavailable):
+            # A reconciler bug is no evidence either; never let it block the run forever.
+            evidence = Unavailable(f"reconciler returned {evidence!r}, not Match/Absent/...")
         if isinstance(evidence, Match):
             _reconciliation(
                 run,
@@ -193,7 +200,7 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 "retry",
                 evidence.evidence,
             )
-            _retry(run, run.state.open_calls[key])
+            _retry(run, run.state.open_calls[key], "absent")
         elif isinstance(evidence, Conflict):
             _reconciliation(
                 run,
@@ -220,13 +227,13 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 "keep_uncertain",
                 evidence.reason,
             )
-        else:  # pragma: no cover - guarded by the Evidence union
-            raise TypeError(f"reconciler returned {evidence!r}")
+        else:  # pragma: no cover - normalised above
+            raise AssertionError(evidence)
         return
 
     if tool.risk == "safe":
         _reconciliation(run, call, "no_reconciler", "risk=safe: repeating it is harmless", "retry")
-        _retry(run, run.state.open_calls[key])
+        _retry(run, run.state.open_calls[key], "no_reconciler")
     elif tool.risk == "reversible":
         _reconciliation(
             run,
@@ -235,7 +242,7 @@ def recover_call(run: Run, call: OpenCall) -> None:
             "risk=reversible: retry; compensate if the first attempt also took effect",
             "retry_compensate",
         )
-        _retry(run, run.state.open_calls[key])
+        _retry(run, run.state.open_calls[key], "no_reconciler")
     else:
         _reconciliation(
             run,

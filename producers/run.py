@@ -7,6 +7,7 @@ reading the log back), then settle uncertain calls before anything else may act.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -297,11 +298,11 @@ class Run:
                 call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
                 operation_id=operation_id,
             )
-        except ToolFailed:
-            raise  # settled: a proven failure; the next identical call is a new occurrence
         except BaseException:
-            # Not settled (uncertain, escalated, fenced...): asking again in this execution
-            # must reach the same key, never a fresh one that would execute a second time.
+            # No completed key (a proven failure, or unsettled: uncertain, escalated,
+            # fenced): asking again must reach the same key. A fresh one would make a
+            # retry-after-failure a *different* action, and a re-execution after a crash
+            # would then recompute the failed key and run the effect a second time.
             self._occurrences[occurrence] -= 1
             raise
 
@@ -366,6 +367,13 @@ class Run:
         """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
         from producers import recovery
 
+        if self.state.status == "escalated":
+            # A conflict stopped the run: no effect of any call until a person decides.
+            raise Escalated(
+                f"run {self.run_id} is stopped by a conflict awaiting a person",
+                approval_id=next(iter(self.state.pending_approvals), None),
+                run_id=self.run_id,
+            )
         started = self.append(
             EventType.TOOL_CALL_STARTED,
             call_id=call_id,
@@ -466,18 +474,32 @@ class Run:
             raise RedisUnavailable(f"decision inbox of {self.run_id}: {exc}") from exc
         recorded = 0
         for raw in entries:
-            d = json.loads(raw)
-            approval = self.state.approvals.get(d["approval_id"])
+            try:
+                d = json.loads(raw)
+                approval_id, approved = str(d["approval_id"]), bool(d["approved"])
+                decided_by, note = str(d["decided_by"]), str(d.get("note", ""))
+            except (ValueError, KeyError, TypeError) as exc:
+                # Never lose it, never let it block the run: keep it aside for a person.
+                log.warning("malformed decision for %s set aside: %r (%s)", self.run_id, raw, exc)
+                self._redis(functools.partial(self.deps.redis.rpush, key + ":malformed", raw))
+                self._redis(functools.partial(self.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
+                continue
+            approval = self.state.approvals.get(approval_id)
             if approval is not None and approval.approved is None:
-                self.decide(
-                    d["approval_id"],
-                    approved=bool(d["approved"]),
-                    decided_by=str(d["decided_by"]),
-                    note=str(d.get("note", "")),
-                )
+                try:
+                    self.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+                except (ToolFailed, CallUncertain, Escalated) as exc:
+                    # The decision is durable; what its retry led to is in the log too.
+                    log.info("decision %s on %s settled as %s", approval_id, self.run_id, exc)
                 recorded += 1
-            self.deps.redis.lrem(key, 1, raw)  # type: ignore[arg-type]  # bytes are accepted
+            self._redis(functools.partial(self.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
         return recorded
+
+    def _redis(self, op: Callable[[], Any]) -> Any:
+        try:
+            return op()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"Redis for run {self.run_id}: {exc}") from exc
 
     def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED and release the lease."""
@@ -537,7 +559,10 @@ def submit_decision(
             "decided_by": decided_by,
             "note": note,
         }
-        deps.redis.rpush(decisions_key(deps, tenant, run_id), json.dumps(entry, sort_keys=True))
+        try:
+            deps.redis.rpush(decisions_key(deps, tenant, run_id), json.dumps(entry, sort_keys=True))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
         return "queued"
     with run:
         run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
@@ -658,7 +683,9 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
             reader,
             rid,
             partition,
-            start_index(deps.redis, deps.settings.redis_key_prefix, tenant, rid),
+            start_index(
+                deps.redis, deps.settings.redis_key_prefix, tenant, rid, partition=partition
+            ),
             end,
             None,
         )
@@ -759,6 +786,15 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
             log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
             return
         METRICS["claims_lost"] += 1
+        if run.state.tenant and run.state.tenant != run.tenant:
+            raise TenantMismatch(
+                f"run id {run.run_id} was started by tenant {run.state.tenant!r} meanwhile",
+                run_id=run.run_id,
+            )
+        if run.state.status == "finished":
+            # The previous owner's RUN_FINISHED landed first: nothing left to own.
+            log.info("run %s finished before our claim; returning it as finished", run.run_id)
+            return
         log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
         if run.state.max_epoch_seen > run.epoch:
             raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")

@@ -375,3 +375,119 @@ def test_two_intentional_charges_are_two_actions(fast: Settings, ledger: Ledger)
     events = _after(fast, run.run_id, seq)
     assert _keys(events) == {first_key, second_key}
     assert ledger.per_key() == {first_key: 1, second_key: 1}
+
+
+def test_a_retry_after_a_proven_failure_keeps_its_key_so_a_re_execution_does_not_repeat_it(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """Regression: the retry used a fresh key, so re-executing the worker from the top
+    recomputed the failed key, found it unsettled and charged a second time."""
+    charge = Charge(ledger, "declined")
+
+    def worker(run: runlog.Run) -> str:  # the user's code, re-executed from the top
+        try:
+            return run.call_tool("charge", ARGS)
+        except runlog.ToolFailed:
+            return run.call_tool("charge", ARGS)
+
+    with runlog.open_run(settings=fast, tools=[charge.tool()]) as run:
+        key = run.key_for("charge", ARGS)
+        assert worker(run) == "charged 7 to A-1"
+        assert set(run.state.completed_calls) == {key}  # the retry completed the same key
+    # The process dies and a supervisor re-runs the worker on the same run.
+    with runlog.open_run(run.run_id, settings=fast, tools=[charge.tool()]) as again:
+        assert worker(again) == "charged 7 to A-1"
+    assert ledger.total() == 1 and ledger.per_key() == {key: 1}
+    assert sum(charge.invocations.values()) == 2  # the declined try and the one success
+
+
+def test_a_persons_approval_is_honoured_after_the_attempt_cap(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """Regression: after MAX_ATTEMPTS an approved retry re-escalated instead of running."""
+    from producers.recovery import MAX_ATTEMPTS
+
+    calls: list[str] = []
+
+    @runlog.tool("flaky", risk="safe")
+    def flaky(args: dict[str, Any], *, idempotency_key: str) -> str:
+        calls.append(idempotency_key)
+        if len(calls) <= MAX_ATTEMPTS:
+            raise TimeoutError("no answer")
+        return "done"
+
+    with runlog.open_run(settings=fast, tools=[flaky]) as run:
+        with pytest.raises(runlog.Escalated) as esc:
+            run.call_tool("flaky", {"n": 1})
+        assert len(calls) == MAX_ATTEMPTS
+        assert esc.value.approval_id is not None
+        run.decide(esc.value.approval_id, approved=True, decided_by="ops", note="go on")
+        key = run.key_for("flaky", {"n": 1})
+        assert run.state.completed_calls == {key: "done"}
+        assert not run.state.pending_approvals
+    assert len(calls) == MAX_ATTEMPTS + 1 and set(calls) == {key}
+
+
+def test_a_conflict_stops_every_other_effect_until_a_person_decides(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """Conflict stops the run: recovery must not retry other uncertain calls meanwhile."""
+    wrong = Charge(ledger, "wrong-after")
+    lost = Charge(ledger, "timeout-before")
+
+    def unavailable(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        return runlog.Unavailable("ledger lookup is down")
+
+    def tools(reconcile_charge: Any, reconcile_refund: Any) -> list[Any]:
+        refund = runlog.tool("refund", risk="safe", reconcile=reconcile_refund)(lost)  # type: ignore[arg-type]
+        return [wrong.tool(reconcile=reconcile_charge), refund]
+
+    # Both calls end uncertain while the lookup is down.
+    with runlog.open_run(settings=fast, tools=tools(unavailable, unavailable)) as run:
+        rid = run.run_id
+        for name in ("charge", "refund"):
+            with pytest.raises(runlog.CallUncertain):
+                run.call_tool(name, ARGS)
+    # The lookup is back: the charge conflicts (70 applied, 7 intended), the refund is
+    # provably absent; but the run is stopped, so the refund must wait for a person.
+    with runlog.open_run(rid, settings=fast, tools=tools(wrong.lookup, lost.lookup)) as run:
+        assert run.state.status == "escalated"
+        assert len(run.state.open_calls) == 2
+        with pytest.raises(runlog.Escalated):
+            run.call_tool("refund", ARGS)
+    assert sum(lost.invocations.values()) == 1  # only the original, lost attempt
+    started = [
+        r.event.payload.name  # type: ignore[attr-defined]
+        for r in read_log(fast, rid)
+        if r.event.type is EventType.TOOL_CALL_STARTED
+    ]
+    assert started == ["charge", "refund"]  # no retry of anything after the conflict
+
+
+def test_a_malformed_queued_decision_is_set_aside_not_lost_and_never_blocks_the_run(
+    fast: Settings, redis_client: redis.Redis
+) -> None:
+    from producers.run import decisions_key
+
+    with runlog.open_run(settings=fast) as run:
+        rid = run.run_id
+        deps = run.deps
+    inbox = decisions_key(deps, "default", rid)
+    redis_client.rpush(inbox, b"{not json")
+    with runlog.open_run(rid, settings=fast) as again:
+        assert again.state.status == "running"
+    assert redis_client.lrange(inbox, 0, -1) == []
+    assert redis_client.lrange(inbox + ":malformed", 0, -1) == [b"{not json"]
+
+
+def test_a_reconciler_returning_garbage_counts_as_no_evidence(
+    fast: Settings, ledger: Ledger
+) -> None:
+    charge = Charge(ledger, "timeout-after")
+    tool = charge.tool(reconcile=lambda args, *, idempotency_key: None)
+    with runlog.open_run(settings=fast, tools=[tool]) as run:
+        with pytest.raises(runlog.CallUncertain):
+            run.call_tool("charge", ARGS)
+        call = next(iter(run.state.open_calls.values()))
+        assert call.last_evidence is not None and "unavailable" in call.last_evidence
+    assert sum(charge.invocations.values()) == 1  # never retried on no evidence
