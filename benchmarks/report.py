@@ -108,7 +108,9 @@ def table(res: dict[str, Any]) -> str:
     rec = res.get("recovery")
     if rec:
         rows.append((f"4. recovery (lease TTL {rec['lease_ttl_ms']} ms)", "", ""))
-        for how in ("expiry", "release"):
+        for how in ("expiry", "takeover", "release"):
+            if how not in rec["handoff"]:
+                continue
             v = rec["handoff"][how]
             row(f"  {how}: signal -> successor's first append", v["total_s"], "s")
             row(f"  {how}: lease TTL left at signal", v["lease_pttl_at_signal_s"], "s")
@@ -302,6 +304,7 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         r = rec["resume"]
         bars = [
             ("SIGKILL\n(lease expiry)", rec["handoff"]["expiry"]["total_s"]),
+            ("SIGKILL\n(takeover)", rec["handoff"]["takeover"]["total_s"]),
             ("SIGTERM\n(release on close)", rec["handoff"]["release"]["total_s"]),
             ("open_run\nnew run", r["new_run_open_s"]),
             (f"resume {r['events']}\nno snapshot", r["without_snapshot_s"]),

@@ -25,9 +25,11 @@ from runlog.errors import RedisUnavailable
 
 log = logging.getLogger(__name__)
 
+# ARGV[4] = '1' breaks a live lease (explicit takeover): safe because the epoch still
+# goes up, so the previous holder fails its next ownership check (it is fenced).
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
-if cur then
+if cur and ARGV[4] ~= '1' then
   return {0, cur, redis.call('PTTL', KEYS[1])}
 end
 local e = redis.call('INCR', KEYS[2])
@@ -160,12 +162,27 @@ class LeaseManager:
         return raw.decode() if isinstance(raw, bytes) else raw
 
     def try_acquire(
-        self, tenant: str, run_id: str, owner: str, ttl_ms: int, floor: int = 0
+        self,
+        tenant: str,
+        run_id: str,
+        owner: str,
+        ttl_ms: int,
+        floor: int = 0,
+        *,
+        force: bool = False,
     ) -> Lease | Held:
+        """Take the run's lease if free or expired, or always with ``force`` (takeover)."""
         started = time.monotonic()
         keys = [self.lease_key(tenant, run_id), self.epoch_key(tenant, run_id)]
+        if force:
+            previous = self.current(tenant, run_id)
+            if previous is not None:
+                METRICS["forced_takeovers"] += 1
+                log.warning("lease of run=%s taken over from %s by %s", run_id, previous, owner)
         try:
-            ok, value, pttl = self._acquire(keys=keys, args=[owner, ttl_ms, floor])
+            ok, value, pttl = self._acquire(
+                keys=keys, args=[owner, ttl_ms, floor, "1" if force else "0"]
+            )
         except redis.RedisError as exc:
             raise RedisUnavailable(f"lease acquire for {run_id}: {exc}") from exc
         if not ok:

@@ -569,11 +569,15 @@ def submit_decision(
     return "recorded"
 
 
-def _acquire(deps: RunDeps, tenant: str, run_id: str, wait_s: float) -> Lease:
+def _acquire(
+    deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
+) -> Lease:
     owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + wait_s
     while True:
-        got = deps.leases.try_acquire(tenant, run_id, owner, deps.settings.lease_ttl_ms)
+        got = deps.leases.try_acquire(
+            tenant, run_id, owner, deps.settings.lease_ttl_ms, force=takeover
+        )
         if isinstance(got, Lease):
             return got
         assert isinstance(got, Held)
@@ -598,10 +602,14 @@ def open_run_with(
     reason: str = "",
     recover: bool = True,
     create: bool = True,
+    takeover: bool = False,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
 
     ``create=False`` refuses to start a run that has no events (``UnknownRun``).
+    ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
+    for a supervisor that knows the owner died (it saw the process exit). If the owner
+    was alive after all, fencing stops it at its next append.
     """
     from producers import recovery
 
@@ -609,7 +617,7 @@ def open_run_with(
         return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
     rid = run_id
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-    lease = _acquire(deps, tenant, rid, wait)
+    lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
     try:
         reader = deps.reader_factory()
         try:

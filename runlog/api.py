@@ -24,12 +24,19 @@ def open_run(
     goal: str = "",
     reason: str = "",
     recover: bool = True,
+    takeover: bool = False,
 ) -> Run:
     """Start a new run (``run_id=None``) or resume one: the same call either way.
 
     Acquires the run's lease (waiting up to ``wait_s``, default one lease TTL, for a live
     owner; then ``RunLocked``), replays the run's valid log, appends RUN_STARTED or
     RUN_RESUMED, settles uncertain calls, and returns the run with its state.
+
+    ``takeover=True`` does not wait for a live owner's lease: it takes the run at once
+    with a higher epoch. Use it when you know the owner is dead (a supervisor that saw its
+    process exit); if it was only paused, fencing stops it at its next append, but a tool
+    call it had already started may still reach its receiver (the key deduplicates it
+    there, and the new owner treats the call as uncertain).
     """
     from producers.run import open_run_with
 
@@ -44,6 +51,7 @@ def open_run(
         goal=goal,
         reason=reason,
         recover=recover,
+        takeover=takeover,
     )
 
 

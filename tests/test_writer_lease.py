@@ -80,3 +80,36 @@ def test_ownership_changes_are_counted_not_written_as_events(test_settings: Sett
     assert after.get("acquired", 0) - before.get("acquired", 0) == 2
     assert after.get("takeovers", 0) - before.get("takeovers", 0) == 1
     assert after.get("released", 0) - before.get("released", 0) == 2
+
+
+def test_explicit_takeover_fences_a_live_owner_and_readers_agree(test_settings: Settings) -> None:
+    """takeover=True does not wait for the lease; the old owner's next append is fenced
+    and its write, though in the log, is excluded by every reader."""
+    import time
+
+    import runlog
+    from producers.reader import LogReader
+    from projections.run_state import fold
+
+    s = test_settings.model_copy(update={"lease_ttl_ms": 60_000})  # expiry would take a minute
+    old = runlog.open_run(settings=s)
+    old.append("user_message", content="before the takeover")
+    t0 = time.monotonic()
+    new = runlog.open_run(old.run_id, settings=s, wait_s=0, takeover=True)
+    took = time.monotonic() - t0
+    try:
+        assert took < 10, f"takeover waited {took:.1f} s"
+        assert new.epoch > old.epoch
+        with pytest.raises(runlog.Fenced):
+            old.append("user_message", content="stale: the old owner did not know")
+        new.append("user_message", content="after the takeover")
+        live = new.state
+    finally:
+        new.close()
+        old.lease.release()
+    with LogReader(s) as reader:
+        logged = fold(r.event for r in reader.read(new.run_id))
+    contents = [m.content for m in logged.messages]
+    assert contents == ["before the takeover", "after the takeover"]
+    assert logged.fenced_writes == 1  # the stale append landed and is excluded
+    assert logged.epoch == new.epoch and live.seq == logged.seq

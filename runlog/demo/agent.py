@@ -322,6 +322,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--ledger-url", required=True)
     parser.add_argument("--reason", default="", help="why this worker resumes the run")
+    parser.add_argument(
+        "--takeover",
+        action="store_true",
+        help="take the run at once: the supervisor saw the previous worker die",
+    )
     parser.add_argument("--http-timeout", type=float, default=2.0)
     parser.add_argument("--approval-wait", type=float, default=0.5)
     parser.add_argument("--think", type=float, default=0.25, help="model latency per step")
@@ -347,6 +352,7 @@ def run(args: argparse.Namespace) -> int:
                 agent="reference-reconciliation-agent",
                 goal=TASK,
                 reason=args.reason,
+                takeover=args.takeover,
             )
         except RunLocked as exc:
             say(f"run is locked: {exc}")

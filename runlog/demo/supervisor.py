@@ -348,7 +348,7 @@ class Supervisor:
                 child.stop()
 
     # Workers --------------------------------------------------------------------------
-    def spawn(self, reason: str) -> tuple[Child, Attempt]:
+    def spawn(self, reason: str, *, takeover: bool = False) -> tuple[Child, Attempt]:
         n = len(self.outcome.attempts) + 1
         cmd = _python_module(
             "runlog.demo",
@@ -359,6 +359,7 @@ class Supervisor:
             self.ledger_url,
             "--reason",
             reason,
+            *(["--takeover"] if takeover else []),
         )
         child = Child(f"w{n}", cmd, self.env, echo=self.opts.echo)
         attempt = Attempt(n=n, pid=child.pid, reason=reason)
@@ -468,7 +469,14 @@ class Supervisor:
                             f"  supervisor: SIGKILL pid {child.pid} {delay:.2f} s into its work "
                             f"(exit {attempt.rc}); log ends at {attempt.log_tail}"
                         )
-                        child, attempt = self.spawn(f"worker pid {child.pid} was killed (-9)")
+                        # The first successor waits for the dead worker's lease to expire;
+                        # later ones take the run at once: the supervisor saw the exit, so
+                        # it knows the owner is dead (fencing covers it if it were not).
+                        takeover = self.kills_left < self.opts.kills - 1
+                        how = "explicit takeover" if takeover else "after its lease expired"
+                        child, attempt = self.spawn(
+                            f"worker pid {child.pid} was killed (-9); {how}", takeover=takeover
+                        )
                         continue
             rc = child.wait(max(0.1, self.remaining()))
             if rc is None:
