@@ -141,6 +141,11 @@ class RunState:
     def usage(self) -> m.Usage:
         return m.Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
 
+    @property
+    def cost(self) -> float:
+        """Model cost in USD (the public API's name for ``cost_usd``)."""
+        return self.cost_usd
+
     def to_dict(self) -> dict[str, Any]:
         """Every durable field, JSON-ready; equal states give equal dicts."""
         out: dict[str, Any] = jsonable(self)

@@ -278,3 +278,25 @@ def test_a_takeover_turns_open_calls_uncertain(epoch: int) -> None:
     log.resume(epoch=epoch + 1)
     st = fold(log.events)
     assert st.open_calls["k"].status == "uncertain" and st.epoch == epoch + 1
+
+
+def test_run_state_exposes_the_public_api_names() -> None:
+    """The writers issue names Run.state's fields; acceptance tests outside use them."""
+    from projections.run_state import RunState
+
+    st = RunState(cost_usd=0.25, input_tokens=3, output_tokens=4)
+    for name in (
+        "seq",
+        "turns",
+        "messages",
+        "usage",
+        "cost",
+        "completed_calls",
+        "uncertain_calls",
+        "compactions",
+        "status",
+        "outcome",
+    ):
+        assert hasattr(st, name), name
+    assert st.cost == 0.25
+    assert (st.usage.input_tokens, st.usage.output_tokens) == (3, 4)
