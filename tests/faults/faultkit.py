@@ -432,3 +432,28 @@ class FaultReport:
             },
             indent=2,
         )
+
+
+def finish_and_check(
+    name: str,
+    settings: Settings,
+    run_ids: list[str],
+    journal: Journal,
+    ledger: EffectLedger,
+    report: FaultReport,
+    finished: dict[str, bool],
+) -> None:
+    """Verify every run, record the outcome, and fail on any loss or violation."""
+    states = [final_open(settings, r, ledger) for r in run_ids]
+    checks = [verify_run(settings, r, journal) for r in run_ids]
+    effects = verify_effects(ledger, states)
+    report.add_checks(checks)
+    report.add_journal(journal)
+    report.violations.extend(f"{name}: {e}" for e in effects)
+    lost = [x for c in checks for x in c.lost]
+    violations = [x for c in checks for x in c.violations] + effects + journal.unclear
+    assert all(finished.values()), f"runs did not finish: {finished}, stops {journal.stops}"
+    assert not lost, lost
+    assert not violations, violations
+    for c, st in zip(checks, states, strict=True):
+        assert st.status == "finished" and st.digest() == c.state.digest()

@@ -11,11 +11,9 @@ from faultkit import (
     EffectLedger,
     FaultReport,
     Journal,
-    final_open,
+    finish_and_check,
     partition_leaders,
     supervise,
-    verify_effects,
-    verify_run,
     wait_full_isr,
 )
 
@@ -25,31 +23,6 @@ from runlog.settings import Settings
 
 RUNS = 4
 TARGET = 40
-
-
-def _finish(
-    name: str,
-    settings: Settings,
-    run_ids: list[str],
-    journal: Journal,
-    ledger: EffectLedger,
-    report: FaultReport,
-    finished: dict[str, bool],
-) -> None:
-    """Verify every run, record the outcome, and fail on any loss or violation."""
-    states = [final_open(settings, r, ledger) for r in run_ids]
-    checks = [verify_run(settings, r, journal) for r in run_ids]
-    effects = verify_effects(ledger, states)
-    report.add_checks(checks)
-    report.add_journal(journal)
-    report.violations.extend(f"{name}: {e}" for e in effects)
-    lost = [x for c in checks for x in c.lost]
-    violations = [x for c in checks for x in c.violations] + effects + journal.unclear
-    assert all(finished.values()), f"runs did not finish: {finished}, stops {journal.stops}"
-    assert not lost, lost
-    assert not violations, violations
-    for c, st in zip(checks, states, strict=True):
-        assert st.status == "finished" and st.digest() == c.state.digest()
 
 
 def test_kill_9_partition_leader_while_workers_append(
@@ -85,7 +58,7 @@ def test_kill_9_partition_leader_while_workers_append(
         f"kill -9 leader: node {killed[0]} back in every ISR {time.monotonic() - restart:.1f}s "
         f"after restart (ISR wait {caught_up:.1f}s)"
     )
-    _finish("kill-leader", settings, run_ids, journal, ledger, report, finished)
+    finish_and_check("kill-leader", settings, run_ids, journal, ledger, report, finished)
     report.durations["kill_9_leader"] = time.monotonic() - t0
 
 
@@ -126,5 +99,5 @@ def test_restart_brokers_one_at_a_time_while_workers_append(
     roller.join(timeout=120)
     assert done_nodes == [n.node_id for n in cluster.nodes()], done_nodes
     report.notes.append(f"rolling restart: nodes {done_nodes} restarted while runs appended")
-    _finish("rolling-restart", settings, run_ids, journal, ledger, report, finished)
+    finish_and_check("rolling-restart", settings, run_ids, journal, ledger, report, finished)
     report.durations["rolling_restart"] = time.monotonic() - t0

@@ -16,11 +16,9 @@ from faultkit import (
     EffectLedger,
     FaultReport,
     Journal,
-    final_open,
+    finish_and_check,
     read_log,
     supervise,
-    verify_effects,
-    verify_run,
 )
 
 from producers.keys import new_run_id
@@ -28,28 +26,6 @@ from runlog import stack
 from runlog.settings import Settings
 
 RUNS = 3
-
-
-def _verify_all(
-    name: str,
-    settings: Settings,
-    run_ids: list[str],
-    journal: Journal,
-    ledger: EffectLedger,
-    report: FaultReport,
-    finished: dict[str, bool],
-) -> None:
-    states = [final_open(settings, r, ledger) for r in run_ids]
-    checks = [verify_run(settings, r, journal) for r in run_ids]
-    effects = verify_effects(ledger, states)
-    report.add_checks(checks)
-    report.add_journal(journal)
-    report.violations.extend(f"{name}: {e}" for e in effects)
-    assert all(finished.values()), f"runs did not finish: {finished}, stops {journal.stops}"
-    assert not [x for c in checks for x in c.lost]
-    assert not [x for c in checks for x in c.violations] + effects + journal.unclear
-    for c, st in zip(checks, states, strict=True):
-        assert st.status == "finished" and st.digest() == c.state.digest()
 
 
 def test_redis_restarts_during_runs_keep_one_owner_and_epochs_rising(
@@ -94,7 +70,7 @@ def test_redis_restarts_during_runs_keep_one_owner_and_epochs_rising(
     stop.set()
     injector.join(timeout=30)
     assert report.faults["redis kill -9 + restart (data lost)"] >= 1, "faults not injected"
-    _verify_all("redis-restart", settings, run_ids, journal, ledger, report, finished)
+    finish_and_check("redis-restart", settings, run_ids, journal, ledger, report, finished)
     report.durations["redis_restarts"] = time.monotonic() - t0
 
 
@@ -159,5 +135,5 @@ def test_redis_down_appends_fail_safe_and_resume_after(
     assert not acked_while_down
     assert not written_unleased
     assert journal.stops, "no writer noticed that Redis was gone"
-    _verify_all("redis-down", settings, run_ids, journal, ledger, report, finished)
+    finish_and_check("redis-down", settings, run_ids, journal, ledger, report, finished)
     report.durations["redis_down"] = time.monotonic() - t0
