@@ -19,7 +19,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && \
 	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
 	   echo $$p; break; fi; done)
-PACKAGES := runlog producers consumers schemas projections benchmarks
+PACKAGES := runlog producers consumers schemas projections
 LINT_PATHS := $(PACKAGES) tests
 PYTEST_ARGS ?=
 # The demo (README "The demo"): supervisor, ledger service and agent workers, all runlog.demo.

@@ -18,10 +18,10 @@ from typing import Any
 from confluent_kafka import Producer
 
 from runlog.errors import KafkaUnavailable
+from runlog.schemas import codec
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas import codec
-from schemas.models import Event
-from schemas.vocabulary import EventType
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from consumers import queries
+from runlog.consumers import queries
 from runlog.errors import KafkaUnavailable
 from runlog.settings import Settings
 

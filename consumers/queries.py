@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
-from consumers.store import PROJECTIONS, SEP, ProjectionKeys
-from producers.keys import partition_for
+from runlog.consumers.store import PROJECTIONS, SEP, ProjectionKeys
 from runlog.errors import RedisUnavailable
+from runlog.schemas.keys import partition_for
 from runlog.settings import Settings
 
 DEFAULT_DEADLINES_S: Mapping[str, float] = {

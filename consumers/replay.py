@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import redis
 
-from consumers import metrics
-from producers.keys import run_id_time_ms
-from producers.reader import LogReader, LogRecord, start_index
-from projections.run_state import RunState, apply, is_valid
+from runlog.consumers import metrics
+from runlog.log.reader import LogReader, LogRecord, start_index
+from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.schemas.keys import run_id_time_ms
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
-    from consumers.snapshots import SnapshotStore
+    from runlog.consumers.snapshots import SnapshotStore
 
 Source = Literal["snapshot", "index", "time", "scan"]
 Progress = Callable[[int, int], None]

@@ -42,10 +42,10 @@ from typing import Any, TypeVar
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from consumers.store import Decoded, Handler, Rejected, dumps, make_handler
+from runlog.consumers.store import Decoded, Handler, Rejected, dumps, make_handler
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
+from runlog.schemas.codec import decode
 from runlog.settings import Settings
-from schemas.codec import decode
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import redis
 
-from consumers.replay import fold_range, locate
-from consumers.snapshots import SnapshotStore
-from producers.reader import LogReader
+from runlog.consumers.replay import fold_range, locate
+from runlog.consumers.snapshots import SnapshotStore
+from runlog.log.reader import LogReader
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.vocabulary import EventType
 
 
 @dataclass
@@ -54,8 +54,8 @@ class Measured:
 
 def write_synthetic_run(settings: Settings, events: int) -> tuple[str, str]:
     """A run of about ``events`` realistic events (turns, tool calls, compactions)."""
-    from producers.run import open_run_with
     from runlog.bootstrap import Services
+    from runlog.producers.run import open_run_with
 
     services = Services(settings)
     try:

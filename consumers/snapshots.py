@@ -50,17 +50,17 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from consumers import metrics
-from consumers.replay import fold_range, locate
-from producers.keys import run_tag
-from producers.reader import LogReader
-from projections.run_state import FOLD_VERSION, RunState
+from runlog.consumers import metrics
+from runlog.consumers.replay import fold_range, locate
 from runlog.errors import RedisUnavailable, RunlogError
+from runlog.log.reader import LogReader
+from runlog.projections.run_state import FOLD_VERSION, RunState
+from runlog.schemas.codec import registry
+from runlog.schemas.keys import run_tag
 from runlog.settings import Settings
-from schemas.codec import registry
 
 if TYPE_CHECKING:
-    from producers.run import Run
+    from runlog.producers.run import Run
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from projections import audit, state_view, uncertain
-from schemas.models import Event
+from runlog.projections import audit, state_view, uncertain
+from runlog.schemas.models import Event
 
 S = TypeVar("S")
 

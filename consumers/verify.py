@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from consumers import metrics
-from consumers.replay import fold_range, locate
-from producers.reader import LogReader, LogRecord, consumer_config
-from projections.run_state import RULES, RunState, apply, fold, is_valid
+from runlog.consumers import metrics
+from runlog.consumers.replay import fold_range, locate
 from runlog.errors import KafkaUnavailable, SchemaError
+from runlog.log.reader import LogReader, LogRecord, consumer_config
+from runlog.projections.run_state import RULES, RunState, apply, fold, is_valid
+from runlog.schemas.codec import decode
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
 from runlog.settings import Settings
-from schemas.codec import decode
-from schemas.models import Event
-from schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
 
 if TYPE_CHECKING:
-    from consumers.snapshots import SnapshotStore
+    from runlog.consumers.snapshots import SnapshotStore
 
 EXPLAINED = frozenset({"stale_epoch", "stale_epoch_duplicate_seq", "lost_claim"})
 
@@ -194,7 +194,7 @@ def check_stored_snapshots(
     records: Sequence[LogRecord], full: RunState, store: SnapshotStore, tenant: str, run_id: str
 ) -> Check:
     """Every stored snapshot + the records after its offset == the full replay."""
-    from consumers.snapshots import SnapshotInvalid
+    from runlog.consumers.snapshots import SnapshotInvalid
 
     if not records:
         return Check("stored_snapshots", True, "no records")

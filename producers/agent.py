@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.keys import idempotency_key
-from producers.run import Run
-from projections.run_state import RunState, messages_in_last_turns
 from runlog.errors import Escalated, ToolFailed
-from schemas.canonical import canonical_json
-from schemas.vocabulary import EventType
+from runlog.producers.run import Run
+from runlog.projections.run_state import RunState, messages_in_last_turns
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import idempotency_key
+from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
 

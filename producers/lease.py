@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from producers.keys import run_tag
 from runlog.errors import RedisUnavailable
+from runlog.schemas.keys import run_tag
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from producers.context import CallContext, call_context
-from producers.tools import Absent, Conflict, Match, Unavailable
-from projections.run_state import OpenCall
 from runlog.errors import CallUncertain, Escalated, ToolFailed
-from schemas.vocabulary import EventType
+from runlog.producers.context import CallContext, call_context
+from runlog.producers.tools import Absent, Conflict, Match, Unavailable
+from runlog.projections.run_state import OpenCall
+from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from producers.run import Run
+    from runlog.producers.run import Run
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,6 @@ from typing import Any
 
 import redis
 
-from producers.context import CallContext, call_context
-from producers.keys import idempotency_key, new_run_id, start_key
-from producers.lease import METRICS, Held, Lease, LeaseManager
-from producers.reader import LogReader, start_index
-from producers.tools import Tool, ToolError
-from producers.writer import Delivered, DeliveryFailed, EventWriter
-from projections.run_state import RunState, apply, is_valid
 from runlog.errors import (
     AppendOutcomeUnknown,
     CallUncertain,
@@ -44,11 +37,18 @@ from runlog.errors import (
     UnknownTool,
     ValidationFailed,
 )
+from runlog.log.reader import LogReader, start_index
+from runlog.producers.context import CallContext, call_context
+from runlog.producers.lease import METRICS, Held, Lease, LeaseManager
+from runlog.producers.tools import Tool, ToolError
+from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
+from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.schemas import codec
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import idempotency_key, new_run_id, start_key
+from runlog.schemas.models import Event, Payload
+from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
-from schemas import codec
-from schemas.canonical import canonical_json
-from schemas.models import Event, Payload
-from schemas.vocabulary import OWNERSHIP, EventType
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class Run:
         operation_id: str | None = None,
     ) -> str:
         """Run the call with key ``key`` unless the log already settles it."""
-        from producers import recovery
+        from runlog.producers import recovery
 
         with self._lock:
             if self.state.status == "escalated":
@@ -365,7 +365,7 @@ class Run:
         operation_id: str | None = None,
     ) -> str:
         """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
-        from producers import recovery
+        from runlog.producers import recovery
 
         if self.state.status == "escalated":
             # A conflict stopped the run: no effect of any call until a person decides.
@@ -443,7 +443,7 @@ class Run:
 
     def decide(self, approval_id: str, *, approved: bool, decided_by: str, note: str = "") -> None:
         """Record a person's decision; settles the call it concerns when the tool is here."""
-        from producers import recovery
+        from runlog.producers import recovery
 
         if approval_id not in self.state.approvals:
             raise KeyError(f"run {self.run_id} has no approval request {approval_id!r}")
@@ -611,7 +611,7 @@ def open_run_with(
     for a supervisor that knows the owner died (it saw the process exit). If the owner
     was alive after all, fencing stops it at its next append.
     """
-    from producers import recovery
+    from runlog.producers import recovery
 
     if run_id is None:
         return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)

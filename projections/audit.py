@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from projections.run_state import RunState
-from projections.verdict import fold_with_verdict, slim_dict
-from schemas import models as m
-from schemas.models import Event
+from runlog.projections.run_state import RunState
+from runlog.projections.verdict import fold_with_verdict, slim_dict
+from runlog.schemas import models as m
+from runlog.schemas.models import Event
 
 Entry = dict[str, Any]
 

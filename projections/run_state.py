@@ -27,9 +27,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
-from schemas import models as m
-from schemas.models import Event
-from schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
+from runlog.schemas import models as m
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
 FOLD_VERSION = 2
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.

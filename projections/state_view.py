@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from projections.run_state import RunState, apply
-from projections.verdict import state_dict
-from schemas.models import Event
+from runlog.projections.run_state import RunState, apply
+from runlog.projections.verdict import state_dict
+from runlog.schemas.models import Event
 
 VIEW_VERSION = 1
 """Bump when the stored shape or meaning changes: stored views must then be rebuilt."""

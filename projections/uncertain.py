@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from projections.run_state import OpenCall, RunState
-from projections.verdict import fold_with_verdict, slim_dict
-from schemas import models as m
-from schemas.models import Event
+from runlog.projections.run_state import OpenCall, RunState
+from runlog.projections.verdict import fold_with_verdict, slim_dict
+from runlog.schemas import models as m
+from runlog.schemas.models import Event
 
 COUNTERS = ("opened", "reconciled", "retried", "decided", "failed", "escalated")
 """``opened``: became uncertain; ``reconciled``: closed by a completion from reconciliation

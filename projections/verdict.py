@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from projections.run_state import RunState, apply, jsonable
-from schemas.models import Event
+from runlog.projections.run_state import RunState, apply, jsonable
+from runlog.schemas.models import Event
 
 
 def fold_with_verdict(state: RunState, ev: Event) -> bool:

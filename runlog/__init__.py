@@ -1,8 +1,9 @@
 """runlog: durable, fenced, replayable event logs for AI-agent runs on Kafka and Redis.
 
-Users import ``runlog`` only. Errors and settings load eagerly; the worker API loads on
-first use so that ``schemas`` and ``projections`` (which use ``runlog.errors``) never
-import Kafka or Redis clients.
+Users import ``runlog`` only. Every subpackage lives inside this package, so importing any
+of them (``runlog.projections.run_state``, say) runs this file first: it therefore loads
+nothing but the errors, and each public name below loads on first use. That keeps the
+pure fold importable without Kafka, Redis, fastavro or pydantic-settings.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from runlog.errors import (
     UnknownRun,
     UnknownTool,
 )
-from runlog.settings import Settings
 
 if TYPE_CHECKING:
-    from producers.agent import (
+    from runlog.api import decide, lease_metrics, open_run
+    from runlog.producers.agent import (
         AgentLoop,
         ApprovalStep,
         Call,
@@ -42,39 +43,40 @@ if TYPE_CHECKING:
         ModelStep,
         ScriptedModel,
     )
-    from producers.context import CallContext, current_call
-    from producers.run import Run
-    from producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
-    from runlog.api import decide, lease_metrics, open_run
-    from schemas.codec import decode, encode
-    from schemas.models import Event
-    from schemas.vocabulary import EventType
+    from runlog.producers.context import CallContext, current_call
+    from runlog.producers.run import Run
+    from runlog.producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
+    from runlog.schemas.codec import decode, encode
+    from runlog.schemas.models import Event
+    from runlog.schemas.vocabulary import EventType
+    from runlog.settings import Settings
 
 _LAZY = {
+    "Settings": "runlog.settings",
     "open_run": "runlog.api",
-    "current_call": "producers.context",
-    "decode": "schemas.codec",
-    "encode": "schemas.codec",
+    "current_call": "runlog.producers.context",
+    "decode": "runlog.schemas.codec",
+    "encode": "runlog.schemas.codec",
     "lease_metrics": "runlog.api",
-    "CallContext": "producers.context",
+    "CallContext": "runlog.producers.context",
     "decide": "runlog.api",
-    "AgentLoop": "producers.agent",
-    "ScriptedModel": "producers.agent",
-    "ModelStep": "producers.agent",
-    "Call": "producers.agent",
-    "CompactStep": "producers.agent",
-    "ApprovalStep": "producers.agent",
-    "FinishStep": "producers.agent",
-    "Run": "producers.run",
-    "tool": "producers.tools",
-    "Tool": "producers.tools",
-    "ToolError": "producers.tools",
-    "Match": "producers.tools",
-    "Absent": "producers.tools",
-    "Conflict": "producers.tools",
-    "Unavailable": "producers.tools",
-    "Event": "schemas.models",
-    "EventType": "schemas.vocabulary",
+    "AgentLoop": "runlog.producers.agent",
+    "ScriptedModel": "runlog.producers.agent",
+    "ModelStep": "runlog.producers.agent",
+    "Call": "runlog.producers.agent",
+    "CompactStep": "runlog.producers.agent",
+    "ApprovalStep": "runlog.producers.agent",
+    "FinishStep": "runlog.producers.agent",
+    "Run": "runlog.producers.run",
+    "tool": "runlog.producers.tools",
+    "Tool": "runlog.producers.tools",
+    "ToolError": "runlog.producers.tools",
+    "Match": "runlog.producers.tools",
+    "Absent": "runlog.producers.tools",
+    "Conflict": "runlog.producers.tools",
+    "Unavailable": "runlog.producers.tools",
+    "Event": "runlog.schemas.models",
+    "EventType": "runlog.schemas.vocabulary",
 }
 
 

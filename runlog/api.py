@@ -9,8 +9,8 @@ from runlog.bootstrap import Services
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
-    from producers.run import Run
-    from producers.tools import Tool
+    from runlog.producers.run import Run
+    from runlog.producers.tools import Tool
 
 
 def open_run(
@@ -38,7 +38,7 @@ def open_run(
     call it had already started may still reach its receiver (the key deduplicates it
     there, and the new owner treats the call as uncertain).
     """
-    from producers.run import open_run_with
+    from runlog.producers.run import open_run_with
 
     services = Services.shared(settings or Settings())
     return open_run_with(
@@ -71,7 +71,7 @@ def decide(
     If no worker holds the run, the decision is appended at once (``"recorded"``);
     otherwise it waits in the run's inbox until its owner records it (``"queued"``).
     """
-    from producers.run import submit_decision
+    from runlog.producers.run import submit_decision
 
     services = Services.shared(settings or Settings())
     return submit_decision(
@@ -89,6 +89,6 @@ def decide(
 def lease_metrics() -> dict[str, int]:
     """This process's ownership counters: acquired, takeovers, claims_lost, renewed,
     renew_lost, released, fenced. Operational telemetry, never written to the log."""
-    from producers.lease import METRICS
+    from runlog.producers.lease import METRICS
 
     return dict(METRICS)

@@ -63,7 +63,7 @@ class Services:
 
     @property
     def writer(self) -> Any:
-        from producers.writer import EventWriter
+        from runlog.producers.writer import EventWriter
 
         with self._lock:
             if self._writer is None:
@@ -72,7 +72,7 @@ class Services:
 
     @property
     def leases(self) -> Any:
-        from producers.lease import LeaseManager
+        from runlog.producers.lease import LeaseManager
 
         client = self.redis
         with self._lock:
@@ -86,7 +86,7 @@ class Services:
         if self.settings.snapshot_interval <= 0:
             return None
         try:
-            from consumers.snapshots import SnapshotStore  # type: ignore[import-not-found,unused-ignore]
+            from runlog.consumers.snapshots import SnapshotStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError:  # pragma: no cover - snapshots not shipped in this build
             return None
         client = self.redis
@@ -96,8 +96,8 @@ class Services:
             return self._snapshots
 
     def run_deps(self) -> Any:
-        from producers.reader import LogReader
-        from producers.run import RunDeps
+        from runlog.log.reader import LogReader
+        from runlog.producers.run import RunDeps
 
         return RunDeps(
             settings=self.settings,

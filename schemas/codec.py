@@ -24,12 +24,12 @@ from runlog.errors import (
     UnknownFingerprint,
     ValidationFailed,
 )
-from schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
-from schemas.models import PAYLOAD_MODELS, Event, Payload
-from schemas.registry import WriterSchema, registry
+from runlog.schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
+from runlog.schemas.models import PAYLOAD_MODELS, Event, Payload
+from runlog.schemas.registry import WriterSchema, registry
 
 __all__ = ["decode", "encode", "headers", "make_payload", "registry"]
-from schemas.vocabulary import EventType, parse_event_type
+from runlog.schemas.vocabulary import EventType, parse_event_type
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from schemas.vocabulary import EventType
+from runlog.schemas.vocabulary import EventType
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 

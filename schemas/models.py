@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.vocabulary import EventType
+from runlog.schemas.vocabulary import EventType
 
 Risk = Literal["safe", "reversible", "irreversible"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 import fastavro.schema
 
-from schemas.vocabulary import EventType
+from runlog.schemas.vocabulary import EventType
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Registry:
 
 
 def _load_dir() -> list[tuple[EventType, int, Any]]:
-    root = resources.files("schemas").joinpath("avro")
+    root = resources.files("runlog.schemas").joinpath("avro")
     found: list[tuple[EventType, int, Any]] = []
     for type_dir in root.iterdir():
         if not type_dir.is_dir():

@@ -12,11 +12,11 @@ from typing import Any
 
 import redis
 
-from consumers import queries
-from consumers.projection_metrics import Watermarks
-from consumers.store import PROJECTIONS
-from producers.reader import LogReader
-from projections.run_state import fold
+from runlog.consumers import queries
+from runlog.consumers.projection_metrics import Watermarks
+from runlog.consumers.store import PROJECTIONS
+from runlog.log.reader import LogReader
+from runlog.projections.run_state import fold
 from runlog.settings import Settings
 
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from schemas import codec
-from schemas.models import Event
-from schemas.vocabulary import EventType
+from runlog.schemas import codec
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_VERSIONS = sorted(p.name for p in FIXTURES.iterdir() if (p / "log.jsonl").exists())

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.run import SECTIONS, run_all
+from runlog.benchmarks.run import SECTIONS, run_all
 from runlog.settings import Settings
 
 

@@ -13,10 +13,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from workers.common import read_log, services_for
 
 import runlog
-from producers.keys import idempotency_key, new_run_id, partition_for
-from producers.reader import LogReader, consumer_config
-from producers.writer import EventWriter
-from projections import run_state
 from runlog.errors import (
     CorruptRecord,
     SchemaError,
@@ -25,17 +21,21 @@ from runlog.errors import (
     UnknownFingerprint,
     ValidationFailed,
 )
-from runlog.settings import Settings
-from schemas import codec
-from schemas.canonical import MAX_ARGS_BYTES, canonical_json
-from schemas.models import PAYLOAD_MODELS, Event
-from schemas.vocabulary import (
+from runlog.log.reader import LogReader, consumer_config
+from runlog.producers.writer import EventWriter
+from runlog.projections import run_state
+from runlog.schemas import codec
+from runlog.schemas.canonical import MAX_ARGS_BYTES, canonical_json
+from runlog.schemas.keys import idempotency_key, new_run_id, partition_for
+from runlog.schemas.models import PAYLOAD_MODELS, Event
+from runlog.schemas.vocabulary import (
     RECORD_ONLY,
     STATE_CHANGING,
     EventType,
     classify,
     parse_event_type,
 )
+from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import redis
 
-from producers.tools import Absent, Conflict, Match, ToolError, Unavailable
 from runlog.demo.agent import EXIT_FENCED, LedgerClient
 from runlog.demo.ledger import Faults, LedgerServer, make_server
+from runlog.producers.tools import Absent, Conflict, Match, ToolError, Unavailable
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
 
@@ -220,7 +220,7 @@ def test_a_decision_queued_while_a_worker_held_the_run_settles_the_call_on_resum
 ) -> None:
     """Regression: a queued decision on an uncertain call was only read by an action wait."""
     import runlog
-    from producers.tools import tool
+    from runlog.producers.tools import tool
 
     sent: list[str] = []
 

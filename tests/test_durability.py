@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 import runlog
-from producers.keys import partition_for
-from producers.reader import LogReader
-from producers.writer import EventWriter, producer_config
-from projections.run_state import fold
+from runlog.log.reader import LogReader
+from runlog.producers.writer import EventWriter, producer_config
+from runlog.projections.run_state import fold
+from runlog.schemas.keys import partition_for
+from runlog.schemas.registry import registry
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
-from schemas.registry import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,12 +11,12 @@ import fastavro
 import pytest
 from replay_support import load_fixture, synthetic_log
 
-from projections.run_state import FOLD_VERSION, RunState, apply
 from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprint
-from schemas import codec, evolution
-from schemas.models import ContextCompacted, ToolCallCompleted
-from schemas.registry import fingerprint_of, registry
-from schemas.vocabulary import EventType
+from runlog.projections.run_state import FOLD_VERSION, RunState, apply
+from runlog.schemas import codec, evolution
+from runlog.schemas.models import ContextCompacted, ToolCallCompleted
+from runlog.schemas.registry import fingerprint_of, registry
+from runlog.schemas.vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
 TCC = EventType.TOOL_CALL_COMPLETED
@@ -33,7 +33,7 @@ def test_released_v1_schemas_never_changed() -> None:
     for r in fx.records:
         ws = codec.writer_schema_of(r.value)
         assert ws.version == 1
-        root = resources.files("schemas").joinpath("avro", r.type, "v1.avsc")
+        root = resources.files("runlog.schemas").joinpath("avro", r.type, "v1.avsc")
         assert fingerprint_of(fastavro.parse_schema(json.loads(root.read_text()))) == r.value[2:10]
 
 
@@ -85,7 +85,9 @@ def _encode_with(schema: dict[str, object], record: dict[str, object]) -> bytes:
 
 def test_newer_version_is_rejected_explicitly() -> None:
     raw = json.loads(
-        resources.files("schemas").joinpath("avro", "context_compacted", "v2.avsc").read_text()
+        resources.files("runlog.schemas")
+        .joinpath("avro", "context_compacted", "v2.avsc")
+        .read_text()
     )
     v3 = copy.deepcopy(raw)
     v3["fields"][-1]["type"]["fields"].append({"name": "kept_tokens", "type": "long"})

@@ -25,18 +25,18 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from producers.keys import new_run_id
-from producers.reader import LogReader
-from producers.run import open_run_with
-from producers.tools import Tool
-from projections.run_state import RunState, apply, fold, is_valid
 from runlog.bootstrap import Services
 from runlog.errors import SchemaError, ToolArgumentsError, UnknownEventType
+from runlog.log.reader import LogReader
+from runlog.producers.run import open_run_with
+from runlog.producers.tools import Tool
+from runlog.projections.run_state import RunState, apply, fold, is_valid
+from runlog.schemas import codec
+from runlog.schemas.canonical import MAX_ARGS_BYTES, canonical_json
+from runlog.schemas.keys import new_run_id
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas import codec
-from schemas.canonical import MAX_ARGS_BYTES, canonical_json
-from schemas.models import Event
-from schemas.vocabulary import EventType
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

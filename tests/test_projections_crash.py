@@ -20,9 +20,9 @@ from projections_support import (
     wait_caught_up,
 )
 
-from consumers.loadgen import LoadGenerator
-from consumers.runner import ProjectionRunner
-from consumers.store import PROJECTIONS
+from runlog.consumers.loadgen import LoadGenerator
+from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.store import PROJECTIONS
 from runlog.settings import Settings
 
 

@@ -11,17 +11,17 @@ import pytest
 import redis
 from projections_support import dump, env_for, replayed_states, wait_caught_up
 
-from consumers import queries
-from consumers.loadgen import LoadGenerator
-from consumers.runner import ProjectionRunner, rebuild
-from consumers.store import PROJECTIONS
+from runlog.consumers import queries
+from runlog.consumers.loadgen import LoadGenerator
+from runlog.consumers.runner import ProjectionRunner, rebuild
+from runlog.consumers.store import PROJECTIONS
 from runlog.settings import Settings
 
 
 def test_projections_import_neither_kafka_nor_redis() -> None:
     code = (
         "import sys, projections, projections.state_view, projections.uncertain, "
-        "projections.audit, projections.verdict\n"
+        "runlog.projections.audit, projections.verdict\n"
         "bad = [m for m in ('confluent_kafka', 'redis') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

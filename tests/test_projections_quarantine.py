@@ -11,14 +11,14 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from projections_support import applied_total, replayed_states, wait_caught_up
 
-from consumers import queries
-from consumers.loadgen import LoadGenerator
-from consumers.runner import ProjectionRunner
-from consumers.store import PROJECTIONS
+from runlog.consumers import queries
+from runlog.consumers.loadgen import LoadGenerator
+from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.store import PROJECTIONS
+from runlog.schemas import codec
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas import codec
-from schemas.models import Event
-from schemas.vocabulary import EventType
 
 
 def _event(run_id: str, seq: int = 1) -> Event:

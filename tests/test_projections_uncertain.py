@@ -10,12 +10,12 @@ import redis
 from projections_support import replayed_states
 
 import runlog
-from consumers import queries
-from consumers.runner import ProjectionRunner
-from consumers.store import PROJECTIONS
-from producers.reader import LogReader
+from runlog.consumers import queries
+from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.store import PROJECTIONS
+from runlog.log.reader import LogReader
+from runlog.schemas import models as m
 from runlog.settings import Settings
-from schemas import models as m
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,13 +10,13 @@ from confluent_kafka import Producer
 from replay_support import FIXTURE_VERSIONS, Fixture, FixtureRecord, load_fixture
 
 import runlog
-from consumers.replay import replay
-from consumers.verify import check_gaps, verify_events, verify_run
-from producers.tools import tool
-from projections.run_state import RunState, apply
 from runlog.cli import main as cli_main
+from runlog.consumers.replay import replay
+from runlog.consumers.verify import check_gaps, verify_events, verify_run
+from runlog.producers.tools import tool
+from runlog.projections.run_state import RunState, apply
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.vocabulary import EventType
 
 # Fields a resumption legitimately changes; everything else must be carried over exactly.
 RESUME_FIELDS = {"seq", "epoch", "max_epoch_seen", "resumptions", "last_event_at"}

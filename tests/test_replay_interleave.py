@@ -12,13 +12,13 @@ import time
 import redis
 from replay_support import OPS, synthetic_log
 
-from consumers.replay import replay
-from producers.keys import new_run_id, start_key
-from producers.writer import EventWriter
+from runlog.consumers.replay import replay
+from runlog.producers.writer import EventWriter
+from runlog.schemas import codec
+from runlog.schemas.keys import new_run_id, start_key
+from runlog.schemas.models import Event
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
-from schemas import codec
-from schemas.models import Event
 
 RUN_OPS = [OPS[i % 10] for i in range(300)]  # no finish, no fenced ops: a long, busy run
 OTHERS = 40

@@ -11,16 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replay_support import OPS, synthetic_log
 
-import consumers.snapshots as snapshots_mod
-from consumers import metrics
-from consumers.replay import replay
-from consumers.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
-from consumers.verify import verify_run
-from producers.run import open_run_with
-from projections.run_state import RunState, fold
+import runlog.consumers.snapshots as snapshots_mod
 from runlog.bootstrap import Services
+from runlog.consumers import metrics
+from runlog.consumers.replay import replay
+from runlog.consumers.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
+from runlog.consumers.verify import verify_run
+from runlog.producers.run import open_run_with
+from runlog.projections.run_state import RunState, fold
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.vocabulary import EventType
 
 # ----------------------------------------------------------------------------- pure
 
@@ -99,7 +99,7 @@ def _snap_settings(test_settings: Settings, interval: int) -> Settings:
 
 
 def _work(run: object, n: int) -> None:
-    from producers.run import Run
+    from runlog.producers.run import Run
 
     assert isinstance(run, Run)
     for i in range(n):

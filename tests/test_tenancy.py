@@ -23,18 +23,18 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from producers.keys import idempotency_key, new_run_id
-from producers.lease import LeaseManager
-from producers.reader import LogReader
-from producers.run import decisions_key, open_run_with
-from producers.tools import Tool
-from projections.run_state import RunState, apply
 from runlog import stack
 from runlog.bootstrap import Services, redis_client
 from runlog.errors import TenantMismatch
+from runlog.log.reader import LogReader
+from runlog.producers.lease import LeaseManager
+from runlog.producers.run import decisions_key, open_run_with
+from runlog.producers.tools import Tool
+from runlog.projections.run_state import RunState, apply
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import idempotency_key, new_run_id
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.canonical import canonical_json
-from schemas.vocabulary import EventType
 
 SASL_SECRET = "sasl-S3CRET-a94be1"
 TLS_SECRET = "tls-S3CRET-77c0d2"

@@ -17,9 +17,9 @@ import pytest
 from workers.common import assert_log_sound, read_log, services_for, start_worker
 
 import runlog
-from producers.keys import new_run_id
+from runlog.schemas.keys import new_run_id
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(90)
 

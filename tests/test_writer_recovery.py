@@ -30,10 +30,10 @@ from workers.common import (
 )
 
 import runlog
-from producers.keys import new_run_id
+from runlog.schemas import models as m
+from runlog.schemas.keys import new_run_id
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas import models as m
-from schemas.vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from benchmarks.run import run_all
+    from runlog.benchmarks.run import run_all
 
     res = run_all(Settings(), quick=args.quick, out=args.out)
     return 1 if res["failed"] else 0

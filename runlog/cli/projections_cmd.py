@@ -95,8 +95,8 @@ def _print_json(value: Any) -> None:
 
 
 def _project(args: argparse.Namespace) -> int:
-    from consumers import projection_metrics
-    from consumers.runner import ProjectionRunner
+    from runlog.consumers import projection_metrics
+    from runlog.consumers.runner import ProjectionRunner
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -136,7 +136,7 @@ def _project(args: argparse.Namespace) -> int:
 
 
 def _state(args: argparse.Namespace) -> int:
-    from consumers import queries
+    from runlog.consumers import queries
 
     settings = Settings()
     view = queries.get_state(_redis(settings), settings, args.run_id)
@@ -181,7 +181,7 @@ def _deadlines(items: list[str]) -> dict[str, float]:
 
 
 def _uncertain(args: argparse.Namespace) -> int:
-    from consumers import queries
+    from runlog.consumers import queries
 
     settings = Settings()
     rep = queries.uncertain_report(
@@ -210,7 +210,7 @@ def _uncertain(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from consumers import queries
+    from runlog.consumers import queries
 
     settings = Settings()
     entries = queries.get_audit(_redis(settings), settings, args.run_id)
@@ -233,7 +233,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _quarantine(args: argparse.Namespace) -> int:
-    from consumers import queries
+    from runlog.consumers import queries
 
     settings = Settings()
     recs = queries.quarantined(_redis(settings), settings)
@@ -250,7 +250,7 @@ def _quarantine(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace) -> int:
-    from consumers.runner import progress_bar, rebuild
+    from runlog.consumers.runner import progress_bar, rebuild
 
     settings = Settings()
     client = _redis(settings)
@@ -266,7 +266,7 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from consumers import projection_metrics
+    from runlog.consumers import projection_metrics
 
     settings = Settings()
     client = _redis(settings)

@@ -67,14 +67,14 @@ def _clients(settings: Settings) -> Any:
 
 
 def _store(settings: Settings, client: Any) -> Any:
-    from consumers.snapshots import SnapshotStore
+    from runlog.consumers.snapshots import SnapshotStore
 
     return SnapshotStore(client, settings)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from consumers import metrics
-    from consumers.replay import progress_bar, replay
+    from runlog.consumers import metrics
+    from runlog.consumers.replay import progress_bar, replay
 
     settings = Settings()
     client = _clients(settings)
@@ -117,9 +117,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from consumers import metrics
-    from consumers.replay import progress_bar
-    from consumers.verify import list_runs, verify_run
+    from runlog.consumers import metrics
+    from runlog.consumers.replay import progress_bar
+    from runlog.consumers.verify import list_runs, verify_run
 
     if bool(args.all) == bool(args.run_id):
         print("runlog verify: give a RUN_ID or --all", file=sys.stderr)
@@ -160,7 +160,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from consumers import snapshot_plan as sp
+    from runlog.consumers import snapshot_plan as sp
     from runlog.topics import ensure_topics
 
     settings = Settings()
@@ -225,7 +225,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace) -> int:
-    from producers.reader import LogReader
+    from runlog.log.reader import LogReader
 
     settings = Settings()
     client = _clients(settings)

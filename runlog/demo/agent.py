@@ -148,7 +148,7 @@ class LedgerClient:
         self, path: str, body: dict[str, Any], ident: str, extra: dict[str, str] | None = None
     ) -> dict[str, Any]:
         """POST a change. 4xx is a proven failure (ToolError); anything else is uncertain."""
-        from producers.tools import ToolError
+        from runlog.producers.tools import ToolError
 
         deadline = int(time.time() * 1000 + self.timeout_s * 1000)
         # Recorded before sending: the reconciler must not trust a 404 before this passes.
@@ -184,7 +184,7 @@ class LedgerClient:
         }
 
     def read_ledger(self, args: dict[str, Any], *, idempotency_key: str) -> str:
-        from producers.tools import ToolError
+        from runlog.producers.tools import ToolError
 
         status, payload = self.request("GET", f"/ledgers/{int(args['ledger'])}")
         if status == 404:
@@ -210,7 +210,7 @@ class LedgerClient:
 
     def lookup_plain(self, args: dict[str, Any], *, idempotency_key: str) -> Any:
         """Authoritative lookup: Match, Absent, Conflict or Unavailable (never raises)."""
-        from producers.tools import Absent, Conflict, Match, Unavailable
+        from runlog.producers.tools import Absent, Conflict, Match, Unavailable
 
         intended = self.correction_body(args)
         cid = intended["correction_id"]
@@ -254,7 +254,7 @@ class LedgerClient:
 
 
 def build_tools(client: LedgerClient) -> list[Any]:
-    from producers.tools import tool
+    from runlog.producers.tools import tool
 
     read_ledger = tool("read_ledger", risk="safe")(client.read_ledger)
     # Idempotent endpoint: the key travels as Idempotency-Key, so retrying is harmless.
@@ -270,7 +270,7 @@ def build_tools(client: LedgerClient) -> list[Any]:
 
 def script(think_s: float = 0.25) -> list[Any]:
     """The scripted model's steps (the loop's position in it comes from the log)."""
-    from producers.agent import ApprovalStep, Call, CompactStep, FinishStep, ModelStep
+    from runlog.producers.agent import ApprovalStep, Call, CompactStep, FinishStep, ModelStep
 
     def reads(lo: int, hi: int) -> tuple[Call, ...]:
         return tuple(Call("read_ledger", {"ledger": n}) for n in range(lo, hi + 1))

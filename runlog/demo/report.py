@@ -16,13 +16,13 @@ from runlog.demo.agent import CORRECTIONS, TENANT, TICKETS
 
 if TYPE_CHECKING:
     from runlog.demo.supervisor import Options, Outcome
+    from runlog.schemas.models import Event
     from runlog.settings import Settings
-    from schemas.models import Event
 
 
 def read_log(settings: Settings, run_id: str) -> list[Event]:
     """Every event of the run in log order, valid or not."""
-    from producers.reader import LogReader
+    from runlog.log.reader import LogReader
 
     with LogReader(settings) as reader:
         return [rec.event for rec in reader.read(run_id)]
@@ -40,7 +40,7 @@ def _target(args_json: str) -> str:
 
 def describe_tail(events: list[Event]) -> str:
     """The last valid event, in words (what a kill interrupted)."""
-    from projections.run_state import RunState, apply, is_valid
+    from runlog.projections.run_state import RunState, apply, is_valid
 
     st = RunState()
     last: Event | None = None
@@ -64,7 +64,7 @@ def describe_tail(events: list[Event]) -> str:
 
 def inline_verify(events: list[Event]) -> dict[str, Any]:
     """Fallback when ``consumers.verify`` is absent: determinism and explained rejections."""
-    from projections.run_state import RunState, apply, fold, is_valid
+    from runlog.projections.run_state import RunState, apply, fold, is_valid
 
     same = fold(events).digest() == fold(events).digest()
     st = RunState()
@@ -80,7 +80,7 @@ def inline_verify(events: list[Event]) -> dict[str, Any]:
 
 def run_verify(settings: Settings, run_id: str, events: list[Event]) -> dict[str, Any]:
     try:
-        verify = importlib.import_module("consumers.verify")
+        verify = importlib.import_module("runlog.consumers.verify")
     except ImportError:
         return inline_verify(events)
     from runlog.bootstrap import redis_client
@@ -90,7 +90,7 @@ def run_verify(settings: Settings, run_id: str, events: list[Event]) -> dict[str
         rep = verify.verify_run(settings, client, run_id, tenant=TENANT)
     finally:
         client.close()
-    return {"source": "consumers.verify", "ok": bool(rep.ok), "text": str(rep.text())}
+    return {"source": "runlog.consumers.verify", "ok": bool(rep.ok), "text": str(rep.text())}
 
 
 def build_report(
@@ -101,9 +101,9 @@ def build_report(
     projection: dict[str, Any] | None,
     opts: Options,
 ) -> dict[str, Any]:
-    from projections.run_state import RunState, apply, fold, is_valid
-    from schemas import models as m
-    from schemas.vocabulary import EventType
+    from runlog.projections.run_state import RunState, apply, fold, is_valid
+    from runlog.schemas import models as m
+    from runlog.schemas.vocabulary import EventType
 
     st = fold(events)
     effects: dict[str, int] = ledger["effects"]

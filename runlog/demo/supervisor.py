@@ -65,7 +65,9 @@ PROJECTIONS_CMD = _python_module("runlog.cli", "project", "all")
 
 
 def projections_available() -> bool:
-    return importlib.util.find_spec("consumers.runner") is not None and _has_subcommand("project")
+    return importlib.util.find_spec("runlog.consumers.runner") is not None and _has_subcommand(
+        "project"
+    )
 
 
 def _has_subcommand(name: str) -> bool:
@@ -244,8 +246,8 @@ def _ledger_fence(base: str, run_id: str, epoch: int) -> None:
 def decide_pending(settings: Any, run_id: str, ledger_url: str) -> list[Decision]:
     """Act as the person: decide every pending approval from the evidence in the ledger."""
     import runlog
-    from projections.run_state import fold
     from runlog.demo.report import read_log
+    from runlog.projections.run_state import fold
 
     state = fold(read_log(settings, run_id))
     decisions: list[Decision] = []
@@ -295,7 +297,7 @@ def decide_pending(settings: Any, run_id: str, ledger_url: str) -> list[Decision
 
 class Supervisor:
     def __init__(self, opts: Options) -> None:
-        from producers.keys import new_run_id
+        from runlog.schemas.keys import new_run_id
         from runlog.settings import Settings
 
         self.opts = opts
@@ -512,7 +514,7 @@ class Supervisor:
         if self.projector is None:
             return None
         try:
-            queries = importlib.import_module("consumers.queries")
+            queries = importlib.import_module("runlog.consumers.queries")
             from runlog.bootstrap import redis_client
 
             client = redis_client(self.settings)

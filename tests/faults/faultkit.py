@@ -31,10 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producers.reader import LogReader, LogRecord
-from producers.run import Run, RunDeps, open_run_with
-from producers.tools import Absent, Evidence, Match, Tool
-from projections.run_state import RunState, apply, is_valid
 from runlog.bootstrap import Services
 from runlog.errors import (
     AppendOutcomeUnknown,
@@ -43,8 +39,12 @@ from runlog.errors import (
     RedisUnavailable,
     RunLocked,
 )
+from runlog.log.reader import LogReader, LogRecord
+from runlog.producers.run import Run, RunDeps, open_run_with
+from runlog.producers.tools import Absent, Evidence, Match, Tool
+from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.vocabulary import EventType
 
 CLEAR_ERRORS: tuple[type[BaseException], ...] = (
     AppendOutcomeUnknown,

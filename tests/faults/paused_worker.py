@@ -15,11 +15,11 @@ import os
 import sys
 from typing import Any
 
-from producers.run import open_run_with
 from runlog.bootstrap import Services
 from runlog.errors import AppendOutcomeUnknown, Fenced, KafkaUnavailable, RedisUnavailable
+from runlog.producers.run import open_run_with
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.vocabulary import EventType
 
 EXIT_FENCED = 3
 EXIT_CLEAR = 4

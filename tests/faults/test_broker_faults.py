@@ -17,8 +17,8 @@ from faultkit import (
     wait_full_isr,
 )
 
-from producers.keys import new_run_id, partition_for
 from runlog import stack
+from runlog.schemas.keys import new_run_id, partition_for
 from runlog.settings import Settings
 
 RUNS = 4

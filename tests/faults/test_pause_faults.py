@@ -14,14 +14,14 @@ from pathlib import Path
 from faultkit import FaultReport, read_log
 from paused_worker import EXIT_FENCED
 
-from producers.keys import new_run_id
-from producers.run import open_run_with
-from projections.run_state import RunState, apply, is_valid
 from runlog.bootstrap import Services
+from runlog.producers.run import open_run_with
+from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.schemas import codec
+from runlog.schemas.keys import new_run_id
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas import codec
-from schemas.models import Event
-from schemas.vocabulary import EventType
 
 ROUNDS = 3
 WORKER = Path(__file__).with_name("paused_worker.py")

@@ -21,8 +21,8 @@ from faultkit import (
     supervise,
 )
 
-from producers.keys import new_run_id
 from runlog import stack
+from runlog.schemas.keys import new_run_id
 from runlog.settings import Settings
 
 RUNS = 3

@@ -25,12 +25,12 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from producers.agent import AgentLoop, Call, FinishStep, ModelStep, ScriptedModel, Step  # noqa: E402
-from projections.run_state import RunState  # noqa: E402
 from runlog.bootstrap import Services, redis_client  # noqa: E402
+from runlog.producers.agent import AgentLoop, Call, FinishStep, ModelStep, ScriptedModel, Step  # noqa: E402
+from runlog.projections.run_state import RunState  # noqa: E402
+from runlog.schemas.canonical import canonical_json  # noqa: E402
+from runlog.schemas.vocabulary import EventType  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
-from schemas.canonical import canonical_json  # noqa: E402
-from schemas.vocabulary import EventType  # noqa: E402
 from workers.common import (  # noqa: E402
     EXIT_ESCALATED,
     EXIT_FENCED,

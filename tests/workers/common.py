@@ -21,11 +21,11 @@ from typing import Any
 
 import redis
 
-from producers.reader import LogReader, LogRecord
-from projections.run_state import RunState, apply, is_valid
+from runlog.log.reader import LogReader, LogRecord
+from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from schemas.models import Event
-from schemas.vocabulary import EventType
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent

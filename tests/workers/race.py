@@ -31,8 +31,8 @@ def contender(
     results: Any,
 ) -> None:
     import runlog
+    from runlog.schemas.vocabulary import EventType
     from runlog.settings import Settings
-    from schemas.vocabulary import EventType
 
     settings = Settings(**settings_dump)
     name = f"contender-{index}"

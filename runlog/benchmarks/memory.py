@@ -14,13 +14,21 @@ import subprocess
 import sys
 from typing import Any
 
-from benchmarks.common import summary, worker_env
+from runlog.benchmarks.common import summary, worker_env
 from runlog.settings import Settings
 
 
 def _hold(settings: Settings, runs: int, events: int, threads: int) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.worker", "hold", str(runs), str(events), str(threads)],
+        [
+            sys.executable,
+            "-m",
+            "runlog.benchmarks.worker",
+            "hold",
+            str(runs),
+            str(events),
+            str(threads),
+        ],
         env=worker_env(settings),
         capture_output=True,
         text=True,

@@ -149,7 +149,7 @@ def machine(settings: Settings) -> dict[str, Any]:
 
 
 def settings_summary(settings: Settings) -> dict[str, Any]:
-    from producers.writer import producer_config
+    from runlog.producers.writer import producer_config
 
     conf = producer_config(settings)
     return {
@@ -185,7 +185,7 @@ def workload_payload(seq: int) -> tuple[Any, dict[str, Any]]:
     call's STARTED, its COMPLETED (``started_seq`` is always the previous seq). About
     300-500 bytes each once encoded. Call ids and keys are unique per seq.
     """
-    from schemas.vocabulary import EventType
+    from runlog.schemas.vocabulary import EventType
 
     k = (seq - 2) % 4
     call = f"c{seq - k + 1}"
@@ -223,9 +223,9 @@ def workload_payload(seq: int) -> tuple[Any, dict[str, Any]]:
 
 def make_events(run_id: str, n: int, *, epoch: int = 1) -> list[Any]:
     """A valid run of ``n`` events (RUN_STARTED, then the workload), as ``Event`` objects."""
-    from schemas import codec
-    from schemas.models import Event
-    from schemas.vocabulary import EventType
+    from runlog.schemas import codec
+    from runlog.schemas.models import Event
+    from runlog.schemas.vocabulary import EventType
 
     out: list[Any] = []
     writer = f"bench:{os.getpid()}"
@@ -261,7 +261,7 @@ class Encoded:
 
 
 def encode_all(events: Sequence[Any]) -> list[Encoded]:
-    from schemas import codec
+    from runlog.schemas import codec
 
     return [Encoded(e.run_id.encode(), codec.encode(e), codec.headers(e)) for e in events]
 
@@ -295,7 +295,7 @@ class Scratch:
         """
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        from producers.reader import consumer_config
+        from runlog.log.reader import consumer_config
 
         consumer = Consumer(consumer_config(self.settings))
         deadline = time.monotonic() + timeout

@@ -21,18 +21,18 @@ import threading
 import time
 from typing import Any
 
-from benchmarks.common import percentile, summary, worker_env, workload_payload
+from runlog.benchmarks.common import percentile, summary, worker_env, workload_payload
 from runlog.settings import Settings
 
 SAMPLE_S = 0.001
 
 
 def runner_available() -> bool:
-    return importlib.util.find_spec("consumers.runner") is not None
+    return importlib.util.find_spec("runlog.consumers.runner") is not None
 
 
 def _pos_keys(settings: Settings) -> list[str]:
-    from consumers.store import ProjectionKeys
+    from runlog.consumers.store import ProjectionKeys
 
     keys = ProjectionKeys(settings.redis_key_prefix, "state", settings.events_topic)
     return [keys.pos(p) for p in range(settings.partitions)]
@@ -69,7 +69,7 @@ class _Sampler(threading.Thread):
 
 def _spawn_runner(settings: Settings) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.worker", "project"],
+        [sys.executable, "-m", "runlog.benchmarks.worker", "project"],
         env=worker_env(settings),
         stdout=subprocess.PIPE,
         text=True,
@@ -79,7 +79,7 @@ def _spawn_runner(settings: Settings) -> subprocess.Popen[str]:
 def _one(
     deps: Any, settings: Settings, *, rate: float, seconds: float, runs: int
 ) -> dict[str, Any]:
-    from benchmarks.throughput import open_many
+    from runlog.benchmarks.throughput import open_many
 
     proc = _spawn_runner(settings)
     sampler = _Sampler(deps.redis, _pos_keys(settings))

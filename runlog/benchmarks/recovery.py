@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import TENANT, Scratch, summary, worker_env, workload_payload
+from runlog.benchmarks.common import TENANT, Scratch, summary, worker_env, workload_payload
 from runlog.settings import Settings
 
 SNAPSHOT_INTERVAL = 500
@@ -35,7 +35,7 @@ SNAPSHOT_INTERVAL = 500
 
 def _spawn_worker(settings: Settings, run_id: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.worker", "append", run_id, "0.01"],
+        [sys.executable, "-m", "runlog.benchmarks.worker", "append", run_id, "0.01"],
         env=worker_env(settings),
         stdout=subprocess.PIPE,
         text=True,
@@ -56,7 +56,7 @@ def _spawn_worker(settings: Settings, run_id: str) -> subprocess.Popen[str]:
 
 
 def _new_run(deps: Any) -> str:
-    from producers.run import open_run_with
+    from runlog.producers.run import open_run_with
 
     with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
         et, payload = workload_payload(run.state.seq + 1)
@@ -65,7 +65,7 @@ def _new_run(deps: Any) -> str:
 
 
 def _handoff(deps: Any, settings: Settings, how: str) -> dict[str, float]:
-    from producers.run import open_run_with
+    from runlog.producers.run import open_run_with
 
     run_id = _new_run(deps)
     proc = _spawn_worker(settings, run_id)
@@ -100,7 +100,7 @@ def _write_long_run(deps: Any, n: int, store: Any) -> tuple[str, list[float], in
 
     Returns its id, the snapshot write times (s) and the seq of the last snapshot.
     """
-    from producers.run import open_run_with
+    from runlog.producers.run import open_run_with
 
     snap_times: list[float] = []
     last_snap = 0
@@ -119,7 +119,7 @@ def _write_long_run(deps: Any, n: int, store: Any) -> tuple[str, list[float], in
 
 
 def _resume(deps: Any, run_id: str | None) -> float:
-    from producers.run import open_run_with
+    from runlog.producers.run import open_run_with
 
     t0 = time.perf_counter()
     run = open_run_with(deps, run_id, tenant=TENANT)
@@ -129,7 +129,7 @@ def _resume(deps: Any, run_id: str | None) -> float:
 
 
 def snapshots_available() -> bool:
-    return importlib.util.find_spec("consumers.snapshots") is not None
+    return importlib.util.find_spec("runlog.consumers.snapshots") is not None
 
 
 def measure(

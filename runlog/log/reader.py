@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from producers.keys import partition_for, run_id_time_ms, start_key
 from runlog.errors import ConfigError, KafkaUnavailable, RedisUnavailable, SchemaError
+from runlog.schemas.codec import decode
+from runlog.schemas.keys import partition_for, run_id_time_ms, start_key
+from runlog.schemas.models import Event
 from runlog.settings import Settings
-from schemas.codec import decode
-from schemas.models import Event
 
 # How far before a run id's creation time to start looking: covers producer clock skew.
 START_SKEW_MS = 60_000

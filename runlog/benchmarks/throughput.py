@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from benchmarks.common import (
+from runlog.benchmarks.common import (
     TENANT,
     Encoded,
     encode_all,
@@ -31,7 +31,7 @@ OPEN_THREADS = 50
 
 def open_many(deps: Any, count: int, threads: int = OPEN_THREADS) -> tuple[list[Any], list[float]]:
     """Open ``count`` new runs; returns the runs and each ``open_run`` duration (s)."""
-    from producers.run import open_run_with
+    from runlog.producers.run import open_run_with
 
     def one(_: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -61,7 +61,7 @@ def _runlog(deps: Any, runs: list[Any], per_run: int, batch: int) -> float:
 def _raw(settings: Settings, records: list[Encoded]) -> float:
     from confluent_kafka import KafkaError, Message, Producer
 
-    from producers.writer import producer_config
+    from runlog.producers.writer import producer_config
 
     producer = Producer(producer_config(settings))
     failures: list[KafkaError] = []

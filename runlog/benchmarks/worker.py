@@ -37,8 +37,8 @@ def _deps() -> Any:
 
 
 def append(run_id: str, interval_s: float) -> int:
-    from benchmarks.common import TENANT, workload_payload
-    from producers.run import open_run_with
+    from runlog.benchmarks.common import TENANT, workload_payload
+    from runlog.producers.run import open_run_with
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -58,8 +58,8 @@ def append(run_id: str, interval_s: float) -> int:
 
 
 def hold(runs: int, events: int, threads: int) -> int:
-    from benchmarks.common import workload_payload
-    from benchmarks.throughput import open_many
+    from runlog.benchmarks.common import workload_payload
+    from runlog.benchmarks.throughput import open_many
 
     baseline_kib = _status_kib("VmHWM")
     deps = _deps()
@@ -87,8 +87,8 @@ def hold(runs: int, events: int, threads: int) -> int:
 
 
 def project() -> int:
-    from consumers.runner import ProjectionRunner
     from runlog.bootstrap import redis_client
+    from runlog.consumers.runner import ProjectionRunner
     from runlog.settings import Settings
 
     settings = Settings()

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import lag, latency, memory, recovery, replay, report, throughput
-from benchmarks.common import Scratch, machine, settings_summary
+from runlog.benchmarks import lag, latency, memory, recovery, replay, report, throughput
+from runlog.benchmarks.common import Scratch, machine, settings_summary
 from runlog.settings import Settings
 
 log = logging.getLogger("runlog.bench")

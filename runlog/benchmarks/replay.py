@@ -32,7 +32,7 @@ from typing import Any
 
 import fastavro
 
-from benchmarks.common import (
+from runlog.benchmarks.common import (
     Encoded,
     Stopwatch,
     encode_all,
@@ -48,8 +48,8 @@ STAGES = ("avro", "decode", "fold")
 
 
 def _in_memory(values: list[bytes]) -> dict[str, float]:
-    from projections.run_state import RunState, apply
-    from schemas import codec
+    from runlog.projections.run_state import RunState, apply
+    from runlog.schemas import codec
 
     out: dict[str, float] = {}
     with Stopwatch() as sw:
@@ -75,7 +75,7 @@ def _produce(settings: Settings, partition: int, records: list[Encoded]) -> tupl
     """Write ``records`` to ``partition``; returns (first offset, end offset)."""
     from confluent_kafka import KafkaError, Message, Producer
 
-    from producers.writer import producer_config
+    from runlog.producers.writer import producer_config
 
     producer = Producer(producer_config(settings, {"linger.ms": 5}))
     offsets: list[int] = []
@@ -115,7 +115,7 @@ def _fetch(
     """Plain consumer from ``start`` to ``end``: seconds and records of ``key`` seen."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from producers.reader import consumer_config
+    from runlog.log.reader import consumer_config
 
     consumer = Consumer(consumer_config(settings))
     seen = 0
@@ -140,8 +140,8 @@ def _fetch(
 def _logreader_fold(
     settings: Settings, run_id: str, partition: int, start: int
 ) -> tuple[float, int]:
-    from producers.reader import LogReader
-    from projections.run_state import RunState, apply
+    from runlog.log.reader import LogReader
+    from runlog.projections.run_state import RunState, apply
 
     state = RunState()
     with LogReader(settings) as reader:
@@ -153,7 +153,7 @@ def _logreader_fold(
 
 
 def _partition_of(settings: Settings, run_id: str) -> int:
-    from producers.keys import partition_for
+    from runlog.schemas.keys import partition_for
 
     return partition_for(run_id, settings.partitions)
 
@@ -272,9 +272,9 @@ def _open_after_traffic(deps: Any, settings: Settings, repeats: int) -> dict[str
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    from benchmarks.common import TENANT
-    from producers.reader import consumer_config
-    from producers.run import open_run_with
+    from runlog.benchmarks.common import TENANT
+    from runlog.log.reader import consumer_config
+    from runlog.producers.run import open_run_with
 
     consumer = Consumer(consumer_config(settings))
     try:

@@ -1,0 +1,192 @@
+"""The package's shape: one import name, layers that point one way, a fold without clients.
+
+These read the source (``ast``), install a copy, or import in a fresh interpreter; none of
+them needs the stack. README "Architecture" describes the layers this file enforces.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "runlog"
+
+# Lowest first. A module may import its own layer or a lower one, never a higher one.
+# The CLI registers every command (stack, demo and bench included), so it is the shell
+# around everything and sits with them at the top.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors and settings", ("runlog.errors", "runlog.settings")),
+    ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
+    ("log access", ("runlog.log", "runlog.topics")),
+    ("writer and services", ("runlog.producers", "runlog.consumers")),
+    ("facade", ("runlog", "runlog.api", "runlog.bootstrap")),
+    (
+        "shell: CLI, stack, demo, benchmarks",
+        ("runlog.cli", "runlog.stack", "runlog.demo", "runlog.benchmarks"),
+    ),
+]
+# Peers in one layer that must not import each other either.
+SEPARATE = {("runlog.producers", "runlog.consumers"), ("runlog.consumers", "runlog.producers")}
+# Third-party modules the fold must load without (the fold is importable on its own).
+NOT_IN_FOLD = ("confluent_kafka", "redis", "fastavro", "pydantic_settings")
+
+
+def _unit(module: str) -> str:
+    """The most specific name in LAYERS that ``module`` belongs to."""
+    best = ""
+    for _, names in LAYERS:
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > len(best):
+                best = name
+    assert best, f"{module} is in no layer: add it to LAYERS in tests/test_layout.py"
+    return best
+
+
+def _layer(unit: str) -> int:
+    for i, (_, names) in enumerate(LAYERS):
+        if unit in names:
+            return i
+    raise AssertionError(unit)
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    paths = [
+        Path(d) / f
+        for d, _, files in os.walk(PACKAGE, followlinks=True)  # the owner's folders are links
+        for f in files
+        if f.endswith(".py")
+    ]
+    for path in sorted(paths):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """(imported runlog module, line) for every import in ``path``, wherever it stands."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            # ``from runlog.x import y`` imports the module ``runlog.x.y`` when y is one.
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES]
+            found += [(t, node.lineno) for t in subs or [target]]
+    return [(t, n) for t, n in found if t == "runlog" or t.startswith("runlog.")]
+
+
+def test_every_import_points_down_and_peers_stay_apart() -> None:
+    problems: list[str] = []
+    for module, path in MODULES.items():
+        src = _unit(module)
+        for target, line in _imports(module, path):
+            dst = _unit(target)
+            if _layer(dst) > _layer(src):
+                problems.append(f"{path}:{line}: {module} ({src}) imports higher {target}")
+            if (src, dst) in SEPARATE:
+                problems.append(f"{path}:{line}: {module} imports its peer {target}")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycle_between_packages() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        src = _unit(module)
+        for target, _ in _imports(module, path):
+            dst = _unit(target)
+            if dst != src:
+                graph[src].add(dst)
+    seen: dict[str, int] = {}  # 1 on the stack, 2 done
+
+    def visit(node: str, trail: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(graph[node]):
+            if seen.get(nxt) == 1:
+                cycle = [*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt]
+                pytest.fail("package import cycle: " + " -> ".join(cycle))
+            if nxt not in seen:
+                visit(nxt, [*trail, nxt])
+        seen[node] = 2
+
+    for node in sorted(graph):
+        if node not in seen:
+            visit(node, [node])
+
+
+def test_a_lower_layer_test_would_catch_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: an upward import in a fold module is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from runlog.producers.run import Run\n")
+    ((target, _),) = _imports("runlog.projections.bad", bad)
+    assert _layer(_unit(target)) > _layer(_unit("runlog.projections.bad"))
+
+
+def test_the_fold_imports_without_clients_or_codec() -> None:
+    code = (
+        "import sys, runlog.projections.run_state, runlog.projections.audit, "
+        "runlog.projections.uncertain\n"
+        f"bad = [m for m in {NOT_IN_FOLD!r} if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing the fold loaded {out.stdout.strip()}"
+
+
+def test_install_adds_one_import_name(tmp_path: Path) -> None:
+    # Build from a copy (links kept as links) so setuptools' build/ stays out of the tree.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("runlog", "producers", "consumers", "schemas", "projections"):
+        shutil.copytree(
+            ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    names = {p.name for p in target.iterdir() if p.name not in ("bin", "__pycache__")}
+    importable = {n for n in names if not n.endswith((".dist-info", ".egg-info"))}
+    assert importable == {"runlog"}, f"pip install added {sorted(importable)}"
+    # The owner's folders arrive inside it as real files, with their data.
+    for sub in ("producers", "consumers", "schemas", "projections"):
+        assert (target / "runlog" / sub / "__init__.py").is_file()
+    assert list((target / "runlog" / "schemas" / "avro").rglob("v1.avsc"))
