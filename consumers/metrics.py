@@ -1,9 +1,8 @@
-"""Process-wide replay and snapshot metrics (seed section 5.8), printed by ``--json`` outputs.
+"""Process-wide replay and snapshot metrics, printed by ``--json`` outputs.
 
-Owned by the replay/snapshot work (issue #5); projection metrics live in
-``consumers.projection_metrics``. A plain dict behind a lock: enough for a CLI and tests,
-and easy to export later. Counters add up; ``*_ms`` timings keep the last value plus a
-``_total`` and ``_count``; gauges keep the last value.
+Projection metrics live in ``consumers.projection_metrics``. A plain dict behind a lock:
+enough for a CLI and tests, and easy to export later. Counters add up; ``*_ms`` timings
+keep the last value plus a ``_total`` and ``_count``; gauges keep the last value.
 """
 
 from __future__ import annotations

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import redis
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 
 from runlog.consumers import queries
-from runlog.errors import KafkaUnavailable
+from runlog.log.kafka import high_watermark, reader_config
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,21 +28,14 @@ class Watermarks:
     """High watermarks of the events topic through a consumer that never subscribes."""
 
     def __init__(self, settings: Settings) -> None:
-        conf = dict(settings.kafka_common())
-        conf.update({"group.id": f"runlog-metrics-{uuid.uuid4().hex[:8]}"})
+        conf = reader_config(settings)
         self.topic = settings.events_topic
         self._consumer = Consumer(conf, logger=log)
         self._lock = threading.Lock()
 
     def high(self, partition: int) -> int:
         with self._lock:
-            try:
-                _, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, partition), timeout=5, cached=False
-                )
-            except KafkaException as exc:
-                raise KafkaUnavailable(f"watermarks of {self.topic}[{partition}]: {exc}") from exc
-        return int(high)
+            return high_watermark(self._consumer, self.topic, partition)
 
     def close(self) -> None:
         with self._lock:

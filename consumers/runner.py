@@ -30,7 +30,6 @@ import base64
 import contextlib
 import functools
 import logging
-import sys
 import threading
 import time
 import uuid
@@ -44,6 +43,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from runlog.consumers.store import Decoded, Handler, Rejected, dumps, make_handler
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
+from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.schemas.codec import decode
 from runlog.settings import Settings
 
@@ -66,28 +66,6 @@ class KeyMismatch(SchemaError):
 
 class Stopped(RunlogError):
     """The runner was asked to stop while waiting to retry."""
-
-
-def consumer_config(settings: Settings, group: str, **extra: Any) -> dict[str, Any]:
-    # Tunables first, so RUNLOG_KAFKA_EXTRA may override them; then what correctness needs.
-    conf: dict[str, Any] = {
-        "session.timeout.ms": 10_000,
-        "heartbeat.interval.ms": 1_000,
-        "max.poll.interval.ms": 300_000,
-        "fetch.wait.max.ms": 20,
-    }
-    conf.update(settings.kafka_common())
-    conf.update(
-        {
-            "group.id": group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        }
-    )
-    conf.update(extra)
-    return conf
 
 
 def default_group(settings: Settings, projections: Sequence[str]) -> str:
@@ -225,7 +203,7 @@ class ProjectionRunner:
 
     # Kafka ------------------------------------------------------------------------------
     def _make_consumer(self, **extra: Any) -> Any:
-        conf = consumer_config(self.settings, self.group, **{**self._consumer_extra, **extra})
+        conf = group_config(self.settings, self.group, **{**self._consumer_extra, **extra})
         return Consumer(conf, logger=log)
 
     def _quarantine_producer(self) -> Any:
@@ -486,27 +464,10 @@ class ProjectionRunner:
             self.close()
 
     def _metadata(self) -> dict[int, Any]:
-        from confluent_kafka import KafkaException
-
-        try:
-            md = self._consumer.list_topics(self.topic, timeout=10)
-        except KafkaException as exc:
-            raise KafkaUnavailable(f"metadata of {self.topic}: {exc}") from exc
-        tmd = md.topics.get(self.topic)
-        if tmd is None or tmd.error is not None or not tmd.partitions:
-            raise KafkaUnavailable(f"topic {self.topic} not found")
-        return dict(tmd.partitions)
+        return partitions_of(self._consumer, self.topic)
 
     def _high(self, partition: int) -> int:
-        from confluent_kafka import KafkaException
-
-        try:
-            _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=10, cached=False
-            )
-        except KafkaException as exc:
-            raise KafkaUnavailable(f"watermarks of {self.topic}[{partition}]: {exc}") from exc
-        return int(high)
+        return high_watermark(self._consumer, self.topic, partition)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -532,25 +493,6 @@ def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int
     if batch:
         deleted += int(client.delete(*batch))
     return deleted
-
-
-def progress_bar(label: str) -> Callable[[int, int], None]:
-    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
-    last = [0.0]
-
-    def show(done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - last[0] < 0.1 and done < total:
-            return
-        last[0] = now
-        frac = 1.0 if total <= 0 else done / total
-        bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r{label} [{bar:<30}] {frac:6.1%} {done}/{total} records")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
 
 
 def rebuild(

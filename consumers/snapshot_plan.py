@@ -1,4 +1,4 @@
-"""``runlog snapshot plan``: choose a snapshot interval from measured replay economics (seed 5.8).
+"""``runlog snapshot plan``: choose a snapshot interval from measured replay economics.
 
 Measures, on this stack:
 
@@ -11,14 +11,13 @@ Measures, on this stack:
 
 Then, for N events, R recoveries (uniform over the run) and a worst-case recovery
 objective RTO, the largest interval K whose worst-case recovery ``load + (K-1)·c`` meets
-the RTO, and the seed's arithmetic: full replay ``R·N/2·c`` versus
+the RTO, and the replay economics: full replay ``R·N/2·c`` versus
 ``ceil(N/K)·s + R·K/2·c``, with the break-even recovery rate.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import statistics
 import time
@@ -28,10 +27,9 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.replay import fold_range, locate
 from runlog.consumers.snapshots import SnapshotStore
+from runlog.log.fold import fold_range, locate
 from runlog.log.reader import LogReader
-from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 
@@ -52,61 +50,6 @@ class Measured:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(self).items()}
 
 
-def write_synthetic_run(settings: Settings, events: int) -> tuple[str, str]:
-    """A run of about ``events`` realistic events (turns, tool calls, compactions)."""
-    from runlog.bootstrap import Services
-    from runlog.producers.run import open_run_with
-
-    services = Services(settings)
-    try:
-        deps = dataclasses.replace(services.run_deps(), snapshots=None)
-        run = open_run_with(deps, tenant="plan", agent="snapshot-plan", goal="measure")
-        i = 0
-        while run.state.seq < events:
-            i += 1
-            run.emit(EventType.USER_MESSAGE, content=f"step {i}: please continue " + "x" * 120)
-            run.emit(
-                EventType.MODEL_TURN,
-                text=f"calling lookup for step {i} " + "y" * 200,
-                tool_calls=[
-                    {"call_id": f"c{i}", "name": "lookup", "args_json": f'{{"i":{i}}}'},
-                ],
-                usage={"input_tokens": 900 + i, "output_tokens": 120},
-                cost_usd=0.002,
-            )
-            key = f"k{i:08d}"
-            started = run.emit(
-                EventType.TOOL_CALL_STARTED,
-                call_id=f"c{i}",
-                name="lookup",
-                args_json=f'{{"i":{i}}}',
-                idempotency_key=key,
-            )
-            run.emit(
-                EventType.TOOL_CALL_COMPLETED,
-                call_id=f"c{i}",
-                name="lookup",
-                started_seq=started.seq,
-                content=f"result {i} " + "z" * 300,
-                idempotency_key=key,
-                duration_ms=3,
-            )
-            if i % 50 == 0:
-                run.emit(
-                    EventType.CONTEXT_COMPACTED,
-                    summary=f"summary of the first {i} steps",
-                    kept_turns=4,
-                    dropped=0,
-                )
-            if i % 50 == 0:
-                run.barrier()
-        run.barrier()
-        run.close()
-        return run.tenant, run.run_id
-    finally:
-        services.close()
-
-
 def measure(
     settings: Settings, client: redis.Redis, tenant: str, run_id: str, *, repeats: int = 3
 ) -> Measured:
@@ -120,7 +63,7 @@ def measure(
         try:
             partition = reader.partition_of(run_id)
             end = reader.high_watermark(partition)
-            start, _ = locate(reader, client, settings, tenant, run_id)
+            start = locate(reader, client, settings, tenant, run_id).start
             t1 = time.perf_counter()
             first = fold_range(reader, run_id, partition, start, end, to_seq=1)
             t2 = time.perf_counter()
@@ -167,7 +110,7 @@ def measure(
 def plan(
     m: Measured, *, events: int, recoveries: float, rto_ms: float, from_log: bool = True
 ) -> dict[str, Any]:
-    """The seed's 5.8 arithmetic on measured numbers."""
+    """Full replay against snapshot-plus-tail, on measured numbers."""
     c, s, n, r = m.replay_ms_per_event, m.snapshot_put_ms, events, recoveries
     fixed = m.reader_open_ms + m.snapshot_load_ms
     budget = rto_ms - fixed

@@ -8,7 +8,7 @@ Body (JSON, one Redis string per snapshot)::
 
 ``offset`` is just past the last record the state includes: the tail starts there.
 
-Crash windows (seed 5.8: body durable before the pointer that advertises it):
+Crash windows (the body is durable before the pointer that advertises it):
 
 1. ``SET`` the body under a new key (``<run tag>:snap:<seq>:<random>``); nothing points
    to it yet, so a crash here leaves only garbage;
@@ -27,8 +27,8 @@ snapshot costs time, never correctness: the log is authoritative.
 On load, a missing or unparsable body, a wrong digest, an unknown snapshot format or fold
 version, or a body for another run/partition is a cache miss (counted, with its reason);
 ``previous`` is tried next, then the caller replays the whole log. The caller also checks
-that the log continues the snapshot (``consumers.replay.fold_range``,
-``producers.run._fold_log``) and reports a discontinuity here, which quarantines it.
+that the log continues the snapshot (``runlog.log.fold.read_run``, which the writer and
+replay both use) and reports a discontinuity here, which quarantines it.
 
 A snapshot is written from the LOG, not from the writer's memory: ``write(run)`` folds
 the run's records from the previous snapshot up to the run's last acknowledged offset and
@@ -46,21 +46,32 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from runlog.consumers import metrics
-from runlog.consumers.replay import fold_range, locate
 from runlog.errors import RedisUnavailable, RunlogError
+from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import FOLD_VERSION, RunState
 from runlog.schemas.codec import registry
 from runlog.schemas.keys import run_tag
 from runlog.settings import Settings
 
-if TYPE_CHECKING:
-    from runlog.producers.run import Run
+
+class LiveRun(Protocol):
+    """What a snapshot needs of a writer's run (``runlog.producers.run.Run`` is one)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+
+    partition: int
+    last_offset: int | None
+    state: RunState
+
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +278,7 @@ class SnapshotStore:
         return value
 
     # Writing -------------------------------------------------------------------------------
-    def maybe_write(self, run: Run) -> bool:
+    def maybe_write(self, run: LiveRun) -> bool:
         """Write a snapshot if the run has advanced an interval since its last one.
 
         Called after every durable append. A failure is logged, never raised: a snapshot
@@ -287,7 +298,7 @@ class SnapshotStore:
             log.warning("snapshot of %s at seq %s skipped: %s", run.run_id, run.state.seq, exc)
             return False
 
-    def write(self, run: Run) -> Snapshot:
+    def write(self, run: LiveRun) -> Snapshot:
         """Snapshot ``run`` as of its last acknowledged record (see the module docstring)."""
         if run.last_offset is None:
             raise ValueError(f"run {run.run_id} has no acknowledged record to snapshot")
@@ -313,15 +324,18 @@ class SnapshotStore:
         """The run's state from its log up to ``end`` (from the latest usable snapshot)."""
         reader = LogReader(self.settings)
         try:
-            folded = None
-            loaded = self.load(tenant, run_id, partition=partition, count=False)
-            if loaded is not None:
-                folded = fold_range(reader, run_id, partition, loaded[1], end, base=loaded[0])
-            if folded is None:
-                start, _ = locate(reader, self.redis, self.settings, tenant, run_id)
-                folded = fold_range(reader, run_id, partition, start, end)
-            assert folded is not None
-            return folded.state
+            got = read_run(
+                reader,
+                self.redis,
+                self.settings,
+                tenant,
+                run_id,
+                snapshots=_Uncounted(self),
+                end=end,
+            )
+            if got.partition != partition:
+                raise ValueError(f"run {run_id} is in partition {got.partition}, not {partition}")
+            return got.state
         finally:
             reader.close()
 
@@ -453,3 +467,19 @@ class SnapshotStore:
             return int(self.redis.delete(self.pointer_key(tenant, run_id), *keys))
         except redis.RedisError as exc:
             raise RedisUnavailable(f"deleting snapshots of {run_id}: {exc}") from exc
+
+
+class _Uncounted:
+    """A store as a ``SnapshotSource`` whose loads are not counted as recoveries (a write's
+    own fold is bookkeeping, not a resumption)."""
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self.store = store
+
+    def load(
+        self, tenant: str, run_id: str, *, partition: int, max_seq: int | None = None
+    ) -> tuple[RunState, int] | None:
+        return self.store.load(tenant, run_id, partition=partition, max_seq=max_seq, count=False)
+
+    def discontinuous(self, tenant: str, run_id: str, seq: int) -> None:
+        self.store.discontinuous(tenant, run_id, seq)

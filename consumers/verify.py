@@ -1,6 +1,6 @@
 """Verification of the replay contract for one run (or all): what ``runlog verify`` runs.
 
-Checks (seed 5.3, 5.4, 5.8):
+Checks:
 
 * ``determinism``: folding the run's log twice gives identical state (digest);
 * ``vocabulary``: every event type is classified (state-changing or record-only) and has
@@ -27,10 +27,12 @@ import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from runlog.consumers import metrics
-from runlog.consumers.replay import fold_range, locate
+from runlog.consumers.snapshots import SnapshotInvalid
 from runlog.errors import KafkaUnavailable, SchemaError
-from runlog.log.reader import LogReader, LogRecord, consumer_config
-from runlog.projections.run_state import RULES, RunState, apply, fold, is_valid
+from runlog.log.fold import fold_range, locate
+from runlog.log.kafka import reader_config
+from runlog.log.reader import LogReader, LogRecord
+from runlog.projections.run_state import RULES, RunState, accept, fold, is_valid, rejection
 from runlog.schemas.codec import decode
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
@@ -118,40 +120,20 @@ def check_vocabulary(events: Iterable[Event] = ()) -> Check:
     return Check("vocabulary", not problems, detail, dict(sorted(seen.items())))
 
 
-def explain_rejection(state: RunState, ev: Event) -> str:
-    """Why the fold rejects ``ev`` on top of ``state`` (call only when it does)."""
-    if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
-        return "foreign_record"
-    if ev.epoch < state.epoch:
-        return "stale_epoch_duplicate_seq" if ev.seq <= state.seq else "stale_epoch"
-    if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED) and ev.epoch > state.epoch:
-        # A would-be owner claimed on an outdated view; it re-reads and claims again.
-        return "lost_claim"
-    if state.status == "finished":
-        return "after_finish"
-    if ev.epoch > state.epoch:
-        return "epoch_without_takeover"
-    if ev.seq <= state.seq:
-        return "duplicate_seq_same_epoch"
-    if ev.seq > state.seq + 1:
-        return "seq_gap"
-    return "invalid_transition"
-
-
 def check_gaps(events: Sequence[Event]) -> Check:
     st = RunState()
     reasons: Counter[str] = Counter()
     valid_seqs: list[int] = []
     where: list[str] = []
     for ev in events:
-        if is_valid(st, ev):
+        why = rejection(st, ev)
+        if why is None:
             valid_seqs.append(ev.seq)
         else:
-            why = explain_rejection(st, ev)
             reasons[why] += 1
             if why not in EXPLAINED:
                 where.append(f"seq {ev.seq} epoch {ev.epoch} {ev.type.value}: {why}")
-        apply(st, ev)
+        accept(st, ev)
     contiguous = valid_seqs == list(range(1, len(valid_seqs) + 1))
     ok = contiguous and not where
     if not contiguous:
@@ -194,7 +176,6 @@ def check_stored_snapshots(
     records: Sequence[LogRecord], full: RunState, store: SnapshotStore, tenant: str, run_id: str
 ) -> Check:
     """Every stored snapshot + the records after its offset == the full replay."""
-    from runlog.consumers.snapshots import SnapshotInvalid
 
     if not records:
         return Check("stored_snapshots", True, "no records")
@@ -255,9 +236,9 @@ def verify_run(
     try:
         partition = rd.partition_of(run_id)
         end = rd.high_watermark(partition)
-        start, _ = locate(rd, client, settings, tenant, run_id)
+        where = locate(rd, client, settings, tenant, run_id)
         try:
-            folded = fold_range(rd, run_id, partition, start, end, keep=True)
+            folded = fold_range(rd, run_id, partition, where.start, end, keep=True)
         except SchemaError as exc:
             report.error = f"{type(exc).__name__}: {exc} {' '.join(getattr(exc, '__notes__', []))}"
             return report
@@ -290,7 +271,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
     Decodes only the first record of each key (for its tenant). Cost: one pass over the
     topic; a state-projection index would avoid it.
     """
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(reader_config(settings))
     found: dict[str, str] = {}
     try:
         reader = LogReader(settings)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -37,12 +37,13 @@ from runlog.errors import (
     UnknownTool,
     ValidationFailed,
 )
-from runlog.log.reader import LogReader, start_index
+from runlog.log.fold import SnapshotSource, read_run
+from runlog.log.reader import LogReader
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.lease import METRICS, Held, Lease, LeaseManager
 from runlog.producers.tools import Tool, ToolError
 from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
-from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import idempotency_key, new_run_id, start_key
@@ -58,6 +59,14 @@ MAX_EVENT_BYTES = 900_000
 CLAIM_ATTEMPTS = 5
 
 
+class Snapshots(SnapshotSource, Protocol):
+    """A snapshot store the writer resumes from and keeps current after each append."""
+
+    def maybe_write(self, run: Run) -> bool:
+        """Snapshot ``run`` if it advanced an interval since its last one; never raises."""
+        ...
+
+
 @dataclass
 class RunDeps:
     """What a run needs; wired once per process by the composition root."""
@@ -68,8 +77,7 @@ class RunDeps:
     redis: redis.Redis
     reader_factory: Callable[[], LogReader]
     writer_id: str
-    snapshots: Any = None
-    """Optional snapshot store with ``load(tenant, run_id)`` / ``maybe_write(run)``."""
+    snapshots: Snapshots | None = None
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -260,9 +268,8 @@ class Run:
             return ev
 
     def _after_durable(self) -> None:
-        store = self.deps.snapshots
-        if store is not None:
-            store.maybe_write(self)
+        if self.deps.snapshots is not None:
+            self.deps.snapshots.maybe_write(self)
 
     # Tools -----------------------------------------------------------------------------
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
@@ -513,9 +520,7 @@ class Run:
         """Fold this run's records up to ``end``; returns the ids of the events accepted."""
         accepted: set[str] = set()
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
-            before = self.state.seq
-            apply(self.state, rec.event)
-            if self.state.seq != before:
+            if accept(self.state, rec.event):
                 accepted.add(rec.event.event_id)
         self.position = max(self.position, end)
         return accepted
@@ -673,32 +678,10 @@ def _start_fresh(
 
 def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
     rid, tenant = lease.run_id, lease.tenant
-    partition = reader.partition_of(rid)
-    end = reader.high_watermark(partition)
-    folded: tuple[RunState, int | None] | None = None
-    if deps.snapshots is not None:
-        loaded = deps.snapshots.load(tenant, rid, partition=partition)
-        if loaded is not None:
-            # A snapshot is a cache: its tail must continue it exactly, else replay it all.
-            folded = _fold_log(reader, rid, partition, loaded[1], end, loaded[0])
-            if folded is None:
-                report = getattr(deps.snapshots, "discontinuous", None)
-                if report is not None:
-                    report(tenant, rid, loaded[0].seq)
-                log.warning("snapshot of %s does not continue into the log; full replay", rid)
-    if folded is None:
-        folded = _fold_log(
-            reader,
-            rid,
-            partition,
-            start_index(
-                deps.redis, deps.settings.redis_key_prefix, tenant, rid, partition=partition
-            ),
-            end,
-            None,
-        )
-        assert folded is not None  # no snapshot to contradict
-    state, first = folded
+    got = read_run(reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots)
+    if got.snapshot_miss is not None:
+        log.warning("snapshot of %s does not continue into the log; full replay", rid)
+    state = got.state
     if state.tenant and state.tenant != tenant:
         raise TenantMismatch(
             f"run id {rid} belongs to tenant {state.tenant!r}, not {tenant!r}; "
@@ -710,9 +693,9 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         lease=lease,
         state=state,
         tools={t.name: t for t in tools},
-        partition=partition,
-        position=end,
-        first_offset=first,
+        partition=got.partition,
+        position=got.end,
+        first_offset=got.folded.first_offset,
     )
     if state.max_epoch_seen >= lease.epoch:
         # Redis forgot epochs the log remembers (restart without persistence): go above them.
@@ -720,40 +703,6 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         if lease.lost:
             raise Fenced(f"lease of {rid} lost while raising its epoch", run_id=rid)
     return run
-
-
-def _fold_log(
-    reader: LogReader,
-    run_id: str,
-    partition: int,
-    start: int | None,
-    end: int,
-    snapshot: RunState | None,
-) -> tuple[RunState, int | None] | None:
-    """Fold ``run_id``'s records in ``[start, end)``, on top of ``snapshot`` if given.
-
-    With a snapshot, None when the tail does not continue it: a position past the end of
-    the log, or a first tail record that is not the snapshot's next valid event (a record
-    skipped or re-read). A late fenced write right after the position also lands here:
-    a needless full replay, never a wrong state.
-    """
-    if snapshot is not None and start is not None and start > end:
-        return None
-    state = snapshot if snapshot is not None else RunState()
-    first: int | None = None
-    records = reader.read(run_id, partition=partition, start=start, end=end)
-    try:
-        for rec in records:
-            if first is None:
-                first = rec.offset
-                if snapshot is not None and not is_valid(state, rec.event):
-                    return None
-            apply(state, rec.event)
-    finally:
-        close = getattr(records, "close", None)  # stop the generator: it unassigns
-        if close is not None:
-            close()
-    return state, first
 
 
 def _elapsed_ms(t0: float) -> int:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState
-from runlog.projections.verdict import fold_with_verdict, slim_dict
+from runlog.projections.run_state import RunState, accept
+from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.models import Event
 
@@ -51,7 +51,7 @@ def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[E
     """Fold ``ev``; returns the entries to append (in order)."""
     st = run.validator
     requested = {k: a.requested_at for k, a in st.approvals.items()}
-    if not fold_with_verdict(st, ev):
+    if not accept(st, ev):
         e = _base("fenced_write", ev, partition, offset)
         e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
         return [e]

@@ -225,6 +225,32 @@ def is_valid(state: RunState, ev: Event) -> bool:
     return ev.epoch == state.epoch
 
 
+def rejection(state: RunState, ev: Event) -> str | None:
+    """None if ``is_valid``; otherwise why the rule rejects ``ev`` on top of ``state``.
+
+    The reasons name what happened in the writers' terms, so verify and the audit can tell
+    the expected fenced writes (a stale owner, a claim that lost a race) from a bug.
+    """
+    if is_valid(state, ev):
+        return None
+    if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
+        return "foreign_record"
+    if ev.epoch < state.epoch:
+        return "stale_epoch_duplicate_seq" if ev.seq <= state.seq else "stale_epoch"
+    if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED) and ev.epoch > state.epoch:
+        # A would-be owner claimed on an outdated view; it re-reads and claims again.
+        return "lost_claim"
+    if state.status == "finished":
+        return "after_finish"
+    if ev.epoch > state.epoch:
+        return "epoch_without_takeover"
+    if ev.seq <= state.seq:
+        return "duplicate_seq_same_epoch"
+    if ev.seq > state.seq + 1:
+        return "seq_gap"
+    return "invalid_transition"
+
+
 # ---------------------------------------------------------------------------- fold rules
 
 Rule = Callable[[RunState, Event], None]
@@ -449,8 +475,12 @@ if (
     raise RuntimeError("run-state fold rules disagree with the vocabulary classification")
 
 
-def apply(state: RunState, ev: Event) -> RunState:
-    """Fold one event into ``state`` (mutated and returned). Invalid events are counted."""
+def accept(state: RunState, ev: Event) -> bool:
+    """Fold one event into ``state`` (mutated); True iff the ownership rule accepted it.
+
+    A rejected event is a fenced write: counted, otherwise excluded. Every reader asks
+    this one function whether a record counts.
+    """
     if ev.epoch > state.max_epoch_seen:
         state.max_epoch_seen = ev.epoch
     rule = RULES.get(ev.type)
@@ -458,10 +488,16 @@ def apply(state: RunState, ev: Event) -> RunState:
         raise UnknownEventType(f"no fold rule for event type {ev.type!r}")
     if not is_valid(state, ev):
         state.fenced_writes += 1
-        return state
+        return False
     rule(state, ev)
     state.seq = ev.seq
     state.last_event_at = ev.occurred_at
+    return True
+
+
+def apply(state: RunState, ev: Event) -> RunState:
+    """Fold one event into ``state`` (mutated and returned). Invalid events are counted."""
+    accept(state, ev)
     return state
 
 

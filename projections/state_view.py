@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlog.projections.run_state import RunState, apply
-from runlog.projections.verdict import state_dict
 from runlog.schemas.models import Event
 
 VIEW_VERSION = 1
@@ -44,7 +43,7 @@ class StateView:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": VIEW_VERSION,
-            "state": state_dict(self.state),
+            "state": self.state.to_dict(),
             "partition": self.partition,
             "first_offset": self.first_offset,
             "last_offset": self.last_offset,

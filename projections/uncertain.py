@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import OpenCall, RunState
-from runlog.projections.verdict import fold_with_verdict, slim_dict
+from runlog.projections.run_state import OpenCall, RunState, accept
+from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.models import Event
 
@@ -104,7 +104,7 @@ def apply_event(run: UncertainRun, ev: Event) -> dict[str, int]:
     """Fold ``ev``; returns the counter increments it caused (for partition aggregates)."""
     delta: dict[str, int] = {}
     was_decided = {k for k, c in run.calls.items() if c.status == "decided"}
-    if not fold_with_verdict(run.validator, ev):
+    if not accept(run.validator, ev):
         return delta  # a fenced write settles nothing and opens nothing
     st = run.validator
     for key, call in st.open_calls.items():

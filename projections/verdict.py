@@ -12,20 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from runlog.projections.run_state import RunState, apply, jsonable
-from runlog.schemas.models import Event
-
-
-def fold_with_verdict(state: RunState, ev: Event) -> bool:
-    """Fold ``ev`` into ``state`` with the writers' rule; True iff it was valid."""
-    before = state.fenced_writes
-    apply(state, ev)
-    return state.fenced_writes == before
-
-
-def state_dict(state: RunState) -> dict[str, Any]:
-    """``state.to_dict()`` (kept as the projections' name for it)."""
-    return state.to_dict()
+from runlog.projections.run_state import RunState, jsonable
 
 
 def slim_dict(state: RunState) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
+from runlog.producers.lease import METRICS
+from runlog.producers.run import open_run_with, submit_decision
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ def open_run(
     call it had already started may still reach its receiver (the key deduplicates it
     there, and the new owner treats the call as uncertain).
     """
-    from runlog.producers.run import open_run_with
 
     services = Services.shared(settings or Settings())
     return open_run_with(
@@ -71,7 +72,6 @@ def decide(
     If no worker holds the run, the decision is appended at once (``"recorded"``);
     otherwise it waits in the run's inbox until its owner records it (``"queued"``).
     """
-    from runlog.producers.run import submit_decision
 
     services = Services.shared(settings or Settings())
     return submit_decision(
@@ -89,6 +89,5 @@ def decide(
 def lease_metrics() -> dict[str, int]:
     """This process's ownership counters: acquired, takeovers, claims_lost, renewed,
     renew_lost, released, fenced. Operational telemetry, never written to the log."""
-    from runlog.producers.lease import METRICS
 
     return dict(METRICS)

@@ -1,4 +1,4 @@
-"""The composition root: the one place that creates Kafka and Redis clients.
+"""The composition root: the one place that wires clients into the writer and services.
 
 Nothing connects at import time. ``Services.shared(settings)`` gives one set of clients
 per process and settings, so many runs share one producer and one Redis pool.
@@ -9,21 +9,17 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import redis
 
+from runlog.consumers.snapshots import SnapshotStore
+from runlog.log.clients import redis_client
+from runlog.log.reader import LogReader
+from runlog.producers.lease import LeaseManager
+from runlog.producers.run import RunDeps
+from runlog.producers.writer import EventWriter
 from runlog.settings import Settings
-
-
-def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
-    password = settings.redis_password.get_secret_value() if settings.redis_password else None
-    opts: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 3.0}
-    if password is not None:
-        opts["password"] = password
-    opts.update(kw)
-    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
-    return client
 
 
 def default_writer_id() -> str:
@@ -41,9 +37,9 @@ class Services:
         self.writer_id = writer_id or default_writer_id()
         self._lock = threading.Lock()
         self._redis: redis.Redis | None = None
-        self._writer: Any = None
-        self._leases: Any = None
-        self._snapshots: Any = None
+        self._writer: EventWriter | None = None
+        self._leases: LeaseManager | None = None
+        self._snapshots: SnapshotStore | None = None
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:
@@ -62,18 +58,14 @@ class Services:
             return self._redis
 
     @property
-    def writer(self) -> Any:
-        from runlog.producers.writer import EventWriter
-
+    def writer(self) -> EventWriter:
         with self._lock:
             if self._writer is None:
                 self._writer = EventWriter(self.settings)
             return self._writer
 
     @property
-    def leases(self) -> Any:
-        from runlog.producers.lease import LeaseManager
-
+    def leases(self) -> LeaseManager:
         client = self.redis
         with self._lock:
             if self._leases is None:
@@ -81,13 +73,9 @@ class Services:
             return self._leases
 
     @property
-    def snapshots(self) -> Any:
+    def snapshots(self) -> SnapshotStore | None:
         """The snapshot store, when snapshots are enabled in the settings."""
         if self.settings.snapshot_interval <= 0:
-            return None
-        try:
-            from runlog.consumers.snapshots import SnapshotStore  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:  # pragma: no cover - snapshots not shipped in this build
             return None
         client = self.redis
         with self._lock:
@@ -95,10 +83,7 @@ class Services:
                 self._snapshots = SnapshotStore(client, self.settings)
             return self._snapshots
 
-    def run_deps(self) -> Any:
-        from runlog.log.reader import LogReader
-        from runlog.producers.run import RunDeps
-
+    def run_deps(self) -> RunDeps:
         return RunDeps(
             settings=self.settings,
             writer=self.writer,

@@ -21,7 +21,8 @@ from runlog.errors import (
     UnknownFingerprint,
     ValidationFailed,
 )
-from runlog.log.reader import LogReader, consumer_config
+from runlog.log.kafka import reader_config
+from runlog.log.reader import LogReader
 from runlog.producers.writer import EventWriter
 from runlog.projections import run_state
 from runlog.schemas import codec
@@ -126,7 +127,7 @@ def fast(test_settings: Settings) -> Iterator[Settings]:
 
 
 def _consume_all(settings: Settings, partition: int, n: int) -> list[Any]:
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(reader_config(settings))
     consumer.assign([TopicPartition(settings.events_topic, partition, OFFSET_BEGINNING)])
     got: list[Any] = []
     try:

@@ -24,8 +24,9 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from runlog import stack
-from runlog.bootstrap import Services, redis_client
+from runlog.bootstrap import Services
 from runlog.errors import TenantMismatch
+from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.producers.lease import LeaseManager
 from runlog.producers.run import decisions_key, open_run_with

@@ -21,7 +21,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from runlog import stack
+from runlog.log.clients import redis_client
+from runlog.log.kafka import reader_config
+from runlog.producers.writer import producer_config
+from runlog.schemas import codec
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
+from runlog.topics import ensure_topics
 
 TENANT = "bench"
 
@@ -107,7 +115,6 @@ def _version(dist: str) -> str | None:
 
 
 def redis_version(settings: Settings) -> str | None:
-    from runlog.bootstrap import redis_client
 
     client = redis_client(settings)
     try:
@@ -122,8 +129,6 @@ def redis_version(settings: Settings) -> str | None:
 def machine(settings: Settings) -> dict[str, Any]:
     """What the numbers were measured on: always printed next to them."""
     import confluent_kafka
-
-    from runlog import stack
 
     mem_kb = _first_line_with("/proc/meminfo", "MemTotal")
     try:
@@ -149,7 +154,6 @@ def machine(settings: Settings) -> dict[str, Any]:
 
 
 def settings_summary(settings: Settings) -> dict[str, Any]:
-    from runlog.producers.writer import producer_config
 
     conf = producer_config(settings)
     return {
@@ -185,7 +189,6 @@ def workload_payload(seq: int) -> tuple[Any, dict[str, Any]]:
     call's STARTED, its COMPLETED (``started_seq`` is always the previous seq). About
     300-500 bytes each once encoded. Call ids and keys are unique per seq.
     """
-    from runlog.schemas.vocabulary import EventType
 
     k = (seq - 2) % 4
     call = f"c{seq - k + 1}"
@@ -223,9 +226,6 @@ def workload_payload(seq: int) -> tuple[Any, dict[str, Any]]:
 
 def make_events(run_id: str, n: int, *, epoch: int = 1) -> list[Any]:
     """A valid run of ``n`` events (RUN_STARTED, then the workload), as ``Event`` objects."""
-    from runlog.schemas import codec
-    from runlog.schemas.models import Event
-    from runlog.schemas.vocabulary import EventType
 
     out: list[Any] = []
     writer = f"bench:{os.getpid()}"
@@ -261,7 +261,6 @@ class Encoded:
 
 
 def encode_all(events: Sequence[Any]) -> list[Encoded]:
-    from runlog.schemas import codec
 
     return [Encoded(e.run_id.encode(), codec.encode(e), codec.headers(e)) for e in events]
 
@@ -278,7 +277,6 @@ class Scratch:
 
     @classmethod
     def create(cls, base: Settings, **update: Any) -> Scratch:
-        from runlog.topics import ensure_topics
 
         prefix = f"{base.topic_prefix}-bench-{uuid.uuid4().hex[:8]}"
         s = base.model_copy(update={"topic_prefix": prefix, "redis_key_prefix": prefix, **update})
@@ -295,9 +293,7 @@ class Scratch:
         """
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        from runlog.log.reader import consumer_config
-
-        consumer = Consumer(consumer_config(self.settings))
+        consumer = Consumer(reader_config(self.settings))
         deadline = time.monotonic() + timeout
         try:
             for p in range(self.settings.partitions):
@@ -317,8 +313,6 @@ class Scratch:
     def cleanup(self) -> None:
         """Best effort: a leftover scratch topic costs disk, not correctness."""
         from confluent_kafka.admin import AdminClient
-
-        from runlog.bootstrap import redis_client
 
         with contextlib.suppress(Exception):
             futures = AdminClient(self.settings.kafka_common()).delete_topics(

@@ -12,7 +12,6 @@ reports its peak RSS when it stops.
 from __future__ import annotations
 
 import bisect
-import importlib.util
 import json
 import signal
 import subprocess
@@ -22,17 +21,14 @@ import time
 from typing import Any
 
 from runlog.benchmarks.common import percentile, summary, worker_env, workload_payload
+from runlog.benchmarks.throughput import open_many
+from runlog.consumers.store import ProjectionKeys
 from runlog.settings import Settings
 
 SAMPLE_S = 0.001
 
 
-def runner_available() -> bool:
-    return importlib.util.find_spec("runlog.consumers.runner") is not None
-
-
 def _pos_keys(settings: Settings) -> list[str]:
-    from runlog.consumers.store import ProjectionKeys
 
     keys = ProjectionKeys(settings.redis_key_prefix, "state", settings.events_topic)
     return [keys.pos(p) for p in range(settings.partitions)]
@@ -79,7 +75,6 @@ def _spawn_runner(settings: Settings) -> subprocess.Popen[str]:
 def _one(
     deps: Any, settings: Settings, *, rate: float, seconds: float, runs: int
 ) -> dict[str, Any]:
-    from runlog.benchmarks.throughput import open_many
 
     proc = _spawn_runner(settings)
     sampler = _Sampler(deps.redis, _pos_keys(settings))
@@ -135,8 +130,6 @@ def _one(
 def measure(
     deps: Any, settings: Settings, *, rate: float, seconds: float, runs: int, repeats: int
 ) -> dict[str, Any]:
-    if not runner_available():
-        return {"status": "todo", "note": "TODO: consumers/runner.py not shipped in this build"}
     rows = [_one(deps, settings, rate=rate, seconds=seconds, runs=runs) for _ in range(repeats)]
     hwm = [r["runner_vm_hwm_kib"] for r in rows if r["runner_vm_hwm_kib"]]
     return {

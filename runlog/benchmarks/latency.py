@@ -26,15 +26,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from runlog.benchmarks.common import Encoded, encode_all, make_events, percentile, ratios, summary
+from runlog.benchmarks.common import (
+    TENANT,
+    Encoded,
+    encode_all,
+    make_events,
+    percentile,
+    ratios,
+    summary,
+    workload_payload,
+)
+from runlog.producers.run import open_run_with
+from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
 SYSTEMS = ("runlog", "raw_kafka", "file_fsync", "sqlite_full")
 
 
 def _runlog(deps: Any, n: int) -> list[float]:
-    from runlog.benchmarks.common import TENANT, workload_payload
-    from runlog.producers.run import open_run_with
 
     samples: list[float] = []
     with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
@@ -48,8 +57,6 @@ def _runlog(deps: Any, n: int) -> list[float]:
 
 def _raw_kafka(settings: Settings, records: list[Encoded]) -> list[float]:
     from confluent_kafka import KafkaError, Message, Producer
-
-    from runlog.producers.writer import producer_config
 
     producer = Producer(producer_config(settings))
     done: list[KafkaError | None] = []

@@ -33,6 +33,7 @@ from typing import Any
 import fastavro
 
 from runlog.benchmarks.common import (
+    TENANT,
     Encoded,
     Stopwatch,
     encode_all,
@@ -42,14 +43,19 @@ from runlog.benchmarks.common import (
     ratios,
     summary,
 )
+from runlog.log.kafka import reader_config
+from runlog.log.reader import LogReader
+from runlog.producers.run import open_run_with
+from runlog.producers.writer import producer_config
+from runlog.projections.run_state import RunState, apply
+from runlog.schemas import codec
+from runlog.schemas.keys import partition_for
 from runlog.settings import Settings
 
 STAGES = ("avro", "decode", "fold")
 
 
 def _in_memory(values: list[bytes]) -> dict[str, float]:
-    from runlog.projections.run_state import RunState, apply
-    from runlog.schemas import codec
 
     out: dict[str, float] = {}
     with Stopwatch() as sw:
@@ -74,8 +80,6 @@ def _in_memory(values: list[bytes]) -> dict[str, float]:
 def _produce(settings: Settings, partition: int, records: list[Encoded]) -> tuple[int, int]:
     """Write ``records`` to ``partition``; returns (first offset, end offset)."""
     from confluent_kafka import KafkaError, Message, Producer
-
-    from runlog.producers.writer import producer_config
 
     producer = Producer(producer_config(settings, {"linger.ms": 5}))
     offsets: list[int] = []
@@ -115,9 +119,7 @@ def _fetch(
     """Plain consumer from ``start`` to ``end``: seconds and records of ``key`` seen."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from runlog.log.reader import consumer_config
-
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(reader_config(settings))
     seen = 0
     try:
         with Stopwatch() as sw:
@@ -140,8 +142,6 @@ def _fetch(
 def _logreader_fold(
     settings: Settings, run_id: str, partition: int, start: int
 ) -> tuple[float, int]:
-    from runlog.log.reader import LogReader
-    from runlog.projections.run_state import RunState, apply
 
     state = RunState()
     with LogReader(settings) as reader:
@@ -153,7 +153,6 @@ def _logreader_fold(
 
 
 def _partition_of(settings: Settings, run_id: str) -> int:
-    from runlog.schemas.keys import partition_for
 
     return partition_for(run_id, settings.partitions)
 
@@ -272,11 +271,7 @@ def _open_after_traffic(deps: Any, settings: Settings, repeats: int) -> dict[str
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    from runlog.benchmarks.common import TENANT
-    from runlog.log.reader import consumer_config
-    from runlog.producers.run import open_run_with
-
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(reader_config(settings))
     try:
         total = sum(
             consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=10)[1]

@@ -320,7 +320,7 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
             color=["C3", "C1", "C0", "C2", "C4"][: len(bars)],
         )
         ax.axhline(4.0, color="0.5", ls="--", lw=1)
-        ax.text(len(bars) - 0.5, 4.05, "seed 5.8 example: 4 s", ha="right", fontsize=7)
+        ax.text(len(bars) - 0.5, 4.05, "example objective: 4 s", ha="right", fontsize=7)
         ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
         ax.set_ylabel("seconds")
         ax.set_title(f"4. Recovery (lease TTL {rec['lease_ttl_ms']} ms)")

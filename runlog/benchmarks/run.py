@@ -21,6 +21,7 @@ from typing import Any
 
 from runlog.benchmarks import lag, latency, memory, recovery, replay, report, throughput
 from runlog.benchmarks.common import Scratch, machine, settings_summary
+from runlog.bootstrap import Services
 from runlog.settings import Settings
 
 log = logging.getLogger("runlog.bench")
@@ -100,7 +101,6 @@ def run_all(
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmarks against the stack ``base`` points at; write results to ``out``."""
-    from runlog.bootstrap import Services
 
     plan = QUICK if quick else FULL
     started = time.perf_counter()

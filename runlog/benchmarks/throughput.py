@@ -23,6 +23,8 @@ from runlog.benchmarks.common import (
     summary,
     workload_payload,
 )
+from runlog.producers.run import open_run_with
+from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
 OPEN_THREADS = 50
@@ -31,7 +33,6 @@ OPEN_THREADS = 50
 
 def open_many(deps: Any, count: int, threads: int = OPEN_THREADS) -> tuple[list[Any], list[float]]:
     """Open ``count`` new runs; returns the runs and each ``open_run`` duration (s)."""
-    from runlog.producers.run import open_run_with
 
     def one(_: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -60,8 +61,6 @@ def _runlog(deps: Any, runs: list[Any], per_run: int, batch: int) -> float:
 
 def _raw(settings: Settings, records: list[Encoded]) -> float:
     from confluent_kafka import KafkaError, Message, Producer
-
-    from runlog.producers.writer import producer_config
 
     producer = Producer(producer_config(settings))
     failures: list[KafkaError] = []

@@ -20,6 +20,14 @@ import threading
 import time
 from typing import Any
 
+from runlog.benchmarks.common import TENANT, workload_payload
+from runlog.benchmarks.throughput import open_many
+from runlog.bootstrap import Services
+from runlog.consumers.runner import ProjectionRunner
+from runlog.log.clients import redis_client
+from runlog.producers.run import open_run_with
+from runlog.settings import Settings
+
 
 def _status_kib(field: str) -> int:
     with open("/proc/self/status", encoding="utf-8") as fh:
@@ -30,15 +38,11 @@ def _status_kib(field: str) -> int:
 
 
 def _deps() -> Any:
-    from runlog.bootstrap import Services
-    from runlog.settings import Settings
 
     return Services(Settings()).run_deps()
 
 
 def append(run_id: str, interval_s: float) -> int:
-    from runlog.benchmarks.common import TENANT, workload_payload
-    from runlog.producers.run import open_run_with
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -58,8 +62,6 @@ def append(run_id: str, interval_s: float) -> int:
 
 
 def hold(runs: int, events: int, threads: int) -> int:
-    from runlog.benchmarks.common import workload_payload
-    from runlog.benchmarks.throughput import open_many
 
     baseline_kib = _status_kib("VmHWM")
     deps = _deps()
@@ -87,9 +89,6 @@ def hold(runs: int, events: int, threads: int) -> int:
 
 
 def project() -> int:
-    from runlog.bootstrap import redis_client
-    from runlog.consumers.runner import ProjectionRunner
-    from runlog.settings import Settings
 
     settings = Settings()
     client = redis_client(settings)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from runlog.benchmarks.run import run_all
 from runlog.settings import Settings
 
 
@@ -28,7 +29,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from runlog.benchmarks.run import run_all
 
     res = run_all(Settings(), quick=args.quick, out=args.out)
     return 1 if res["failed"] else 0

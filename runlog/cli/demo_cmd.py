@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from runlog.demo import supervisor
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from runlog.demo import supervisor
 
     p = sub.add_parser(
         "demo",

@@ -14,7 +14,11 @@ import signal
 import sys
 from typing import Any
 
+from runlog.consumers import projection_metrics, queries
+from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.errors import ConfigError
+from runlog.log.clients import redis_client
+from runlog.log.fold import progress_bar
 from runlog.settings import Settings
 
 _CHOICES = ("state", "uncertain", "audit", "all")
@@ -85,7 +89,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _redis(settings: Settings) -> Any:
-    from runlog.bootstrap import redis_client
 
     return redis_client(settings)
 
@@ -95,8 +98,6 @@ def _print_json(value: Any) -> None:
 
 
 def _project(args: argparse.Namespace) -> int:
-    from runlog.consumers import projection_metrics
-    from runlog.consumers.runner import ProjectionRunner
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -136,7 +137,6 @@ def _project(args: argparse.Namespace) -> int:
 
 
 def _state(args: argparse.Namespace) -> int:
-    from runlog.consumers import queries
 
     settings = Settings()
     view = queries.get_state(_redis(settings), settings, args.run_id)
@@ -181,7 +181,6 @@ def _deadlines(items: list[str]) -> dict[str, float]:
 
 
 def _uncertain(args: argparse.Namespace) -> int:
-    from runlog.consumers import queries
 
     settings = Settings()
     rep = queries.uncertain_report(
@@ -210,7 +209,6 @@ def _uncertain(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from runlog.consumers import queries
 
     settings = Settings()
     entries = queries.get_audit(_redis(settings), settings, args.run_id)
@@ -233,7 +231,6 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _quarantine(args: argparse.Namespace) -> int:
-    from runlog.consumers import queries
 
     settings = Settings()
     recs = queries.quarantined(_redis(settings), settings)
@@ -250,7 +247,6 @@ def _quarantine(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace) -> int:
-    from runlog.consumers.runner import progress_bar, rebuild
 
     settings = Settings()
     client = _redis(settings)
@@ -266,7 +262,6 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from runlog.consumers import projection_metrics
 
     settings = Settings()
     client = _redis(settings)

@@ -7,7 +7,17 @@ import json
 import sys
 from typing import Any
 
+from runlog.benchmarks.synthetic import write_synthetic_run
+from runlog.consumers import metrics
+from runlog.consumers import snapshot_plan as sp
+from runlog.consumers.replay import replay
+from runlog.consumers.snapshots import SnapshotStore
+from runlog.consumers.verify import list_runs, verify_run
+from runlog.log.clients import redis_client
+from runlog.log.fold import progress_bar
+from runlog.log.reader import LogReader
 from runlog.settings import Settings
+from runlog.topics import ensure_topics
 
 
 def register(subparsers: Any) -> None:
@@ -61,20 +71,16 @@ def register(subparsers: Any) -> None:
 
 
 def _clients(settings: Settings) -> Any:
-    from runlog.bootstrap import redis_client
 
     return redis_client(settings)
 
 
 def _store(settings: Settings, client: Any) -> Any:
-    from runlog.consumers.snapshots import SnapshotStore
 
     return SnapshotStore(client, settings)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from runlog.consumers import metrics
-    from runlog.consumers.replay import progress_bar, replay
 
     settings = Settings()
     client = _clients(settings)
@@ -117,9 +123,6 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from runlog.consumers import metrics
-    from runlog.consumers.replay import progress_bar
-    from runlog.consumers.verify import list_runs, verify_run
 
     if bool(args.all) == bool(args.run_id):
         print("runlog verify: give a RUN_ID or --all", file=sys.stderr)
@@ -160,8 +163,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from runlog.consumers import snapshot_plan as sp
-    from runlog.topics import ensure_topics
 
     settings = Settings()
     client = _clients(settings)
@@ -178,7 +179,7 @@ def _plan(args: argparse.Namespace) -> int:
                     f"{scratch.events_topic} ...",
                     file=sys.stderr,
                 )
-                tenant, rid = sp.write_synthetic_run(scratch, args.sample_events)
+                tenant, rid = write_synthetic_run(scratch, args.sample_events)
                 m = sp.measure(scratch, client, tenant, rid)
                 m.source = f"synthetic run of {m.events} events on {scratch.events_topic}"
             finally:
@@ -225,7 +226,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _write(args: argparse.Namespace) -> int:
-    from runlog.log.reader import LogReader
 
     settings = Settings()
     client = _clients(settings)

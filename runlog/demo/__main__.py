@@ -7,6 +7,8 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from runlog.demo import agent, ledger, supervisor
+
 COMMANDS = ("run", "ledger", "worker")
 
 
@@ -17,7 +19,6 @@ def build_parser(prog: str = "python -m runlog.demo") -> argparse.ArgumentParser
 
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    from runlog.demo import agent, ledger, supervisor
 
     sub = parser.add_subparsers(dest="demo_command")
     entries: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None], object], ...] = (

@@ -25,6 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import runlog
+from runlog import current_call
+from runlog.bootstrap import Services
+from runlog.errors import AppendOutcomeUnknown, CallUncertain, Escalated, Fenced, RunLocked
+from runlog.producers.agent import ApprovalStep, Call, CompactStep, FinishStep, ModelStep
+from runlog.producers.tools import Absent, Conflict, Match, ToolError, Unavailable, tool
+from runlog.settings import Settings
+
 EXIT_FINISHED = 0
 EXIT_ERROR = 1
 EXIT_ESCALATED = 3
@@ -109,7 +117,6 @@ class LedgerClient:
     def _token(self) -> int:
         if self.fencing_token is not None:
             return self.fencing_token()
-        from runlog import current_call
 
         ctx = current_call()
         if ctx is None:
@@ -148,7 +155,6 @@ class LedgerClient:
         self, path: str, body: dict[str, Any], ident: str, extra: dict[str, str] | None = None
     ) -> dict[str, Any]:
         """POST a change. 4xx is a proven failure (ToolError); anything else is uncertain."""
-        from runlog.producers.tools import ToolError
 
         deadline = int(time.time() * 1000 + self.timeout_s * 1000)
         # Recorded before sending: the reconciler must not trust a 404 before this passes.
@@ -184,7 +190,6 @@ class LedgerClient:
         }
 
     def read_ledger(self, args: dict[str, Any], *, idempotency_key: str) -> str:
-        from runlog.producers.tools import ToolError
 
         status, payload = self.request("GET", f"/ledgers/{int(args['ledger'])}")
         if status == 404:
@@ -210,7 +215,6 @@ class LedgerClient:
 
     def lookup_plain(self, args: dict[str, Any], *, idempotency_key: str) -> Any:
         """Authoritative lookup: Match, Absent, Conflict or Unavailable (never raises)."""
-        from runlog.producers.tools import Absent, Conflict, Match, Unavailable
 
         intended = self.correction_body(args)
         cid = intended["correction_id"]
@@ -254,7 +258,6 @@ class LedgerClient:
 
 
 def build_tools(client: LedgerClient) -> list[Any]:
-    from runlog.producers.tools import tool
 
     read_ledger = tool("read_ledger", risk="safe")(client.read_ledger)
     # Idempotent endpoint: the key travels as Idempotency-Key, so retrying is harmless.
@@ -270,7 +273,6 @@ def build_tools(client: LedgerClient) -> list[Any]:
 
 def script(think_s: float = 0.25) -> list[Any]:
     """The scripted model's steps (the loop's position in it comes from the log)."""
-    from runlog.producers.agent import ApprovalStep, Call, CompactStep, FinishStep, ModelStep
 
     def reads(lo: int, hi: int) -> tuple[Call, ...]:
         return tuple(Call("read_ledger", {"ledger": n}) for n in range(lo, hi + 1))
@@ -333,10 +335,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import runlog
-    from runlog.bootstrap import Services
-    from runlog.errors import AppendOutcomeUnknown, CallUncertain, Escalated, Fenced, RunLocked
-    from runlog.settings import Settings
 
     settings = Settings()
     client = LedgerClient(args.ledger_url, args.run_id, timeout_s=args.http_timeout)

@@ -68,7 +68,7 @@ from urllib.parse import parse_qs, urlparse
 
 import redis
 
-from runlog.bootstrap import redis_client
+from runlog.log.clients import redis_client
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)

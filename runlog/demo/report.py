@@ -6,24 +6,27 @@ ledger, decisions, uncertainty, resumptions and fenced writes from the run's eve
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections import Counter
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from runlog.consumers.verify import verify_run
 from runlog.demo.agent import CORRECTIONS, TENANT, TICKETS
+from runlog.log.clients import redis_client
+from runlog.log.reader import LogReader
+from runlog.projections.run_state import RunState, accept, fold, rejection
+from runlog.schemas import models as m
+from runlog.schemas.models import Event
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
 
 if TYPE_CHECKING:
     from runlog.demo.supervisor import Options, Outcome
-    from runlog.schemas.models import Event
-    from runlog.settings import Settings
 
 
 def read_log(settings: Settings, run_id: str) -> list[Event]:
     """Every event of the run in log order, valid or not."""
-    from runlog.log.reader import LogReader
-
     with LogReader(settings) as reader:
         return [rec.event for rec in reader.read(run_id)]
 
@@ -40,14 +43,11 @@ def _target(args_json: str) -> str:
 
 def describe_tail(events: list[Event]) -> str:
     """The last valid event, in words (what a kill interrupted)."""
-    from runlog.projections.run_state import RunState, apply, is_valid
-
     st = RunState()
     last: Event | None = None
     for ev in events:
-        if is_valid(st, ev):
+        if accept(st, ev):
             last = ev
-        apply(st, ev)
     if last is None:
         return "nothing yet"
     p = last.payload
@@ -62,32 +62,10 @@ def describe_tail(events: list[Event]) -> str:
     return f"seq {last.seq} {what}{open_note}"
 
 
-def inline_verify(events: list[Event]) -> dict[str, Any]:
-    """Fallback when ``consumers.verify`` is absent: determinism and explained rejections."""
-    from runlog.projections.run_state import RunState, apply, fold, is_valid
-
-    same = fold(events).digest() == fold(events).digest()
-    st = RunState()
-    unexplained: list[str] = []
-    for ev in events:
-        if not is_valid(st, ev) and ev.epoch >= st.epoch and ev.type.value != "run_resumed":
-            unexplained.append(f"seq {ev.seq} epoch {ev.epoch} {ev.type.value}")
-        apply(st, ev)
-    ok = same and not unexplained
-    text = f"{'OK' if ok else 'FAIL'} determinism={same} unexplained={unexplained or 'none'}"
-    return {"source": "inline", "ok": ok, "text": text}
-
-
 def run_verify(settings: Settings, run_id: str, events: list[Event]) -> dict[str, Any]:
-    try:
-        verify = importlib.import_module("runlog.consumers.verify")
-    except ImportError:
-        return inline_verify(events)
-    from runlog.bootstrap import redis_client
-
     client = redis_client(settings)
     try:
-        rep = verify.verify_run(settings, client, run_id, tenant=TENANT)
+        rep = verify_run(settings, client, run_id, tenant=TENANT)
     finally:
         client.close()
     return {"source": "runlog.consumers.verify", "ok": bool(rep.ok), "text": str(rep.text())}
@@ -101,10 +79,6 @@ def build_report(
     projection: dict[str, Any] | None,
     opts: Options,
 ) -> dict[str, Any]:
-    from runlog.projections.run_state import RunState, apply, fold, is_valid
-    from runlog.schemas import models as m
-    from runlog.schemas.vocabulary import EventType
-
     st = fold(events)
     effects: dict[str, int] = ledger["effects"]
     walk = RunState()
@@ -116,12 +90,10 @@ def build_report(
     fenced: list[dict[str, Any]] = []
     approvals: dict[str, dict[str, Any]] = {}
     for ev in events:
-        valid = is_valid(walk, ev)
-        epoch_then = walk.epoch
-        apply(walk, ev)
+        why = rejection(walk, ev)
+        accept(walk, ev)
         p = ev.payload
-        if not valid:
-            why = "stale epoch (a fenced writer)" if ev.epoch < epoch_then else "lost claim"
+        if why is not None:
             fenced.append(
                 {"seq": ev.seq, "epoch": ev.epoch, "type": ev.type.value, "writer": ev.writer_id}
                 | {"why": why}

@@ -29,6 +29,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import runlog
+from runlog.bootstrap import Services
 from runlog.demo.agent import (
     CORRECTIONS,
     EXIT_ESCALATED,
@@ -39,6 +41,11 @@ from runlog.demo.agent import (
     TENANT,
     TICKETS,
 )
+from runlog.demo.report import build_report, describe_tail, print_report, read_log
+from runlog.log.clients import redis_client
+from runlog.projections.run_state import fold
+from runlog.schemas.keys import new_run_id
+from runlog.settings import Settings
 
 EXIT_NAMES = {
     EXIT_FINISHED: "finished",
@@ -59,26 +66,9 @@ def _python_module(*args: str) -> list[str]:
     return [sys.executable, "-m", *args]
 
 
-# The projection services (`runlog project all`), run beside the demo when this build has
-# them; the summary then also reads the state projection.
+# The projection services (`runlog project all`), run beside the demo; the summary then
+# also reads the state projection.
 PROJECTIONS_CMD = _python_module("runlog.cli", "project", "all")
-
-
-def projections_available() -> bool:
-    return importlib.util.find_spec("runlog.consumers.runner") is not None and _has_subcommand(
-        "project"
-    )
-
-
-def _has_subcommand(name: str) -> bool:
-    from runlog.cli import build_parser
-
-    parser = build_parser()
-    for action in parser._subparsers._group_actions if parser._subparsers else ():
-        choices = getattr(action, "choices", None) or {}
-        if name in choices:
-            return True
-    return False
 
 
 # ------------------------------------------------------------------------------ processes
@@ -245,9 +235,6 @@ def _ledger_fence(base: str, run_id: str, epoch: int) -> None:
 
 def decide_pending(settings: Any, run_id: str, ledger_url: str) -> list[Decision]:
     """Act as the person: decide every pending approval from the evidence in the ledger."""
-    import runlog
-    from runlog.demo.report import read_log
-    from runlog.projections.run_state import fold
 
     state = fold(read_log(settings, run_id))
     decisions: list[Decision] = []
@@ -297,8 +284,6 @@ def decide_pending(settings: Any, run_id: str, ledger_url: str) -> list[Decision
 
 class Supervisor:
     def __init__(self, opts: Options) -> None:
-        from runlog.schemas.keys import new_run_id
-        from runlog.settings import Settings
 
         self.opts = opts
         self.rng = random.Random(opts.seed)
@@ -339,7 +324,7 @@ class Supervisor:
         self.ledger_url = f"http://127.0.0.1:{port}"
         _say(f"ledger service: pid {self.ledger.pid} at {self.ledger_url}")
         _say(f"fault plan (seed {self.opts.seed}): {json.dumps(self.outcome.faults)}")
-        if self.opts.projections and projections_available():
+        if self.opts.projections:
             self.projector = Child("project", PROJECTIONS_CMD, self.env, echo=False)
             self.outcome.projections = True
             _say(f"projection services: pid {self.projector.pid} ({' '.join(PROJECTIONS_CMD[1:])})")
@@ -370,7 +355,6 @@ class Supervisor:
         return child, attempt
 
     def _tail(self) -> str:
-        from runlog.demo.report import describe_tail, read_log
 
         try:
             return describe_tail(read_log(self.settings, self.run_id))
@@ -515,7 +499,6 @@ class Supervisor:
             return None
         try:
             queries = importlib.import_module("runlog.consumers.queries")
-            from runlog.bootstrap import redis_client
 
             client = redis_client(self.settings)
             try:
@@ -535,7 +518,6 @@ class Supervisor:
 
 
 def supervise(opts: Options) -> int:
-    from runlog.demo.report import build_report, print_report
 
     started = time.monotonic()
     sup = Supervisor(opts)
@@ -549,7 +531,6 @@ def supervise(opts: Options) -> int:
         finished = sup.drive()
         sup.outcome.elapsed_s = round(time.monotonic() - started, 1)
         effects = _ledger_get(sup.ledger_url + "/effects")
-        from runlog.demo.report import read_log
 
         events = read_log(sup.settings, sup.run_id)
         projection = sup.wait_for_projections(max((e.seq for e in events), default=0))
@@ -557,7 +538,6 @@ def supervise(opts: Options) -> int:
         report["supervisor_finished"] = finished
     finally:
         sup.stop_services()
-        from runlog.bootstrap import Services
 
         Services.shared(sup.settings).close()
     print_report(report)

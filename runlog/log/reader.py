@@ -8,58 +8,20 @@ the records whose key is the run id.
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from runlog.errors import ConfigError, KafkaUnavailable, RedisUnavailable, SchemaError
+from runlog.errors import ConfigError, KafkaUnavailable, SchemaError
+from runlog.log.kafka import high_watermark, partitions_of, reader_config, retrying
 from runlog.schemas.codec import decode
-from runlog.schemas.keys import partition_for, run_id_time_ms, start_key
+from runlog.schemas.keys import partition_for, run_id_time_ms
 from runlog.schemas.models import Event
 from runlog.settings import Settings
 
 # How far before a run id's creation time to start looking: covers producer clock skew.
 START_SKEW_MS = 60_000
-
-# How long a lookup retries a retriable broker error (leader moving, metadata not yet
-# propagated after topic creation) before reporting the broker unavailable.
-RETRY_FOR_S = 10.0
-# librdkafka reports these as plain error codes (``retriable()`` is False on them).
-TRANSIENT = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._TIMED_OUT,
-        KafkaError._ALL_BROKERS_DOWN,
-    }
-)
-
-
-T = TypeVar("T")
-
-
-def _retrying(what: str, call: Callable[[], T]) -> T:
-    """``call()``, retried with capped backoff while the broker says the error is transient."""
-    deadline = time.monotonic() + RETRY_FOR_S
-    delay = 0.05
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            retriable = isinstance(err, KafkaError) and (err.retriable() or err.code() in TRANSIENT)
-            if not retriable or time.monotonic() + delay > deadline:
-                raise KafkaUnavailable(f"{what}: {exc}") from exc
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -75,31 +37,13 @@ class LogRecord:
     offset: int
 
 
-def consumer_config(settings: Settings, **extra: Any) -> dict[str, Any]:
-    conf = dict(settings.kafka_common())
-    conf.update(
-        {
-            "group.id": f"runlog-reader-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            # Catch-up readers: do not pay librdkafka's 500 ms default wait per fetch.
-            "fetch.wait.max.ms": 10,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-        }
-    )
-    conf.update(extra)
-    return conf
-
-
 class LogReader:
     """Reads runs' events. Not thread-safe; cheap to create per replay."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topic = settings.events_topic
-        self._consumer = Consumer(consumer_config(settings))
+        self._consumer = Consumer(reader_config(settings))
         self._partitions: int | None = None
 
     def close(self) -> None:
@@ -112,27 +56,30 @@ class LogReader:
         self.close()
 
     def partition_count(self) -> int:
+        """The events topic's partition count, refused if it is not the deployment's.
+
+        A run lives in the partition its id hashes to under the count it was started with.
+        Once partitions are added the same id hashes elsewhere: a reader would find nothing
+        there and a writer would start the run again from seq 1. So every reader compares
+        the topic with ``RUNLOG_PARTITIONS`` before locating anything.
+        """
         if self._partitions is None:
-            try:
-                md = self._consumer.list_topics(self.topic, timeout=10)
-            except KafkaException as exc:
-                raise KafkaUnavailable(f"metadata for {self.topic}: {exc}") from exc
-            tmd = md.topics.get(self.topic)
-            if tmd is None or tmd.error is not None or not tmd.partitions:
-                raise KafkaUnavailable(f"topic {self.topic} not found (run `runlog topics create`)")
-            self._partitions = len(tmd.partitions)
+            count = len(partitions_of(self._consumer, self.topic))
+            if count != self.settings.partitions:
+                raise ConfigError(
+                    f"topic {self.topic} has {count} partitions but RUNLOG_PARTITIONS is "
+                    f"{self.settings.partitions}: runs are located by hashing their id over "
+                    "the count they were started with, so runlog refuses to read or write "
+                    "until they agree (README: growing a fleet)"
+                )
+            self._partitions = count
         return self._partitions
 
     def partition_of(self, run_id: str) -> int:
         return partition_for(run_id, self.partition_count())
 
     def high_watermark(self, partition: int) -> int:
-        tp = TopicPartition(self.topic, partition)
-        _, high = _retrying(
-            f"watermarks of {self.topic}[{partition}]",
-            lambda: self._consumer.get_watermark_offsets(tp, timeout=10, cached=False),
-        )
-        return int(high)
+        return high_watermark(self._consumer, self.topic, partition)
 
     def start_offset(self, run_id: str, partition: int, hint: int | None = None) -> int:
         """Best known offset at or before the run's first event."""
@@ -141,7 +88,7 @@ class LogReader:
         created = run_id_time_ms(run_id)
         if created is not None:
             tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
-            (found,) = _retrying(
+            (found,) = retrying(
                 "offsets_for_times", lambda: self._consumer.offsets_for_times([tp], timeout=10)
             )
             if found.offset >= 0:
@@ -157,7 +104,7 @@ class LogReader:
         partition: int | None = None,
         start: int | None = None,
         end: int | None = None,
-    ) -> Iterator[LogRecord]:
+    ) -> Generator[LogRecord, None, None]:
         """Events of ``run_id`` in log order, from ``start`` up to (excluding) ``end``.
 
         ``end`` defaults to the high watermark when the read begins. A record of this run
@@ -203,34 +150,3 @@ class LogReader:
                         return
         finally:
             self._consumer.unassign()
-
-
-def start_index(
-    client: redis.Redis,
-    key_prefix: str,
-    tenant: str,
-    run_id: str,
-    *,
-    partition: int | None = None,
-) -> int | None:
-    """Offset of the run's RUN_STARTED from its start index, or None if not indexed.
-
-    Written by the writer once RUN_STARTED is acknowledged (``producers.run``); an
-    optimisation only: without it readers use the run id's time or a scan. With
-    ``partition``, an index naming another partition raises ``ConfigError``: the topic's
-    partition count changed, so key hashing no longer finds the run's records.
-    """
-    try:
-        raw = client.get(start_key(key_prefix, tenant, run_id))
-    except redis.RedisError as exc:
-        raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
-    if raw is None:
-        return None
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    indexed_partition, offset = (int(x) for x in text.split(":"))
-    if partition is not None and indexed_partition != partition:
-        raise ConfigError(
-            f"run {run_id} started in partition {indexed_partition} but hashes to {partition} "
-            "now: the events topic's partition count changed (see `runlog topics check`)"
-        )
-    return offset

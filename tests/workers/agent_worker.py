@@ -25,7 +25,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.bootstrap import Services, redis_client  # noqa: E402
+from runlog.bootstrap import Services  # noqa: E402
+from runlog.log.clients import redis_client  # noqa: E402
 from runlog.producers.agent import AgentLoop, Call, FinishStep, ModelStep, ScriptedModel, Step  # noqa: E402
 from runlog.projections.run_state import RunState  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402

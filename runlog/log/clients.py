@@ -1,0 +1,23 @@
+"""Client construction shared by every layer that talks to Redis.
+
+Settings carry the URL, password and TLS options; this is where they become a client, so
+a new connection option is honoured by the writer, the services and the CLI alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from runlog.settings import Settings
+
+
+def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
+    password = settings.redis_password.get_secret_value() if settings.redis_password else None
+    opts: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 3.0}
+    if password is not None:
+        opts["password"] = password
+    opts.update(kw)
+    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
+    return client

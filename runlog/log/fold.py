@@ -1,0 +1,242 @@
+"""Locate a run and fold a range of its log: the one way every reader does both.
+
+Where a read starts, best first:
+
+1. ``snapshot``: a stored snapshot at or below the wanted sequence, used only if the log
+   continues it (its tail's first record is its next valid event); otherwise it is a cache
+   miss, reported to the store, and the next source is used;
+2. ``index``: the run's start index in Redis (``partition:offset`` of its RUN_STARTED,
+   written when that record was acknowledged);
+3. ``time``: the creation time embedded in a runlog run id, via ``offsets_for_times``;
+4. ``scan``: the partition from its beginning (the only case whose cost grows with the
+   other runs in the partition).
+
+Whether a record counts is the fold's own rule (``runlog.projections.run_state.accept``),
+asked here and nowhere else on the read path.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TextIO
+
+import redis
+
+from runlog.errors import ConfigError, RedisUnavailable
+from runlog.log.reader import LogReader, LogRecord
+from runlog.projections.run_state import RunState, accept, is_valid
+from runlog.schemas.keys import run_id_time_ms, start_key
+from runlog.settings import Settings
+
+Source = Literal["snapshot", "index", "time", "scan"]
+Progress = Callable[[int, int], None]
+
+
+class SnapshotSource(Protocol):
+    """What a reader needs of a snapshot store (``runlog.consumers.snapshots`` is one)."""
+
+    def load(
+        self, tenant: str, run_id: str, *, partition: int, max_seq: int | None = None
+    ) -> tuple[RunState, int] | None:
+        """``(state, offset its tail starts at)`` of the newest usable snapshot, or None."""
+        ...
+
+    def discontinuous(self, tenant: str, run_id: str, seq: int) -> None:
+        """The log does not continue the snapshot at ``seq``: never offer it again."""
+        ...
+
+
+def start_index(
+    client: redis.Redis, settings: Settings, tenant: str, run_id: str, *, partition: int
+) -> int | None:
+    """Offset of the run's RUN_STARTED from its start index, or None if not indexed.
+
+    The index is an optimisation: without it readers use the run id's time or a scan. An
+    index naming another partition than the run hashes to raises ``ConfigError``: key
+    hashing no longer finds the run's records, so nothing may be read or written for it.
+    """
+    try:
+        raw = client.get(start_key(settings.redis_key_prefix, tenant, run_id))
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    indexed_partition, offset = (int(x) for x in text.split(":")[:2])
+    if indexed_partition != partition:
+        raise ConfigError(
+            f"run {run_id} started in partition {indexed_partition} but hashes to {partition} "
+            "now: the events topic's partition count changed (see `runlog topics check`)"
+        )
+    return offset
+
+
+@dataclass(frozen=True)
+class Location:
+    partition: int
+    start: int | None
+    """Offset to read from (None: the partition's beginning)."""
+    source: Source
+
+
+def locate(
+    reader: LogReader, client: redis.Redis, settings: Settings, tenant: str, run_id: str
+) -> Location:
+    """Where a full read of the run starts, and how that was found."""
+    partition = reader.partition_of(run_id)
+    hint = start_index(client, settings, tenant, run_id, partition=partition)
+    if hint is not None:
+        return Location(partition, hint, "index")
+    if run_id_time_ms(run_id) is not None:
+        return Location(partition, reader.start_offset(run_id, partition), "time")
+    return Location(partition, None, "scan")
+
+
+@dataclass
+class Folded:
+    state: RunState
+    records: int = 0
+    """Records of the run folded (valid and fenced)."""
+    first_offset: int | None = None
+    last_offset: int | None = None
+    fenced: list[LogRecord] = field(default_factory=list)
+    """Records the fold rejected, in log order."""
+    kept: list[LogRecord] = field(default_factory=list)
+    """Every record folded, when asked for (verification needs them)."""
+
+
+def fold_range(
+    reader: LogReader,
+    run_id: str,
+    partition: int,
+    start: int | None,
+    end: int,
+    *,
+    base: RunState | None = None,
+    to_seq: int | None = None,
+    keep: bool = False,
+    progress: Progress | None = None,
+) -> Folded | None:
+    """Fold ``run_id``'s records in ``[start, end)`` on top of ``base`` (a snapshot) or nothing.
+
+    Stops once the state reaches ``to_seq``. With ``base``, returns None when the log does
+    not continue it (a position past the end, or a first record that is not its next valid
+    event: a record skipped or re-read); the caller treats that as a cache miss. A late
+    fenced write right after the position also lands there: a needless full replay, never
+    a wrong state.
+    """
+    if base is not None and start is not None and start > end:
+        return None
+    out = Folded(state=base if base is not None else RunState())
+    if to_seq is not None and out.state.seq >= to_seq:
+        return out
+    records = reader.read(run_id, partition=partition, start=start, end=end)
+    try:
+        for rec in records:
+            if out.first_offset is None:
+                out.first_offset = rec.offset
+                if base is not None and not is_valid(out.state, rec.event):
+                    return None
+            if not accept(out.state, rec.event):
+                out.fenced.append(rec)
+            if keep:
+                out.kept.append(rec)
+            out.records += 1
+            out.last_offset = rec.offset
+            if progress is not None:
+                progress(rec.offset, end)
+            if to_seq is not None and out.state.seq >= to_seq:
+                break
+    finally:
+        records.close()  # stop the generator now: it unassigns the reader's partition
+    return out
+
+
+@dataclass
+class RunRead:
+    """A run's state read from the log, and where the read came from."""
+
+    folded: Folded
+    partition: int
+    source: Source
+    start: int | None
+    end: int
+    """High watermark when the read began (exclusive)."""
+    snapshot_seq: int | None = None
+    snapshot_miss: str | None = None
+    """Why an available snapshot was not used, if one was rejected."""
+
+    @property
+    def state(self) -> RunState:
+        return self.folded.state
+
+
+def read_run(
+    reader: LogReader,
+    client: redis.Redis,
+    settings: Settings,
+    tenant: str,
+    run_id: str,
+    *,
+    snapshots: SnapshotSource | None = None,
+    to_seq: int | None = None,
+    end: int | None = None,
+    keep: bool = False,
+    progress: Progress | None = None,
+) -> RunRead:
+    """The run's state after its ``to_seq``-th valid event (default: up to ``end``/the head).
+
+    A snapshot is tried first; a full read from the located start follows when there is
+    none or the log does not continue it. ``progress`` is shown only for full scans.
+    """
+    partition = reader.partition_of(run_id)
+    stop = reader.high_watermark(partition) if end is None else end
+    miss: str | None = None
+    if snapshots is not None:
+        loaded = snapshots.load(tenant, run_id, partition=partition, max_seq=to_seq)
+        if loaded is not None:
+            base, start = loaded
+            snap_seq = base.seq
+            folded = fold_range(
+                reader, run_id, partition, start, stop, base=base, to_seq=to_seq, keep=keep
+            )
+            if folded is not None:
+                return RunRead(folded, partition, "snapshot", start, stop, snapshot_seq=snap_seq)
+            miss = "discontinuous"
+            snapshots.discontinuous(tenant, run_id, snap_seq)
+    where = locate(reader, client, settings, tenant, run_id)
+    full = fold_range(
+        reader,
+        run_id,
+        partition,
+        where.start,
+        stop,
+        to_seq=to_seq,
+        keep=keep,
+        progress=progress if where.source == "scan" else None,
+    )
+    assert full is not None  # no base to contradict
+    return RunRead(full, partition, where.source, where.start, stop, snapshot_miss=miss)
+
+
+def progress_bar(label: str = "scanning", stream: TextIO = sys.stderr) -> Progress:
+    """A one-line progress bar, ``show(done, total)``, redrawn at most 10 times a second."""
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        finished = done + 1 >= total
+        if now - last[0] < 0.1 and not finished:
+            return
+        last[0] = now
+        frac = 1.0 if total <= 0 else min(1.0, (done + 1) / total)
+        bar = "#" * int(frac * 30)
+        stream.write(f"\r{label} [{bar:<30}] {frac:6.1%}")
+        if finished:
+            stream.write("\n")
+        stream.flush()
+
+    return show

@@ -1,0 +1,115 @@
+"""Kafka access every reader shares: consumer configurations, metadata, watermarks, retries.
+
+One configuration per purpose, named for it: ``reader_config`` for a short-lived reader of
+one run's records (replay, the writer's read-back, verify), ``group_config`` for a
+long-lived member of a consumer group (projection services). Both read only committed
+records and never commit offsets to Kafka: each reader keeps its position with its effects.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from runlog.errors import KafkaUnavailable
+from runlog.settings import Settings
+
+RETRY_FOR_S = 10.0
+"""How long a lookup retries a transient broker error before reporting it unavailable."""
+
+# librdkafka reports these as plain error codes (``retriable()`` is False on them), yet
+# they pass on their own: a leader moving, metadata not yet propagated after creation.
+TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+T = TypeVar("T")
+
+
+def retrying(what: str, call: Callable[[], T], *, for_s: float = RETRY_FOR_S) -> T:
+    """``call()``, retried with capped backoff while the broker says the error is transient."""
+    deadline = time.monotonic() + for_s
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = isinstance(err, KafkaError) and (err.retriable() or err.code() in TRANSIENT)
+            if not retriable or time.monotonic() + delay > deadline:
+                raise KafkaUnavailable(f"{what}: {exc}") from exc
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def reader_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    """A catch-up reader of one run: its own throwaway group, positions kept by the caller."""
+    conf = dict(settings.kafka_common())
+    conf.update(
+        {
+            "group.id": f"runlog-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            # Catch-up readers: do not pay librdkafka's 500 ms default wait per fetch.
+            "fetch.wait.max.ms": 10,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    conf.update(extra)
+    return conf
+
+
+def group_config(settings: Settings, group: str, **extra: Any) -> dict[str, Any]:
+    """A member of consumer group ``group`` that stores its positions with its effects."""
+    # Tunables first, so RUNLOG_KAFKA_EXTRA may override them; then what correctness needs.
+    conf: dict[str, Any] = {
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 1_000,
+        "max.poll.interval.ms": 300_000,
+        "fetch.wait.max.ms": 20,
+    }
+    conf.update(settings.kafka_common())
+    conf.update(
+        {
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    conf.update(extra)
+    return conf
+
+
+def partitions_of(consumer: Consumer, topic: str) -> dict[int, Any]:
+    """The topic's partition metadata by id; ``KafkaUnavailable`` if it does not exist."""
+    md = retrying(f"metadata of {topic}", lambda: consumer.list_topics(topic, timeout=10))
+    tmd = md.topics.get(topic)
+    if tmd is None or tmd.error is not None or not tmd.partitions:
+        raise KafkaUnavailable(f"topic {topic} not found (run `runlog topics create`)")
+    return dict(tmd.partitions)
+
+
+def high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
+    """The partition's high watermark (the offset the next record will get), from the broker."""
+    tp = TopicPartition(topic, partition)
+    _, high = retrying(
+        f"watermarks of {topic}[{partition}]",
+        lambda: consumer.get_watermark_offsets(tp, timeout=10, cached=False),
+    )
+    return int(high)
