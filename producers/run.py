@@ -25,6 +25,7 @@ import redis
 from runlog.errors import (
     AppendOutcomeUnknown,
     CallUncertain,
+    ConfigError,
     Escalated,
     Fenced,
     KafkaUnavailable,
@@ -46,7 +47,7 @@ from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
 from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import idempotency_key, new_run_id, start_key
+from runlog.schemas.keys import idempotency_key, new_run_id, partition_for, start_key
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
@@ -81,6 +82,21 @@ class RunDeps:
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
+
+    def partition_count(self) -> int:
+        """The events topic's partition count, checked against the deployment's once.
+
+        A fresh run is placed by hashing its id over this count; a topic that grew since
+        would place it where readers that trust ``RUNLOG_PARTITIONS`` never look.
+        """
+        count = self.writer.partition_count(self.settings.events_topic)
+        if count != self.settings.partitions:
+            raise ConfigError(
+                f"topic {self.settings.events_topic} has {count} partitions but "
+                f"RUNLOG_PARTITIONS is {self.settings.partitions}: runlog refuses to "
+                "start runs until they agree (README: growing a fleet)"
+            )
+        return count
 
 
 @dataclass
@@ -207,7 +223,11 @@ class Run:
             )
         self._guard()
         fut = self.deps.writer.send(
-            self.deps.settings.events_topic, self.run_id.encode(), value, codec.headers(ev)
+            self.deps.settings.events_topic,
+            self.run_id.encode(),
+            value,
+            codec.headers(ev),
+            partition=self.partition,
         )
         if local:
             apply(self.state, ev)
@@ -239,6 +259,14 @@ class Run:
                     raise AppendOutcomeUnknown(
                         self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=p.event.seq
                     ) from exc
+                if d.partition != self.partition:
+                    # Cannot happen while sends name the partition; if it ever does, the
+                    # run's order is broken and no later append of it may be trusted.
+                    self._poisoned = f"seq {p.event.seq} landed in partition {d.partition}"
+                    raise ConfigError(
+                        f"run {self.run_id} lives in partition {self.partition} but seq "
+                        f"{p.event.seq} was written to partition {d.partition}"
+                    )
                 done.append(d)
                 self.last_offset = d.offset
                 if self.first_offset is None and p.event.seq == 1:
@@ -654,6 +682,7 @@ def _start_fresh(
     consumer would cost more than the whole append).
     """
     rid = new_run_id()
+    partition = partition_for(rid, deps.partition_count())
     lease = _acquire(deps, tenant, rid, 0)
     try:
         run = Run(
@@ -661,13 +690,13 @@ def _start_fresh(
             lease=lease,
             state=RunState(),
             tools={t.name: t for t in tools},
-            partition=-1,
+            partition=partition,
             position=0,
         )
         with run._lock:
             run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
             (delivered,) = run.barrier()
-        run.partition, run.position = delivered.partition, delivered.offset + 1
+        run.position = delivered.offset + 1
         _index_start(run, delivered)
         log.info("run %s started at epoch %s", rid, run.epoch)
         return run

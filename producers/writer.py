@@ -72,6 +72,7 @@ class EventWriter:
     def __init__(self, settings: Settings, *, extra: dict[str, Any] | None = None) -> None:
         self.settings = settings
         self._producer = Producer(producer_config(settings, extra))
+        self._partitions: dict[str, int] = {}
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="runlog-writer", daemon=True)
         self._poller.start()
@@ -89,7 +90,16 @@ class EventWriter:
         key: bytes,
         value: bytes,
         headers: list[tuple[str, str | bytes | None]],
+        *,
+        partition: int | None = None,
     ) -> Future[Delivered]:
+        """Produce to ``partition``; None lets the producer hash ``key`` (tools and tests).
+
+        A run's writer always names the run's partition: the producer hashes over the
+        partition count in its latest metadata, which after partitions are added is
+        another partition than the run's, and a run split over two partitions has no order.
+        """
+        where: dict[str, Any] = {} if partition is None else {"partition": partition}
         fut: Future[Delivered] = Future()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -103,7 +113,12 @@ class EventWriter:
         while True:
             try:
                 self._producer.produce(
-                    topic, value=value, key=key, headers=headers, on_delivery=on_delivery
+                    topic,
+                    value=value,
+                    key=key,
+                    headers=headers,
+                    on_delivery=on_delivery,
+                    **where,
                 )
                 return fut
             except BufferError:
@@ -111,6 +126,21 @@ class EventWriter:
                 self._producer.poll(0.05)
             except KafkaException as exc:
                 raise KafkaUnavailable(f"produce to {topic} failed: {exc}") from exc
+
+    def partition_count(self, topic: str) -> int:
+        """Partitions of ``topic`` as the broker reported them at this writer's first ask."""
+        known = self._partitions.get(topic)
+        if known is not None:
+            return known
+        try:
+            md = self._producer.list_topics(topic, timeout=10)
+        except KafkaException as exc:
+            raise KafkaUnavailable(f"metadata of {topic}: {exc}") from exc
+        tmd = md.topics.get(topic)
+        if tmd is None or tmd.error is not None or not tmd.partitions:
+            raise KafkaUnavailable(f"topic {topic} not found (run `runlog topics create`)")
+        self._partitions[topic] = len(tmd.partitions)
+        return self._partitions[topic]
 
     def flush(self, timeout: float = 30.0) -> int:
         return int(self._producer.flush(timeout))

@@ -33,8 +33,10 @@ def _finish(report: TopicsReport) -> int:
     if report.ok:
         return 0
     print(
-        "runlog topics: drift found; runlog never alters existing topics: fix them with "
-        "kafka-configs / kafka-topics, or point RUNLOG_TOPIC_PREFIX at new topics",
+        "runlog topics: drift found; runlog never alters existing topics. Fix a config with "
+        "kafka-configs; never add partitions to a live events topic (runs are located by "
+        "hashing their id over the count they started with): grow a fleet on new topics "
+        "(RUNLOG_TOPIC_PREFIX) instead, README 'Growing a fleet'",
         file=sys.stderr,
     )
     return 1

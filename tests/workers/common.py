@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from runlog.log.reader import LogReader, LogRecord
-from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -87,9 +87,7 @@ def verdicts(events: list[Event]) -> list[tuple[Event, bool]]:
     st = RunState()
     out = []
     for ev in events:
-        ok = is_valid(st, ev)
-        apply(st, ev)
-        out.append((ev, ok))
+        out.append((ev, accept(st, ev)))
     return out
 
 
