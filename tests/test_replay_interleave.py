@@ -15,7 +15,7 @@ from replay_support import OPS, synthetic_log
 from runlog.consumers.replay import replay
 from runlog.producers.writer import EventWriter
 from runlog.schemas import codec
-from runlog.schemas.keys import new_run_id, start_key
+from runlog.schemas.keys import new_run_id, partition_for, start_key
 from runlog.schemas.models import Event
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
@@ -85,7 +85,8 @@ def test_replay_cost_does_not_grow_with_other_runs(
     writer = EventWriter(test_settings)
     try:
         offs = _send(writer, alone.events_topic, a)
-        redis_client.set(start_key(alone.redis_key_prefix, "t", run_id), f"0:{offs[0]}")
+        home = partition_for(run_id, alone.partitions)  # where the producer's hash put it
+        redis_client.set(start_key(alone.redis_key_prefix, "t", run_id), f"{home}:{offs[0]}")
         mixed = _interleave(a, others)
         offs = _send(writer, shared.events_topic, mixed)
         first = offs[next(i for i, e in enumerate(mixed) if e.run_id == run_id)]
