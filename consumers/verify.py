@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from runlog.consumers import metrics
 from runlog.consumers.snapshots import SnapshotInvalid
-from runlog.errors import KafkaUnavailable, SchemaError
+from runlog.errors import KafkaUnavailable, SchemaError, UnreadableRecord
 from runlog.log.fold import fold_range, locate
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
@@ -239,8 +239,15 @@ def verify_run(
         where = locate(rd, client, settings, tenant, run_id)
         try:
             folded = fold_range(rd, run_id, partition, where.start, end, keep=True)
-        except SchemaError as exc:
-            report.error = f"{type(exc).__name__}: {exc} {' '.join(getattr(exc, '__notes__', []))}"
+        except UnreadableRecord as exc:
+            # Report what could be read, up to the record that stopped the read.
+            before = fold_range(rd, run_id, partition, where.start, exc.offset, keep=True)
+            assert before is not None
+            report.records, report.seq = len(before.kept), before.state.seq
+            report.error = (
+                f"read {len(before.kept)} records (seq {before.state.seq}), then stopped at "
+                f"{exc.topic}[{exc.partition}]@{exc.offset}: {exc}"
+            )
             return report
         assert folded is not None
         records = folded.kept

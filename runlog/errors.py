@@ -41,6 +41,14 @@ class ValidationFailed(SchemaError):
     """The payload does not satisfy the event type's model."""
 
 
+class UnreadableRecord(SchemaError):
+    """A record of a run that cannot be decoded: readers refuse to fold past it."""
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int) -> None:
+        super().__init__(message)
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
 class UnknownEventType(SchemaError):
     """An event type that is neither state-changing nor record-only."""
 

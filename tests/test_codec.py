@@ -19,6 +19,7 @@ from runlog.errors import (
     ToolArgumentsError,
     UnknownEventType,
     UnknownFingerprint,
+    UnreadableRecord,
     ValidationFailed,
 )
 from runlog.log.kafka import reader_config
@@ -211,8 +212,9 @@ def test_a_corrupt_record_in_the_log_stops_the_reader_naming_its_offset(fast: Se
         writer.close()
     with LogReader(fast) as reader, pytest.raises(SchemaError) as info:
         list(reader.read(rid))
-    assert isinstance(info.value, CorruptRecord)
-    assert any(f"{fast.events_topic}[" in note for note in info.value.__notes__)
+    assert isinstance(info.value, UnreadableRecord)
+    assert isinstance(info.value.__cause__, CorruptRecord)
+    assert f"{fast.events_topic}[" in str(info.value)
 
 
 def test_unknown_fingerprint_raises() -> None:

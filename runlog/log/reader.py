@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
+import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from runlog.errors import ConfigError, KafkaUnavailable, SchemaError
+from runlog.errors import ConfigError, KafkaUnavailable, SchemaError, UnreadableRecord
+from runlog.log.clients import redis_client
 from runlog.log.kafka import high_watermark, partitions_of, reader_config, retrying
+from runlog.log.setaside import set_aside_offsets
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import partition_for, run_id_time_ms
 from runlog.schemas.models import Event
@@ -45,15 +48,35 @@ class LogReader:
         self.topic = settings.events_topic
         self._consumer = Consumer(reader_config(settings))
         self._partitions: int | None = None
+        self._redis: redis.Redis | None = None
 
     def close(self) -> None:
         self._consumer.close()
+        if self._redis is not None:
+            self._redis.close()
 
     def __enter__(self) -> LogReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _set_aside(self, partition: int) -> frozenset[int]:
+        if self._redis is None:
+            self._redis = redis_client(self.settings)
+        return set_aside_offsets(self._redis, self.settings, partition)
+
+    def _unreadable(self, run_id: str, part: int, off: int, exc: SchemaError) -> UnreadableRecord:
+        where = f"{self.topic}[{part}]@{off}"
+        return UnreadableRecord(
+            f"record {where} of run {run_id} cannot be decoded ({type(exc).__name__}: {exc}); "
+            "runlog will not act on a log it cannot read. If a newer runlog wrote it, run "
+            "that version; if it carries nothing the run needs, set it aside: `runlog records "
+            f"set-aside --partition {part} --offset {off} --by NAME --reason WHY`",
+            topic=self.topic,
+            partition=part,
+            offset=off,
+        )
 
     def partition_count(self) -> int:
         """The events topic's partition count, refused if it is not the deployment's.
@@ -80,6 +103,20 @@ class LogReader:
 
     def high_watermark(self, partition: int) -> int:
         return high_watermark(self._consumer, self.topic, partition)
+
+    def record_at(self, partition: int, offset: int) -> tuple[bytes | None, bytes | None]:
+        """``(key, value)`` of the record at ``offset``; KafkaUnavailable if there is none."""
+        if not 0 <= offset < self.high_watermark(partition):
+            raise KafkaUnavailable(f"{self.topic}[{partition}] has no record at {offset}")
+        self._consumer.assign([TopicPartition(self.topic, partition, offset)])
+        try:
+            for _ in range(20):
+                for msg in self._consumer.consume(1, timeout=0.5):
+                    if msg.error() is None and msg.offset() == offset:
+                        return msg.key(), msg.value()
+            raise KafkaUnavailable(f"could not fetch {self.topic}[{partition}]@{offset}")
+        finally:
+            self._consumer.unassign()
 
     def start_offset(self, run_id: str, partition: int, hint: int | None = None) -> int:
         """Best known offset at or before the run's first event."""
@@ -108,8 +145,8 @@ class LogReader:
         """Events of ``run_id`` in log order, from ``start`` up to (excluding) ``end``.
 
         ``end`` defaults to the high watermark when the read begins. A record of this run
-        that does not decode raises ``SchemaError`` naming its offset: a writer must never
-        resume past a fact it cannot read.
+        that does not decode raises ``UnreadableRecord`` naming it and the remedy (a writer
+        must never resume past a fact it cannot read), unless an operator set it aside.
         """
         part = self.partition_of(run_id) if partition is None else partition
         stop = self.high_watermark(part) if end is None else end
@@ -143,8 +180,9 @@ class LogReader:
                         try:
                             ev = decode(msg.value() or b"")
                         except SchemaError as exc:
-                            exc.add_note(f"record at {self.topic}[{part}]@{off}")
-                            raise
+                            if off in self._set_aside(part):
+                                continue  # a person decided it does not count: skip it
+                            raise self._unreadable(run_id, part, off, exc) from exc
                         yield LogRecord(ev, part, off)
                     if nxt >= stop:
                         return
