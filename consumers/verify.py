@@ -32,6 +32,7 @@ from runlog.errors import KafkaUnavailable, SchemaError, UnreadableRecord
 from runlog.log.fold import fold_range, locate
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
+from runlog.log.registry import ids_for
 from runlog.projections.run_state import RULES, RunState, accept, fold, is_valid, rejection
 from runlog.schemas.codec import decode
 from runlog.schemas.models import Event
@@ -279,6 +280,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
     topic; a state-projection index would avoid it.
     """
     consumer = Consumer(reader_config(settings))
+    ids = ids_for(settings)
     found: dict[str, str] = {}
     try:
         reader = LogReader(settings)
@@ -303,7 +305,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
                     key = (msg.key() or b"").decode(errors="replace")
                     if key and key not in found:
                         try:
-                            found[key] = decode(msg.value() or b"").tenant
+                            found[key] = decode(msg.value() or b"", ids).tenant
                         except SchemaError:
                             found[key] = "?"
                     if progress is not None:

@@ -79,6 +79,8 @@ class RunDeps:
     reader_factory: Callable[[], LogReader]
     writer_id: str
     snapshots: Snapshots | None = None
+    ids: codec.SchemaIds | None = None
+    """Schema ids when a registry is configured: records are then in Confluent's format."""
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -216,7 +218,7 @@ class Run:
 
     def _emit(self, et: EventType, payload: Payload | dict[str, Any], *, local: bool) -> Event:
         ev = self._build(et, payload)
-        value = codec.encode(ev)
+        value = codec.encode(ev, self.deps.ids)
         if len(value) > MAX_EVENT_BYTES:
             raise ValidationFailed(
                 f"{et.value} encodes to {len(value)} bytes, over the {MAX_EVENT_BYTES} limit"

@@ -16,6 +16,7 @@ import redis
 from runlog.consumers.snapshots import SnapshotStore
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
+from runlog.log.registry import ids_for
 from runlog.producers.lease import LeaseManager
 from runlog.producers.run import RunDeps
 from runlog.producers.writer import EventWriter
@@ -92,6 +93,7 @@ class Services:
             reader_factory=lambda: LogReader(self.settings),
             writer_id=self.writer_id,
             snapshots=self.snapshots,
+            ids=ids_for(self.settings),
         )
 
     def close(self) -> None:

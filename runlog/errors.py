@@ -33,6 +33,14 @@ class UnknownFingerprint(SchemaError):
         self.fingerprint = fingerprint
 
 
+class UnknownSchemaId(SchemaError):
+    """A Confluent-framed record whose schema id is not one of runlog's released schemas."""
+
+
+class RegistryUnavailable(RunlogError):
+    """The schema registry did not answer; appends stop rather than change encoding."""
+
+
 class CorruptRecord(SchemaError):
     """The record's bytes are truncated, have a bad header or do not decode."""
 

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     snapshot_interval: int = Field(default=0, ge=0)
     """Write a snapshot every N events of a run; 0 disables (``RUNLOG_SNAPSHOT_INTERVAL``)."""
 
+    schema_registry_url: str | None = None
+    """A Confluent-compatible schema registry (``RUNLOG_SCHEMA_REGISTRY_URL``): writers then
+    emit Confluent's wire format. Unset: single-object encoding. Readers accept both."""
+    schema_registry_auth: SecretStr | None = None
+    """``user:password`` for the registry's basic auth (``RUNLOG_SCHEMA_REGISTRY_AUTH``)."""
+
     # SASL/TLS passthrough. Secrets are SecretStr so they never print or serialise.
     security_protocol: str | None = None
     """librdkafka ``security.protocol`` (``RUNLOG_SECURITY_PROTOCOL``)."""

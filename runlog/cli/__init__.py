@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "runlog.cli.projections_cmd",
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
+    "runlog.cli.schemas_cmd",
     "runlog.cli.bench_cmd",
     "runlog.cli.demo_cmd",
 )
