@@ -19,14 +19,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runlog.benchmarks import lag, latency, memory, recovery, replay, report, throughput
+from runlog.benchmarks import (
+    encoding,
+    lag,
+    latency,
+    memory,
+    recovery,
+    replay,
+    report,
+    throughput,
+)
 from runlog.benchmarks.common import Scratch, machine, settings_summary
 from runlog.bootstrap import Services
 from runlog.settings import Settings
 
 log = logging.getLogger("runlog.bench")
 
-SECTIONS = ("latency", "throughput", "replay", "recovery", "projection_lag", "memory")
+SECTIONS = (
+    "latency",
+    "throughput",
+    "replay",
+    "recovery",
+    "projection_lag",
+    "memory",
+    "encoding",
+)
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,10 @@ def run_all(
                 runs=plan.lag_runs,
                 repeats=plan.repeats,
             ),
+        ),
+        (
+            "encoding",
+            lambda deps, s: encoding.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
         ),
         (
             "memory",
