@@ -5,6 +5,8 @@ The variable names are a public contract: renaming one breaks every deployment.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from pydantic import Field, SecretStr
@@ -108,6 +110,17 @@ class Settings(BaseSettings):
     Values are secrets (OAuth client secrets, keystore passwords often go here), so they
     never print; the property names do.
     """
+
+    def fingerprint(self) -> str:
+        """A digest of every setting, secrets included (to tell settings apart; never
+        printed): two settings that differ only in a secret have different fingerprints."""
+        values = {
+            name: v.get_secret_value() if isinstance(v, SecretStr) else v
+            for name, v in self.model_dump().items()
+        }
+        values["kafka_extra"] = self.kafka_common()
+        text = json.dumps(values, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def events_topic(self) -> str:
