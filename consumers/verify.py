@@ -258,7 +258,7 @@ def verify_run(
             report.error = f"no records of run {run_id} in {settings.events_topic}[{partition}]"
             return report
         if events[0].tenant != tenant:
-            report.error = f"run {run_id} belongs to tenant {events[0].tenant!r}, not {tenant!r}"
+            report.error = f"run {run_id} belongs to another tenant, not to {tenant!r}"
             return report
         report.checks.extend(verify_events(events))
         if snapshots is not None:

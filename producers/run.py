@@ -715,8 +715,7 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
     state = got.state
     if state.tenant and state.tenant != tenant:
         raise TenantMismatch(
-            f"run id {rid} belongs to tenant {state.tenant!r}, not {tenant!r}; "
-            "choose another run id",
+            f"run id {rid} belongs to another tenant; choose another run id",
             run_id=rid,
         )
     run = Run(
@@ -776,7 +775,7 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
         METRICS["claims_lost"] += 1
         if run.state.tenant and run.state.tenant != run.tenant:
             raise TenantMismatch(
-                f"run id {run.run_id} was started by tenant {run.state.tenant!r} meanwhile",
+                f"run id {run.run_id} was started by another tenant meanwhile",
                 run_id=run.run_id,
             )
         if run.state.status == "finished":

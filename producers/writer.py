@@ -49,21 +49,12 @@ class DeliveryFailed(Exception):
 
 
 def producer_config(settings: Settings, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Durable producer settings: idempotence and acks=all are not librdkafka's defaults."""
-    conf = dict(settings.kafka_common())
-    conf.update(
-        {
-            "enable.idempotence": True,
-            "acks": "all",
-            # Java's partitioner, so every client agrees where a run lives.
-            "partitioner": "murmur2_random",
-            "linger.ms": 1,
-            "delivery.timeout.ms": settings.delivery_timeout_ms,
-            "max.in.flight.requests.per.connection": 5,
-        }
-    )
-    conf.update(extra or {})
-    return conf
+    """Durable producer settings: idempotence and acks=all are not librdkafka's defaults.
+
+    A user's tunables (``RUNLOG_KAFKA_EXTRA``) win over runlog's defaults; a setting that
+    would break a guarantee is refused naming it (``Settings.durable_producer_config``).
+    """
+    return settings.durable_producer_config(extra)
 
 
 class EventWriter:

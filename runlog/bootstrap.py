@@ -44,7 +44,9 @@ class Services:
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:
-        key = settings.model_dump_json()
+        # Not model_dump_json(): secrets dump masked, so settings that differ only in a
+        # secret (a password, a RUNLOG_KAFKA_EXTRA value) would share one client.
+        key = settings.fingerprint()
         with cls._shared_lock:
             svc = cls._shared.get(key)
             if svc is None or svc.writer_id != default_writer_id():  # forked: new clients

@@ -151,3 +151,22 @@ class RedisUnavailable(RunlogError):
     """Redis could not be reached."""
 
     retryable = True
+
+
+class InvalidRunId(RunlogError, ValueError):
+    """A run id is empty, too long, or holds a character outside the documented set.
+
+    Also a ``ValueError``, like a refused tenant name: both are bad arguments.
+    """
+
+
+class InvalidRecordKey(SchemaError):
+    """A record's Kafka key is missing, not UTF-8, or not a valid run id: it names no run."""
+
+
+class UpcastFailed(SchemaError):
+    """An upcaster raised on a record: the record cannot be brought to the current version."""
+
+
+class UnknownApproval(RunError):
+    """The run never issued the approval id a decision names."""

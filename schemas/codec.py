@@ -30,6 +30,7 @@ from runlog.errors import (
     SchemaError,
     UnknownFingerprint,
     UnknownSchemaId,
+    UpcastFailed,
     ValidationFailed,
 )
 from runlog.schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
@@ -55,6 +56,7 @@ class SchemaIds(Protocol):
     def schema_for(self, schema_id: int) -> WriterSchema:
         """The released schema the registry's ``schema_id`` is; raises ``SchemaError``."""
         ...
+
 
 H_TYPE = "runlog.type"
 H_FINGERPRINT = "runlog.fingerprint"
@@ -231,11 +233,24 @@ def _upgrade(ws: WriterSchema, record: dict[str, Any]) -> dict[str, Any]:
         nxt = reg.writer(ws.event_type, version + 1)
         if step in UPCASTERS:
             record = dict(record)
-            record["payload"] = UPCASTERS[step](dict(record["payload"]))
+            try:
+                record["payload"] = UPCASTERS[step](dict(record["payload"]))
+            except Exception as exc:  # any upcaster bug is this record's problem
+                # A reader must quarantine the record (or name it), never crash on it.
+                raise UpcastFailed(
+                    f"{ws.event_type.value}: upcaster v{version} -> v{version + 1} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
         elif step in COMPATIBLE_STEPS:
             # Re-encode with vN and resolve into vN+1: exactly Avro's resolution rules.
             buf = io.BytesIO()
-            fastavro.schemaless_writer(buf, reg.writer(ws.event_type, version).parsed, record)
+            try:
+                fastavro.schemaless_writer(buf, reg.writer(ws.event_type, version).parsed, record)
+            except Exception as exc:  # an earlier upcast can make it unencodable
+                raise UpcastFailed(
+                    f"{ws.event_type.value}: v{version} record does not re-encode for "
+                    f"resolution into v{version + 1}: {type(exc).__name__}: {exc}"
+                ) from exc
             record = _read(buf.getvalue(), reg.writer(ws.event_type, version).parsed, nxt.parsed)
         else:
             raise MissingUpcaster(

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
+
+from runlog.errors import InvalidRecordKey, InvalidRunId
+
+MAX_RUN_ID_LEN = 200
+"""Longest run id accepted, in characters (the id is the Kafka key of every event)."""
+
+RUN_ID_CHARS = "ASCII letters, digits and - _ . : @"
+"""The documented run id alphabet, as the error messages spell it."""
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
 def new_run_id() -> str:
@@ -27,6 +38,53 @@ def run_id_time_ms(run_id: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is a valid run id, else ``InvalidRunId`` naming what is wrong.
+
+    A run id is 1 to ``MAX_RUN_ID_LEN`` characters from ``RUN_ID_CHARS``. It is the Kafka
+    key, part of every Redis key of the run and of the uncertain-call field
+    ``<run>\x1f<key>``: an empty id, a control character (``\x1f`` splits that field),
+    a glob character (``*?[]`` would widen a key scan) or braces (a Redis Cluster hash tag)
+    would let one run's keys be read as another's. Ids from ``new_run_id`` always pass.
+    """
+    if not isinstance(run_id, str):
+        raise InvalidRunId(f"run id must be a string, not {type(run_id).__name__}")
+    if not run_id:
+        raise InvalidRunId("run id is empty")
+    if len(run_id) > MAX_RUN_ID_LEN:
+        raise InvalidRunId(
+            f"run id {run_id[:40]!r}... is {len(run_id)} characters long; "
+            f"at most {MAX_RUN_ID_LEN} are allowed"
+        )
+    if _RUN_ID.fullmatch(run_id) is None:
+        bad = next(c for c in run_id if _RUN_ID.fullmatch(c) is None)
+        raise InvalidRunId(
+            f"run id {run_id!r} holds {bad!r}; a run id may hold only {RUN_ID_CHARS}"
+        )
+    return run_id
+
+
+def decode_key(raw: bytes | None) -> str:
+    """The run id a record's Kafka key names; ``InvalidRecordKey`` if it names none.
+
+    Every reader that turns a key into a run id goes through here, so a key that is
+    missing, not UTF-8 or not a valid run id never becomes a run (decoding with
+    replacement would merge distinct byte strings into one run id).
+    """
+    if raw is None:
+        raise InvalidRecordKey("record has no key; every event is keyed by its run id")
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRecordKey(
+            f"record key {bytes(raw)[:60]!r} is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
+    try:
+        return check_run_id(text)
+    except InvalidRunId as exc:
+        raise InvalidRecordKey(f"record key is not a valid run id: {exc}") from exc
 
 
 def check_tenant(tenant: str) -> str:
