@@ -23,13 +23,16 @@ from workers.common import services_for
 
 import runlog
 from runlog import stack
+from runlog.consumers.queries import get_state
 from runlog.consumers.replay import replay
+from runlog.consumers.runner import rebuild
 from runlog.errors import RegistryUnavailable, SchemaError, UnknownSchemaId
 from runlog.log import registry as regmod
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.log.registry import RegistryIds, ids_for, subject_for
 from runlog.producers.writer import EventWriter
+from runlog.projections.run_state import RunState
 from runlog.schemas import codec
 from runlog.schemas.registry import WriterSchema, registry
 from runlog.schemas.vocabulary import EventType
@@ -74,6 +77,11 @@ class StaticIds:
             return self.by_id[schema_id]
         except KeyError:
             raise UnknownSchemaId(f"no schema {schema_id}") from None
+
+
+def fold_dict(view: dict[str, Any]) -> str:
+    """Digest of the state projection's stored state (the live run's ``state.digest()``)."""
+    return RunState.from_dict(view["state"]).digest()
 
 
 def _as_confluent(single_object: bytes, ids: Any) -> bytes:
@@ -168,6 +176,11 @@ def test_readers_accept_both_encodings_on_one_topic(
         kinds = {rec.event.seq: rec.event for rec in reader.read(old.run_id)}
     assert len(kinds) == 4
     assert replay(reg, redis_client, old.run_id).state.digest() == digest
+    # The projection services fold both framings the same way as the writer did.
+    rebuild(redis_client, reg, ["state"])
+    for rid, digest_now in ((old.run_id, digest), (new.run_id, new_digest)):
+        view = get_state(redis_client, reg, rid)
+        assert view is not None and fold_dict(view) == digest_now
     # A reader without the registry names what it cannot read, never guesses.
     with LogReader(plain) as reader, pytest.raises(SchemaError, match="schema registry"):
         list(reader.read(new.run_id))
