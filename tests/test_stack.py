@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from runlog import stack
+from runlog.stack import registry as stack_registry
 from runlog.cli import main
 from runlog.errors import ConfigError, StackError
 from runlog.settings import Settings
@@ -76,7 +77,11 @@ def test_status_and_env_commands(
         assert word == "export"
         key, value = assignment.split("=", 1)
         exported[key] = shlex.split(value)[0]
-    assert exported == stack.env(embedded)
+    expected = stack.env(embedded)
+    url = stack_registry.url_if_running(embedded)  # printed only while the registry runs
+    if url is not None:
+        expected["RUNLOG_SCHEMA_REGISTRY_URL"] = url
+    assert exported == expected
     assert exported["RUNLOG_BOOTSTRAP_SERVERS"] == embedded.bootstrap_servers
 
 
