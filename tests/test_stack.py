@@ -10,10 +10,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from runlog import stack
-from runlog.stack import registry as stack_registry
 from runlog.cli import main
 from runlog.errors import ConfigError, StackError
 from runlog.settings import Settings
+from runlog.stack import registry as stack_registry
 from runlog.topics import check_topics, ensure_topics, topic_specs
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
