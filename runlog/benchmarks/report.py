@@ -168,6 +168,14 @@ def table(res: dict[str, Any]) -> str:
                 "confluent_p99_ms",
             ):
                 row(f"  append {key[:-3].replace('_', ' ')}", app[key], "ms")
+    stp = res.get("steps")
+    if stp:
+        rows.append((f"8. a durable step ({stp['steps_per_repeat']} steps)", "", ""))
+        for name, v in stp["systems"].items():
+            row(f"  {name}", v["ms_per_step"], "ms/step")
+            row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
+        if "peers" in stp:
+            rows.append(("  peers", stp["peers"], ""))
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
     head = _machine_lines(res)

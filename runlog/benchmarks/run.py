@@ -29,6 +29,7 @@ from runlog.benchmarks import (
     report,
     throughput,
 )
+from runlog.benchmarks import steps as durable_steps
 from runlog.benchmarks.common import Scratch, machine, settings_summary
 from runlog.bootstrap import Services
 from runlog.settings import Settings
@@ -43,6 +44,7 @@ SECTIONS = (
     "projection_lag",
     "memory",
     "encoding",
+    "steps",
 )
 
 
@@ -67,6 +69,7 @@ class Plan:
     memory_runs: int
     memory_events: int
     memory_open_threads: int
+    step_count: int
 
 
 FULL = Plan(
@@ -87,6 +90,7 @@ FULL = Plan(
     memory_runs=100,
     memory_events=10,
     memory_open_threads=10,
+    step_count=1_000,
 )
 
 QUICK = Plan(
@@ -107,6 +111,7 @@ QUICK = Plan(
     memory_runs=100,
     memory_events=2,
     memory_open_threads=50,
+    step_count=100,
 )
 
 
@@ -186,6 +191,10 @@ def run_all(
         (
             "encoding",
             lambda deps, s: encoding.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
+        ),
+        (
+            "steps",
+            lambda deps, s: durable_steps.measure(deps, s, n=plan.step_count, repeats=plan.repeats),
         ),
         (
             "memory",
