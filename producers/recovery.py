@@ -25,6 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed
+from runlog.producers.bounds import bound_result
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.tools import Absent, Conflict, Match, Unavailable
 from runlog.projections.run_state import OpenCall
@@ -68,6 +69,8 @@ def _reconciliation(
 
 
 def _complete(run: Run, call: OpenCall, content: str) -> None:
+    tool = run.tools.get(call.name)
+    content = bound_result(content, call.idempotency_key, tool.on_large_result if tool else None)
     run.append(
         EventType.TOOL_CALL_COMPLETED,
         call_id=call.call_id,

@@ -40,6 +40,7 @@ from runlog.errors import (
 )
 from runlog.log.fold import SnapshotSource, read_run
 from runlog.log.reader import LogReader
+from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload, bound_result
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.lease import METRICS, Held, Lease, LeaseManager
 from runlog.producers.tools import Tool, ToolError
@@ -217,6 +218,11 @@ class Run:
             return self._emit(et, payload if payload is not None else kw, local=True)
 
     def _emit(self, et: EventType, payload: Payload | dict[str, Any], *, local: bool) -> Event:
+        if et in BOUNDED_FIELDS:
+            # Texts that report an effect come from the outside world: bounded here, on
+            # every path, so recording an effect that happened can never fail to encode.
+            raw = payload.model_dump() if isinstance(payload, Payload) else payload
+            payload = bound_payload(et, raw)
         ev = self._build(et, payload)
         value = codec.encode(ev, self.deps.ids)
         if len(value) > MAX_EVENT_BYTES:
@@ -453,18 +459,21 @@ class Run:
             )
             recovery.recover_call(self, self.state.open_calls[key])
             return self._settled(key)
+        # What is recorded is what every later call with this key returns, so the live
+        # caller gets the same (possibly cut) text as a re-execution after a crash.
+        content = bound_result(str(result), key, tool.on_large_result)
         self.append(
             EventType.TOOL_CALL_COMPLETED,
             call_id=call_id,
             name=tool.name,
             started_seq=started.seq,
-            content=str(result),
+            content=content,
             is_error=False,
             idempotency_key=key,
             source="live",
             duration_ms=_elapsed_ms(t0),
         )
-        return str(result)
+        return self.state.completed_calls.get(key, content)
 
     # Approvals and the end ---------------------------------------------------------------
     def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:

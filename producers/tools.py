@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runlog.producers.bounds import ResultSink
+
 Risk = Literal["safe", "reversible", "irreversible"]
 
 
@@ -58,6 +60,10 @@ class Tool:
     fn: ToolFn
     risk: Risk = "safe"
     reconcile: Reconciler | None = None
+    on_large_result: ResultSink | None = None
+    """Receives ``(idempotency_key, whole_result)`` when the result is too large to record
+    whole; returns a reference (a URL, a blob key) that the completion records with the
+    cut text, its SHA-256 and its length."""
 
     def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
         return self.fn(args, idempotency_key=idempotency_key)
@@ -68,16 +74,25 @@ def tool(
     *,
     risk: Risk = "safe",
     reconcile: Reconciler | None = None,
+    on_large_result: ResultSink | None = None,
 ) -> Callable[[ToolFn], Tool]:
     """Declare ``fn(args: dict, *, idempotency_key: str) -> str`` as a tool.
 
     ``reconcile(args, *, idempotency_key)`` returns ``Match``, ``Absent``, ``Conflict`` or
     ``Unavailable`` from an authoritative lookup; without it, recovery routes by ``risk``.
+    A result over 256 KiB (UTF-8) is recorded cut, with its SHA-256 and length;
+    ``on_large_result(idempotency_key, whole_result) -> reference`` keeps it elsewhere.
     """
     if risk not in ("safe", "reversible", "irreversible"):
         raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")
 
     def wrap(fn: ToolFn) -> Tool:
-        return Tool(name=name or fn.__name__, fn=fn, risk=risk, reconcile=reconcile)
+        return Tool(
+            name=name or fn.__name__,
+            fn=fn,
+            risk=risk,
+            reconcile=reconcile,
+            on_large_result=on_large_result,
+        )
 
     return wrap

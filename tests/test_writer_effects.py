@@ -1,0 +1,163 @@
+"""Effects that happened are recorded whatever they returned; finishing is idempotent.
+
+Each test kills a real worker process (SIGKILL) at a flag and resumes the run in a new
+one, against the real Kafka and Redis; effects are counted in the Redis ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from workers.common import (
+    EXIT_OK,
+    ROOT,
+    TESTS,
+    Ledger,
+    Worker,
+    assert_log_sound,
+    payloads,
+    read_log,
+    valid_types,
+    worker_env,
+)
+from workers.effects_worker import result_text
+
+from runlog.schemas import models as m
+from runlog.schemas.keys import new_run_id
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+EFFECTS = TESTS / "workers" / "effects_worker.py"
+CUT = re.compile(r"\[runlog: cut (\d+) of (\d+) bytes; sha256 ([0-9a-f]{64}) of the whole text")
+
+
+@pytest.fixture
+def fast(test_settings: Settings) -> Iterator[Settings]:
+    from workers.common import services_for
+
+    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
+    with services_for(s):
+        yield s
+
+
+@pytest.fixture
+def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
+    return Ledger(redis_client, fast.redis_key_prefix)
+
+
+def start(settings: Settings, tmp: Path, name: str, *args: str) -> Worker:
+    """An effects_worker.py process (same harness as agent_worker.py's)."""
+    cmd = [sys.executable, str(EFFECTS), "--dir", str(tmp), "--name", name, *args]
+    proc = subprocess.Popen(
+        cmd,
+        env=worker_env(settings),
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return Worker(proc, tmp, name)
+
+
+def _events(settings: Settings, run_id: str) -> list[m.Event]:
+    return [r.event for r in read_log(settings, run_id)]
+
+
+def _ok(code: int, result: dict[str, object], expected: int = EXIT_OK) -> None:
+    assert code == expected, f"exit {code}: {result.get('_stdout')}\n{result.get('_stderr')}"
+
+
+def _kill_at(worker: Worker, flag: str, timeout: float = 30.0) -> None:
+    """SIGKILL ``worker`` once it reaches ``flag``; if it dies on its own first, the test
+    goes on with what it left in the log (the point is what the next owner does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.flag(flag).exists():
+            worker.kill()
+            return
+        if worker.proc.poll() is not None:
+            worker.proc.communicate()
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {worker.name} did not reach {flag!r} in {timeout}s")
+
+
+def _whole(kind: str) -> bytes:
+    return result_text(kind).encode("utf-8", "surrogatepass")
+
+
+def _assert_cut(content: str, kind: str) -> None:
+    whole = _whole(kind)
+    if kind == "surrogate":
+        # Small enough to keep whole: only the lone surrogate is escaped.
+        assert content == "receipt \\ud800 with a lone surrogate"
+        return
+    found = CUT.search(content)
+    assert found, f"no cut marker in the completion: {content[-300:]!r}"
+    cut, total, digest = int(found[1]), int(found[2]), found[3]
+    assert total == len(whole) and digest == hashlib.sha256(whole).hexdigest()
+    kept = content[: found.start()].rstrip("\n").encode()
+    assert cut == total - len(kept) and whole.startswith(kept)
+
+
+@pytest.mark.parametrize("kind", ["large", "surrogate"])
+def test_a_large_or_unencodable_result_is_recorded_once_and_never_rerun(
+    kind: str, fast: Settings, tmp_path: Path, ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    """Live path: the completion of a 2 MB / lone-surrogate result is recorded (cut or
+    escaped, with digest and length); the worker is killed after it and re-executed from
+    the top: the fetch is not run again."""
+    rid = new_run_id()
+    args = ["--run-id", rid, "--result", kind, "--sink", "--risk", "safe"]
+    first = start(fast, tmp_path, "first", *args, "--hold-after")
+    _kill_at(first, "after-calls")
+    assert ledger.total() == 1
+
+    second = start(fast, tmp_path, "second", *args)
+    code, result = second.finish()
+    assert ledger.total() == 1, f"the resumed run fetched again: {ledger.per_key()}"
+    _ok(code, result)
+    events = _events(fast, rid)
+    assert_log_sound(events)
+    (done,) = payloads(events, EventType.TOOL_CALL_COMPLETED)
+    assert done.source == "live" and not done.is_error
+    _assert_cut(done.content, kind)
+    if kind == "large":
+        # The sink kept the whole result where the marker says.
+        (key,) = ledger.per_key()
+        assert f"kept at redis:{fast.redis_key_prefix}:blob:{key}" in done.content
+        assert redis_client.get(f"{fast.redis_key_prefix}:blob:{key}") == _whole(kind)
+    assert valid_types(events)[-1] == "run_finished"
+
+
+@pytest.mark.parametrize("kind", ["large", "surrogate"])
+def test_a_reconciled_large_or_unencodable_result_completes_the_call(
+    kind: str, fast: Settings, tmp_path: Path, ledger: Ledger
+) -> None:
+    """Recovery path: killed after the effect, before its completion; the lookup's Match
+    carries the same 2 MB / lone-surrogate text and completes the call once."""
+    rid = new_run_id()
+    args = ["--run-id", rid, "--result", kind, "--reconcile", "ledger", "--risk", "safe"]
+    first = start(fast, tmp_path, "first", *args, "--mode", "block-after")
+    _kill_at(first, "effect")
+
+    second = start(fast, tmp_path, "second", *args)
+    code, result = second.finish()
+    _ok(code, result)
+    assert ledger.total() == 1
+    events = _events(fast, rid)
+    assert_log_sound(events)
+    (done,) = payloads(events, EventType.TOOL_CALL_COMPLETED)
+    assert done.source == "reconciliation"
+    _assert_cut(done.content, kind)
+    assert result["status"] == "finished"
