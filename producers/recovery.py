@@ -42,12 +42,17 @@ MAX_ATTEMPTS = 5
 
 def recover(run: Run) -> None:
     """Settle every open call of ``run`` that its tools allow settling now."""
-    for call in list(run.state.open_calls.values()):
-        if run.state.status == "escalated":
+    # Conflicts first: a conflict whose request was lost must stop the run before any
+    # other call is retried.
+    calls = sorted(run.state.open_calls.values(), key=lambda c: c.status != "conflict")
+    for call in calls:
+        if call.idempotency_key not in run.state.open_calls:
+            continue
+        if run.state.status == "escalated" and call.status != "conflict":
             log.info("run %s is stopped by a conflict; recovery waits for a person", run.run_id)
             return
         try:
-            recover_call(run, call)
+            recover_call(run, run.state.open_calls[call.idempotency_key])
         except (ToolFailed, CallUncertain, Escalated) as exc:
             # Recorded in the log already; open_run still returns the run.
             log.info("recovery of %s left it %s: %s", call.idempotency_key, type(exc).__name__, exc)
@@ -95,6 +100,16 @@ def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | No
         last_error=call.last_error,
         detail=detail,
     )
+
+
+def _re_request(run: Run, call: OpenCall) -> None:
+    if call.status == "conflict":
+        found = (call.last_evidence or "").removeprefix("conflict: ")
+        both = json.dumps({"intended": json.loads(call.args_json), "found": found}, sort_keys=True)
+        _escalate(run, call, "conflict", f"conflicting {call.name} effect found", both)
+    else:
+        reason = f"{call.name} may or may not have taken effect ({call.last_evidence or ''})"
+        _escalate(run, call, "uncertain_call", reason, None)
 
 
 def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> None:
@@ -168,6 +183,11 @@ def recover_call(run: Run, call: OpenCall) -> None:
             )
         return
     if call.status in ("escalated", "conflict"):
+        if call.approval_id is None:
+            # Escalated by a reconciliation event whose approval request never followed
+            # (the writer died between the two appends): without a request nobody can
+            # decide it, so ask now, with what the reconciliation recorded.
+            _re_request(run, call)
         return  # waiting for a person
     if tool is None:
         log.info("call %s (%s) stays uncertain: tool not given to open_run", key, call.name)

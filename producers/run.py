@@ -362,13 +362,8 @@ class Run:
         from runlog.producers import recovery
 
         with self._lock:
-            if self.state.status == "escalated":
-                pending = [a.approval_id for a in self.state.pending_approvals.values()]
-                raise Escalated(
-                    f"run {self.run_id} is stopped by a conflict awaiting a person",
-                    approval_id=pending[0] if pending else None,
-                    run_id=self.run_id,
-                )
+            if key not in self.state.completed_calls:
+                self._stop_if_conflict()
             if key in self.state.completed_calls:
                 return self.state.completed_calls[key]
             if key in self.state.open_calls:
@@ -377,6 +372,24 @@ class Run:
             return self.attempt(
                 tool, args_json, key, call_id=call_id, attempt=1, operation_id=operation_id
             )
+
+    def _stop_if_conflict(self) -> None:
+        """A conflict stops the run: no effect of any call until a person decides.
+
+        The run is stopped by the conflict's approval request, and also by a conflict
+        whose request is not in the log yet (its writer died between the two appends):
+        recovery then asks again, but nothing may run meanwhile.
+        """
+        conflict = [c for c in self.state.open_calls.values() if c.status == "conflict"]
+        if self.state.status != "escalated" and not conflict:
+            return
+        pending = [a.approval_id for a in self.state.pending_approvals.values()]
+        pending += [c.approval_id for c in conflict if c.approval_id is not None]
+        raise Escalated(
+            f"run {self.run_id} is stopped by a conflict awaiting a person",
+            approval_id=pending[0] if pending else None,
+            run_id=self.run_id,
+        )
 
     def _settled(self, key: str) -> str:
         if key in self.state.completed_calls:
@@ -410,13 +423,7 @@ class Run:
         """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
         from runlog.producers import recovery
 
-        if self.state.status == "escalated":
-            # A conflict stopped the run: no effect of any call until a person decides.
-            raise Escalated(
-                f"run {self.run_id} is stopped by a conflict awaiting a person",
-                approval_id=next(iter(self.state.pending_approvals), None),
-                run_id=self.run_id,
-            )
+        self._stop_if_conflict()
         started = self.append(
             EventType.TOOL_CALL_STARTED,
             call_id=call_id,
@@ -434,6 +441,23 @@ class Run:
             ):
                 result = tool(json.loads(args_json), idempotency_key=key)
         except ToolError as exc:
+            if attempt > 1:
+                # Only a retry follows an attempt whose outcome nobody knows: this failure
+                # proves that *this* attempt did nothing, not the earlier one. Closing the
+                # call as failed would let a re-proposal run the key afresh with no one
+                # asked, so it stays uncertain and the uncertain-call rules go on.
+                self.append(
+                    EventType.TOOL_CALL_UNCERTAIN,
+                    started_seq=started.seq,
+                    call_id=call_id,
+                    name=tool.name,
+                    idempotency_key=key,
+                    error=f"attempt {attempt} failed ({exc}); an earlier attempt's outcome "
+                    "is still unknown",
+                    detected_by="live",
+                )
+                recovery.recover_call(self, self.state.open_calls[key])
+                return self._settled(key)
             # Proven failure: no key, so the action may be tried again later.
             self.append(
                 EventType.TOOL_CALL_COMPLETED,

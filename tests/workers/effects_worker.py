@@ -73,6 +73,58 @@ def make_fetch(opts: argparse.Namespace, flags: Flags, ledger: Ledger, store: An
     )(fetch)
 
 
+def make_pay_refund(opts: argparse.Namespace, ledger: Ledger) -> list[runlog.Tool]:
+    """``pay`` is irreversible: its receiver applies 70 where 7 was asked, then the answer
+    is lost; its lookup finds that conflict. ``refund`` is reversible."""
+
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps({**args, "amount": 70}, sort_keys=True))
+        raise TimeoutError("gateway timed out after accepting")
+
+    def pay_lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        found = ledger.found(idempotency_key)
+        if found is None:
+            return runlog.Absent("no such payment")
+        if found != json.dumps(args, sort_keys=True):
+            return runlog.Conflict(found)
+        return runlog.Match("paid")
+
+    def refund(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return "refunded"
+
+    return [
+        runlog.tool("pay", risk="irreversible", reconcile=pay_lookup)(pay),
+        runlog.tool("refund", risk="reversible")(refund),
+    ]
+
+
+def scenario_conflict(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
+    run.call_tool("pay", {"amount": 7, "acct": "A-1"})
+    run.call_tool("refund", {"amount": 3, "acct": "A-1"})
+    run.finish("succeeded")
+
+
+def scenario_refund(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
+    run.call_tool("refund", {"amount": 3, "acct": "A-1"})
+    run.finish("succeeded")
+
+
+def hold_before_escalating(flags: Flags) -> None:
+    """Stop (for the test's SIGKILL) after a reconciliation recorded an escalation and
+    before its approval request is appended."""
+    from runlog.producers import recovery
+
+    original = recovery._escalate
+
+    def escalate(*args: Any, **kw: Any) -> None:
+        flags.set("escalating")
+        flags.hold()
+        original(*args, **kw)
+
+    recovery._escalate = escalate
+
+
 def scenario_fetch(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
     """Re-executed from the top after a kill: one fetch, then finish."""
     got = run.call_tool("fetch", {"url": "https://example.test/page"})
@@ -116,7 +168,13 @@ def scenario_guardrail(run: runlog.Run, opts: argparse.Namespace, flags: Flags) 
     loop.run(run, user_message="check the account")
 
 
-SCENARIOS = {"fetch": scenario_fetch, "finish": scenario_finish, "guardrail": scenario_guardrail}
+SCENARIOS = {
+    "fetch": scenario_fetch,
+    "finish": scenario_finish,
+    "guardrail": scenario_guardrail,
+    "conflict": scenario_conflict,
+    "refund": scenario_refund,
+}
 
 
 def main() -> int:
@@ -132,6 +190,7 @@ def main() -> int:
     ap.add_argument("--sink", action="store_true")
     ap.add_argument("--hold-after", action="store_true")
     ap.add_argument("--outcome", default="succeeded")
+    ap.add_argument("--hold-before-escalate", action="store_true")
     opts = ap.parse_args()
 
     settings = Settings()
@@ -139,12 +198,14 @@ def main() -> int:
     flags = Flags(opts.dir, opts.name)
     store = redis_client(settings)
     ledger = Ledger(store, settings.redis_key_prefix)
-    fetch = make_fetch(opts, flags, ledger, store)
+    tools = [make_fetch(opts, flags, ledger, store), *make_pay_refund(opts, ledger)]
+    if opts.hold_before_escalate:
+        hold_before_escalating(flags)
     result: dict[str, Any] = {"outcome": "ok", "error": ""}
     code = EXIT_OK
     run: runlog.Run | None = None
     try:
-        run = runlog.open_run(opts.run_id, tools=[fetch], settings=settings, agent="effects")
+        run = runlog.open_run(opts.run_id, tools=tools, settings=settings, agent="effects")
         flags.set("opened", json.dumps({"epoch": run.epoch, "seq": run.state.seq}))
         if run.state.status != "finished" or opts.scenario == "finish":
             SCENARIOS[opts.scenario](run, opts, flags)
