@@ -131,7 +131,7 @@ def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) ->
         call.idempotency_key,
         call_id=call.call_id,
         attempt=call.attempt + 1,
-        operation_id=None,
+        operation_id=call.operation_id,
     )
 
 

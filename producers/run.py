@@ -38,14 +38,14 @@ from runlog.errors import (
     UnknownTool,
     ValidationFailed,
 )
-from runlog.log.fold import SnapshotSource, read_run
+from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
 from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload, bound_result
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.lease import METRICS, Held, Lease, LeaseManager
 from runlog.producers.tools import Tool, ToolError
 from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
-from runlog.projections.run_state import RunState, accept, apply
+from runlog.projections.run_state import RunState, accept
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import idempotency_key, new_run_id, partition_for, start_key
@@ -126,6 +126,9 @@ class Run:
     _poisoned: str | None = None
     _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _since_turn: list[Event] | None = field(default_factory=list)
+    """Valid events after the last MODEL_TURN; None when the replay did not see that far
+    back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
 
     # Identity ---------------------------------------------------------------------------
     @property
@@ -237,8 +240,8 @@ class Run:
             codec.headers(ev),
             partition=self.partition,
         )
-        if local:
-            apply(self.state, ev)
+        if local and accept(self.state, ev):
+            self._note(ev)
         self._pending.append(_Pending(ev, fut))
         return ev
 
@@ -306,6 +309,42 @@ class Run:
     def _after_durable(self) -> None:
         if self.deps.snapshots is not None:
             self.deps.snapshots.maybe_write(self)
+
+    def _note(self, ev: Event) -> None:
+        if ev.type is EventType.MODEL_TURN:
+            self._since_turn = []
+        elif self._since_turn is not None:
+            self._since_turn.append(ev)
+
+    def since_last_turn(self) -> list[Event]:
+        """The run's valid events after its last MODEL_TURN (all of them if it has none).
+
+        What a worker re-executed after a crash needs in order not to record a fact twice
+        that the log already holds, though the fold does not keep it (a guardrail trip, the
+        RUN_FINISHED event itself).
+        """
+        with self._lock:
+            if self._since_turn is None:
+                if self._pending:
+                    self.barrier()
+                end = max(self.position, (self.last_offset or -1) + 1)
+                reader = self.deps.reader_factory()
+                try:
+                    got = read_run(
+                        reader,
+                        self.deps.redis,
+                        self.deps.settings,
+                        self.tenant,
+                        self.run_id,
+                        end=end,
+                        keep=True,
+                    )
+                finally:
+                    reader.close()
+                self._since_turn = []
+                for ev in _valid_kept(got.folded):
+                    self._note(ev)
+            return list(self._since_turn)
 
     # Tools -----------------------------------------------------------------------------
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
@@ -572,8 +611,17 @@ class Run:
             raise RedisUnavailable(f"Redis for run {self.run_id}: {exc}") from exc
 
     def finish(self, outcome: str, summary: str = "") -> Event:
-        """Append RUN_FINISHED and release the lease."""
+        """Append RUN_FINISHED and release the lease.
+
+        On a run that already finished with ``outcome``, returns the recorded RUN_FINISHED:
+        a worker killed just after its finish was acknowledged and re-executed from the
+        top reaches the same call again. A different outcome raises ``RunFinished``.
+        """
         try:
+            if self.state.status == "finished" and self.state.outcome == outcome:
+                for ev in reversed(self.since_last_turn()):
+                    if ev.type is EventType.RUN_FINISHED:
+                        return ev
             return self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
         finally:
             self.lease.release()
@@ -585,6 +633,7 @@ class Run:
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
             if accept(self.state, rec.event):
                 accepted.add(rec.event.event_id)
+                self._note(rec.event)
         self.position = max(self.position, end)
         return accepted
 
@@ -742,7 +791,9 @@ def _start_fresh(
 
 def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
     rid, tenant = lease.run_id, lease.tenant
-    got = read_run(reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots)
+    got = read_run(
+        reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots, keep=True
+    )
     if got.snapshot_miss is not None:
         log.warning("snapshot of %s does not continue into the log; full replay", rid)
     state = got.state
@@ -759,13 +810,24 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         partition=got.partition,
         position=got.end,
         first_offset=got.folded.first_offset,
+        _since_turn=None if got.source == "snapshot" else [],
     )
+    kept = _valid_kept(got.folded)
+    if any(ev.type is EventType.MODEL_TURN for ev in kept):
+        run._since_turn = []
+    for ev in kept:
+        run._note(ev)
     if state.max_epoch_seen >= lease.epoch:
         # Redis forgot epochs the log remembers (restart without persistence): go above them.
         lease.raise_floor(state.max_epoch_seen)
         if lease.lost:
             raise Fenced(f"lease of {rid} lost while raising its epoch", run_id=rid)
     return run
+
+
+def _valid_kept(folded: Folded) -> list[Event]:
+    fenced = {rec.offset for rec in folded.fenced}
+    return [rec.event for rec in folded.kept if rec.offset not in fenced]
 
 
 def _elapsed_ms(t0: float) -> int:

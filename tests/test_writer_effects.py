@@ -7,6 +7,7 @@ one, against the real Kafka and Redis; effects are counted in the Redis ledger.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from workers.common import (
     valid_types,
     worker_env,
 )
-from workers.effects_worker import result_text
+from workers.effects_worker import EXIT_FINISHED, result_text
 
 from runlog.schemas import models as m
 from runlog.schemas.keys import new_run_id
@@ -161,3 +162,71 @@ def test_a_reconciled_large_or_unencodable_result_completes_the_call(
     assert done.source == "reconciliation"
     _assert_cut(done.content, kind)
     assert result["status"] == "finished"
+
+
+def test_finish_after_a_kill_just_after_run_finished_returns_the_recorded_event(
+    fast: Settings, tmp_path: Path, ledger: Ledger
+) -> None:
+    """The README's worker shape (calls, then finish) killed just after its RUN_FINISHED
+    was acknowledged, re-executed from the top: same outcome returns the recorded event;
+    another outcome raises RunFinished. Nothing is appended either way."""
+    rid = new_run_id()
+    first = start(fast, tmp_path, "first", "--run-id", rid, "--scenario", "finish", "--hold-after")
+    recorded = json.loads(first.wait_flag("finished"))
+    first.kill()
+    before = _events(fast, rid)
+
+    again = start(fast, tmp_path, "again", "--run-id", rid, "--scenario", "finish")
+    code, result = again.finish()
+    _ok(code, result)
+    assert json.loads((tmp_path / "again.finished").read_text()) == recorded
+    other = start(
+        fast, tmp_path, "other", "--run-id", rid, "--scenario", "finish", "--outcome", "failed"
+    )
+    code, result = other.finish()
+    _ok(code, result, EXIT_FINISHED)
+    assert result["outcome_recorded"] == "succeeded"
+    assert _events(fast, rid) == before
+    assert ledger.total() == 1
+
+
+def test_a_guardrail_trip_is_recorded_once_when_the_worker_dies_before_its_model_turn(
+    fast: Settings, tmp_path: Path
+) -> None:
+    rid = new_run_id()
+    first = start(
+        fast, tmp_path, "first", "--run-id", rid, "--scenario", "guardrail", "--hold-after"
+    )
+    first.wait_flag("guardrail-recorded")
+    first.kill()
+    second = start(fast, tmp_path, "second", "--run-id", rid, "--scenario", "guardrail")
+    code, result = second.finish()
+    _ok(code, result)
+    events = _events(fast, rid)
+    assert_log_sound(events)
+    trips = payloads(events, EventType.GUARDRAIL_TRIGGERED)
+    assert [(t.guardrail, t.detail) for t in trips] == [("secrets", "model mentioned a password")]
+    types = valid_types(events)
+    assert types.index("guardrail_triggered") < types.index("model_turn")
+    assert types[-1] == "run_finished"
+
+
+def test_a_retry_records_the_operation_id_of_its_first_attempt(
+    fast: Settings, ledger: Ledger
+) -> None:
+    import runlog
+
+    calls: list[str] = []
+
+    @runlog.tool("sync", risk="safe")
+    def sync(args: dict[str, object], *, idempotency_key: str) -> str:
+        calls.append(idempotency_key)
+        if len(calls) == 1:
+            raise TimeoutError("no answer")
+        return "synced"
+
+    with runlog.open_run(settings=fast, tools=[sync]) as run:
+        assert run.call_tool("sync", {"n": 1}, operation_id="order-42") == "synced"
+        rid = run.run_id
+    started = payloads(_events(fast, rid), EventType.TOOL_CALL_STARTED)
+    assert [(p.attempt, p.operation_id) for p in started] == [(1, "order-42"), (2, "order-42")]

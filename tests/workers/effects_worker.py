@@ -36,6 +36,8 @@ from workers.common import (  # noqa: E402
 )
 
 LARGE_BYTES = 2 * 1024 * 1024
+EXIT_FINISHED = 8
+"""``RunFinished``: the run had already finished (with another outcome)."""
 
 
 def result_text(kind: str) -> str:
@@ -220,6 +222,8 @@ def main() -> int:
         result, code = {"outcome": "CallUncertain", "error": str(exc)}, EXIT_UNCERTAIN
     except runlog.ToolFailed as exc:
         result, code = {"outcome": "ToolFailed", "error": str(exc)}, EXIT_TOOL_FAILED
+    except runlog.RunFinished as exc:
+        result, code = {"outcome": "RunFinished", "error": str(exc)}, EXIT_FINISHED
     except Exception:  # noqa: BLE001 - anything else is a test failure: show it, exit 1
         traceback.print_exc()
         return 1
