@@ -230,3 +230,33 @@ def test_a_retry_records_the_operation_id_of_its_first_attempt(
         rid = run.run_id
     started = payloads(_events(fast, rid), EventType.TOOL_CALL_STARTED)
     assert [(p.attempt, p.operation_id) for p in started] == [(1, "order-42"), (2, "order-42")]
+
+
+def test_a_fatal_producer_error_replaces_the_producer_and_inflight_appends_are_unknown(
+    fast: Settings,
+) -> None:
+    """SIMULATED: librdkafka offers Python no way to force a real fatal idempotence error,
+    so the test delivers a fatal ``KafkaError`` to the writer's ``error_cb`` (the entry
+    librdkafka itself calls). What is real: the old producer still holds an append that
+    cannot complete (its topic does not exist), and every later append goes to the broker."""
+    from confluent_kafka import KafkaError
+
+    import runlog
+    from runlog.bootstrap import Services
+    from runlog.producers.writer import DeliveryFailed
+
+    writer = Services.shared(fast).writer
+    stuck = writer.send(f"{fast.topic_prefix}.no-such-topic", b"k", b"v", [])
+    with runlog.open_run(settings=fast) as a:
+        a.append(EventType.USER_MESSAGE, content="before")
+        writer._on_error(KafkaError(KafkaError._FATAL, "simulated fatal error", fatal=True))
+        with pytest.raises(DeliveryFailed) as lost:
+            stuck.result(timeout=10)
+        assert lost.value.unknown, "an append in flight at a fatal error may have been written"
+        a.append(EventType.USER_MESSAGE, content="after")  # the same process goes on
+        rid = a.run_id
+    with runlog.open_run(settings=fast) as b:
+        b.append(EventType.USER_MESSAGE, content="a new run")
+    assert writer.replaced == 1
+    contents = [p.content for p in payloads(_events(fast, rid), EventType.USER_MESSAGE)]
+    assert contents == ["before", "after"]
