@@ -23,7 +23,6 @@ from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.run import Run
 from runlog.projections.run_state import RunState, messages_in_last_turns
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import idempotency_key
 from runlog.schemas.models import GuardrailTriggered
 from runlog.schemas.vocabulary import EventType
 
@@ -192,7 +191,7 @@ class AgentLoop:
         used = set(run.state.completed_calls) | set(run.state.open_calls) | taken
         ordinal = 0
         while True:
-            key = idempotency_key(run.tenant, scope, call.name, args_json, ordinal)
+            key = run.idempotency_key(scope, call.name, args_json, ordinal)
             if key not in used:
                 return key
             ordinal += 1

@@ -48,7 +48,13 @@ from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import idempotency_key, new_run_id, partition_for, start_key
+from runlog.schemas.keys import (
+    idempotency_key,
+    key_scheme_of,
+    new_run_id,
+    partition_for,
+    start_key,
+)
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
@@ -126,6 +132,7 @@ class Run:
     _poisoned: str | None = None
     _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _key_scheme: int | None = None
     _since_turn: list[Event] | None = field(default_factory=list)
     """Valid events after the last MODEL_TURN; None when the replay did not see that far
     back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
@@ -347,12 +354,27 @@ class Run:
             return list(self._since_turn)
 
     # Tools -----------------------------------------------------------------------------
+    @property
+    def key_scheme(self) -> int:
+        """The idempotency-key scheme of this run: the one of the keys its log holds."""
+        if self._key_scheme is None:
+            st = self.state
+            proposed = (c.get("idempotency_key") for msg in st.messages for c in msg.tool_calls)
+            self._key_scheme = key_scheme_of(
+                [*st.completed_calls, *st.open_calls, *(k for k in proposed if k)]
+            )
+        return self._key_scheme
+
+    def idempotency_key(self, scope: str, name: str, args_json: str, ordinal: int) -> str:
+        """The key of occurrence ``ordinal`` of (scope, tool, args) in this run's scheme."""
+        return idempotency_key(self.tenant, scope, name, args_json, ordinal, scheme=self.key_scheme)
+
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
         """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
         args_json = canonical_json(args)
         scope = operation_id or self.run_id
         ordinal = self._occurrences[(scope, name, args_json)]
-        return idempotency_key(self.tenant, scope, name, args_json, ordinal)
+        return self.idempotency_key(scope, name, args_json, ordinal)
 
     def call_tool(
         self,
@@ -370,7 +392,7 @@ class Run:
         scope = operation_id or self.run_id
         occurrence = (scope, name, args_json)
         ordinal = self._occurrences[occurrence]
-        key = idempotency_key(self.tenant, scope, name, args_json, ordinal)
+        key = self.idempotency_key(scope, name, args_json, ordinal)
         self._occurrences[occurrence] += 1
         try:
             return self.execute(

@@ -1,15 +1,19 @@
 """Identities: run ids, idempotency keys, Kafka partitions.
 
-The idempotency key format is the deduplication identity receivers store. Never change
-it: a changed format makes every in-flight retry look like a new business operation.
+The idempotency key format is the deduplication identity receivers store. A released key
+scheme never changes: a changed scheme would make every in-flight retry look like a new
+business operation. A new scheme is added beside the old ones (``KEY_SCHEMES``), and a run
+whose log already holds keys of an older scheme goes on computing keys of that scheme.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import time
+from collections.abc import Iterable
 
 from runlog.errors import InvalidRecordKey, InvalidRunId
 
@@ -113,16 +117,54 @@ def start_key(key_prefix: str, tenant: str, run_id: str) -> str:
     return f"{run_tag(key_prefix, tenant, run_id)}:start"
 
 
-def idempotency_key(tenant: str, scope: str, tool: str, args_json: str, ordinal: int) -> str:
+KEY_SCHEME = 2
+"""The scheme of new runs' keys. 1: 32 hex digits of sha256 over the fields joined with
+``\x1f``, unescaped, so a scope or tool name holding ``\x1f`` could make two different
+actions share a key. 2: ``k2_`` + 32 hex digits of sha256 over the canonical JSON array of
+the fields: every field's boundaries are unambiguous."""
+
+KEY_SCHEMES = (1, 2)
+SCHEME_2_PREFIX = "k2_"
+
+
+def idempotency_key(
+    tenant: str, scope: str, tool: str, args_json: str, ordinal: int, *, scheme: int = KEY_SCHEME
+) -> str:
     """Key of one logical action.
 
     ``scope`` is the run id, or a caller-given operation id that outlives the run;
     ``args_json`` is canonical JSON; ``ordinal`` numbers intentional repeats of the same
     (scope, tool, args) so that the second charge of seven dollars is a new action while
     a re-execution after a crash recomputes the same keys. Never include a model call id.
+    ``scheme`` is the run's key scheme (``key_scheme_of`` its recorded keys).
     """
-    material = "\x1f".join((check_tenant(tenant), scope, tool, args_json, str(ordinal)))
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
+    check_tenant(tenant)
+    if scheme == 1:
+        # Released scheme: kept bit for bit so that runs begun under it resume with the
+        # keys their receivers already hold.
+        material = "\x1f".join((tenant, scope, tool, args_json, str(ordinal)))
+        return hashlib.sha256(material.encode()).hexdigest()[:32]
+    if scheme == 2:
+        fields = ["runlog-key", 2, tenant, scope, tool, args_json, ordinal]
+        text = json.dumps(fields, ensure_ascii=True, separators=(",", ":"))
+        return SCHEME_2_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+    raise ValueError(f"unknown idempotency key scheme {scheme!r}; known: {KEY_SCHEMES}")
+
+
+def scheme_of_key(key: str) -> int:
+    """The scheme that produced ``key``."""
+    return 2 if key.startswith(SCHEME_2_PREFIX) else 1
+
+
+def key_scheme_of(recorded: Iterable[str]) -> int:
+    """The scheme a run computes its keys with, given the keys its log already holds.
+
+    A run that recorded a key of scheme 1 (begun before scheme 2 existed) stays on scheme
+    1, so a re-execution after a crash recomputes the keys it already sent; any other run
+    uses ``KEY_SCHEME``.
+    """
+    schemes = {scheme_of_key(k) for k in recorded}
+    return min(schemes) if schemes else KEY_SCHEME
 
 
 def _murmur2(data: bytes) -> int:
