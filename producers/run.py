@@ -132,6 +132,10 @@ class Run:
     _poisoned: str | None = None
     _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _log_view: RunState | None = None
+    """Validity of this run's log up to ``position``, as every reader folds it: status,
+    seq and epoch only (the rule needs no more). None until the claim is confirmed."""
+    _confirm_reader: LogReader | None = None
     _key_scheme: int | None = None
     _since_turn: list[Event] | None = field(default_factory=list)
     """Valid events after the last MODEL_TURN; None when the replay did not see that far
@@ -163,6 +167,9 @@ class Run:
                 self.barrier()
         finally:
             self.lease.release()
+            if self._confirm_reader is not None:
+                self._confirm_reader.close()
+                self._confirm_reader = None
 
     # Appending --------------------------------------------------------------------------
     def _fenced(self, why: str) -> Fenced:
@@ -312,6 +319,52 @@ class Run:
             self.barrier()
             self._after_durable()
             return ev
+
+    def _mark_log_view(self) -> None:
+        """The log up to ``position`` is exactly what this run's state was folded from."""
+        st = self.state
+        self._log_view = RunState(
+            run_id=st.run_id,
+            tenant=st.tenant,
+            status=st.status,
+            seq=st.seq,
+            epoch=st.epoch,
+            max_epoch_seen=st.max_epoch_seen,
+        )
+
+    def confirm_in_log(self, ev: Event) -> None:
+        """Read this run's log up to ``ev`` (acknowledged) and raise ``Fenced`` unless every
+        reader accepts it.
+
+        The lease checks ask Redis, and Redis can go back in time (a restart from an AOF
+        that lost its last second, a failover to a replica that never saw a takeover):
+        a stale owner then passes them while its records are fenced in the log. Reading
+        the log back to its own record is the one check that cannot be fooled, so an
+        effect nobody could undo is started only after it.
+        """
+        if self._log_view is None or self.last_offset is None:
+            raise self._fenced(f"seq {ev.seq} cannot be confirmed: no confirmed claim")
+        end = self.last_offset + 1
+        if self._confirm_reader is None:
+            self._confirm_reader = self.deps.reader_factory()
+        view, accepted = self._log_view, False
+        for rec in self._confirm_reader.read(
+            self.run_id, partition=self.partition, start=self.position, end=end
+        ):
+            if accept(view, rec.event) and rec.event.event_id == ev.event_id:
+                accepted = True
+            # The view answers "is it valid" through the one acceptance rule; what the
+            # rule folds besides (messages, calls) lives in ``state``, not twice.
+            view.messages.clear()
+            view.completed_calls.clear()
+            view.open_calls.clear()
+            view.approvals.clear()
+        self.position = max(self.position, end)
+        if not accepted:
+            raise self._fenced(
+                f"seq {ev.seq} of epoch {self.epoch} is not valid in the log (a newer owner "
+                f"of epoch {view.max_epoch_seen} claimed the run, though Redis says we own it)"
+            )
 
     def _after_durable(self) -> None:
         if self.deps.snapshots is not None:
@@ -495,6 +548,8 @@ class Run:
             risk=tool.risk,
             operation_id=operation_id,
         )
+        if tool.risk != "safe":
+            self.confirm_in_log(started)
         t0 = time.monotonic()
         try:
             with call_context(
@@ -803,6 +858,7 @@ def _start_fresh(
             run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
+        run._mark_log_view()
         _index_start(run, delivered)
         log.info("run %s started at epoch %s", rid, run.epoch)
         return run
@@ -883,6 +939,7 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
         # Our own event must be the one the log accepted: after Redis lost its data, a
         # writer holding the same epoch number could otherwise confirm our claim for us.
         if ev.event_id in accepted:
+            run._mark_log_view()
             if ev.type is EventType.RUN_STARTED:
                 _index_start(run, delivered)
             else:
