@@ -9,12 +9,15 @@ evidence              action
 ====================  ===========================================================
 Match(result)         append a completion with source=reconciliation
 Absent()              retry with the same key
-Conflict(detail)      stop the run; escalate to a person with both payloads
+Conflict(detail)      stop the run; escalate to a person with both payloads; a
+                      tool with ``compensate`` first undoes the conflicting effect
+                      (a call of its own) and, once undone, retries with the key
 Unavailable(reason)   keep the call uncertain (absence of evidence is not permission)
 no reconciler         safe: retry; reversible: retry, compensation may be needed;
                       irreversible: escalate to a person
 person decided        approved: retry with the same key; rejected: close the call
-                      with the person's note as its result (it is never executed again)
+                      with the person's note as its result (it is never executed again);
+                      a tool with ``compensate`` first undoes what may have happened
 ====================  ===========================================================
 """
 
@@ -29,6 +32,8 @@ from runlog.producers.bounds import bound_result
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.tools import Absent, Conflict, Match, Unavailable
 from runlog.projections.run_state import OpenCall
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -112,6 +117,52 @@ def _re_request(run: Run, call: OpenCall) -> None:
         _escalate(run, call, "uncertain_call", reason, None)
 
 
+def _compensable(run: Run, call: OpenCall) -> bool:
+    """The call's tool has an inverse, and no earlier inverse of this call completed (a
+    conflict that outlives its compensation is a person's to decide)."""
+    tool = run.tools.get(call.name)
+    if tool is None or tool.compensate is None:
+        return False
+    return _compensation_key(run, call) not in run.state.completed_calls
+
+
+def _compensation_args(call: OpenCall) -> str:
+    return canonical_json({"args": json.loads(call.args_json), "of": call.idempotency_key})
+
+
+def _compensation_key(run: Run, call: OpenCall) -> str:
+    # Scoped by the key it undoes: one inverse per call, the same key on every retry of it.
+    return run.idempotency_key(
+        call.idempotency_key, compensation_name(call.name), _compensation_args(call), 0
+    )
+
+
+def _compensate(run: Run, call: OpenCall) -> str | None:
+    """Run the inverse of ``call``'s effect as a call of its own (started, completed,
+    failed or uncertain, like any); returns its key once it completed, else None."""
+    inverse = run.tools[compensation_name(call.name)]
+    key = _compensation_key(run, call)
+    if key in run.state.completed_calls:
+        return key
+    try:
+        if key in run.state.open_calls:
+            recover_call(run, run.state.open_calls[key])
+        else:
+            run.attempt(
+                inverse,
+                _compensation_args(call),
+                key,
+                call_id=f"{call.call_id}{COMPENSATION_SUFFIX}",
+                attempt=1,
+                operation_id=call.idempotency_key,
+            )
+    except (ToolFailed, CallUncertain, Escalated) as exc:
+        # Recorded already (a failed inverse closes with no key; an uncertain one is
+        # escalated as its own call): the call it was to undo goes to a person.
+        log.warning("compensation of %s did not complete: %s", call.idempotency_key, exc)
+    return key if key in run.state.completed_calls else None
+
+
 def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> None:
     """Retry with the same key; after ``MAX_ATTEMPTS`` a person decides (unless one did)."""
     tool = run.tools[call.name]
@@ -167,6 +218,39 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 call.decision_note,
             )
             _retry(run, run.state.open_calls[key], "decided", approved=True)
+        elif tool is not None and tool.compensate is not None:
+            # The person ruled the effect must not stand, and its author gave an inverse:
+            # undo whatever may have happened, then close the call.
+            _reconciliation(
+                run,
+                call,
+                "decided",
+                f"{call.decided_by} ruled it must not stand: compensate, then close",
+                "resolve",
+                call.decision_note,
+            )
+            undone = _compensate(run, run.state.open_calls[key])
+            if undone is None:
+                _reconciliation(
+                    run,
+                    run.state.open_calls[key],
+                    "decided",
+                    "its compensation did not complete: a person must decide again",
+                    "escalate",
+                )
+                _escalate(
+                    run,
+                    run.state.open_calls[key],
+                    "uncertain_call",
+                    f"the compensation of {call.name} did not complete",
+                    None,
+                )
+                return
+            _complete(
+                run,
+                run.state.open_calls[key],
+                f"resolved by {call.decided_by}: {call.decision_note} (compensated by {undone})",
+            )
         else:
             _reconciliation(
                 run,
@@ -224,6 +308,34 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 evidence.evidence,
             )
             _retry(run, run.state.open_calls[key], "absent")
+        elif isinstance(evidence, Conflict) and _compensable(run, call):
+            _reconciliation(
+                run,
+                call,
+                "conflict",
+                "a conflicting effect of a reversible tool: compensate it, then retry",
+                "retry_compensate",
+                evidence.detail,
+            )
+            if _compensate(run, run.state.open_calls[key]) is not None:
+                _retry(run, run.state.open_calls[key], "conflict")
+                return
+            _reconciliation(
+                run,
+                run.state.open_calls[key],
+                "conflict",
+                "the compensation did not complete: a person must decide",
+                "escalate",
+                evidence.detail,
+            )
+            both = json.dumps({"intended": args, "found": evidence.detail}, sort_keys=True)
+            _escalate(
+                run,
+                run.state.open_calls[key],
+                "conflict",
+                f"conflicting {call.name} effect found; its compensation did not complete",
+                both,
+            )
         elif isinstance(evidence, Conflict):
             _reconciliation(
                 run,

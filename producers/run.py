@@ -715,6 +715,17 @@ class Run:
         return accepted
 
 
+def toolset(tools: Iterable[Tool]) -> dict[str, Tool]:
+    """The run's tools by name, with the compensation of each tool that declares one."""
+    out: dict[str, Tool] = {}
+    for t in tools:
+        out[t.name] = t
+        inverse = t.compensation()
+        if inverse is not None:
+            out[inverse.name] = inverse
+    return out
+
+
 def decisions_key(deps: RunDeps, tenant: str, run_id: str) -> str:
     return f"{deps.leases.run_tag(tenant, run_id)}:decisions"
 
@@ -850,7 +861,7 @@ def _start_fresh(
             deps=deps,
             lease=lease,
             state=RunState(),
-            tools={t.name: t for t in tools},
+            tools=toolset(tools),
             partition=partition,
             position=0,
         )
@@ -884,7 +895,7 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         deps=deps,
         lease=lease,
         state=state,
-        tools={t.name: t for t in tools},
+        tools=toolset(tools),
         partition=got.partition,
         position=got.end,
         first_offset=got.folded.first_offset,

@@ -167,6 +167,21 @@ def key_scheme_of(recorded: Iterable[str]) -> int:
     return min(schemes) if schemes else KEY_SCHEME
 
 
+COMPENSATION_SUFFIX = "/compensate"
+"""A compensation is recorded as a call of ``<tool>/compensate`` whose ``operation_id`` is
+the key of the call it undoes; tool names may not end with it."""
+
+
+def compensation_name(tool: str) -> str:
+    """The name a compensation of ``tool``'s effects is recorded under."""
+    return tool + COMPENSATION_SUFFIX
+
+
+def compensated_tool(name: str) -> str | None:
+    """The tool whose effect a call named ``name`` undoes; None for an ordinary call."""
+    return name.removesuffix(COMPENSATION_SUFFIX) if name.endswith(COMPENSATION_SUFFIX) else None
+
+
 def _murmur2(data: bytes) -> int:
     """Kafka's murmur2 (the Java client's default partitioner hash)."""
     length = len(data)
