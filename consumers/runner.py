@@ -807,5 +807,5 @@ def rebuild(
                 delete_projection(client, settings, name)
             runner = ProjectionRunner(settings, client, names)
             return runner.catch_up(progress=progress, generations=generations)
-    except _TRANSIENT_REDIS as exc:
+    except redis.RedisError as exc:
         raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc
