@@ -3,8 +3,10 @@
 Exactly-once effects on an at-least-once log: Redis, not Kafka, holds each projection's
 position per (topic, partition). A partition batch is applied as
 
-1. ``WATCH pos``; read it; drop the records at or below it;
-2. load the batch's runs (one MGET), fold the records with the pure projection;
+1. ``WATCH pos gen``; read them; stop if the generation moved (a rebuild) or the position
+   is below what this runner applied (below); drop the records at or below it;
+2. load the batch's runs (one MGET), fold the records with the pure projection (a record
+   at or below its run's applied offset is skipped);
 3. ``MULTI`` -> the new run states, entries, counters, quarantine records and ``SET pos``
    -> ``EXEC``.
 
@@ -809,5 +811,5 @@ def rebuild(
                 delete_projection(client, settings, name)
             runner = ProjectionRunner(settings, client, names)
             return runner.catch_up(progress=progress, generations=generations)
-    except _TRANSIENT_REDIS as exc:
+    except redis.RedisError as exc:
         raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc
