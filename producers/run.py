@@ -49,6 +49,7 @@ from runlog.projections.run_state import RunState, accept
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
+    check_run_id,
     idempotency_key,
     key_scheme_of,
     new_run_id,
@@ -820,7 +821,7 @@ def open_run_with(
 
     if run_id is None:
         return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
-    rid = run_id
+    rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
     lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
     try:
