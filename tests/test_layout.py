@@ -25,7 +25,7 @@ PACKAGE = ROOT / "runlog"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors and settings", ("runlog.errors", "runlog.settings")),
     ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
-    ("log access", ("runlog.log", "runlog.topics")),
+    ("log access", ("runlog.log", "runlog.topics", "runlog.security")),
     ("writer and services", ("runlog.producers", "runlog.consumers")),
     ("facade", ("runlog", "runlog.api", "runlog.bootstrap")),
     (
