@@ -72,6 +72,10 @@ class EventWriter:
     def __init__(self, settings: Settings, *, extra: dict[str, Any] | None = None) -> None:
         self.settings = settings
         self._producer = Producer(producer_config(settings, extra))
+        # A fatal producer error (e.g. the principal may not write: "Cluster authorization
+        # failed" on the idempotent PID) purges every queued append with a bare "Purged in
+        # queue"; kept here so those appends fail with the reason instead.
+        self._fatal: KafkaError | None = None
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="runlog-writer", daemon=True)
         self._poller.start()
@@ -80,6 +84,14 @@ class EventWriter:
         while not self._closed.is_set():
             try:
                 self._producer.poll(0.05)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.fatal():
+                    if self._fatal is None:
+                        log.error("producer failed for good: %s", err.str())
+                    self._fatal = err
+                    continue
+                log.exception("delivery callback failed")
             except Exception:  # a callback error must not kill the poller
                 log.exception("delivery callback failed")
 
@@ -94,7 +106,9 @@ class EventWriter:
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                fut.set_exception(DeliveryFailed(err))
+                purged = err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+                fatal = self._fatal if purged and self._fatal is not None else None
+                fut.set_exception(DeliveryFailed(fatal or err))
             else:
                 part, off = msg.partition(), msg.offset()
                 assert part is not None and off is not None  # set on every delivered message
