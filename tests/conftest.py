@@ -8,6 +8,10 @@ Where the stack comes from, in order:
 4. Otherwise start (or reuse) the embedded stack with :func:`runlog.stack.up`.
 
 A missing or unreachable service FAILS the session (never a skip), in CI and locally.
+
+The secure stack (``secure_stack``: TLS, SASL/SCRAM, ACLs; Redis TLS + ACL users) is always
+the embedded one, on its own ports and state dir (``RUNLOG_SECURE_*``), started for the
+session if it is not running and stopped again at the end if this session started it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -214,3 +219,23 @@ def unique_group() -> Callable[..., str]:
         return f"{name}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+@pytest.fixture(scope="session")
+def secure_stack() -> Iterator[stack.StackConfig]:
+    """The secure embedded stack (``runlog stack up --secure``); fails if it cannot start."""
+    cfg = stack.StackConfig.from_env(secure=True)
+    was_running = stack.status(cfg).running
+    t0 = time.monotonic()
+    try:
+        stack.up(cfg, timeout=120)
+    except RunlogError as exc:
+        pytest.fail(
+            f"could not bring up the secure stack (runlog stack up --secure): {exc}",
+            pytrace=False,
+        )
+    if not was_running:
+        print(f"\nsecure stack up in {time.monotonic() - t0:.1f}s")
+    yield cfg
+    if not was_running:
+        stack.down(cfg)
