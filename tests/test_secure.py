@@ -172,6 +172,12 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
         services.close()
     assert len(effects.read_text().splitlines()) == 1  # the tool ran once, before the kill
 
+    # A worker with a bug writes bytes nobody can decode: the projection service must be
+    # able to copy them to the quarantine topic (its only write).
+    producer = Producer({**worker.kafka_common(), "partitioner": "murmur2_random"})
+    producer.produce(worker.events_topic, key=b"bad-run", value=b"not an event")
+    assert producer.flush(30) == 0
+
     # The projection service folds everything, as its own role.
     projections = _settings(cfg, "projections", prefix)
     pclient = redis_client(projections)
@@ -179,17 +185,31 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
         ProjectionRunner(projections, pclient, PROJECTIONS).catch_up(timeout_s=60)
     finally:
         pclient.close()
-    # The operator reads the projections (`runlog state` / `runlog audit`).
+    # The operator, through the CLI with `runlog stack env --secure --role operator`:
+    # rebuilds every projection from offset zero, then reads state, audit and quarantine.
+    env = _role_env(cfg, "operator", prefix)
+    for argv in (["rebuild", "all"], ["state", rid, "--json"], ["quarantine", "--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "runlog.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"runlog {' '.join(argv)}:\n{done.stdout}{done.stderr}"
+        if argv[0] == "state":
+            state = json.loads(done.stdout)
+        if argv[0] == "quarantine":
+            assert [r["run_id"] for r in json.loads(done.stdout)] == ["bad-run"]
+    assert state["state"]["status"] == "finished", state
+    assert state["state"]["fenced_writes"] == 0 and not state["quarantined"]
     operator = _settings(cfg, "operator", prefix)
     oclient = redis_client(operator)
     try:
-        state = queries.get_state(oclient, operator, rid)
-        audit = queries.get_audit(oclient, operator, rid)
+        assert queries.get_audit(oclient, operator, rid), "the audit projection is empty"
     finally:
         oclient.close()
-    assert state is not None and state["state"]["status"] == "finished", state
-    assert state["state"]["fenced_writes"] == 0 and not state["quarantined"]
-    assert audit, "the audit projection is empty"
     # An analytics reader reads the same log in its own group.
     analytics = _settings(cfg, "analytics", prefix)
     consumer = Consumer(
@@ -501,3 +521,21 @@ def _redis_bytes(s: Settings) -> bytes:
         c.close()
     assert out, "nothing in Redis"
     return b"\n".join(out)
+
+
+def test_stack_env_names_the_password_file_never_a_password(
+    secure_stack: stack.StackConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runlog.cli import main
+
+    passwords = _all_passwords(secure_stack)
+    for role in secure.ALL_ROLES:
+        assert main(["stack", "env", "--secure", "--role", role]) == 0
+        out = capsys.readouterr().out
+        assert f"export RUNLOG_SASL_USERNAME=runlog-{role}" in out
+        assert "export RUNLOG_SECURITY_PROTOCOL=SASL_SSL" in out
+        assert str(secure.secrets_file(secure_stack, role)) in out
+        assert not any(pw in out for pw in passwords)
+    assert main(["stack", "status", "--secure"]) == 0
+    out = capsys.readouterr().out
+    assert "0600" in out and not any(pw in out for pw in passwords)
