@@ -51,6 +51,14 @@ def register(subparsers: Any) -> None:
     )
     p_env.set_defaults(func=_env)
 
+    p_init = sub.add_parser(
+        "init",
+        help="secure stack: make its certificates, passwords and Redis ACL file without "
+        "starting it (for docker compose --profile secure)",
+    )
+    _nodes_option(p_init)
+    p_init.set_defaults(func=_init)
+
     p_node = sub.add_parser(
         "node", help="fault injection on one Kafka node of a cluster: kill -9, stop, start"
     )
@@ -123,6 +131,15 @@ def _env(args: argparse.Namespace) -> int:
         path = shlex.quote(str(secure.secrets_file(cfg, args.role)))
         print(f"# passwords of {secure.username(args.role)} are not printed; they are in {path}")
         print(f"# (mode 0600). Export them with:  set -a; . {path}; set +a")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    folder = stack.init_secure(cfg)
+    print(f"certificates in {secure.tls_dir(cfg)}, passwords in {secure.secrets_dir(cfg)} (0600),")
+    print(f"Redis ACL file {secure.redis_acl_path(cfg)}; for docker compose:")
+    print(f"  RUNLOG_SECURE_DIR={folder} docker compose --profile secure up -d --wait")
     return 0
 
 

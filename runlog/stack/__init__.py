@@ -58,6 +58,7 @@ __all__ = [
     "StackStatus",
     "down",
     "env",
+    "init_secure",
     "kill_node",
     "kill_redis",
     "node_pid",
@@ -1084,6 +1085,20 @@ def down(config: StackConfig | None = None, *, timeout: float = 60.0) -> StackSt
                 _stop_pid(pid, _REDIS_MARKER, timeout)
             cfg.redis_pid_file.unlink(missing_ok=True)
     return status(cfg)
+
+
+def init_secure(config: StackConfig) -> Path:
+    """Make the secure stack's certificates, passwords and Redis ACL file; start nothing.
+
+    For running the same stack from ``docker-compose.yml`` (profile ``secure``), which
+    mounts them. Idempotent; returns the state dir that holds them.
+    """
+    if not config.secure:
+        raise StackError("init is for the secure stack (--secure)")
+    with _locked(config.state_dir / "stack.lock"):
+        _secure.ensure_material(config)
+        _secure.write_redis_acl(config)
+    return config.state_dir
 
 
 def env(config: StackConfig | None = None, *, role: str = "admin") -> dict[str, str]:
