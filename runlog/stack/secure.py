@@ -46,7 +46,9 @@ __all__ = [
     "client_env",
     "credentials",
     "ensure_material",
+    "issue_cert",
     "kafka_properties",
+    "make_ca",
     "redis_acl_file",
     "redis_conf_lines",
     "role_settings",
@@ -114,8 +116,9 @@ def _private(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
-def _issue(openssl: str, work: Path, name: str, cn: str) -> None:
-    """A P-256 key (PKCS#8, what Kafka's PEM keystore reads) and a certificate by the CA.
+def issue_cert(openssl: str, work: Path, name: str, cn: str) -> None:
+    """``work/<name>.key`` (P-256, PKCS#8: what Kafka's PEM keystore reads) and
+    ``work/<name>.pem``, signed by the CA in ``work`` (see :func:`make_ca`).
 
     The SAN names 127.0.0.1 and localhost: librdkafka, redis-py and Java verify the host.
     Both server and client use: the broker presents its certificate to its controller.
@@ -173,8 +176,8 @@ def _ensure_tls(cfg: StackConfig) -> None:
     work.mkdir(parents=True, mode=0o700)
     try:
         make_ca(openssl, work)
-        _issue(openssl, work, "broker", BROKER_CN)
-        _issue(openssl, work, "redis", "runlog-redis")
+        issue_cert(openssl, work, "broker", BROKER_CN)
+        issue_cert(openssl, work, "redis", "runlog-redis")
         # Kafka's PEM keystore: the private key and its certificate in one file.
         keystore = work / "broker-keystore.pem"
         keystore.write_text((work / "broker.key").read_text() + (work / "broker.pem").read_text())
