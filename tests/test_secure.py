@@ -70,6 +70,13 @@ def prefix(secure_stack: stack.StackConfig) -> Iterator[str]:
     AdminClient(admin.kafka_common()).delete_topics(
         [admin.events_topic, admin.quarantine_topic], operation_timeout=10
     )
+    client = redis_client(admin)
+    try:  # the projections of these topics; runs' own keys are few and keyed by fresh ids
+        pattern = f"{admin.redis_key_prefix}:proj:*:{{{admin.events_topic}:*"
+        for key in list(client.scan_iter(match=pattern, count=1000)):
+            client.delete(key)
+    finally:
+        client.close()
 
 
 def _wait_until_worker_sees(cfg: stack.StackConfig, name: str) -> None:
