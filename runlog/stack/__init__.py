@@ -448,10 +448,18 @@ def _pid_alive(pid: int, marker: str) -> bool:
         try:
             stat = (proc / "stat").read_text()
             state = stat.rsplit(")", 1)[1].split()[0]
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (proc / "cmdline").read_bytes()
+            # redis-server rewrites its process title at startup; for a few microseconds
+            # the command line reads empty, and a freshly started Redis looked dead.
+            for _ in range(5):
+                if cmdline.strip(b"\0"):
+                    break
+                time.sleep(0.01)
+                cmdline = (proc / "cmdline").read_bytes()
         except (OSError, IndexError):
             return False
-        return state not in ("Z", "X") and marker in cmdline
+        text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+        return state not in ("Z", "X") and marker in text
     try:  # no /proc (not Linux): trust the pid file
         os.kill(pid, 0)
     except ProcessLookupError:
