@@ -26,6 +26,16 @@ Its overrides: ``RUNLOG_CLUSTER_DIR``, ``RUNLOG_CLUSTER_KAFKA_PORT`` (29092),
 ``RUNLOG_CLUSTER_CONTROLLER_PORT`` (29093), ``RUNLOG_CLUSTER_REDIS_PORT`` (26379),
 ``RUNLOG_CLUSTER_KAFKA_HEAP`` (384m). ``RUNLOG_REDIS_URL`` never applies to a cluster:
 its Redis is always its own, so restarting it never touches a shared server.
+
+Secure mode (``runlog stack up --secure``, ``StackConfig.from_env(secure=True)``): one node
+with a SASL_SSL listener (SCRAM-SHA-512), mutual-TLS inter-broker and controller listeners,
+the StandardAuthorizer denying what no ACL allows, and a TLS-only Redis with ACL users; see
+:mod:`runlog.stack.secure`. Its own ports and state dir, beside the plain stack:
+``RUNLOG_SECURE_DIR`` (default: the plain stack's dir + ``-secure``),
+``RUNLOG_SECURE_KAFKA_PORT`` (19192), ``RUNLOG_SECURE_CONTROLLER_PORT`` (19193),
+``RUNLOG_SECURE_INTERNAL_PORT`` (19194), ``RUNLOG_SECURE_REDIS_PORT`` (16479),
+``RUNLOG_SECURE_KAFKA_HEAP`` (384m); ``RUNLOG_REDIS_KEY_PREFIX`` at start sets the key
+patterns of its Redis users. ``RUNLOG_REDIS_URL`` never applies to it.
 """
 
 from __future__ import annotations
@@ -81,10 +91,10 @@ DEFAULT_REDIS_PORT = 16379
 DEFAULT_CLUSTER_KAFKA_PORT = 29092
 DEFAULT_CLUSTER_CONTROLLER_PORT = 29093
 DEFAULT_CLUSTER_REDIS_PORT = 26379
-DEFAULT_SECURE_KAFKA_PORT = 39092
-DEFAULT_SECURE_CONTROLLER_PORT = 39093
-DEFAULT_SECURE_INTERNAL_PORT = 39094
-DEFAULT_SECURE_REDIS_PORT = 36379
+DEFAULT_SECURE_KAFKA_PORT = 19192
+DEFAULT_SECURE_CONTROLLER_PORT = 19193
+DEFAULT_SECURE_INTERNAL_PORT = 19194
+DEFAULT_SECURE_REDIS_PORT = 16479
 HOST = "127.0.0.1"
 
 Echo = Callable[[str], None]
