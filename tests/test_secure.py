@@ -43,7 +43,7 @@ from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.store import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
-from runlog.producers.lease import LeaseManager
+from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.run import open_run_with, submit_decision
 from runlog.producers.writer import DeliveryFailed, EventWriter
 from runlog.schemas.keys import new_run_id
@@ -569,3 +569,42 @@ def test_stack_env_names_the_password_file_never_a_password(
     assert main(["stack", "status", "--secure"]) == 0
     out = capsys.readouterr().out
     assert "0600" in out and not any(pw in out for pw in passwords)
+
+
+def test_restarted_secure_redis_keeps_leases_and_projection_transactions(
+    secure_stack: stack.StackConfig, prefix: str
+) -> None:
+    """Redis replays its append-only file as the ``default`` user, checking each EXEC.
+
+    With ``default`` switched off *and* stripped of every permission, Redis 7.0 dropped
+    every MULTI/EXEC on restart (a lease script's effects, a projection's atomic update).
+    """
+    worker = _settings(secure_stack, "worker", prefix)
+    projections = _settings(secure_stack, "projections", prefix)
+    wclient, pclient = redis_client(worker), redis_client(projections)
+    rid = new_run_id()
+    leases = LeaseManager(wclient, key_prefix=worker.redis_key_prefix)
+    pos_key = f"{projections.redis_key_prefix}:proj:test:{{{projections.events_topic}:0}}:pos"
+    try:
+        lease = leases.try_acquire("default", rid, "before-restart", 60_000)
+        assert isinstance(lease, Lease), lease
+        with pclient.pipeline(transaction=True) as pipe:
+            pipe.set(pos_key, "41").incr(pos_key).execute()
+        leases.close()
+    finally:
+        wclient.close()
+        pclient.close()
+    before = secure_stack.redis_log.read_text(errors="replace").count("CRITICAL")
+    stack.kill_redis(secure_stack, sig=signal.SIGTERM)  # a clean stop: the AOF is complete
+    stack.start_redis(secure_stack)
+    after = secure_stack.redis_log.read_text(errors="replace").count("CRITICAL")
+    wclient, pclient = redis_client(worker), redis_client(projections)
+    try:
+        assert wclient.get(leases.lease_key("default", rid)) == b"before-restart|1"
+        assert wclient.get(leases.epoch_key("default", rid)) == b"1"
+        assert pclient.get(pos_key) == b"42"
+        pclient.delete(pos_key)
+    finally:
+        wclient.close()
+        pclient.close()
+    assert after == before, "Redis refused part of its append-only file on restart"

@@ -373,7 +373,10 @@ def redis_acl_path(cfg: StackConfig) -> Path:
 def redis_acl_file(cfg: StackConfig, key_prefix: str) -> str:
     """The ACL file: SHA-256 of each password (``#<hex>``), never the password itself."""
     rules = redis_acl_rules(key_prefix)
-    lines = ["user default off resetkeys resetchannels -@all"]
+    # Nobody can log in as `default` (off), but Redis 7.0 replays the append-only file as
+    # that user and checks its permissions on every EXEC: a default user without them made
+    # Redis drop every MULTI/EXEC (projection writes, lease scripts' effects) on restart.
+    lines = ["user default off nopass ~* &* +@all"]
     for role, rule in rules.items():
         password = credentials(cfg, role)["RUNLOG_REDIS_PASSWORD"]
         digest = hashlib.sha256(password.encode()).hexdigest()
