@@ -36,11 +36,11 @@ __all__ = [
     "ROLES",
     "AclSpec",
     "analytics_group_prefix",
+    "clients_authenticate",
     "ensure_acls",
     "kafka_acls",
     "projection_group_prefix",
     "redis_acl_rules",
-    "uses_sasl",
 ]
 
 _log = logging.getLogger("runlog.security")
@@ -121,7 +121,7 @@ def kafka_acls(
     return tuple(out)
 
 
-def uses_sasl(settings: Settings) -> bool:
+def clients_authenticate(settings: Settings) -> bool:
     """True when the client authenticates (so the broker may enforce ACLs)."""
     return (settings.security_protocol or "").upper() in ("SASL_SSL", "SASL_PLAINTEXT", "SSL")
 

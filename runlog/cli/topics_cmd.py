@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from runlog.errors import ConfigError
-from runlog.security import ROLES, uses_sasl
+from runlog.security import ROLES, clients_authenticate
 from runlog.settings import Settings
 from runlog.topics import TopicsReport, check_topics, ensure_topics
 
@@ -67,7 +67,7 @@ def _create(args: argparse.Namespace) -> int:
                 f"--principal {item!r}: expected ROLE=User:NAME with ROLE one of {', '.join(ROLES)}"
             )
         principals[role] = principal
-    acls = args.acls == "yes" or (args.acls == "auto" and uses_sasl(settings))
+    acls = args.acls == "yes" or (args.acls == "auto" and clients_authenticate(settings))
     report = ensure_topics(settings, timeout=args.timeout, acls=acls, principals=principals)
     return _finish(report)
 
