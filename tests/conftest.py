@@ -30,6 +30,7 @@ import pytest
 import redis
 
 from runlog import stack
+from runlog.bootstrap import redis_client as make_redis
 from runlog.errors import RunlogError
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
@@ -76,7 +77,7 @@ def _verify(settings: Settings, source: str) -> None:
             pytrace=False,
         )
     try:
-        redis.Redis.from_url(settings.redis_url, socket_timeout=5).ping()
+        make_redis(settings, socket_timeout=5).ping()
     except (redis.RedisError, OSError) as exc:
         pytest.fail(
             f"Redis at {settings.redis_url} ({source}) is unreachable: {exc}", pytrace=False
@@ -171,7 +172,9 @@ def topic_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def redis_client(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.redis_url)
+    # Through runlog's factory, so a Redis with ACL users or TLS (RUNLOG_REDIS_USERNAME,
+    # RUNLOG_REDIS_SSL_CA) named by RUNLOG_* works here as it does for runlog.
+    client = make_redis(settings)
     yield client
     client.close()
 
