@@ -113,6 +113,8 @@ def kafka_acls(
 
     # Decisions are appends (the free run's lease is taken), rebuilds are projection
     # catch-ups, `runlog topics check` describes configs: nothing that changes a topic.
+    # Reading the quarantine topic lets an operator inspect the original records with
+    # standard Kafka tools; analytics readers never see them.
     add("operator", "topic", events, ("write", "read", "describe", "describe_configs"))
     add("operator", "topic", quarantine, ("write", "read", "describe", "describe_configs"))
     add("operator", "cluster", "kafka-cluster", ("idempotent_write",))

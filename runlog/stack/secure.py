@@ -212,6 +212,8 @@ def _ensure_credentials(cfg: StackConfig) -> None:
         )
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
+    # URL-safe passwords: the --add-scram syntax ([name=..,password=..]) and the env files
+    # take them unquoted.
     for role in missing:
         lines = [
             f"# runlog secure stack: passwords of role {role} (Kafka SASL/SCRAM and Redis ACL "
