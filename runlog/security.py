@@ -52,7 +52,8 @@ DEFAULT_PRINCIPALS: Mapping[str, str] = {role: f"User:runlog-{role}" for role in
 """Kafka principals of the roles; SASL/SCRAM user ``runlog-<role>`` gives ``User:runlog-<role>``."""
 
 # The group ids runlog's own consumers use (runlog.log.reader, consumers.runner,
-# consumers.projection_metrics): an ACL on a prefix covers every generated suffix.
+# consumers.projection_metrics): an ACL on a prefix covers every generated suffix. Readers
+# that only assign() and never commit still need it: librdkafka asks the group coordinator.
 READER_GROUP_PREFIX = "runlog-reader-"
 METRICS_GROUP_PREFIX = "runlog-metrics-"
 

@@ -196,7 +196,15 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
     # The operator, through the CLI with `runlog stack env --secure --role operator`:
     # rebuilds every projection from offset zero, then reads state, audit and quarantine.
     env = _role_env(cfg, "operator", prefix)
-    for argv in (["rebuild", "all"], ["state", rid, "--json"], ["quarantine", "--json"]):
+    commands = (
+        ["rebuild", "all"],
+        ["state", rid, "--json"],
+        ["quarantine", "--json"],
+        ["metrics", "--json"],
+        ["verify", rid],
+        ["replay", rid, "--json"],
+    )
+    for argv in commands:
         done = subprocess.run(
             [sys.executable, "-m", "runlog.cli", *argv],
             env=env,
