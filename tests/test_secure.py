@@ -448,6 +448,27 @@ def test_worker_cannot_write_projections_or_create_topics(
         ensure_acls(admin_as_worker, worker, {"analytics": "User:runlog-worker"})
 
 
+def test_operator_cannot_change_topics_or_permissions(
+    secure_stack: stack.StackConfig, prefix: str
+) -> None:
+    operator = _settings(secure_stack, "operator", prefix)
+    with pytest.raises(ConfigError, match="TOPIC_AUTHORIZATION_FAILED"):
+        ensure_topics(operator.model_copy(update={"topic_prefix": f"{prefix}-ops"}))
+    admin = AdminClient(operator.kafka_common())
+    futures = admin.delete_topics([operator.events_topic], operation_timeout=10)
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        futures[operator.events_topic].result(timeout=30)
+    with pytest.raises(ConfigError, match="refused"):
+        ensure_acls(admin, operator, {"analytics": "User:runlog-operator"})
+    client = redis_client(operator)
+    try:
+        for command in (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "dir")):
+            with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions"):
+                client.execute_command(*command)
+    finally:
+        client.close()
+
+
 # ------------------------------------------------------------------------------ secrets
 
 
