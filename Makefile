@@ -5,7 +5,7 @@
 #   make faults fault tests on their own 3-node cluster + Redis (minutes; tests/faults)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make demo   stack + topics, then the kill -9 demo (DEMO_SEED=7 DEMO_KILLS=3 DEMO_ARGS=...)
-#   make down   stop the local stack
+#   make down   stop the local stack (and the secure one, if the tests left it running)
 #   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -73,7 +73,8 @@ bench: stack
 	$(RUNLOG) bench $(BENCH_ARGS)
 
 down:
-	@if test -x $(RUNLOG); then $(RUNLOG) stack down; else echo "make down: no $(VENV); nothing to stop"; fi
+	@if test -x $(RUNLOG); then $(RUNLOG) stack down; rc=$$?; $(RUNLOG) stack down --secure >/dev/null; exit $$rc; \
+	else echo "make down: no $(VENV); nothing to stop"; fi
 
 status: venv
 	$(RUNLOG) stack status

@@ -53,6 +53,17 @@ class DeliveryFailed(Exception):
         )
 
 
+# Fatal errors that mean "this principal may not write": the producer never got an id, so
+# no append was written (an outcome known for sure, unlike other fatal errors).
+_REFUSED = frozenset(
+    {
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
 def _settle(fut: Future[Delivered], outcome: Delivered | DeliveryFailed) -> None:
     """Resolve ``fut`` once: a purge after a fatal error and a late report may both try."""
     try:
@@ -116,14 +127,19 @@ class EventWriter:
             self._fatal = None
             self.replaced += 1
             inflight, self._inflight = self._inflight, set()
+        if err.code() in _REFUSED:
+            # The broker refused this principal before it got a producer id: nothing of
+            # these appends was written, and saying so beats a bare "Purged in queue".
+            lost = err
+        else:
+            lost = KafkaError(KafkaError._FATAL, f"producer failed fatally: {err}", fatal=True)
+        for fut in inflight:  # before the purge, whose bare reports must not win
+            _settle(fut, DeliveryFailed(lost))
         try:
             old.purge(in_queue=True, in_flight=True)
             old.flush(0)  # serves the purged messages' delivery reports
         except KafkaException as exc:  # the old producer is dead anyway
             log.warning("purging the failed producer: %s", exc)
-        lost = KafkaError(KafkaError._FATAL, f"producer failed fatally: {err}", fatal=True)
-        for fut in inflight:
-            _settle(fut, DeliveryFailed(lost))
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():

@@ -110,6 +110,11 @@ class Settings(BaseSettings):
     """librdkafka ``ssl.key.password``."""
     redis_password: SecretStr | None = None
     """Redis password, if not in the URL (``RUNLOG_REDIS_PASSWORD``)."""
+    redis_username: str | None = None
+    """Redis ACL user (``RUNLOG_REDIS_USERNAME``); unset: the ``default`` user."""
+    redis_ssl_ca: str | None = None
+    """CA file that signed the Redis server's certificate, for ``rediss://`` URLs
+    (``RUNLOG_REDIS_SSL_CA``); unset: the system's trust store."""
     kafka_extra: dict[str, SecretStr] = Field(default_factory=dict)
     """Extra librdkafka properties as JSON (``RUNLOG_KAFKA_EXTRA='{"k": "v"}'``).
 

@@ -3,6 +3,8 @@
 ``ensure_topics(settings)`` creates what is missing and reports how existing topics differ
 from the declaration; ``check_topics(settings)`` only reports. Neither ever alters an
 existing topic: changing partitions or durability of a live log is an operator decision.
+``ensure_topics(settings, acls=True)`` (what ``runlog topics create`` does against a SASL
+or TLS cluster) also sets the least-privilege ACLs of runlog's roles (runlog.security).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlog.errors import ConfigError, KafkaUnavailable
+from runlog.security import AclSpec, ensure_acls
 from runlog.settings import Settings
 
 __all__ = [
@@ -80,6 +83,8 @@ class TopicReport:
 @dataclass(frozen=True)
 class TopicsReport:
     topics: tuple[TopicReport, ...] = field(default_factory=tuple)
+    acls: tuple[AclSpec, ...] = ()
+    """The role ACLs set (``ensure_topics(..., acls=True)``); empty when none were asked for."""
 
     @property
     def ok(self) -> bool:
@@ -104,7 +109,11 @@ class TopicsReport:
         raise KeyError(name)
 
     def describe(self) -> str:
-        return "\n".join(t.describe() for t in self.topics)
+        lines = [t.describe() for t in self.topics]
+        if self.acls:
+            lines.append(f"ACLs ({len(self.acls)}, ALLOW, any host; nothing else is allowed):")
+            lines.extend(f"  {a}" for a in self.acls)
+        return "\n".join(lines)
 
     def raise_for_drift(self) -> None:
         if not self.ok:
@@ -146,7 +155,10 @@ def _admin(settings: Settings) -> Any:
     from confluent_kafka.admin import AdminClient
 
     # librdkafka's log lines go to Python logging: errors show, informational noise does not.
-    return AdminClient(settings.kafka_common(), logger=_log)
+    try:
+        return AdminClient(settings.kafka_common(), logger=_log)
+    except Exception as exc:  # e.g. an unreadable RUNLOG_SSL_CA_LOCATION
+        raise ConfigError(f"cannot create a Kafka admin client: {exc}") from exc
 
 
 def _wrap(exc: BaseException, what: str, settings: Settings) -> Exception:
@@ -220,10 +232,18 @@ def check_topics(settings: Settings, *, timeout: float = 30.0) -> TopicsReport:
     return TopicsReport(tuple(_describe(admin, settings, s, md, timeout) for s in specs))
 
 
-def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> TopicsReport:
+def ensure_topics(
+    settings: Settings,
+    *,
+    timeout: float = 30.0,
+    acls: bool = False,
+    principals: Mapping[str, str] | None = None,
+) -> TopicsReport:
     """Create missing topics (idempotent) and report drift of the ones that already existed.
 
-    Returns once created topics have a leader for every partition.
+    Returns once created topics have a leader for every partition. With ``acls``, also
+    create the roles' ACLs on them (idempotent; needs a super user): ``principals`` maps
+    a role to its principal (default ``User:runlog-<role>``).
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
@@ -264,7 +284,8 @@ def ensure_topics(settings: Settings, *, timeout: float = 30.0) -> TopicsReport:
         reports[s.name] if s.name in reports else _describe(admin, settings, s, md, timeout)
         for s in specs
     ]
-    return TopicsReport(tuple(out))
+    granted = ensure_acls(admin, settings, principals, timeout=timeout) if acls else ()
+    return TopicsReport(tuple(out), acls=granted)
 
 
 def _wait_for_leaders(

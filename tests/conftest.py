@@ -8,6 +8,10 @@ Where the stack comes from, in order:
 4. Otherwise start (or reuse) the embedded stack with :func:`runlog.stack.up`.
 
 A missing or unreachable service FAILS the session (never a skip), in CI and locally.
+
+The secure stack (``secure_stack``: TLS, SASL/SCRAM, ACLs; Redis TLS + ACL users) is always
+the embedded one, on its own ports and state dir (``RUNLOG_SECURE_*``), started for the
+session if it is not running and stopped again at the end if this session started it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +31,7 @@ import redis
 
 from runlog import stack
 from runlog.errors import RunlogError
+from runlog.log.clients import redis_client as make_redis
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
 
@@ -71,7 +77,7 @@ def _verify(settings: Settings, source: str) -> None:
             pytrace=False,
         )
     try:
-        redis.Redis.from_url(settings.redis_url, socket_timeout=5).ping()
+        make_redis(settings, socket_timeout=5).ping()
     except (redis.RedisError, OSError) as exc:
         pytest.fail(
             f"Redis at {settings.redis_url} ({source}) is unreachable: {exc}", pytrace=False
@@ -171,7 +177,9 @@ def topic_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def redis_client(settings: Settings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.redis_url)
+    # Through runlog's factory, so a Redis with ACL users or TLS (RUNLOG_REDIS_USERNAME,
+    # RUNLOG_REDIS_SSL_CA) named by RUNLOG_* works here as it does for runlog.
+    client = make_redis(settings)
     yield client
     client.close()
 
@@ -219,3 +227,23 @@ def unique_group() -> Callable[..., str]:
         return f"{name}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+@pytest.fixture(scope="session")
+def secure_stack() -> Iterator[stack.StackConfig]:
+    """The secure embedded stack (``runlog stack up --secure``); fails if it cannot start."""
+    cfg = stack.StackConfig.from_env(secure=True)
+    was_running = stack.status(cfg).running
+    t0 = time.monotonic()
+    try:
+        stack.up(cfg, timeout=120)
+    except RunlogError as exc:
+        pytest.fail(
+            f"could not bring up the secure stack (runlog stack up --secure): {exc}",
+            pytrace=False,
+        )
+    if not was_running:
+        print(f"\nsecure stack up in {time.monotonic() - t0:.1f}s")
+    yield cfg
+    if not was_running:
+        stack.down(cfg)

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from runlog import stack
-from runlog.stack import registry
+from runlog.stack import registry, secure
 
 
 def register(subparsers: Any) -> None:
@@ -47,7 +47,22 @@ def register(subparsers: Any) -> None:
 
     p_env = sub.add_parser("env", help='print export lines: eval "$(runlog stack env)"')
     _nodes_option(p_env)
+    p_env.add_argument(
+        "--role",
+        choices=secure.ALL_ROLES,
+        default="admin",
+        help="secure stack: the principal to connect as (default admin: it creates topics "
+        "and ACLs); passwords are never printed, see the comment lines",
+    )
     p_env.set_defaults(func=_env)
+
+    p_init = sub.add_parser(
+        "init",
+        help="secure stack: make its certificates, passwords and Redis ACL file without "
+        "starting it (for docker compose --profile secure)",
+    )
+    _nodes_option(p_init)
+    p_init.set_defaults(func=_init)
 
     p_node = sub.add_parser(
         "node", help="fault injection on one Kafka node of a cluster: kill -9, stop, start"
@@ -66,10 +81,22 @@ def _nodes_option(parser: argparse.ArgumentParser, default: int = 1) -> None:
         help="1: the single-node stack; 3: the three-node cluster on its own ports and "
         f"state dir, for fault tests (default {default})",
     )
+    if default == 1:
+        parser.add_argument(
+            "--secure",
+            action="store_true",
+            help="the secure stack (TLS, SASL/SCRAM, ACLs; Redis TLS + ACL users) on its own "
+            "ports and state dir (RUNLOG_SECURE_*)",
+        )
 
 
 def _config(args: argparse.Namespace) -> stack.StackConfig:
-    return stack.StackConfig.from_env(nodes=args.nodes)
+    return stack.StackConfig.from_env(nodes=args.nodes, secure=getattr(args, "secure", False))
+
+
+def _flags(args: argparse.Namespace) -> str:
+    nodes = f" --nodes {args.nodes}" if args.nodes != 1 else ""
+    return nodes + (" --secure" if getattr(args, "secure", False) else "")
 
 
 def _echo(msg: str) -> None:
@@ -84,8 +111,11 @@ def _up(args: argparse.Namespace) -> int:
     if args.registry:
         print(f"  schema registry: {registry.up(cfg, echo=_echo)}")
     print(f"ready in {time.monotonic() - t0:.1f}s; point clients at it with:")
-    nodes = f" --nodes {args.nodes}" if args.nodes != 1 else ""
-    print(f'  eval "$(runlog stack env{nodes})"')
+    print(f'  eval "$(runlog stack env{_flags(args)})"')
+    if args.secure:
+        folder = secure.secrets_dir(_config(args))
+        print(f"  set -a; . {folder}/admin.env; set +a    # its passwords (admin; or another role)")
+        print("  runlog topics create                  # as admin: topics and the roles' ACLs")
     return 0
 
 
@@ -107,12 +137,25 @@ def _status(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    variables = stack.env(cfg)
+    variables = stack.env(cfg, role=args.role)
     url = registry.url_if_running(cfg)
     if url is not None:
         variables["RUNLOG_SCHEMA_REGISTRY_URL"] = url
     for key, value in variables.items():
         print(f"export {key}={shlex.quote(value)}")
+    if cfg.secure:
+        path = shlex.quote(str(secure.secrets_file(cfg, args.role)))
+        print(f"# passwords of {secure.username(args.role)} are not printed; they are in {path}")
+        print(f"# (mode 0600). Export them with:  set -a; . {path}; set +a")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    folder = stack.init_secure(cfg)
+    print(f"certificates in {secure.tls_dir(cfg)}, passwords in {secure.secrets_dir(cfg)} (0600),")
+    print(f"Redis ACL file {secure.redis_acl_path(cfg)}; for docker compose:")
+    print(f"  RUNLOG_SECURE_DIR={folder} docker compose --profile secure up -d --wait")
     return 0
 
 

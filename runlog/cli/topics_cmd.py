@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from runlog.errors import ConfigError
+from runlog.security import ROLES, clients_authenticate
 from runlog.settings import Settings
 from runlog.topics import TopicsReport, check_topics, ensure_topics
 
@@ -20,6 +22,21 @@ def register(subparsers: Any) -> None:
         help="create missing topics (idempotent); report drift of existing ones (exit 1)",
     )
     p_create.add_argument("--timeout", type=float, default=30.0)
+    p_create.add_argument(
+        "--acls",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="also set the least-privilege ACLs of runlog's roles (worker, projections, "
+        "analytics, operator); auto: when RUNLOG_SECURITY_PROTOCOL authenticates clients "
+        "(SASL_SSL, SASL_PLAINTEXT, SSL). Needs a super user.",
+    )
+    p_create.add_argument(
+        "--principal",
+        action="append",
+        default=[],
+        metavar="ROLE=PRINCIPAL",
+        help="the principal of a role, e.g. worker=User:agents (default User:runlog-ROLE)",
+    )
     p_create.set_defaults(func=_create)
     p_check = sub.add_parser(
         "check", help="report missing topics and drifted configs/partitions (exit 1 if any)"
@@ -43,7 +60,18 @@ def _finish(report: TopicsReport) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    return _finish(ensure_topics(Settings(), timeout=args.timeout))
+    settings = Settings()
+    principals: dict[str, str] = {}
+    for item in args.principal:
+        role, sep, principal = item.partition("=")
+        if not sep or role not in ROLES or not principal.startswith("User:"):
+            raise ConfigError(
+                f"--principal {item!r}: expected ROLE=User:NAME with ROLE one of {', '.join(ROLES)}"
+            )
+        principals[role] = principal
+    acls = args.acls == "yes" or (args.acls == "auto" and clients_authenticate(settings))
+    report = ensure_topics(settings, timeout=args.timeout, acls=acls, principals=principals)
+    return _finish(report)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from runlog.errors import ConfigError
 from runlog.settings import Settings
 
 
@@ -18,6 +19,16 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
     opts: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 3.0}
     if password is not None:
         opts["password"] = password
+    if settings.redis_username:
+        opts["username"] = settings.redis_username
+    if settings.redis_ssl_ca:
+        # A CA only means something over TLS; on a redis:// URL redis-py would fail later
+        # with a TypeError, far from the setting that caused it.
+        if not settings.redis_url.startswith("rediss://"):
+            raise ConfigError(
+                "RUNLOG_REDIS_SSL_CA is set but RUNLOG_REDIS_URL is not a rediss:// (TLS) URL"
+            )
+        opts["ssl_ca_certs"] = settings.redis_ssl_ca
     opts.update(kw)
     client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
     return client

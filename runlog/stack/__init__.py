@@ -26,6 +26,16 @@ Its overrides: ``RUNLOG_CLUSTER_DIR``, ``RUNLOG_CLUSTER_KAFKA_PORT`` (29092),
 ``RUNLOG_CLUSTER_CONTROLLER_PORT`` (29093), ``RUNLOG_CLUSTER_REDIS_PORT`` (26379),
 ``RUNLOG_CLUSTER_KAFKA_HEAP`` (384m). ``RUNLOG_REDIS_URL`` never applies to a cluster:
 its Redis is always its own, so restarting it never touches a shared server.
+
+Secure mode (``runlog stack up --secure``, ``StackConfig.from_env(secure=True)``): one node
+with a SASL_SSL listener (SCRAM-SHA-512), mutual-TLS inter-broker and controller listeners,
+the StandardAuthorizer denying what no ACL allows, and a TLS-only Redis with ACL users; see
+:mod:`runlog.stack.secure`. Its own ports and state dir, beside the plain stack:
+``RUNLOG_SECURE_DIR`` (default: the plain stack's dir + ``-secure``),
+``RUNLOG_SECURE_KAFKA_PORT`` (19192), ``RUNLOG_SECURE_CONTROLLER_PORT`` (19193),
+``RUNLOG_SECURE_INTERNAL_PORT`` (19194), ``RUNLOG_SECURE_REDIS_PORT`` (16479),
+``RUNLOG_SECURE_KAFKA_HEAP`` (384m); ``RUNLOG_REDIS_KEY_PREFIX`` at start sets the key
+patterns of its Redis users. ``RUNLOG_REDIS_URL`` never applies to it.
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from runlog.errors import StackError
+from runlog.stack import secure as _secure
 
 __all__ = [
     "KAFKA_VERSION",
@@ -56,6 +68,7 @@ __all__ = [
     "StackStatus",
     "down",
     "env",
+    "init_secure",
     "kill_node",
     "kill_redis",
     "node_pid",
@@ -78,6 +91,10 @@ DEFAULT_REDIS_PORT = 16379
 DEFAULT_CLUSTER_KAFKA_PORT = 29092
 DEFAULT_CLUSTER_CONTROLLER_PORT = 29093
 DEFAULT_CLUSTER_REDIS_PORT = 26379
+DEFAULT_SECURE_KAFKA_PORT = 19192
+DEFAULT_SECURE_CONTROLLER_PORT = 19193
+DEFAULT_SECURE_INTERNAL_PORT = 19194
+DEFAULT_SECURE_REDIS_PORT = 16479
 HOST = "127.0.0.1"
 
 Echo = Callable[[str], None]
@@ -133,6 +150,8 @@ class NodeSpec:
     kafka_port: int
     controller_port: int
     dir: Path
+    internal_port: int = 0
+    """The secure stack's mutual-TLS inter-broker listener (0: none)."""
 
     @property
     def server_properties(self) -> Path:
@@ -172,14 +191,48 @@ class StackConfig:
     kafka_heap: str = "512m"
     node_count: int = 1
     allow_install: bool = True
+    secure: bool = False
+    """TLS + SASL/SCRAM + ACLs on Kafka, TLS + ACL users on Redis (see runlog.stack.secure)."""
+    internal_port: int = 0
+    redis_key_prefix: str = "runlog"
+    """Secure stack: the key prefix its Redis ACL users are limited to."""
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, nodes: int = 1) -> StackConfig:
-        """The single-node stack (``nodes=1``) or a cluster of ``nodes`` (its own ports/dir)."""
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, nodes: int = 1, secure: bool = False
+    ) -> StackConfig:
+        """The single-node stack (``nodes=1``), a cluster of ``nodes`` or the secure stack.
+
+        The cluster and the secure stack have their own ports and state dirs, so each runs
+        beside the plain single-node stack.
+        """
         e = os.environ if environ is None else environ
         home = Path(e.get("HOME") or Path.home())
         if nodes < 1:
             raise StackError(f"a stack needs at least one node, not {nodes}")
+        if secure:
+            if nodes != 1:
+                raise StackError("the secure stack has one node (--secure with --nodes 1)")
+            plain = e.get("RUNLOG_STACK_DIR") or str(home / ".local/state/runlog/stack")
+            state = e.get("RUNLOG_SECURE_DIR") or f"{plain.rstrip('/')}-secure"
+            cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
+            return cls(
+                state_dir=Path(state).expanduser().absolute(),
+                cache_dir=Path(cache).expanduser().absolute(),
+                kafka_port=_env_int(e, "RUNLOG_SECURE_KAFKA_PORT", DEFAULT_SECURE_KAFKA_PORT),
+                controller_port=_env_int(
+                    e, "RUNLOG_SECURE_CONTROLLER_PORT", DEFAULT_SECURE_CONTROLLER_PORT
+                ),
+                redis_port=_env_int(e, "RUNLOG_SECURE_REDIS_PORT", DEFAULT_SECURE_REDIS_PORT),
+                internal_port=_env_int(
+                    e, "RUNLOG_SECURE_INTERNAL_PORT", DEFAULT_SECURE_INTERNAL_PORT
+                ),
+                external_redis_url=None,
+                kafka_heap=e.get("RUNLOG_SECURE_KAFKA_HEAP") or "384m",
+                allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
+                secure=True,
+                redis_key_prefix=e.get("RUNLOG_REDIS_KEY_PREFIX") or "runlog",
+            )
         if nodes > 1:
             state = e.get("RUNLOG_CLUSTER_DIR") or str(
                 home / f".local/state/runlog/cluster-{nodes}"
@@ -249,6 +302,7 @@ class StackConfig:
                 kafka_port=self.kafka_port + 2 * i,
                 controller_port=self.controller_port + 2 * i,
                 dir=self.kafka_dir / f"node-{i + 1}",
+                internal_port=self.internal_port + 2 * i if self.internal_port else 0,
             )
             for i in range(self.node_count)
         )
@@ -262,6 +316,12 @@ class StackConfig:
     @property
     def port_vars(self) -> tuple[str, str, str]:
         """Environment variables that move the Kafka, controller and Redis ports."""
+        if self.secure:
+            return (
+                "RUNLOG_SECURE_KAFKA_PORT",
+                "RUNLOG_SECURE_CONTROLLER_PORT",
+                "RUNLOG_SECURE_REDIS_PORT",
+            )
         if self.node_count > 1:
             return (
                 "RUNLOG_CLUSTER_KAFKA_PORT",
@@ -280,7 +340,19 @@ class StackConfig:
 
     @property
     def redis_url(self) -> str:
+        if self.secure:
+            return f"rediss://{HOST}:{self.redis_port}/0"
         return self.external_redis_url or f"redis://{HOST}:{self.redis_port}/0"
+
+    def kafka_client_conf(self) -> dict[str, Any]:
+        """librdkafka properties the stack's own checks use (the admin on a secure stack)."""
+        if self.secure:
+            return _secure.admin_kafka_conf(self)
+        return {"bootstrap.servers": self.bootstrap_servers}
+
+    def redis_client_kwargs(self) -> dict[str, Any]:
+        """redis-py options the stack's own checks use (the admin user on a secure stack)."""
+        return _secure.admin_redis_kwargs(self) if self.secure else {}
 
 
 @dataclass(frozen=True)
@@ -306,12 +378,16 @@ class StackStatus:
     jars_dir: Path
     kafka_version: str = KAFKA_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    client_env: dict[str, str] | None = None
+    """Secure stack: what a client of the chosen role needs (passwords excepted)."""
 
     @property
     def running(self) -> bool:
         return all(s.running for s in self.services)
 
     def env(self) -> dict[str, str]:
+        if self.client_env is not None:
+            return dict(self.client_env)
         return {
             "RUNLOG_BOOTSTRAP_SERVERS": self.bootstrap_servers,
             "RUNLOG_REDIS_URL": self.redis_url,
@@ -382,10 +458,18 @@ def _pid_alive(pid: int, marker: str) -> bool:
         try:
             stat = (proc / "stat").read_text()
             state = stat.rsplit(")", 1)[1].split()[0]
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (proc / "cmdline").read_bytes()
+            # redis-server rewrites its process title at startup; for a few microseconds
+            # the command line reads empty, and a freshly started Redis looked dead.
+            for _ in range(5):
+                if cmdline.strip(b"\0"):
+                    break
+                time.sleep(0.01)
+                cmdline = (proc / "cmdline").read_bytes()
         except (OSError, IndexError):
             return False
-        return state not in ("Z", "X") and marker in cmdline
+        text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+        return state not in ("Z", "X") and marker in text
     try:  # no /proc (not Linux): trust the pid file
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -587,6 +671,8 @@ def _server_properties(config: StackConfig, node: NodeSpec) -> str:
         "log.retention.hours": "-1",
         "log.retention.bytes": "-1",
     }
+    if config.secure:
+        props.update(_secure.kafka_properties(config, node))
     if config.node_count > 1:
         # Fault tests kill nodes: notice a dead broker (and move leaders off it) in seconds,
         # not the default 9 s, without flapping on a busy 2-core machine.
@@ -652,12 +738,16 @@ def _format_storage(
         str(node.server_properties),
         "-g",
     ]
+    if config.secure:
+        argv += _secure.scram_format_args(config)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
-        raise StackError(
-            f"formatting {node.data_dir} failed (exit {proc.returncode}):\n"
-            f"{proc.stdout}{proc.stderr}"
-        )
+        output = f"{proc.stdout}{proc.stderr}"
+        if config.secure:  # the command line held the SCRAM passwords; its output may echo it
+            for role in _secure.ALL_ROLES:
+                pw = _secure.credentials(config, role)["RUNLOG_SASL_PASSWORD"]
+                output = output.replace(pw, "[hidden]")
+        raise StackError(f"formatting {node.data_dir} failed (exit {proc.returncode}):\n{output}")
 
 
 def _start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec) -> int:
@@ -672,14 +762,14 @@ def _start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec
     return pid
 
 
-def _kafka_ready(bootstrap: str, brokers: int = 1) -> bool:
+def _kafka_ready(bootstrap: str, brokers: int = 1, conf: Mapping[str, Any] | None = None) -> bool:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     quiet = logging.getLogger("runlog.stack.librdkafka")
     quiet.addHandler(logging.NullHandler())
     quiet.propagate = False
-    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
+    admin = AdminClient({**(conf or {}), "bootstrap.servers": bootstrap}, logger=quiet)
     try:
         md = admin.list_topics(timeout=5)
     except KafkaException:
@@ -690,11 +780,11 @@ def _kafka_ready(bootstrap: str, brokers: int = 1) -> bool:
 # --------------------------------------------------------------------------- Redis
 
 
-def _redis_ping(url: str) -> bool:
+def _redis_ping(url: str, **kw: Any) -> bool:
     import redis
 
     try:
-        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2, **kw)
         try:
             return bool(client.ping())
         finally:
@@ -735,11 +825,16 @@ _REDIS_MARKER = "redis-server"
 
 
 def _redis_conf(config: StackConfig) -> str:
+    listen = (
+        "\n".join(_secure.redis_conf_lines(config))
+        if config.secure
+        else f"port {config.redis_port}"
+    )
     return (
         "# Written by `runlog stack up`. Durability: AOF, fsync once per second\n"
         "# (a crash of the machine may lose up to ~1 s of lease/projection writes).\n"
         f"bind {HOST}\n"
-        f"port {config.redis_port}\n"
+        f"{listen}\n"
         "protected-mode yes\n"
         "daemonize no\n"
         f"dir {config.redis_dir / 'data'}\n"
@@ -754,6 +849,8 @@ def _redis_conf(config: StackConfig) -> str:
 
 def _start_redis(config: StackConfig, server: str) -> int:
     (config.redis_dir / "data").mkdir(parents=True, exist_ok=True)
+    if config.secure:
+        _secure.write_redis_acl(config)
     config.redis_conf.write_text(_redis_conf(config))
     pid = _spawn(
         [server, str(config.redis_conf)],
@@ -775,8 +872,11 @@ def _port_taken_error(port: int, what: str, env_var: str) -> StackError:
     )
 
 
-def status(config: StackConfig | None = None) -> StackStatus:
-    """What is running, where. Never starts or stops anything."""
+def status(config: StackConfig | None = None, *, role: str = "admin") -> StackStatus:
+    """What is running, where. Never starts or stops anything.
+
+    On a secure stack, ``env()`` of the result is what a client of ``role`` needs.
+    """
     cfg = config or StackConfig.from_env()
     services: list[ServiceStatus] = []
     for node in cfg.nodes():
@@ -786,7 +886,12 @@ def status(config: StackConfig | None = None) -> StackStatus:
                 name=f"kafka-{node.node_id}" if cfg.node_count > 1 else "kafka",
                 running=pid is not None and _port_answers(node.kafka_port),
                 managed=True,
-                address=f"{HOST}:{node.kafka_port} (controller {HOST}:{node.controller_port})",
+                address=(
+                    f"{HOST}:{node.kafka_port} SASL_SSL (internal mTLS {HOST}:"
+                    f"{node.internal_port}, controller mTLS {HOST}:{node.controller_port})"
+                    if cfg.secure
+                    else f"{HOST}:{node.kafka_port} (controller {HOST}:{node.controller_port})"
+                ),
                 pid=pid,
                 log_file=node.server_log,
                 data_dir=node.data_dir,
@@ -808,7 +913,7 @@ def status(config: StackConfig | None = None) -> StackStatus:
                 name="redis",
                 running=pid is not None and _port_answers(cfg.redis_port),
                 managed=True,
-                address=f"{HOST}:{cfg.redis_port}",
+                address=f"{HOST}:{cfg.redis_port}" + (" TLS, ACL users" if cfg.secure else ""),
                 pid=pid,
                 log_file=cfg.redis_log,
                 data_dir=cfg.redis_dir / "data",
@@ -820,7 +925,19 @@ def status(config: StackConfig | None = None) -> StackStatus:
         redis_url=cfg.redis_url,
         state_dir=cfg.state_dir,
         jars_dir=cfg.jars_dir,
-        notes=(_durability_note(cfg),),
+        notes=(_durability_note(cfg), *_secure_notes(cfg)),
+        client_env=_secure.client_env(cfg, role) if cfg.secure else None,
+    )
+
+
+def _secure_notes(cfg: StackConfig) -> tuple[str, ...]:
+    if not cfg.secure:
+        return ()
+    folder = _secure.secrets_dir(cfg)
+    return (
+        f"CA certificate: {_secure.ca_file(cfg)}",
+        f"passwords (0600, never printed): {folder}/<role>.env for roles "
+        f"{', '.join(_secure.ALL_ROLES)}; export with: set -a; . {folder}/ROLE.env; set +a",
     )
 
 
@@ -854,6 +971,8 @@ def up(
         # Find (or install) everything before starting anything, so a missing tool
         # does not leave half a stack running.
         redis_bin: str | None = None
+        if cfg.secure:
+            _secure.ensure_material(cfg)
         if not cfg.external_redis_url and _live_pid(cfg.redis_pid_file, _REDIS_MARKER) is None:
             redis_bin = _redis_server(cfg, say)
         # Kafka ---------------------------------------------------------------------
@@ -870,10 +989,15 @@ def up(
                     )
                 kafka_pids[node.node_id] = pid
                 continue
-            for port, what, var in (
+            ports = [
                 (node.kafka_port, "Kafka", cfg.port_vars[0]),
                 (node.controller_port, "Kafka controller", cfg.port_vars[1]),
-            ):
+            ]
+            if node.internal_port:
+                ports.append(
+                    (node.internal_port, "Kafka inter-broker", "RUNLOG_SECURE_INTERNAL_PORT")
+                )
+            for port, what, var in ports:
                 if _port_answers(port):
                     raise _port_taken_error(port, what, var)
             to_start.append(node)
@@ -925,7 +1049,7 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
                     f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
                 )
             if _port_answers(node.kafka_port) and _kafka_ready(
-                f"{HOST}:{node.kafka_port}", cfg.node_count
+                f"{HOST}:{node.kafka_port}", cfg.node_count, cfg.kafka_client_conf()
             ):
                 pending_kafka.remove(node)
         if not redis_ok:
@@ -934,7 +1058,7 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
                     f"redis-server exited during startup.\n--- {cfg.redis_log} (tail) ---\n"
                     f"{_tail(cfg.redis_log)}\n{_tail(cfg.redis_dir / 'stdout.log', 10)}"
                 )
-            redis_ok = _redis_ping(cfg.redis_url)
+            redis_ok = _redis_ping(cfg.redis_url, **cfg.redis_client_kwargs())
         if not pending_kafka and redis_ok:
             return
         if time.monotonic() > deadline:
@@ -981,9 +1105,26 @@ def down(config: StackConfig | None = None, *, timeout: float = 60.0) -> StackSt
     return status(cfg)
 
 
-def env(config: StackConfig | None = None) -> dict[str, str]:
-    """``RUNLOG_*`` variables that point clients at this stack."""
-    return status(config).env()
+def init_secure(config: StackConfig) -> Path:
+    """Make the secure stack's certificates, passwords and Redis ACL file; start nothing.
+
+    For running the same stack from ``docker-compose.yml`` (profile ``secure``), which
+    mounts them. Idempotent; returns the state dir that holds them.
+    """
+    if not config.secure:
+        raise StackError("init is for the secure stack (--secure)")
+    with _locked(config.state_dir / "stack.lock"):
+        _secure.ensure_material(config)
+        _secure.write_redis_acl(config)
+    return config.state_dir
+
+
+def env(config: StackConfig | None = None, *, role: str = "admin") -> dict[str, str]:
+    """``RUNLOG_*`` variables that point clients at this stack (a secure one: as ``role``).
+
+    Never a password: those stay in the secure stack's ``secrets/<role>.env``.
+    """
+    return status(config, role=role).env()
 
 
 # --------------------------------------------------------------------------- fault injection
@@ -1067,7 +1208,9 @@ def start_node(config: StackConfig, node_id: int, *, timeout: float = 90.0) -> i
                 spawns += 1
                 pid_or_none = _start_kafka_node(config, _java(), resolve_jars(config), node)
         pid = pid_or_none
-        if _port_answers(node.kafka_port) and _kafka_ready(f"{HOST}:{node.kafka_port}"):
+        if _port_answers(node.kafka_port) and _kafka_ready(
+            f"{HOST}:{node.kafka_port}", conf=config.kafka_client_conf()
+        ):
             return pid
         if time.monotonic() > deadline:
             raise StackError(
@@ -1115,7 +1258,7 @@ def start_redis(config: StackConfig, *, empty: bool = False, timeout: float = 30
                 shutil.rmtree(config.redis_dir / "data", ignore_errors=True)
             pid = _start_redis(config, _redis_server(config, None))
     deadline = time.monotonic() + timeout
-    while not _redis_ping(config.redis_url):
+    while not _redis_ping(config.redis_url, **config.redis_client_kwargs()):
         if _live_pid(config.redis_pid_file, _REDIS_MARKER) is None:
             raise StackError(f"redis-server exited during startup.\n{_tail(config.redis_log)}")
         if time.monotonic() > deadline:
