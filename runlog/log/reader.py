@@ -167,14 +167,16 @@ class LogReader:
                 batch = self._consumer.consume(want, timeout=1.0)
                 for msg in batch:
                     err = msg.error()
+                    if err is not None and err.code() != err._PARTITION_EOF:
+                        # Before the offset: a refusal (an ACL) carries none, and its
+                        # reason is what the caller needs.
+                        raise KafkaUnavailable(f"reading {self.topic}[{part}]: {err}")
                     off = msg.offset()
                     assert off is not None  # consumed messages and EOF events carry one
                     if err is not None:
-                        if err.code() == err._PARTITION_EOF:
-                            if off >= stop:
-                                return
-                            continue
-                        raise KafkaUnavailable(f"reading {self.topic}[{part}]: {err}")
+                        if off >= stop:
+                            return
+                        continue
                     if off >= stop:
                         return
                     nxt = off + 1
