@@ -64,6 +64,18 @@ _REFUSED = frozenset(
 )
 
 
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
+def _why_lost(err: KafkaError) -> KafkaError:
+    """The error an append lost to the fatal ``err`` fails with."""
+    if err.code() in _REFUSED:
+        # The broker refused this principal before it got a producer id: nothing of these
+        # appends was written, and saying so beats a bare "Purged in queue".
+        return err
+    return KafkaError(KafkaError._FATAL, f"producer failed fatally: {err}", fatal=True)
+
+
 def _settle(fut: Future[Delivered], outcome: Delivered | DeliveryFailed) -> None:
     """Resolve ``fut`` once: a purge after a fatal error and a late report may both try."""
     try:
@@ -99,6 +111,8 @@ class EventWriter:
         self._conf = {**producer_config(settings, extra), "error_cb": self._on_error}
         self._swap = threading.Lock()
         self._fatal: KafkaError | None = None
+        self._last_fatal: KafkaError | None = None
+        """The latest fatal error, kept after the replacement to explain purged appends."""
         self._inflight: set[Future[Delivered]] = set()
         self._producer = Producer(self._conf)
         self._partitions: dict[str, int] = {}
@@ -111,8 +125,9 @@ class EventWriter:
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback (also the entry a test uses to simulate a fatal error)."""
         if err.fatal():
-            log.error("Kafka producer failed fatally (%s); it will be replaced", err)
-            self._fatal = err
+            if self._fatal is None:
+                log.error("Kafka producer failed fatally (%s); it will be replaced", err)
+            self._fatal = self._last_fatal = err
         else:
             log.warning("Kafka producer error: %s", err)
 
@@ -127,12 +142,7 @@ class EventWriter:
             self._fatal = None
             self.replaced += 1
             inflight, self._inflight = self._inflight, set()
-        if err.code() in _REFUSED:
-            # The broker refused this principal before it got a producer id: nothing of
-            # these appends was written, and saying so beats a bare "Purged in queue".
-            lost = err
-        else:
-            lost = KafkaError(KafkaError._FATAL, f"producer failed fatally: {err}", fatal=True)
+        lost = _why_lost(err)
         for fut in inflight:  # before the purge, whose bare reports must not win
             _settle(fut, DeliveryFailed(lost))
         try:
@@ -146,6 +156,14 @@ class EventWriter:
             try:
                 self._replace_if_fatal()
                 self._producer.poll(0.05)
+            except KafkaException as exc:
+                # librdkafka may raise its fatal error from poll rather than (or as well
+                # as) calling error_cb: either way the producer is replaced.
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.fatal():
+                    self._on_error(err)
+                else:
+                    log.exception("delivery callback failed")
             except Exception:  # a callback error must not kill the poller
                 log.exception("delivery callback failed")
 
@@ -170,6 +188,10 @@ class EventWriter:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             self._inflight.discard(fut)
             if err is not None:
+                fatal = self._fatal or self._last_fatal
+                if err.code() in _PURGED and fatal is not None:
+                    # librdkafka purged it because the producer failed: say why.
+                    err = _why_lost(fatal)
                 _settle(fut, DeliveryFailed(err))
             else:
                 part, off = msg.partition(), msg.offset()
