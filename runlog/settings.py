@@ -5,10 +5,10 @@ The variable names are a public contract: renaming one breaks every deployment.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -67,6 +67,18 @@ class Settings(BaseSettings):
     """Redis password, if not in the URL (``RUNLOG_REDIS_PASSWORD``)."""
     kafka_extra: dict[str, str] = Field(default_factory=dict)
     """Extra librdkafka properties as JSON (``RUNLOG_KAFKA_EXTRA='{"k": "v"}'``)."""
+
+    redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    """JSON fields shown as ``[redacted]`` wherever tool arguments or results are shown
+    (``runlog show``, the console), matched by key in any case:
+    ``RUNLOG_REDACT_FIELDS=password,card_number``. The log itself keeps what was written."""
+
+    @field_validator("redact_fields", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(f.strip() for f in value.split(",") if f.strip())
+        return value
 
     @property
     def events_topic(self) -> str:
