@@ -27,18 +27,21 @@ Reading merges the per-partition sorted sets of the wanted tenants with a keyset
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
 
-from runlog.errors import RedisUnavailable
+from runlog.errors import ConfigError, RedisUnavailable
 from runlog.projections.run_state import RunState
 from runlog.projections.state_view import StateView
 from runlog.schemas.models import Event
 from runlog.settings import Settings
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 STATUSES = ("running", "waiting", "uncertain", "stopped", "finished")
 """``running``: a writer may be acting; ``waiting``: an approval waits for a person;
@@ -137,6 +140,33 @@ def write(
 
 
 # ------------------------------------------------------------------------------ reading
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time (UTC if it names no zone) or an age such as ``15m`` before now."""
+    at = now or datetime.now(UTC)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match:
+        return at - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(f"--since wants an ISO time or an age like 15m, not {text!r}") from exc
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def age_text(seconds: float | None) -> str:
+    """A short age for people: ``42s``, ``17m``, ``5h``, ``3d``."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
 
 
 @dataclass(frozen=True)

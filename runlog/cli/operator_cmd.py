@@ -1,22 +1,20 @@
-"""The operator's view: ``runlog runs`` (the run index) and ``runlog show`` (a run's story)."""
+"""The operator's view: ``runlog runs`` (the run index), ``runlog show`` (a run's story) and
+``runlog ui`` (the web console, an optional extra)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from runlog.consumers.index import STATUSES, RunIndex, RunRow
+from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.timeline import run_timeline
 from runlog.errors import ConfigError
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.settings import Settings
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,41 +51,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_show)
 
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """An ISO 8601 time (UTC if it names no zone) or an age such as ``15m`` before now."""
-    at = now or datetime.now(UTC)
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if match:
-        return at - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise ConfigError(f"--since wants an ISO time or an age like 15m, not {text!r}") from exc
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
+    p = sub.add_parser(
+        "ui",
+        help="the operator console (web; needs the 'ui' extra and RUNLOG_UI_TOKENS)",
+        description="Runs, timelines, the uncertain-call queue, approvals (approve/reject), "
+        "audit and projection lag in a browser. Binds 127.0.0.1 unless told otherwise; every "
+        "request needs a token from RUNLOG_UI_TOKENS.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8642)
+    p.set_defaults(func=_ui)
 
 
 def _line(row: RunRow, now: datetime) -> str:
     last = "-"
     if row.last_event_at:
         ago = (now - datetime.fromisoformat(row.last_event_at)).total_seconds()
-        last = f"{row.last_type or '?'} {_age(ago)} ago"
+        last = f"{row.last_type or '?'} {age_text(ago)} ago"
     return (
         f"{row.tenant:<12} {row.run_id:<28} {row.status:<9} {row.outcome or '-':<10} "
-        f"{row.seq:>6} {row.epoch:>5} {row.resumptions:>4} {_age(row.age_s(now)):>6}  {last}"
+        f"{row.seq:>6} {row.epoch:>5} {row.resumptions:>4} {age_text(row.age_s(now)):>6}  {last}"
     )
 
 
@@ -171,3 +154,14 @@ def _show(args: argparse.Namespace) -> int:
                 f"attempts={c.attempts} -> {c.outcome}{recon}"
             )
     return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    # Optional extra: imported only when the console is asked for.
+    try:
+        from runlog.ui.server import serve
+    except ImportError as exc:
+        raise ConfigError(
+            f"the console needs the 'ui' extra: pip install 'runlog[ui]' ({exc})"
+        ) from exc
+    return serve(host=args.host, port=args.port)
