@@ -44,13 +44,15 @@ MAX_NOTE = 2000
 _HEADERS = {
     # Only our own script and styles inline in the page; no framing, no sniffing, no
     # referrer leaking run ids to other sites, nothing cached (pages show live state).
+    # "same-origin", not "no-referrer": under no-referrer a browser sends ``Origin: null``
+    # with our own form posts, and the same-origin check below would refuse them.
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
         "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 _FLASH = {
