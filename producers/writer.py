@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,11 @@ from runlog.errors import KafkaUnavailable
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
+
+APPENDS: dict[str, float] = dict.fromkeys(("acknowledged", "failed", "unknown", "ack_seconds"), 0)
+"""Process-wide append telemetry (never semantic events): ``acknowledged``, ``failed``
+(the broker refused), ``unknown`` (may still be written), and ``ack_seconds`` (their sum,
+from produce to acknowledgement). Written by the delivery callback only."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +107,16 @@ class EventWriter:
         """
         where: dict[str, Any] = {} if partition is None else {"partition": partition}
         fut: Future[Delivered] = Future()
+        sent = time.monotonic()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                fut.set_exception(DeliveryFailed(err))
+                failed = DeliveryFailed(err)
+                APPENDS["unknown" if failed.unknown else "failed"] += 1
+                fut.set_exception(failed)
             else:
+                APPENDS["acknowledged"] += 1
+                APPENDS["ack_seconds"] += time.monotonic() - sent
                 part, off = msg.partition(), msg.offset()
                 assert part is not None and off is not None  # set on every delivered message
                 fut.set_result(Delivered(part, off, msg.timestamp()[1]))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
+from runlog.consumers.projection_metrics import serve
+from runlog.producers import telemetry
 from runlog.producers.lease import METRICS
 from runlog.producers.run import open_run_with, submit_decision
+from runlog.producers.writer import APPENDS
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
@@ -91,3 +94,18 @@ def lease_metrics() -> dict[str, int]:
     renew_lost, released, fenced. Operational telemetry, never written to the log."""
 
     return dict(METRICS)
+
+
+def append_metrics() -> dict[str, float]:
+    """This process's append counters: acknowledged, failed, unknown, and ack_seconds (the
+    sum of produce-to-acknowledgement times). Operational telemetry, never in the log."""
+
+    return {k: APPENDS.get(k, 0) for k in (*telemetry.APPEND_RESULTS, "ack_seconds")}
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> Callable[[], None]:
+    """Serve this worker's lease and append metrics (and its CPU and memory) for
+    Prometheus at ``http://host:port/metrics``; returns a function that stops the server."""
+
+    server, _ = serve(port, telemetry.families, host)
+    return server.shutdown
