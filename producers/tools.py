@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runlog.producers import tracing
+from runlog.producers.context import current_call
+
 Risk = Literal["safe", "reversible", "irreversible"]
 
 
@@ -60,7 +63,40 @@ class Tool:
     reconcile: Reconciler | None = None
 
     def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
-        return self.fn(args, idempotency_key=idempotency_key)
+        ctx = current_call()
+        with tracing.span(
+            "tool_call",
+            tool=self.name,
+            risk=self.risk,
+            idempotency_key=idempotency_key,
+            run_id=ctx.run_id if ctx else None,
+            tenant=ctx.tenant if ctx else None,
+            epoch=ctx.epoch if ctx else None,
+            seq=ctx.started_seq if ctx else None,
+            attempt=ctx.attempt if ctx else None,
+        ):
+            return self.fn(args, idempotency_key=idempotency_key)
+
+
+def _traced(name: str, reconcile: Reconciler) -> Reconciler:
+    """``reconcile`` inside a span: a lookup is a recovery step an operator wants to see."""
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+        ctx = current_call()
+        with tracing.span(
+            "reconcile",
+            tool=name,
+            idempotency_key=idempotency_key,
+            run_id=ctx.run_id if ctx else None,
+            tenant=ctx.tenant if ctx else None,
+            epoch=ctx.epoch if ctx else None,
+            seq=ctx.started_seq if ctx else None,
+        ) as current:
+            evidence = reconcile(args, idempotency_key=idempotency_key)
+            tracing.annotate(current, evidence=type(evidence).__name__)
+            return evidence
+
+    return lookup
 
 
 def tool(
@@ -78,6 +114,8 @@ def tool(
         raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")
 
     def wrap(fn: ToolFn) -> Tool:
-        return Tool(name=name or fn.__name__, fn=fn, risk=risk, reconcile=reconcile)
+        called = name or fn.__name__
+        traced = None if reconcile is None or not tracing.enabled() else _traced(called, reconcile)
+        return Tool(name=called, fn=fn, risk=risk, reconcile=traced or reconcile)
 
     return wrap

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
 from runlog.consumers.projection_metrics import serve
-from runlog.producers import telemetry
+from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
 from runlog.producers.run import open_run_with, submit_decision
 from runlog.producers.writer import APPENDS
@@ -45,18 +45,27 @@ def open_run(
     """
 
     services = Services.shared(settings or Settings())
-    return open_run_with(
-        services.run_deps(),
-        run_id,
-        tenant=tenant,
-        tools=tools,
-        wait_s=wait_s,
-        agent=agent,
-        goal=goal,
-        reason=reason,
-        recover=recover,
-        takeover=takeover,
-    )
+    with tracing.span("open_run", run_id=run_id, tenant=tenant, takeover=takeover) as span:
+        run = open_run_with(
+            services.run_deps(),
+            run_id,
+            tenant=tenant,
+            tools=tools,
+            wait_s=wait_s,
+            agent=agent,
+            goal=goal,
+            reason=reason,
+            recover=recover,
+            takeover=takeover,
+        )
+        tracing.annotate(
+            span,
+            run_id=run.run_id,
+            epoch=run.epoch,
+            seq=run.state.seq,
+            resumed=run.state.resumptions > 0,
+        )
+        return run
 
 
 def decide(
@@ -77,16 +86,21 @@ def decide(
     """
 
     services = Services.shared(settings or Settings())
-    return submit_decision(
-        services.run_deps(),
-        run_id,
-        approval_id,
-        approved=approved,
-        decided_by=decided_by,
-        note=note,
-        tenant=tenant,
-        tools=tools,
-    )
+    with tracing.span(
+        "decide", run_id=run_id, tenant=tenant, approval_id=approval_id, approved=approved
+    ) as span:
+        how = submit_decision(
+            services.run_deps(),
+            run_id,
+            approval_id,
+            approved=approved,
+            decided_by=decided_by,
+            note=note,
+            tenant=tenant,
+            tools=tools,
+        )
+        tracing.annotate(span, outcome=how)
+        return how
 
 
 def lease_metrics() -> dict[str, int]:
