@@ -177,3 +177,23 @@ def test_ui_command_binds_loopback_and_needs_tokens(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RUNLOG_UI_TOKENS", '{"a-long-enough-token": ["a"]}')
     ui = UiSettings()
     assert "a-long-enough-token" not in repr(ui) and "a-long-enough-token" not in str(ui)
+
+
+def test_a_long_run_page_shows_its_tail_unless_asked_for_all(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    s = test_settings
+    with services_for(s):
+        with runlog.open_run(tenant="acme", settings=s) as run:
+            for i in range(520):
+                run.emit("memory_written", key=f"k{i}", value="v")
+            run.barrier()
+            rid = run.run_id
+        with projecting(s, redis_client), console(s) as base:
+            web = httpx.Client(base_url=base, headers=_bearer(TOKEN_A), timeout=30)
+            wait_for("the run indexed", lambda: web.get(f"/runs/{rid}").status_code == 200)
+            tail = web.get(f"/runs/{rid}").text
+            assert "21 earlier record(s) not shown" in tail  # 521 records, 500 shown
+            assert "memory k519 written" in tail and "memory k0 written" not in tail
+            whole = web.get(f"/runs/{rid}?all=1").text
+            assert "not shown" not in whole and "memory k0 written" in whole

@@ -69,7 +69,7 @@ def _line(row: RunRow, now: datetime) -> str:
         ago = (now - datetime.fromisoformat(row.last_event_at)).total_seconds()
         last = f"{row.last_type or '?'} {age_text(ago)} ago"
     return (
-        f"{row.tenant:<12} {row.run_id:<28} {row.status:<9} {row.outcome or '-':<10} "
+        f"{row.tenant:<12} {row.run_id:<30} {row.status:<9} {row.outcome or '-':<10} "
         f"{row.seq:>6} {row.epoch:>5} {row.resumptions:>4} {age_text(row.age_s(now)):>6}  {last}"
     )
 
@@ -100,7 +100,7 @@ def _runs(args: argparse.Namespace) -> int:
             else:
                 if header:
                     print(
-                        f"{'TENANT':<12} {'RUN':<28} {'STATUS':<9} {'OUTCOME':<10} "
+                        f"{'TENANT':<12} {'RUN':<30} {'STATUS':<9} {'OUTCOME':<10} "
                         f"{'SEQ':>6} {'EPOCH':>5} {'RES':>4} {'AGE':>6}  LAST EVENT"
                     )
                     header = False

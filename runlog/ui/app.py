@@ -40,6 +40,9 @@ from runlog.ui.pages import CONSOLE_JS, render
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 50
+TIMELINE_TAIL = 500
+"""Records a run page shows unless asked for all: a page of a 100,000-event run would be
+too big to render, and to refresh every few seconds."""
 MAX_NOTE = 2000
 _HEADERS = {
     # Only our own script and styles inline in the page; no framing, no sniffing, no
@@ -309,6 +312,8 @@ def create_app(
             tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
         except UnknownRun:
             return _not_found(request, c, ctx, run_id)
+        everything = request.query_params.get("all") == "1"
+        entries_shown = tl.entries if everything else tl.entries[-TIMELINE_TAIL:]
         entries = await run_in_threadpool(queries.get_audit, c.redis, c.settings, run_id)
         audit = [_audit_row(e, c.secret) for e in entries]
         pending = [
@@ -326,6 +331,8 @@ def create_app(
             "run.html",
             run_id=run_id,
             tl=tl,
+            entries=entries_shown,
+            hidden=len(tl.entries) - len(entries_shown),
             st=tl.state,
             status=status_of(tl.state),
             pending=pending,

@@ -7,6 +7,7 @@ so the lists and a run's timeline follow the log without a manual reload.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from jinja2 import DictLoader, Environment, select_autoescape
@@ -140,8 +141,10 @@ _RUN = (
 <h2>Timeline</h2>
 <table id="timeline"><thead><tr><th>Seq</th><th>Epoch</th><th>At (UTC)</th><th>Event</th>
 <th>What happened</th></tr></thead><tbody>
-{% for e in tl.entries %}<tr class="{{ 'fenced' if not e.valid else '' }}"><td class="num">{{ e.seq }}</td>
-<td class="num">{{ e.epoch }}</td><td class="mono">{{ e.at[11:23] }}</td><td>{{ e.type }}</td>
+{% if hidden %}<tr><td colspan="5" class="muted">{{ hidden }} earlier record(s) not shown:
+<a href="/runs/{{ run_id }}?all=1" id="all">show the whole run</a></td></tr>{% endif %}
+{% for e in entries %}<tr class="{{ 'fenced' if not e.valid else '' }}"><td class="num">{{ e.seq }}</td>
+<td class="num">{{ e.epoch }}</td><td class="mono">{{ e.at|clock }}</td><td>{{ e.type }}</td>
 <td class="{{ 'why' if not e.valid else '' }}">{{ e.text }}</td></tr>{% endfor %}</tbody></table>
 {% if tl.calls %}<h2>Tool calls</h2><table id="calls"><thead><tr><th>Tool</th><th>Key</th><th>Risk</th>
 <th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th></tr></thead><tbody>
@@ -152,7 +155,7 @@ _RUN = (
 {% endfor %}</tbody></table>{% endif %}
 <h2>Audit trail</h2>
 <table id="audit"><thead><tr><th>At</th><th>Seq</th><th>Kind</th><th>Details</th></tr></thead><tbody>
-{% for e in audit %}<tr><td class="mono">{{ (e.at or "")[11:23] }}</td><td class="num">{{ e.seq }}</td>
+{% for e in audit %}<tr><td class="mono">{{ e.at|clock }}</td><td class="num">{{ e.seq }}</td>
 <td>{{ e.kind }}</td><td>{{ e.detail }}</td></tr>
 {% else %}<tr><td colspan="4" class="muted">No audit entries yet (kept by
 <code>runlog project audit</code>).</td></tr>{% endfor %}</tbody></table>
@@ -224,6 +227,16 @@ ENV = Environment(
     loader=DictLoader(_TEMPLATES),
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
+
+
+def _clock(iso: str | None) -> str:
+    """``HH:MM:SS.mmm`` of an ISO time (UTC in the log); empty for none."""
+    if not iso:
+        return ""
+    return datetime.fromisoformat(iso).strftime("%H:%M:%S.%f")[:-3]
+
+
+ENV.filters["clock"] = _clock
 
 
 def render(name: str, fragment: bool, **context: Any) -> str:
