@@ -69,7 +69,7 @@ demo: stack
 	eval "$$($(RUNLOG) stack env)" && $(DEMO_CMD)
 
 bench: stack
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -e '.[bench,peers]'
 	$(RUNLOG) bench $(BENCH_ARGS)
 
 down:

@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.store import PROJECTIONS, SEP, ProjectionKeys
-from runlog.errors import RedisUnavailable
-from runlog.schemas.keys import partition_for
+from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.errors import RedisUnavailable, TenantMismatch
+from runlog.schemas.keys import check_run_id, partition_for
 from runlog.settings import Settings
 
 DEFAULT_DEADLINES_S: Mapping[str, float] = {
@@ -43,6 +43,19 @@ def _wrap(exc: Exception, what: str) -> RedisUnavailable:
     return RedisUnavailable(f"{what}: {exc}")
 
 
+def refuse_other_tenant(owner: str, tenant: str | None, run_id: str) -> None:
+    """``TenantMismatch`` if ``run_id`` is owned by a tenant other than ``tenant``.
+
+    The message never names the owner: a tenant may learn that a run id is taken, not by
+    whom. ``tenant=None`` (a library caller that checks nothing) and a run whose owner is
+    not known yet (no valid RUN_STARTED) pass.
+    """
+    if tenant is not None and owner and owner != tenant:
+        raise TenantMismatch(
+            f"run {run_id} belongs to another tenant, not to {tenant!r}", run_id=run_id
+        )
+
+
 def _find_run(
     client: redis.Redis, keys: ProjectionKeys, settings: Settings, run_id: str
 ) -> int | None:
@@ -55,8 +68,14 @@ def _find_run(
     return None
 
 
-def get_state(client: redis.Redis, settings: Settings, run_id: str) -> dict[str, Any] | None:
-    """The state projection of ``run_id``: full view plus summary, or None if unknown."""
+def get_state(
+    client: redis.Redis, settings: Settings, run_id: str, *, tenant: str | None = None
+) -> dict[str, Any] | None:
+    """The state projection of ``run_id``: full view plus summary, or None if unknown.
+
+    With ``tenant``, a run of another tenant is refused (``TenantMismatch``).
+    """
+    check_run_id(run_id)
     keys = _keys(settings, "state")
     try:
         p = _find_run(client, keys, settings, run_id)
@@ -68,10 +87,14 @@ def get_state(client: redis.Redis, settings: Settings, run_id: str) -> dict[str,
     if raw is None:
         return None
     view: dict[str, Any] = json.loads(raw)
+    refuse_other_tenant(view["state"]["tenant"], tenant, run_id)
     return view
 
 
-def get_summary(client: redis.Redis, settings: Settings, run_id: str) -> dict[str, str] | None:
+def get_summary(
+    client: redis.Redis, settings: Settings, run_id: str, *, tenant: str | None = None
+) -> dict[str, str] | None:
+    check_run_id(run_id)
     keys = _keys(settings, "state")
     try:
         p = _find_run(client, keys, settings, run_id)
@@ -80,19 +103,31 @@ def get_summary(client: redis.Redis, settings: Settings, run_id: str) -> dict[st
         raw = client.hgetall(keys.summary(p, run_id))
     except redis.RedisError as exc:
         raise _wrap(exc, f"summary of {run_id}") from exc
-    return {_s(k): _s(v) for k, v in raw.items()}
+    summary = {_s(k): _s(v) for k, v in raw.items()}
+    refuse_other_tenant(summary.get("tenant", ""), tenant, run_id)
+    return summary
 
 
-def get_audit(client: redis.Redis, settings: Settings, run_id: str) -> list[dict[str, Any]]:
-    """The audit entries of ``run_id``, in log order (empty if unknown)."""
+def get_audit(
+    client: redis.Redis, settings: Settings, run_id: str, *, tenant: str | None = None
+) -> list[dict[str, Any]]:
+    """The audit entries of ``run_id``, in log order (empty if unknown).
+
+    With ``tenant``, a run of another tenant is refused (``TenantMismatch``): the owner is
+    the tenant of the run's valid RUN_STARTED, as the audit projection's validator folded it.
+    """
+    check_run_id(run_id)
     keys = _keys(settings, "audit")
     try:
         p = _find_run(client, keys, settings, run_id)
         if p is None:
             return []
+        run_raw = client.get(keys.run(p, run_id))
         raws = client.lrange(keys.log(p, run_id), 0, -1)
     except redis.RedisError as exc:
         raise _wrap(exc, f"audit of {run_id}") from exc
+    owner = "" if run_raw is None else json.loads(run_raw)["validator"]["tenant"]
+    refuse_other_tenant(owner, tenant, run_id)
     return [json.loads(r) for r in raws]
 
 
@@ -136,10 +171,9 @@ def uncertain_report(
         for p in _partitions(settings):
             for k, v in client.hgetall(keys.counters(p)).items():
                 counters[_s(k)] = counters.get(_s(k), 0) + int(v)
-            for field_, raw in client.hgetall(keys.open(p)).items():
-                call = json.loads(raw)
-                assert _s(field_).split(SEP, 1)[0] == call["run_id"]
-                calls.append(call)
+            # The run id is read from the call itself, never split out of the field name:
+            # one bad id stored by an older runner must not break the queue for everyone.
+            calls.extend(json.loads(raw) for raw in client.hvals(keys.open(p)))
     except redis.RedisError as exc:
         raise _wrap(exc, "uncertain calls") from exc
     oldest: dict[str, float] = {}

@@ -3,8 +3,10 @@
 Exactly-once effects on an at-least-once log: Redis, not Kafka, holds each projection's
 position per (topic, partition). A partition batch is applied as
 
-1. ``WATCH pos``; read it; drop the records at or below it;
-2. load the batch's runs (one MGET), fold the records with the pure projection;
+1. ``WATCH pos gen``; read them; stop if the generation moved (a rebuild) or the position
+   is below what this runner applied (below); drop the records at or below it;
+2. load the batch's runs (one MGET), fold the records with the pure projection (a record
+   at or below its run's applied offset is skipped);
 3. ``MULTI`` -> the new run states, entries, counters, quarantine records and ``SET pos``
    -> ``EXEC``.
 
@@ -16,12 +18,29 @@ position meanwhile, EXEC fails and the batch is recomputed from the new position
 On assignment every partition is seeked to ``min(position over the projections) + 1``.
 Kafka offset commits are advisory (for ``kafka-consumer-groups`` lag) and never read.
 
+A batch is written only if it continues the stored position. Redis can go back in time (a
+failover to a replica that missed the last writes, an AOF that lost its last second, a
+key deleted by hand): the position then names an offset below what this runner already
+applied, and writing the next batch on top of it would skip the records in between for
+good. The runner instead seeks back to the stored position + 1 and refolds from there;
+each run's state remembers the offset of its last record (``store.APPLIED``), so records
+whose effects survived are not folded twice. The same check runs every few seconds while
+a partition is idle.
+
+A rebuild fences live runners: it increments each partition's generation, and a runner
+writes only while the generation it read at assignment is still current (checked in the
+same transaction as the position). A fenced runner pauses its partitions until the
+rebuild's marker is gone, then reads the rebuilt positions and continues from them.
+
 A record that cannot be decoded, or whose key is not its event's run id, is quarantined:
 produced (original key, value and headers) to the quarantine topic and acknowledged
 *before* the Redis write that records it and advances the position. A crash between the
 two re-quarantines it on restart: the topic is at-least-once, Redis exactly-once.
 Transient Redis and broker errors are retried with capped exponential backoff; they
-never turn into skipped records.
+never turn into skipped records. Transient includes the replies of a Redis that is up but
+cannot take writes now: READONLY (a replica, or a primary demoted by failover), OOM
+(``maxmemory`` reached under ``noeviction``), BUSY (a long script), LOADING, MASTERDOWN,
+TRYAGAIN.
 """
 
 from __future__ import annotations
@@ -29,7 +48,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -39,12 +61,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
 from runlog.consumers.store import Decoded, Handler, Rejected, dumps, make_handler
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
 from runlog.log.kafka import group_config, high_watermark, partitions_of
-from runlog.schemas.codec import decode
+from runlog.log.registry import ids_for
+from runlog.schemas.codec import SchemaIds, decode
+from runlog.schemas.keys import decode_key
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,7 +89,27 @@ POLL_TIMEOUT_S = 0.05
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 5.0
 
+POSITION_CHECK_S = 2.0
+"""How often a live runner compares the stored positions with what it applied."""
+REBUILD_MARKER_TTL_S = 30
+"""Lifetime of a rebuild's marker unless renewed: a crashed rebuild frees live runners."""
+
 _TRANSIENT_REDIS = (redis.ConnectionError, redis.TimeoutError)
+# Replies of a Redis that is up but cannot take this write now. redis-py maps some codes
+# to classes (stripping the code from the message) and leaves others as ResponseError.
+_TRANSIENT_REPLY_CLASSES = (ReadOnlyError, OutOfMemoryError, TryAgainError, MasterDownError)
+_TRANSIENT_REPLY_CODES = frozenset({"BUSY", "READONLY", "OOM", "LOADING", "MASTERDOWN", "TRYAGAIN"})
+
+
+def transient_redis_error(exc: BaseException) -> bool:
+    """True for a Redis failure that passes on its own: retry later, never skip or crash."""
+    if isinstance(exc, _TRANSIENT_REDIS + _TRANSIENT_REPLY_CLASSES):
+        return True
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    # In a pipeline redis-py prefixes "Command # n (...) of pipeline caused error: ".
+    reply = str(exc).rsplit("caused error: ", 1)[-1]
+    return reply.split(" ", 1)[0] in _TRANSIENT_REPLY_CODES
 
 
 class KeyMismatch(SchemaError):
@@ -66,6 +118,18 @@ class KeyMismatch(SchemaError):
 
 class Stopped(RunlogError):
     """The runner was asked to stop while waiting to retry."""
+
+
+class ProjectionRebuilt(RunlogError):
+    """Another rebuild moved a projection's generation while this catch-up was writing it."""
+
+
+class _PositionRegressed(Exception):
+    """The stored position is below what this runner applied: refetch from it."""
+
+
+class _GenerationMoved(Exception):
+    """A rebuild fenced this runner: it must not write the batch."""
 
 
 def default_group(settings: Settings, projections: Sequence[str]) -> str:
@@ -83,17 +147,24 @@ class RunnerStats:
     """Records at or below a stored position (redelivered after a restart or rebalance)."""
     watch_conflicts: int = 0
     retries: int = 0
+    regressions: int = 0
+    """Times a stored position was found below what this runner had applied (refetched)."""
+    fenced: int = 0
+    """Batches not written because a rebuild moved the projection's generation."""
     batches: int = 0
     lag: dict[int, int] = field(default_factory=dict)
     """Partition -> high watermark minus next offset, as of the last batch."""
 
 
-def _record_of(msg: Any) -> Decoded | Rejected:
+def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
     partition, offset = msg.partition(), msg.offset()
-    key = msg.key()
-    run_key = None if key is None else key.decode("utf-8", "replace")
     try:
-        ev = decode(msg.value())
+        run_key: str | None = decode_key(msg.key())
+    except SchemaError as exc:
+        # A key that names no run: quarantined, never folded under some run.
+        return Rejected(None, partition, offset, type(exc).__name__, str(exc))
+    try:
+        ev = decode(msg.value(), ids)
         if run_key != ev.run_id:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:
@@ -125,6 +196,7 @@ class ProjectionRunner:
             raise ValueError("at least one projection")
         self.settings = settings
         self.topic = settings.events_topic
+        self._ids = ids_for(settings)
         self.redis = client
         self.handlers: list[Handler[Any]] = [
             make_handler(n, settings.redis_key_prefix, self.topic) for n in projections
@@ -138,6 +210,16 @@ class ProjectionRunner:
         self._producer: Any = None
         self._assigned: set[int] = set()
         self._next: dict[int, int] = {}
+        """Partition -> offset the consumer fetches next (lag, progress)."""
+        self._expected: dict[tuple[str, int], int] = {}
+        """(projection, partition) -> the position this runner read or wrote last: the
+        stored position may only be at or above it."""
+        self._gens: dict[tuple[str, int], int] = {}
+        """(projection, partition) -> the generation this runner writes under."""
+        self._catching_up = False
+        self._waiting = False
+        """A rebuild fenced this runner: its partitions are paused until it ends."""
+        self._checked_at = 0.0
 
     # Control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -153,7 +235,9 @@ class ProjectionRunner:
         while True:
             try:
                 return fn()
-            except _TRANSIENT_REDIS as exc:
+            except redis.RedisError as exc:
+                if not transient_redis_error(exc):
+                    raise
                 err: Exception = exc
             except KafkaUnavailable as exc:
                 err = exc
@@ -164,26 +248,98 @@ class ProjectionRunner:
             delay = min(delay * 2, BACKOFF_CAP_S)
 
     # Positions --------------------------------------------------------------------------
-    def positions(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Lowest stored position over this runner's projections, per partition (-1: none)."""
+    def stored(self, partitions: Iterable[int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """(projection, partition) -> (stored position or -1, generation or 0)."""
         parts = sorted(partitions)
         if not parts:
             return {}
-        keys = [h.keys.pos(p) for p in parts for h in self.handlers]
+        keys = [k for p in parts for h in self.handlers for k in (h.keys.pos(p), h.keys.gen(p))]
 
         def read() -> list[Any]:
             return list(self.redis.mget(keys))
 
-        raws = self._retry("reading positions", read)
-        n = len(self.handlers)
-        out: dict[int, int] = {}
-        for i, p in enumerate(parts):
-            vals = [int(r) if r is not None else -1 for r in raws[i * n : (i + 1) * n]]
-            out[p] = min(vals)
+        raws = iter(self._retry("reading positions", read))
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for p in parts:
+            for h in self.handlers:
+                pos, gen = next(raws), next(raws)
+                out[(h.name, p)] = (
+                    int(pos) if pos is not None else -1,
+                    int(gen) if gen is not None else 0,
+                )
         return out
 
+    def positions(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Lowest stored position over this runner's projections, per partition (-1: none)."""
+        parts = sorted(partitions)
+        got = self.stored(parts)
+        return {p: min(got[(h.name, p)][0] for h in self.handlers) for p in parts}
+
+    def _adopt(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Read positions and generations, take them as this runner's; min position each."""
+        parts = sorted(partitions)
+        got = self.stored(parts)
+        for key, (pos, gen) in got.items():
+            self._expected[key] = pos
+            self._gens[key] = gen
+        return {p: min(got[(h.name, p)][0] for h in self.handlers) for p in parts}
+
+    def _rebuild_running(self) -> bool:
+        keys = [h.keys.rebuild_marker() for h in self.handlers]
+
+        def read() -> int:
+            return int(self.redis.exists(*keys))
+
+        return self._retry("reading rebuild markers", read) > 0
+
+    def _seek(self, partition: int, pos: int) -> None:
+        """Make the consumer fetch ``partition`` from ``pos + 1`` (its beginning if -1)."""
+        offset = pos + 1 if pos >= 0 else OFFSET_BEGINNING
+
+        def seek() -> None:
+            try:
+                self._consumer.seek(TopicPartition(self.topic, partition, offset))
+            except KafkaException as exc:
+                raise KafkaUnavailable(
+                    f"seek {self.topic}[{partition}] to {offset}: {exc}"
+                ) from exc
+
+        self._retry(f"seeking {self.topic}[{partition}]", seek)
+        self._next[partition] = max(pos + 1, 0)
+
+    def _rewind(self, partition: int) -> None:
+        """The stored position went back: refetch the partition from it."""
+        self.stats.regressions += 1
+        pos = self._adopt([partition])[partition]
+        log.warning(
+            "stored position of %s[%s] went back to %s (Redis lost writes, or a key was "
+            "deleted): refetching from there",
+            self.topic,
+            partition,
+            pos,
+        )
+        self._seek(partition, pos)
+
+    def _check_positions(self) -> None:
+        """Between batches: a position that went back is refetched even with no traffic."""
+        parts = sorted(self._assigned)
+        if not parts or self._waiting:
+            return
+        got = self.stored(parts)
+        for p in parts:
+            for h in self.handlers:
+                key = (h.name, p)
+                pos, gen = got[key]
+                if gen != self._gens.get(key, 0):
+                    self._fenced(p)
+                    return
+                if pos < self._expected.get(key, -1):
+                    self._rewind(p)
+                    break
+
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        pos = self.positions(tp.partition for tp in partitions)
+        # Generations before the markers: a rebuild sets its marker before it moves them.
+        pos = self._adopt(tp.partition for tp in partitions)
         for tp in partitions:
             p = pos[tp.partition]
             tp.offset = p + 1 if p >= 0 else OFFSET_BEGINNING
@@ -191,6 +347,8 @@ class ProjectionRunner:
         consumer.assign(partitions)
         self._assigned |= {tp.partition for tp in partitions}
         log.info("assigned %s", {tp.partition: tp.offset for tp in partitions})
+        if self._waiting or self._rebuild_running():
+            self._wait_for_rebuild(consumer)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         # Batches are applied between polls, so none is in flight here; a batch whose
@@ -201,6 +359,39 @@ class ProjectionRunner:
             self.stats.lag.pop(tp.partition, None)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
+    # Rebuild fencing --------------------------------------------------------------------
+    def _fenced(self, partition: int) -> None:
+        """A rebuild moved the generation of ``partition``: stop writing until it ends."""
+        self.stats.fenced += 1
+        if self._catching_up:
+            raise ProjectionRebuilt(
+                f"a rebuild of {'+'.join(h.name for h in self.handlers)} started while this "
+                f"catch-up was writing {self.topic}[{partition}]; it stopped without writing"
+            )
+        log.warning(
+            "a rebuild fenced this runner at %s[%s]: pausing until it finishes",
+            self.topic,
+            partition,
+        )
+        self._wait_for_rebuild(self._consumer)
+
+    def _wait_for_rebuild(self, consumer: Any) -> None:
+        self._waiting = True
+        tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        if tps:
+            consumer.pause(tps)
+
+    def _resume_after_rebuild(self) -> None:
+        """The rebuild is over: continue from the positions it wrote, under its generation."""
+        parts = sorted(self._assigned)
+        pos = self._adopt(parts)
+        for p in parts:
+            self._seek(p, pos[p])
+        if parts:
+            self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
+        self._waiting = False
+        log.info("rebuild finished: continuing from %s", {p: pos[p] + 1 for p in parts})
+
     # Kafka ------------------------------------------------------------------------------
     def _make_consumer(self, **extra: Any) -> Any:
         conf = group_config(self.settings, self.group, **{**self._consumer_extra, **extra})
@@ -208,9 +399,7 @@ class ProjectionRunner:
 
     def _quarantine_producer(self) -> Any:
         if self._producer is None:
-            conf = dict(self.settings.kafka_common())
-            conf.update({"enable.idempotence": True, "acks": "all", "linger.ms": 5})
-            self._producer = Producer(conf, logger=log)
+            self._producer = Producer(self.settings.durable_producer_config(), logger=log)
         return self._producer
 
     def _produce_quarantined(self, msgs: list[Any], errors: dict[int, Rejected]) -> None:
@@ -251,8 +440,10 @@ class ProjectionRunner:
         self._retry("producing to the quarantine topic", send)
 
     # Applying ---------------------------------------------------------------------------
-    def _apply_partition(self, partition: int, msgs: list[Any]) -> None:
-        recs = [_record_of(m) for m in msgs]
+    def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
+        """Apply one partition's batch; False if it was not written and must be refetched
+        (the stored position went back) or held back (a rebuild fenced this runner)."""
+        recs = [_record_of(m, self._ids) for m in msgs]
         rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
         if rejected:
             low = self.positions([partition])[partition]
@@ -261,10 +452,18 @@ class ProjectionRunner:
                 self._produce_quarantined(todo, rejected)
         raw = {m.offset(): m for m in msgs}
         for handler in self.handlers:
-            self._retry(
-                f"applying {handler.name} to {self.topic}[{partition}]",
-                functools.partial(self._commit, handler, partition, recs, raw),
-            )
+            try:
+                self._retry(
+                    f"applying {handler.name} to {self.topic}[{partition}]",
+                    functools.partial(self._commit, handler, partition, recs, raw),
+                )
+            except _PositionRegressed:
+                self._rewind(partition)
+                return False
+            except _GenerationMoved:
+                self._fenced(partition)
+                return False
+        return True
 
     def _commit(
         self,
@@ -274,16 +473,24 @@ class ProjectionRunner:
         raw: dict[int, Any],
     ) -> None:
         keys = handler.keys
-        pos_key = keys.pos(partition)
+        pos_key, gen_key = keys.pos(partition), keys.gen(partition)
+        me = (handler.name, partition)
         while True:
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(pos_key)  # type: ignore[no-untyped-call]
-                    stored = pipe.get(pos_key)
+                    pipe.watch(pos_key, gen_key)  # type: ignore[no-untyped-call]
+                    stored, gen_raw = pipe.mget(pos_key, gen_key)
                     pos = int(stored) if stored is not None else -1
+                    if (int(gen_raw) if gen_raw is not None else 0) != self._gens.get(me, 0):
+                        raise _GenerationMoved
+                    if pos < self._expected.get(me, -1):
+                        # Writing on top would skip the records between pos and what we
+                        # applied, for good: refetch from pos instead.
+                        raise _PositionRegressed
                     todo = [r for r in recs if r.offset > pos]
                     self.stats.skipped += len(recs) - len(todo)
                     if not todo:
+                        self._expected[me] = pos
                         return
                     run_ids = sorted(
                         {
@@ -293,10 +500,29 @@ class ProjectionRunner:
                         }
                     )
                     batch = handler.begin(pipe, partition, run_ids)
-                    for r in todo:
-                        handler.apply(batch, r)
-                    applied = sum(1 for r in todo if isinstance(r, Decoded))
-                    bad = [r for r in todo if isinstance(r, Rejected)]
+                    # A record that names no run leaves no trace in any run's state; its
+                    # quarantine entry (keyed by offset) is what says it was applied.
+                    orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
+                    recorded: set[int] = set()
+                    if orphans:
+                        present = pipe.hmget(
+                            keys.quarantine(partition), [str(r.offset) for r in orphans]
+                        )
+                        recorded = {
+                            r.offset for r, v in zip(orphans, present, strict=True) if v is not None
+                        }
+                    took = [
+                        r
+                        for r in todo
+                        if handler.apply(batch, r)
+                        or (
+                            isinstance(r, Rejected)
+                            and r.run_id is None
+                            and r.offset not in recorded
+                        )
+                    ]
+                    applied = sum(1 for r in took if isinstance(r, Decoded))
+                    bad = [r for r in took if isinstance(r, Rejected)]
                     pipe.multi()
                     handler.write(pipe, batch)
                     for r in bad:
@@ -329,8 +555,10 @@ class ProjectionRunner:
                     # Someone else (a zombie, a rebuild) moved the position: recompute.
                     self.stats.watch_conflicts += 1
                     continue
+            self._expected[me] = todo[-1].offset
             self.stats.applied[handler.name] += applied
             self.stats.quarantined += len(bad)
+            self.stats.skipped += len(todo) - len(took)
             return
 
     def _handle(self, msgs: list[Any]) -> None:
@@ -350,9 +578,11 @@ class ProjectionRunner:
             if msg.partition() in self._assigned:
                 by_part[msg.partition()].append(msg)
         for partition, part_msgs in sorted(by_part.items()):
-            self._apply_partition(partition, part_msgs)
-            self._next[partition] = part_msgs[-1].offset() + 1
-            self.stats.batches += 1
+            if self._waiting:
+                return  # fenced by a rebuild: nothing more is written until it ends
+            if self._apply_partition(partition, part_msgs):
+                self._next[partition] = part_msgs[-1].offset() + 1
+                self.stats.batches += 1
 
     def _update_lag(self) -> None:
         for p in self._assigned:
@@ -388,6 +618,12 @@ class ProjectionRunner:
         )
         try:
             while not self._stop.is_set():
+                if self._waiting:
+                    # Paused partitions return nothing; polling keeps the group membership.
+                    self._consumer.consume(self.batch_size, timeout=0.2)
+                    if not self._rebuild_running():
+                        self._resume_after_rebuild()
+                    continue
                 # consume() returns when the batch fills or the timeout ends: under a light
                 # load the timeout *is* the projection lag, so keep it short.
                 msgs = self._consumer.consume(self.batch_size, timeout=POLL_TIMEOUT_S)
@@ -397,6 +633,9 @@ class ProjectionRunner:
                     self._commit_offsets()
                 elif self._assigned:
                     self._update_lag()
+                if time.monotonic() - self._checked_at > POSITION_CHECK_S:
+                    self._checked_at = time.monotonic()
+                    self._check_positions()
                 if on_batch is not None:
                     on_batch(self)
         except Stopped:
@@ -409,11 +648,14 @@ class ProjectionRunner:
         *,
         progress: Callable[[int, int], None] | None = None,
         timeout_s: float | None = None,
+        generations: dict[tuple[str, int], int] | None = None,
     ) -> dict[int, int]:
         """Consume every partition (no group) up to the high watermarks captured now.
 
-        Returns the watermarks reached. Used by rebuild; also a synchronous catch-up.
+        Returns the watermarks reached. Used by rebuild (``generations``: the ones it
+        fenced the live runners with); also a synchronous catch-up.
         """
+        self._catching_up = True
         self._consumer = self._make_consumer(
             **{"group.id": f"{self.group}.catchup-{uuid.uuid4().hex[:8]}"},
             **{"enable.partition.eof": True},
@@ -424,7 +666,9 @@ class ProjectionRunner:
             targets: dict[int, int] = {}
             for p in parts:
                 targets[p] = self._retry(f"watermarks of {p}", functools.partial(self._high, p))
-            start = self.positions(parts)
+            start = self._adopt(parts)
+            if generations is not None:
+                self._gens.update(generations)
             self._next = {p: start[p] + 1 for p in parts}
             begin = dict(self._next)
             total = sum(max(0, targets[p] - begin[p]) for p in parts)
@@ -457,7 +701,7 @@ class ProjectionRunner:
                     ]
                 )
                 if progress is not None:
-                    done = sum(min(self._next[p], targets[p]) - begin[p] for p in todo)
+                    done = sum(max(0, min(self._next[p], targets[p]) - begin[p]) for p in todo)
                     progress(done, total)
             return targets
         finally:
@@ -481,7 +725,10 @@ class ProjectionRunner:
 
 
 def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int:
-    """Delete every key of projection ``name`` (its positions too). Returns the count."""
+    """Delete every key of projection ``name`` (its positions too). Returns the count.
+
+    The generations and the rebuild marker are outside the pattern and stay.
+    """
     handler = make_handler(name, settings.redis_key_prefix, settings.events_topic)
     deleted = 0
     batch: list[Any] = []
@@ -495,6 +742,46 @@ def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int
     return deleted
 
 
+class _RebuildMarker:
+    """The rebuild's marker on each projection, renewed while it runs.
+
+    Live runners wait while it exists; its TTL frees them if the rebuild dies, and they
+    then continue from the positions it reached (each of its batches is atomic).
+    """
+
+    def __init__(self, client: redis.Redis, keys: list[str]) -> None:
+        self.client = client
+        self.keys = keys
+        self.value = json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+        )
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="runlog-rebuild", daemon=True)
+
+    def _set(self) -> None:
+        with self.client.pipeline(transaction=True) as pipe:
+            for key in self.keys:
+                pipe.set(key, self.value, ex=REBUILD_MARKER_TTL_S)
+            pipe.execute()
+
+    def _renew(self) -> None:
+        while not self._done.wait(REBUILD_MARKER_TTL_S / 6):
+            try:
+                self._set()
+            except redis.RedisError as exc:  # the next renewal may pass; the TTL is long
+                log.warning("renewing the rebuild marker failed: %s", exc)
+
+    def __enter__(self) -> _RebuildMarker:
+        self._set()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+        self.client.delete(*self.keys)
+
+
 def rebuild(
     client: redis.Redis,
     settings: Settings,
@@ -504,13 +791,25 @@ def rebuild(
 ) -> dict[int, int]:
     """Delete the projections and fold the log from offset zero up to today's watermarks.
 
-    Stop the live services of these projections first: a live runner racing a rebuild is
-    safe (WATCH on the positions) but would keep folding after the rebuild's end.
+    Live runners of these projections are fenced, not raced: the rebuild first marks the
+    projections as rebuilding, then increments every partition's generation (a live
+    runner's next write fails its generation check, in the same transaction as its
+    position), deletes the keys and folds. Fenced runners pause until the marker is gone,
+    then continue from the rebuilt positions.
     """
-    for name in names:
-        try:
-            delete_projection(client, settings, name)
-        except _TRANSIENT_REDIS as exc:
-            raise RedisUnavailable(f"deleting projection {name}: {exc}") from exc
-    runner = ProjectionRunner(settings, client, names)
-    return runner.catch_up(progress=progress)
+    handlers = [make_handler(n, settings.redis_key_prefix, settings.events_topic) for n in names]
+    parts = range(settings.partitions)
+    try:
+        with _RebuildMarker(client, [h.keys.rebuild_marker() for h in handlers]):
+            with client.pipeline(transaction=True) as pipe:
+                for h in handlers:
+                    for p in parts:
+                        pipe.incr(h.keys.gen(p))
+                gens = iter(pipe.execute())
+            generations = {(h.name, p): int(next(gens)) for h in handlers for p in parts}
+            for name in names:
+                delete_projection(client, settings, name)
+            runner = ProjectionRunner(settings, client, names)
+            return runner.catch_up(progress=progress, generations=generations)
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc

@@ -19,6 +19,20 @@ Per (projection, topic, partition):
 ``log:<id>``        audit only: list of JSON entries, append-only
 ==================  =======================================================================
 
+Beside them, outside the key pattern a rebuild deletes:
+
+``<prefix>:proj:<name>:gen:{<topic>:<partition>}``  the partition's generation: a rebuild
+increments it, and a runner writes only while it holds the current one (checked in the
+same MULTI/EXEC as its position, hence the same hash tag)
+``<prefix>:proj:<name>:rebuild:<topic>``  present (with a TTL the rebuild keeps renewing)
+while a rebuild runs: live runners wait instead of folding alongside it
+
+Each run's JSON also holds ``applied_offset``, the offset of the last record of that run
+folded into it. It is written in the same transaction as the state it describes, so it
+goes back exactly when that state goes back (a Redis failover or an AOF that lost its last
+second): a record at or below it is never folded into the run again, even after the
+partition's position went back without the run's state.
+
 Values are canonical JSON (sorted keys, no spaces), so a rebuild is byte-identical.
 """
 
@@ -39,6 +53,8 @@ S = TypeVar("S")
 
 PROJECTIONS = ("state", "uncertain", "audit")
 SEP = "\x1f"
+APPLIED = "applied_offset"
+"""Field of a run's stored JSON: offset of the last record of the run folded into it."""
 
 
 def dumps(value: Any) -> str:
@@ -85,6 +101,14 @@ class ProjectionKeys:
     def log(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:log:{run_id}"
 
+    def gen(self, partition: int) -> str:
+        """The partition's generation; outside ``pattern()``, so a rebuild keeps it."""
+        return f"{self.root}:gen:{{{self.topic}:{partition}}}"
+
+    def rebuild_marker(self) -> str:
+        """Present while a rebuild of this projection runs (outside ``pattern()``)."""
+        return f"{self.root}:rebuild:{self.topic}"
+
     def pattern(self) -> str:
         """Matches every key of this projection on this topic (for rebuild and tests)."""
         return f"{self.root}:{{{self.topic}:*"
@@ -118,6 +142,8 @@ class Batch(Generic[S]):
     states: dict[str, S]
     before: dict[str, Any]
     """What ``Handler.remember`` kept of each run's state as loaded."""
+    offsets: dict[str, int] = field(default_factory=dict)
+    """Run id -> offset of the last record folded into its state (-1: none)."""
     dirty: set[str] = field(default_factory=set)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -159,29 +185,49 @@ class Handler(ABC, Generic[S]):
     def begin(self, client: redis.Redis, partition: int, run_ids: list[str]) -> Batch[S]:
         """Load the runs of a batch (``client`` is a pipeline in WATCH, immediate mode)."""
         states: dict[str, S] = {}
+        offsets: dict[str, int] = {}
         if run_ids:
             raws = client.mget([self.keys.run(partition, r) for r in run_ids])
             for rid, raw in zip(run_ids, raws, strict=True):
-                states[rid] = self.empty() if raw is None else self.loads(json.loads(raw))
+                if raw is None:
+                    states[rid], offsets[rid] = self.empty(), -1
+                    continue
+                data = json.loads(raw)
+                # Views stored before the field existed: no record is known to be in them.
+                offsets[rid] = int(data.pop(APPLIED, -1))
+                states[rid] = self.loads(data)
         before = {rid: self.remember(st) for rid, st in states.items()}
-        return Batch(partition=partition, states=states, before=before)
+        return Batch(partition=partition, states=states, before=before, offsets=offsets)
 
-    def apply(self, batch: Batch[S], rec: Decoded | Rejected) -> None:
+    def apply(self, batch: Batch[S], rec: Decoded | Rejected) -> bool:
+        """Fold ``rec`` into its run; False if the run's state already holds it.
+
+        A run's records have increasing offsets, so one at or below the run's applied
+        offset was folded before: skipping it keeps a record from counting twice when the
+        partition's position went back but the run's state did not.
+        """
         rid = rec.event.run_id if isinstance(rec, Decoded) else rec.run_id
         if rid is None:
-            return
+            return False
+        if rec.offset <= batch.offsets.get(rid, -1):
+            return False
         state = batch.states[rid]
         if isinstance(rec, Decoded):
             self.on_event(batch, state, rec)
         else:
             self.on_rejected(batch, state, rec)
+        batch.offsets[rid] = rec.offset
         batch.dirty.add(rid)
+        return True
 
     def write(self, pipe: Any, batch: Batch[S]) -> None:
         p = batch.partition
         for rid in sorted(batch.dirty):
             state = batch.states[rid]
-            pipe.set(self.keys.run(p, rid), dumps(self.dumps(state)))
+            data = self.dumps(state)
+            assert APPLIED not in data, f"{self.name} state uses the reserved field {APPLIED}"
+            data[APPLIED] = batch.offsets[rid]
+            pipe.set(self.keys.run(p, rid), dumps(data))
             pipe.sadd(self.keys.runs(p), rid)
             self.write_run(pipe, batch, rid, state)
         self.write_batch(pipe, batch)

@@ -21,6 +21,7 @@ from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import RunState, accept, rejection
 from runlog.schemas import models as m
+from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.models import Event
 from runlog.settings import Settings
 
@@ -278,6 +279,8 @@ def run_timeline(
     A run owned by another tenant is refused exactly like a run that does not exist, so a
     caller cannot learn which run ids other tenants use.
     """
+    check_run_id(run_id)
+    check_tenant(tenant)
     read = read_run(reader, client, settings, tenant, run_id, keep=True)
     st = read.state
     if not st.run_id or st.tenant != tenant:

@@ -32,6 +32,7 @@ from runlog.errors import KafkaUnavailable, SchemaError, UnreadableRecord
 from runlog.log.fold import fold_range, locate
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
+from runlog.log.registry import ids_for
 from runlog.projections.run_state import RULES, RunState, accept, fold, is_valid, rejection
 from runlog.schemas.codec import decode
 from runlog.schemas.models import Event
@@ -257,7 +258,7 @@ def verify_run(
             report.error = f"no records of run {run_id} in {settings.events_topic}[{partition}]"
             return report
         if events[0].tenant != tenant:
-            report.error = f"run {run_id} belongs to tenant {events[0].tenant!r}, not {tenant!r}"
+            report.error = f"run {run_id} belongs to another tenant, not to {tenant!r}"
             return report
         report.checks.extend(verify_events(events))
         if snapshots is not None:
@@ -279,6 +280,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
     topic; a state-projection index would avoid it.
     """
     consumer = Consumer(reader_config(settings))
+    ids = ids_for(settings)
     found: dict[str, str] = {}
     try:
         reader = LogReader(settings)
@@ -303,7 +305,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
                     key = (msg.key() or b"").decode(errors="replace")
                     if key and key not in found:
                         try:
-                            found[key] = decode(msg.value() or b"").tenant
+                            found[key] = decode(msg.value() or b"", ids).tenant
                         except SchemaError:
                             found[key] = "?"
                     if progress is not None:

@@ -13,15 +13,17 @@ import json
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runlog.errors import Escalated, ToolFailed
+from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.run import Run
 from runlog.projections.run_state import RunState, messages_in_last_turns
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import idempotency_key
+from runlog.schemas.models import GuardrailTriggered
 from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
@@ -131,10 +133,21 @@ class AgentLoop:
     def _model_step(self, run: Run, step: ModelStep) -> None:
         if step.think_s:
             time.sleep(step.think_s)
+        # A worker that died between a trip's record and this step's MODEL_TURN re-runs the
+        # step: the trips the log already holds for it are not recorded again.
+        recorded = Counter(
+            (p.guardrail, p.severity, p.detail)
+            for ev in run.since_last_turn()
+            if isinstance(p := ev.payload, GuardrailTriggered)
+        )
         for guard in self.guardrails:
             tripped = guard(step.text)
             if tripped is not None:
                 name, severity, detail = tripped
+                as_recorded = (name, severity, bound_text(detail, TEXT_BYTES))
+                if recorded[as_recorded] > 0:
+                    recorded[as_recorded] -= 1
+                    continue
                 run.append(
                     EventType.GUARDRAIL_TRIGGERED,
                     guardrail=name,
@@ -178,7 +191,7 @@ class AgentLoop:
         used = set(run.state.completed_calls) | set(run.state.open_calls) | taken
         ordinal = 0
         while True:
-            key = idempotency_key(run.tenant, scope, call.name, args_json, ordinal)
+            key = run.idempotency_key(scope, call.name, args_json, ordinal)
             if key not in used:
                 return key
             ordinal += 1

@@ -9,12 +9,15 @@ evidence              action
 ====================  ===========================================================
 Match(result)         append a completion with source=reconciliation
 Absent()              retry with the same key
-Conflict(detail)      stop the run; escalate to a person with both payloads
+Conflict(detail)      stop the run; escalate to a person with both payloads; a
+                      tool with ``compensate`` first undoes the conflicting effect
+                      (a call of its own) and, once undone, retries with the key
 Unavailable(reason)   keep the call uncertain (absence of evidence is not permission)
 no reconciler         safe: retry; reversible: retry, compensation may be needed;
                       irreversible: escalate to a person
 person decided        approved: retry with the same key; rejected: close the call
-                      with the person's note as its result (it is never executed again)
+                      with the person's note as its result (it is never executed again);
+                      a tool with ``compensate`` first undoes what may have happened
 ====================  ===========================================================
 """
 
@@ -25,9 +28,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed
+from runlog.producers.bounds import bound_result
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.tools import Absent, Conflict, Match, Unavailable
 from runlog.projections.run_state import OpenCall
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -41,12 +47,17 @@ MAX_ATTEMPTS = 5
 
 def recover(run: Run) -> None:
     """Settle every open call of ``run`` that its tools allow settling now."""
-    for call in list(run.state.open_calls.values()):
-        if run.state.status == "escalated":
+    # Conflicts first: a conflict whose request was lost must stop the run before any
+    # other call is retried.
+    calls = sorted(run.state.open_calls.values(), key=lambda c: c.status != "conflict")
+    for call in calls:
+        if call.idempotency_key not in run.state.open_calls:
+            continue
+        if run.state.status == "escalated" and call.status != "conflict":
             log.info("run %s is stopped by a conflict; recovery waits for a person", run.run_id)
             return
         try:
-            recover_call(run, call)
+            recover_call(run, run.state.open_calls[call.idempotency_key])
         except (ToolFailed, CallUncertain, Escalated) as exc:
             # Recorded in the log already; open_run still returns the run.
             log.info("recovery of %s left it %s: %s", call.idempotency_key, type(exc).__name__, exc)
@@ -68,6 +79,8 @@ def _reconciliation(
 
 
 def _complete(run: Run, call: OpenCall, content: str) -> None:
+    tool = run.tools.get(call.name)
+    content = bound_result(content, call.idempotency_key, tool.on_large_result if tool else None)
     run.append(
         EventType.TOOL_CALL_COMPLETED,
         call_id=call.call_id,
@@ -94,6 +107,62 @@ def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | No
     )
 
 
+def _re_request(run: Run, call: OpenCall) -> None:
+    if call.status == "conflict":
+        found = (call.last_evidence or "").removeprefix("conflict: ")
+        both = json.dumps({"intended": json.loads(call.args_json), "found": found}, sort_keys=True)
+        _escalate(run, call, "conflict", f"conflicting {call.name} effect found", both)
+    else:
+        reason = f"{call.name} may or may not have taken effect ({call.last_evidence or ''})"
+        _escalate(run, call, "uncertain_call", reason, None)
+
+
+def _compensable(run: Run, call: OpenCall) -> bool:
+    """The call's tool has an inverse, and no earlier inverse of this call completed (a
+    conflict that outlives its compensation is a person's to decide)."""
+    tool = run.tools.get(call.name)
+    if tool is None or tool.compensate is None:
+        return False
+    return _compensation_key(run, call) not in run.state.completed_calls
+
+
+def _compensation_args(call: OpenCall) -> str:
+    return canonical_json({"args": json.loads(call.args_json), "of": call.idempotency_key})
+
+
+def _compensation_key(run: Run, call: OpenCall) -> str:
+    # Scoped by the key it undoes: one inverse per call, the same key on every retry of it.
+    return run.idempotency_key(
+        call.idempotency_key, compensation_name(call.name), _compensation_args(call), 0
+    )
+
+
+def _compensate(run: Run, call: OpenCall) -> str | None:
+    """Run the inverse of ``call``'s effect as a call of its own (started, completed,
+    failed or uncertain, like any); returns its key once it completed, else None."""
+    inverse = run.tools[compensation_name(call.name)]
+    key = _compensation_key(run, call)
+    if key in run.state.completed_calls:
+        return key
+    try:
+        if key in run.state.open_calls:
+            recover_call(run, run.state.open_calls[key])
+        else:
+            run.attempt(
+                inverse,
+                _compensation_args(call),
+                key,
+                call_id=f"{call.call_id}{COMPENSATION_SUFFIX}",
+                attempt=1,
+                operation_id=call.idempotency_key,
+            )
+    except (ToolFailed, CallUncertain, Escalated) as exc:
+        # Recorded already (a failed inverse closes with no key; an uncertain one is
+        # escalated as its own call): the call it was to undo goes to a person.
+        log.warning("compensation of %s did not complete: %s", call.idempotency_key, exc)
+    return key if key in run.state.completed_calls else None
+
+
 def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> None:
     """Retry with the same key; after ``MAX_ATTEMPTS`` a person decides (unless one did)."""
     tool = run.tools[call.name]
@@ -113,7 +182,7 @@ def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) ->
         call.idempotency_key,
         call_id=call.call_id,
         attempt=call.attempt + 1,
-        operation_id=None,
+        operation_id=call.operation_id,
     )
 
 
@@ -149,6 +218,39 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 call.decision_note,
             )
             _retry(run, run.state.open_calls[key], "decided", approved=True)
+        elif tool is not None and tool.compensate is not None:
+            # The person ruled the effect must not stand, and its author gave an inverse:
+            # undo whatever may have happened, then close the call.
+            _reconciliation(
+                run,
+                call,
+                "decided",
+                f"{call.decided_by} ruled it must not stand: compensate, then close",
+                "resolve",
+                call.decision_note,
+            )
+            undone = _compensate(run, run.state.open_calls[key])
+            if undone is None:
+                _reconciliation(
+                    run,
+                    run.state.open_calls[key],
+                    "decided",
+                    "its compensation did not complete: a person must decide again",
+                    "escalate",
+                )
+                _escalate(
+                    run,
+                    run.state.open_calls[key],
+                    "uncertain_call",
+                    f"the compensation of {call.name} did not complete",
+                    None,
+                )
+                return
+            _complete(
+                run,
+                run.state.open_calls[key],
+                f"resolved by {call.decided_by}: {call.decision_note} (compensated by {undone})",
+            )
         else:
             _reconciliation(
                 run,
@@ -165,6 +267,11 @@ def recover_call(run: Run, call: OpenCall) -> None:
             )
         return
     if call.status in ("escalated", "conflict"):
+        if call.approval_id is None:
+            # Escalated by a reconciliation event whose approval request never followed
+            # (the writer died between the two appends): without a request nobody can
+            # decide it, so ask now, with what the reconciliation recorded.
+            _re_request(run, call)
         return  # waiting for a person
     if tool is None:
         log.info("call %s (%s) stays uncertain: tool not given to open_run", key, call.name)
@@ -201,6 +308,34 @@ def recover_call(run: Run, call: OpenCall) -> None:
                 evidence.evidence,
             )
             _retry(run, run.state.open_calls[key], "absent")
+        elif isinstance(evidence, Conflict) and _compensable(run, call):
+            _reconciliation(
+                run,
+                call,
+                "conflict",
+                "a conflicting effect of a reversible tool: compensate it, then retry",
+                "retry_compensate",
+                evidence.detail,
+            )
+            if _compensate(run, run.state.open_calls[key]) is not None:
+                _retry(run, run.state.open_calls[key], "conflict")
+                return
+            _reconciliation(
+                run,
+                run.state.open_calls[key],
+                "conflict",
+                "the compensation did not complete: a person must decide",
+                "escalate",
+                evidence.detail,
+            )
+            both = json.dumps({"intended": args, "found": evidence.detail}, sort_keys=True)
+            _escalate(
+                run,
+                run.state.open_calls[key],
+                "conflict",
+                f"conflicting {call.name} effect found; its compensation did not complete",
+                both,
+            )
         elif isinstance(evidence, Conflict):
             _reconciliation(
                 run,

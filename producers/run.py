@@ -38,16 +38,24 @@ from runlog.errors import (
     UnknownTool,
     ValidationFailed,
 )
-from runlog.log.fold import SnapshotSource, read_run
+from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
+from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload, bound_result
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.lease import METRICS, Held, Lease, LeaseManager
 from runlog.producers.tools import Tool, ToolError
 from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
-from runlog.projections.run_state import RunState, accept, apply
+from runlog.projections.run_state import RunState, accept
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import idempotency_key, new_run_id, partition_for, start_key
+from runlog.schemas.keys import (
+    check_run_id,
+    idempotency_key,
+    key_scheme_of,
+    new_run_id,
+    partition_for,
+    start_key,
+)
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
@@ -79,6 +87,8 @@ class RunDeps:
     reader_factory: Callable[[], LogReader]
     writer_id: str
     snapshots: Snapshots | None = None
+    ids: codec.SchemaIds | None = None
+    """Schema ids when a registry is configured: records are then in Confluent's format."""
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -123,6 +133,14 @@ class Run:
     _poisoned: str | None = None
     _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _log_view: RunState | None = None
+    """Validity of this run's log up to ``position``, as every reader folds it: status,
+    seq and epoch only (the rule needs no more). None until the claim is confirmed."""
+    _confirm_reader: LogReader | None = None
+    _key_scheme: int | None = None
+    _since_turn: list[Event] | None = field(default_factory=list)
+    """Valid events after the last MODEL_TURN; None when the replay did not see that far
+    back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
 
     # Identity ---------------------------------------------------------------------------
     @property
@@ -150,6 +168,9 @@ class Run:
                 self.barrier()
         finally:
             self.lease.release()
+            if self._confirm_reader is not None:
+                self._confirm_reader.close()
+                self._confirm_reader = None
 
     # Appending --------------------------------------------------------------------------
     def _fenced(self, why: str) -> Fenced:
@@ -215,8 +236,13 @@ class Run:
             return self._emit(et, payload if payload is not None else kw, local=True)
 
     def _emit(self, et: EventType, payload: Payload | dict[str, Any], *, local: bool) -> Event:
+        if et in BOUNDED_FIELDS:
+            # Texts that report an effect come from the outside world: bounded here, on
+            # every path, so recording an effect that happened can never fail to encode.
+            raw = payload.model_dump() if isinstance(payload, Payload) else payload
+            payload = bound_payload(et, raw)
         ev = self._build(et, payload)
-        value = codec.encode(ev)
+        value = codec.encode(ev, self.deps.ids)
         if len(value) > MAX_EVENT_BYTES:
             raise ValidationFailed(
                 f"{et.value} encodes to {len(value)} bytes, over the {MAX_EVENT_BYTES} limit"
@@ -229,8 +255,8 @@ class Run:
             codec.headers(ev),
             partition=self.partition,
         )
-        if local:
-            apply(self.state, ev)
+        if local and accept(self.state, ev):
+            self._note(ev)
         self._pending.append(_Pending(ev, fut))
         return ev
 
@@ -295,17 +321,114 @@ class Run:
             self._after_durable()
             return ev
 
+    def _mark_log_view(self) -> None:
+        """The log up to ``position`` is exactly what this run's state was folded from."""
+        st = self.state
+        self._log_view = RunState(
+            run_id=st.run_id,
+            tenant=st.tenant,
+            status=st.status,
+            seq=st.seq,
+            epoch=st.epoch,
+            max_epoch_seen=st.max_epoch_seen,
+        )
+
+    def confirm_in_log(self, ev: Event) -> None:
+        """Read this run's log up to ``ev`` (acknowledged) and raise ``Fenced`` unless every
+        reader accepts it.
+
+        The lease checks ask Redis, and Redis can go back in time (a restart from an AOF
+        that lost its last second, a failover to a replica that never saw a takeover):
+        a stale owner then passes them while its records are fenced in the log. Reading
+        the log back to its own record is the one check that cannot be fooled, so an
+        effect nobody could undo is started only after it.
+        """
+        if self._log_view is None or self.last_offset is None:
+            raise self._fenced(f"seq {ev.seq} cannot be confirmed: no confirmed claim")
+        end = self.last_offset + 1
+        if self._confirm_reader is None:
+            self._confirm_reader = self.deps.reader_factory()
+        view, accepted = self._log_view, False
+        for rec in self._confirm_reader.read(
+            self.run_id, partition=self.partition, start=self.position, end=end
+        ):
+            if accept(view, rec.event) and rec.event.event_id == ev.event_id:
+                accepted = True
+            # The view answers "is it valid" through the one acceptance rule; what the
+            # rule folds besides (messages, calls) lives in ``state``, not twice.
+            view.messages.clear()
+            view.completed_calls.clear()
+            view.open_calls.clear()
+            view.approvals.clear()
+        self.position = max(self.position, end)
+        if not accepted:
+            raise self._fenced(
+                f"seq {ev.seq} of epoch {self.epoch} is not valid in the log (a newer owner "
+                f"of epoch {view.max_epoch_seen} claimed the run, though Redis says we own it)"
+            )
+
     def _after_durable(self) -> None:
         if self.deps.snapshots is not None:
             self.deps.snapshots.maybe_write(self)
 
+    def _note(self, ev: Event) -> None:
+        if ev.type is EventType.MODEL_TURN:
+            self._since_turn = []
+        elif self._since_turn is not None:
+            self._since_turn.append(ev)
+
+    def since_last_turn(self) -> list[Event]:
+        """The run's valid events after its last MODEL_TURN (all of them if it has none).
+
+        What a worker re-executed after a crash needs in order not to record a fact twice
+        that the log already holds, though the fold does not keep it (a guardrail trip, the
+        RUN_FINISHED event itself).
+        """
+        with self._lock:
+            if self._since_turn is None:
+                if self._pending:
+                    self.barrier()
+                end = max(self.position, (self.last_offset or -1) + 1)
+                reader = self.deps.reader_factory()
+                try:
+                    got = read_run(
+                        reader,
+                        self.deps.redis,
+                        self.deps.settings,
+                        self.tenant,
+                        self.run_id,
+                        end=end,
+                        keep=True,
+                    )
+                finally:
+                    reader.close()
+                self._since_turn = []
+                for ev in _valid_kept(got.folded):
+                    self._note(ev)
+            return list(self._since_turn)
+
     # Tools -----------------------------------------------------------------------------
+    @property
+    def key_scheme(self) -> int:
+        """The idempotency-key scheme of this run: the one of the keys its log holds."""
+        if self._key_scheme is None:
+            st = self.state
+            proposed = (c.get("idempotency_key") for msg in st.messages for c in msg.tool_calls)
+            self._key_scheme = key_scheme_of(
+                [*st.completed_calls, *st.open_calls, *(k for k in proposed if k)]
+            )
+        return self._key_scheme
+
+    def idempotency_key(self, scope: str, name: str, args_json: str, ordinal: int) -> str:
+        """The key of occurrence ``ordinal`` of (scope, tool, args) in this run's scheme."""
+        return idempotency_key(self.tenant, scope, name, args_json, ordinal, scheme=self.key_scheme)
+
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
         """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
         args_json = canonical_json(args)
         scope = operation_id or self.run_id
         ordinal = self._occurrences[(scope, name, args_json)]
-        return idempotency_key(self.tenant, scope, name, args_json, ordinal)
+        return self.idempotency_key(scope, name, args_json, ordinal)
 
     def call_tool(
         self,
@@ -323,7 +446,7 @@ class Run:
         scope = operation_id or self.run_id
         occurrence = (scope, name, args_json)
         ordinal = self._occurrences[occurrence]
-        key = idempotency_key(self.tenant, scope, name, args_json, ordinal)
+        key = self.idempotency_key(scope, name, args_json, ordinal)
         self._occurrences[occurrence] += 1
         try:
             return self.execute(
@@ -354,13 +477,8 @@ class Run:
         from runlog.producers import recovery
 
         with self._lock:
-            if self.state.status == "escalated":
-                pending = [a.approval_id for a in self.state.pending_approvals.values()]
-                raise Escalated(
-                    f"run {self.run_id} is stopped by a conflict awaiting a person",
-                    approval_id=pending[0] if pending else None,
-                    run_id=self.run_id,
-                )
+            if key not in self.state.completed_calls:
+                self._stop_if_conflict()
             if key in self.state.completed_calls:
                 return self.state.completed_calls[key]
             if key in self.state.open_calls:
@@ -369,6 +487,24 @@ class Run:
             return self.attempt(
                 tool, args_json, key, call_id=call_id, attempt=1, operation_id=operation_id
             )
+
+    def _stop_if_conflict(self) -> None:
+        """A conflict stops the run: no effect of any call until a person decides.
+
+        The run is stopped by the conflict's approval request, and also by a conflict
+        whose request is not in the log yet (its writer died between the two appends):
+        recovery then asks again, but nothing may run meanwhile.
+        """
+        conflict = [c for c in self.state.open_calls.values() if c.status == "conflict"]
+        if self.state.status != "escalated" and not conflict:
+            return
+        pending = [a.approval_id for a in self.state.pending_approvals.values()]
+        pending += [c.approval_id for c in conflict if c.approval_id is not None]
+        raise Escalated(
+            f"run {self.run_id} is stopped by a conflict awaiting a person",
+            approval_id=pending[0] if pending else None,
+            run_id=self.run_id,
+        )
 
     def _settled(self, key: str) -> str:
         if key in self.state.completed_calls:
@@ -402,13 +538,7 @@ class Run:
         """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
         from runlog.producers import recovery
 
-        if self.state.status == "escalated":
-            # A conflict stopped the run: no effect of any call until a person decides.
-            raise Escalated(
-                f"run {self.run_id} is stopped by a conflict awaiting a person",
-                approval_id=next(iter(self.state.pending_approvals), None),
-                run_id=self.run_id,
-            )
+        self._stop_if_conflict()
         started = self.append(
             EventType.TOOL_CALL_STARTED,
             call_id=call_id,
@@ -419,6 +549,8 @@ class Run:
             risk=tool.risk,
             operation_id=operation_id,
         )
+        if tool.risk != "safe":
+            self.confirm_in_log(started)
         t0 = time.monotonic()
         try:
             with call_context(
@@ -426,6 +558,23 @@ class Run:
             ):
                 result = tool(json.loads(args_json), idempotency_key=key)
         except ToolError as exc:
+            if attempt > 1:
+                # Only a retry follows an attempt whose outcome nobody knows: this failure
+                # proves that *this* attempt did nothing, not the earlier one. Closing the
+                # call as failed would let a re-proposal run the key afresh with no one
+                # asked, so it stays uncertain and the uncertain-call rules go on.
+                self.append(
+                    EventType.TOOL_CALL_UNCERTAIN,
+                    started_seq=started.seq,
+                    call_id=call_id,
+                    name=tool.name,
+                    idempotency_key=key,
+                    error=f"attempt {attempt} failed ({exc}); an earlier attempt's outcome "
+                    "is still unknown",
+                    detected_by="live",
+                )
+                recovery.recover_call(self, self.state.open_calls[key])
+                return self._settled(key)
             # Proven failure: no key, so the action may be tried again later.
             self.append(
                 EventType.TOOL_CALL_COMPLETED,
@@ -451,18 +600,21 @@ class Run:
             )
             recovery.recover_call(self, self.state.open_calls[key])
             return self._settled(key)
+        # What is recorded is what every later call with this key returns, so the live
+        # caller gets the same (possibly cut) text as a re-execution after a crash.
+        content = bound_result(str(result), key, tool.on_large_result)
         self.append(
             EventType.TOOL_CALL_COMPLETED,
             call_id=call_id,
             name=tool.name,
             started_seq=started.seq,
-            content=str(result),
+            content=content,
             is_error=False,
             idempotency_key=key,
             source="live",
             duration_ms=_elapsed_ms(t0),
         )
-        return str(result)
+        return self.state.completed_calls.get(key, content)
 
     # Approvals and the end ---------------------------------------------------------------
     def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:
@@ -537,8 +689,17 @@ class Run:
             raise RedisUnavailable(f"Redis for run {self.run_id}: {exc}") from exc
 
     def finish(self, outcome: str, summary: str = "") -> Event:
-        """Append RUN_FINISHED and release the lease."""
+        """Append RUN_FINISHED and release the lease.
+
+        On a run that already finished with ``outcome``, returns the recorded RUN_FINISHED:
+        a worker killed just after its finish was acknowledged and re-executed from the
+        top reaches the same call again. A different outcome raises ``RunFinished``.
+        """
         try:
+            if self.state.status == "finished" and self.state.outcome == outcome:
+                for ev in reversed(self.since_last_turn()):
+                    if ev.type is EventType.RUN_FINISHED:
+                        return ev
             return self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
         finally:
             self.lease.release()
@@ -550,8 +711,20 @@ class Run:
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
             if accept(self.state, rec.event):
                 accepted.add(rec.event.event_id)
+                self._note(rec.event)
         self.position = max(self.position, end)
         return accepted
+
+
+def toolset(tools: Iterable[Tool]) -> dict[str, Tool]:
+    """The run's tools by name, with the compensation of each tool that declares one."""
+    out: dict[str, Tool] = {}
+    for t in tools:
+        out[t.name] = t
+        inverse = t.compensation()
+        if inverse is not None:
+            out[inverse.name] = inverse
+    return out
 
 
 def decisions_key(deps: RunDeps, tenant: str, run_id: str) -> str:
@@ -648,7 +821,7 @@ def open_run_with(
 
     if run_id is None:
         return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
-    rid = run_id
+    rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
     lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
     try:
@@ -689,7 +862,7 @@ def _start_fresh(
             deps=deps,
             lease=lease,
             state=RunState(),
-            tools={t.name: t for t in tools},
+            tools=toolset(tools),
             partition=partition,
             position=0,
         )
@@ -697,6 +870,7 @@ def _start_fresh(
             run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
+        run._mark_log_view()
         _index_start(run, delivered)
         log.info("run %s started at epoch %s", rid, run.epoch)
         return run
@@ -707,31 +881,43 @@ def _start_fresh(
 
 def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
     rid, tenant = lease.run_id, lease.tenant
-    got = read_run(reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots)
+    got = read_run(
+        reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots, keep=True
+    )
     if got.snapshot_miss is not None:
         log.warning("snapshot of %s does not continue into the log; full replay", rid)
     state = got.state
     if state.tenant and state.tenant != tenant:
         raise TenantMismatch(
-            f"run id {rid} belongs to tenant {state.tenant!r}, not {tenant!r}; "
-            "choose another run id",
+            f"run id {rid} belongs to another tenant; choose another run id",
             run_id=rid,
         )
     run = Run(
         deps=deps,
         lease=lease,
         state=state,
-        tools={t.name: t for t in tools},
+        tools=toolset(tools),
         partition=got.partition,
         position=got.end,
         first_offset=got.folded.first_offset,
+        _since_turn=None if got.source == "snapshot" else [],
     )
+    kept = _valid_kept(got.folded)
+    if any(ev.type is EventType.MODEL_TURN for ev in kept):
+        run._since_turn = []
+    for ev in kept:
+        run._note(ev)
     if state.max_epoch_seen >= lease.epoch:
         # Redis forgot epochs the log remembers (restart without persistence): go above them.
         lease.raise_floor(state.max_epoch_seen)
         if lease.lost:
             raise Fenced(f"lease of {rid} lost while raising its epoch", run_id=rid)
     return run
+
+
+def _valid_kept(folded: Folded) -> list[Event]:
+    fenced = {rec.offset for rec in folded.fenced}
+    return [rec.event for rec in folded.kept if rec.offset not in fenced]
 
 
 def _elapsed_ms(t0: float) -> int:
@@ -765,6 +951,7 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
         # Our own event must be the one the log accepted: after Redis lost its data, a
         # writer holding the same epoch number could otherwise confirm our claim for us.
         if ev.event_id in accepted:
+            run._mark_log_view()
             if ev.type is EventType.RUN_STARTED:
                 _index_start(run, delivered)
             else:
@@ -774,7 +961,7 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
         METRICS["claims_lost"] += 1
         if run.state.tenant and run.state.tenant != run.tenant:
             raise TenantMismatch(
-                f"run id {run.run_id} was started by tenant {run.state.tenant!r} meanwhile",
+                f"run id {run.run_id} was started by another tenant meanwhile",
                 run_id=run.run_id,
             )
         if run.state.status == "finished":

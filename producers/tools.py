@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runlog.producers import tracing
+from runlog.producers.bounds import ResultSink
 from runlog.producers.context import current_call
+from runlog.schemas.keys import COMPENSATION_SUFFIX, compensated_tool, compensation_name
 
 Risk = Literal["safe", "reversible", "irreversible"]
 
@@ -51,6 +53,10 @@ class Unavailable:
 Evidence = Match | Absent | Conflict | Unavailable
 ToolFn = Callable[..., str]
 Reconciler = Callable[..., Evidence]
+Compensator = Callable[..., str]
+"""``compensate(args, *, idempotency_key, original_key) -> str``: undo the effect the call
+with ``original_key`` and ``args`` had. ``idempotency_key`` is the inverse's own key (send
+it, so the receiver undoes once); ``runlog.ToolError`` is a proven failure of the inverse."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,14 @@ class Tool:
     fn: ToolFn
     risk: Risk = "safe"
     reconcile: Reconciler | None = None
+    on_large_result: ResultSink | None = None
+    """Receives ``(idempotency_key, whole_result)`` when the result is too large to record
+    whole; returns a reference (a URL, a blob key) that the completion records with the
+    cut text, its SHA-256 and its length."""
+
+    compensate: Compensator | None = None
+    """The inverse of this tool's effect (reversible tools only), run by recovery when an
+    unwanted effect is found: see ``compensation``."""
 
     def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
         ctx = current_call()
@@ -76,6 +90,22 @@ class Tool:
             attempt=ctx.attempt if ctx else None,
         ):
             return self.fn(args, idempotency_key=idempotency_key)
+
+    def compensation(self) -> Tool | None:
+        """The inverse as a tool of its own, so it is called, recorded and recovered like
+        any call: ``<name>/compensate`` with arguments ``{"args": ..., "of": key}``.
+
+        It is ``irreversible`` without a lookup: an inverse whose outcome was lost is
+        asked of a person, never repeated blindly.
+        """
+        inverse = self.compensate
+        if inverse is None:
+            return None
+
+        def undo(args: dict[str, Any], *, idempotency_key: str) -> str:
+            return inverse(args["args"], idempotency_key=idempotency_key, original_key=args["of"])
+
+        return Tool(name=compensation_name(self.name), fn=undo, risk="irreversible")
 
 
 def _traced(name: str, reconcile: Reconciler) -> Reconciler:
@@ -104,18 +134,37 @@ def tool(
     *,
     risk: Risk = "safe",
     reconcile: Reconciler | None = None,
+    on_large_result: ResultSink | None = None,
+    compensate: Compensator | None = None,
 ) -> Callable[[ToolFn], Tool]:
     """Declare ``fn(args: dict, *, idempotency_key: str) -> str`` as a tool.
 
     ``reconcile(args, *, idempotency_key)`` returns ``Match``, ``Absent``, ``Conflict`` or
     ``Unavailable`` from an authoritative lookup; without it, recovery routes by ``risk``.
+    A result over 256 KiB (UTF-8) is recorded cut, with its SHA-256 and length;
+    ``on_large_result(idempotency_key, whole_result) -> reference`` keeps it elsewhere.
+    ``compensate(args, *, idempotency_key, original_key)`` (``risk="reversible"`` only)
+    undoes an effect recovery found unwanted (see README "Side effects").
     """
     if risk not in ("safe", "reversible", "irreversible"):
         raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")
+    if compensate is not None and risk != "reversible":
+        raise ValueError("only a reversible tool can declare compensate")
 
     def wrap(fn: ToolFn) -> Tool:
-        called = name or fn.__name__
-        traced = None if reconcile is None or not tracing.enabled() else _traced(called, reconcile)
-        return Tool(name=called, fn=fn, risk=risk, reconcile=traced or reconcile)
+        tool_name = name or fn.__name__
+        if compensated_tool(tool_name) is not None:
+            raise ValueError(f"tool names ending in {COMPENSATION_SUFFIX!r} are runlog's")
+        traced = None
+        if reconcile is not None and tracing.enabled():
+            traced = _traced(tool_name, reconcile)
+        return Tool(
+            name=tool_name,
+            fn=fn,
+            risk=risk,
+            reconcile=traced or reconcile,
+            on_large_result=on_large_result,
+            compensate=compensate,
+        )
 
     return wrap

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,43 +49,92 @@ class DeliveryFailed(Exception):
                 KafkaError._TRANSPORT,
                 KafkaError.REQUEST_TIMED_OUT,
                 KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                # Purged after the producer failed fatally: a purged message may have been
+                # sent (and written) before, since retries go back to the queue.
+                KafkaError._FATAL,
+                KafkaError._PURGE_INFLIGHT,
+                KafkaError._PURGE_QUEUE,
             )
             or error.retriable()
         )
 
 
+def _settle(fut: Future[Delivered], outcome: Delivered | DeliveryFailed) -> None:
+    """Resolve ``fut`` once: a purge after a fatal error and a late report may both try."""
+    try:
+        if isinstance(outcome, Delivered):
+            fut.set_result(outcome)
+        else:
+            fut.set_exception(outcome)
+    except InvalidStateError:
+        pass  # the first outcome stands (an unknown one, set when the producer was replaced)
+
+
 def producer_config(settings: Settings, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Durable producer settings: idempotence and acks=all are not librdkafka's defaults."""
-    conf = dict(settings.kafka_common())
-    conf.update(
-        {
-            "enable.idempotence": True,
-            "acks": "all",
-            # Java's partitioner, so every client agrees where a run lives.
-            "partitioner": "murmur2_random",
-            "linger.ms": 1,
-            "delivery.timeout.ms": settings.delivery_timeout_ms,
-            "max.in.flight.requests.per.connection": 5,
-        }
-    )
-    conf.update(extra or {})
-    return conf
+    """Durable producer settings: idempotence and acks=all are not librdkafka's defaults.
+
+    A user's tunables (``RUNLOG_KAFKA_EXTRA``) win over runlog's defaults; a setting that
+    would break a guarantee is refused naming it (``Settings.durable_producer_config``).
+    """
+    return settings.durable_producer_config(extra)
 
 
 class EventWriter:
-    """Thread-safe; ``send`` returns a future of ``Delivered``."""
+    """Thread-safe; ``send`` returns a future of ``Delivered``.
+
+    A fatal error of the idempotent producer (librdkafka then refuses every produce for
+    the rest of the producer's life) would fail every run in the process until a restart.
+    The writer replaces the producer instead: appends still in flight on the old one fail
+    with an *unknown* outcome (each run stops and its next ``open_run`` reads the truth
+    from the log), and later appends go through the new one.
+    """
 
     def __init__(self, settings: Settings, *, extra: dict[str, Any] | None = None) -> None:
         self.settings = settings
-        self._producer = Producer(producer_config(settings, extra))
+        self._conf = {**producer_config(settings, extra), "error_cb": self._on_error}
+        self._swap = threading.Lock()
+        self._fatal: KafkaError | None = None
+        self._inflight: set[Future[Delivered]] = set()
+        self._producer = Producer(self._conf)
         self._partitions: dict[str, int] = {}
+        self.replaced = 0
+        """How many times a fatal error made the writer replace its producer."""
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="runlog-writer", daemon=True)
         self._poller.start()
 
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (also the entry a test uses to simulate a fatal error)."""
+        if err.fatal():
+            log.error("Kafka producer failed fatally (%s); it will be replaced", err)
+            self._fatal = err
+        else:
+            log.warning("Kafka producer error: %s", err)
+
+    def _replace_if_fatal(self) -> None:
+        if self._fatal is None:
+            return
+        with self._swap:
+            err = self._fatal
+            if err is None:
+                return
+            old, self._producer = self._producer, Producer(self._conf)
+            self._fatal = None
+            self.replaced += 1
+            inflight, self._inflight = self._inflight, set()
+        try:
+            old.purge(in_queue=True, in_flight=True)
+            old.flush(0)  # serves the purged messages' delivery reports
+        except KafkaException as exc:  # the old producer is dead anyway
+            log.warning("purging the failed producer: %s", exc)
+        lost = KafkaError(KafkaError._FATAL, f"producer failed fatally: {err}", fatal=True)
+        for fut in inflight:
+            _settle(fut, DeliveryFailed(lost))
+
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
             try:
+                self._replace_if_fatal()
                 self._producer.poll(0.05)
             except Exception:  # a callback error must not kill the poller
                 log.exception("delivery callback failed")
@@ -110,32 +159,44 @@ class EventWriter:
         sent = time.monotonic()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            self._inflight.discard(fut)
             if err is not None:
                 failed = DeliveryFailed(err)
                 APPENDS["unknown" if failed.unknown else "failed"] += 1
-                fut.set_exception(failed)
+                _settle(fut, failed)
             else:
                 APPENDS["acknowledged"] += 1
                 APPENDS["ack_seconds"] += time.monotonic() - sent
                 part, off = msg.partition(), msg.offset()
                 assert part is not None and off is not None  # set on every delivered message
-                fut.set_result(Delivered(part, off, msg.timestamp()[1]))
+                _settle(fut, Delivered(part, off, msg.timestamp()[1]))
 
+        fatal_refusals = 0
         while True:
+            self._replace_if_fatal()
             try:
-                self._producer.produce(
-                    topic,
-                    value=value,
-                    key=key,
-                    headers=headers,
-                    on_delivery=on_delivery,
-                    **where,
-                )
+                with self._swap:
+                    self._inflight.add(fut)
+                    self._producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        headers=headers,
+                        on_delivery=on_delivery,
+                        **where,
+                    )
                 return fut
             except BufferError:
+                self._inflight.discard(fut)
                 # Local queue full: let deliveries drain, then try again.
                 self._producer.poll(0.05)
             except KafkaException as exc:
+                self._inflight.discard(fut)
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if error is not None and error.fatal() and fatal_refusals == 0:
+                    fatal_refusals += 1
+                    self._on_error(error)  # replaced at the top of the loop; never sent
+                    continue
                 raise KafkaUnavailable(f"produce to {topic} failed: {exc}") from exc
 
     def partition_count(self, topic: str) -> int:

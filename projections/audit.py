@@ -1,7 +1,8 @@
 """The audit projection: an append-only record per run of who did what, and when.
 
 Entries: denials, approvals (requested; decided, by whom, latency to the person),
-guardrail trips, retries (STARTED with attempt > 1), compactions (what was dropped),
+guardrail trips, retries (STARTED with attempt > 1), compensations (started, completed or
+failed, with the key they undo), compactions (what was dropped),
 resumptions (crash gap), fenced writes (what the ownership rule rejected), reconciliation
 decisions, the run's end, and records that were quarantined.
 
@@ -16,6 +17,7 @@ from typing import Any
 from runlog.projections.run_state import RunState, accept
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
+from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
 
 Entry = dict[str, Any]
@@ -51,11 +53,17 @@ def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[E
     """Fold ``ev``; returns the entries to append (in order)."""
     st = run.validator
     requested = {k: a.requested_at for k, a in st.approvals.items()}
+    undone: str | None = None
+    p = ev.payload
+    if isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
+        # The key a compensation undoes is its STARTED's operation id; read it before the
+        # completion closes the call.
+        started = next((c for c in st.open_calls.values() if c.started_seq == p.started_seq), None)
+        undone = started.operation_id if started is not None else None
     if not accept(st, ev):
         e = _base("fenced_write", ev, partition, offset)
         e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
         return [e]
-    p = ev.payload
     e = _base(ev.type.value, ev, partition, offset)
     if isinstance(p, m.ToolCallDenied):
         e.update(kind="denial", tool=p.name, args_json=p.args_json, reason=p.reason)
@@ -72,6 +80,14 @@ def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[E
     elif isinstance(p, m.GuardrailTriggered):
         e.update(kind="guardrail", guardrail=p.guardrail, severity=p.severity, action=p.action)
         e["detail"] = p.detail
+    elif isinstance(p, m.ToolCallStarted) and compensated_tool(p.name) is not None:
+        e.update(kind="compensation_started", tool=compensated_tool(p.name))
+        e.update(idempotency_key=p.idempotency_key, compensates=p.operation_id)
+        e["attempt"] = p.attempt
+    elif isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
+        e.update(kind="compensation_failed" if p.is_error else "compensation_completed")
+        e.update(tool=compensated_tool(p.name), compensates=undone, content=p.content)
+        e["idempotency_key"] = p.idempotency_key
     elif isinstance(p, m.ToolCallStarted):
         if p.attempt <= 1:
             return []

@@ -31,12 +31,20 @@ from runlog.schemas import models as m
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
-FOLD_VERSION = 2
+FOLD_VERSION = 3
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
-pins the exact message count).
+pins the exact message count). 3: an open call keeps its STARTED's ``operation_id`` (so a
+retry records it too); a v2 snapshot lacks it, hence a miss.
+
+States of logs that never use a field added later compare equal to the states recorded
+before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out
+while it holds its default (the permanent fixtures rely on this rule).
 """
+
+OMIT_DEFAULT = {"omit_default": True}
+"""Field metadata: ``to_dict`` omits the field while it equals its default."""
 
 Status = Literal["new", "running", "escalated", "finished"]
 CallStatus = Literal["started", "uncertain", "escalated", "conflict", "decided"]
@@ -82,6 +90,8 @@ class OpenCall:
     """A person's decision on its escalation: True retry with the same key, False do not."""
     decision_note: str = ""
     decided_by: str = ""
+    operation_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The caller-given scope of its key (None: the run); every attempt records it."""
 
 
 @dataclass
@@ -193,7 +203,11 @@ def jsonable(value: Any) -> Any:
     dominated snapshot and projection writes.
     """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: jsonable(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (f.metadata.get("omit_default") and getattr(value, f.name) == f.default)
+        }
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -317,6 +331,9 @@ def _tool_call_started(st: RunState, ev: Event) -> None:
         last_error=previous.last_error if previous else None,
         last_evidence=previous.last_evidence if previous else None,
         reconciliations=previous.reconciliations if previous else 0,
+        operation_id=p.operation_id
+        if p.operation_id is not None or previous is None
+        else previous.operation_id,
     )
 
 

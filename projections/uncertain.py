@@ -21,6 +21,7 @@ from typing import Any
 from runlog.projections.run_state import OpenCall, RunState, accept
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
+from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
 
 COUNTERS = ("opened", "reconciled", "retried", "decided", "failed", "escalated")
@@ -54,6 +55,8 @@ class UncertainCall:
     reconciliations: int = 0
     approval_id: str | None = None
     escalated: bool = False
+    compensates: str | None = None
+    """For a compensation (``<tool>/compensate``): the key of the call it undoes."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +131,7 @@ def apply_event(run: UncertainRun, ev: Event) -> dict[str, int]:
                 status="uncertain",
                 opened_at=ev.occurred_at.isoformat(),
                 opened_seq=ev.seq,
+                compensates=call.operation_id if compensated_tool(call.name) else None,
             )
             delta["opened"] = delta.get("opened", 0) + 1
         _refresh(tracked, call)

@@ -7,10 +7,14 @@ from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
 from runlog.consumers.projection_metrics import serve
+from runlog.consumers.queries import refuse_other_tenant
+from runlog.consumers.replay import replay
+from runlog.errors import UnknownApproval, UnknownRun
 from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
 from runlog.producers.run import open_run_with, submit_decision
 from runlog.producers.writer import APPENDS
+from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,6 +48,8 @@ def open_run(
     there, and the new owner treats the call as uncertain).
     """
 
+    if run_id is not None:
+        check_run_id(run_id)
     services = Services.shared(settings or Settings())
     with tracing.span("open_run", run_id=run_id, tenant=tenant, takeover=takeover) as span:
         run = open_run_with(
@@ -83,12 +89,30 @@ def decide(
 
     If no worker holds the run, the decision is appended at once (``"recorded"``);
     otherwise it waits in the run's inbox until its owner records it (``"queued"``).
+
+    The run's log is read first: a run of another tenant (``TenantMismatch``), a run
+    without events (``UnknownRun``) and an approval id the run never issued
+    (``UnknownApproval``) are refused before anything is queued or appended, so a typo
+    never waits in an inbox as if a person had answered.
     """
 
+    check_run_id(run_id)
+    check_tenant(tenant)
     services = Services.shared(settings or Settings())
     with tracing.span(
         "decide", run_id=run_id, tenant=tenant, approval_id=approval_id, approved=approved
     ) as span:
+        state = replay(services.settings, services.redis, run_id, tenant=tenant).state
+        if state.status == "new":
+            raise UnknownRun(f"run {run_id} has no events", run_id=run_id)
+        refuse_other_tenant(state.tenant, tenant, run_id)
+        if approval_id not in state.approvals:
+            pending = ", ".join(sorted(state.pending_approvals)) or "none"
+            raise UnknownApproval(
+                f"run {run_id} never requested approval {approval_id!r} "
+                f"(pending approval ids: {pending})",
+                run_id=run_id,
+            )
         how = submit_decision(
             services.run_deps(),
             run_id,

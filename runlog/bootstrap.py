@@ -16,6 +16,7 @@ import redis
 from runlog.consumers.snapshots import SnapshotStore
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
+from runlog.log.registry import ids_for
 from runlog.producers.lease import LeaseManager
 from runlog.producers.run import RunDeps
 from runlog.producers.writer import EventWriter
@@ -43,7 +44,9 @@ class Services:
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:
-        key = settings.model_dump_json()
+        # Not model_dump_json(): secrets dump masked, so settings that differ only in a
+        # secret (a password, a RUNLOG_KAFKA_EXTRA value) would share one client.
+        key = settings.fingerprint()
         with cls._shared_lock:
             svc = cls._shared.get(key)
             if svc is None or svc.writer_id != default_writer_id():  # forked: new clients
@@ -92,6 +95,7 @@ class Services:
             reader_factory=lambda: LogReader(self.settings),
             writer_id=self.writer_id,
             snapshots=self.snapshots,
+            ids=ids_for(self.settings),
         )
 
     def close(self) -> None:

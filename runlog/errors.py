@@ -33,6 +33,14 @@ class UnknownFingerprint(SchemaError):
         self.fingerprint = fingerprint
 
 
+class UnknownSchemaId(SchemaError):
+    """A Confluent-framed record whose schema id is not one of runlog's released schemas."""
+
+
+class RegistryUnavailable(RunlogError):
+    """The schema registry did not answer; appends stop rather than change encoding."""
+
+
 class CorruptRecord(SchemaError):
     """The record's bytes are truncated, have a bad header or do not decode."""
 
@@ -143,3 +151,22 @@ class RedisUnavailable(RunlogError):
     """Redis could not be reached."""
 
     retryable = True
+
+
+class InvalidRunId(RunlogError, ValueError):
+    """A run id is empty, too long, or holds a character outside the documented set.
+
+    Also a ``ValueError``, like a refused tenant name: both are bad arguments.
+    """
+
+
+class InvalidRecordKey(SchemaError):
+    """A record's Kafka key is missing, not UTF-8, or not a valid run id: it names no run."""
+
+
+class UpcastFailed(SchemaError):
+    """An upcaster raised on a record: the record cannot be brought to the current version."""
+
+
+class UnknownApproval(RunError):
+    """The run never issued the approval id a decision names."""

@@ -5,10 +5,49 @@ The variable names are a public contract: renaming one breaks every deployment.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from runlog.errors import ConfigError
+
+# librdkafka property names that set the same thing: a user's spelling must displace
+# runlog's default of the other one, or librdkafka would apply whichever came last.
+_ALIASES: tuple[frozenset[str], ...] = (
+    frozenset({"linger.ms", "queue.buffering.max.ms"}),
+    frozenset({"acks", "request.required.acks"}),
+    frozenset({"max.in.flight.requests.per.connection", "max.in.flight"}),
+    frozenset({"delivery.timeout.ms", "message.timeout.ms"}),
+)
+
+
+def _spellings(name: str) -> frozenset[str]:
+    for group in _ALIASES:
+        if name in group:
+            return group
+    return frozenset({name})
+
+
+def _guarantee_broken(name: str, value: Any) -> str | None:
+    """Why a producer property would break one of runlog's guarantees, or None."""
+    text = str(value).strip().lower()
+    if name == "enable.idempotence" and text not in ("true", "1"):
+        return "the producer must be idempotent (no duplicates or reordering on retry)"
+    if name in _spellings("acks") and text not in ("all", "-1"):
+        return "acks must be all (-1): an acknowledged event must be on every in-sync replica"
+    if name in _spellings("max.in.flight"):
+        try:
+            n = int(text)
+        except ValueError:
+            return "max in-flight requests must be an integer from 1 to 5"
+        if not 1 <= n <= 5:
+            return "more than 5 in-flight requests lose the idempotent producer's ordering"
+    if name == "partitioner" and text != "murmur2_random":
+        return "readers locate a run by Java's murmur2 hash of its id (murmur2_random)"
+    return None
 
 
 class Settings(BaseSettings):
@@ -46,6 +85,12 @@ class Settings(BaseSettings):
     snapshot_interval: int = Field(default=0, ge=0)
     """Write a snapshot every N events of a run; 0 disables (``RUNLOG_SNAPSHOT_INTERVAL``)."""
 
+    schema_registry_url: str | None = None
+    """A Confluent-compatible schema registry (``RUNLOG_SCHEMA_REGISTRY_URL``): writers then
+    emit Confluent's wire format. Unset: single-object encoding. Readers accept both."""
+    schema_registry_auth: SecretStr | None = None
+    """``user:password`` for the registry's basic auth (``RUNLOG_SCHEMA_REGISTRY_AUTH``)."""
+
     # SASL/TLS passthrough. Secrets are SecretStr so they never print or serialise.
     security_protocol: str | None = None
     """librdkafka ``security.protocol`` (``RUNLOG_SECURITY_PROTOCOL``)."""
@@ -65,8 +110,12 @@ class Settings(BaseSettings):
     """librdkafka ``ssl.key.password``."""
     redis_password: SecretStr | None = None
     """Redis password, if not in the URL (``RUNLOG_REDIS_PASSWORD``)."""
-    kafka_extra: dict[str, str] = Field(default_factory=dict)
-    """Extra librdkafka properties as JSON (``RUNLOG_KAFKA_EXTRA='{"k": "v"}'``)."""
+    kafka_extra: dict[str, SecretStr] = Field(default_factory=dict)
+    """Extra librdkafka properties as JSON (``RUNLOG_KAFKA_EXTRA='{"k": "v"}'``).
+
+    Values are secrets (OAuth client secrets, keystore passwords often go here), so they
+    never print; the property names do.
+    """
 
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
     """JSON fields shown as ``[redacted]`` wherever tool arguments or results are shown
@@ -79,6 +128,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(f.strip() for f in value.split(",") if f.strip())
         return value
+
+    def fingerprint(self) -> str:
+        """A digest of every setting, secrets included (to tell settings apart; never
+        printed): two settings that differ only in a secret have different fingerprints."""
+        values = {
+            name: v.get_secret_value() if isinstance(v, SecretStr) else v
+            for name, v in self.model_dump().items()
+        }
+        values["kafka_extra"] = self.kafka_common()
+        text = json.dumps(values, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @property
     def events_topic(self) -> str:
@@ -110,7 +170,45 @@ class Settings(BaseSettings):
             ),
         }
         conf.update({k: v for k, v in optional.items() if v is not None})
-        conf.update(self.kafka_extra)
+        conf.update(
+            {
+                k: v.get_secret_value() if isinstance(v, SecretStr) else v
+                for k, v in self.kafka_extra.items()
+            }
+        )
+        return conf
+
+    def durable_producer_config(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """librdkafka properties of every runlog producer.
+
+        Tunables (``linger.ms``, ``delivery.timeout.ms``...) are runlog's defaults, and
+        whatever the user set in ``RUNLOG_KAFKA_EXTRA`` (or a caller in ``extra``) wins.
+        A property that would break a guarantee (idempotence, acks=all, at most 5
+        requests in flight, the murmur2 partitioner) is refused with ``ConfigError``
+        naming it, never silently replaced.
+        """
+        defaults: dict[str, Any] = {
+            "linger.ms": 1,
+            "delivery.timeout.ms": self.delivery_timeout_ms,
+            "max.in.flight.requests.per.connection": 5,
+        }
+        required: dict[str, Any] = {
+            "enable.idempotence": True,
+            "acks": "all",
+            # Java's partitioner, so every client agrees where a run lives.
+            "partitioner": "murmur2_random",
+        }
+        given = {**self.kafka_common(), **(extra or {})}
+        for name, value in given.items():
+            why = _guarantee_broken(name, value)
+            if why is not None:
+                source = "extra" if extra and name in extra else "RUNLOG_KAFKA_EXTRA"
+                raise ConfigError(f"producer property {name}={value!r} (from {source}): {why}")
+        conf: dict[str, Any] = {}
+        for name, value in {**defaults, **required}.items():
+            if not _spellings(name) & given.keys():
+                conf[name] = value
+        conf.update(given)
         return conf
 
     def as_env(self) -> dict[str, str]:

@@ -1,8 +1,15 @@
-"""Avro single-object encoding of events, and the Kafka headers that travel with them.
+"""The encodings of an event on the events topic, and the Kafka headers that travel with it.
 
-Wire format of a value: ``C3 01`` + 8-byte CRC-64-AVRO fingerprint (little-endian) of the
-writer schema + the Avro binary body. No registry server is needed: the fingerprint
-names the exact ``.avsc`` file that wrote the record.
+Two framings of the same Avro binary body; every reader accepts both, so a topic can move
+from one to the other without a rewrite:
+
+* single-object encoding (the default, no server needed): ``C3 01`` + the 8-byte
+  CRC-64-AVRO fingerprint (little-endian) of the writer schema, which names the exact
+  ``.avsc`` file that wrote the record;
+* Confluent's wire format (with a schema registry): ``00`` + the 4-byte big-endian schema
+  id the registry gave that ``.avsc`` file, which is what Kafka Connect, ksqlDB, Flink,
+  Spark and confluent-kafka's ``AvroDeserializer`` read. A ``SchemaIds`` maps ids to
+  runlog's schemas and back (``runlog.log.registry`` asks the registry).
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import io
 import itertools
 import os
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import fastavro
 from pydantic import ValidationError
@@ -22,6 +29,8 @@ from runlog.errors import (
     NewerSchemaVersion,
     SchemaError,
     UnknownFingerprint,
+    UnknownSchemaId,
+    UpcastFailed,
     ValidationFailed,
 )
 from runlog.schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
@@ -33,6 +42,21 @@ from runlog.schemas.vocabulary import EventType, parse_event_type
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
+CONFLUENT_MAGIC = 0
+CONFLUENT_HEADER_LEN = 5
+
+
+class SchemaIds(Protocol):
+    """Confluent schema ids of runlog's released schemas, both ways."""
+
+    def id_for(self, schema: WriterSchema) -> int:
+        """The registry's id of ``schema``; raises if the registry does not hold it."""
+        ...
+
+    def schema_for(self, schema_id: int) -> WriterSchema:
+        """The released schema the registry's ``schema_id`` is; raises ``SchemaError``."""
+        ...
+
 
 H_TYPE = "runlog.type"
 H_FINGERPRINT = "runlog.fingerprint"
@@ -96,8 +120,9 @@ def make_payload(event_type: EventType, payload: Payload | dict[str, Any]) -> Pa
         raise ValidationFailed(f"{event_type.value}: invalid payload: {exc}") from exc
 
 
-def encode(event: Event) -> bytes:
-    """The single-object encoding of ``event`` with the current schema of its type."""
+def encode(event: Event, ids: SchemaIds | None = None) -> bytes:
+    """``event`` with the current schema of its type: single-object, or Confluent's framing
+    with the registry's schema id when ``ids`` is given."""
     ws = registry().writer(event.type)
     if event.schema_version != ws.version:
         raise ValidationFailed(
@@ -117,8 +142,12 @@ def encode(event: Event) -> bytes:
         "payload": event.payload.model_dump(mode="python"),
     }
     buf = io.BytesIO()
-    buf.write(MAGIC)
-    buf.write(ws.fingerprint)
+    if ids is None:
+        buf.write(MAGIC)
+        buf.write(ws.fingerprint)
+    else:
+        buf.write(bytes([CONFLUENT_MAGIC]))
+        buf.write(ids.id_for(ws).to_bytes(4, "big"))
     try:
         fastavro.schemaless_writer(buf, ws.parsed, record)
     except (ValueError, TypeError) as exc:
@@ -138,8 +167,23 @@ def headers(event: Event) -> list[tuple[str, str | bytes | None]]:
     ]
 
 
+def _framed(data: bytes, ids: SchemaIds | None) -> tuple[WriterSchema, int]:
+    """The schema that wrote ``data`` and where its Avro body starts, for either framing."""
+    if data and data[0] == CONFLUENT_MAGIC:
+        if len(data) < CONFLUENT_HEADER_LEN:
+            raise CorruptRecord(f"record of {len(data)} bytes is shorter than the 5-byte header")
+        schema_id = int.from_bytes(data[1:CONFLUENT_HEADER_LEN], "big")
+        if ids is None:
+            raise UnknownSchemaId(
+                f"record is in Confluent's wire format (schema id {schema_id}) but no schema "
+                "registry is configured (RUNLOG_SCHEMA_REGISTRY_URL)"
+            )
+        return ids.schema_for(schema_id), CONFLUENT_HEADER_LEN
+    return writer_schema_of(data), HEADER_LEN
+
+
 def writer_schema_of(data: bytes) -> WriterSchema:
-    """The schema that wrote ``data``; raises ``CorruptRecord`` / ``UnknownFingerprint``."""
+    """The schema that wrote single-object ``data``; ``CorruptRecord`` / ``UnknownFingerprint``."""
     if data is None or len(data) < HEADER_LEN:
         size = 0 if data is None else len(data)
         raise CorruptRecord(f"record of {size} bytes is shorter than the 10-byte header")
@@ -189,11 +233,24 @@ def _upgrade(ws: WriterSchema, record: dict[str, Any]) -> dict[str, Any]:
         nxt = reg.writer(ws.event_type, version + 1)
         if step in UPCASTERS:
             record = dict(record)
-            record["payload"] = UPCASTERS[step](dict(record["payload"]))
+            try:
+                record["payload"] = UPCASTERS[step](dict(record["payload"]))
+            except Exception as exc:  # any upcaster bug is this record's problem
+                # A reader must quarantine the record (or name it), never crash on it.
+                raise UpcastFailed(
+                    f"{ws.event_type.value}: upcaster v{version} -> v{version + 1} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
         elif step in COMPATIBLE_STEPS:
             # Re-encode with vN and resolve into vN+1: exactly Avro's resolution rules.
             buf = io.BytesIO()
-            fastavro.schemaless_writer(buf, reg.writer(ws.event_type, version).parsed, record)
+            try:
+                fastavro.schemaless_writer(buf, reg.writer(ws.event_type, version).parsed, record)
+            except Exception as exc:  # an earlier upcast can make it unencodable
+                raise UpcastFailed(
+                    f"{ws.event_type.value}: v{version} record does not re-encode for "
+                    f"resolution into v{version + 1}: {type(exc).__name__}: {exc}"
+                ) from exc
             record = _read(buf.getvalue(), reg.writer(ws.event_type, version).parsed, nxt.parsed)
         else:
             raise MissingUpcaster(
@@ -205,10 +262,13 @@ def _upgrade(ws: WriterSchema, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def decode(data: bytes) -> Event:
-    """Decode one record into the current version of its event; ``SchemaError`` on failure."""
-    ws = writer_schema_of(data)
-    record = _read(data[HEADER_LEN:], ws.parsed)
+def decode(data: bytes, ids: SchemaIds | None = None) -> Event:
+    """Decode one record into the current version of its event; ``SchemaError`` on failure.
+
+    ``ids`` resolves Confluent-framed records; single-object records need nothing.
+    """
+    ws, body = _framed(data, ids)
+    record = _read(data[body:], ws.parsed)
     if record.get("type") != ws.event_type.value:
         raise CorruptRecord(
             f"record says type {record.get('type')!r} but its schema is {ws.event_type.value}"

@@ -1,14 +1,29 @@
 """Identities: run ids, idempotency keys, Kafka partitions.
 
-The idempotency key format is the deduplication identity receivers store. Never change
-it: a changed format makes every in-flight retry look like a new business operation.
+The idempotency key format is the deduplication identity receivers store. A released key
+scheme never changes: a changed scheme would make every in-flight retry look like a new
+business operation. A new scheme is added beside the old ones (``KEY_SCHEMES``), and a run
+whose log already holds keys of an older scheme goes on computing keys of that scheme.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import time
+from collections.abc import Iterable
+
+from runlog.errors import InvalidRecordKey, InvalidRunId
+
+MAX_RUN_ID_LEN = 200
+"""Longest run id accepted, in characters (the id is the Kafka key of every event)."""
+
+RUN_ID_CHARS = "ASCII letters, digits and - _ . : @"
+"""The documented run id alphabet, as the error messages spell it."""
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
 
 
 def new_run_id() -> str:
@@ -27,6 +42,53 @@ def run_id_time_ms(run_id: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is a valid run id, else ``InvalidRunId`` naming what is wrong.
+
+    A run id is 1 to ``MAX_RUN_ID_LEN`` characters from ``RUN_ID_CHARS``. It is the Kafka
+    key, part of every Redis key of the run and of the uncertain-call field
+    ``<run>\x1f<key>``: an empty id, a control character (``\x1f`` splits that field),
+    a glob character (``*?[]`` would widen a key scan) or braces (a Redis Cluster hash tag)
+    would let one run's keys be read as another's. Ids from ``new_run_id`` always pass.
+    """
+    if not isinstance(run_id, str):
+        raise InvalidRunId(f"run id must be a string, not {type(run_id).__name__}")
+    if not run_id:
+        raise InvalidRunId("run id is empty")
+    if len(run_id) > MAX_RUN_ID_LEN:
+        raise InvalidRunId(
+            f"run id {run_id[:40]!r}... is {len(run_id)} characters long; "
+            f"at most {MAX_RUN_ID_LEN} are allowed"
+        )
+    if _RUN_ID.fullmatch(run_id) is None:
+        bad = next(c for c in run_id if _RUN_ID.fullmatch(c) is None)
+        raise InvalidRunId(
+            f"run id {run_id!r} holds {bad!r}; a run id may hold only {RUN_ID_CHARS}"
+        )
+    return run_id
+
+
+def decode_key(raw: bytes | None) -> str:
+    """The run id a record's Kafka key names; ``InvalidRecordKey`` if it names none.
+
+    Every reader that turns a key into a run id goes through here, so a key that is
+    missing, not UTF-8 or not a valid run id never becomes a run (decoding with
+    replacement would merge distinct byte strings into one run id).
+    """
+    if raw is None:
+        raise InvalidRecordKey("record has no key; every event is keyed by its run id")
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRecordKey(
+            f"record key {bytes(raw)[:60]!r} is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
+    try:
+        return check_run_id(text)
+    except InvalidRunId as exc:
+        raise InvalidRecordKey(f"record key is not a valid run id: {exc}") from exc
 
 
 def check_tenant(tenant: str) -> str:
@@ -55,16 +117,69 @@ def start_key(key_prefix: str, tenant: str, run_id: str) -> str:
     return f"{run_tag(key_prefix, tenant, run_id)}:start"
 
 
-def idempotency_key(tenant: str, scope: str, tool: str, args_json: str, ordinal: int) -> str:
+KEY_SCHEME = 2
+"""The scheme of new runs' keys. 1: 32 hex digits of sha256 over the fields joined with
+``\x1f``, unescaped, so a scope or tool name holding ``\x1f`` could make two different
+actions share a key. 2: ``k2_`` + 32 hex digits of sha256 over the canonical JSON array of
+the fields: every field's boundaries are unambiguous."""
+
+KEY_SCHEMES = (1, 2)
+SCHEME_2_PREFIX = "k2_"
+
+
+def idempotency_key(
+    tenant: str, scope: str, tool: str, args_json: str, ordinal: int, *, scheme: int = KEY_SCHEME
+) -> str:
     """Key of one logical action.
 
     ``scope`` is the run id, or a caller-given operation id that outlives the run;
     ``args_json`` is canonical JSON; ``ordinal`` numbers intentional repeats of the same
     (scope, tool, args) so that the second charge of seven dollars is a new action while
     a re-execution after a crash recomputes the same keys. Never include a model call id.
+    ``scheme`` is the run's key scheme (``key_scheme_of`` its recorded keys).
     """
-    material = "\x1f".join((check_tenant(tenant), scope, tool, args_json, str(ordinal)))
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
+    check_tenant(tenant)
+    if scheme == 1:
+        # Released scheme: kept bit for bit so that runs begun under it resume with the
+        # keys their receivers already hold.
+        material = "\x1f".join((tenant, scope, tool, args_json, str(ordinal)))
+        return hashlib.sha256(material.encode()).hexdigest()[:32]
+    if scheme == 2:
+        fields = ["runlog-key", 2, tenant, scope, tool, args_json, ordinal]
+        text = json.dumps(fields, ensure_ascii=True, separators=(",", ":"))
+        return SCHEME_2_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+    raise ValueError(f"unknown idempotency key scheme {scheme!r}; known: {KEY_SCHEMES}")
+
+
+def scheme_of_key(key: str) -> int:
+    """The scheme that produced ``key``."""
+    return 2 if key.startswith(SCHEME_2_PREFIX) else 1
+
+
+def key_scheme_of(recorded: Iterable[str]) -> int:
+    """The scheme a run computes its keys with, given the keys its log already holds.
+
+    A run that recorded a key of scheme 1 (begun before scheme 2 existed) stays on scheme
+    1, so a re-execution after a crash recomputes the keys it already sent; any other run
+    uses ``KEY_SCHEME``.
+    """
+    schemes = {scheme_of_key(k) for k in recorded}
+    return min(schemes) if schemes else KEY_SCHEME
+
+
+COMPENSATION_SUFFIX = "/compensate"
+"""A compensation is recorded as a call of ``<tool>/compensate`` whose ``operation_id`` is
+the key of the call it undoes; tool names may not end with it."""
+
+
+def compensation_name(tool: str) -> str:
+    """The name a compensation of ``tool``'s effects is recorded under."""
+    return tool + COMPENSATION_SUFFIX
+
+
+def compensated_tool(name: str) -> str | None:
+    """The tool whose effect a call named ``name`` undoes; None for an ordinary call."""
+    return name.removesuffix(COMPENSATION_SUFFIX) if name.endswith(COMPENSATION_SUFFIX) else None
 
 
 def _murmur2(data: bytes) -> int:

@@ -14,7 +14,9 @@ Risk = Literal["safe", "reversible", "irreversible"]
 
 
 class Payload(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN and infinity are refused in every float field: NaN != NaN, so a NaN cost would
+    # make two folds of the same log compare unequal and their digests disagree.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RunStarted(Payload):

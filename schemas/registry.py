@@ -45,7 +45,9 @@ class Registry:
         return self.by_type_version[(event_type, version or self.current[event_type])]
 
 
-def _load_dir() -> list[tuple[EventType, int, Any]]:
+@cache
+def released() -> list[tuple[EventType, int, Any]]:
+    """Every released ``.avsc`` as ``(type, version, parsed JSON)``, read once."""
     root = resources.files("runlog.schemas").joinpath("avro")
     found: list[tuple[EventType, int, Any]] = []
     for type_dir in root.iterdir():
@@ -65,7 +67,7 @@ def registry() -> Registry:
     by_fp: dict[bytes, WriterSchema] = {}
     by_tv: dict[tuple[EventType, int], WriterSchema] = {}
     current: dict[EventType, int] = {}
-    for et, version, raw in _load_dir():
+    for et, version, raw in released():
         parsed = fastavro.parse_schema(raw)
         ws = WriterSchema(et, version, fingerprint_of(parsed), parsed)
         by_fp[ws.fingerprint] = ws

@@ -40,7 +40,7 @@ def test_released_v1_schemas_never_changed() -> None:
 def test_current_versions() -> None:
     assert registry().current[CC] == 2
     assert registry().current[TCC] == 2
-    assert FOLD_VERSION == 2
+    assert FOLD_VERSION == 3
 
 
 def test_v1_compaction_is_upcast_to_its_exact_v1_meaning() -> None:

@@ -109,13 +109,19 @@ def test_cli_queries(
     from runlog.cli import main
 
     capsys.readouterr()
-    assert main(["state", run_ids[0], "--json"]) == 0
+    # The load generator's runs belong to tenant "load"; per-run commands refuse them to
+    # any other tenant, the default one included.
+    assert main(["state", run_ids[0], "--json", "--tenant", "load"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert view["state"]["run_id"] == run_ids[0]
-    assert main(["state", run_ids[0]]) == 0
+    assert main(["state", run_ids[0], "--tenant", "load"]) == 0
     assert f"run        {run_ids[0]}" in capsys.readouterr().out
+    assert main(["state", run_ids[0]]) == 2
+    assert "belongs to another tenant" in capsys.readouterr().err
     assert main(["state", "no-such-run"]) == 1
-    assert main(["audit", run_ids[0], "--json"]) == 0
+    assert main(["audit", run_ids[0], "--json"]) == 2
+    capsys.readouterr()
+    assert main(["audit", run_ids[0], "--json", "--tenant", "load"]) == 0
     entries = json.loads(capsys.readouterr().out)
     assert entries[-1]["kind"] == "finished"
     assert main(["uncertain", "--json", "--deadline", "safe=1"]) == 0

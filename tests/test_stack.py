@@ -13,6 +13,7 @@ from runlog import stack
 from runlog.cli import main
 from runlog.errors import ConfigError, StackError
 from runlog.settings import Settings
+from runlog.stack import registry as stack_registry
 from runlog.topics import check_topics, ensure_topics, topic_specs
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -76,7 +77,11 @@ def test_status_and_env_commands(
         assert word == "export"
         key, value = assignment.split("=", 1)
         exported[key] = shlex.split(value)[0]
-    assert exported == stack.env(embedded)
+    expected = stack.env(embedded)
+    url = stack_registry.url_if_running(embedded)  # printed only while the registry runs
+    if url is not None:
+        expected["RUNLOG_SCHEMA_REGISTRY_URL"] = url
+    assert exported == expected
     assert exported["RUNLOG_BOOTSTRAP_SERVERS"] == embedded.bootstrap_servers
 
 

@@ -151,6 +151,31 @@ def table(res: dict[str, Any]) -> str:
         row("  per open run, steady", mem["per_run_steady_kib"], "KiB")
         if lag and lag.get("runner_vm_hwm_mib"):
             row("  projection runner (state)", lag["runner_vm_hwm_mib"], "MiB")
+    enc = res.get("encoding")
+    if enc:
+        rows.append((f"7. encodings ({enc['events']} events)", "", ""))
+        for name, v in enc["cpu"].items():
+            row(f"  {name} encode", v["encode_us"], "us/event")
+            row(f"  {name} decode", v["decode_us"], "us/event")
+        app = enc["append"]
+        if "status" in app:
+            rows.append(("  append with a registry", app["status"], ""))
+        else:
+            for key in (
+                "single_object_p50_ms",
+                "confluent_p50_ms",
+                "single_object_p99_ms",
+                "confluent_p99_ms",
+            ):
+                row(f"  append {key[:-3].replace('_', ' ')}", app[key], "ms")
+    stp = res.get("steps")
+    if stp:
+        rows.append((f"8. a durable step ({stp['steps_per_repeat']} steps)", "", ""))
+        for name, v in stp["systems"].items():
+            row(f"  {name}", v["ms_per_step"], "ms/step")
+            row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
+        if "peers" in stp:
+            rows.append(("  peers", stp["peers"], ""))
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
     head = _machine_lines(res)

@@ -19,14 +19,33 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runlog.benchmarks import lag, latency, memory, recovery, replay, report, throughput
+from runlog.benchmarks import (
+    encoding,
+    lag,
+    latency,
+    memory,
+    recovery,
+    replay,
+    report,
+    throughput,
+)
+from runlog.benchmarks import steps as durable_steps
 from runlog.benchmarks.common import Scratch, machine, settings_summary
 from runlog.bootstrap import Services
 from runlog.settings import Settings
 
 log = logging.getLogger("runlog.bench")
 
-SECTIONS = ("latency", "throughput", "replay", "recovery", "projection_lag", "memory")
+SECTIONS = (
+    "latency",
+    "throughput",
+    "replay",
+    "recovery",
+    "projection_lag",
+    "memory",
+    "encoding",
+    "steps",
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,7 @@ class Plan:
     memory_runs: int
     memory_events: int
     memory_open_threads: int
+    step_count: int
 
 
 FULL = Plan(
@@ -70,6 +90,7 @@ FULL = Plan(
     memory_runs=100,
     memory_events=10,
     memory_open_threads=10,
+    step_count=1_000,
 )
 
 QUICK = Plan(
@@ -90,6 +111,7 @@ QUICK = Plan(
     memory_runs=100,
     memory_events=2,
     memory_open_threads=50,
+    step_count=100,
 )
 
 
@@ -165,6 +187,14 @@ def run_all(
                 runs=plan.lag_runs,
                 repeats=plan.repeats,
             ),
+        ),
+        (
+            "encoding",
+            lambda deps, s: encoding.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
+        ),
+        (
+            "steps",
+            lambda deps, s: durable_steps.measure(deps, s, n=plan.step_count, repeats=plan.repeats),
         ),
         (
             "memory",

@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "runlog.cli.operator_cmd",
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
+    "runlog.cli.schemas_cmd",
     "runlog.cli.bench_cmd",
     "runlog.cli.demo_cmd",
 )

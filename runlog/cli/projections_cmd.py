@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("state", help="a run's state projection")
     p.add_argument("run_id")
+    p.add_argument("--tenant", default="default", help="the run's tenant (refused otherwise)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_state)
 
@@ -69,6 +70,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("audit", help="a run's audit trail")
     p.add_argument("run_id")
+    p.add_argument("--tenant", default="default", help="the run's tenant (refused otherwise)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_audit)
 
@@ -79,8 +81,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "rebuild",
         help="delete a projection and refold it from offset zero to today's end of the log",
-        description="Stop the projection's services first; they resume from the rebuilt "
-        "positions when restarted.",
+        description="Running services of the projection are fenced: they pause while the "
+        "rebuild runs and continue from the rebuilt positions when it is done.",
     )
     p.add_argument("projection", choices=_CHOICES)
     p.set_defaults(func=_rebuild)
@@ -142,7 +144,7 @@ def _project(args: argparse.Namespace) -> int:
 def _state(args: argparse.Namespace) -> int:
 
     settings = Settings()
-    view = queries.get_state(_redis(settings), settings, args.run_id)
+    view = queries.get_state(_redis(settings), settings, args.run_id, tenant=args.tenant)
     if view is None:
         print(f"runlog: run {args.run_id} is not in the state projection", file=sys.stderr)
         return 1
@@ -214,7 +216,7 @@ def _uncertain(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
 
     settings = Settings()
-    entries = queries.get_audit(_redis(settings), settings, args.run_id)
+    entries = queries.get_audit(_redis(settings), settings, args.run_id, tenant=args.tenant)
     if args.json:
         _print_json(entries)
         return 0

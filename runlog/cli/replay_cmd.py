@@ -10,12 +10,14 @@ from typing import Any
 from runlog.benchmarks.synthetic import write_synthetic_run
 from runlog.consumers import metrics
 from runlog.consumers import snapshot_plan as sp
+from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.replay import replay
 from runlog.consumers.snapshots import SnapshotStore
 from runlog.consumers.verify import list_runs, verify_run
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
 from runlog.log.reader import LogReader
+from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
 
@@ -82,6 +84,7 @@ def _store(settings: Settings, client: Any) -> Any:
 
 def _replay(args: argparse.Namespace) -> int:
 
+    check_run_id(args.run_id)
     settings = Settings()
     client = _clients(settings)
     try:
@@ -99,6 +102,7 @@ def _replay(args: argparse.Namespace) -> int:
     if result.records == 0 and result.snapshot_seq is None:
         print(f"runlog replay: no records of run {args.run_id}", file=sys.stderr)
         return 1
+    refuse_other_tenant(result.state.tenant, args.tenant, args.run_id)
     out = result.summary()
     if args.state:
         out["state"] = result.state.to_dict()
@@ -127,6 +131,8 @@ def _verify(args: argparse.Namespace) -> int:
     if bool(args.all) == bool(args.run_id):
         print("runlog verify: give a RUN_ID or --all", file=sys.stderr)
         return 2
+    if args.run_id:
+        check_run_id(args.run_id)
     settings = Settings()
     client = _clients(settings)
     try:
@@ -168,6 +174,7 @@ def _plan(args: argparse.Namespace) -> int:
     client = _clients(settings)
     try:
         if args.run:
+            check_run_id(args.run)
             m = sp.measure(settings, client, args.tenant, args.run)
             m.source = f"run {args.run}"
         else:
@@ -227,6 +234,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _write(args: argparse.Namespace) -> int:
 
+    check_run_id(args.run_id)
     settings = Settings()
     client = _clients(settings)
     try:
@@ -238,6 +246,7 @@ def _write(args: argparse.Namespace) -> int:
         if state.seq == 0:
             print(f"runlog snapshot: no records of run {args.run_id}", file=sys.stderr)
             return 1
+        refuse_other_tenant(state.tenant, args.tenant, args.run_id)
         snap = store.put(args.tenant, args.run_id, state, partition=partition, offset=end)
     finally:
         client.close()

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from runlog import stack
+from runlog.stack import registry
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +25,11 @@ def register(subparsers: Any) -> None:
     p_up = sub.add_parser("up", help="start the stack (idempotent) and wait until it answers")
     p_up.add_argument(
         "--timeout", type=float, default=90.0, help="seconds to wait for readiness (default 90)"
+    )
+    p_up.add_argument(
+        "--registry",
+        action="store_true",
+        help="also start a Confluent-compatible schema registry (Apicurio; fetched once)",
     )
     _nodes_option(p_up)
     p_up.set_defaults(func=_up)
@@ -72,8 +78,11 @@ def _echo(msg: str) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    st = stack.up(_config(args), timeout=args.timeout, echo=_echo)
+    cfg = _config(args)
+    st = stack.up(cfg, timeout=args.timeout, echo=_echo)
     print(st.describe())
+    if args.registry:
+        print(f"  schema registry: {registry.up(cfg, echo=_echo)}")
     print(f"ready in {time.monotonic() - t0:.1f}s; point clients at it with:")
     nodes = f" --nodes {args.nodes}" if args.nodes != 1 else ""
     print(f'  eval "$(runlog stack env{nodes})"')
@@ -81,19 +90,28 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    st = stack.down(_config(args), timeout=args.timeout)
+    cfg = _config(args)
+    registry.down(cfg, timeout=args.timeout)
+    st = stack.down(cfg, timeout=args.timeout)
     print(st.describe())
     return 0 if not any(s.running and s.managed for s in st.services) else 1
 
 
 def _status(args: argparse.Namespace) -> int:
-    st = stack.status(_config(args))
+    cfg = _config(args)
+    st = stack.status(cfg)
     print(st.describe())
+    print(f"  schema registry: {registry.url_if_running(cfg) or 'not running'}")
     return 0 if st.running else 3
 
 
 def _env(args: argparse.Namespace) -> int:
-    for key, value in stack.env(_config(args)).items():
+    cfg = _config(args)
+    variables = stack.env(cfg)
+    url = registry.url_if_running(cfg)
+    if url is not None:
+        variables["RUNLOG_SCHEMA_REGISTRY_URL"] = url
+    for key, value in variables.items():
         print(f"export {key}={shlex.quote(value)}")
     return 0
 

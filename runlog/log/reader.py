@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from runlog.errors import ConfigError, KafkaUnavailable, SchemaError, UnreadableRecord
 from runlog.log.clients import redis_client
 from runlog.log.kafka import high_watermark, partitions_of, reader_config, retrying
+from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import partition_for, run_id_time_ms
@@ -48,6 +49,7 @@ class LogReader:
         self.topic = settings.events_topic
         self._consumer = Consumer(reader_config(settings))
         self._partitions: int | None = None
+        self._ids = ids_for(settings)
         self._redis: redis.Redis | None = None
 
     def close(self) -> None:
@@ -178,7 +180,7 @@ class LogReader:
                     nxt = off + 1
                     if msg.key() == key:
                         try:
-                            ev = decode(msg.value() or b"")
+                            ev = decode(msg.value() or b"", self._ids)
                         except SchemaError as exc:
                             if off in self._set_aside(part):
                                 continue  # a person decided it does not count: skip it

@@ -30,9 +30,10 @@ from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
 from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.timeline import Timeline, redact_json, run_timeline, secret_fields
-from runlog.errors import RunlogError, UnknownRun
+from runlog.errors import InvalidRunId, RunlogError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
+from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 from runlog.ui.auth import ALL_TENANTS, COOKIE, Gate, Grant, UiSettings, parse_grants
 from runlog.ui.pages import CONSOLE_JS, render
@@ -146,6 +147,10 @@ class Console:
     # Reading --------------------------------------------------------------------------
     def visible_row(self, grant: Grant, run_id: str) -> RunRow | None:
         """The run's index row if this grant may see it; None for unknown *and* foreign."""
+        try:
+            check_run_id(run_id)
+        except InvalidRunId:
+            return None  # no run can have this id: answer as for any unknown run
         row = RunIndex(self.redis, self.settings).find(run_id)
         if row is None or not grant.allows(row.tenant):
             return None

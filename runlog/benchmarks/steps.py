@@ -1,0 +1,211 @@
+"""8. A durable step, side by side: runlog, LangGraph and DBOS, against the physical floor.
+
+What a user choosing a durable-execution layer for an agent's tool calls would time: a loop
+of N steps, each recorded durably before the next, each calling a tool that returns a
+300-byte string. Every system runs in this process, in the same sitting, on this machine:
+
+* ``raw_produce_flush``: one 400-byte record produced and flushed (acks=all, idempotent):
+  one broker round trip, the floor of any Kafka-backed durable step;
+* ``redis_get``: one Redis round trip;
+* ``runlog_safe`` / ``runlog_irreversible``: ``Run.call_tool`` of a safe / an irreversible
+  tool (STARTED and COMPLETED, with the barriers and ownership checks the risk class needs);
+* ``langgraph_sync`` / ``langgraph_sync_growing``: a LangGraph graph looping one node per
+  step with ``SqliteSaver`` and ``durability="sync"``, state of constant size / growing by
+  the 300-byte result each step (the ``peers`` extra);
+* ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite.
+
+Per system: wall time per step (median over repeats) and process CPU per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import operator
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+from confluent_kafka import Producer
+
+import runlog
+from runlog.benchmarks.common import TENANT, summary
+from runlog.log.clients import redis_client
+from runlog.producers.run import RunDeps, open_run_with
+from runlog.producers.writer import producer_config
+from runlog.settings import Settings
+
+RESULT = "r" * 300
+RECORD = b"x" * 400
+
+Loop = Callable[[int], None]
+
+
+def _timed(loop: Loop, n: int) -> tuple[float, float]:
+    """``(wall seconds per step, process CPU seconds per step)`` of ``loop(n)``."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    loop(n)
+    return (time.perf_counter() - w0) / n, (time.process_time() - c0) / n
+
+
+def _raw(settings: Settings) -> Iterator[Loop]:
+    producer = Producer(producer_config(settings, {"linger.ms": "0"}))
+    key = uuid.uuid4().hex.encode()
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            producer.produce(settings.events_topic, value=RECORD, key=key)
+            producer.flush(30)
+
+    yield loop
+
+
+def _redis(settings: Settings) -> Iterator[Loop]:
+    client = redis_client(settings)
+    client.set("runlog-bench-get", "x")
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            client.get("runlog-bench-get")
+
+    try:
+        yield loop
+    finally:
+        client.close()
+
+
+def _runlog(deps: RunDeps, risk: str) -> Iterator[Loop]:
+    tool = runlog.tool("lookup", risk=risk)(lambda args, *, idempotency_key: RESULT)  # type: ignore[arg-type]
+    with open_run_with(deps, None, tenant=TENANT, tools=[tool], recover=False) as run:
+
+        def loop(n: int) -> None:
+            for i in range(n):
+                run.call_tool("lookup", {"i": i, "u": uuid.uuid4().hex})
+
+        yield loop
+
+
+class Constant(TypedDict):
+    """LangGraph state of constant size: the last result replaces the previous one."""
+
+    i: int
+    n: int
+    last: str
+
+
+class Growing(TypedDict):
+    """LangGraph state that grows by each step's result (a transcript, say)."""
+
+    i: int
+    n: int
+    results: Annotated[list[str], operator.add]
+
+
+def _langgraph(growing: bool) -> Iterator[Loop]:
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+
+    def step_constant(state: Constant) -> dict[str, Any]:
+        return {"i": state["i"] + 1, "last": RESULT}
+
+    def step_growing(state: Growing) -> dict[str, Any]:
+        return {"i": state["i"] + 1, "results": [RESULT]}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlite3.connect(str(Path(tmp) / "lg.sqlite"), check_same_thread=False)
+        saver = SqliteSaver(conn)
+        graph: Any = StateGraph(Growing if growing else Constant)
+        graph.add_node("step", step_growing if growing else step_constant)
+        graph.add_edge(START, "step")
+        graph.add_conditional_edges("step", lambda s: END if s["i"] >= s["n"] else "step")
+        app = graph.compile(checkpointer=saver)
+
+        def loop(n: int) -> None:
+            config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": n + 10}
+            start: dict[str, Any] = {"i": 0, "n": n}
+            if growing:
+                start["results"] = []
+            else:
+                start["last"] = ""
+            app.invoke(start, config, durability="sync")
+
+        try:
+            yield loop
+        finally:
+            conn.close()
+
+
+def _dbos() -> Iterator[Loop]:
+    from dbos import DBOS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        DBOS(
+            config={
+                "name": f"runlog-bench-{os.getpid()}",
+                "system_database_url": f"sqlite:///{Path(tmp) / 'dbos.sqlite'}",
+                "log_level": "WARNING",
+            }
+        )
+
+        @DBOS.step()
+        def lookup(i: int) -> str:
+            return RESULT
+
+        @DBOS.workflow()
+        def loop_workflow(n: int) -> int:
+            for i in range(n):
+                lookup(i)
+            return n
+
+        DBOS.launch()
+
+        def loop(n: int) -> None:
+            loop_workflow(n)
+
+        try:
+            yield loop
+        finally:
+            DBOS.destroy()
+
+
+def peers_installed() -> bool:
+    return all(
+        importlib.util.find_spec(m) is not None for m in ("dbos", "langgraph.checkpoint.sqlite")
+    )
+
+
+def measure(deps: RunDeps, settings: Settings, *, n: int, repeats: int) -> dict[str, Any]:
+    systems: dict[str, Callable[[], contextlib.AbstractContextManager[Loop]]] = {
+        "raw_produce_flush": contextlib.contextmanager(lambda: _raw(settings)),
+        "redis_get": contextlib.contextmanager(lambda: _redis(settings)),
+        "runlog_safe": contextlib.contextmanager(lambda: _runlog(deps, "safe")),
+        "runlog_irreversible": contextlib.contextmanager(lambda: _runlog(deps, "irreversible")),
+    }
+    out: dict[str, Any] = {"steps_per_repeat": n, "systems": {}}
+    if peers_installed():
+        systems["langgraph_sync"] = contextlib.contextmanager(lambda: _langgraph(False))
+        systems["langgraph_sync_growing"] = contextlib.contextmanager(lambda: _langgraph(True))
+        systems["dbos_step"] = contextlib.contextmanager(_dbos)
+    else:
+        out["peers"] = "not measured: pip install -e '.[peers]' (DBOS, LangGraph)"
+    walls: dict[str, list[float]] = {k: [] for k in systems}
+    cpus: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(repeats):
+        for name, make in systems.items():
+            with make() as loop:
+                loop(min(20, n))  # warm up: connections, schema lookups, first compile
+                wall, cpu = _timed(loop, n)
+            walls[name].append(wall * 1000)
+            cpus[name].append(cpu * 1000)
+    for name in systems:
+        out["systems"][name] = {
+            "ms_per_step": summary(walls[name]),
+            "cpu_ms_per_step": summary(cpus[name]),
+        }
+    return out

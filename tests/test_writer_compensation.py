@@ -1,0 +1,223 @@
+"""Compensation, the fourth answer to the window keys cannot close: a reversible tool's
+declared inverse, run by recovery when an unwanted effect is found, recorded as a call of
+its own (started, completed, failed, uncertain) and shown in the audit and uncertain-call
+projections. The receiver is a real ledger in Redis whose inverse can fail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from workers.common import Ledger, assert_log_sound, read_log, services_for, verdicts
+
+import runlog
+from runlog.projections import audit, uncertain
+from runlog.schemas import models as m
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+pytestmark = pytest.mark.timeout(60)
+
+ARGS = {"room": "R-7", "nights": 2}
+
+
+@pytest.fixture
+def fast(test_settings: Settings) -> Iterator[Settings]:
+    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
+    with services_for(s):
+        yield s
+
+
+@pytest.fixture
+def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
+    return Ledger(redis_client, fast.redis_key_prefix)
+
+
+class Booking:
+    """A booking service. Its first request books the wrong number of nights and the
+    answer is lost; its inverse (cancel) fails as told: ``"ok"``, ``"refuse-once"`` (a
+    proven failure, then it works) or ``"timeout"`` (the cancel's answer is lost)."""
+
+    def __init__(self, ledger: Ledger, inverse: str = "ok") -> None:
+        self.ledger, self.inverse = ledger, inverse
+        self.booked: list[str] = []
+        self.cancels: list[tuple[str, str]] = []
+
+    def book(self, args: dict[str, Any], *, idempotency_key: str) -> str:
+        self.booked.append(idempotency_key)
+        if len(self.booked) == 1:
+            self.ledger.apply(idempotency_key, canonical_json({**args, "nights": 20}))
+            raise TimeoutError("booking service timed out after accepting")
+        self.ledger.apply(idempotency_key, canonical_json(args))
+        return f"booked {args['room']}"
+
+    def lookup(self, args: dict[str, Any], *, idempotency_key: str) -> Any:
+        found = self.ledger.found(idempotency_key)
+        if found is None:
+            return runlog.Absent("no booking")
+        if found != canonical_json(args):
+            return runlog.Conflict(found)
+        return runlog.Match(f"booked {args['room']}")
+
+    def cancel(self, args: dict[str, Any], *, idempotency_key: str, original_key: str) -> str:
+        self.cancels.append((idempotency_key, original_key))
+        if self.inverse == "refuse-once" and len(self.cancels) == 1:
+            raise runlog.ToolError("cancellation refused: try later")
+        r = self.ledger.redis
+        r.hincrby(self.ledger.counts, original_key, -1)
+        r.hdel(self.ledger.args, original_key)
+        if self.inverse == "timeout":
+            raise TimeoutError("cancel timed out")
+        return f"cancelled {original_key}"
+
+    def tools(self) -> list[Any]:
+        book = runlog.tool("book", risk="reversible", reconcile=self.lookup, compensate=self.cancel)
+        room_service = runlog.tool("room_service", risk="reversible")(
+            lambda args, *, idempotency_key: "served"
+        )
+        return [book(self.book), room_service]
+
+
+def _events(settings: Settings, rid: str) -> list[m.Event]:
+    events = [r.event for r in read_log(settings, rid)]
+    assert_log_sound(events)
+    return [ev for ev, ok in verdicts(events) if ok]
+
+
+def _shape(events: list[m.Event]) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    for ev in events:
+        p: Any = ev.payload
+        if ev.type is EventType.TOOL_CALL_STARTED:
+            out.append(("started", p.name, p.attempt))
+        elif ev.type is EventType.TOOL_CALL_COMPLETED:
+            out.append(("completed", p.name, p.is_error))
+        elif ev.type is EventType.TOOL_CALL_UNCERTAIN:
+            out.append(("uncertain", p.name))
+        elif ev.type is EventType.RECONCILIATION_ATTEMPTED:
+            out.append(("reconciliation", p.outcome, p.action))
+        elif ev.type is EventType.APPROVAL_REQUESTED:
+            out.append(("approval_requested", p.kind, p.name))
+        elif ev.type is not EventType.RUN_STARTED:
+            out.append((ev.type.value,))
+    return out
+
+
+def _audit(events: list[m.Event]) -> list[dict[str, Any]]:
+    run = audit.AuditRun()
+    return [e for i, ev in enumerate(events) for e in audit.apply_event(run, ev, 0, i)]
+
+
+def test_a_conflicting_effect_is_compensated_then_the_call_retried(
+    fast: Settings, ledger: Ledger
+) -> None:
+    svc = Booking(ledger)
+    with runlog.open_run(settings=fast, tools=svc.tools()) as run:
+        assert run.call_tool("book", ARGS) == "booked R-7"
+        rid = run.run_id
+    (key,) = set(svc.booked)
+    assert ledger.per_key() == {key: 1} and ledger.found(key) == canonical_json(ARGS)
+    (cancel_key, undone), *_ = svc.cancels
+    assert undone == key and cancel_key != key and len(svc.cancels) == 1
+    events = _events(fast, rid)
+    assert _shape(events) == [
+        ("started", "book", 1),
+        ("uncertain", "book"),
+        ("reconciliation", "conflict", "retry_compensate"),
+        ("started", "book/compensate", 1),
+        ("completed", "book/compensate", False),
+        ("started", "book", 2),
+        ("completed", "book", False),
+    ]
+    comp = next(
+        p
+        for ev in events
+        if isinstance(p := ev.payload, m.ToolCallStarted) and p.name == "book/compensate"
+    )
+    assert comp.operation_id == key and comp.idempotency_key == cancel_key
+    entries = [e for e in _audit(events) if e["kind"].startswith("compensation")]
+    assert [(e["kind"], e["compensates"]) for e in entries] == [
+        ("compensation_started", key),
+        ("compensation_completed", key),
+    ]
+
+
+def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
+    fast: Settings, ledger: Ledger
+) -> None:
+    svc = Booking(ledger, inverse="refuse-once")
+    with runlog.open_run(settings=fast, tools=svc.tools()) as run:
+        rid = run.run_id
+        with pytest.raises(runlog.Escalated) as esc:
+            run.call_tool("book", ARGS)
+        assert run.state.status == "escalated"
+        with pytest.raises(runlog.Escalated):  # a conflict stops every other effect
+            run.call_tool("room_service", {"room": "R-7"})
+    (key,) = set(svc.booked)
+    assert ledger.per_key() == {key: 1} and len(svc.cancels) == 1
+    events = _events(fast, rid)
+    assert _shape(events)[2:] == [
+        ("reconciliation", "conflict", "retry_compensate"),
+        ("started", "book/compensate", 1),
+        ("completed", "book/compensate", True),
+        ("reconciliation", "conflict", "escalate"),
+        ("approval_requested", "conflict", "book"),
+    ]
+    # A person rules the wrong booking must not stand: the inverse runs again and works.
+    assert esc.value.approval_id is not None
+    got = runlog.decide(
+        rid,
+        esc.value.approval_id,
+        approved=False,
+        decided_by="ops",
+        note="guest cancelled",
+        tools=svc.tools(),
+        settings=fast,
+    )
+    assert got == "recorded"
+    assert ledger.per_key() == {key: 0} and len(svc.cancels) == 2
+    assert svc.cancels[0][0] == svc.cancels[1][0], "a failed inverse retries with its key"
+    events = _events(fast, rid)
+    done = [
+        p for ev in events if isinstance(p := ev.payload, m.ToolCallCompleted) and p.name == "book"
+    ]
+    assert len(done) == 1 and "guest cancelled" in done[0].content
+    assert "compensated by" in done[0].content and len(svc.booked) == 1
+    kinds = [e["kind"] for e in _audit(events) if e["kind"].startswith("compensation")]
+    assert kinds == [
+        "compensation_started",
+        "compensation_failed",
+        "compensation_started",
+        "compensation_completed",
+    ]
+
+
+def test_an_inverse_whose_outcome_is_lost_is_an_uncertain_call_of_its_own(
+    fast: Settings, ledger: Ledger
+) -> None:
+    svc = Booking(ledger, inverse="timeout")
+    with runlog.open_run(settings=fast, tools=svc.tools()) as run:
+        rid = run.run_id
+        with pytest.raises(runlog.Escalated):
+            run.call_tool("book", ARGS)
+    (key,) = set(svc.booked)
+    events = _events(fast, rid)
+    queue = uncertain.UncertainRun()
+    for ev in events:
+        uncertain.apply_event(queue, ev)
+    by_tool = {c.tool: c for c in queue.calls.values()}
+    assert set(by_tool) == {"book", "book/compensate"}
+    assert by_tool["book/compensate"].compensates == key
+    assert by_tool["book/compensate"].status == "escalated"  # a person settles a lost inverse
+    assert by_tool["book"].status == "conflict"
+    assert len(svc.cancels) == 1
+
+
+def test_compensate_is_for_reversible_tools_and_its_name_is_reserved() -> None:
+    with pytest.raises(ValueError, match="reversible"):
+        runlog.tool("pay", risk="irreversible", compensate=lambda *a, **k: "")
+    with pytest.raises(ValueError, match="compensate"):
+        runlog.tool("pay/compensate")(lambda args, *, idempotency_key: "")
