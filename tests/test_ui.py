@@ -19,6 +19,7 @@ from runlog.settings import Settings
 pytestmark = pytest.mark.timeout(180)
 
 SECRET = "pa55-" + "w0rd-7731"
+MARKUP = "<script>steal(document.cookie)</script>"
 
 
 def _waiting_run(s: Settings, tenant: str) -> tuple[str, str]:
@@ -27,7 +28,7 @@ def _waiting_run(s: Settings, tenant: str) -> tuple[str, str]:
 
     login = runlog.tool("login", risk="safe")(login_fn)
     with runlog.open_run(tenant=tenant, tools=[login], settings=s, goal="refund") as run:
-        run.append("user_message", content=f"{tenant} asks for a refund")
+        run.append("user_message", content=f"{tenant} asks for a refund {MARKUP}")
         run.call_tool("login", {"user": "ann", "password": SECRET})
         approval = run.request_approval(f"refund 7 EUR for {tenant}")
         return run.run_id, approval
@@ -100,6 +101,8 @@ def test_console_tokens_tenants_csrf_and_decisions(
             assert page.status_code == 200
             assert "refund 7 EUR for acme" in page.text and "[redacted]" in page.text
             assert SECRET not in page.text
+            # What a run says is shown as text, never as markup of the console's page.
+            assert MARKUP not in page.text and "&lt;script&gt;steal(" in page.text
 
             # Login form -> HttpOnly, SameSite=Strict cookie holding the session.
             r = web.post("/login", data={"token": "wrong-token-123"})
