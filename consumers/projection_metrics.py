@@ -2,20 +2,28 @@
 
 Durable numbers come from Redis (positions and counters written in the same transaction
 as the effects) and Kafka (high watermarks), so any process can report them: ``runlog
-metrics --json`` and the Prometheus text endpoint of ``runlog project --metrics-port``
-use the same ``collect``. Standard library only (``http.server``).
+metrics --json`` and the Prometheus endpoint of ``runlog project --metrics-port`` use the
+same ``collect``. The exposition and its HTTP server are prometheus_client's.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import redis
 from confluent_kafka import Consumer
+from prometheus_client import (
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from runlog.consumers import queries
 from runlog.log.kafka import high_watermark, reader_config
@@ -80,97 +88,96 @@ def collect(
     return out
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+Families = list[Metric]
+
+
+def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> Families:
+    """Prometheus metric families of ``collect``'s snapshot (and a runner's own counters)."""
+
+    def gauge(name: str, help_: str, labels: list[str]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_, labels=labels)
+
+    def counter(name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
+        return CounterMetricFamily(name, help_, labels=labels)
+
+    by = ["projection", "partition"]
+    lag = gauge("runlog_projection_lag_records", "High watermark minus next offset.", by)
+    position = gauge("runlog_projection_position", "Last applied offset (-1: none).", by)
+    applied = counter("runlog_projection_applied", "Records folded.", by)
+    quarantined = counter("runlog_projection_quarantined", "Records quarantined.", by)
+    for proj, body in snapshot["projections"].items():
+        for part, row in body["partitions"].items():
+            labels = [proj, str(part)]
+            lag.add_metric(labels, row["lag"])
+            applied.add_metric(labels, row["applied"])
+            quarantined.add_metric(labels, row["quarantined"])
+            position.add_metric(labels, -1 if row["position"] is None else row["position"])
+    out: Families = [lag, position, applied, quarantined]
+    unc = snapshot.get("uncertain")
+    if unc is not None:
+        open_ = gauge(
+            "runlog_uncertain_calls_open", "Open uncertain calls by risk class.", ["risk"]
+        )
+        for risk, n in sorted(unc["open_by_risk"].items()):
+            open_.add_metric([risk], n)
+        oldest = gauge(
+            "runlog_uncertain_oldest_age_seconds",
+            "Age of the oldest open uncertain call by risk class.",
+            ["risk"],
+        )
+        for risk, age in sorted(unc["oldest_age_s"].items()):
+            oldest.add_metric([risk], age)
+        overdue = gauge(
+            "runlog_uncertain_calls_overdue", "Open uncertain calls past their deadline.", []
+        )
+        overdue.add_metric([], unc["overdue"])
+        calls = counter(
+            "runlog_uncertain_calls", "Uncertain calls by what happened to them.", ["event"]
+        )
+        for event, n in sorted(unc["counters"].items()):
+            calls.add_metric([event], n)
+        out += [open_, oldest, overdue, calls]
+    if runner is not None:
+        mine = counter("runlog_runner_applied", "Records folded by this process.", ["projection"])
+        for name, n in sorted(runner["applied"].items()):
+            mine.add_metric([name], n)
+        consumer_lag = gauge(
+            "runlog_runner_consumer_lag_records",
+            "Consumer lag of this process's assigned partitions.",
+            ["partition"],
+        )
+        for part, n in sorted(runner["lag"].items()):
+            consumer_lag.add_metric([str(part)], n)
+        out += [mine, consumer_lag]
+    return out
+
+
+class _Families(Collector):
+    """Calls ``produce`` at every scrape (a live view), or once (``to_prometheus``)."""
+
+    def __init__(self, produce: Callable[[], Families]) -> None:
+        self._produce = produce
+
+    def collect(self) -> Iterable[Metric]:
+        return self._produce()
 
 
 def to_prometheus(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> str:
-    """Prometheus text exposition (version 0.0.4) of ``collect``'s snapshot."""
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], Any]]) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lbl = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{lbl}}} {value}" if lbl else f"{name} {value}")
-
-    lag, applied, quarantined, position = [], [], [], []
-    for proj, body in snapshot["projections"].items():
-        for part, row in body["partitions"].items():
-            labels = {"projection": proj, "partition": part}
-            lag.append((labels, row["lag"]))
-            applied.append((labels, row["applied"]))
-            quarantined.append((labels, row["quarantined"]))
-            position.append((labels, -1 if row["position"] is None else row["position"]))
-    metric("runlog_projection_lag_records", "gauge", "High watermark minus next offset.", lag)
-    metric("runlog_projection_position", "gauge", "Last applied offset (-1: none).", position)
-    metric("runlog_projection_applied_total", "counter", "Records folded.", applied)
-    metric("runlog_projection_quarantined_total", "counter", "Records quarantined.", quarantined)
-    unc = snapshot.get("uncertain")
-    if unc is not None:
-        metric(
-            "runlog_uncertain_calls_open",
-            "gauge",
-            "Open uncertain calls by risk class.",
-            [({"risk": r}, n) for r, n in sorted(unc["open_by_risk"].items())],
-        )
-        metric(
-            "runlog_uncertain_oldest_age_seconds",
-            "gauge",
-            "Age of the oldest open uncertain call by risk class.",
-            [({"risk": r}, a) for r, a in sorted(unc["oldest_age_s"].items())],
-        )
-        metric(
-            "runlog_uncertain_calls_overdue",
-            "gauge",
-            "Open uncertain calls past their risk class's deadline.",
-            [({}, unc["overdue"])],
-        )
-        metric(
-            "runlog_uncertain_calls_total",
-            "counter",
-            "Uncertain calls by what happened to them.",
-            [({"event": k}, v) for k, v in sorted(unc["counters"].items())],
-        )
-    if runner is not None:
-        metric(
-            "runlog_runner_applied_total",
-            "counter",
-            "Records folded by this process.",
-            [({"projection": k}, v) for k, v in sorted(runner["applied"].items())],
-        )
-        metric(
-            "runlog_runner_consumer_lag_records",
-            "gauge",
-            "Consumer lag of this process's assigned partitions.",
-            [({"partition": str(k)}, v) for k, v in sorted(runner["lag"].items())],
-        )
-    return "\n".join(lines) + "\n"
+    """Prometheus text exposition of ``collect``'s snapshot (``runlog metrics``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(lambda: families(snapshot, runner)))
+    return generate_latest(registry).decode()
 
 
-def serve(port: int, render: Callable[[], str], host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serve ``render()`` at ``/metrics`` from a daemon thread; returns the server."""
+def serve(
+    port: int, produce: Callable[[], Families], host: str = "127.0.0.1"
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``produce()`` (plus this process's CPU and memory) at ``/metrics`` with
+    prometheus_client's server, on a daemon thread; ``shutdown()`` the server to stop.
 
-    class _Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            try:
-                body = render().encode()
-            except Exception as exc:  # noqa: BLE001 - report a scrape failure, keep serving
-                self.send_error(503, f"{type(exc).__name__}: {exc}")
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug(format, *args)
-
-    server = ThreadingHTTPServer((host, port), _Handler)
-    threading.Thread(target=server.serve_forever, name="runlog-metrics", daemon=True).start()
-    return server
+    A failed scrape (Redis or Kafka away) answers 500 and the server keeps serving.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(produce))
+    ProcessCollector(registry=registry)
+    return start_http_server(port, addr=host, registry=registry)

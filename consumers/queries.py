@@ -265,6 +265,8 @@ def dump_projection(client: redis.Redis, settings: Settings, name: str) -> dict[
             out[key.decode()] = client.lrange(key, 0, -1)
         elif kind == b"set":
             out[key.decode()] = sorted(client.smembers(key))
+        elif kind == b"zset":
+            out[key.decode()] = client.zrange(key, 0, -1, withscores=True)
         else:  # pragma: no cover - the store writes only these types
             out[key.decode()] = kind
     return out

@@ -12,7 +12,8 @@ Per (projection, topic, partition):
 ``quarantine``      hash: offset -> JSON (original bytes base64, error class and message)
 ``runs``            set of run ids seen in the partition
 ``run:<id>``        JSON of the projection's per-run state
-``sum:<id>``        state only: hash summary of the run
+``sum:<id>``        state only: hash summary of the run (plus the run index's fields)
+``ix:*``            state only: the run index (``consumers.index``)
 ``open``            uncertain only: hash ``<run>\\x1f<key>`` -> JSON of an open uncertain call
 ``counters``        uncertain only: hash of queue counters (opened, reconciled, ...)
 ``log:<id>``        audit only: list of JSON entries, append-only
@@ -44,6 +45,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
+from runlog.consumers import index
 from runlog.projections import audit, state_view, uncertain
 from runlog.schemas.models import Event
 
@@ -243,10 +245,14 @@ class StateHandler(Handler[state_view.StateView]):
     def dumps(self, state: state_view.StateView) -> dict[str, Any]:
         return state.to_dict()
 
+    def remember(self, state: state_view.StateView) -> Any:
+        return index.remember(state)
+
     def on_event(
         self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Decoded
     ) -> None:
         state_view.apply_record(state, rec.event, rec.partition, rec.offset)
+        index.observe(batch.extra, state, rec.event)
 
     def on_rejected(
         self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Rejected
@@ -257,6 +263,9 @@ class StateHandler(Handler[state_view.StateView]):
         self, pipe: Any, batch: Batch[state_view.StateView], run_id: str, state: Any
     ) -> None:
         pipe.hset(self.keys.summary(batch.partition, run_id), mapping=state.summary())
+        # The run index commits with the view and the position (same MULTI, same slot).
+        keys = index.IndexKeys(self.keys.part(batch.partition))
+        index.write(pipe, keys, run_id, state, batch.before.get(run_id), batch.extra)
 
 
 class UncertainHandler(Handler[uncertain.UncertainRun]):

@@ -6,7 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runlog.producers import tracing
 from runlog.producers.bounds import ResultSink
+from runlog.producers.context import current_call
 from runlog.schemas.keys import COMPENSATION_SUFFIX, compensated_tool, compensation_name
 
 Risk = Literal["safe", "reversible", "irreversible"]
@@ -75,7 +77,19 @@ class Tool:
     unwanted effect is found: see ``compensation``."""
 
     def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
-        return self.fn(args, idempotency_key=idempotency_key)
+        ctx = current_call()
+        with tracing.span(
+            "tool_call",
+            tool=self.name,
+            risk=self.risk,
+            idempotency_key=idempotency_key,
+            run_id=ctx.run_id if ctx else None,
+            tenant=ctx.tenant if ctx else None,
+            epoch=ctx.epoch if ctx else None,
+            seq=ctx.started_seq if ctx else None,
+            attempt=ctx.attempt if ctx else None,
+        ):
+            return self.fn(args, idempotency_key=idempotency_key)
 
     def compensation(self) -> Tool | None:
         """The inverse as a tool of its own, so it is called, recorded and recovered like
@@ -92,6 +106,27 @@ class Tool:
             return inverse(args["args"], idempotency_key=idempotency_key, original_key=args["of"])
 
         return Tool(name=compensation_name(self.name), fn=undo, risk="irreversible")
+
+
+def _traced(name: str, reconcile: Reconciler) -> Reconciler:
+    """``reconcile`` inside a span: a lookup is a recovery step an operator wants to see."""
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+        ctx = current_call()
+        with tracing.span(
+            "reconcile",
+            tool=name,
+            idempotency_key=idempotency_key,
+            run_id=ctx.run_id if ctx else None,
+            tenant=ctx.tenant if ctx else None,
+            epoch=ctx.epoch if ctx else None,
+            seq=ctx.started_seq if ctx else None,
+        ) as current:
+            evidence = reconcile(args, idempotency_key=idempotency_key)
+            tracing.annotate(current, evidence=type(evidence).__name__)
+            return evidence
+
+    return lookup
 
 
 def tool(
@@ -120,11 +155,14 @@ def tool(
         tool_name = name or fn.__name__
         if compensated_tool(tool_name) is not None:
             raise ValueError(f"tool names ending in {COMPENSATION_SUFFIX!r} are runlog's")
+        traced = None
+        if reconcile is not None and tracing.enabled():
+            traced = _traced(tool_name, reconcile)
         return Tool(
             name=tool_name,
             fn=fn,
             risk=risk,
-            reconcile=reconcile,
+            reconcile=traced or reconcile,
             on_large_result=on_large_result,
             compensate=compensate,
         )

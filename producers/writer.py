@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,11 @@ from runlog.errors import KafkaUnavailable
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
+
+APPENDS: dict[str, float] = dict.fromkeys(("acknowledged", "failed", "unknown", "ack_seconds"), 0)
+"""Process-wide append telemetry (never semantic events): ``acknowledged``, ``failed``
+(the broker refused), ``unknown`` (may still be written), and ``ack_seconds`` (their sum,
+from produce to acknowledgement). Written by the delivery callback only."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,7 @@ class EventWriter:
         """
         where: dict[str, Any] = {} if partition is None else {"partition": partition}
         fut: Future[Delivered] = Future()
+        sent = time.monotonic()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             self._inflight.discard(fut)
@@ -192,8 +199,12 @@ class EventWriter:
                 if err.code() in _PURGED and fatal is not None:
                     # librdkafka purged it because the producer failed: say why.
                     err = _why_lost(fatal)
-                _settle(fut, DeliveryFailed(err))
+                failed = DeliveryFailed(err)
+                APPENDS["unknown" if failed.unknown else "failed"] += 1
+                _settle(fut, failed)
             else:
+                APPENDS["acknowledged"] += 1
+                APPENDS["ack_seconds"] += time.monotonic() - sent
                 part, off = msg.partition(), msg.offset()
                 assert part is not None and off is not None  # set on every delivered message
                 _settle(fut, Delivered(part, off, msg.timestamp()[1]))

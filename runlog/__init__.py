@@ -33,7 +33,7 @@ from runlog.errors import (
 )
 
 if TYPE_CHECKING:
-    from runlog.api import decide, lease_metrics, open_run
+    from runlog.api import append_metrics, decide, lease_metrics, open_run, serve_metrics
     from runlog.producers.agent import (
         AgentLoop,
         ApprovalStep,
@@ -58,6 +58,8 @@ _LAZY = {
     "decode": "runlog.schemas.codec",
     "encode": "runlog.schemas.codec",
     "lease_metrics": "runlog.api",
+    "append_metrics": "runlog.api",
+    "serve_metrics": "runlog.api",
     "CallContext": "runlog.producers.context",
     "decide": "runlog.api",
     "AgentLoop": "runlog.producers.agent",
@@ -126,11 +128,13 @@ __all__ = [
     "Unavailable",
     "UnknownRun",
     "UnknownTool",
+    "append_metrics",
     "current_call",
     "decide",
     "decode",
     "encode",
     "lease_metrics",
     "open_run",
+    "serve_metrics",
     "tool",
 ]

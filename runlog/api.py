@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
+from runlog.consumers.projection_metrics import serve
 from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.replay import replay
 from runlog.errors import UnknownApproval, UnknownRun
+from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
 from runlog.producers.run import open_run_with, submit_decision
+from runlog.producers.writer import APPENDS
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.settings import Settings
 
@@ -48,18 +51,27 @@ def open_run(
     if run_id is not None:
         check_run_id(run_id)
     services = Services.shared(settings or Settings())
-    return open_run_with(
-        services.run_deps(),
-        run_id,
-        tenant=tenant,
-        tools=tools,
-        wait_s=wait_s,
-        agent=agent,
-        goal=goal,
-        reason=reason,
-        recover=recover,
-        takeover=takeover,
-    )
+    with tracing.span("open_run", run_id=run_id, tenant=tenant, takeover=takeover) as span:
+        run = open_run_with(
+            services.run_deps(),
+            run_id,
+            tenant=tenant,
+            tools=tools,
+            wait_s=wait_s,
+            agent=agent,
+            goal=goal,
+            reason=reason,
+            recover=recover,
+            takeover=takeover,
+        )
+        tracing.annotate(
+            span,
+            run_id=run.run_id,
+            epoch=run.epoch,
+            seq=run.state.seq,
+            resumed=run.state.resumptions > 0,
+        )
+        return run
 
 
 def decide(
@@ -87,27 +99,32 @@ def decide(
     check_run_id(run_id)
     check_tenant(tenant)
     services = Services.shared(settings or Settings())
-    state = replay(services.settings, services.redis, run_id, tenant=tenant).state
-    if state.status == "new":
-        raise UnknownRun(f"run {run_id} has no events", run_id=run_id)
-    refuse_other_tenant(state.tenant, tenant, run_id)
-    if approval_id not in state.approvals:
-        pending = ", ".join(sorted(state.pending_approvals)) or "none"
-        raise UnknownApproval(
-            f"run {run_id} never requested approval {approval_id!r} "
-            f"(pending approval ids: {pending})",
-            run_id=run_id,
+    with tracing.span(
+        "decide", run_id=run_id, tenant=tenant, approval_id=approval_id, approved=approved
+    ) as span:
+        state = replay(services.settings, services.redis, run_id, tenant=tenant).state
+        if state.status == "new":
+            raise UnknownRun(f"run {run_id} has no events", run_id=run_id)
+        refuse_other_tenant(state.tenant, tenant, run_id)
+        if approval_id not in state.approvals:
+            pending = ", ".join(sorted(state.pending_approvals)) or "none"
+            raise UnknownApproval(
+                f"run {run_id} never requested approval {approval_id!r} "
+                f"(pending approval ids: {pending})",
+                run_id=run_id,
+            )
+        how = submit_decision(
+            services.run_deps(),
+            run_id,
+            approval_id,
+            approved=approved,
+            decided_by=decided_by,
+            note=note,
+            tenant=tenant,
+            tools=tools,
         )
-    return submit_decision(
-        services.run_deps(),
-        run_id,
-        approval_id,
-        approved=approved,
-        decided_by=decided_by,
-        note=note,
-        tenant=tenant,
-        tools=tools,
-    )
+        tracing.annotate(span, outcome=how)
+        return how
 
 
 def lease_metrics() -> dict[str, int]:
@@ -115,3 +132,18 @@ def lease_metrics() -> dict[str, int]:
     renew_lost, released, fenced. Operational telemetry, never written to the log."""
 
     return dict(METRICS)
+
+
+def append_metrics() -> dict[str, float]:
+    """This process's append counters: acknowledged, failed, unknown, and ack_seconds (the
+    sum of produce-to-acknowledgement times). Operational telemetry, never in the log."""
+
+    return {k: APPENDS.get(k, 0) for k in (*telemetry.APPEND_RESULTS, "ack_seconds")}
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> Callable[[], None]:
+    """Serve this worker's lease and append metrics (and its CPU and memory) for
+    Prometheus at ``http://host:port/metrics``; returns a function that stops the server."""
+
+    server, _ = serve(port, telemetry.families, host)
+    return server.shutdown

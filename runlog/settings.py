@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from runlog.errors import ConfigError
 
@@ -121,6 +121,18 @@ class Settings(BaseSettings):
     Values are secrets (OAuth client secrets, keystore passwords often go here), so they
     never print; the property names do.
     """
+
+    redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
+    """JSON fields shown as ``[redacted]`` wherever tool arguments or results are shown
+    (``runlog show``, the console), matched by key in any case:
+    ``RUNLOG_REDACT_FIELDS=password,card_number``. The log itself keeps what was written."""
+
+    @field_validator("redact_fields", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(f.strip() for f in value.split(",") if f.strip())
+        return value
 
     def fingerprint(self) -> str:
         """A digest of every setting, secrets included (to tell settings apart; never

@@ -115,3 +115,14 @@ def replayed_states(settings: Settings, run_ids: list[str]) -> dict[str, dict[st
             part = reader.partition_of(rid)
             out[rid] = fold(r.event for r in reader.read(rid, partition=part, start=0)).to_dict()
     return out
+
+
+def prometheus_sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of sample ``name`` with ``labels`` in a Prometheus exposition, or None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None

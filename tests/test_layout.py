@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facade", ("runlog", "runlog.api", "runlog.bootstrap")),
     (
         "shell: CLI, stack, demo, benchmarks",
-        ("runlog.cli", "runlog.stack", "runlog.demo", "runlog.benchmarks"),
+        ("runlog.cli", "runlog.stack", "runlog.demo", "runlog.benchmarks", "runlog.ui"),
     ),
 ]
 # Peers in one layer that must not import each other either.

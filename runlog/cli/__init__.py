@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "runlog.cli.topics_cmd",
     "runlog.cli.runs_cmd",
     "runlog.cli.projections_cmd",
+    "runlog.cli.operator_cmd",
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
     "runlog.cli.schemas_cmd",

@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--group", default=None, help="consumer group (default: derived)")
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus text on this port"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics at 127.0.0.1:PORT/metrics",
     )
     p.set_defaults(func=_project)
 
@@ -120,13 +123,13 @@ def _project(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         marks = projection_metrics.Watermarks(settings)
 
-        def render() -> str:
+        def produce() -> projection_metrics.Families:
             assert marks is not None
             snap = projection_metrics.collect(client, settings, names, marks.high)
             stats = {"applied": dict(runner.stats.applied), "lag": dict(runner.stats.lag)}
-            return projection_metrics.to_prometheus(snap, stats)
+            return projection_metrics.families(snap, stats)
 
-        server = projection_metrics.serve(args.metrics_port, render)
+        server, _ = projection_metrics.serve(args.metrics_port, produce)
     try:
         runner.run()
     finally:

@@ -331,4 +331,14 @@ def print_report(r: dict[str, Any]) -> None:
         add("FAILED:")
         for f in r["failures"]:
             add(f"  - {f}")
+    # The demo starts no server: it says how to look at this run in the console.
+    add("look at it in a browser (the 'ui' extra; any long random token):")
+    add(
+        f'  RUNLOG_UI_TOKENS=\'{{"<token>": ["{TENANT}"]}}\' .venv/bin/runlog ui'
+        "   # then http://127.0.0.1:8642/"
+    )
+    add(
+        f"  log in with <token>, open run {r['run_id']}; or: .venv/bin/runlog show "
+        f"{r['run_id']} --tenant {TENANT}"
+    )
     print("\n".join(out), flush=True)

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TextIO
 
 import redis
+from rich.console import Console
+from rich.progress import BarColumn, TaskID, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
 
 from runlog.errors import ConfigError, RedisUnavailable
 from runlog.log.reader import LogReader, LogRecord
@@ -223,20 +226,34 @@ def read_run(
 
 
 def progress_bar(label: str = "scanning", stream: TextIO = sys.stderr) -> Progress:
-    """A one-line progress bar, ``show(done, total)``, redrawn at most 10 times a second."""
+    """A progress bar (rich's), ``show(done, total)``, redrawn at most 10 times a second.
+
+    No refresh thread: it draws when it is called, and stops itself at the end. On a
+    stream that is not a terminal rich prints the final state once instead of animating.
+    """
+    bar = RichProgress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeRemainingColumn(),
+        console=Console(file=stream),
+        auto_refresh=False,
+    )
+    task: list[TaskID] = []
     last = [0.0]
 
     def show(done: int, total: int) -> None:
         now = time.monotonic()
         finished = done + 1 >= total
-        if now - last[0] < 0.1 and not finished:
+        if task and now - last[0] < 0.1 and not finished:
             return
         last[0] = now
-        frac = 1.0 if total <= 0 else min(1.0, (done + 1) / total)
-        bar = "#" * int(frac * 30)
-        stream.write(f"\r{label} [{bar:<30}] {frac:6.1%}")
+        if not task:
+            bar.start()
+            task.append(bar.add_task(label, total=max(total, 1)))
+        bar.update(task[0], completed=min(done + 1, max(total, 1)), total=max(total, 1))
+        bar.refresh()
         if finished:
-            stream.write("\n")
-        stream.flush()
+            bar.stop()
 
     return show

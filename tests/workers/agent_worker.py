@@ -27,7 +27,15 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 import runlog  # noqa: E402
 from runlog.bootstrap import Services  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers.agent import AgentLoop, Call, FinishStep, ModelStep, ScriptedModel, Step  # noqa: E402
+from runlog.producers.agent import (  # noqa: E402
+    AgentLoop,
+    ApprovalStep,
+    Call,
+    FinishStep,
+    ModelStep,
+    ScriptedModel,
+    Step,
+)
 from runlog.projections.run_state import RunState  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402
 from runlog.schemas.vocabulary import EventType  # noqa: E402
@@ -147,7 +155,27 @@ def scenario_hold(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> No
     run.finish("succeeded", f"finished by {opts.name}")
 
 
-SCENARIOS = {"agent": scenario_agent, "direct": scenario_direct, "hold": scenario_hold}
+def scenario_approval(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
+    """Asks a person before charging, and waits (holding the run) for the decision."""
+    model = ScriptedModel(
+        [
+            ModelStep("Account A-1 was double billed.", input_tokens=30, output_tokens=8),
+            ApprovalStep("refund 7 dollars to A-1"),
+            ModelStep("Refunding.", calls=(Call("charge", {"amount": -7, "acct": "A-1"}),)),
+            FinishStep("succeeded", "refunded after approval"),
+        ]
+    )
+    loop = AgentLoop(model, approval_wait_s=opts.approval_wait_s)
+    loop.on_event = lambda msg: flags.set("waiting") if msg.startswith("approval") else None
+    loop.run(run, user_message="refund A-1")
+
+
+SCENARIOS = {
+    "agent": scenario_agent,
+    "direct": scenario_direct,
+    "hold": scenario_hold,
+    "approval": scenario_approval,
+}
 
 
 def main() -> int:
@@ -166,6 +194,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--hold-after", action="store_true")
     ap.add_argument("--wait-s", type=float, default=None)
+    ap.add_argument("--tenant", default="default")
+    ap.add_argument("--approval-wait-s", type=float, default=120.0)
     opts = ap.parse_args()
     opts.charge_mode = opts.charge_mode or "normal"
 
@@ -178,7 +208,12 @@ def main() -> int:
     run: runlog.Run | None = None
     try:
         run = runlog.open_run(
-            opts.run_id, tools=[charge], settings=settings, wait_s=opts.wait_s, agent="worker"
+            opts.run_id,
+            tenant=opts.tenant,
+            tools=[charge],
+            settings=settings,
+            wait_s=opts.wait_s,
+            agent="worker",
         )
         flags.set("opened", json.dumps({"epoch": run.epoch, "seq": run.state.seq}))
         SCENARIOS[opts.scenario](run, opts, flags)

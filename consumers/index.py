@@ -1,0 +1,395 @@
+"""The run index: which runs exist, in what condition, most recently active first.
+
+Kept by the state projection, in the same MULTI/EXEC as its position, so it is exactly
+as current as the state view and a rebuild refolds it byte for byte. Nothing here reads
+the events topic: ``runlog runs`` and the console list runs from these keys alone.
+
+Keys, beside the state projection's own under ``<prefix>:proj:state:{<topic>:<p>}``
+(the partition's hash tag, so they commit with its position in one slot):
+
+=========================  ==============================================================
+``ix:tenants``             set of tenants with a run in the partition
+``ix:t:<tenant>``          sorted set: run id scored by its last valid event (epoch ms)
+``ix:s:<status>:<tenant>`` the same, for the runs currently in ``status``
+``sum:<run>``              the state summary hash, plus ``ix_status``, ``started_at``,
+                           ``last_type``, ``pending_approvals``, ``uncertain_calls``
+=========================  ==============================================================
+
+The tenant is the last part of each key, so no tenant name can spell another key
+(a name with ``:`` is refused by writers anyway). Per changed run and batch the index
+costs two ZADDs, one ZREM when the status changed, one SADD and one HSET of five
+fields: O(log n) in the runs of its tenant and partition, never a rewrite of the index.
+
+Reading merges the per-partition sorted sets of the wanted tenants with a keyset cursor
+(``<score>:<run id>``), so a page costs the same at run 100,000 as at run 1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+
+from runlog.errors import ConfigError, RedisUnavailable
+from runlog.projections.run_state import RunState
+from runlog.projections.state_view import StateView
+from runlog.schemas.models import Event
+from runlog.settings import Settings
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+STATUSES = ("running", "waiting", "uncertain", "stopped", "finished")
+"""``running``: a writer may be acting; ``waiting``: an approval waits for a person;
+``uncertain``: calls whose outcome nobody knows are open (recovery settles them before the
+model acts); ``stopped``: a conflict stopped the run, no tool runs until a person decides;
+``finished``: RUN_FINISHED is in the log (its outcome says how it ended)."""
+
+# Fields the index adds to the state summary hash. Their names start apart from the
+# summary's own so neither side can overwrite the other.
+FIELDS = ("ix_status", "started_at", "last_type", "pending_approvals", "uncertain_calls")
+LAST_TYPES = "ix_last_types"
+"""``Batch.extra`` entry: run id -> type of the last valid event folded in this batch."""
+
+
+def status_of(st: RunState) -> str:
+    """The index status of a run state (one of ``STATUSES``); the first that holds wins."""
+    if st.status == "finished":
+        return "finished"
+    if st.status == "escalated":
+        return "stopped"
+    if st.pending_approvals:
+        return "waiting"
+    if any(c.status != "started" for c in st.open_calls.values()):
+        return "uncertain"
+    return "running"
+
+
+def _score(at: datetime | None) -> float | None:
+    return None if at is None else round(at.timestamp() * 1000, 3)
+
+
+@dataclass(frozen=True)
+class IndexKeys:
+    """The index's keys in one partition of the state projection (``part`` is its root)."""
+
+    part: str
+
+    @property
+    def tenants(self) -> str:
+        return f"{self.part}:ix:tenants"
+
+    def tenant(self, tenant: str) -> str:
+        return f"{self.part}:ix:t:{tenant}"
+
+    def status(self, status: str, tenant: str) -> str:
+        return f"{self.part}:ix:s:{status}:{tenant}"
+
+    def summary(self, run_id: str) -> str:
+        return f"{self.part}:sum:{run_id}"
+
+
+# ------------------------------------------------------------------------ writing (store)
+
+
+def remember(view: StateView) -> str | None:
+    """What the index needs of a run as loaded: its status, to move it between sets."""
+    return status_of(view.state) if view.state.run_id else None
+
+
+def observe(extra: dict[str, Any], view: StateView, ev: Event) -> None:
+    """Called after each folded record: note the type of the run's last *valid* event."""
+    st = view.state
+    if st.seq == ev.seq and st.last_event_at == ev.occurred_at and st.run_id == ev.run_id:
+        extra.setdefault(LAST_TYPES, {})[ev.run_id] = ev.type.value
+
+
+def write(
+    pipe: Any,
+    keys: IndexKeys,
+    run_id: str,
+    view: StateView,
+    before: str | None,
+    extra: Mapping[str, Any],
+) -> None:
+    """Queue the index writes for one changed run (inside the projection's MULTI)."""
+    st = view.state
+    score = _score(st.last_event_at)
+    if not st.run_id or not st.tenant or score is None:
+        return  # no valid event yet (only fenced or quarantined records): nothing to list
+    status = status_of(st)
+    pipe.sadd(keys.tenants, st.tenant)
+    pipe.zadd(keys.tenant(st.tenant), {run_id: score})
+    if before is not None and before != status:
+        pipe.zrem(keys.status(before, st.tenant), run_id)
+    pipe.zadd(keys.status(status, st.tenant), {run_id: score})
+    fields = {
+        "ix_status": status,
+        "started_at": st.started_at.isoformat() if st.started_at else "",
+        "pending_approvals": str(len(st.pending_approvals)),
+        "uncertain_calls": str(sum(1 for c in st.open_calls.values() if c.status != "started")),
+    }
+    last = extra.get(LAST_TYPES, {}).get(run_id)
+    if last is not None:
+        fields["last_type"] = last
+    pipe.hset(keys.summary(run_id), mapping=fields)
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time (UTC if it names no zone) or an age such as ``15m`` before now."""
+    at = now or datetime.now(UTC)
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if match:
+        return at - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(f"--since wants an ISO time or an age like 15m, not {text!r}") from exc
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def age_text(seconds: float | None) -> str:
+    """A short age for people: ``42s``, ``17m``, ``5h``, ``3d``."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of the runs list."""
+
+    tenant: str
+    run_id: str
+    status: str
+    outcome: str
+    seq: int
+    epoch: int
+    resumptions: int
+    started_at: str
+    last_event_at: str
+    last_type: str
+    pending_approvals: int
+    uncertain_calls: int
+    fenced_writes: int
+    quarantined: int
+
+    def age_s(self, now: datetime) -> float | None:
+        if not self.started_at:
+            return None
+        return round((now - datetime.fromisoformat(self.started_at)).total_seconds(), 3)
+
+    def to_dict(self, now: datetime) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "run_id": self.run_id,
+            "status": self.status,
+            "outcome": self.outcome or None,
+            "seq": self.seq,
+            "epoch": self.epoch,
+            "resumptions": self.resumptions,
+            "started_at": self.started_at or None,
+            "age_s": self.age_s(now),
+            "last_event_at": self.last_event_at or None,
+            "last_type": self.last_type or None,
+            "pending_approvals": self.pending_approvals,
+            "uncertain_calls": self.uncertain_calls,
+            "fenced_writes": self.fenced_writes,
+            "quarantined": self.quarantined,
+        }
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: list[RunRow]
+    next_cursor: str | None
+    """Pass as ``cursor`` for the next page; None when this page is the last."""
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _row(raw: Mapping[Any, Any]) -> RunRow | None:
+    h = {_s(k): _s(v) for k, v in raw.items()}
+    if "run_id" not in h:
+        return None  # deleted between the range read and this read (a rebuild)
+
+    def num(name: str) -> int:
+        value = h.get(name, "")
+        return int(value) if value else 0
+
+    return RunRow(
+        tenant=h.get("tenant", ""),
+        run_id=h["run_id"],
+        status=h.get("ix_status", ""),
+        outcome=h.get("outcome", ""),
+        seq=num("seq"),
+        epoch=num("epoch"),
+        resumptions=num("resumptions"),
+        started_at=h.get("started_at", ""),
+        last_event_at=h.get("last_event_at", ""),
+        last_type=h.get("last_type", ""),
+        pending_approvals=num("pending_approvals"),
+        uncertain_calls=num("uncertain_calls"),
+        fenced_writes=num("fenced_writes"),
+        quarantined=num("quarantined"),
+    )
+
+
+def encode_cursor(score: float, run_id: str) -> str:
+    return f"{score!r}:{run_id}"
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    score, sep, run_id = cursor.partition(":")
+    try:
+        value = float(score)
+    except ValueError:
+        value = float("nan")
+    if not sep or not run_id or value != value:
+        raise ValueError(f"not a runs cursor: {cursor!r}")
+    return value, run_id
+
+
+class RunIndex:
+    """Reads the run index of one deployment (its topic and Redis key prefix)."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self.settings = settings
+        root = f"{settings.redis_key_prefix}:proj:state"
+        self.parts = [
+            IndexKeys(f"{root}:{{{settings.events_topic}:{p}}}") for p in range(settings.partitions)
+        ]
+
+    def tenants(self) -> list[str]:
+        """Every tenant with at least one indexed run."""
+        try:
+            found: set[str] = set()
+            for keys in self.parts:
+                found |= {_s(t) for t in self.redis.smembers(keys.tenants)}
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index tenants: {exc}") from exc
+        return sorted(found)
+
+    def _sources(self, tenants: Iterable[str], status: str | None) -> list[str]:
+        out = []
+        for keys in self.parts:
+            for t in tenants:
+                out.append(keys.tenant(t) if status is None else keys.status(status, t))
+        return out
+
+    def page(
+        self,
+        *,
+        tenants: Iterable[str] | None = None,
+        status: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Up to ``limit`` runs, most recent last event first, after ``cursor``.
+
+        ``tenants`` None means every tenant; ``since`` keeps runs whose last event is at or
+        after it. Each source is asked for at most ``limit + 1`` entries below the cursor
+        (plus any sharing the cursor's exact score), so a page's cost does not depend on
+        how many runs came before it.
+        """
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        wanted = self.tenants() if tenants is None else sorted(set(tenants))
+        sources = self._sources(wanted, status)
+        low: float | str = "-inf" if since is None else _score(since.astimezone(UTC)) or 0
+        top: float | str = "+inf"
+        after: tuple[float, str] | None = None
+        if cursor is not None:
+            after = decode_cursor(cursor)
+            top = after[0]
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for key in sources:
+                if after is not None:
+                    # Same score as the cursor: only the run ids that sort after it.
+                    pipe.zrangebyscore(key, after[0], after[0], withscores=True)
+                    pipe.zrevrangebyscore(
+                        key, f"({after[0]!r}", low, start=0, num=limit + 1, withscores=True
+                    )
+                else:
+                    pipe.zrevrangebyscore(key, top, low, start=0, num=limit + 1, withscores=True)
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index: {exc}") from exc
+        candidates: list[tuple[float, str, int]] = []
+        per = 2 if after is not None else 1
+        for i in range(len(sources)):
+            part = i // len(wanted) if wanted else 0
+            for reply in replies[i * per : (i + 1) * per]:
+                for member, score in reply:
+                    rid = _s(member)
+                    if after is not None and score == after[0] and rid >= after[1]:
+                        continue
+                    candidates.append((score, rid, part))
+        # Most recent first; equal scores by run id, descending, so the cursor is total.
+        best = heapq.nlargest(limit + 1, candidates, key=lambda c: (c[0], c[1]))
+        chosen = best[:limit]
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for _, rid, part in chosen:
+                pipe.hgetall(self.parts[part].summary(rid))
+            raws = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index summaries: {exc}") from exc
+        rows = [r for r in (_row(raw) for raw in raws) if r is not None]
+        nxt = None
+        if len(best) > limit and chosen:
+            nxt = encode_cursor(chosen[-1][0], chosen[-1][1])
+        return Page(rows, nxt)
+
+    def find(self, run_id: str) -> RunRow | None:
+        """The index row of ``run_id`` (whatever its tenant), or None if it is not indexed."""
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in self.parts:
+                pipe.hgetall(keys.summary(run_id))
+            raws = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index: {exc}") from exc
+        for raw in raws:
+            if raw:
+                row = _row(raw)
+                if row is not None and row.status:
+                    return row
+        return None
+
+    def counts(self, tenants: Iterable[str] | None = None) -> dict[str, int]:
+        """Runs per status over ``tenants`` (None: every tenant)."""
+        wanted = self.tenants() if tenants is None else sorted(set(tenants))
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for status in STATUSES:
+                for key in self._sources(wanted, status):
+                    pipe.zcard(key)
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index: {exc}") from exc
+        n = len(self.parts) * len(wanted)
+        return {
+            s: sum(int(x) for x in replies[i * n : (i + 1) * n]) for i, s in enumerate(STATUSES)
+        }

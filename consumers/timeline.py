@@ -1,0 +1,291 @@
+"""A run's history as a story: one entry per record of its log, in log order.
+
+Read with ``runlog.log.fold.read_run(..., keep=True)``, the one way every reader reads a
+run, and told with the fold's own rule: each record is marked valid or, if the ownership
+rule refused it, a fenced write with ``run_state.rejection``'s reason. Tool arguments and
+results are shown with the fields a user marks secret (``RUNLOG_REDACT_FIELDS``) replaced,
+wherever they sit in the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from runlog.errors import UnknownRun
+from runlog.log.fold import read_run
+from runlog.log.reader import LogReader, LogRecord
+from runlog.projections.run_state import RunState, accept, rejection
+from runlog.schemas import models as m
+from runlog.schemas.keys import check_run_id, check_tenant
+from runlog.schemas.models import Event
+from runlog.settings import Settings
+
+REDACTED = "[redacted]"
+
+
+def redact_value(value: Any, secret: frozenset[str]) -> Any:
+    """``value`` with every dict entry whose key is in ``secret`` (any case) replaced."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if k.lower() in secret else redact_value(v, secret)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact_value(v, secret) for v in value]
+    return value
+
+
+def redact_json(text: str | None, secret: frozenset[str]) -> str | None:
+    """JSON text with secret fields replaced; text that is not a JSON object or array is
+    returned as it is (there is no field to find in it)."""
+    if text is None or not secret:
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(value, dict | list):
+        return text
+    return json.dumps(redact_value(value, secret), sort_keys=True, ensure_ascii=False)
+
+
+def secret_fields(settings: Settings) -> frozenset[str]:
+    return frozenset(f.lower() for f in settings.redact_fields)
+
+
+@dataclass
+class Call:
+    """Everything the log says about one idempotency key."""
+
+    idempotency_key: str
+    tool: str
+    risk: str = ""
+    args_json: str = ""
+    attempts: int = 0
+    outcome: str = "open"
+    """open | uncertain | completed | failed | escalated | conflict | decided."""
+    source: str = ""
+    result: str | None = None
+    reconciliations: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "idempotency_key": self.idempotency_key,
+            "tool": self.tool,
+            "risk": self.risk,
+            "args_json": self.args_json,
+            "attempts": self.attempts,
+            "outcome": self.outcome,
+            "source": self.source or None,
+            "result": self.result,
+            "reconciliations": list(self.reconciliations),
+        }
+
+
+@dataclass
+class Timeline:
+    run_id: str
+    tenant: str
+    state: RunState
+    entries: list[dict[str, Any]]
+    calls: list[Call]
+    source: str
+    """Where the read started (``index``, ``time`` or ``scan``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "run_id": self.run_id,
+            "tenant": self.tenant,
+            "status": st.status,
+            "outcome": st.outcome,
+            "seq": st.seq,
+            "epoch": st.epoch,
+            "resumptions": st.resumptions,
+            "fenced_writes": st.fenced_writes,
+            "read_from": self.source,
+            "events": self.entries,
+            "calls": [c.to_dict() for c in self.calls],
+        }
+
+
+def _entry(rec: LogRecord, valid: bool, why: str | None) -> dict[str, Any]:
+    ev = rec.event
+    return {
+        "seq": ev.seq,
+        "epoch": ev.epoch,
+        "type": ev.type.value,
+        "at": ev.occurred_at.isoformat(),
+        "writer": ev.writer_id,
+        "partition": rec.partition,
+        "offset": rec.offset,
+        "valid": valid,
+        "fenced_reason": why,
+    }
+
+
+def _describe(
+    e: dict[str, Any], ev: Event, st: RunState, calls: dict[str, Call], secret: frozenset[str]
+) -> str:
+    """Fill ``e`` with the payload's facts (redacted) and return one line about it.
+
+    ``st`` is the state *before* ``ev``; ``calls`` is keyed by idempotency key, plus
+    ``#<seq>`` for the STARTED at that seq (a proven failure names only its STARTED).
+    """
+    p = ev.payload
+
+    def call(key: str, name: str) -> Call:
+        return calls.setdefault(key, Call(key, name))
+
+    if isinstance(p, m.RunStarted):
+        e.update(agent=p.agent, goal=p.goal)
+        return f"run started by {p.agent or 'a worker'}" + (f": {p.goal}" if p.goal else "")
+    if isinstance(p, m.RunResumed):
+        e.update(previous_epoch=p.previous_epoch, gap_ms=p.gap_ms, reason=p.reason)
+        gap = "" if p.gap_ms is None else f" after {p.gap_ms / 1000:.1f}s"
+        why = f" ({p.reason})" if p.reason else ""
+        return f"resumed: epoch {p.previous_epoch} -> {e['epoch']}{gap}{why}"
+    if isinstance(p, m.UserMessage):
+        e["content"] = p.content
+        return f"user: {p.content}"
+    if isinstance(p, m.ModelTurn):
+        proposals = [
+            {
+                "call_id": c.call_id,
+                "name": c.name,
+                "args_json": redact_json(c.args_json, secret),
+                "idempotency_key": c.idempotency_key,
+            }
+            for c in p.tool_calls
+        ]
+        e.update(text=p.text, tool_calls=proposals, cost_usd=p.cost_usd)
+        e.update(input_tokens=p.usage.input_tokens, output_tokens=p.usage.output_tokens)
+        names = ", ".join(c.name for c in p.tool_calls)
+        return f"model: {p.text}" + (f" -> calls {names}" if names else "")
+    if isinstance(p, m.ToolCallDenied):
+        e.update(tool=p.name, args_json=redact_json(p.args_json, secret), reason=p.reason)
+        e["policy"] = p.policy
+        return f"denied {p.name}: {p.reason}"
+    if isinstance(p, m.ToolCallStarted):
+        c = call(p.idempotency_key, p.name)
+        c.risk, c.args_json, c.attempts = p.risk, redact_json(p.args_json, secret) or "", p.attempt
+        c.outcome = "open"
+        calls[f"#{ev.seq}"] = c
+        e.update(tool=p.name, idempotency_key=p.idempotency_key, risk=p.risk, attempt=p.attempt)
+        e["args_json"] = c.args_json
+        return f"call {p.name} {c.args_json} (risk {p.risk}, attempt {p.attempt})"
+    if isinstance(p, m.ToolCallCompleted):
+        result = redact_json(p.content, secret)
+        e.update(tool=p.name, idempotency_key=p.idempotency_key, is_error=p.is_error)
+        e.update(source=p.source, result=result, duration_ms=p.duration_ms)
+        e["started_seq"] = p.started_seq
+        # A proven failure records no key: its call is the one its STARTED opened.
+        found = calls.get(p.idempotency_key or "") or calls.get(f"#{p.started_seq}")
+        if found is not None:
+            found.outcome = "failed" if p.is_error else "completed"
+            found.source, found.result = p.source, result
+        verb = "failed" if p.is_error else "completed"
+        via = " by reconciliation" if p.source == "reconciliation" else ""
+        return f"{p.name} {verb}{via}: {result}"
+    if isinstance(p, m.ToolCallUncertain):
+        call(p.idempotency_key, p.name).outcome = "uncertain"
+        e.update(tool=p.name, idempotency_key=p.idempotency_key, error=p.error)
+        e["detected_by"] = p.detected_by
+        return f"{p.name} outcome UNKNOWN ({p.detected_by}): {p.error}"
+    if isinstance(p, m.ReconciliationAttempted):
+        evidence = redact_json(p.evidence, secret)
+        c = call(p.idempotency_key, p.name)
+        c.reconciliations.append(f"{p.outcome} -> {p.action} ({p.rule})")
+        if p.action == "escalate":
+            c.outcome = "conflict" if p.outcome == "conflict" else "escalated"
+        e.update(tool=p.name, idempotency_key=p.idempotency_key, outcome=p.outcome)
+        e.update(action=p.action, rule=p.rule, evidence=evidence)
+        return f"reconcile {p.name}: {p.outcome} -> {p.action} by rule {p.rule}" + (
+            f"; evidence {evidence}" if evidence else ""
+        )
+    if isinstance(p, m.ApprovalRequested):
+        e.update(approval_id=p.approval_id, kind=p.kind, reason=p.reason, tool=p.name)
+        e.update(idempotency_key=p.idempotency_key, args_json=redact_json(p.args_json, secret))
+        e.update(last_error=p.last_error, detail=redact_json(p.detail, secret))
+        return f"approval {p.approval_id} requested ({p.kind}): {p.reason}"
+    if isinstance(p, m.ApprovalDecided):
+        asked = st.approvals.get(p.approval_id)
+        latency = None
+        if asked is not None:
+            latency = round((ev.occurred_at - asked.requested_at).total_seconds() * 1000)
+        e.update(approval_id=p.approval_id, approved=p.approved, decided_by=p.decided_by)
+        e.update(note=p.note, latency_ms=latency)
+        verb = "approved" if p.approved else "rejected"
+        why = f": {p.note}" if p.note else ""
+        return f"{p.approval_id} {verb} by {p.decided_by}{why}"
+    if isinstance(p, m.GuardrailTriggered):
+        e.update(guardrail=p.guardrail, severity=p.severity, action=p.action, detail=p.detail)
+        return f"guardrail {p.guardrail} ({p.severity}): {p.action}"
+    if isinstance(p, m.ContextCompacted):
+        e.update(summary=p.summary, kept_turns=p.kept_turns, kept_messages=p.kept_messages)
+        e["dropped"] = p.dropped
+        kept = (
+            f"{p.kept_turns} turn(s)" if p.kept_turns is not None else f"{p.kept_messages} msg(s)"
+        )
+        return f"context compacted: dropped {p.dropped}, kept {kept}"
+    if isinstance(p, m.MemoryWritten):
+        e.update(key=p.key, value=p.value)
+        return f"memory {p.key} written"
+    if isinstance(p, m.RunFinished):
+        e.update(outcome=p.outcome, summary=p.summary)
+        return f"finished: {p.outcome}" + (f" ({p.summary})" if p.summary else "")
+    return str(e["type"])
+
+
+def build(
+    records: Iterable[LogRecord], secret: frozenset[str]
+) -> tuple[RunState, list[dict[str, Any]], list[Call]]:
+    """Fold ``records`` with the fold's rule and tell each one."""
+    st = RunState()
+    entries: list[dict[str, Any]] = []
+    calls: dict[str, Call] = {}
+    for rec in records:
+        ev = rec.event
+        why = rejection(st, ev)
+        e = _entry(rec, why is None, why)
+        if why is not None:
+            # A fenced write is told but changes nothing: it is not part of the run.
+            e["text"] = f"FENCED {ev.type.value} (epoch {ev.epoch}, seq {ev.seq}): {why}"
+            accept(st, ev)
+            entries.append(e)
+            continue
+        e["text"] = _describe(e, ev, st, calls, secret)
+        accept(st, ev)
+        entries.append(e)
+    unique = {k: c for k, c in calls.items() if not k.startswith("#")}
+    for key, c in unique.items():
+        still = st.open_calls.get(key)
+        if still is not None:
+            # Open at the end of the log: the fold says how far settling it got.
+            c.outcome = "open" if still.status == "started" else still.status
+    return st, entries, list(unique.values())
+
+
+def run_timeline(
+    reader: LogReader, client: redis.Redis, settings: Settings, tenant: str, run_id: str
+) -> Timeline:
+    """The timeline of ``run_id`` as ``tenant`` sees it.
+
+    A run owned by another tenant is refused exactly like a run that does not exist, so a
+    caller cannot learn which run ids other tenants use.
+    """
+    check_run_id(run_id)
+    check_tenant(tenant)
+    read = read_run(reader, client, settings, tenant, run_id, keep=True)
+    st = read.state
+    if not st.run_id or st.tenant != tenant:
+        raise UnknownRun(f"no run {run_id} for tenant {tenant}", run_id=run_id)
+    # Another tenant's records under this id are fenced for it; their content is theirs.
+    mine = [r for r in read.folded.kept if r.event.tenant == tenant]
+    state, entries, calls = build(mine, secret_fields(settings))
+    return Timeline(run_id, tenant, state, entries, calls, read.source)

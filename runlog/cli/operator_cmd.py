@@ -1,0 +1,167 @@
+"""The operator's view: ``runlog runs`` (the run index), ``runlog show`` (a run's story) and
+``runlog ui`` (the web console, an optional extra)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
+from runlog.consumers.timeline import run_timeline
+from runlog.errors import ConfigError
+from runlog.log.clients import redis_client
+from runlog.log.reader import LogReader
+from runlog.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "runs",
+        help="list runs from the run index (kept by `runlog project state`)",
+        description="Runs, most recently active first, from the index the state projection "
+        "keeps in Redis (never a scan of the topic). Pages with --cursor.",
+    )
+    p.add_argument("--tenant", action="append", default=None, help="only this tenant (repeat)")
+    p.add_argument("--status", choices=STATUSES, default=None)
+    p.add_argument(
+        "--since",
+        default=None,
+        help="only runs with an event at or after this time: ISO 8601, or an age "
+        "(90s, 15m, 2h, 7d)",
+    )
+    p.add_argument("--limit", type=int, default=50, help="runs per page (default 50)")
+    p.add_argument("--cursor", default=None, help="continue after the page that printed it")
+    p.add_argument("--all", action="store_true", help="every page, not just the first")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_runs)
+
+    p = sub.add_parser(
+        "show",
+        help="a run's history as a timeline, read from the log",
+        description="Every record of the run in log order: model turns, tool calls (key, "
+        "risk, outcome), uncertain calls and each reconciliation step, approvals, "
+        "resumptions, fenced writes (with the rule's reason), compactions. Fields named in "
+        "RUNLOG_REDACT_FIELDS are redacted in arguments and results.",
+    )
+    p.add_argument("run_id")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_show)
+
+    p = sub.add_parser(
+        "ui",
+        help="the operator console (web; needs the 'ui' extra and RUNLOG_UI_TOKENS)",
+        description="Runs, timelines, the uncertain-call queue, approvals (approve/reject), "
+        "audit and projection lag in a browser. Binds 127.0.0.1 unless told otherwise; every "
+        "request needs a token from RUNLOG_UI_TOKENS.",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8642)
+    p.set_defaults(func=_ui)
+
+
+def _line(row: RunRow, now: datetime) -> str:
+    last = "-"
+    if row.last_event_at:
+        ago = (now - datetime.fromisoformat(row.last_event_at)).total_seconds()
+        last = f"{row.last_type or '?'} {age_text(ago)} ago"
+    return (
+        f"{row.tenant:<12} {row.run_id:<30} {row.status:<9} {row.outcome or '-':<10} "
+        f"{row.seq:>6} {row.epoch:>5} {row.resumptions:>4} {age_text(row.age_s(now)):>6}  {last}"
+    )
+
+
+def _runs(args: argparse.Namespace) -> int:
+    settings = Settings()
+    client = redis_client(settings)
+    now = datetime.now(UTC)
+    since = parse_since(args.since, now) if args.since else None
+    try:
+        index = RunIndex(client, settings)
+        cursor = args.cursor
+        rows: list[RunRow] = []
+        header = not args.json
+        while True:
+            try:
+                page = index.page(
+                    tenants=args.tenant,
+                    status=args.status,
+                    since=since,
+                    limit=args.limit,
+                    cursor=cursor,
+                )
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+            if args.json:
+                rows.extend(page.rows)
+            else:
+                if header:
+                    print(
+                        f"{'TENANT':<12} {'RUN':<30} {'STATUS':<9} {'OUTCOME':<10} "
+                        f"{'SEQ':>6} {'EPOCH':>5} {'RES':>4} {'AGE':>6}  LAST EVENT"
+                    )
+                    header = False
+                for row in page.rows:
+                    print(_line(row, now))
+            cursor = page.next_cursor
+            if cursor is None or not args.all:
+                break
+    finally:
+        client.close()
+    if args.json:
+        out: dict[str, Any] = {
+            "runs": [r.to_dict(now) for r in rows],
+            "next_cursor": cursor,
+        }
+        print(json.dumps(out, indent=2, sort_keys=True))
+    elif cursor is not None:
+        print(f"more: runlog runs ... --cursor '{cursor}'", file=sys.stderr)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    settings = Settings()
+    client = redis_client(settings)
+    try:
+        with LogReader(settings) as reader:
+            tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(tl.to_dict(), indent=2, sort_keys=True, default=str))
+        return 0
+    st = tl.state
+    print(f"run {tl.run_id}  tenant {tl.tenant}  status {st.status}  outcome {st.outcome or '-'}")
+    print(
+        f"seq {st.seq}  epoch {st.epoch}  resumptions {st.resumptions}  "
+        f"fenced writes {st.fenced_writes}  turns {st.turns}  cost ${st.cost_usd:.6f}"
+    )
+    print()
+    for e in tl.entries:
+        mark = "  " if e["valid"] else "x "
+        at = datetime.fromisoformat(e["at"]).strftime("%H:%M:%S.%f")[:-3]
+        print(f"{mark}{at} #{e['seq']:<4} e{e['epoch']:<3} {e['text']}")
+    if tl.calls:
+        print()
+        print("tool calls:")
+        for c in tl.calls:
+            recon = f"  reconciliation: {'; '.join(c.reconciliations)}" if c.reconciliations else ""
+            print(
+                f"  {c.tool:<14} key={c.idempotency_key} risk={c.risk or '-'} "
+                f"attempts={c.attempts} -> {c.outcome}{recon}"
+            )
+    return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    # Optional extra: imported only when the console is asked for.
+    try:
+        from runlog.ui.server import serve
+    except ImportError as exc:
+        raise ConfigError(
+            f"the console needs the 'ui' extra: pip install 'runlog[ui]' ({exc})"
+        ) from exc
+    return serve(host=args.host, port=args.port)

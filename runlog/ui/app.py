@@ -1,0 +1,501 @@
+"""The operator console: an ASGI app (Starlette), pages rendered on the server.
+
+What it reads: the run index and the projections in Redis (lists, queue, audit, lag) and,
+for one run's timeline, the log itself (``consumers.timeline``). What it writes: nothing
+but decisions, through ``runlog.decide``, the path ``runlog approve`` takes.
+
+Tenancy: a run whose tenant the token may not see gets the very response an unknown run
+gets (404, same body), so the console never confirms that another tenant's run id exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import redis
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runlog.api import decide
+from runlog.consumers import projection_metrics, queries
+from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
+from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.timeline import Timeline, redact_json, run_timeline, secret_fields
+from runlog.errors import InvalidRunId, RunlogError, UnknownRun
+from runlog.log.clients import redis_client
+from runlog.log.reader import LogReader
+from runlog.schemas.keys import check_run_id
+from runlog.settings import Settings
+from runlog.ui.auth import ALL_TENANTS, COOKIE, Gate, Grant, UiSettings, parse_grants
+from runlog.ui.pages import CONSOLE_JS, render
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 50
+TIMELINE_TAIL = 500
+"""Records a run page shows unless asked for all: a page of a 100,000-event run would be
+too big to render, and to refresh every few seconds."""
+MAX_NOTE = 2000
+_HEADERS = {
+    # Only our own script and styles inline in the page; no framing, no sniffing, no
+    # referrer leaking run ids to other sites, nothing cached (pages show live state).
+    # "same-origin", not "no-referrer": under no-referrer a browser sends ``Origin: null``
+    # with our own form posts, and the same-origin check below would refuse them.
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+_FLASH = {
+    "approved-recorded": "Approved: recorded in the run's log.",
+    "approved-queued": "Approved: queued for the worker that holds the run.",
+    "rejected-recorded": "Rejected: recorded in the run's log.",
+    "rejected-queued": "Rejected: queued for the worker that holds the run.",
+}
+
+
+class SecurityHeaders:
+    """Adds ``_HEADERS`` to every response, errors and redirects included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(k.lower().encode(), v.encode()) for k, v in _HEADERS.items()]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class Console:
+    """The app's state: settings, grants, and clients created on first use."""
+
+    def __init__(self, settings: Settings, ui: UiSettings, grants: dict[str, Grant]) -> None:
+        self.settings = settings
+        self.ui = ui
+        self.gate = Gate(grants)
+        self.secret = secret_fields(settings)
+        self._redis: redis.Redis | None = None
+        self._marks: projection_metrics.Watermarks | None = None
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis_client(self.settings)
+        return self._redis
+
+    @property
+    def marks(self) -> projection_metrics.Watermarks:
+        if self._marks is None:
+            self._marks = projection_metrics.Watermarks(self.settings)
+        return self._marks
+
+    def close(self) -> None:
+        if self._marks is not None:
+            self._marks.close()
+        if self._redis is not None:
+            self._redis.close()
+
+    # Who is asking --------------------------------------------------------------------
+    def who(self, request: Request) -> tuple[Grant | None, str, str]:
+        """``(grant, token, how)``: how is ``bearer``, ``cookie`` or ``""`` (none given)."""
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("bearer "):
+            token = header[7:].strip()
+            return self.gate.grant(token), token, "bearer"
+        token = request.cookies.get(COOKIE, "")
+        if token:
+            return self.gate.grant(token), token, "cookie"
+        return None, "", ""
+
+    def context(self, request: Request, grant: Grant, token: str) -> dict[str, Any]:
+        label = "all" if ALL_TENANTS in grant.tenants else ", ".join(sorted(grant.tenants))
+        return {
+            "grant": grant,
+            "csrf": self.gate.csrf(token),
+            "tenants_label": label,
+            "refresh_s": self.ui.refresh_s,
+        }
+
+    def page(
+        self, request: Request, name: str, status_code: int = 200, **context: Any
+    ) -> HTMLResponse:
+        fragment = request.headers.get("x-fragment") == "1"
+        return HTMLResponse(render(name, fragment, **context), status_code=status_code)
+
+    # Reading --------------------------------------------------------------------------
+    def visible_row(self, grant: Grant, run_id: str) -> RunRow | None:
+        """The run's index row if this grant may see it; None for unknown *and* foreign."""
+        try:
+            check_run_id(run_id)
+        except InvalidRunId:
+            return None  # no run can have this id: answer as for any unknown run
+        row = RunIndex(self.redis, self.settings).find(run_id)
+        if row is None or not grant.allows(row.tenant):
+            return None
+        return row
+
+    def timeline(self, tenant: str, run_id: str) -> Timeline:
+        with LogReader(self.settings) as reader:
+            return run_timeline(reader, self.redis, self.settings, tenant, run_id)
+
+
+Handler = Callable[[Request, Console, Grant, str], Awaitable[Response]]
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser names the page a POST came from; refuse one from another site."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return origin == f"{request.url.scheme}://{request.url.netloc}"
+
+
+def _not_found(request: Request, console: Console, ctx: dict[str, Any], run_id: str) -> Response:
+    # One body for "no such run" and "not yours": nothing tells them apart.
+    return console.page(request, "notfound.html", 404, message=f"No run {run_id} here.", **ctx)
+
+
+def _local(path: str, fallback: str) -> str:
+    """Only a path on this site may be a redirect target (no open redirect)."""
+    if path.startswith("/") and not path.startswith("//") and "\\" not in path:
+        return path
+    return fallback
+
+
+def create_app(
+    settings: Settings, ui: UiSettings | None = None, *, grants: dict[str, Grant] | None = None
+) -> Starlette:
+    """The console for ``settings``' deployment; tokens from ``ui`` (default: environment)."""
+    ui = ui or UiSettings()
+    console = Console(settings, ui, grants if grants is not None else parse_grants(ui.tokens))
+
+    def guarded(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            grant, token, how = console.who(request)
+            if grant is None:
+                if how == "bearer" or request.method != "GET":
+                    return PlainTextResponse("a valid token is required", status_code=401)
+                return RedirectResponse("/login", status_code=303)
+            if request.method == "POST":
+                if not _same_origin(request):
+                    return PlainTextResponse("cross-site request refused", status_code=403)
+                if how == "cookie":
+                    form = await request.form()
+                    csrf = form.get("csrf")
+                    if not console.gate.csrf_ok(token, csrf if isinstance(csrf, str) else None):
+                        return PlainTextResponse("missing or wrong CSRF token", status_code=403)
+            try:
+                return await handler(request, console, grant, token)
+            except RunlogError as exc:
+                # Name the kind of failure only: messages may carry addresses or internals.
+                log.warning("console: %s on %s", type(exc).__name__, request.url.path)
+                return PlainTextResponse(
+                    f"the log or Redis is unavailable ({type(exc).__name__}); try again",
+                    status_code=503,
+                )
+
+        return endpoint
+
+    async def login_form(request: Request) -> Response:
+        return console.page(request, "login.html", grant=None, refresh_s=0, error="")
+
+    async def login(request: Request) -> Response:
+        if not _same_origin(request):
+            return PlainTextResponse("cross-site request refused", status_code=403)
+        form = await request.form()
+        token = form.get("token")
+        token = token.strip() if isinstance(token, str) else ""
+        if console.gate.grant(token) is None:
+            return console.page(
+                request, "login.html", 401, grant=None, refresh_s=0, error="Unknown token."
+            )
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(
+            COOKIE,
+            token,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
+        return response
+
+    async def logout(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    async def script(request: Request) -> Response:
+        return Response(CONSOLE_JS, media_type="text/javascript")
+
+    async def runs(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        q = request.query_params
+        tenant, status, since_text = q.get("tenant", ""), q.get("status", ""), q.get("since", "")
+        cursor = q.get("cursor") or None
+        index = RunIndex(c.redis, c.settings)
+        visible = grant.visible(await run_in_threadpool(index.tenants))
+        wanted = [tenant] if tenant and grant.allows(tenant) else visible
+        if tenant and not grant.allows(tenant):
+            wanted = []
+        since = None
+        if since_text:
+            with contextlib.suppress(RunlogError):  # an unreadable filter filters nothing
+                since = parse_since(since_text)
+        now = datetime.now(UTC)
+        try:
+            page = await run_in_threadpool(
+                lambda: index.page(
+                    tenants=wanted,
+                    status=status if status in STATUSES else None,
+                    since=since,
+                    limit=PAGE_SIZE,
+                    cursor=cursor,
+                )
+            )
+        except ValueError:
+            return PlainTextResponse("bad filter or cursor", status_code=400)
+        counts = await run_in_threadpool(index.counts, wanted)
+        next_url = None
+        if page.next_cursor:
+            params = {"tenant": tenant, "status": status, "since": since_text}
+            params = {k: v for k, v in params.items() if v}
+            next_url = "/?" + urlencode({**params, "cursor": page.next_cursor})
+        ages = {r.run_id: age_text(r.age_s(now)) for r in page.rows}
+        lasts = {
+            r.run_id: age_text(
+                (now - datetime.fromisoformat(r.last_event_at)).total_seconds()
+                if r.last_event_at
+                else None
+            )
+            for r in page.rows
+        }
+        return c.page(
+            request,
+            "runs.html",
+            rows=page.rows,
+            counts=counts,
+            tenants=visible,
+            tenant=tenant,
+            statuses=STATUSES,
+            status=status,
+            since=since_text,
+            next_url=next_url,
+            ages=ages,
+            lasts=lasts,
+            **c.context(request, grant, token),
+        )
+
+    async def run_page(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        run_id = request.path_params["run_id"]
+        ctx = c.context(request, grant, token)
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        try:
+            tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        everything = request.query_params.get("all") == "1"
+        entries_shown = tl.entries if everything else tl.entries[-TIMELINE_TAIL:]
+        entries = await run_in_threadpool(queries.get_audit, c.redis, c.settings, run_id)
+        audit = [_audit_row(e, c.secret) for e in entries]
+        pending = [
+            {
+                "approval_id": a.approval_id,
+                "kind": a.kind,
+                "reason": a.reason,
+                "requested_at": a.requested_at.isoformat(timespec="seconds"),
+                "idempotency_key": a.idempotency_key,
+            }
+            for a in tl.state.pending_approvals.values()
+        ]
+        return c.page(
+            request,
+            "run.html",
+            run_id=run_id,
+            tl=tl,
+            entries=entries_shown,
+            hidden=len(tl.entries) - len(entries_shown),
+            st=tl.state,
+            status=status_of(tl.state),
+            pending=pending,
+            audit=audit,
+            next=f"/runs/{run_id}",
+            flash=_FLASH.get(request.query_params.get("done", ""), ""),
+            **ctx,
+        )
+
+    async def approvals(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        index = RunIndex(c.redis, c.settings)
+        visible = grant.visible(await run_in_threadpool(index.tenants))
+        now = datetime.now(UTC)
+
+        def waiting() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for status in ("waiting", "stopped"):
+                for row in index.page(tenants=visible, status=status, limit=200).rows:
+                    view = queries.get_state(c.redis, c.settings, row.run_id)
+                    if view is None:
+                        continue
+                    for a in view["state"]["approvals"].values():
+                        if a["approved"] is not None:
+                            continue
+                        asked = datetime.fromisoformat(a["requested_at"])
+                        out.append(
+                            {
+                                "tenant": row.tenant,
+                                "run_id": row.run_id,
+                                "approval_id": a["approval_id"],
+                                "kind": a["kind"],
+                                "reason": a["reason"],
+                                "age": age_text((now - asked).total_seconds()),
+                                "asked": asked,
+                            }
+                        )
+            out.sort(key=lambda a: a["asked"])
+            return out
+
+        return c.page(
+            request,
+            "approvals.html",
+            approvals=await run_in_threadpool(waiting),
+            next="/approvals",
+            flash=_FLASH.get(request.query_params.get("done", ""), ""),
+            **c.context(request, grant, token),
+        )
+
+    async def uncertain(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        rep = await run_in_threadpool(queries.uncertain_report, c.redis, c.settings)
+        calls = []
+        oldest: dict[str, float] = {}
+        for call in rep.open:
+            if not grant.allows(call["tenant"]):
+                continue
+            oldest[call["risk"]] = max(oldest.get(call["risk"], 0.0), call["age_s"])
+            calls.append(
+                {
+                    **call,
+                    "args_json": redact_json(call["args_json"], c.secret),
+                    "last_evidence": redact_json(call.get("last_evidence"), c.secret),
+                    "age": age_text(call["age_s"]),
+                    "deadline": age_text(call["deadline_s"]),
+                }
+            )
+        return c.page(
+            request,
+            "uncertain.html",
+            calls=calls,
+            overdue=[x for x in calls if x["overdue"]],
+            oldest={k: age_text(v) for k, v in sorted(oldest.items())},
+            **c.context(request, grant, token),
+        )
+
+    async def lag(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        snap = await run_in_threadpool(
+            projection_metrics.collect, c.redis, c.settings, PROJECTIONS, c.marks.high
+        )
+        return c.page(request, "lag.html", snap=snap, **c.context(request, grant, token))
+
+    async def decide_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        run_id = request.path_params["run_id"]
+        approval_id = request.path_params["approval_id"]
+        ctx = c.context(request, grant, token)
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        form = await request.form()
+        choice = form.get("decision")
+        if choice not in ("approve", "reject"):
+            return PlainTextResponse("decision must be approve or reject", status_code=400)
+        note_raw = form.get("note")
+        note = note_raw[:MAX_NOTE] if isinstance(note_raw, str) else ""
+        try:
+            tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        if approval_id not in tl.state.pending_approvals:
+            return PlainTextResponse(
+                f"{approval_id} is not waiting for a decision in this run", status_code=409
+            )
+        approved = choice == "approve"
+        how = await run_in_threadpool(
+            lambda: decide(
+                run_id,
+                approval_id,
+                approved=approved,
+                decided_by=grant.name,
+                note=note,
+                tenant=row.tenant,
+                settings=c.settings,
+            )
+        )
+        log.info("console: %s %s %s of %s (%s)", grant.name, choice, approval_id, run_id, how)
+        nxt_raw = form.get("next")
+        target = _local(nxt_raw if isinstance(nxt_raw, str) else "", f"/runs/{run_id}")
+        verb = "approved" if approved else "rejected"
+        sep = "&" if "?" in target else "?"
+        return RedirectResponse(f"{target}{sep}done={verb}-{how}", status_code=303)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            console.close()
+
+    app = Starlette(
+        routes=[
+            Route("/login", login_form, methods=["GET"]),
+            Route("/login", login, methods=["POST"]),
+            Route("/logout", guarded(logout), methods=["POST"]),
+            Route("/static/console.js", script, methods=["GET"]),
+            Route("/", guarded(runs), methods=["GET"]),
+            Route("/runs/{run_id}", guarded(run_page), methods=["GET"]),
+            Route("/runs/{run_id}/approvals/{approval_id}", guarded(decide_view), methods=["POST"]),
+            Route("/approvals", guarded(approvals), methods=["GET"]),
+            Route("/uncertain", guarded(uncertain), methods=["GET"]),
+            Route("/lag", guarded(lag), methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def _audit_row(entry: dict[str, Any], secret: frozenset[str]) -> dict[str, Any]:
+    skip = {"kind", "at", "seq", "epoch", "partition", "offset", "writer"}
+    detail = []
+    for k, v in sorted(entry.items()):
+        if k in skip or v in (None, ""):
+            continue
+        if k in ("args_json", "evidence", "detail") and isinstance(v, str):
+            v = redact_json(v, secret)
+        detail.append(f"{k}={v}")
+    return {
+        "at": entry.get("at", ""),
+        "seq": entry.get("seq", ""),
+        "kind": entry["kind"],
+        "detail": " ".join(detail),
+    }

@@ -1,0 +1,248 @@
+"""The console's pages: Jinja2 templates kept in code, autoescaped, no build step.
+
+Each page puts what changes in ``<main id="live">``. ``console.js`` (the only script, served
+from this origin) refetches that part every few seconds, unless someone is typing in it,
+so the lists and a run's timeline follow the log without a manual reload.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from jinja2 import DictLoader, Environment, select_autoescape
+
+CONSOLE_JS = """\
+(function () {
+  var main = document.getElementById("live");
+  if (!main) return;
+  var every = Number(main.getAttribute("data-refresh") || 0) * 1000;
+  if (!every) return;
+  function busy() {
+    var a = document.activeElement;
+    if (a && main.contains(a) && (a.tagName === "INPUT" || a.tagName === "TEXTAREA")) return true;
+    var fields = main.querySelectorAll("input[type=text], textarea");
+    for (var i = 0; i < fields.length; i++) { if (fields[i].value) return true; }
+    return false;
+  }
+  setInterval(function () {
+    if (busy()) return;
+    fetch(location.href, {headers: {"X-Fragment": "1"}, credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.text() : undefined; })
+      .then(function (t) { if (t !== undefined && !busy()) main.innerHTML = t; })
+      .catch(function () {});
+  }, every);
+})();
+"""
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
+header{background:#1f2937;color:#fff;padding:8px 16px;display:flex;gap:18px;align-items:center}
+header a{color:#e5e7eb;text-decoration:none}header a:hover{color:#fff}
+header .who{margin-left:auto;color:#9ca3af;font-size:12px}
+header form{margin:0}header button{font-size:12px}
+main{padding:12px 16px}h1{font-size:18px;margin:6px 0 12px}h2{font-size:15px;margin:18px 0 6px}
+table{border-collapse:collapse;background:#fff;width:100%;font-size:13px}
+th,td{border-bottom:1px solid #e5e7eb;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f4f6;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+code,.mono{font-family:ui-monospace,monospace;font-size:12px}
+.st{padding:1px 6px;border-radius:8px;font-size:12px;color:#fff;white-space:nowrap}
+.st-running{background:#2563eb}.st-waiting{background:#d97706}.st-uncertain{background:#9333ea}
+.st-stopped{background:#dc2626}.st-finished{background:#059669}
+tr.fenced td{color:#9ca3af;text-decoration:line-through}tr.fenced td.why{text-decoration:none;color:#dc2626}
+.overdue{color:#dc2626;font-weight:600}.muted{color:#6b7280}
+.card{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:8px 12px;margin:8px 0}
+.counts span{margin-right:14px}.flash{background:#ecfdf5;border:1px solid #a7f3d0;padding:6px 10px}
+form.decide{display:flex;gap:6px;align-items:center;margin:4px 0}
+form.decide input[type=text]{width:260px}
+"""
+
+_BASE = (
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{% block title %}runlog{% endblock %} - runlog console</title>
+<style>"""
+    + _CSS
+    + """</style>
+<script src="/static/console.js" defer></script></head>
+<body>
+{% if grant %}<header><strong>runlog</strong>
+<a href="/">Runs</a><a href="/approvals">Approvals</a><a href="/uncertain">Uncertain calls</a>
+<a href="/lag">Projection lag</a>
+<span class="who">{{ grant.name }} &middot; tenants: {{ tenants_label }}</span>
+<form method="post" action="/logout"><input type="hidden" name="csrf" value="{{ csrf }}">
+<button type="submit">Log out</button></form></header>{% endif %}
+<main id="live" data-refresh="{{ refresh_s }}">{% block content %}{% endblock %}</main>
+</body></html>
+"""
+)
+
+_LOGIN = """{% extends "base.html" %}{% block title %}Log in{% endblock %}
+{% block content %}<h1>runlog console</h1>
+{% if error %}<p class="overdue">{{ error }}</p>{% endif %}
+<form method="post" action="/login" class="card">
+<label>Access token <input type="password" name="token" id="token" autocomplete="off"></label>
+<button type="submit" id="login">Log in</button></form>
+<p class="muted">Tokens are configured in RUNLOG_UI_TOKENS; each names the tenants it may see.</p>
+{% endblock %}"""
+
+_RUNS = """{% extends "base.html" %}{% block title %}Runs{% endblock %}
+{% block content %}<h1>Runs</h1>
+<div class="counts">{% for s, n in counts.items() %}<span><span class="st st-{{ s }}">{{ s }}</span>
+{{ n }}</span>{% endfor %}</div>
+<form method="get" action="/" class="card">
+<label>Tenant <select name="tenant"><option value="">all visible</option>
+{% for t in tenants %}<option value="{{ t }}" {% if t == tenant %}selected{% endif %}>{{ t }}</option>
+{% endfor %}</select></label>
+<label>Status <select name="status"><option value="">any</option>
+{% for s in statuses %}<option value="{{ s }}" {% if s == status %}selected{% endif %}>{{ s }}</option>
+{% endfor %}</select></label>
+<label>Since <input name="since" value="{{ since }}" placeholder="15m, 2h or ISO time" size="16">
+</label><button type="submit">Filter</button></form>
+<table id="runs"><thead><tr><th>Tenant</th><th>Run</th><th>Status</th><th>Outcome</th>
+<th>Seq</th><th>Epoch</th><th>Resumed</th><th>Age</th><th>Last event</th></tr></thead><tbody>
+{% for r in rows %}<tr data-run="{{ r.run_id }}"><td>{{ r.tenant }}</td>
+<td><a class="mono" href="/runs/{{ r.run_id }}">{{ r.run_id }}</a></td>
+<td><span class="st st-{{ r.status }}">{{ r.status }}</span>
+{% if r.pending_approvals %}<span class="muted">{{ r.pending_approvals }} approval(s)</span>{% endif %}
+{% if r.uncertain_calls %}<span class="muted">{{ r.uncertain_calls }} uncertain</span>{% endif %}</td>
+<td>{{ r.outcome or "" }}</td><td class="num">{{ r.seq }}</td><td class="num">{{ r.epoch }}</td>
+<td class="num">{{ r.resumptions }}</td><td class="num">{{ ages[r.run_id] }}</td>
+<td>{{ r.last_type }} <span class="muted">{{ lasts[r.run_id] }} ago</span></td></tr>
+{% else %}<tr><td colspan="9" class="muted">No runs in the index for this filter (the index is
+kept by <code>runlog project state</code>).</td></tr>{% endfor %}</tbody></table>
+{% if next_url %}<p><a href="{{ next_url }}" id="next">Next page</a></p>{% endif %}
+{% endblock %}"""
+
+_DECIDE = """<form class="decide" method="post"
+ action="/runs/{{ run_id }}/approvals/{{ a.approval_id }}">
+<input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="next" value="{{ next }}">
+<input type="text" name="note" placeholder="why (recorded with your name)" maxlength="2000">
+<button type="submit" name="decision" value="approve" class="approve">Approve</button>
+<button type="submit" name="decision" value="reject" class="reject">Reject</button></form>"""
+
+_RUN = (
+    """{% extends "base.html" %}{% block title %}Run {{ run_id }}{% endblock %}
+{% block content %}<h1>Run <span class="mono">{{ run_id }}</span>
+<span class="st st-{{ status }}" id="status">{{ status }}</span></h1>
+{% if flash %}<p class="flash">{{ flash }}</p>{% endif %}
+<div class="card">tenant <b>{{ tl.tenant }}</b> &middot; outcome <b id="outcome">{{ st.outcome or "-" }}</b>
+&middot; seq {{ st.seq }} &middot; epoch {{ st.epoch }} &middot; resumptions {{ st.resumptions }}
+&middot; fenced writes {{ st.fenced_writes }} &middot; turns {{ st.turns }}
+&middot; tokens {{ st.input_tokens }}/{{ st.output_tokens }} &middot; cost ${{ "%.6f"|format(st.cost_usd) }}</div>
+{% if pending %}<h2>Waiting for a person</h2>
+{% for a in pending %}<div class="card approval" data-approval="{{ a.approval_id }}">
+<b>{{ a.approval_id }}</b> ({{ a.kind }}) asked {{ a.requested_at }}: {{ a.reason }}
+{% if a.idempotency_key %}<br><span class="muted">call key {{ a.idempotency_key }}</span>{% endif %}
+"""
+    + _DECIDE
+    + """</div>{% endfor %}{% endif %}
+<h2>Timeline</h2>
+<table id="timeline"><thead><tr><th>Seq</th><th>Epoch</th><th>At (UTC)</th><th>Event</th>
+<th>What happened</th></tr></thead><tbody>
+{% if hidden %}<tr><td colspan="5" class="muted">{{ hidden }} earlier record(s) not shown:
+<a href="/runs/{{ run_id }}?all=1" id="all">show the whole run</a></td></tr>{% endif %}
+{% for e in entries %}<tr class="{{ 'fenced' if not e.valid else '' }}"><td class="num">{{ e.seq }}</td>
+<td class="num">{{ e.epoch }}</td><td class="mono">{{ e.at|clock }}</td><td>{{ e.type }}</td>
+<td class="{{ 'why' if not e.valid else '' }}">{{ e.text }}</td></tr>{% endfor %}</tbody></table>
+{% if tl.calls %}<h2>Tool calls</h2><table id="calls"><thead><tr><th>Tool</th><th>Key</th><th>Risk</th>
+<th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th></tr></thead><tbody>
+{% for c in tl.calls %}<tr><td>{{ c.tool }}</td><td class="mono">{{ c.idempotency_key }}</td>
+<td>{{ c.risk }}</td><td class="num">{{ c.attempts }}</td><td>{{ c.outcome }}{% if c.source
+ == "reconciliation" %} (by evidence){% endif %}</td><td class="mono">{{ c.args_json }}</td>
+<td class="mono">{{ c.result or "" }}</td><td>{{ c.reconciliations|join("; ") }}</td></tr>
+{% endfor %}</tbody></table>{% endif %}
+<h2>Audit trail</h2>
+<table id="audit"><thead><tr><th>At</th><th>Seq</th><th>Kind</th><th>Details</th></tr></thead><tbody>
+{% for e in audit %}<tr><td class="mono">{{ e.at|clock }}</td><td class="num">{{ e.seq }}</td>
+<td>{{ e.kind }}</td><td>{{ e.detail }}</td></tr>
+{% else %}<tr><td colspan="4" class="muted">No audit entries yet (kept by
+<code>runlog project audit</code>).</td></tr>{% endfor %}</tbody></table>
+<p class="muted">Read from the log ({{ tl.source }}); the audit trail from its projection.</p>
+{% endblock %}"""
+)
+
+_APPROVALS = (
+    """{% extends "base.html" %}{% block title %}Approvals{% endblock %}
+{% block content %}<h1>Approvals waiting for a person</h1>
+{% if flash %}<p class="flash">{{ flash }}</p>{% endif %}
+<table id="approvals"><thead><tr><th>Tenant</th><th>Run</th><th>Approval</th><th>Kind</th>
+<th>Reason</th><th>Waiting</th><th>Decide</th></tr></thead><tbody>
+{% for a in approvals %}<tr><td>{{ a.tenant }}</td>
+<td><a class="mono" href="/runs/{{ a.run_id }}">{{ a.run_id }}</a></td>
+<td class="mono">{{ a.approval_id }}</td><td>{{ a.kind }}</td><td>{{ a.reason }}</td>
+<td class="num">{{ a.age }}</td><td>{% with run_id=a.run_id %}"""
+    + _DECIDE
+    + """{% endwith %}</td></tr>
+{% else %}<tr><td colspan="7" class="muted">Nothing is waiting for a person.</td></tr>
+{% endfor %}</tbody></table>{% endblock %}"""
+)
+
+_UNCERTAIN = """{% extends "base.html" %}{% block title %}Uncertain calls{% endblock %}
+{% block content %}<h1>Uncertain calls</h1>
+<p>{{ calls|length }} open{% for risk, age in oldest.items() %} &middot; oldest {{ risk }}
+{{ age }}{% endfor %}</p>
+{% if overdue %}<div class="card"><b class="overdue">Overdue:</b><ul>
+{% for c in overdue %}<li class="overdue">{{ c.tool }} in run <a href="/runs/{{ c.run_id }}">{{ c.run_id }}</a>
+(key <span class="mono">{{ c.idempotency_key }}</span>, {{ c.risk }}, {{ c.status }}) open {{ c.age }},
+deadline {{ c.deadline }}</li>{% endfor %}</ul></div>{% endif %}
+<table id="uncertain"><thead><tr><th>Status</th><th>Risk</th><th>Age</th><th>Tenant</th><th>Run</th>
+<th>Tool</th><th>Key</th><th>Attempts</th><th>Arguments</th><th>Last error / evidence</th></tr></thead><tbody>
+{% for c in calls %}<tr><td class="{{ 'overdue' if c.overdue else '' }}">{{ "OVERDUE " if c.overdue else "" }}{{ c.status }}</td>
+<td>{{ c.risk }}</td><td class="num">{{ c.age }}</td><td>{{ c.tenant }}</td>
+<td><a class="mono" href="/runs/{{ c.run_id }}">{{ c.run_id }}</a></td><td>{{ c.tool }}</td>
+<td class="mono">{{ c.idempotency_key }}</td><td class="num">{{ c.attempts }}</td>
+<td class="mono">{{ c.args_json }}</td><td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>
+{% else %}<tr><td colspan="10" class="muted">No call of a visible tenant has an unknown outcome.</td></tr>
+{% endfor %}</tbody></table>{% endblock %}"""
+
+_LAG = """{% extends "base.html" %}{% block title %}Projection lag{% endblock %}
+{% block content %}<h1>Projection lag</h1>
+<p class="muted">Records of <code>{{ snap.topic }}</code> not yet folded, per projection and
+partition (high watermark minus the next offset to apply).</p>
+<table id="lag"><thead><tr><th>Projection</th><th>Lag (records)</th><th>Applied</th>
+<th>Quarantined</th><th>Per partition (lag)</th></tr></thead><tbody>
+{% for name, body in snap.projections.items() %}<tr><td>{{ name }}</td><td class="num">{{ body.lag }}</td>
+<td class="num">{{ body.applied }}</td><td class="num">{{ body.quarantined }}</td>
+<td class="mono">{% for p, row in body.partitions.items() %}{{ p }}:{{ row.lag }} {% endfor %}</td></tr>
+{% endfor %}</tbody></table>{% endblock %}"""
+
+_NOT_FOUND = """{% extends "base.html" %}{% block title %}Not found{% endblock %}
+{% block content %}<h1>Not found</h1><p id="notfound">{{ message }}</p>
+<p><a href="/">Back to the runs</a></p>{% endblock %}"""
+
+_TEMPLATES = {
+    "base.html": _BASE,
+    "login.html": _LOGIN,
+    "runs.html": _RUNS,
+    "run.html": _RUN,
+    "approvals.html": _APPROVALS,
+    "uncertain.html": _UNCERTAIN,
+    "lag.html": _LAG,
+    "notfound.html": _NOT_FOUND,
+}
+
+ENV = Environment(
+    loader=DictLoader(_TEMPLATES),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+)
+
+
+def _clock(iso: str | None) -> str:
+    """``HH:MM:SS.mmm`` of an ISO time (UTC in the log); empty for none."""
+    if not iso:
+        return ""
+    return datetime.fromisoformat(iso).strftime("%H:%M:%S.%f")[:-3]
+
+
+ENV.filters["clock"] = _clock
+
+
+def render(name: str, fragment: bool, **context: Any) -> str:
+    """A whole page, or only its ``content`` block when the page refreshes itself."""
+    template = ENV.get_template(name)
+    if not fragment:
+        return template.render(**context)
+    block = template.blocks["content"]
+    return "".join(block(template.new_context(context)))

@@ -1,0 +1,204 @@
+"""The console in a real browser: Debian's Chromium, headless, driven by Selenium through
+Debian's chromedriver (``.ci/run`` installs both).
+
+1. A worker process waits on an approval; a person logs in, finds the run in the list,
+   opens it, approves, and watches the page follow the worker to the end of its run.
+2. A token for tenant A can neither see nor decide tenant B's run.
+
+``RUNLOG_UI_SCREENSHOTS=docs/ui`` saves the pages the README shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from ui_support import TOKEN_A, console, projecting, wait_for
+from workers.common import EXIT_OK, Ledger, services_for, start_worker
+
+import runlog
+from runlog.consumers.index import RunIndex
+from runlog.consumers.timeline import run_timeline
+from runlog.log.reader import LogReader
+from runlog.schemas.keys import new_run_id
+from runlog.settings import Settings
+
+pytestmark = pytest.mark.timeout(240)
+
+SHOTS = os.environ.get("RUNLOG_UI_SCREENSHOTS", "")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    binary = shutil.which("chromium")
+    driver = shutil.which("chromedriver")
+    if binary is None or driver is None:
+        pytest.fail(
+            "the browser tests need Debian's chromium and chromium-driver "
+            "(apt-get install -y chromium chromium-driver; .ci/run installs them)",
+            pytrace=False,
+        )
+    opts = Options()
+    opts.binary_location = binary
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root, where Chromium's sandbox cannot start
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,1000",
+        "--hide-scrollbars",
+    ):
+        opts.add_argument(arg)
+    # An explicit driver path: Selenium must not try to download one.
+    web = webdriver.Chrome(service=Service(executable_path=driver), options=opts)
+    web.set_page_load_timeout(30)
+    try:
+        yield web
+    finally:
+        web.quit()
+
+
+def _shot(web: Any, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        height = web.execute_script("return document.body.scrollHeight")
+        web.set_window_size(1500, max(700, min(int(height) + 200, 2600)))
+        web.save_screenshot(str(Path(SHOTS) / name))
+        web.set_window_size(1500, 1000)
+
+
+def _login(web: Any, base: str, token: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    web.get(f"{base}/login")
+    web.find_element(By.ID, "token").send_keys(token)
+    web.find_element(By.ID, "login").click()
+    wait_for("the runs page", lambda: web.find_elements(By.ID, "runs"))
+
+
+def _text(web: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = web.find_elements(By.CSS_SELECTOR, css)
+    return str(found[0].text) if found else ""
+
+
+def test_browser_approves_a_waiting_worker_that_then_finishes(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    s = test_settings
+    web = browser
+    rid = new_run_id()
+    worker = start_worker(
+        s, tmp_path, "w1", "--run-id", rid, "--scenario", "approval", "--tenant", "acme"
+    )
+    with services_for(s), projecting(s, redis_client), console(s, refresh_s=1.0) as base:
+        worker.wait_flag("waiting", timeout=60)
+        _login(web, base, TOKEN_A)
+        # The list refreshes itself: the run appears, waiting for a person.
+        row = f'tr[data-run="{rid}"]'
+        wait_for("the run in the list", lambda: "waiting" in _text(web, row), timeout=30)
+        _shot(web, "runs.png")
+
+        web.find_element(By.CSS_SELECTOR, f"{row} a").click()
+        wait_for("the approval form", lambda: web.find_elements(By.CSS_SELECTOR, ".approval"))
+        assert "refund 7 dollars to A-1" in _text(web, ".approval")
+        assert _text(web, "#status") == "waiting"
+        web.find_element(By.CSS_SELECTOR, ".approval input[name=note]").send_keys(
+            "A-1 was billed twice"
+        )
+        _shot(web, "run-waiting.png")
+        web.find_element(By.CSS_SELECTOR, ".approval button.approve").click()
+
+        # The worker held the run, so the decision is queued for it; it records it, charges
+        # and finishes, and the page (refreshing itself) follows it to the end.
+        wait_for("the flash", lambda: "queued for the worker" in _text(web, ".flash"))
+        wait_for("the run to finish", lambda: _text(web, "#status") == "finished", timeout=60)
+        assert _text(web, "#outcome") == "succeeded"
+        timeline = _text(web, "#timeline")
+        assert "approved by ann: A-1 was billed twice" in timeline
+        assert "charge completed" in timeline
+        _shot(web, "run.png")
+
+        code, result = worker.finish(timeout=60)
+        assert code == EXIT_OK, result
+        assert result["status"] == "finished"
+        # The approved action ran exactly once.
+        ledger = Ledger(redis_client, s.redis_key_prefix)
+        assert ledger.total() == 1
+
+        web.get(f"{base}/approvals")
+        assert rid not in web.page_source
+        web.get(f"{base}/lag")
+        assert "state" in _text(web, "#lag")
+
+
+def test_browser_token_of_tenant_a_cannot_see_or_decide_tenant_b(
+    test_settings: Settings, redis_client: redis.Redis, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    s = test_settings
+    web = browser
+    runs: dict[str, tuple[str, str]] = {}
+    with services_for(s):
+        for tenant in ("acme", "globex"):
+            with runlog.open_run(tenant=tenant, settings=s) as run:
+                run.append("user_message", content=f"{tenant}: refund please")
+                runs[tenant] = (run.run_id, run.request_approval(f"refund for {tenant}"))
+        (mine, _), (theirs, their_ap) = runs["acme"], runs["globex"]
+        with projecting(s, redis_client), console(s, refresh_s=1.0) as base:
+            index = RunIndex(redis_client, s)
+            wait_for("both runs indexed", lambda: index.find(mine) and index.find(theirs))
+            _login(web, base, TOKEN_A)
+            wait_for("A's run listed", lambda: mine in web.page_source)
+            assert theirs not in web.page_source
+
+            web.get(f"{base}/runs/{theirs}")
+            refused = web.page_source.replace(theirs, "ID")
+            assert _text(web, "#notfound") == f"No run {theirs} here."
+            web.get(f"{base}/runs/r-no-such-run-000")
+            assert web.page_source.replace("r-no-such-run-000", "ID") == refused
+
+            web.get(f"{base}/approvals")
+            assert mine in web.page_source and theirs not in web.page_source
+
+            # Forge a decision with A's own session and CSRF value: still "not found".
+            web.get(f"{base}/runs/{mine}")
+            web.execute_script(
+                """
+                const f = document.createElement("form");
+                f.method = "post";
+                f.action = arguments[0];
+                for (const [k, v] of Object.entries(arguments[1])) {
+                  const i = document.createElement("input");
+                  i.type = "hidden"; i.name = k; i.value = v; f.appendChild(i);
+                }
+                document.body.appendChild(f);
+                f.submit();
+                """,
+                f"/runs/{theirs}/approvals/{their_ap}",
+                {
+                    "decision": "approve",
+                    "note": "not mine to decide",
+                    "csrf": web.find_element(By.NAME, "csrf").get_attribute("value"),
+                },
+            )
+            wait_for("the refusal", lambda: web.find_elements(By.ID, "notfound"))
+            assert web.page_source.replace(theirs, "ID") == refused
+
+        with LogReader(s) as reader:
+            tl = run_timeline(reader, redis_client, s, "globex", theirs)
+        assert their_ap in tl.state.pending_approvals
+        assert not [e for e in tl.entries if e["type"] == "approval_decided"]
