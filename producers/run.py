@@ -558,11 +558,13 @@ class Run:
             ):
                 result = tool(json.loads(args_json), idempotency_key=key)
         except ToolError as exc:
-            if attempt > 1:
+            if attempt > 1 and not self.state.open_calls[key].proven_absent:
                 # Only a retry follows an attempt whose outcome nobody knows: this failure
                 # proves that *this* attempt did nothing, not the earlier one. Closing the
                 # call as failed would let a re-proposal run the key afresh with no one
-                # asked, so it stays uncertain and the uncertain-call rules go on.
+                # asked, so it stays uncertain and the uncertain-call rules go on (unless
+                # an authoritative lookup proved the earlier attempts absent: then this
+                # failure is the whole truth).
                 self.append(
                     EventType.TOOL_CALL_UNCERTAIN,
                     started_seq=started.seq,

@@ -93,6 +93,11 @@ class OpenCall:
     operation_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """The caller-given scope of its key (None: the run); every attempt records it."""
 
+    @property
+    def proven_absent(self) -> bool:
+        """The latest reconciliation proved that no earlier attempt took effect or can."""
+        return (self.last_evidence or "").partition(":")[0] == "absent"
+
 
 @dataclass
 class Approval:

@@ -115,6 +115,33 @@ def test_a_failed_retry_keeps_an_earlier_uncertain_attempt_governed(
     assert kinds == ["uncertain_call", "uncertain_call"]
 
 
+def test_a_failed_retry_after_proven_absence_is_a_plain_failure(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """The lookup proved attempt 1 absent (and unable to commit): a proven failure of the
+    retry is then the whole truth, and the call closes as failed."""
+    invocations: list[str] = []
+
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        invocations.append(idempotency_key)
+        if len(invocations) == 1:
+            raise TimeoutError("gateway did not answer")
+        raise runlog.ToolError("card declined")
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        return runlog.Absent("no payment with this key")
+
+    tool = runlog.tool("pay", risk="irreversible", reconcile=lookup)(pay)
+    with runlog.open_run(settings=fast, tools=[tool]) as run:
+        rid = run.run_id
+        with pytest.raises(runlog.ToolFailed):
+            run.call_tool("pay", ARGS)
+        assert not run.state.open_calls and not run.state.pending_approvals
+    assert len(invocations) == 2
+    (failed,) = payloads(_events(fast, rid), EventType.TOOL_CALL_COMPLETED)
+    assert failed.is_error and failed.idempotency_key is None
+
+
 def test_a_conflict_whose_approval_request_was_lost_is_asked_again_and_stops_the_run(
     fast: Settings, tmp_path: Path, ledger: Ledger
 ) -> None:
