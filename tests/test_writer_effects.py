@@ -260,3 +260,25 @@ def test_a_fatal_producer_error_replaces_the_producer_and_inflight_appends_are_u
     assert writer.replaced == 1
     contents = [p.content for p in payloads(_events(fast, rid), EventType.USER_MESSAGE)]
     assert contents == ["before", "after"]
+
+
+def test_finish_is_idempotent_when_the_run_resumes_from_a_snapshot(
+    test_settings: Settings,
+) -> None:
+    """A snapshot taken at RUN_FINISHED holds no events; the recorded finish is then read
+    from the log, not appended again."""
+    import runlog
+    from workers.common import services_for
+
+    snap = test_settings.model_copy(update={"snapshot_interval": 1})
+    with services_for(snap):
+        with runlog.open_run(settings=snap) as run:
+            run.append(EventType.USER_MESSAGE, content="hello")
+            first = run.finish("succeeded", "done")
+            rid = run.run_id
+        with runlog.open_run(rid, settings=snap) as again:
+            assert again._since_turn is None, "expected a resumption from the snapshot"
+            assert again.finish("succeeded").event_id == first.event_id
+            with pytest.raises(runlog.RunFinished):
+                again.finish("failed")
+    assert valid_types(_events(snap, rid)) == ["run_started", "user_message", "run_finished"]
