@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from confluent_kafka import KafkaError
 from workers.common import (
     EXIT_OK,
     ROOT,
@@ -26,11 +27,15 @@ from workers.common import (
     assert_log_sound,
     payloads,
     read_log,
+    services_for,
     valid_types,
     worker_env,
 )
 from workers.effects_worker import EXIT_FINISHED, result_text
 
+import runlog
+from runlog.bootstrap import Services
+from runlog.producers.writer import DeliveryFailed
 from runlog.schemas import models as m
 from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType
@@ -44,8 +49,6 @@ CUT = re.compile(r"\[runlog: cut (\d+) of (\d+) bytes; sha256 ([0-9a-f]{64}) of 
 
 @pytest.fixture
 def fast(test_settings: Settings) -> Iterator[Settings]:
-    from workers.common import services_for
-
     s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
     with services_for(s):
         yield s
@@ -214,8 +217,6 @@ def test_a_guardrail_trip_is_recorded_once_when_the_worker_dies_before_its_model
 def test_a_retry_records_the_operation_id_of_its_first_attempt(
     fast: Settings, ledger: Ledger
 ) -> None:
-    import runlog
-
     calls: list[str] = []
 
     @runlog.tool("sync", risk="safe")
@@ -239,12 +240,6 @@ def test_a_fatal_producer_error_replaces_the_producer_and_inflight_appends_are_u
     so the test delivers a fatal ``KafkaError`` to the writer's ``error_cb`` (the entry
     librdkafka itself calls). What is real: the old producer still holds an append that
     cannot complete (its topic does not exist), and every later append goes to the broker."""
-    from confluent_kafka import KafkaError
-
-    import runlog
-    from runlog.bootstrap import Services
-    from runlog.producers.writer import DeliveryFailed
-
     writer = Services.shared(fast).writer
     stuck = writer.send(f"{fast.topic_prefix}.no-such-topic", b"k", b"v", [])
     with runlog.open_run(settings=fast) as a:
@@ -267,9 +262,6 @@ def test_finish_is_idempotent_when_the_run_resumes_from_a_snapshot(
 ) -> None:
     """A snapshot taken at RUN_FINISHED holds no events; the recorded finish is then read
     from the log, not appended again."""
-    import runlog
-    from workers.common import services_for
-
     snap = test_settings.model_copy(update={"snapshot_interval": 1})
     with services_for(snap):
         with runlog.open_run(settings=snap) as run:
