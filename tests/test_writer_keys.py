@@ -9,6 +9,7 @@ import pytest
 import redis
 from confluent_kafka import Producer
 from replay_support import FIXTURE_VERSIONS, Fixture, FixtureRecord, load_fixture
+from workers.common import services_for
 
 import runlog
 from runlog.projections.run_state import RunState, apply
@@ -93,8 +94,6 @@ def test_an_old_run_resumes_computing_the_keys_it_already_recorded(
 
 
 def test_a_new_run_records_keys_of_the_current_scheme(test_settings: Settings) -> None:
-    from workers.common import services_for
-
     with services_for(test_settings):
 
         @runlog.tool("echo")
