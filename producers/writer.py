@@ -70,6 +70,9 @@ _REFUSED = frozenset(
 )
 
 
+REPLACE_INTERVAL_S = 1.0
+"""Least time between two replacements of a producer that failed fatally."""
+
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
@@ -119,6 +122,7 @@ class EventWriter:
         self._fatal: KafkaError | None = None
         self._last_fatal: KafkaError | None = None
         """The latest fatal error, kept after the replacement to explain purged appends."""
+        self._replaced_at = float("-inf")
         self._inflight: set[Future[Delivered]] = set()
         self._producer = Producer(self._conf)
         self._partitions: dict[str, int] = {}
@@ -138,7 +142,10 @@ class EventWriter:
             log.warning("Kafka producer error: %s", err)
 
     def _replace_if_fatal(self) -> None:
-        if self._fatal is None:
+        # At most one replacement per REPLACE_INTERVAL_S: a principal the broker refuses
+        # fails every new producer at once, and replacing it in a loop would only churn
+        # connections; meanwhile its appends fail fast with the refusal.
+        if self._fatal is None or time.monotonic() - self._replaced_at < REPLACE_INTERVAL_S:
             return
         with self._swap:
             err = self._fatal
@@ -146,6 +153,7 @@ class EventWriter:
                 return
             old, self._producer = self._producer, Producer(self._conf)
             self._fatal = None
+            self._replaced_at = time.monotonic()
             self.replaced += 1
             inflight, self._inflight = self._inflight, set()
         lost = _why_lost(err)
