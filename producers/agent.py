@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runlog.errors import Escalated, ToolFailed
+from runlog.producers import calls
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.run import Run
 from runlog.projections.run_state import RunState, messages_in_last_turns
@@ -259,7 +260,9 @@ class AgentLoop:
             return
         tool = run.tools[name]
         try:
-            result = run.execute(tool, args_json, proposal["idempotency_key"], call_id=call_id)
+            result = calls.execute(
+                run, tool, args_json, proposal["idempotency_key"], call_id=call_id
+            )
             self.on_event(f"{name} -> {result[:60]}")
         except ToolFailed as exc:
             self.on_event(f"{name} failed: {exc}")

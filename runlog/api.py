@@ -12,7 +12,7 @@ from runlog.consumers.replay import replay
 from runlog.errors import UnknownApproval, UnknownRun
 from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
-from runlog.producers.run import open_run_with, submit_decision
+from runlog.producers.opening import open_run_with, submit_decision
 from runlog.producers.writer import APPENDS
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.settings import Settings

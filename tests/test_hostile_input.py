@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from runlog.bootstrap import Services
 from runlog.errors import SchemaError, ToolArgumentsError, UnknownEventType
 from runlog.log.reader import LogReader
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.producers.tools import Tool
 from runlog.projections.run_state import RunState, apply, fold, is_valid
 from runlog.schemas import codec

@@ -26,7 +26,7 @@ from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.errors import SchemaError, UpcastFailed, ValidationFailed
 from runlog.log.reader import LogReader
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.schemas import codec, evolution
 from runlog.schemas.models import Event, ModelTurn
 from runlog.schemas.vocabulary import EventType

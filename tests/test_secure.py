@@ -45,7 +45,7 @@ from runlog.consumers.store import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
 from runlog.log.clients import redis_client
 from runlog.producers.lease import Lease, LeaseManager
-from runlog.producers.run import open_run_with, submit_decision
+from runlog.producers.opening import open_run_with, submit_decision
 from runlog.producers.writer import DeliveryFailed, EventWriter
 from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType

@@ -17,7 +17,7 @@ from runlog.consumers import metrics
 from runlog.consumers.replay import replay
 from runlog.consumers.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
 from runlog.consumers.verify import verify_run
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.projections.run_state import RunState, fold
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings

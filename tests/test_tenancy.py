@@ -28,8 +28,9 @@ from runlog.bootstrap import Services
 from runlog.errors import TenantMismatch
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
+from runlog.producers.approvals import decisions_key
 from runlog.producers.lease import LeaseManager
-from runlog.producers.run import decisions_key, open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.producers.tools import Tool
 from runlog.projections.run_state import RunState, apply
 from runlog.schemas.canonical import canonical_json

@@ -405,7 +405,7 @@ def test_a_persons_approval_is_honoured_after_the_attempt_cap(
     fast: Settings, ledger: Ledger
 ) -> None:
     """Regression: after MAX_ATTEMPTS an approved retry re-escalated instead of running."""
-    from runlog.producers.recovery import MAX_ATTEMPTS
+    from runlog.producers.calls import MAX_ATTEMPTS
 
     calls: list[str] = []
 
@@ -467,7 +467,7 @@ def test_a_conflict_stops_every_other_effect_until_a_person_decides(
 def test_a_malformed_queued_decision_is_set_aside_not_lost_and_never_blocks_the_run(
     fast: Settings, redis_client: redis.Redis
 ) -> None:
-    from runlog.producers.run import decisions_key
+    from runlog.producers.approvals import decisions_key
 
     with runlog.open_run(settings=fast) as run:
         rid = run.run_id

@@ -16,7 +16,8 @@ from typing import Any
 from runlog import stack
 from runlog.benchmarks.common import TENANT, make_events, percentile, summary, workload_payload
 from runlog.log.registry import RegistryIds
-from runlog.producers.run import RunDeps, open_run_with
+from runlog.producers.opening import open_run_with
+from runlog.producers.run import RunDeps
 from runlog.schemas import codec
 from runlog.schemas.registry import WriterSchema, registry
 from runlog.settings import Settings

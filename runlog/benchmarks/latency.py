@@ -36,7 +36,7 @@ from runlog.benchmarks.common import (
     summary,
     workload_payload,
 )
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 

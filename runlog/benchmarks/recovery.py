@@ -27,7 +27,7 @@ from typing import Any
 
 from runlog.benchmarks.common import TENANT, Scratch, summary, worker_env, workload_payload
 from runlog.bootstrap import Services
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.settings import Settings
 
 SNAPSHOT_INTERVAL = 500

@@ -45,7 +45,7 @@ from runlog.benchmarks.common import (
 )
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.projections.run_state import RunState, apply
 from runlog.schemas import codec

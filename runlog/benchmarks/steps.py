@@ -35,7 +35,8 @@ from confluent_kafka import Producer
 import runlog
 from runlog.benchmarks.common import TENANT, summary
 from runlog.log.clients import redis_client
-from runlog.producers.run import RunDeps, open_run_with
+from runlog.producers.opening import open_run_with
+from runlog.producers.run import RunDeps
 from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 

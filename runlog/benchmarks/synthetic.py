@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from runlog.bootstrap import Services
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 

@@ -25,7 +25,7 @@ from runlog.benchmarks.throughput import open_many
 from runlog.bootstrap import Services
 from runlog.consumers.runner import ProjectionRunner
 from runlog.log.clients import redis_client
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.settings import Settings
 
 

@@ -40,7 +40,8 @@ from runlog.errors import (
     RunLocked,
 )
 from runlog.log.reader import LogReader, LogRecord
-from runlog.producers.run import Run, RunDeps, open_run_with
+from runlog.producers.opening import open_run_with
+from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Absent, Evidence, Match, Tool
 from runlog.projections.run_state import RunState, apply, is_valid
 from runlog.schemas.vocabulary import EventType

@@ -17,7 +17,7 @@ from typing import Any
 
 from runlog.bootstrap import Services
 from runlog.errors import AppendOutcomeUnknown, Fenced, KafkaUnavailable, RedisUnavailable
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 

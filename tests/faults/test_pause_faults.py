@@ -15,7 +15,7 @@ from faultkit import FaultReport, read_log
 from paused_worker import EXIT_FENCED
 
 from runlog.bootstrap import Services
-from runlog.producers.run import open_run_with
+from runlog.producers.opening import open_run_with
 from runlog.projections.run_state import RunState, apply, is_valid
 from runlog.schemas import codec
 from runlog.schemas.keys import new_run_id

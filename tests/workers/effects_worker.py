@@ -115,16 +115,16 @@ def scenario_refund(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> 
 def hold_before_escalating(flags: Flags) -> None:
     """Stop (for the test's SIGKILL) after a reconciliation recorded an escalation and
     before its approval request is appended."""
-    from runlog.producers import recovery
+    from runlog.producers import calls
 
-    original = recovery._escalate
+    original = calls._escalate
 
     def escalate(*args: Any, **kw: Any) -> None:
         flags.set("escalating")
         flags.hold()
         original(*args, **kw)
 
-    recovery._escalate = escalate
+    calls._escalate = escalate
 
 
 def scenario_fetch(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:

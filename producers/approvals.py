@@ -1,0 +1,104 @@
+"""Approvals and decisions: requests a person answers, and the decisions that settle them.
+
+A decision is recorded by whoever holds the run: directly when it is free (taking it is an
+ownership change like any other), else through the owner's inbox in Redis, which the owner
+reads before it acts (``open_run`` and the agent loop's waits).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from runlog.errors import CallUncertain, Escalated, RedisUnavailable, ToolFailed
+from runlog.schemas.vocabulary import EventType
+
+if TYPE_CHECKING:
+    from runlog.producers.run import Run, RunDeps
+
+log = logging.getLogger(__name__)
+
+
+def request_approval(run: Run, reason: str, *, kind: str = "action", **fields: Any) -> str:
+    approval_id = f"ap-{uuid.uuid4().hex[:12]}"
+    run.append(
+        EventType.APPROVAL_REQUESTED,
+        approval_id=approval_id,
+        kind=kind,
+        reason=reason,
+        **fields,
+    )
+    return approval_id
+
+
+def record_decision(
+    run: Run, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
+) -> str | None:
+    """Append a person's decision; the key of the call it concerns, if any (the caller
+    settles that call: ``Run.decide``)."""
+    if approval_id not in run.state.approvals:
+        raise KeyError(f"run {run.run_id} has no approval request {approval_id!r}")
+    run.append(
+        EventType.APPROVAL_DECIDED,
+        approval_id=approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+    )
+    return run.state.approvals[approval_id].idempotency_key
+
+
+def poll_decisions(run: Run, decide: Callable[..., None]) -> int:
+    """Record decisions people submitted while this worker held the lease.
+
+    An entry is removed only after its APPROVAL_DECIDED is durable, so a crash in
+    between leaves it for the next owner, which finds it already decided and drops it.
+    """
+    key = inbox_key(run)
+    try:
+        entries = run.deps.redis.lrange(key, 0, -1)
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"decision inbox of {run.run_id}: {exc}") from exc
+    recorded = 0
+    for raw in entries:
+        try:
+            d = json.loads(raw)
+            approval_id, approved = str(d["approval_id"]), bool(d["approved"])
+            decided_by, note = str(d["decided_by"]), str(d.get("note", ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            # Never lose it, never let it block the run: keep it aside for a person.
+            log.warning("malformed decision for %s set aside: %r (%s)", run.run_id, raw, exc)
+            _redis(run, functools.partial(run.deps.redis.rpush, key + ":malformed", raw))
+            _redis(run, functools.partial(run.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
+            continue
+        approval = run.state.approvals.get(approval_id)
+        if approval is not None and approval.approved is None:
+            try:
+                decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+            except (ToolFailed, CallUncertain, Escalated) as exc:
+                # The decision is durable; what its retry led to is in the log too.
+                log.info("decision %s on %s settled as %s", approval_id, run.run_id, exc)
+            recorded += 1
+        _redis(run, functools.partial(run.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
+    return recorded
+
+
+def inbox_key(run: Run) -> str:
+    return decisions_key(run.deps, run.tenant, run.run_id)
+
+
+def _redis(run: Run, op: Callable[[], Any]) -> Any:
+    try:
+        return op()
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"Redis for run {run.run_id}: {exc}") from exc
+
+
+def decisions_key(deps: RunDeps, tenant: str, run_id: str) -> str:
+    return f"{deps.leases.run_tag(tenant, run_id)}:decisions"

@@ -1,0 +1,645 @@
+"""The tool-call path and the recovery of uncertain calls: one module, one set of rules.
+
+A call goes STARTED (durable) -> the tool, with its idempotency key -> COMPLETED; anything
+but a proven failure is UNCERTAIN and settled here by the same rules that settle, on the
+next ``open_run``, a call whose owner died. Evidence first, then the risk class; every step
+is an event.
+
+A started call without a completion is uncertain, not failed. Recovery runs inside
+``open_run`` before the model may act, and again whenever the live path meets an
+uncertain outcome. Its decisions:
+
+====================  ===========================================================
+evidence              action
+====================  ===========================================================
+Match(result)         append a completion with source=reconciliation
+Absent()              retry with the same key
+Conflict(detail)      stop the run; escalate to a person with both payloads; a
+                      tool with ``compensate`` first undoes the conflicting effect
+                      (a call of its own) and, once undone, retries with the key
+Unavailable(reason)   keep the call uncertain (absence of evidence is not permission)
+no reconciler         safe: retry; reversible: retry, compensation may be needed;
+                      irreversible: escalate to a person
+person decided        approved: retry with the same key; rejected: close the call
+                      with the person's note as its result (it is never executed again);
+                      a tool with ``compensate`` first undoes what may have happened
+====================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
+from runlog.producers.approvals import request_approval
+from runlog.producers.bounds import bound_result
+from runlog.producers.context import CallContext, call_context
+from runlog.producers.tools import (
+    Absent,
+    Conflict,
+    Evidence,
+    Match,
+    Tool,
+    ToolError,
+    Unavailable,
+)
+from runlog.projections.run_state import OpenCall
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
+from runlog.schemas.vocabulary import EventType
+
+if TYPE_CHECKING:
+    from runlog.producers.run import Run
+
+log = logging.getLogger(__name__)
+
+
+def call_tool(
+    run: Run,
+    name: str,
+    args: dict[str, Any],
+    *,
+    operation_id: str | None = None,
+    call_id: str | None = None,
+) -> str:
+    """Invoke a tool at most once per logical action; see README "Side effects"."""
+    tool = run.tools.get(name)
+    if tool is None:
+        raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
+    args_json = canonical_json(args)  # refuses bad arguments before STARTED
+    scope = operation_id or run.run_id
+    occurrence = (scope, name, args_json)
+    ordinal = run._occurrences[occurrence]
+    key = run.idempotency_key(scope, name, args_json, ordinal)
+    run._occurrences[occurrence] += 1
+    try:
+        return execute(
+            run,
+            tool,
+            args_json,
+            key,
+            call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
+            operation_id=operation_id,
+        )
+    except BaseException:
+        # No completed key (a proven failure, or unsettled: uncertain, escalated,
+        # fenced): asking again must reach the same key. A fresh one would make a
+        # retry-after-failure a *different* action, and a re-execution after a crash
+        # would then recompute the failed key and run the effect a second time.
+        run._occurrences[occurrence] -= 1
+        raise
+
+
+def execute(
+    run: Run,
+    tool: Tool,
+    args_json: str,
+    key: str,
+    *,
+    call_id: str,
+    operation_id: str | None = None,
+) -> str:
+    """Run the call with key ``key`` unless the log already settles it."""
+
+    with run._lock:
+        if key not in run.state.completed_calls:
+            _stop_if_conflict(run)
+        if key in run.state.completed_calls:
+            return run.state.completed_calls[key]
+        if key in run.state.open_calls:
+            recover_call(run, run.state.open_calls[key])
+            return _settled(run, key)
+        return attempt(
+            run, tool, args_json, key, call_id=call_id, attempt=1, operation_id=operation_id
+        )
+
+
+def _stop_if_conflict(run: Run) -> None:
+    """A conflict stops the run: no effect of any call until a person decides.
+
+    The run is stopped by the conflict's approval request, and also by a conflict
+    whose request is not in the log yet (its writer died between the two appends):
+    recovery then asks again, but nothing may run meanwhile.
+    """
+    conflict = [c for c in run.state.open_calls.values() if c.status == "conflict"]
+    if run.state.status != "escalated" and not conflict:
+        return
+    pending = [a.approval_id for a in run.state.pending_approvals.values()]
+    pending += [c.approval_id for c in conflict if c.approval_id is not None]
+    raise Escalated(
+        f"run {run.run_id} is stopped by a conflict awaiting a person",
+        approval_id=pending[0] if pending else None,
+        run_id=run.run_id,
+    )
+
+
+def _settled(run: Run, key: str) -> str:
+    if key in run.state.completed_calls:
+        return run.state.completed_calls[key]
+    call = run.state.open_calls.get(key)
+    if call is None:
+        raise ToolFailed(f"call {key} failed", run_id=run.run_id, seq=run.state.seq)
+    if call.status in ("escalated", "conflict"):
+        raise Escalated(
+            f"call {call.name} ({key}) awaits a person's decision",
+            approval_id=call.approval_id,
+            run_id=run.run_id,
+            seq=call.started_seq,
+        )
+    raise CallUncertain(
+        f"outcome of {call.name} ({key}) is unknown: {call.last_evidence or call.last_error}",
+        run_id=run.run_id,
+        seq=call.started_seq,
+    )
+
+
+def attempt(
+    run: Run,
+    tool: Tool,
+    args_json: str,
+    key: str,
+    *,
+    call_id: str,
+    attempt: int,
+    operation_id: str | None = None,
+) -> str:
+    """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
+
+    _stop_if_conflict(run)
+    started = run.append(
+        EventType.TOOL_CALL_STARTED,
+        call_id=call_id,
+        name=tool.name,
+        args_json=args_json,
+        idempotency_key=key,
+        attempt=attempt,
+        risk=tool.risk,
+        operation_id=operation_id,
+    )
+    if tool.risk != "safe":
+        run.confirm_in_log(started)
+    t0 = time.monotonic()
+    try:
+        with call_context(
+            CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq)
+        ):
+            result = tool(json.loads(args_json), idempotency_key=key)
+    except ToolError as exc:
+        if attempt > 1 and not run.state.open_calls[key].proven_absent:
+            # Only a retry follows an attempt whose outcome nobody knows: this failure
+            # proves that *this* attempt did nothing, not the earlier one. Closing the
+            # call as failed would let a re-proposal run the key afresh with no one
+            # asked, so it stays uncertain and the uncertain-call rules go on (unless
+            # an authoritative lookup proved the earlier attempts absent: then this
+            # failure is the whole truth).
+            run.append(
+                EventType.TOOL_CALL_UNCERTAIN,
+                started_seq=started.seq,
+                call_id=call_id,
+                name=tool.name,
+                idempotency_key=key,
+                error=f"attempt {attempt} failed ({exc}); an earlier attempt's outcome "
+                "is still unknown",
+                detected_by="live",
+            )
+            recover_call(run, run.state.open_calls[key])
+            return _settled(run, key)
+        # Proven failure: no key, so the action may be tried again later.
+        run.append(
+            EventType.TOOL_CALL_COMPLETED,
+            call_id=call_id,
+            name=tool.name,
+            started_seq=started.seq,
+            content=str(exc),
+            is_error=True,
+            idempotency_key=None,
+            source="live",
+            duration_ms=_elapsed_ms(t0),
+        )
+        raise ToolFailed(str(exc), run_id=run.run_id, seq=started.seq) from exc
+    except Exception as exc:  # noqa: BLE001 - anything but a proven failure is uncertain
+        run.append(
+            EventType.TOOL_CALL_UNCERTAIN,
+            started_seq=started.seq,
+            call_id=call_id,
+            name=tool.name,
+            idempotency_key=key,
+            error=f"{type(exc).__name__}: {exc}",
+            detected_by="live",
+        )
+        recover_call(run, run.state.open_calls[key])
+        return _settled(run, key)
+    # What is recorded is what every later call with this key returns, so the live
+    # caller gets the same (possibly cut) text as a re-execution after a crash.
+    content = bound_result(str(result), key, tool.on_large_result)
+    run.append(
+        EventType.TOOL_CALL_COMPLETED,
+        call_id=call_id,
+        name=tool.name,
+        started_seq=started.seq,
+        content=content,
+        is_error=False,
+        idempotency_key=key,
+        source="live",
+        duration_ms=_elapsed_ms(t0),
+    )
+    return run.state.completed_calls.get(key, content)
+
+
+def _elapsed_ms(t0: float) -> int:
+    return int((time.monotonic() - t0) * 1000)
+
+
+MAX_ATTEMPTS = 5
+"""Attempts per key before recovery stops retrying and asks a person."""
+
+
+def recover(run: Run) -> None:
+    """Settle every open call of ``run`` that its tools allow settling now."""
+    # Conflicts first: a conflict whose request was lost must stop the run before any
+    # other call is retried.
+    calls = sorted(run.state.open_calls.values(), key=lambda c: c.status != "conflict")
+    for call in calls:
+        if call.idempotency_key not in run.state.open_calls:
+            continue
+        if run.state.status == "escalated" and call.status != "conflict":
+            log.info("run %s is stopped by a conflict; recovery waits for a person", run.run_id)
+            return
+        try:
+            recover_call(run, run.state.open_calls[call.idempotency_key])
+        except (ToolFailed, CallUncertain, Escalated) as exc:
+            # Recorded in the log already; open_run still returns the run.
+            log.info("recovery of %s left it %s: %s", call.idempotency_key, type(exc).__name__, exc)
+
+
+def _reconciliation(
+    run: Run, call: OpenCall, outcome: str, rule: str, action: str, evidence: str = ""
+) -> None:
+    run.append(
+        EventType.RECONCILIATION_ATTEMPTED,
+        started_seq=call.started_seq,
+        idempotency_key=call.idempotency_key,
+        name=call.name,
+        outcome=outcome,
+        evidence=evidence,
+        rule=rule,
+        action=action,
+    )
+
+
+def _complete(run: Run, call: OpenCall, content: str) -> None:
+    tool = run.tools.get(call.name)
+    content = bound_result(content, call.idempotency_key, tool.on_large_result if tool else None)
+    run.append(
+        EventType.TOOL_CALL_COMPLETED,
+        call_id=call.call_id,
+        name=call.name,
+        started_seq=call.started_seq,
+        content=content,
+        is_error=False,
+        idempotency_key=call.idempotency_key,
+        source="reconciliation",
+    )
+
+
+def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | None) -> None:
+    request_approval(
+        run,
+        reason,
+        kind=kind,
+        name=call.name,
+        args_json=call.args_json,
+        idempotency_key=call.idempotency_key,
+        started_seq=call.started_seq,
+        started_at=call.started_at,
+        last_error=call.last_error,
+        detail=detail,
+    )
+
+
+def _re_request(run: Run, call: OpenCall) -> None:
+    if call.status == "conflict":
+        found = (call.last_evidence or "").removeprefix("conflict: ")
+        both = json.dumps({"intended": json.loads(call.args_json), "found": found}, sort_keys=True)
+        _escalate(run, call, "conflict", f"conflicting {call.name} effect found", both)
+    else:
+        reason = f"{call.name} may or may not have taken effect ({call.last_evidence or ''})"
+        _escalate(run, call, "uncertain_call", reason, None)
+
+
+def _compensable(run: Run, call: OpenCall) -> bool:
+    """The call's tool has an inverse, and no earlier inverse of this call completed (a
+    conflict that outlives its compensation is a person's to decide)."""
+    tool = run.tools.get(call.name)
+    if tool is None or tool.compensate is None:
+        return False
+    return _compensation_key(run, call) not in run.state.completed_calls
+
+
+def _compensation_args(call: OpenCall) -> str:
+    return canonical_json({"args": json.loads(call.args_json), "of": call.idempotency_key})
+
+
+def _compensation_key(run: Run, call: OpenCall) -> str:
+    # Scoped by the key it undoes: one inverse per call, the same key on every retry of it.
+    return run.idempotency_key(
+        call.idempotency_key, compensation_name(call.name), _compensation_args(call), 0
+    )
+
+
+def _compensate(run: Run, call: OpenCall) -> str | None:
+    """Run the inverse of ``call``'s effect as a call of its own (started, completed,
+    failed or uncertain, like any); returns its key once it completed, else None."""
+    inverse = run.tools[compensation_name(call.name)]
+    key = _compensation_key(run, call)
+    if key in run.state.completed_calls:
+        return key
+    try:
+        if key in run.state.open_calls:
+            recover_call(run, run.state.open_calls[key])
+        else:
+            attempt(
+                run,
+                inverse,
+                _compensation_args(call),
+                key,
+                call_id=f"{call.call_id}{COMPENSATION_SUFFIX}",
+                attempt=1,
+                operation_id=call.idempotency_key,
+            )
+    except (ToolFailed, CallUncertain, Escalated) as exc:
+        # Recorded already (a failed inverse closes with no key; an uncertain one is
+        # escalated as its own call): the call it was to undo goes to a person.
+        log.warning("compensation of %s did not complete: %s", call.idempotency_key, exc)
+    return key if key in run.state.completed_calls else None
+
+
+def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> None:
+    """Retry with the same key; after ``MAX_ATTEMPTS`` a person decides (unless one did)."""
+    tool = run.tools[call.name]
+    if call.attempt >= MAX_ATTEMPTS and not approved:
+        _reconciliation(
+            run,
+            call,
+            outcome,
+            f"{call.attempt} attempts with this key; a person must decide",
+            "escalate",
+        )
+        _escalate(run, call, "uncertain_call", f"{call.attempt} attempts left it unsettled", None)
+        return
+    attempt(
+        run,
+        tool,
+        call.args_json,
+        call.idempotency_key,
+        call_id=call.call_id,
+        attempt=call.attempt + 1,
+        operation_id=call.operation_id,
+    )
+
+
+def recover_call(run: Run, call: OpenCall) -> None:
+    """Take the next recovery step for ``call``: the module table, read top to bottom."""
+    key = call.idempotency_key
+    if key not in run.state.open_calls:
+        return
+    if not call.uncertain_recorded and call.status in ("started", "uncertain"):
+        # The owner that started it died before recording an outcome.
+        run.append(
+            EventType.TOOL_CALL_UNCERTAIN,
+            started_seq=call.started_seq,
+            call_id=call.call_id,
+            name=call.name,
+            idempotency_key=key,
+            error="started but never completed: the previous owner stopped first",
+            detected_by="recovery",
+        )
+        call = run.state.open_calls[key]
+    tool = run.tools.get(call.name)
+    if call.status == "decided":
+        _on_decision(run, call, tool)
+    elif call.status in ("escalated", "conflict"):
+        if call.approval_id is None:
+            # Escalated by a reconciliation event whose approval request never followed
+            # (the writer died between the two appends): without a request nobody can
+            # decide it, so ask now, with what the reconciliation recorded.
+            _re_request(run, call)
+        # otherwise it waits for a person
+    elif tool is None:
+        log.info("call %s (%s) stays uncertain: tool not given to open_run", key, call.name)
+    elif tool.reconcile is not None:
+        evidence = _lookup(run, call, tool)
+        _ON_EVIDENCE[type(evidence)](run, call, tool, evidence)
+    else:
+        _ON_RISK[tool.risk](run, call)
+
+
+def _lookup(run: Run, call: OpenCall, tool: Tool) -> Evidence:
+    """The tool's reconciler's answer; a failing or buggy lookup is no evidence."""
+    assert tool.reconcile is not None
+    key = call.idempotency_key
+    ctx = CallContext(run.run_id, run.tenant, run.epoch, key, call.attempt, call.started_seq)
+    try:
+        with call_context(ctx):
+            evidence = tool.reconcile(json.loads(call.args_json), idempotency_key=key)
+    except Exception as exc:  # noqa: BLE001 - a failing lookup is simply no evidence
+        return Unavailable(f"lookup raised {type(exc).__name__}: {exc}")
+    if not isinstance(evidence, Match | Absent | Conflict | Unavailable):
+        # A reconciler bug is no evidence either; never let it block the run forever.
+        return Unavailable(f"reconciler returned {evidence!r}, not Match/Absent/...")
+    return evidence
+
+
+def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> None:
+    """A person decided: approved retries with the same key; rejected closes the call
+    (after undoing what may have happened, when the tool has an inverse)."""
+    key = call.idempotency_key
+    if call.decision:
+        if tool is None:
+            return  # the retry needs the tool; a worker that has it will do it
+        _reconciliation(
+            run,
+            call,
+            "decided",
+            f"{call.decided_by} approved a retry with the same key",
+            "retry",
+            call.decision_note,
+        )
+        _retry(run, run.state.open_calls[key], "decided", approved=True)
+    elif tool is not None and tool.compensate is not None:
+        _reconciliation(
+            run,
+            call,
+            "decided",
+            f"{call.decided_by} ruled it must not stand: compensate, then close",
+            "resolve",
+            call.decision_note,
+        )
+        undone = _compensate(run, run.state.open_calls[key])
+        if undone is None:
+            _reconciliation(
+                run,
+                run.state.open_calls[key],
+                "decided",
+                "its compensation did not complete: a person must decide again",
+                "escalate",
+            )
+            _escalate(
+                run,
+                run.state.open_calls[key],
+                "uncertain_call",
+                f"the compensation of {call.name} did not complete",
+                None,
+            )
+            return
+        _complete(
+            run,
+            run.state.open_calls[key],
+            f"resolved by {call.decided_by}: {call.decision_note} (compensated by {undone})",
+        )
+    else:
+        _reconciliation(
+            run,
+            call,
+            "decided",
+            f"{call.decided_by} ruled it must not run again",
+            "resolve",
+            call.decision_note,
+        )
+        _complete(
+            run, run.state.open_calls[key], f"resolved by {call.decided_by}: {call.decision_note}"
+        )
+
+
+def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+    assert isinstance(evidence, Match)
+    _reconciliation(
+        run,
+        call,
+        "match",
+        "authoritative lookup found the same effect",
+        "complete",
+        evidence.result,
+    )
+    _complete(run, run.state.open_calls[call.idempotency_key], evidence.result)
+
+
+def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+    assert isinstance(evidence, Absent)
+    _reconciliation(
+        run,
+        call,
+        "absent",
+        "authoritative absence and the original request can no longer commit",
+        "retry",
+        evidence.evidence,
+    )
+    _retry(run, run.state.open_calls[call.idempotency_key], "absent")
+
+
+def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+    """Stop the run and ask a person with both payloads; a reversible tool with an inverse
+    first undoes the conflicting effect and, once undone, retries with the key."""
+    assert isinstance(evidence, Conflict)
+    key = call.idempotency_key
+    both = json.dumps(
+        {"intended": json.loads(call.args_json), "found": evidence.detail}, sort_keys=True
+    )
+    if _compensable(run, call):
+        _reconciliation(
+            run,
+            call,
+            "conflict",
+            "a conflicting effect of a reversible tool: compensate it, then retry",
+            "retry_compensate",
+            evidence.detail,
+        )
+        if _compensate(run, run.state.open_calls[key]) is not None:
+            _retry(run, run.state.open_calls[key], "conflict")
+            return
+        _reconciliation(
+            run,
+            run.state.open_calls[key],
+            "conflict",
+            "the compensation did not complete: a person must decide",
+            "escalate",
+            evidence.detail,
+        )
+        reason = f"conflicting {call.name} effect found; its compensation did not complete"
+        _escalate(run, run.state.open_calls[key], "conflict", reason, both)
+        return
+    _reconciliation(
+        run,
+        call,
+        "conflict",
+        "an effect with this identity differs from the intended one",
+        "escalate",
+        evidence.detail,
+    )
+    _escalate(
+        run, run.state.open_calls[key], "conflict", f"conflicting {call.name} effect found", both
+    )
+
+
+def _on_unavailable(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+    assert isinstance(evidence, Unavailable)
+    _reconciliation(
+        run,
+        call,
+        "unavailable",
+        "no evidence either way: never retry on absence of evidence",
+        "keep_uncertain",
+        evidence.reason,
+    )
+
+
+def _on_safe(run: Run, call: OpenCall) -> None:
+    _reconciliation(run, call, "no_reconciler", "risk=safe: repeating it is harmless", "retry")
+    _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
+
+
+def _on_reversible(run: Run, call: OpenCall) -> None:
+    _reconciliation(
+        run,
+        call,
+        "no_reconciler",
+        "risk=reversible: retry; compensate if the first attempt also took effect",
+        "retry_compensate",
+    )
+    _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
+
+
+def _on_irreversible(run: Run, call: OpenCall) -> None:
+    _reconciliation(
+        run,
+        call,
+        "no_reconciler",
+        "risk=irreversible without lookup: a person must decide",
+        "escalate",
+    )
+    _escalate(
+        run,
+        run.state.open_calls[call.idempotency_key],
+        "uncertain_call",
+        f"{call.name} may or may not have taken effect",
+        None,
+    )
+
+
+# The module table as code: evidence first, then (without a lookup) the risk class.
+_ON_EVIDENCE: dict[type, Callable[[Run, OpenCall, Tool, Evidence], None]] = {
+    Match: _on_match,
+    Absent: _on_absent,
+    Conflict: _on_conflict,
+    Unavailable: _on_unavailable,
+}
+_ON_RISK: dict[str, Callable[[Run, OpenCall], None]] = {
+    "safe": _on_safe,
+    "reversible": _on_reversible,
+    "irreversible": _on_irreversible,
+}

@@ -1,0 +1,296 @@
+"""Opening a run: the one call that starts and resumes.
+
+Acquire the lease, replay the run's valid log into state, claim ownership with
+RUN_STARTED or RUN_RESUMED (confirmed by reading the log back), then settle uncertain calls
+before anything else may act.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+
+import redis
+
+from runlog.errors import Fenced, RedisUnavailable, RunLocked, TenantMismatch, UnknownRun
+from runlog.log.fold import read_run
+from runlog.log.reader import LogReader
+from runlog.producers import calls
+from runlog.producers.approvals import decisions_key
+from runlog.producers.lease import METRICS, Held, Lease
+from runlog.producers.run import Run, RunDeps, _valid_kept
+from runlog.producers.tools import Tool
+from runlog.producers.writer import Delivered
+from runlog.projections.run_state import RunState
+from runlog.schemas import codec
+from runlog.schemas.keys import check_run_id, new_run_id, partition_for
+from runlog.schemas.vocabulary import EventType
+
+log = logging.getLogger(__name__)
+
+CLAIM_ATTEMPTS = 5
+"""Claims lost to concurrent owners before this worker gives up (it is then fenced)."""
+
+
+def _acquire(
+    deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
+) -> Lease:
+    owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = deps.leases.try_acquire(
+            tenant, run_id, owner, deps.settings.lease_ttl_ms, force=takeover
+        )
+        if isinstance(got, Lease):
+            return got
+        assert isinstance(got, Held)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RunLocked(
+                f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
+                run_id=run_id,
+            )
+        time.sleep(min(remaining, max(0.02, min(got.ttl_ms / 1000, 0.05))))
+
+
+def open_run_with(
+    deps: RunDeps,
+    run_id: str | None = None,
+    *,
+    tenant: str = "default",
+    tools: Iterable[Tool] = (),
+    wait_s: float | None = None,
+    agent: str = "",
+    goal: str = "",
+    reason: str = "",
+    recover: bool = True,
+    create: bool = True,
+    takeover: bool = False,
+) -> Run:
+    """Start a new run or resume an existing one: the same call either way.
+
+    ``create=False`` refuses to start a run that has no events (``UnknownRun``).
+    ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
+    for a supervisor that knows the owner died (it saw the process exit). If the owner
+    was alive after all, fencing stops it at its next append.
+    """
+
+    if run_id is None:
+        return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
+    rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
+    wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
+    lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
+    try:
+        reader = deps.reader_factory()
+        try:
+            run = _replay(deps, reader, lease, tools)
+            if not create and run.state.status == "new":
+                raise UnknownRun(f"run {rid} has no events", run_id=rid)
+            if run.state.status != "finished":
+                _claim(run, reader, agent=agent, goal=goal, reason=reason)
+        finally:
+            reader.close()
+        if recover and run.state.status != "finished":
+            # Decisions people queued while another worker held the run settle its
+            # escalated calls; without this only an action-approval wait ever read them.
+            run.poll_decisions()
+            calls.recover(run)
+        return run
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _start_fresh(
+    deps: RunDeps, tenant: str, tools: Iterable[Tool], *, agent: str, goal: str
+) -> Run:
+    """Start a run under an id minted here: nothing to replay and no race to lose.
+
+    The id holds 64 random bits and nobody else knows it yet, so no other writer can have
+    appended to it: RUN_STARTED is folded locally and needs no read-back (the reader's
+    consumer would cost more than the whole append).
+    """
+    rid = new_run_id()
+    partition = partition_for(rid, deps.partition_count())
+    lease = _acquire(deps, tenant, rid, 0)
+    try:
+        run = Run(
+            deps=deps,
+            lease=lease,
+            state=RunState(),
+            tools=toolset(tools),
+            partition=partition,
+            position=0,
+        )
+        with run._lock:
+            run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
+            (delivered,) = run.barrier()
+        run.position = delivered.offset + 1
+        run._mark_log_view()
+        _index_start(run, delivered)
+        log.info("run %s started at epoch %s", rid, run.epoch)
+        return run
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
+    rid, tenant = lease.run_id, lease.tenant
+    got = read_run(
+        reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots, keep=True
+    )
+    if got.snapshot_miss is not None:
+        log.warning("snapshot of %s does not continue into the log; full replay", rid)
+    state = got.state
+    if state.tenant and state.tenant != tenant:
+        raise TenantMismatch(
+            f"run id {rid} belongs to another tenant; choose another run id",
+            run_id=rid,
+        )
+    run = Run(
+        deps=deps,
+        lease=lease,
+        state=state,
+        tools=toolset(tools),
+        partition=got.partition,
+        position=got.end,
+        first_offset=got.folded.first_offset,
+        _since_turn=None if got.source == "snapshot" else [],
+    )
+    kept = _valid_kept(got.folded)
+    if any(ev.type is EventType.MODEL_TURN for ev in kept):
+        run._since_turn = []
+    for ev in kept:
+        run._note(ev)
+    if state.max_epoch_seen >= lease.epoch:
+        # Redis forgot epochs the log remembers (restart without persistence): go above them.
+        lease.raise_floor(state.max_epoch_seen)
+        if lease.lost:
+            raise Fenced(f"lease of {rid} lost while raising its epoch", run_id=rid)
+    return run
+
+
+def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -> None:
+    """Append the ownership event and confirm, by reading the log back, that it counts.
+
+    A previous owner's append can land between our replay and our claim; the log then
+    rejects our claim (wrong expected seq) and we claim again above what we now know.
+    The claim is not folded locally: the state comes from reading the log back.
+    """
+    for _ in range(CLAIM_ATTEMPTS):
+        st = run.state
+        if st.status == "new":
+            ev = run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=False)
+        else:
+            gap = None
+            if st.last_event_at is not None:
+                gap = int((codec.now_utc() - st.last_event_at).total_seconds() * 1000)
+            payload = {
+                "previous_epoch": st.epoch,
+                "expected_prev_seq": st.seq,
+                "gap_ms": gap,
+                "reason": reason or "resumed by a new owner",
+            }
+            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+        (delivered,) = run.barrier()
+        accepted = run._read_back(reader, delivered.offset + 1)
+        # Our own event must be the one the log accepted: after Redis lost its data, a
+        # writer holding the same epoch number could otherwise confirm our claim for us.
+        if ev.event_id in accepted:
+            run._mark_log_view()
+            if ev.type is EventType.RUN_STARTED:
+                _index_start(run, delivered)
+            else:
+                METRICS["takeovers"] += 1
+            log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
+            return
+        METRICS["claims_lost"] += 1
+        if run.state.tenant and run.state.tenant != run.tenant:
+            raise TenantMismatch(
+                f"run id {run.run_id} was started by another tenant meanwhile",
+                run_id=run.run_id,
+            )
+        if run.state.status == "finished":
+            # The previous owner's RUN_FINISHED landed first: nothing left to own.
+            log.info("run %s finished before our claim; returning it as finished", run.run_id)
+            return
+        log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
+        if run.state.max_epoch_seen > run.epoch:
+            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
+        if run.state.epoch >= run.epoch:
+            # Same epoch number in the log (Redis forgot it): move above it, then claim.
+            run.lease.raise_floor(run.state.max_epoch_seen)
+            if run.lease.lost:
+                raise run._fenced("lease lost while moving above a colliding epoch")
+    raise run._fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
+
+
+def _index_start(run: Run, delivered: Delivered) -> None:
+    try:
+        run.deps.redis.set(
+            run.deps.start_key(run.tenant, run.run_id),
+            f"{delivered.partition}:{delivered.offset}",
+            nx=True,
+        )
+    except redis.RedisError as exc:
+        # Only an optimisation: readers fall back to the run id's time or a scan.
+        log.warning("could not index the start of %s: %s", run.run_id, exc)
+
+
+def toolset(tools: Iterable[Tool]) -> dict[str, Tool]:
+    """The run's tools by name, with the compensation of each tool that declares one."""
+    out: dict[str, Tool] = {}
+    for t in tools:
+        out[t.name] = t
+        inverse = t.compensation()
+        if inverse is not None:
+            out[inverse.name] = inverse
+    return out
+
+
+def submit_decision(
+    deps: RunDeps,
+    run_id: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str = "",
+    tenant: str = "default",
+    tools: Iterable[Tool] = (),
+) -> str:
+    """Record a person's decision: directly if the run is free, else via its owner's inbox.
+
+    Returns ``"recorded"`` or ``"queued"``. Taking the free run to record the decision is
+    an ownership change like any other (a RUN_RESUMED with the reason).
+    """
+    try:
+        run = open_run_with(
+            deps,
+            run_id,
+            tenant=tenant,
+            tools=tools,
+            wait_s=0,
+            recover=False,
+            create=False,
+            reason=f"decision by {decided_by}",
+        )
+    except RunLocked:
+        entry = {
+            "approval_id": approval_id,
+            "approved": approved,
+            "decided_by": decided_by,
+            "note": note,
+        }
+        try:
+            deps.redis.rpush(decisions_key(deps, tenant, run_id), json.dumps(entry, sort_keys=True))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
+        return "queued"
+    with run:
+        run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+    return "recorded"
