@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -247,3 +248,22 @@ def secure_stack() -> Iterator[stack.StackConfig]:
     yield cfg
     if not was_running:
         stack.down(cfg)
+
+
+@pytest.fixture
+def fast(test_settings: Settings) -> Iterator[Settings]:
+    """This test's stack with a short lease, so a takeover after a kill takes ~1.5 s; the
+    process's shared clients for it are closed afterwards."""
+    from workers.common import services_for
+
+    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
+    with services_for(s):
+        yield s
+
+
+@pytest.fixture
+def ledger(fast: Settings, redis_client: redis.Redis) -> Any:
+    """The effects receivers record, one entry per idempotency key (tests/workers/common)."""
+    from workers.common import Ledger
+
+    return Ledger(redis_client, fast.redis_key_prefix)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,18 +29,6 @@ from runlog.settings import Settings
 pytestmark = pytest.mark.timeout(120)
 
 GROWN = 6
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
-
-
-@pytest.fixture
-def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
-    return Ledger(redis_client, fast.redis_key_prefix)
 
 
 def _moving_run_id(settings: Settings) -> str:

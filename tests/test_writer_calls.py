@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
-from workers.common import Ledger, assert_log_sound, read_log, services_for, verdicts
+from workers.common import Ledger, assert_log_sound, read_log, verdicts
 
 import runlog
 from runlog.schemas import models as m
@@ -25,18 +25,6 @@ from runlog.settings import Settings
 pytestmark = pytest.mark.timeout(60)
 
 ARGS = {"amount": 7, "acct": "A-1"}
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
-
-
-@pytest.fixture
-def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
-    return Ledger(redis_client, fast.redis_key_prefix)
 
 
 class Charge:

@@ -5,12 +5,10 @@ projections. The receiver is a real ledger in Redis whose inverse can fail."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
-from workers.common import Ledger, assert_log_sound, read_log, services_for, verdicts
+from workers.common import Ledger, assert_log_sound, read_log, verdicts
 
 import runlog
 from runlog.projections import audit, uncertain
@@ -22,18 +20,6 @@ from runlog.settings import Settings
 pytestmark = pytest.mark.timeout(60)
 
 ARGS = {"room": "R-7", "nights": 2}
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
-
-
-@pytest.fixture
-def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
-    return Ledger(redis_client, fast.redis_key_prefix)
 
 
 class Booking:

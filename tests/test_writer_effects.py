@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,18 +44,6 @@ pytestmark = pytest.mark.timeout(120)
 
 EFFECTS = TESTS / "workers" / "effects_worker.py"
 CUT = re.compile(r"\[runlog: cut (\d+) of (\d+) bytes; sha256 ([0-9a-f]{64}) of the whole text")
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
-
-
-@pytest.fixture
-def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
-    return Ledger(redis_client, fast.redis_key_prefix)
 
 
 def start(settings: Settings, tmp: Path, name: str, *args: str) -> Worker:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workers.common import assert_log_sound, read_log, services_for, start_worker
+from workers.common import assert_log_sound, read_log, start_worker
 
 import runlog
 from runlog.schemas.keys import new_run_id
@@ -25,13 +24,6 @@ pytestmark = pytest.mark.timeout(90)
 
 APPENDS = 300
 TAKEOVERS = 3
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
 
 
 def _pct(samples: list[float], q: float) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from workers.common import (
     delete_prefix,
     fold_log,
     read_log,
-    services_for,
     start_worker,
     verdicts,
 )
@@ -31,13 +29,6 @@ pytestmark = pytest.mark.timeout(120)
 
 FREE_TRIALS = 12
 EXPIRED_TRIALS = 6
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
 
 
 def _events(settings: Settings, run_id: str) -> list[m.Event]:

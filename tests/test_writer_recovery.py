@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,21 +35,6 @@ from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    """This test's stack with a short lease, so takeovers after a kill take ~1.5 s."""
-    from workers.common import services_for
-
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
-
-
-@pytest.fixture
-def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
-    return Ledger(redis_client, fast.redis_key_prefix)
 
 
 def _events(settings: Settings, run_id: str) -> list[m.Event]:

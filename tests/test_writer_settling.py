@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from workers.common import (
     EXIT_ESCALATED,
     ROOT,
@@ -24,7 +22,6 @@ from workers.common import (
     assert_log_sound,
     payloads,
     read_log,
-    services_for,
     worker_env,
 )
 
@@ -39,18 +36,6 @@ pytestmark = pytest.mark.timeout(120)
 
 EFFECTS = TESTS / "workers" / "effects_worker.py"
 ARGS = {"amount": 7, "acct": "A-1"}
-
-
-@pytest.fixture
-def fast(test_settings: Settings) -> Iterator[Settings]:
-    s = test_settings.model_copy(update={"lease_ttl_ms": 1500})
-    with services_for(s):
-        yield s
-
-
-@pytest.fixture
-def ledger(fast: Settings, redis_client: redis.Redis) -> Ledger:
-    return Ledger(redis_client, fast.redis_key_prefix)
 
 
 def _events(settings: Settings, run_id: str) -> list[m.Event]:
