@@ -45,9 +45,12 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # topics go to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
+# With a schema registry running (runlog stack up --registry), writers use it: register
+# the released schemas too, or their first append is refused.
 stack: venv
 	$(RUNLOG) stack up
-	eval "$$($(RUNLOG) stack env)" && $(RUNLOG) topics create
+	eval "$$($(RUNLOG) stack env)" && $(RUNLOG) topics create && \
+	  if [ -n "$$RUNLOG_SCHEMA_REGISTRY_URL" ]; then $(RUNLOG) schemas register >/dev/null; fi
 
 topics: venv
 	$(RUNLOG) topics create
