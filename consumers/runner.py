@@ -247,6 +247,11 @@ class ProjectionRunner:
                 raise Stopped(f"stopped while retrying {what}") from err
             delay = min(delay * 2, BACKOFF_CAP_S)
 
+    def _forget(self, partition: int) -> None:
+        """This runner may no longer be the partition's only writer: drop cached states."""
+        for h in self.handlers:
+            h.forget(partition)
+
     # Positions --------------------------------------------------------------------------
     def stored(self, partitions: Iterable[int]) -> dict[tuple[str, int], tuple[int, int]]:
         """(projection, partition) -> (stored position or -1, generation or 0)."""
@@ -310,6 +315,7 @@ class ProjectionRunner:
     def _rewind(self, partition: int) -> None:
         """The stored position went back: refetch the partition from it."""
         self.stats.regressions += 1
+        self._forget(partition)
         pos = self._adopt([partition])[partition]
         log.warning(
             "stored position of %s[%s] went back to %s (Redis lost writes, or a key was "
@@ -341,6 +347,7 @@ class ProjectionRunner:
         # Generations before the markers: a rebuild sets its marker before it moves them.
         pos = self._adopt(tp.partition for tp in partitions)
         for tp in partitions:
+            self._forget(tp.partition)
             p = pos[tp.partition]
             tp.offset = p + 1 if p >= 0 else OFFSET_BEGINNING
             self._next[tp.partition] = max(p + 1, 0)
@@ -357,6 +364,7 @@ class ProjectionRunner:
         self._assigned -= {tp.partition for tp in partitions}
         for tp in partitions:
             self.stats.lag.pop(tp.partition, None)
+            self._forget(tp.partition)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     # Rebuild fencing --------------------------------------------------------------------
@@ -386,6 +394,7 @@ class ProjectionRunner:
         parts = sorted(self._assigned)
         pos = self._adopt(parts)
         for p in parts:
+            self._forget(p)
             self._seek(p, pos[p])
         if parts:
             self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
@@ -487,6 +496,9 @@ class ProjectionRunner:
                         # Writing on top would skip the records between pos and what we
                         # applied, for good: refetch from pos instead.
                         raise _PositionRegressed
+                    if pos != self._expected.get(me, -1):
+                        # Another writer moved the position: the cached states are stale.
+                        handler.forget(partition)
                     todo = [r for r in recs if r.offset > pos]
                     self.stats.skipped += len(recs) - len(todo)
                     if not todo:
@@ -554,7 +566,14 @@ class ProjectionRunner:
                 except redis.WatchError:
                     # Someone else (a zombie, a rebuild) moved the position: recompute.
                     self.stats.watch_conflicts += 1
+                    handler.forget(partition)
                     continue
+                except BaseException:
+                    # The fold mutated cached states, and the EXEC may or may not have
+                    # happened: only Redis knows now.
+                    handler.forget(partition)
+                    raise
+            handler.committed(batch)
             self._expected[me] = todo[-1].offset
             self.stats.applied[handler.name] += applied
             self.stats.quarantined += len(bad)
