@@ -417,13 +417,11 @@ class UncertainHandler(Handler[uncertain.UncertainRun]):
     def dumps(self, state: uncertain.UncertainRun) -> dict[str, Any]:
         return state.to_dict()
 
-    def remember(self, state: uncertain.UncertainRun) -> Any:
-        return set(state.calls)
-
     def on_event(
         self, batch: Batch[uncertain.UncertainRun], state: uncertain.UncertainRun, rec: Decoded
     ) -> None:
-        delta = uncertain.apply_event(state, rec.event)
+        changed: dict[str, set[str]] = batch.extra.setdefault("changed", {})
+        delta = uncertain.apply_event(state, rec.event, changed.setdefault(rec.event.run_id, set()))
         totals: dict[str, int] = batch.extra.setdefault("counters", {})
         for name, n in delta.items():
             totals[name] = totals.get(name, 0) + n
@@ -431,12 +429,13 @@ class UncertainHandler(Handler[uncertain.UncertainRun]):
     def write_run(
         self, pipe: Any, batch: Batch[uncertain.UncertainRun], run_id: str, state: Any
     ) -> None:
-        old: set[str] = batch.before.get(run_id) or set()
-        gone = old - set(state.calls)
+        # Only the calls this batch's events touched: the others are already in Redis.
+        changed = batch.extra.get("changed", {}).get(run_id, set())
         key = self.keys.open(batch.partition)
+        gone = sorted(f"{run_id}{SEP}{k}" for k in changed if k not in state.calls)
         if gone:
-            pipe.hdel(key, *sorted(f"{run_id}{SEP}{k}" for k in gone))
-        for k in sorted(state.calls):
+            pipe.hdel(key, *gone)
+        for k in sorted(k for k in changed if k in state.calls):
             pipe.hset(key, f"{run_id}{SEP}{k}", dumps(state.calls[k].to_dict()))
 
     def write_batch(self, pipe: Any, batch: Batch[uncertain.UncertainRun]) -> None:
