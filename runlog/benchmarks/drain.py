@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 import uuid
 
-from runlog.log.clients import redis_client
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
+from runlog.log.clients import redis_client
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
 
