@@ -53,6 +53,8 @@ def _bench(args: argparse.Namespace) -> int:
         )
         st = res["steady"]
         print(f"load {st['events']} events at {st['sent_per_s']:.0f} events/s")
+        if not st["caught_up"]:
+            print(f"NOT caught up: {st['unseen']} events never visible (lag counted to then)")
         print(f"lag p50 {st['p50_ms']:.1f} ms")
         print(f"lag p99 {st['p99_ms']:.1f} ms")
         print(f"lag max {st['max_ms']:.1f} ms")
