@@ -659,6 +659,7 @@ class ProjectionRunner:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+        behind = False
         try:
             while not self._stop.is_set():
                 if self._waiting:
@@ -668,8 +669,11 @@ class ProjectionRunner:
                         self._resume_after_rebuild()
                     continue
                 # consume() returns when the batch fills or the timeout ends: under a light
-                # load the timeout *is* the projection lag, so keep it short.
-                msgs = self._consumer.consume(self.batch_size, timeout=POLL_TIMEOUT_S)
+                # load the timeout *is* the projection lag, so keep it short. A full batch
+                # means a backlog: then take catch-up sized ones, fewer transactions each.
+                size = max(self.batch_size, CATCH_UP_BATCH) if behind else self.batch_size
+                msgs = self._consumer.consume(size, timeout=POLL_TIMEOUT_S)
+                behind = len(msgs) >= size
                 if msgs:
                     self._handle(msgs)
                     self._update_lag()
