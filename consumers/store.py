@@ -312,6 +312,9 @@ def load_state_view(
         return None
     view: dict[str, Any] = json.loads(raw)
     state = view["state"]
+    if view.get("version", 1) < 2:
+        # Stored whole, before the conversation and results moved to their own keys.
+        return view
     state["messages"] = [
         json.loads(m) for m in client.lrange(keys.messages(partition, run_id), 0, -1)
     ]
@@ -333,6 +336,11 @@ class StateHandler(Handler[state_view.StateView]):
 
     name = "state"
 
+    def __init__(self, keys: ProjectionKeys) -> None:
+        super().__init__(keys)
+        self._whole: set[tuple[int, str]] = set()
+        """(partition, run) loaded in the older shape: the next write stores all of it."""
+
     def empty(self) -> state_view.StateView:
         return state_view.StateView()
 
@@ -352,6 +360,8 @@ class StateHandler(Handler[state_view.StateView]):
                 out[rid] = (self.empty(), -1)
                 continue
             offset = int(data.pop(APPLIED, -1))
+            if data.get("version", 1) < 2:
+                self._whole.add((partition, rid))
             out[rid] = (self.loads(data), offset)
         return out
 
@@ -385,7 +395,14 @@ class StateHandler(Handler[state_view.StateView]):
         p, st = batch.partition, state.state
         was: _Loaded = batch.before[run_id]
         msgs = self.keys.messages(p, run_id)
-        if st.compactions != was.compactions:
+        whole = (p, run_id) in self._whole
+        if whole:
+            # A view stored whole (an older store): its first write splits it. Should the
+            # EXEC fail, the runner forgets the partition and the reload marks it again.
+            self._whole.discard((p, run_id))
+            pipe.delete(msgs)
+            new = st.messages
+        elif st.compactions != was.compactions:
             # A compaction replaced the conversation: rare, and bounded by what it kept.
             pipe.delete(msgs)
             new = st.messages
@@ -393,7 +410,9 @@ class StateHandler(Handler[state_view.StateView]):
             new = st.messages[was.messages :]
         if new:
             pipe.rpush(msgs, *[dumps(jsonable(m)) for m in new])
-        keys_done = sorted(batch.extra.get("done", {}).get(run_id, ()))
+        keys_done = sorted(
+            st.completed_calls if whole else batch.extra.get("done", {}).get(run_id, ())
+        )
         if keys_done:
             pipe.hset(
                 self.keys.completed(p, run_id),

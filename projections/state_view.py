@@ -16,8 +16,9 @@ from runlog.projections.run_state import RunState, accept
 from runlog.projections.verdict import slim_dict
 from runlog.schemas.models import Event
 
-VIEW_VERSION = 1
-"""Bump when the stored shape or meaning changes: stored views must then be rebuilt."""
+VIEW_VERSION = 2
+"""Bump when the stored shape or meaning changes. 2: the store keeps the conversation and the
+stored results apart (``to_dict(slim=True)``); a version-1 view is split on its next write."""
 
 
 @dataclass
