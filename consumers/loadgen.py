@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,7 +36,14 @@ class _Run:
 
 
 class LoadGenerator:
-    def __init__(self, settings: Settings, *, seed: int = 1, tenant: str = "load") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        seed: int = 1,
+        tenant: str = "load",
+        on_ack: Callable[[int, int], None] | None = None,
+    ) -> None:
         conf = dict(settings.kafka_common())
         conf.update(
             {
@@ -53,6 +61,8 @@ class LoadGenerator:
         self._errors: list[str] = []
         self._clock = datetime(2025, 1, 1, tzinfo=UTC)
         self.sent = 0
+        self._on_ack = on_ack
+        """Called with (partition, offset) of each acknowledged record (lag benchmarks)."""
 
     def _now(self) -> datetime:
         self._clock += timedelta(milliseconds=self.rng.randint(1, 50))
@@ -82,9 +92,11 @@ class LoadGenerator:
         if seq is None:
             run.seq += 1
 
-        def on_delivery(err: Any, _msg: Any) -> None:
+        def on_delivery(err: Any, msg: Any) -> None:
             if err is not None:
                 self._errors.append(str(err))
+            elif self._on_ack is not None:
+                self._on_ack(msg.partition(), msg.offset())
 
         while True:
             try:

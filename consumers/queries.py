@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.consumers.store import PROJECTIONS, ProjectionKeys, load_state_view
 from runlog.errors import RedisUnavailable, TenantMismatch
 from runlog.schemas.keys import check_run_id, partition_for
 from runlog.settings import Settings
@@ -81,12 +81,11 @@ def get_state(
         p = _find_run(client, keys, settings, run_id)
         if p is None:
             return None
-        raw = client.get(keys.run(p, run_id))
+        view = load_state_view(client, keys, p, run_id)
     except redis.RedisError as exc:
         raise _wrap(exc, f"state of {run_id}") from exc
-    if raw is None:
+    if view is None:
         return None
-    view: dict[str, Any] = json.loads(raw)
     refuse_other_tenant(view["state"]["tenant"], tenant, run_id)
     return view
 

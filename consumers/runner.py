@@ -1,14 +1,19 @@
 """The projection runner: Kafka in, pure folds, one atomic Redis write per partition batch.
 
 Exactly-once effects on an at-least-once log: Redis, not Kafka, holds each projection's
-position per (topic, partition). A partition batch is applied as
+position per (topic, partition). A partition batch is applied, for all the runner's
+projections at once, as
 
-1. ``WATCH pos gen``; read them; stop if the generation moved (a rebuild) or the position
-   is below what this runner applied (below); drop the records at or below it;
-2. load the batch's runs (one MGET), fold the records with the pure projection (a record
-   at or below its run's applied offset is skipped);
-3. ``MULTI`` -> the new run states, entries, counters, quarantine records and ``SET pos``
-   -> ``EXEC``.
+1. ``WATCH`` every projection's ``pos`` and ``gen``; read them; stop if a generation moved
+   (a rebuild) or a position is below what this runner applied (below); drop, per
+   projection, the records at or below its position;
+2. take the batch's runs from the runner's cache (``store.Handler``), loading only those it
+   does not hold; fold the records with each pure projection (a record at or below its
+   run's applied offset is skipped);
+3. ``MULTI`` -> what the records changed (hash fields, list appends, counters, quarantine
+   records) and every ``SET pos`` -> ``EXEC``.
+
+All these keys carry the partition's hash tag, so the transaction stays in one slot.
 
 Effect and position commit together or not at all, so a SIGKILL at any moment loses
 nothing and applies nothing twice. ``WATCH`` makes a zombie (a runner that lost the
@@ -71,7 +76,7 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
-from runlog.consumers.store import Decoded, Handler, Rejected, dumps, make_handler
+from runlog.consumers.store import Batch, Decoded, Handler, Rejected, dumps, make_handler
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
@@ -247,6 +252,11 @@ class ProjectionRunner:
                 raise Stopped(f"stopped while retrying {what}") from err
             delay = min(delay * 2, BACKOFF_CAP_S)
 
+    def _forget(self, partition: int) -> None:
+        """This runner may no longer be the partition's only writer: drop cached states."""
+        for h in self.handlers:
+            h.forget(partition)
+
     # Positions --------------------------------------------------------------------------
     def stored(self, partitions: Iterable[int]) -> dict[tuple[str, int], tuple[int, int]]:
         """(projection, partition) -> (stored position or -1, generation or 0)."""
@@ -310,6 +320,7 @@ class ProjectionRunner:
     def _rewind(self, partition: int) -> None:
         """The stored position went back: refetch the partition from it."""
         self.stats.regressions += 1
+        self._forget(partition)
         pos = self._adopt([partition])[partition]
         log.warning(
             "stored position of %s[%s] went back to %s (Redis lost writes, or a key was "
@@ -341,6 +352,7 @@ class ProjectionRunner:
         # Generations before the markers: a rebuild sets its marker before it moves them.
         pos = self._adopt(tp.partition for tp in partitions)
         for tp in partitions:
+            self._forget(tp.partition)
             p = pos[tp.partition]
             tp.offset = p + 1 if p >= 0 else OFFSET_BEGINNING
             self._next[tp.partition] = max(p + 1, 0)
@@ -357,6 +369,7 @@ class ProjectionRunner:
         self._assigned -= {tp.partition for tp in partitions}
         for tp in partitions:
             self.stats.lag.pop(tp.partition, None)
+            self._forget(tp.partition)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     # Rebuild fencing --------------------------------------------------------------------
@@ -386,6 +399,7 @@ class ProjectionRunner:
         parts = sorted(self._assigned)
         pos = self._adopt(parts)
         for p in parts:
+            self._forget(p)
             self._seek(p, pos[p])
         if parts:
             self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
@@ -451,115 +465,144 @@ class ProjectionRunner:
             if todo:
                 self._produce_quarantined(todo, rejected)
         raw = {m.offset(): m for m in msgs}
-        for handler in self.handlers:
-            try:
-                self._retry(
-                    f"applying {handler.name} to {self.topic}[{partition}]",
-                    functools.partial(self._commit, handler, partition, recs, raw),
-                )
-            except _PositionRegressed:
-                self._rewind(partition)
-                return False
-            except _GenerationMoved:
-                self._fenced(partition)
-                return False
+        try:
+            self._retry(
+                f"applying {'+'.join(h.name for h in self.handlers)} to {self.topic}[{partition}]",
+                functools.partial(self._commit, partition, recs, raw),
+            )
+        except _PositionRegressed:
+            self._rewind(partition)
+            return False
+        except _GenerationMoved:
+            self._fenced(partition)
+            return False
         return True
 
-    def _commit(
-        self,
-        handler: Handler[Any],
-        partition: int,
-        recs: list[Decoded | Rejected],
-        raw: dict[int, Any],
-    ) -> None:
-        keys = handler.keys
-        pos_key, gen_key = keys.pos(partition), keys.gen(partition)
-        me = (handler.name, partition)
+    def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
+        """Every projection's effects and position for one partition batch, in one
+        MULTI/EXEC: one round of WATCH, reads and EXEC per partition, not per projection.
+        Every key it touches carries the partition's hash tag (one Redis Cluster slot)."""
+        watched = [k for h in self.handlers for k in (h.keys.pos(partition), h.keys.gen(partition))]
         while True:
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(pos_key, gen_key)  # type: ignore[no-untyped-call]
-                    stored, gen_raw = pipe.mget(pos_key, gen_key)
-                    pos = int(stored) if stored is not None else -1
-                    if (int(gen_raw) if gen_raw is not None else 0) != self._gens.get(me, 0):
-                        raise _GenerationMoved
-                    if pos < self._expected.get(me, -1):
-                        # Writing on top would skip the records between pos and what we
-                        # applied, for good: refetch from pos instead.
-                        raise _PositionRegressed
-                    todo = [r for r in recs if r.offset > pos]
-                    self.stats.skipped += len(recs) - len(todo)
-                    if not todo:
-                        self._expected[me] = pos
-                        return
-                    run_ids = sorted(
-                        {
-                            rid
-                            for r in todo
-                            if (rid := r.event.run_id if isinstance(r, Decoded) else r.run_id)
-                        }
-                    )
-                    batch = handler.begin(pipe, partition, run_ids)
-                    # A record that names no run leaves no trace in any run's state; its
-                    # quarantine entry (keyed by offset) is what says it was applied.
-                    orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
-                    recorded: set[int] = set()
-                    if orphans:
-                        present = pipe.hmget(
-                            keys.quarantine(partition), [str(r.offset) for r in orphans]
-                        )
-                        recorded = {
-                            r.offset for r, v in zip(orphans, present, strict=True) if v is not None
-                        }
-                    took = [
-                        r
-                        for r in todo
-                        if handler.apply(batch, r)
-                        or (
-                            isinstance(r, Rejected)
-                            and r.run_id is None
-                            and r.offset not in recorded
-                        )
-                    ]
-                    applied = sum(1 for r in took if isinstance(r, Decoded))
-                    bad = [r for r in took if isinstance(r, Rejected)]
+                    pipe.watch(*watched)  # type: ignore[no-untyped-call]
+                    values = iter(pipe.mget(watched))
+                    plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]] = []
+                    for handler in self.handlers:
+                        me = (handler.name, partition)
+                        stored, gen_raw = next(values), next(values)
+                        pos = int(stored) if stored is not None else -1
+                        if (int(gen_raw) if gen_raw is not None else 0) != self._gens.get(me, 0):
+                            raise _GenerationMoved
+                        if pos < self._expected.get(me, -1):
+                            # Writing on top would skip the records between pos and what
+                            # we applied, for good: refetch from pos instead.
+                            raise _PositionRegressed
+                        if pos != self._expected.get(me, -1):
+                            # Another writer moved the position: the cached states are stale.
+                            handler.forget(partition)
+                        todo = [r for r in recs if r.offset > pos]
+                        plans.append((handler, todo, pos))
+                    writes = [self._fold(pipe, partition, h, todo) for h, todo, _ in plans]
                     pipe.multi()
-                    handler.write(pipe, batch)
-                    for r in bad:
-                        msg = raw[r.offset]
-                        pipe.hset(
-                            keys.quarantine(partition),
-                            str(r.offset),
-                            dumps(
-                                {
-                                    "topic": self.topic,
-                                    "partition": partition,
-                                    "offset": r.offset,
-                                    "run_id": r.run_id,
-                                    "key_b64": _b64(msg.key()),
-                                    "value_b64": _b64(msg.value()),
-                                    "headers": [[k, _b64(v)] for k, v in (msg.headers() or [])],
-                                    "timestamp_ms": msg.timestamp()[1],
-                                    "error": r.error,
-                                    "message": r.message,
-                                }
-                            ),
-                        )
-                    if applied:
-                        pipe.hincrby(keys.stats(partition), "applied", applied)
-                    if bad:
-                        pipe.hincrby(keys.stats(partition), "quarantined", len(bad))
-                    pipe.set(pos_key, todo[-1].offset)
-                    pipe.execute()
+                    for (handler, todo, _), (batch, took) in zip(plans, writes, strict=True):
+                        if todo:
+                            self._queue_writes(pipe, partition, handler, batch, took, todo, raw)
+                    if any(todo for _, todo, _ in plans):
+                        pipe.execute()
                 except redis.WatchError:
-                    # Someone else (a zombie, a rebuild) moved the position: recompute.
+                    # Someone else (a zombie, a rebuild) moved a position: recompute.
                     self.stats.watch_conflicts += 1
+                    self._forget(partition)
                     continue
-            self._expected[me] = todo[-1].offset
-            self.stats.applied[handler.name] += applied
-            self.stats.quarantined += len(bad)
-            self.stats.skipped += len(todo) - len(took)
+                except BaseException:
+                    # The folds mutated cached states, and the EXEC may or may not have
+                    # happened: only Redis knows now.
+                    self._forget(partition)
+                    raise
+            for (handler, todo, pos), (batch, took) in zip(plans, writes, strict=True):
+                me = (handler.name, partition)
+                self.stats.skipped += len(recs) - len(todo)
+                if not todo:
+                    self._expected[me] = pos
+                    continue
+                if batch is not None:
+                    handler.committed(batch)
+                self._expected[me] = todo[-1].offset
+                self.stats.applied[handler.name] += sum(1 for r in took if isinstance(r, Decoded))
+                self.stats.quarantined += sum(1 for r in took if isinstance(r, Rejected))
+                self.stats.skipped += len(todo) - len(took)
             return
+
+    def _fold(
+        self, pipe: Any, partition: int, handler: Handler[Any], todo: list[Decoded | Rejected]
+    ) -> tuple[Batch[Any] | None, list[Decoded | Rejected]]:
+        """Fold ``todo`` into its runs (reads in WATCH mode); the records it took."""
+        if not todo:
+            return None, []
+        run_ids = sorted(
+            {rid for r in todo if (rid := r.event.run_id if isinstance(r, Decoded) else r.run_id)}
+        )
+        batch = handler.begin(pipe, partition, run_ids)
+        # A record that names no run leaves no trace in any run's state; its quarantine
+        # entry (keyed by offset) is what says it was applied.
+        orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
+        recorded: set[int] = set()
+        if orphans:
+            present = pipe.hmget(
+                handler.keys.quarantine(partition), [str(r.offset) for r in orphans]
+            )
+            recorded = {r.offset for r, v in zip(orphans, present, strict=True) if v is not None}
+        took = [
+            r
+            for r in todo
+            if handler.apply(batch, r)
+            or (isinstance(r, Rejected) and r.run_id is None and r.offset not in recorded)
+        ]
+        return batch, took
+
+    def _queue_writes(
+        self,
+        pipe: Any,
+        partition: int,
+        handler: Handler[Any],
+        batch: Batch[Any] | None,
+        took: list[Decoded | Rejected],
+        todo: list[Decoded | Rejected],
+        raw: dict[int, Any],
+    ) -> None:
+        """One projection's effects and its position (inside the partition's MULTI)."""
+        keys = handler.keys
+        if batch is not None:
+            handler.write(pipe, batch)
+        applied = sum(1 for r in took if isinstance(r, Decoded))
+        bad = [r for r in took if isinstance(r, Rejected)]
+        for r in bad:
+            msg = raw[r.offset]
+            pipe.hset(
+                keys.quarantine(partition),
+                str(r.offset),
+                dumps(
+                    {
+                        "topic": self.topic,
+                        "partition": partition,
+                        "offset": r.offset,
+                        "run_id": r.run_id,
+                        "key_b64": _b64(msg.key()),
+                        "value_b64": _b64(msg.value()),
+                        "headers": [[k, _b64(v)] for k, v in (msg.headers() or [])],
+                        "timestamp_ms": msg.timestamp()[1],
+                        "error": r.error,
+                        "message": r.message,
+                    }
+                ),
+            )
+        if applied:
+            pipe.hincrby(keys.stats(partition), "applied", applied)
+        if bad:
+            pipe.hincrby(keys.stats(partition), "quarantined", len(bad))
+        pipe.set(keys.pos(partition), todo[-1].offset)
 
     def _handle(self, msgs: list[Any]) -> None:
         by_part: dict[int, list[Any]] = defaultdict(list)
@@ -616,6 +659,7 @@ class ProjectionRunner:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+        behind = False
         try:
             while not self._stop.is_set():
                 if self._waiting:
@@ -625,8 +669,11 @@ class ProjectionRunner:
                         self._resume_after_rebuild()
                     continue
                 # consume() returns when the batch fills or the timeout ends: under a light
-                # load the timeout *is* the projection lag, so keep it short.
-                msgs = self._consumer.consume(self.batch_size, timeout=POLL_TIMEOUT_S)
+                # load the timeout *is* the projection lag, so keep it short. A full batch
+                # means a backlog: then take catch-up sized ones, fewer transactions each.
+                size = max(self.batch_size, CATCH_UP_BATCH) if behind else self.batch_size
+                msgs = self._consumer.consume(size, timeout=POLL_TIMEOUT_S)
+                behind = len(msgs) >= size
                 if msgs:
                     self._handle(msgs)
                     self._update_lag()

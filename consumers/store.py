@@ -11,7 +11,9 @@ Per (projection, topic, partition):
 ``stats``           hash: ``applied`` (decoded records folded), ``quarantined``
 ``quarantine``      hash: offset -> JSON (original bytes base64, error class and message)
 ``runs``            set of run ids seen in the partition
-``run:<id>``        JSON of the projection's per-run state
+``run:<id>``        JSON of the projection's per-run state (state: without the two below)
+``msgs:<id>``       state only: list, the run's conversation, one JSON message per entry
+``done:<id>``       state only: hash, idempotency key -> stored result of the completed call
 ``sum:<id>``        state only: hash summary of the run (plus the run index's fields)
 ``ix:*``            state only: the run index (``consumers.index``)
 ``open``            uncertain only: hash ``<run>\\x1f<key>`` -> JSON of an open uncertain call
@@ -47,7 +49,8 @@ import redis
 
 from runlog.consumers import index
 from runlog.projections import audit, state_view, uncertain
-from runlog.schemas.models import Event
+from runlog.projections.run_state import jsonable
+from runlog.schemas.models import Event, ToolCallCompleted
 
 S = TypeVar("S")
 
@@ -97,6 +100,12 @@ class ProjectionKeys:
 
     def counters(self, partition: int) -> str:
         return f"{self.part(partition)}:counters"
+
+    def messages(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:msgs:{run_id}"
+
+    def completed(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:done:{run_id}"
 
     def log(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:log:{run_id}"
@@ -148,13 +157,28 @@ class Batch(Generic[S]):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+MAX_CACHED_RUNS = 10_000
+"""Per partition and projection: past it the runner's cache of run states starts over."""
+
+
 class Handler(ABC, Generic[S]):
-    """The store half of a projection: load per-run states, fold a batch, queue writes."""
+    """The store half of a projection: load per-run states, fold a batch, queue writes.
+
+    The states of the runs a runner folded stay in memory between batches (``_cache``),
+    so a batch loads only runs it has not seen and writes only what its records changed:
+    the store work of one event does not grow with the length of its run. The cache holds
+    exactly what Redis holds as long as this runner is the only writer of the partition
+    and every batch it folded was committed; the runner calls ``forget`` whenever either
+    may not hold (an assignment or revocation, a position another writer moved, a failed
+    or unknown EXEC: a fold mutates the cached states before the commit).
+    """
 
     name: str
 
     def __init__(self, keys: ProjectionKeys) -> None:
         self.keys = keys
+        self._cache: dict[int, dict[str, tuple[S, int]]] = {}
+        """Partition -> run id -> (state, applied offset), as committed."""
 
     @abstractmethod
     def empty(self) -> S: ...
@@ -181,23 +205,57 @@ class Handler(ABC, Generic[S]):
     def write_batch(self, pipe: Any, batch: Batch[S]) -> None:
         """Extra writes for the whole partition batch."""
 
+    def load_runs(
+        self, client: redis.Redis, partition: int, run_ids: list[str]
+    ) -> dict[str, tuple[S, int]]:
+        """States and applied offsets of ``run_ids`` as stored (absent: empty, -1)."""
+        out: dict[str, tuple[S, int]] = {}
+        raws = client.mget([self.keys.run(partition, r) for r in run_ids])
+        for rid, raw in zip(run_ids, raws, strict=True):
+            if raw is None:
+                out[rid] = (self.empty(), -1)
+                continue
+            data = json.loads(raw)
+            # Views stored before the field existed: no record is known to be in them.
+            offset = int(data.pop(APPLIED, -1))
+            out[rid] = (self.loads(data), offset)
+        return out
+
+    def done(self, state: S) -> bool:
+        """True if no valid record can change the run any more: not worth caching."""
+        return False
+
     # The generic part ----------------------------------------------------------------
+    def forget(self, partition: int | None = None) -> None:
+        """Drop cached states (of one partition, or all): the next batch reloads them."""
+        if partition is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(partition, None)
+
     def begin(self, client: redis.Redis, partition: int, run_ids: list[str]) -> Batch[S]:
-        """Load the runs of a batch (``client`` is a pipeline in WATCH, immediate mode)."""
+        """The runs of a batch: from the cache, the others loaded (``client`` is a
+        pipeline in WATCH, immediate mode)."""
+        cached = self._cache.get(partition, {})
+        missing = [r for r in run_ids if r not in cached]
+        loaded = self.load_runs(client, partition, missing) if missing else {}
         states: dict[str, S] = {}
         offsets: dict[str, int] = {}
-        if run_ids:
-            raws = client.mget([self.keys.run(partition, r) for r in run_ids])
-            for rid, raw in zip(run_ids, raws, strict=True):
-                if raw is None:
-                    states[rid], offsets[rid] = self.empty(), -1
-                    continue
-                data = json.loads(raw)
-                # Views stored before the field existed: no record is known to be in them.
-                offsets[rid] = int(data.pop(APPLIED, -1))
-                states[rid] = self.loads(data)
+        for rid in run_ids:
+            states[rid], offsets[rid] = cached[rid] if rid in cached else loaded[rid]
         before = {rid: self.remember(st) for rid, st in states.items()}
         return Batch(partition=partition, states=states, before=before, offsets=offsets)
+
+    def committed(self, batch: Batch[S]) -> None:
+        """The batch is in Redis: its states are now what Redis holds."""
+        cache = self._cache.setdefault(batch.partition, {})
+        if len(cache) + len(batch.states) > MAX_CACHED_RUNS:
+            cache.clear()
+        for rid, state in batch.states.items():
+            if self.done(state):
+                cache.pop(rid, None)
+            else:
+                cache[rid] = (state, batch.offsets[rid])
 
     def apply(self, batch: Batch[S], rec: Decoded | Rejected) -> bool:
         """Fold ``rec`` into its run; False if the run's state already holds it.
@@ -233,8 +291,55 @@ class Handler(ABC, Generic[S]):
         self.write_batch(pipe, batch)
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    """What the state projection's ``remember`` keeps of a run as loaded."""
+
+    status: str | None
+    """Its run-index status (``index.remember``)."""
+    messages: int
+    """Messages already in its ``msgs`` list."""
+    compactions: int
+    """A compaction since rewrites the list instead of appending to it."""
+
+
+def load_state_view(
+    client: redis.Redis, keys: ProjectionKeys, partition: int, run_id: str
+) -> dict[str, Any] | None:
+    """The stored state view of a run, whole (the conversation and results put back)."""
+    raw = client.get(keys.run(partition, run_id))
+    if raw is None:
+        return None
+    view: dict[str, Any] = json.loads(raw)
+    state = view["state"]
+    if view.get("version", 1) < 2:
+        # Stored whole, before the conversation and results moved to their own keys.
+        return view
+    state["messages"] = [
+        json.loads(m) for m in client.lrange(keys.messages(partition, run_id), 0, -1)
+    ]
+    done = client.hgetall(keys.completed(partition, run_id))
+    state["completed_calls"] = {
+        _text(k): _text(v) for k, v in sorted(done.items(), key=lambda kv: kv[0])
+    }
+    return view
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class StateHandler(Handler[state_view.StateView]):
+    """Stores a run's view as JSON *without* the two parts that grow with every event:
+    the conversation (``msgs:<id>``, a list appended to) and the stored results of
+    completed calls (``done:<id>``, a hash written per completion)."""
+
     name = "state"
+
+    def __init__(self, keys: ProjectionKeys) -> None:
+        super().__init__(keys)
+        self._whole: set[tuple[int, str]] = set()
+        """(partition, run) loaded in the older shape: the next write stores all of it."""
 
     def empty(self) -> state_view.StateView:
         return state_view.StateView()
@@ -243,16 +348,41 @@ class StateHandler(Handler[state_view.StateView]):
         return state_view.StateView.from_dict(data)
 
     def dumps(self, state: state_view.StateView) -> dict[str, Any]:
-        return state.to_dict()
+        return state.to_dict(slim=True)
+
+    def load_runs(
+        self, client: redis.Redis, partition: int, run_ids: list[str]
+    ) -> dict[str, tuple[state_view.StateView, int]]:
+        out: dict[str, tuple[state_view.StateView, int]] = {}
+        for rid in run_ids:
+            data = load_state_view(client, self.keys, partition, rid)
+            if data is None:
+                out[rid] = (self.empty(), -1)
+                continue
+            offset = int(data.pop(APPLIED, -1))
+            if data.get("version", 1) < 2:
+                self._whole.add((partition, rid))
+            out[rid] = (self.loads(data), offset)
+        return out
+
+    def done(self, state: state_view.StateView) -> bool:
+        return state.state.status == "finished"
 
     def remember(self, state: state_view.StateView) -> Any:
-        return index.remember(state)
+        st = state.state
+        return _Loaded(index.remember(state), len(st.messages), st.compactions)
 
     def on_event(
         self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Decoded
     ) -> None:
-        state_view.apply_record(state, rec.event, rec.partition, rec.offset)
-        index.observe(batch.extra, state, rec.event)
+        ev = rec.event
+        if not state_view.fold_record(state, ev, rec.partition, rec.offset):
+            return
+        index.observe(batch.extra, state, ev)
+        p = ev.payload
+        if isinstance(p, ToolCallCompleted) and p.idempotency_key is not None:
+            # Only this key's stored result changed; the others are already in Redis.
+            batch.extra.setdefault("done", {}).setdefault(ev.run_id, set()).add(p.idempotency_key)
 
     def on_rejected(
         self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Rejected
@@ -262,10 +392,36 @@ class StateHandler(Handler[state_view.StateView]):
     def write_run(
         self, pipe: Any, batch: Batch[state_view.StateView], run_id: str, state: Any
     ) -> None:
-        pipe.hset(self.keys.summary(batch.partition, run_id), mapping=state.summary())
+        p, st = batch.partition, state.state
+        was: _Loaded = batch.before[run_id]
+        msgs = self.keys.messages(p, run_id)
+        whole = (p, run_id) in self._whole
+        if whole:
+            # A view stored whole (an older store): its first write splits it. Should the
+            # EXEC fail, the runner forgets the partition and the reload marks it again.
+            self._whole.discard((p, run_id))
+            pipe.delete(msgs)
+            new = st.messages
+        elif st.compactions != was.compactions:
+            # A compaction replaced the conversation: rare, and bounded by what it kept.
+            pipe.delete(msgs)
+            new = st.messages
+        else:
+            new = st.messages[was.messages :]
+        if new:
+            pipe.rpush(msgs, *[dumps(jsonable(m)) for m in new])
+        keys_done = sorted(
+            st.completed_calls if whole else batch.extra.get("done", {}).get(run_id, ())
+        )
+        if keys_done:
+            pipe.hset(
+                self.keys.completed(p, run_id),
+                mapping={k: st.completed_calls[k] for k in keys_done},
+            )
+        pipe.hset(self.keys.summary(p, run_id), mapping=state.summary())
         # The run index commits with the view and the position (same MULTI, same slot).
-        keys = index.IndexKeys(self.keys.part(batch.partition))
-        index.write(pipe, keys, run_id, state, batch.before.get(run_id), batch.extra)
+        keys = index.IndexKeys(self.keys.part(p))
+        index.write(pipe, keys, run_id, state, was.status, batch.extra)
 
 
 class UncertainHandler(Handler[uncertain.UncertainRun]):
@@ -280,13 +436,11 @@ class UncertainHandler(Handler[uncertain.UncertainRun]):
     def dumps(self, state: uncertain.UncertainRun) -> dict[str, Any]:
         return state.to_dict()
 
-    def remember(self, state: uncertain.UncertainRun) -> Any:
-        return set(state.calls)
-
     def on_event(
         self, batch: Batch[uncertain.UncertainRun], state: uncertain.UncertainRun, rec: Decoded
     ) -> None:
-        delta = uncertain.apply_event(state, rec.event)
+        changed: dict[str, set[str]] = batch.extra.setdefault("changed", {})
+        delta = uncertain.apply_event(state, rec.event, changed.setdefault(rec.event.run_id, set()))
         totals: dict[str, int] = batch.extra.setdefault("counters", {})
         for name, n in delta.items():
             totals[name] = totals.get(name, 0) + n
@@ -294,12 +448,13 @@ class UncertainHandler(Handler[uncertain.UncertainRun]):
     def write_run(
         self, pipe: Any, batch: Batch[uncertain.UncertainRun], run_id: str, state: Any
     ) -> None:
-        old: set[str] = batch.before.get(run_id) or set()
-        gone = old - set(state.calls)
+        # Only the calls this batch's events touched: the others are already in Redis.
+        changed = batch.extra.get("changed", {}).get(run_id, set())
         key = self.keys.open(batch.partition)
+        gone = sorted(f"{run_id}{SEP}{k}" for k in changed if k not in state.calls)
         if gone:
-            pipe.hdel(key, *sorted(f"{run_id}{SEP}{k}" for k in gone))
-        for k in sorted(state.calls):
+            pipe.hdel(key, *gone)
+        for k in sorted(k for k in changed if k in state.calls):
             pipe.hset(key, f"{run_id}{SEP}{k}", dumps(state.calls[k].to_dict()))
 
     def write_batch(self, pipe: Any, batch: Batch[uncertain.UncertainRun]) -> None:

@@ -52,7 +52,13 @@ def _base(kind: str, ev: Event, partition: int, offset: int) -> Entry:
 def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[Entry]:
     """Fold ``ev``; returns the entries to append (in order)."""
     st = run.validator
-    requested = {k: a.requested_at for k, a in st.approvals.items()}
+    # Read before the fold: the decision below needs when its request was made.
+    asked = (
+        st.approvals.get(ev.payload.approval_id)
+        if isinstance(ev.payload, m.ApprovalDecided)
+        else None
+    )
+    asked_at = None if asked is None else asked.requested_at
     undone: str | None = None
     p = ev.payload
     if isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
@@ -72,7 +78,7 @@ def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[E
         e.update(kind="approval_requested", approval_id=p.approval_id, type=p.kind)
         e.update(reason=p.reason, tool=p.name, idempotency_key=p.idempotency_key)
     elif isinstance(p, m.ApprovalDecided):
-        at = requested.get(p.approval_id)
+        at = asked_at
         latency = None if at is None else round((ev.occurred_at - at).total_seconds() * 1000)
         e.update(kind="approval_decided", approval_id=p.approval_id, approved=p.approved)
         e.update(decided_by=p.decided_by, note=p.note, latency_ms=latency)

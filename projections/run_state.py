@@ -342,7 +342,15 @@ def _tool_call_started(st: RunState, ev: Event) -> None:
     )
 
 
-def _find_open(st: RunState, started_seq: int) -> OpenCall | None:
+def find_open(st: RunState, started_seq: int, key: str | None = None) -> OpenCall | None:
+    """The open call a completion closes: the one started at ``started_seq``.
+
+    ``key`` (the completion's idempotency key) is tried first, so the common case does not
+    scan every open call of the run.
+    """
+    call = st.open_calls.get(key) if key is not None else None
+    if call is not None and call.started_seq == started_seq:
+        return call
     for call in st.open_calls.values():
         if call.started_seq == started_seq:
             return call
@@ -359,7 +367,7 @@ def _tool_call_completed(st: RunState, ev: Event) -> None:
             tool_result=ToolResult(p.call_id, p.name, p.content, p.is_error),
         )
     )
-    call = _find_open(st, p.started_seq)
+    call = find_open(st, p.started_seq, p.idempotency_key)
     if call is not None:
         del st.open_calls[call.idempotency_key]
     if p.idempotency_key is not None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState, apply
+from runlog.projections.run_state import RunState, accept
+from runlog.projections.verdict import slim_dict
 from runlog.schemas.models import Event
 
-VIEW_VERSION = 1
-"""Bump when the stored shape or meaning changes: stored views must then be rebuilt."""
+VIEW_VERSION = 2
+"""Bump when the stored shape or meaning changes. 2: the store keeps the conversation and the
+stored results apart (``to_dict(slim=True)``); a version-1 view is split on its next write."""
 
 
 @dataclass
@@ -40,10 +42,12 @@ class StateView:
     """Records of this run seen (valid, fenced or quarantined)."""
     quarantined: list[Quarantined] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, slim: bool = False) -> dict[str, Any]:
+        """JSON-ready view; ``slim`` leaves out the conversation and the stored results
+        (empty), the parts that grow with every event and that a store keeps apart."""
         return {
             "version": VIEW_VERSION,
-            "state": self.state.to_dict(),
+            "state": slim_dict(self.state) if slim else self.state.to_dict(),
             "partition": self.partition,
             "first_offset": self.first_offset,
             "last_offset": self.last_offset,
@@ -100,9 +104,14 @@ def _locate(view: StateView, partition: int, offset: int) -> None:
 
 def apply_record(view: StateView, ev: Event, partition: int, offset: int) -> StateView:
     """Fold one decoded record (mutates and returns ``view``)."""
-    _locate(view, partition, offset)
-    apply(view.state, ev)
+    fold_record(view, ev, partition, offset)
     return view
+
+
+def fold_record(view: StateView, ev: Event, partition: int, offset: int) -> bool:
+    """Fold one decoded record into ``view`` (mutated); True iff the run state accepted it."""
+    _locate(view, partition, offset)
+    return accept(view.state, ev)
 
 
 def apply_quarantined(view: StateView, partition: int, offset: int, error: str) -> StateView:

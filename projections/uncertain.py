@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import OpenCall, RunState, accept
+from runlog.projections.run_state import OpenCall, RunState, accept, find_open
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -103,15 +103,61 @@ def _refresh(tracked: UncertainCall, call: OpenCall) -> None:
     tracked.approval_id = call.approval_id or tracked.approval_id
 
 
-def apply_event(run: UncertainRun, ev: Event) -> dict[str, int]:
-    """Fold ``ev``; returns the counter increments it caused (for partition aggregates)."""
+def _touched(st: RunState, ev: Event) -> set[str]:
+    """Keys of the open calls ``ev`` can change, read from the state *before* it.
+
+    Mirrors the run-state rules that touch ``open_calls``: every other call is unchanged
+    by ``ev``, so the fold need not look at it (a run may hold hundreds of open calls).
+    """
+    p = ev.payload
+    if isinstance(p, m.RunResumed):
+        return set(st.open_calls)
+    keys: set[str] = set()
+    if isinstance(p, m.ToolCallCompleted):
+        closed = find_open(st, p.started_seq, p.idempotency_key)
+        if closed is not None:
+            keys.add(closed.idempotency_key)
+    elif isinstance(p, m.ApprovalDecided):
+        approval = st.approvals.get(p.approval_id)
+        if approval is not None and approval.idempotency_key is not None:
+            keys.add(approval.idempotency_key)
+    key = getattr(p, "idempotency_key", None)
+    if isinstance(key, str):
+        keys.add(key)
+    return keys
+
+
+def apply_event(run: UncertainRun, ev: Event, changed: set[str] | None = None) -> dict[str, int]:
+    """Fold ``ev``; returns the counter increments it caused (for partition aggregates).
+
+    The keys of the tracked calls it added, changed or removed go into ``changed``.
+    """
     delta: dict[str, int] = {}
-    was_decided = {k for k, c in run.calls.items() if c.status == "decided"}
+    touched = _touched(run.validator, ev)
+    was_decided = {k for k in touched if k in run.calls and run.calls[k].status == "decided"}
     if not accept(run.validator, ev):
         return delta  # a fenced write settles nothing and opens nothing
     st = run.validator
-    for key, call in st.open_calls.items():
+    for key in sorted(touched):
+        call = st.open_calls.get(key)
         tracked = run.calls.get(key)
+        if call is None:
+            if tracked is None:
+                continue
+            del run.calls[key]
+            if changed is not None:
+                changed.add(key)
+            kind = "failed"
+            p = ev.payload
+            if isinstance(p, m.ToolCallCompleted):
+                if key in was_decided:
+                    kind = "decided"
+                elif p.source == "reconciliation":
+                    kind = "reconciled"
+                elif not p.is_error:
+                    kind = "retried"
+            delta[kind] = delta.get(kind, 0) + 1
+            continue
         if tracked is None:
             if call.status == "started" and not call.uncertain_recorded:
                 # In flight for a live writer. RUN_RESUMED turns such calls "uncertain"
@@ -135,21 +181,11 @@ def apply_event(run: UncertainRun, ev: Event) -> dict[str, int]:
             )
             delta["opened"] = delta.get("opened", 0) + 1
         _refresh(tracked, call)
+        if changed is not None:
+            changed.add(key)
         if tracked.status in ("escalated", "conflict") and not tracked.escalated:
             tracked.escalated = True
             delta["escalated"] = delta.get("escalated", 0) + 1
-    for key in [k for k in run.calls if k not in st.open_calls]:
-        del run.calls[key]
-        kind = "failed"
-        p = ev.payload
-        if isinstance(p, m.ToolCallCompleted):
-            if key in was_decided:
-                kind = "decided"
-            elif p.source == "reconciliation":
-                kind = "reconciled"
-            elif not p.is_error:
-                kind = "retried"
-        delta[kind] = delta.get(kind, 0) + 1
     for name, n in delta.items():
         run.counters[name] = run.counters.get(name, 0) + n
     return delta

@@ -21,7 +21,9 @@ from projections_support import (
     wait_caught_up,
 )
 
+from runlog.consumers import queries
 from runlog.consumers.loadgen import LoadGenerator
+from runlog.consumers.projection_metrics import Watermarks
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.store import PROJECTIONS
 from runlog.settings import Settings
@@ -127,3 +129,71 @@ def test_two_runners_in_a_group_one_killed(
     )
     ProjectionRunner(ref, redis_client, ("state",)).catch_up(timeout_s=120)
     assert dump(redis_client, test_settings, ("state",)) == dump(redis_client, ref, ("state",))
+
+
+def _records_behind(client: redis.Redis, settings: Settings, marks: Watermarks) -> int:
+    """Records in the topic that some projection has not applied yet."""
+    behind = 0
+    for p in range(settings.partitions):
+        high = marks.high(p)
+        low = high
+        for name in PROJECTIONS:
+            row = queries.positions(client, settings, name)[p]
+            low = min(low, 0 if row["position"] is None else int(row["position"]) + 1)
+        behind += high - low
+    return behind
+
+
+def test_three_runners_one_killed_under_load_equal_a_rebuild(
+    test_settings: Settings, redis_client: redis.Redis, unique_group, tmp_path: Path
+) -> None:
+    """Kafka's group protocol moves a SIGKILLed member's partitions to the others; the
+    positions in Redis make their effects exactly-once, so the result is a rebuild's."""
+    group = unique_group("three")
+    gen = LoadGenerator(test_settings, seed=13)
+    gen.generate(runs=12, events_per_run=20)
+    logs = [str(tmp_path / f"r{i}.log") for i in range(3)]
+    procs = [start_runner(test_settings, "all", group, log_path=log) for log in logs]
+    marks = Watermarks(test_settings)
+    try:
+        deadline = time.monotonic() + 60
+        while not all("assigned {" in Path(p).read_text() for p in logs):
+            assert time.monotonic() < deadline, [Path(p).read_text()[-1000:] for p in logs]
+            time.sleep(0.2)
+        writer = threading.Thread(
+            target=gen.steady, kwargs={"rate_per_s": 800, "duration_s": 14.0, "runs": 40}
+        )
+        writer.start()
+        time.sleep(3.0)
+        # The member that holds partitions right now, mid-batch.
+        texts = [Path(p).read_text() for p in logs]
+        victim = next(
+            i for i, t in enumerate(texts) if t[t.rfind("assigned") :].startswith("assigned {0")
+        )
+        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].wait(timeout=10)
+        killed_at = time.monotonic()
+        timeline = []
+        while writer.is_alive():
+            timeline.append(
+                (
+                    round(time.monotonic() - killed_at, 1),
+                    _records_behind(redis_client, test_settings, marks),
+                )
+            )
+            time.sleep(0.25)
+        writer.join()
+        highs = wait_caught_up(redis_client, test_settings, timeout=90)
+        # Not a time limit (the machine is shared): the numbers, for the record.
+        print("records behind after the kill (s, records):", timeline)
+        for i, proc in enumerate(procs):
+            if i != victim:
+                assert proc.poll() is None, Path(logs[i]).read_text()[-2000:]
+    finally:
+        marks.close()
+        for i, proc in enumerate(procs):
+            code = stop(proc)
+            if proc.returncode != -signal.SIGKILL:
+                assert code == 0, Path(logs[i]).read_text()[-2000:]
+    _every_record_once(redis_client, test_settings, highs)
+    assert dump(redis_client, test_settings) == _reference(test_settings, redis_client)

@@ -37,13 +37,14 @@ def _pos_keys(settings: Settings) -> list[str]:
 class _Sampler(threading.Thread):
     """Records (time, positions) whenever a position moves."""
 
-    def __init__(self, client: Any, keys: list[str]) -> None:
+    def __init__(self, client: Any, keys: list[str], interval_s: float = SAMPLE_S) -> None:
         super().__init__(name="bench-lag-sampler", daemon=True)
         self.client = client
         self.keys = keys
         self.stop = threading.Event()
         self.times: list[list[float]] = [[] for _ in keys]
         self.values: list[list[int]] = [[] for _ in keys]
+        self.interval_s = interval_s
 
     def run(self) -> None:
         last = [-2] * len(self.keys)
@@ -56,7 +57,7 @@ class _Sampler(threading.Thread):
                     last[p] = v
                     self.times[p].append(now)
                     self.values[p].append(v)
-            time.sleep(SAMPLE_S)
+            time.sleep(self.interval_s)
 
     def visible_at(self, partition: int, offset: int) -> float | None:
         i = bisect.bisect_left(self.values[partition], offset)

@@ -3,7 +3,7 @@
     python -m benchmarks.worker append RUN_ID   resume RUN_ID, append until signalled
     python -m benchmarks.worker hold N E T      open N runs (T at a time), E events each,
                                                 report memory
-    python -m benchmarks.worker project         run the state projection until SIGTERM
+    python -m benchmarks.worker project [P,..]  run projections (default state) until SIGTERM
 
 ``append`` prints ``ready`` once it owns the run, ``seq S`` after every acknowledged
 append; SIGTERM makes it close the run (releasing the lease) and exit: the graceful
@@ -88,11 +88,11 @@ def hold(runs: int, events: int, threads: int) -> int:
     return 0
 
 
-def project() -> int:
+def project(names: list[str]) -> int:
 
     settings = Settings()
     client = redis_client(settings)
-    runner = ProjectionRunner(settings, client, ["state"])
+    runner = ProjectionRunner(settings, client, names)
     signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     try:
         runner.run()
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["hold"]:
         return hold(int(argv[1]), int(argv[2]), int(argv[3]))
     if argv[:1] == ["project"]:
-        return project()
+        return project(argv[1].split(",") if len(argv) > 1 else ["state"])
     print(__doc__, file=sys.stderr)
     return 2
 

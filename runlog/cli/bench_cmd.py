@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from runlog.benchmarks import steady_lag
 from runlog.benchmarks.run import run_all
 from runlog.settings import Settings
 
@@ -23,12 +24,45 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "results.txt and PNG plots (needs the 'bench' extra: matplotlib)."
         ),
     )
+    p.add_argument(
+        "what",
+        nargs="?",
+        choices=["lag"],
+        help="lag: only projection lag under a steady load, and drain rate by run length",
+    )
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    p.add_argument("--rate", type=float, default=5000, help="lag: events/s appended")
+    p.add_argument("--runs", type=int, default=100, help="lag: live runs sharing the load")
+    p.add_argument("--events-per-run", type=int, default=2000, help="lag: events each run reaches")
+    p.add_argument(
+        "--drain-total", type=int, default=20_000, help="lag: backlog per drain measurement"
+    )
     p.set_defaults(func=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.what == "lag":
+        res = steady_lag.run(
+            Settings(),
+            rate=args.rate,
+            runs=args.runs,
+            events_per_run=args.events_per_run,
+            drain_total=args.drain_total,
+            out=args.out,
+        )
+        st = res["steady"]
+        print(f"load {st['events']} events at {st['sent_per_s']:.0f} events/s")
+        if not st["caught_up"]:
+            print(f"NOT caught up: {st['unseen']} events never visible (lag counted to then)")
+        print(f"lag p50 {st['p50_ms']:.1f} ms")
+        print(f"lag p99 {st['p99_ms']:.1f} ms")
+        print(f"lag max {st['max_ms']:.1f} ms")
+        for m, rate in res["drain"].items():
+            print(f"drain {rate:.0f} events/s (runs of {m} events)")
+        for f in res.get("plots", []):
+            print(f"plot {f}")
+        return 0
 
     res = run_all(Settings(), quick=args.quick, out=args.out)
     return 1 if res["failed"] else 0
