@@ -154,11 +154,11 @@ def _dbos() -> Iterator[Loop]:
             }
         )
 
-        @DBOS.step()
+        @DBOS.step()  # type: ignore[untyped-decorator,misc,unused-ignore]  # untyped without the peers extra
         def lookup(i: int) -> str:
             return RESULT
 
-        @DBOS.workflow()
+        @DBOS.workflow()  # type: ignore[untyped-decorator,misc,unused-ignore]
         def loop_workflow(n: int) -> int:
             for i in range(n):
                 lookup(i)
