@@ -305,6 +305,7 @@ class Explorer:
         self.decided: set[tuple[str, str]] = set()
         self.out: Outcome | None = None
         self._producer: Any = None
+        self.ghosts: list[tuple[int, int]] = []
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -542,6 +543,27 @@ class Explorer:
         self.decided.add((rid, aid))
         return f"{'approve' if approve else 'reject'} {aid} of {rid}: {how}"
 
+    def _ghost_delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self.ghosts.append((msg.partition(), msg.offset()))
+
+    def set_aside_ghosts(self) -> None:
+        """What an operator does with records nobody can decode under a run id: set them
+        aside (``runlog records set-aside``), so the run's readers skip them."""
+        from runlog.log.setaside import set_aside
+
+        with contextlib.closing(self.r()) as client:
+            for part, offset in self.ghosts:
+                set_aside(
+                    client,
+                    self.s,
+                    part,
+                    offset,
+                    by="explorer",
+                    reason="hostile bytes",
+                    error="undecodable",
+                )
+
     def hostile(self, b: int) -> int:
         from confluent_kafka import Producer
 
@@ -556,7 +578,13 @@ class Explorer:
             part = rng.randrange(PARTITIONS)
             kind = i % 5
             if kind == 0:  # garbage under a valid run id no worker uses
-                self._producer.produce(topic, rng.randbytes(40), f"{self.ns}-ghost{b}", partition=part)
+                self._producer.produce(
+                    topic,
+                    rng.randbytes(40),
+                    f"{self.ns}-ghost{b}",
+                    partition=part,
+                    on_delivery=self._ghost_delivered,
+                )
             elif kind == 1:  # runlog's magic, an unknown fingerprint, no key
                 self._producer.produce(topic, b"\xc3\x01" + rng.randbytes(30), None, partition=part)
             elif kind == 2:  # a key that is not UTF-8
@@ -788,6 +816,7 @@ class Checker:
         problems += self.doubles(approved)
         problems += self.forgotten(states)
         problems += self.projections()
+        ex.set_aside_ghosts()
         problems += self.verify_all()
         problems += self.liveness(states)
         counts, _, _, _ = self.ledger()
