@@ -33,6 +33,7 @@ from runlog.log.fold import fold_range, locate
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
+from runlog.log.setaside import set_aside_offsets
 from runlog.projections.run_state import RULES, RunState, accept, fold, is_valid, rejection
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import check_run_id
@@ -284,11 +285,15 @@ def _run_key(raw: bytes | None) -> str | None:
         return None
 
 
-def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, str]]:
+def list_runs(
+    settings: Settings, *, progress: Any = None, client: redis.Redis | None = None
+) -> list[tuple[str, str]]:
     """``(tenant, run_id)`` of every run in the events topic, by scanning its keys.
 
     Decodes only the first record of each key (for its tenant). Cost: one pass over the
-    topic; a state-projection index would avoid it.
+    topic; a state-projection index would avoid it. With ``client``, records an operator
+    set aside are skipped as every reader skips them: a key whose only records were set
+    aside names no run left to verify.
     """
     consumer = Consumer(reader_config(settings))
     ids = ids_for(settings)
@@ -305,6 +310,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
         for p, high in enumerate(highs):
             if high == 0:
                 continue
+            aside = set_aside_offsets(client, settings, p) if client is not None else frozenset()
             consumer.assign([TopicPartition(settings.events_topic, p, 0)])
             pos = 0
             while pos < high:
@@ -314,7 +320,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
                     pos = (msg.offset() or 0) + 1
                     done += 1
                     key = _run_key(msg.key())
-                    if key is not None and key not in found:
+                    if key is not None and key not in found and msg.offset() not in aside:
                         try:
                             found[key] = decode(msg.value() or b"", ids).tenant
                         except SchemaError:
