@@ -193,8 +193,11 @@ class LedgerServer:
             return
         exe = shutil.which("redis-server") or "redis-server"
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-            + ["--appendonly", "no", "--dir", str(self.dir)],
+            [
+                exe,
+                *("--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
+                *("--appendonly", "no", "--dir", str(self.dir)),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -460,7 +463,9 @@ class Explorer:
             stack.kill_redis(self.cfg, sig=signal.SIGKILL)
             time.sleep(0.2)
             stack.start_redis(self.cfg, empty=k == "redis_wipe")
-            self.out.faults["Redis kill -9, restart " + ("empty" if k == "redis_wipe" else "AOF")] += 1
+            self.out.faults[
+                "Redis kill -9, restart " + ("empty" if k == "redis_wipe" else "AOF")
+            ] += 1
             return k
         if k == "redis_save":
             with contextlib.closing(self.r()) as r:
@@ -740,18 +745,21 @@ class Checker:
         return counts, tools, undone, runs
 
     def doubles(self, approved: Counter[str] | None = None) -> list[str]:
+        """Keys whose effect happened more often than 1 + undone + approved retries.
+
+        During the run (``approved`` None) approvals are read from the key's run log
+        only when a key is over its undone allowance; at the end they come from every log.
+        """
         counts, tools, undone, _ = self.ledger()
         problems = []
         for key, n in counts.items():
-            if tools.get(key) == "probe":
+            if tools.get(key) == "probe" or n <= 1 + undone.get(key, 0):
                 continue
-            allowed = 1 + undone.get(key, 0) + (approved or Counter())[key]
-            if n > allowed and approved is not None:
-                problems.append(f"effect {key} ({tools.get(key)}) happened {n} times")
-            elif n > 1 + undone.get(key, 0) and approved is None:
-                # Approvals are only known from the logs: counted at the end.
-                if not self.approved_retry(key):
-                    problems.append(f"effect {key} ({tools.get(key)}) happened {n} times")
+            if approved is None and self.approved_retry(key):
+                continue
+            if approved is not None and n <= 1 + undone.get(key, 0) + approved[key]:
+                continue
+            problems.append(f"effect {key} ({tools.get(key)}) happened {n} times")
         return problems
 
     def approved_retry(self, key: str) -> bool:
@@ -990,9 +998,13 @@ def log_problems(events: list[Event]) -> list[str]:
 
 
 @contextlib.contextmanager
-def environment(*, keep_cluster: bool = True) -> Iterator[tuple[stack.StackConfig, LedgerServer]]:
+def environment(
+    *, keep_cluster: bool | None = None
+) -> Iterator[tuple[stack.StackConfig, LedgerServer]]:
     cfg = stack.StackConfig.from_env(nodes=3)
     started = not stack.status(cfg).running
+    if keep_cluster is None:
+        keep_cluster = bool(os.environ.get("EXPLORER_KEEP_CLUSTER"))
     stack.up(cfg, timeout=180)
     ledger = LedgerServer(cfg)
     ledger.up()
@@ -1054,7 +1066,7 @@ def shrink(
     failing: Outcome,
     *,
     budget_s: float = 900,
-    tries: int = 3,
+    tries: int = 2,
 ) -> Outcome:
     """The shortest history that still fails: drop chunks, then single steps, re-running.
 
@@ -1075,8 +1087,7 @@ def shrink(
             for _ in range(tries):
                 got = explore(cfg, ledger, best.seed, best.steps, candidate, quiet=True)
                 print(
-                    f"  shrink: {len(candidate)} steps -> "
-                    f"{'fails' if got.failed else 'passes'}",
+                    f"  shrink: {len(candidate)} steps -> {'fails' if got.failed else 'passes'}",
                     flush=True,
                 )
                 if got.failed:

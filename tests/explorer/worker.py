@@ -23,6 +23,7 @@ journal (one O_APPEND line), so the checker can look for it in the log afterward
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -38,13 +39,13 @@ import redis  # noqa: E402
 
 import runlog  # noqa: E402
 from runlog.bootstrap import Services  # noqa: E402
-from runlog.producers.tools import Evidence  # noqa: E402
 from runlog.errors import (  # noqa: E402
     AppendOutcomeUnknown,
     ConfigError,
     KafkaUnavailable,
     RedisUnavailable,
 )
+from runlog.producers.tools import Evidence  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
 
@@ -214,8 +215,9 @@ def main() -> int:
             takeover=opts.takeover,
         )
         journal.write("open", epoch=run.epoch, seq=run.state.seq, pid=os.getpid())
-        journal.ack(run)
         if run.state.status != "finished":
+            # A finished run is opened without an append: its last event is an older epoch's.
+            journal.ack(run)
             drive(run, plan, journal, float(os.environ.get("EXPLORER_PACE_S", "0.3")))
     except runlog.Fenced:
         code = EXIT_FENCED
@@ -243,10 +245,8 @@ def main() -> int:
                 run.close()
             except runlog.RunlogError as exc:
                 print(f"close: {exc}", file=sys.stderr)
-    try:
+    with contextlib.suppress(Exception):  # closing a broken worker's clients: best effort
         Services.shared(settings).close()
-    except Exception:  # noqa: BLE001 - closing a broken worker's clients: best effort
-        pass
     journal.write("exit", code=code)
     return code
 
