@@ -251,6 +251,20 @@ def env_for(settings: Settings, ledger_url: str, ns: str) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- execution
 
+SAVE_LUA = """
+local out = {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  local v = redis.call('DUMP', k)
+  if v then out[#out + 1] = k; out[#out + 1] = v end
+end
+return out
+"""
+RESTORE_LUA = """
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end
+for i = 2, #ARGV, 2 do redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1], 'REPLACE') end
+return #ARGV
+"""
+
 
 @dataclass
 class Proc:
@@ -468,21 +482,18 @@ class Explorer:
             ] += 1
             return k
         if k == "redis_save":
+            # One script, so the copy is of one moment, as an RDB or AOF is: a copy taken
+            # key by key while runners write would mix moments no real Redis ever held.
             with contextlib.closing(self.r()) as r:
-                keys = list(r.scan_iter(match=f"{self.ns}:*", count=1000))
-                self.saved = {key: r.dump(key) for key in keys}
-                self.saved = {key: v for key, v in self.saved.items() if v is not None}
+                flat = r.eval(SAVE_LUA, 0, f"{self.ns}:*")
+            self.saved = dict(zip(flat[::2], flat[1::2], strict=True))
             return f"saved {len(self.saved)} keys"
         if k == "redis_rollback":
             if self.saved is None:
                 return "skip: nothing saved"
+            args = [x for kv in self.saved.items() for x in kv]
             with contextlib.closing(self.r()) as r:
-                pipe = r.pipeline(transaction=True)
-                for key in r.scan_iter(match=f"{self.ns}:*", count=1000):
-                    pipe.delete(key)
-                for key, payload in self.saved.items():
-                    pipe.restore(key, 0, payload, replace=True)
-                pipe.execute()
+                r.eval(RESTORE_LUA, 0, f"{self.ns}:*", *args)
             self.out.faults["Redis rolled back to an older copy"] += 1
             return f"rolled Redis back to {len(self.saved)} saved keys"
         if k == "leader_kill":
@@ -906,7 +917,11 @@ class Checker:
             rebuilt = dump(client, settings)
         if live != rebuilt:
             diff = sorted(k for k in set(live) | set(rebuilt) if live.get(k) != rebuilt.get(k))
-            return [f"projections differ from a rebuild at {diff[:8]}"]
+            shown = [
+                f"{k}: live {live.get(k)!r:.400} / rebuilt {rebuilt.get(k)!r:.400}"
+                for k in diff[:4]
+            ]
+            return [f"projections differ from a rebuild at {diff[:8]}", *shown]
         return []
 
     def verify_all(self) -> list[str]:
