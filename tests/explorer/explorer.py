@@ -191,21 +191,37 @@ class LedgerServer:
     def up(self) -> None:
         if _answers(self.port):
             return
+        # The port may be held for a while as the local end of someone's client socket
+        # (it is in the ephemeral range): a few tries, then the next ports up.
+        for attempt in range(6):
+            port = self.port + 100 * (attempt // 2)
+            if self._start(port):
+                self.port, self.url = port, f"redis://127.0.0.1:{port}/0"
+                return
+            time.sleep(1)
+        raise RuntimeError(f"ledger redis did not start on {self.port} or above")
+
+    def _start(self, port: int) -> bool:
         exe = shutil.which("redis-server") or "redis-server"
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [
                 exe,
-                *("--port", str(self.port), "--bind", "127.0.0.1", "--save", ""),
+                *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
                 *("--appendonly", "no", "--dir", str(self.dir)),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        while not _answers(self.port):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ledger redis on {self.port} did not start")
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with contextlib.suppress(Exception):
+                    proc.kill()
+                    proc.wait(timeout=5)
+                return False
             time.sleep(0.05)
+        self.proc = proc
+        return True
 
     def down(self) -> None:
         if self.proc is not None:

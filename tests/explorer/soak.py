@@ -67,6 +67,7 @@ def _classify(row: Row, problems: list[str]) -> None:
             row.lost += 1
         elif "exited" in p or "hung" in p:
             row.crashes += 1
+            row.notes.append(p[:600])
         else:
             row.notes.append(p[:300])
 
@@ -315,16 +316,20 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
         for i in range(3):
             ex.runs.append(f"{ex.ns}-r{i}")
             ex.spawn_worker(ex.runs[-1])
-        for w in ex.workers:
-            w.proc.wait(timeout=120)
-        # A second owner, so a zombie has an older epoch to write with.
+        time.sleep(3.5)
+        for w in ex.workers:  # killed mid-run, so a takeover moves the run to epoch 2
+            w.proc.kill()
+            w.proc.wait(timeout=30)
         for rid in ex.runs:
-            ex.spawn_worker(rid, takeover=True).proc.wait(timeout=120)  # type: ignore[union-attr]
+            p = ex.spawn_worker(rid, takeover=True)
+            assert p is not None
+            p.proc.wait(timeout=120)
+        # A zombie writes with an epoch older than the run's: every reader fences it.
         zombies = []
         for rid in ex.runs:
-            events = ex.read(rid)
-            last = events[-1]
-            zombies.append((rid, last))
+            valid = [e for e, ok in ex_mod.verdicts(ex.read(rid)) if ok]
+            if valid and valid[-1].epoch >= 2:
+                zombies.append((rid, valid[-1]))
         producer = Producer({**ex.s.kafka_common(), "linger.ms": 50, "batch.size": 1_000_000})
         topic = ex.s.events_topic
         ghosts: list[tuple[int, int]] = []
@@ -349,13 +354,15 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
                 producer.produce(topic, b"\x00", b"\xff\xfe", partition=part)
             elif kind == 3:
                 producer.produce(topic, b"{}", "bad key*", partition=part)
+            elif not zombies:
+                producer.produce(topic, b"\x00", "bad key*", partition=part)
             else:
                 rid, last = zombies[sent % len(zombies)]
                 ev = last.model_copy(
                     update={
                         "event_id": new_event_id(),
                         "seq": last.seq + 1 + sent,
-                        "epoch": max(1, last.epoch - 1),
+                        "epoch": last.epoch - 1,
                         "writer_id": "zombie",
                     }
                 )
