@@ -339,6 +339,7 @@ class Explorer:
         self.out: Outcome | None = None
         self._producer: Any = None
         self.ghosts: list[tuple[int, int]] = []
+        self.kinds_done: set[str] = set()
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -403,6 +404,24 @@ class Explorer:
         if stack.redis_pid(self.cfg) is None:
             stack.start_redis(self.cfg)
 
+    def ready(self, timeout: float = 120.0) -> None:
+        """Every node and Redis up, this execution's topics created: a history starts on
+        a healthy cluster whatever the previous one left behind."""
+        for node in self.cfg.nodes():
+            if stack.node_pid(self.cfg, node.node_id) is None:
+                stack.start_node(self.cfg, node.node_id)
+        if stack.redis_pid(self.cfg) is None:
+            stack.start_redis(self.cfg)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ensure_topics(self.s).raise_for_drift()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
     def read(self, run_id: str) -> list[Event]:
         settings = self.s
         if self.grown:
@@ -433,11 +452,14 @@ class Explorer:
             p = self.pick(self.workers, step.a)
             if p is None:
                 return "skip: no live worker"
-            time.sleep((step.b % 800) / 1000)
+            # Up to 3 s: past a worker's start-up, into its calls (and the receivers' slow
+            # answers), where a kill leaves a STARTED without its COMPLETED.
+            delay_ms = (step.b * 7) % 3000
+            time.sleep(delay_ms / 1000)
             with contextlib.suppress(ProcessLookupError):
                 p.proc.send_signal(signal.SIGKILL)
             self.out.faults["SIGKILL worker"] += 1
-            return f"SIGKILL {p.name} ({p.run_id}) after {step.b % 800} ms"
+            return f"SIGKILL {p.name} ({p.run_id}) after {delay_ms} ms"
         if k == "pause_worker":
             p = self.pick([w for w in self.workers if not w.paused_until], step.a)
             if p is None:
@@ -655,7 +677,7 @@ class Explorer:
         out = Outcome(self.seed, len(history), kept)
         self.out = out
         t0 = time.monotonic()
-        ensure_topics(self.s).raise_for_drift()
+        self.ready()
         checker = Checker(self)
         try:
             for i, step in enumerate(history):
@@ -663,6 +685,7 @@ class Explorer:
                 if self.down_nodes and step.kind not in ("leader_kill", "broker_restart"):
                     # A killed leader stays down for one step, then comes back.
                     self.heal_nodes()
+                self.kinds_done.add(step.kind)
                 try:
                     what = self.do(step)
                 except Exception as exc:  # noqa: BLE001 - a fault that could not be injected
@@ -737,6 +760,10 @@ class Checker:
     # ------------------------------------------------------------- cheap, every step
     def after_step(self) -> list[str]:
         problems = self.exits()
+        planted = os.environ.get("EXPLORER_PLANT")
+        if planted and self.ex.kinds_done >= set(planted.split(",")):
+            # A planted failure (tests of the shrinker): fails once these kinds all ran.
+            problems.append(f"planted: {planted} all ran")
         problems += self.doubles()
         if not self.ex.down_nodes:
             for rid in self.ex.runs:
@@ -1033,7 +1060,9 @@ def environment(
     *, keep_cluster: bool | None = None
 ) -> Iterator[tuple[stack.StackConfig, LedgerServer]]:
     cfg = stack.StackConfig.from_env(nodes=3)
-    started = not stack.status(cfg).running
+    # Ours to stop only if nothing of it ran before: a node down (a fault another
+    # session left) does not make the cluster ours.
+    started = not any(sv.running for sv in stack.status(cfg).services)
     if keep_cluster is None:
         keep_cluster = bool(os.environ.get("EXPLORER_KEEP_CLUSTER"))
     stack.up(cfg, timeout=180)

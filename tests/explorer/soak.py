@@ -88,9 +88,7 @@ def phase_kills(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row:
     t0 = time.monotonic()
     ex = Explorer(cfg, ledger, seed)
     ex.out = Outcome(seed, n, [])
-    from runlog.topics import ensure_topics
-
-    ensure_topics(ex.s).raise_for_drift()
+    ex.ready()
     checker = Checker(ex)
     rng = random.Random(seed)
     active = 4
@@ -302,13 +300,12 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
 
     from runlog.schemas.codec import encode, new_event_id
     from runlog.schemas.keys import partition_for
-    from runlog.topics import ensure_topics
 
     row = Row("hostile records")
     t0 = time.monotonic()
     ex = Explorer(cfg, ledger, seed)
     ex.out = Outcome(seed, 0, [])
-    ensure_topics(ex.s).raise_for_drift()
+    ex.ready()
     checker = Checker(ex)
     rng = random.Random(seed)
     try:

@@ -14,6 +14,12 @@ an uncertain outcome, change a receiver outside every worker (a private Redis, t
   unavailable);
 * ``ticket``  irreversible, no lookup: an uncertain ticket waits for a person.
 
+Like the demo's ledger, the receivers refuse a request whose fencing token
+(``runlog.current_call().epoch``) is older than one they have seen for the run, and a
+lookup raises that fence before it answers: so "absent" is final (a paused worker's late
+request can no longer commit), which is the contract README asks of a receiver before
+recovery may retry on absence.
+
 Receiver and reconciler faults are queued in the ledger by the explorer (``fault:<run>:<tool>``,
 ``recon:<run>:<tool>``) and taken one per call, so a fault hits the next call of that tool
 whichever worker makes it. Every append the worker was told is durable goes to the
@@ -62,6 +68,23 @@ HUGE_BYTES = 2 * 1024 * 1024
 ODD_RESULT = "odd \ud800 result \x00 with NUL, \u202e RTL and \x1b[31m escapes"
 
 
+APPLY_LUA = """
+local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) < seen then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
+redis.call('HSET', KEYS[5], ARGV[3], ARGV[1])
+return 1
+"""
+LOOKUP_LUA = """
+local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) > seen then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+return redis.call('HGET', KEYS[2], ARGV[3])
+"""
+
+
 class Receiver:
     """The ledger: effects by key, outside the worker, Kafka and the faulted Redis."""
 
@@ -73,13 +96,29 @@ class Receiver:
     def k(self, name: str) -> str:
         return f"{self.ns}:{name}"
 
+    def epoch(self) -> int:
+        ctx = runlog.current_call()
+        return 0 if ctx is None else ctx.epoch
+
     def apply(self, tool: str, key: str, args: dict[str, Any]) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hincrby(self.k("L:count"), key, 1)
-        pipe.hset(self.k("L:args"), key, canonical_json(args))
-        pipe.hset(self.k("L:tool"), key, tool)
-        pipe.hset(self.k("L:run"), key, self.run_id)
-        pipe.execute()
+        """Apply the effect, unless a newer owner of the run has been seen (a late request
+        of a paused, fenced worker): refused, so nothing happens, a proven failure."""
+        done = self.r.eval(
+            APPLY_LUA,
+            5,
+            self.k("fence"),
+            self.k("L:count"),
+            self.k("L:args"),
+            self.k("L:tool"),
+            self.k("L:run"),
+            self.run_id,
+            self.epoch(),
+            key,
+            canonical_json(args),
+            tool,
+        )
+        if not done:
+            raise runlog.ToolError("refused: a newer owner of this run has called (fencing token)")
 
     def next_fault(self, tool: str) -> str:
         raw = self.r.lpop(self.k(f"fault:{self.run_id}:{tool}"))
@@ -88,7 +127,11 @@ class Receiver:
     def lookup(self, tool: str, key: str, args: dict[str, Any]) -> Evidence:
         if self.r.lpop(self.k(f"recon:{self.run_id}:{tool}")) is not None:
             return runlog.Unavailable("the receiver's lookup timed out")
-        found = self.r.hget(self.k("L:args"), key)
+        # Raising the fence first makes "absent" final: a late request of an older owner
+        # can no longer commit, which is what lets recovery retry on absence.
+        found = self.r.eval(
+            LOOKUP_LUA, 2, self.k("fence"), self.k("L:args"), self.run_id, self.epoch(), key
+        )
         if found is None:
             # The worker that sent it is dead or got its answer: nothing can commit later.
             return runlog.Absent(f"no effect under {key}")
