@@ -218,6 +218,8 @@ def _supervised(
     run_ids = [new_run_id() for _ in range(4)]
     done = Counter[str]()
 
+    broke: list[str] = []
+
     def injector() -> None:
         try:
             for i in range(n):
@@ -225,6 +227,8 @@ def _supervised(
                 done["faults"] += 1
                 if i % 5 == 0:
                     print(f"  {name} {i + 1}/{n}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported in the row, not lost in a thread
+            broke.append(f"the injector stopped after {done['faults']} faults: {exc!r}"[:400])
         finally:
             stop.set()
 
@@ -264,6 +268,7 @@ def _supervised(
     row.notes += [e for e in effects if "times" not in e][:5] + journal.unclear[:5]
     row.notes += [f"{r} did not finish" for r, ok in finished.items() if not ok]
     row.notes.append(f"writers stopped by {dict(journal.stops)}")
+    row.notes += broke
     row.seconds = time.monotonic() - t0
     return row
 
@@ -288,7 +293,15 @@ def phase_redis(cfg: stack.StackConfig, n: int, tmp: Path) -> Row:
         time.sleep(1.0)
         stack.kill_redis(cfg, sig=signal.SIGKILL)
         time.sleep(0.3)
-        stack.start_redis(cfg, empty=i % 2 == 1)
+        for attempt in range(5):
+            try:
+                stack.start_redis(cfg, empty=i % 2 == 1 and attempt == 0)
+                return
+            except Exception:  # noqa: BLE001 - e.g. its port briefly held: try again
+                if stack.redis_pid(cfg) is not None:
+                    return
+                time.sleep(1)
+        stack.start_redis(cfg)
 
     return _supervised(cfg, "Redis restart", n, inject, contenders=2, tmp=tmp)
 
