@@ -673,8 +673,11 @@ class Explorer:
         return n
 
     # ----------------------------------------------------------------- one history
-    def execute(self, history: list[Step], kept: list[int], *, quiet: bool = False) -> Outcome:
-        out = Outcome(self.seed, len(history), kept)
+    def execute(
+        self, history: list[Step], kept: list[int], *, generated: int, quiet: bool = False
+    ) -> Outcome:
+        """Run ``history`` (steps ``kept`` of the ``generated`` the seed stands for)."""
+        out = Outcome(self.seed, generated, kept)
         self.out = out
         t0 = time.monotonic()
         self.ready()
@@ -1089,7 +1092,7 @@ def explore(
     kept = list(range(len(full))) if keep is None else [i for i in keep if i < len(full)]
     ex = Explorer(cfg, ledger, seed)
     try:
-        return ex.execute([full[i] for i in kept], kept, quiet=quiet)
+        return ex.execute([full[i] for i in kept], kept, generated=steps, quiet=quiet)
     finally:
         cleanup(ex)
 
@@ -1135,6 +1138,20 @@ def shrink(
     """
     best = failing
     deadline = time.monotonic() + budget_s
+    # A violation seen after step N owes nothing to the steps after N: cut them first.
+    first = failing.violations[0] if failing.violations else ""
+    if first.startswith("after step "):
+        last = int(first.split()[2].rstrip(":"))
+        cut = [i for i in best.kept if i <= last]
+        if cut != best.kept:
+            got = explore(cfg, ledger, best.seed, best.steps, cut, quiet=True)
+            print(
+                f"  shrink: {len(cut)} steps (up to the failing one) -> "
+                f"{'fails' if got.failed else 'passes'}",
+                flush=True,
+            )
+            if got.failed:
+                best = got
     chunk = max(1, len(best.kept) // 2)
     while chunk >= 1 and time.monotonic() < deadline:
         i = 0
