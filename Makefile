@@ -3,6 +3,8 @@
 #   make stack  start the local Kafka (KRaft, one node) + Redis stack and create topics
 #   make test   stack, then: .venv/bin/python -m pytest -q
 #   make faults fault tests on their own 3-node cluster + Redis (minutes; tests/faults)
+#   make explore  the fault explorer: SEED=7 STEPS=40 [KEEP=0,3,9] one history; no SEED: seeds until one fails
+#   make soak   every fault at the reliability goals' counts (~2 h; SCALE=0.01 or KILLS=.. RACES=.. etc.)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make demo   stack + topics, then the kill -9 demo (DEMO_SEED=7 DEMO_KILLS=3 DEMO_ARGS=...)
 #   make down   stop the local stack (and the secure one, if the tests left it running)
@@ -29,10 +31,10 @@ DEMO_KILLS ?= 3
 DEMO_ARGS ?=
 DEMO_CMD ?= $(PY) -m runlog.demo run --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults lint demo down status bench
+.PHONY: help venv stack topics test faults explore soak lint demo down status bench
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -61,6 +63,22 @@ test: stack
 # The fault suite starts (and stops) its own cluster: `runlog stack up --nodes 3`.
 faults: venv
 	$(PY) -m pytest -q tests/faults $(PYTEST_ARGS)
+
+# The explorer and the soak run on the 3-node cluster (RUNLOG_CLUSTER_* ports), starting it
+# if it is not running and stopping it afterwards unless EXPLORER_KEEP_CLUSTER=1.
+SEED ?=
+STEPS ?= 40
+KEEP ?=
+explore: venv
+	$(PY) tests/explorer/explorer.py $(if $(SEED),run --seed $(SEED) $(if $(KEEP),--keep $(KEEP)),forever) --steps $(STEPS)
+
+SCALE ?= 1
+SOAK_ARGS ?=
+soak: venv
+	$(PY) tests/explorer/soak.py --scale $(SCALE) $(if $(KILLS),--kills $(KILLS)) \
+		$(if $(RACES),--races $(RACES)) $(if $(LEADER_KILLS),--leader-kills $(LEADER_KILLS)) \
+		$(if $(REDIS_RESTARTS),--redis-restarts $(REDIS_RESTARTS)) \
+		$(if $(HOSTILE),--hostile $(HOSTILE)) $(SOAK_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -28,13 +28,15 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from runlog.consumers import metrics
 from runlog.consumers.snapshots import SnapshotInvalid
-from runlog.errors import KafkaUnavailable, SchemaError, UnreadableRecord
+from runlog.errors import InvalidRunId, KafkaUnavailable, SchemaError, UnreadableRecord
 from runlog.log.fold import fold_range, locate
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
+from runlog.log.setaside import set_aside_offsets
 from runlog.projections.run_state import RULES, RunState, accept, fold, is_valid, rejection
 from runlog.schemas.codec import decode
+from runlog.schemas.keys import check_run_id
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
 from runlog.settings import Settings
@@ -273,11 +275,25 @@ def verify_run(
             rd.close()
 
 
-def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, str]]:
+def _run_key(raw: bytes | None) -> str | None:
+    """The run a record's key names, or None: a key that is missing, not UTF-8 or not a
+    valid run id belongs to no run (some other producer wrote it; the projections
+    quarantine it), so there is no run to verify and nothing to fail."""
+    try:
+        return check_run_id((raw or b"").decode())
+    except (UnicodeDecodeError, InvalidRunId):
+        return None
+
+
+def list_runs(
+    settings: Settings, *, progress: Any = None, client: redis.Redis | None = None
+) -> list[tuple[str, str]]:
     """``(tenant, run_id)`` of every run in the events topic, by scanning its keys.
 
     Decodes only the first record of each key (for its tenant). Cost: one pass over the
-    topic; a state-projection index would avoid it.
+    topic; a state-projection index would avoid it. With ``client``, records an operator
+    set aside are skipped as every reader skips them: a key whose only records were set
+    aside names no run left to verify.
     """
     consumer = Consumer(reader_config(settings))
     ids = ids_for(settings)
@@ -294,6 +310,7 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
         for p, high in enumerate(highs):
             if high == 0:
                 continue
+            aside = set_aside_offsets(client, settings, p) if client is not None else frozenset()
             consumer.assign([TopicPartition(settings.events_topic, p, 0)])
             pos = 0
             while pos < high:
@@ -302,8 +319,8 @@ def list_runs(settings: Settings, *, progress: Any = None) -> list[tuple[str, st
                         continue
                     pos = (msg.offset() or 0) + 1
                     done += 1
-                    key = (msg.key() or b"").decode(errors="replace")
-                    if key and key not in found:
+                    key = _run_key(msg.key())
+                    if key is not None and key not in found and msg.offset() not in aside:
                         try:
                             found[key] = decode(msg.value() or b"", ids).tenant
                         except SchemaError:

@@ -137,7 +137,7 @@ def _verify(args: argparse.Namespace) -> int:
     client = _clients(settings)
     try:
         store = _store(settings, client)
-        runs = list_runs(settings, progress=progress_bar()) if args.all else []
+        runs = list_runs(settings, progress=progress_bar(), client=client) if args.all else []
         targets = runs or ([] if args.all else [(args.tenant, args.run_id)])
         reports = [
             verify_run(settings, client, rid, tenant=tenant, snapshots=store)

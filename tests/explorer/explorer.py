@@ -1,0 +1,1234 @@
+"""A model-based fault explorer on the real stack: seeded histories, invariants, shrinking.
+
+    python tests/explorer/explorer.py run --seed 7 --steps 40 [--keep 0,3,9]
+    python tests/explorer/explorer.py forever [--steps 40]      # random seeds until one fails
+
+A seed deterministically generates a history of steps: operations (start, resume and
+take over real worker processes; queue receiver and reconciler faults for a tool call;
+approve or reject what a run asks a person; start, stop, kill and pause projection
+runners) interleaved with faults (SIGKILL and SIGSTOP/SIGCONT of workers and runners,
+Redis restarted with its data, without it or rolled back to an older copy, a partition
+leader killed or a broker restarted, partitions added to the events topic, hostile
+records produced into it). Steps name their targets by index ("the 2nd live worker"), so
+a history still means something with any of its steps dropped: that is what shrinking
+relies on. Timing is real (processes, brokers), so a replay is the same history, not the
+same interleaving to the microsecond.
+
+After every step the checker looks at what can be checked cheaply (no effect doubled,
+no worker stopped with an unclear error, every run's log sound); at the end it heals
+every fault, drives every run until it finishes or waits for a person, and checks all of
+the invariants (see ``Checker``). A failing history is shrunk by dropping steps and
+re-running, and printed with the command that replays it.
+
+It runs on the 3-node cluster (``runlog stack up --nodes 3``, ports from
+``RUNLOG_CLUSTER_*``) with its own topics and Redis key prefix per execution; Redis
+restarts restart the cluster's Redis. The receivers' ledger lives in a private Redis
+(``EXPLORER_LEDGER_PORT``, default the cluster's Redis port + 1) that no fault touches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+ROOT = TESTS.parent
+sys.path[:0] = [str(ROOT), str(TESTS), str(TESTS / "faults")]
+
+import redis  # noqa: E402
+
+from runlog import stack  # noqa: E402
+from runlog.log.reader import LogReader  # noqa: E402
+from runlog.projections.run_state import RunState, accept, apply  # noqa: E402
+from runlog.schemas.keys import partition_for  # noqa: E402
+from runlog.schemas.models import Event  # noqa: E402
+from runlog.schemas.vocabulary import EventType  # noqa: E402
+from runlog.settings import Settings  # noqa: E402
+from runlog.topics import ensure_topics  # noqa: E402
+
+WORKER = HERE / "worker.py"
+SEEDS_FILE = HERE / "seeds.json"
+TOOLS = ("probe", "refund", "charge", "ticket")
+MODES = (
+    "refuse",
+    "fail-before",
+    "fail-after",
+    "timeout",
+    "timeout-after",
+    "huge",
+    "odd",
+    "conflict",
+)
+MAX_RUNS = 5
+MAX_WORKERS_PER_RUN = 2
+MAX_RUNNERS = 2
+LEASE_TTL_MS = 2000
+PARTITIONS = 3
+EXIT_NAMES = {
+    0: "ok",
+    1: "UNCLEAR",
+    3: "Fenced",
+    4: "RunLocked",
+    5: "Escalated",
+    6: "CallUncertain",
+    7: "ToolFailed",
+    9: "ConfigError",
+    10: "Unavailable",
+    -9: "SIGKILL",
+}
+
+# --------------------------------------------------------------------------- generator
+
+# kind -> weight. Cluster-only kinds are left out when the stack has one broker.
+WEIGHTS: dict[str, int] = {
+    "start": 6,
+    "resume": 7,
+    "takeover": 3,
+    "kill_worker": 9,
+    "pause_worker": 3,
+    "receiver_fault": 10,
+    "recon_unavailable": 3,
+    "decide": 6,
+    "wait": 6,
+    "runner_start": 3,
+    "runner_stop": 1,
+    "runner_kill": 2,
+    "runner_pause": 1,
+    "redis_restart": 2,
+    "redis_wipe": 2,
+    "redis_save": 2,
+    "redis_rollback": 2,
+    "leader_kill": 1,
+    "broker_restart": 1,
+    "hostile": 3,
+    "add_partitions": 1,
+}
+CLUSTER_KINDS = {"leader_kill", "broker_restart"}
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    a: int = 0
+    b: int = 0
+    arg: str = ""
+
+    def text(self) -> str:
+        extra = f" {self.arg}" if self.arg else ""
+        return f"{self.kind}(a={self.a}, b={self.b}{extra})"
+
+
+def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
+    """The history a seed stands for: the same seed always gives the same steps."""
+    rng = random.Random(seed)
+    kinds = [k for k in WEIGHTS if cluster or k not in CLUSTER_KINDS]
+    weights = [WEIGHTS[k] for k in kinds]
+    out: list[Step] = [Step("runner_start"), Step("start")]
+    grown = False
+    while len(out) < steps:
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "add_partitions":
+            # Terminal for the topic (every later open is refused), so once, late.
+            if grown or len(out) < steps * 0.7:
+                continue
+            grown = True
+        a, b, arg = rng.randrange(1000), rng.randrange(1000), ""
+        if kind == "receiver_fault":
+            arg = f"{rng.choice(TOOLS)}:{rng.choice(MODES)}"
+        elif kind == "recon_unavailable":
+            arg = rng.choice(("refund", "charge"))
+        out.append(Step(kind, a, b, arg))
+    return out[:steps]
+
+
+def plan_for(seed: int, index: int) -> list[list[Any]]:
+    """A run's script: 2 to 5 calls of the four tools, deterministic per seed and run."""
+    rng = random.Random(f"plan:{seed}:{index}")
+    calls: list[list[Any]] = []
+    for i in range(rng.randint(2, 5)):
+        tool = rng.choice(TOOLS)
+        calls.append([tool, {"n": i, "amount": rng.randint(1, 99)}])
+    return calls
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class LedgerServer:
+    """The receivers' private Redis: no fault of the explorer ever touches it."""
+
+    def __init__(self, cfg: stack.StackConfig) -> None:
+        self.port = int(os.environ.get("EXPLORER_LEDGER_PORT") or cfg.redis_port + 1)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir = Path(tempfile.mkdtemp(prefix="explorer-ledger-"))
+
+    def up(self) -> None:
+        if _answers(self.port):
+            return
+        # The port may be held for a while as the local end of someone's client socket
+        # (it is in the ephemeral range): a few tries, then the next ports up.
+        for attempt in range(6):
+            port = self.port + 100 * (attempt // 2)
+            if self._start(port):
+                self.port, self.url = port, f"redis://127.0.0.1:{port}/0"
+                return
+            time.sleep(1)
+        raise RuntimeError(f"ledger redis did not start on {self.port} or above")
+
+    def _start(self, port: int) -> bool:
+        exe = shutil.which("redis-server") or "redis-server"
+        proc = subprocess.Popen(
+            [
+                exe,
+                *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+                *("--appendonly", "no", "--dir", str(self.dir)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with contextlib.suppress(Exception):
+                    proc.kill()
+                    proc.wait(timeout=5)
+                return False
+            time.sleep(0.05)
+        self.proc = proc
+        return True
+
+    def down(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cluster_settings(cfg: stack.StackConfig, prefix: str) -> Settings:
+    return Settings(
+        bootstrap_servers=cfg.bootstrap_servers,
+        redis_url=cfg.redis_url,
+        replication_factor=min(3, len(cfg.nodes())),
+        lease_ttl_ms=LEASE_TTL_MS,
+        topic_prefix=prefix,
+        redis_key_prefix=prefix,
+        partitions=PARTITIONS,
+        schema_registry_url=None,
+    )
+
+
+def env_for(settings: Settings, ledger_url: str, ns: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
+    env.update(
+        {
+            "RUNLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "RUNLOG_REDIS_URL": settings.redis_url,
+            "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
+            "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
+            "RUNLOG_PARTITIONS": str(settings.partitions),
+            "RUNLOG_REPLICATION_FACTOR": str(settings.replication_factor),
+            "RUNLOG_LEASE_TTL_MS": str(settings.lease_ttl_ms),
+            "RUNLOG_KAFKA_EXTRA": '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}',
+            "EXPLORER_LEDGER_URL": ledger_url,
+            "EXPLORER_LEDGER_NS": ns,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- execution
+
+SAVE_LUA = """
+local out = {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  local v = redis.call('DUMP', k)
+  if v then out[#out + 1] = k; out[#out + 1] = v end
+end
+return out
+"""
+RESTORE_LUA = """
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end
+for i = 2, #ARGV, 2 do redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1], 'REPLACE') end
+return #ARGV
+"""
+
+
+@dataclass
+class Proc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    run_id: str = ""
+    paused_until: float = 0.0
+    log: Path | None = None
+
+
+@dataclass
+class Outcome:
+    seed: int
+    steps: int
+    kept: list[int]
+    history: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    exits: Counter[str] = field(default_factory=Counter)
+    acks: int = 0
+    effects: int = 0
+    doubled_allowed: int = 0
+    quarantined: int = 0
+    runs: int = 0
+    finished: int = 0
+    waiting: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations)
+
+
+class Explorer:
+    """Executes one history on the real stack and checks it."""
+
+    def __init__(self, cfg: stack.StackConfig, ledger: LedgerServer, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.ns = f"x{seed}-{uuid.uuid4().hex[:6]}"
+        self.s = cluster_settings(cfg, self.ns)
+        self.ledger_url = ledger.url
+        self.ledger = redis.Redis.from_url(ledger.url)
+        self.env = env_for(self.s, ledger.url, self.ns)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"explorer-{self.ns}-"))
+        self.journal = self.dir / "journal.jsonl"
+        self.journal.touch()
+        self.runs: list[str] = []
+        self.workers: list[Proc] = []
+        self.runners: list[Proc] = []
+        self.down_nodes: list[int] = []
+        self.saved: dict[bytes, bytes] | None = None
+        self.grown = False
+        self.n_workers = 0
+        self.decided: set[tuple[str, str]] = set()
+        self.out: Outcome | None = None
+        self._producer: Any = None
+        self.ghosts: list[tuple[int, int]] = []
+        self.kinds_done: set[str] = set()
+
+    # ----------------------------------------------------------------- helpers
+    def r(self) -> redis.Redis:
+        return redis.Redis.from_url(self.s.redis_url, socket_timeout=5)
+
+    def lk(self, name: str) -> str:
+        return f"{self.ns}:{name}"
+
+    def alive(self, procs: list[Proc]) -> list[Proc]:
+        return [p for p in procs if p.proc.poll() is None]
+
+    def spawn_worker(self, run_id: str, *, takeover: bool = False) -> Proc | None:
+        if self.grown:
+            # Every open is refused on a grown topic; one worker per run shows it.
+            pass
+        live = [w for w in self.alive(self.workers) if w.run_id == run_id]
+        if len(live) >= MAX_WORKERS_PER_RUN:
+            return None
+        self.n_workers += 1
+        name = f"w{self.n_workers}"
+        idx = self.runs.index(run_id)
+        cmd = [sys.executable, str(WORKER), "--run-id", run_id, "--name", name]
+        cmd += ["--plan", json.dumps(plan_for(self.seed, idx)), "--journal", str(self.journal)]
+        if takeover:
+            cmd.append("--takeover")
+        log = self.dir / f"{name}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, env=self.env, cwd=str(ROOT), stdout=fh, stderr=fh)
+        p = Proc(name, proc, run_id, log=log)
+        self.workers.append(p)
+        return p
+
+    def spawn_runner(self) -> None:
+        if len(self.alive(self.runners)) >= MAX_RUNNERS:
+            return
+        name = f"p{len(self.runners) + 1}"
+        log = self.dir / f"{name}.log"
+        cmd = [sys.executable, "-m", "runlog.cli", "project", "all", "--group", f"{self.ns}-g"]
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, env=self.env, cwd=str(ROOT), stdout=fh, stderr=fh)
+        self.runners.append(Proc(name, proc, log=log))
+
+    def pick(self, procs: list[Proc], a: int) -> Proc | None:
+        live = sorted(self.alive(procs), key=lambda p: p.name)
+        return live[a % len(live)] if live else None
+
+    def run_of(self, a: int) -> str | None:
+        return self.runs[a % len(self.runs)] if self.runs else None
+
+    def cont_paused(self, *, all_of_them: bool = False) -> None:
+        now = time.monotonic()
+        for p in self.workers + self.runners:
+            if p.paused_until and (all_of_them or now >= p.paused_until):
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.send_signal(signal.SIGCONT)
+                p.paused_until = 0.0
+
+    def heal_nodes(self) -> None:
+        for node in list(self.down_nodes):
+            stack.start_node(self.cfg, node)
+            self.down_nodes.remove(node)
+        if stack.redis_pid(self.cfg) is None:
+            stack.start_redis(self.cfg)
+
+    def ready(self, timeout: float = 120.0) -> None:
+        """Every node and Redis up, this execution's topics created: a history starts on
+        a healthy cluster whatever the previous one left behind."""
+        for node in self.cfg.nodes():
+            if stack.node_pid(self.cfg, node.node_id) is None:
+                stack.start_node(self.cfg, node.node_id)
+        if stack.redis_pid(self.cfg) is None:
+            stack.start_redis(self.cfg)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ensure_topics(self.s).raise_for_drift()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
+    def read(self, run_id: str) -> list[Event]:
+        settings = self.s
+        if self.grown:
+            settings = settings.model_copy(update={"partitions": PARTITIONS + 3})
+        with LogReader(settings) as reader:
+            part = partition_for(run_id, PARTITIONS)
+            return [rec.event for rec in reader.read(run_id, partition=part, start=0)]
+
+    # ----------------------------------------------------------------- steps
+    def do(self, step: Step) -> str:
+        """Execute one step; return what it did (for the printed history)."""
+        assert self.out is not None
+        k = step.kind
+        if k == "start":
+            if len(self.runs) >= MAX_RUNS:
+                return "skip: enough runs"
+            rid = f"{self.ns}-r{len(self.runs)}"
+            self.runs.append(rid)
+            p = self.spawn_worker(rid)
+            return f"start {rid} as {p.name if p else '-'}"
+        if k in ("resume", "takeover"):
+            rid = self.run_of(step.a)
+            if rid is None:
+                return "skip: no run"
+            p = self.spawn_worker(rid, takeover=k == "takeover")
+            return f"{k} {rid} as {p.name}" if p else "skip: enough workers"
+        if k == "kill_worker":
+            p = self.pick(self.workers, step.a)
+            if p is None:
+                return "skip: no live worker"
+            # Up to 3 s: past a worker's start-up, into its calls (and the receivers' slow
+            # answers), where a kill leaves a STARTED without its COMPLETED.
+            delay_ms = (step.b * 7) % 3000
+            time.sleep(delay_ms / 1000)
+            with contextlib.suppress(ProcessLookupError):
+                p.proc.send_signal(signal.SIGKILL)
+            self.out.faults["SIGKILL worker"] += 1
+            return f"SIGKILL {p.name} ({p.run_id}) after {delay_ms} ms"
+        if k == "pause_worker":
+            p = self.pick([w for w in self.workers if not w.paused_until], step.a)
+            if p is None:
+                return "skip: no live worker"
+            p.proc.send_signal(signal.SIGSTOP)
+            p.paused_until = time.monotonic() + 0.5 + (step.b % 40) / 10
+            self.out.faults["SIGSTOP worker"] += 1
+            return f"SIGSTOP {p.name} for {p.paused_until - time.monotonic():.1f} s"
+        if k == "receiver_fault":
+            rid = self.run_of(step.a)
+            if rid is None:
+                return "skip: no run"
+            tool, mode = step.arg.split(":")
+            self.ledger.rpush(self.lk(f"fault:{rid}:{tool}"), mode)
+            self.out.faults[f"receiver {mode}"] += 1
+            return f"next {tool} of {rid}: {mode}"
+        if k == "recon_unavailable":
+            rid = self.run_of(step.a)
+            if rid is None:
+                return "skip: no run"
+            self.ledger.rpush(self.lk(f"recon:{rid}:{step.arg}"), "unavailable")
+            self.out.faults["reconciler unavailable"] += 1
+            return f"next lookup of {step.arg} in {rid}: unavailable"
+        if k == "decide":
+            rid = self.run_of(step.a)
+            if rid is None:
+                return "skip: no run"
+            return self.decide(rid, approve=step.b % 3 != 0)
+        if k == "wait":
+            time.sleep(0.3 + (step.b % 20) / 10)
+            return "wait"
+        if k == "runner_start":
+            self.spawn_runner()
+            return "runner start"
+        if k in ("runner_stop", "runner_kill", "runner_pause"):
+            p = self.pick([r for r in self.runners if not r.paused_until], step.a)
+            if p is None:
+                return "skip: no runner"
+            if k == "runner_stop":
+                p.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.proc.wait(timeout=20)
+                return f"SIGTERM runner {p.name}"
+            if k == "runner_kill":
+                p.proc.send_signal(signal.SIGKILL)
+                self.out.faults["SIGKILL runner"] += 1
+                return f"SIGKILL runner {p.name}"
+            p.proc.send_signal(signal.SIGSTOP)
+            p.paused_until = time.monotonic() + 1 + (step.b % 40) / 10
+            self.out.faults["SIGSTOP runner"] += 1
+            return f"SIGSTOP runner {p.name}"
+        if k in ("redis_restart", "redis_wipe"):
+            stack.kill_redis(self.cfg, sig=signal.SIGKILL)
+            time.sleep(0.2)
+            stack.start_redis(self.cfg, empty=k == "redis_wipe")
+            self.out.faults[
+                "Redis kill -9, restart " + ("empty" if k == "redis_wipe" else "AOF")
+            ] += 1
+            return k
+        if k == "redis_save":
+            # One script, so the copy is of one moment, as an RDB or AOF is: a copy taken
+            # key by key while runners write would mix moments no real Redis ever held.
+            with contextlib.closing(self.r()) as r:
+                flat = r.eval(SAVE_LUA, 0, f"{self.ns}:*")
+            self.saved = dict(zip(flat[::2], flat[1::2], strict=True))
+            return f"saved {len(self.saved)} keys"
+        if k == "redis_rollback":
+            if self.saved is None:
+                return "skip: nothing saved"
+            args = [x for kv in self.saved.items() for x in kv]
+            with contextlib.closing(self.r()) as r:
+                r.eval(RESTORE_LUA, 0, f"{self.ns}:*", *args)
+            self.out.faults["Redis rolled back to an older copy"] += 1
+            return f"rolled Redis back to {len(self.saved)} saved keys"
+        if k == "leader_kill":
+            if self.down_nodes:
+                self.heal_nodes()
+            from faultkit import partition_leaders
+
+            leaders = partition_leaders(self.s)
+            leader = leaders[step.a % len(leaders)][0]
+            if leader < 0:
+                return "skip: no leader"
+            stack.kill_node(self.cfg, leader, sig=signal.SIGKILL)
+            self.down_nodes.append(leader)
+            self.out.faults["partition leader kill -9"] += 1
+            return f"kill -9 node {leader} (leader of partition {step.a % len(leaders)})"
+        if k == "broker_restart":
+            if self.down_nodes:
+                self.heal_nodes()
+            node = step.a % len(self.cfg.nodes()) + 1
+            stack.stop_node(self.cfg, node)
+            stack.start_node(self.cfg, node)
+            self.out.faults["broker restart"] += 1
+            return f"restart node {node}"
+        if k == "hostile":
+            n = self.hostile(step.b)
+            self.out.faults["hostile records"] += n
+            return f"{n} hostile records"
+        if k == "add_partitions":
+            from confluent_kafka.admin import AdminClient, NewPartitions
+
+            admin = AdminClient(self.s.kafka_common())
+            fut = admin.create_partitions([NewPartitions(self.s.events_topic, PARTITIONS + 3)])
+            for f in fut.values():
+                f.result(timeout=30)
+            self.grown = True
+            self.out.faults["partitions added"] += 1
+            return f"events topic grown to {PARTITIONS + 3} partitions"
+        raise ValueError(f"unknown step {k}")
+
+    def decide(self, rid: str, *, approve: bool) -> str:
+        import runlog
+
+        try:
+            events = self.read(rid)
+        except Exception as exc:  # noqa: BLE001 - a person cannot read it now either
+            return f"skip: cannot read {rid}: {type(exc).__name__}"
+        st = fold_valid(events)
+        pending = [a for a in st.pending_approvals if (rid, a) not in self.decided]
+        if not pending:
+            return f"skip: nothing pending in {rid}"
+        aid = sorted(pending)[0]
+        try:
+            how = runlog.decide(
+                rid,
+                aid,
+                approved=approve,
+                decided_by="explorer",
+                note="" if approve else "rejected by the explorer",
+                settings=self.s,
+            )
+        except Exception as exc:  # noqa: BLE001 - refused or unavailable: recorded as such
+            return f"decide {aid} of {rid}: {type(exc).__name__}: {exc}"[:200]
+        self.decided.add((rid, aid))
+        return f"{'approve' if approve else 'reject'} {aid} of {rid}: {how}"
+
+    def _ghost_delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self.ghosts.append((msg.partition(), msg.offset()))
+
+    def set_aside_ghosts(self) -> None:
+        """What an operator does with records nobody can decode under a run id: set them
+        aside (``runlog records set-aside``), so the run's readers skip them."""
+        from runlog.log.setaside import set_aside
+
+        with contextlib.closing(self.r()) as client:
+            for part, offset in self.ghosts:
+                set_aside(
+                    client,
+                    self.s,
+                    part,
+                    offset,
+                    by="explorer",
+                    reason="hostile bytes",
+                    error="undecodable",
+                )
+
+    def hostile(self, b: int) -> int:
+        from confluent_kafka import Producer
+
+        from runlog.schemas.codec import encode, new_event_id
+
+        if self._producer is None:
+            self._producer = Producer({**self.s.kafka_common(), "linger.ms": 5})
+        rng = random.Random(b)
+        topic = self.s.events_topic
+        n = 0
+        for i in range(1 + b % 12):
+            part = rng.randrange(PARTITIONS)
+            kind = i % 5
+            if kind == 0:  # garbage under a valid run id no worker uses
+                self._producer.produce(
+                    topic,
+                    rng.randbytes(40),
+                    f"{self.ns}-ghost{b}",
+                    partition=part,
+                    on_delivery=self._ghost_delivered,
+                )
+            elif kind == 1:  # runlog's magic, an unknown fingerprint, no key
+                self._producer.produce(topic, b"\xc3\x01" + rng.randbytes(30), None, partition=part)
+            elif kind == 2:  # a key that is not UTF-8
+                self._producer.produce(topic, b"\x00junk", b"\xff\xfe\xfd", partition=part)
+            elif kind == 3:  # a key no run id can be
+                self._producer.produce(topic, b"{}", "bad key*{x}", partition=part)
+            else:  # a zombie: a well-formed event of a real run with a stale epoch
+                rid = self.run_of(b + i)
+                if rid is None:
+                    continue
+                try:
+                    events = self.read(rid)
+                except Exception:  # noqa: BLE001 - no zombie then
+                    continue
+                valid = [e for e, ok in verdicts(events) if ok]
+                if not valid or valid[-1].epoch < 2:
+                    continue
+                last = valid[-1]
+                ev = last.model_copy(
+                    update={
+                        "event_id": new_event_id(),
+                        "seq": last.seq + 1,
+                        "epoch": last.epoch - 1,
+                        "writer_id": "zombie",
+                    }
+                )
+                self._producer.produce(
+                    topic, encode(ev), rid, partition=partition_for(rid, PARTITIONS)
+                )
+            n += 1
+        self._producer.flush(30)
+        return n
+
+    # ----------------------------------------------------------------- one history
+    def execute(
+        self, history: list[Step], kept: list[int], *, generated: int, quiet: bool = False
+    ) -> Outcome:
+        """Run ``history`` (steps ``kept`` of the ``generated`` the seed stands for)."""
+        out = Outcome(self.seed, generated, kept)
+        self.out = out
+        t0 = time.monotonic()
+        self.ready()
+        checker = Checker(self)
+        try:
+            for i, step in enumerate(history):
+                self.cont_paused()
+                if self.down_nodes and step.kind not in ("leader_kill", "broker_restart"):
+                    # A killed leader stays down for one step, then comes back.
+                    self.heal_nodes()
+                self.kinds_done.add(step.kind)
+                try:
+                    what = self.do(step)
+                except Exception as exc:  # noqa: BLE001 - a fault that could not be injected
+                    what = f"could not: {type(exc).__name__}: {exc}"[:300]
+                line = f"[{kept[i]:3d}] {step.text():48s} {what}"
+                out.history.append(line)
+                if not quiet:
+                    print(line, flush=True)
+                problems = checker.after_step()
+                if problems:
+                    out.violations.extend(f"after step {kept[i]}: {p}" for p in problems)
+                    break
+            if not out.violations:
+                out.violations.extend(checker.at_end())
+        finally:
+            self.teardown()
+            out.seconds = time.monotonic() - t0
+        return out
+
+    def teardown(self) -> None:
+        self.cont_paused(all_of_them=True)
+        for p in self.workers + self.runners:
+            if p.proc.poll() is None:
+                p.proc.kill()
+            with contextlib.suppress(Exception):
+                p.proc.wait(timeout=10)
+        with contextlib.suppress(Exception):
+            self.heal_nodes()
+        if self._producer is not None:
+            self._producer.flush(5)
+
+
+def verdicts(events: list[Event]) -> list[tuple[Event, bool]]:
+    st = RunState()
+    return [(ev, accept(st, ev)) for ev in events]
+
+
+def fold_valid(events: list[Event]) -> RunState:
+    st = RunState()
+    for ev in events:
+        apply(st, ev)
+    return st
+
+
+# --------------------------------------------------------------------------- checker
+
+
+class Checker:
+    """The invariants, over the log, the ledger, the journal and the projections.
+
+    1. No effect happens twice for one key unless a person (an approved retry of an
+       uncertain call) or a compensation (the first effect was undone) said so; ``probe``
+       is declared safe to repeat and is exempt.
+    2. Every effect is completed in its run's log, or its call is still open (uncertain or
+       escalated), or it was compensated: never silently forgotten.
+    3. No acknowledged append is lost: every append a worker was told is durable is the
+       valid event at that seq and epoch (and event id, where the worker knew it).
+    4. One valid owner per epoch, contiguous seqs from 1, epochs never go back, nothing
+       valid after RUN_FINISHED; an open never got an epoch already used in the log.
+    5. The projections equal a rebuild from zero.
+    6. ``runlog verify --all`` passes.
+    7. Nothing waits forever without being named: a run that is not finished has a
+       pending approval or an open call in the uncertain-call queue (or its topic was
+       grown, and every open of it is refused by design).
+    8. No worker or runner stopped with an unclear error (a traceback).
+    """
+
+    def __init__(self, ex: Explorer) -> None:
+        self.ex = ex
+        self.seen_exits: set[str] = set()
+
+    # ------------------------------------------------------------- cheap, every step
+    def after_step(self) -> list[str]:
+        problems = self.exits()
+        planted = os.environ.get("EXPLORER_PLANT")
+        if planted and self.ex.kinds_done >= set(planted.split(",")):
+            # A planted failure (tests of the shrinker): fails once these kinds all ran.
+            problems.append(f"planted: {planted} all ran")
+        problems += self.doubles()
+        if not self.ex.down_nodes:
+            for rid in self.ex.runs:
+                try:
+                    events = self.ex.read(rid)
+                except Exception:  # noqa: BLE001 - checked again at the end, healed
+                    continue
+                problems += [f"{rid}: {p}" for p in log_problems(events)]
+        return problems
+
+    def exits(self) -> list[str]:
+        assert self.ex.out is not None
+        problems: list[str] = []
+        for p in self.ex.workers + self.ex.runners:
+            code = p.proc.poll()
+            if code is None or p.name in self.seen_exits:
+                continue
+            self.seen_exits.add(p.name)
+            kind = "worker" if p.run_id else "runner"
+            self.ex.out.exits[f"{kind} {EXIT_NAMES.get(code, str(code))}"] += 1
+            unclear = code == 1 or (kind == "runner" and code not in (0, -9, -15))
+            if unclear:
+                tail = p.log.read_text(errors="replace")[-1500:] if p.log else ""
+                problems.append(f"{kind} {p.name} {p.run_id} exited {code}:\n{tail}")
+        return problems
+
+    def ledger(self) -> tuple[dict[str, int], dict[str, str], dict[str, int], dict[str, str]]:
+        led, lk = self.ex.ledger, self.ex.lk
+        counts = {k.decode(): int(v) for k, v in led.hgetall(lk("L:count")).items()}
+        tools = {k.decode(): v.decode() for k, v in led.hgetall(lk("L:tool")).items()}
+        undone = {k.decode(): int(v) for k, v in led.hgetall(lk("L:undone")).items()}
+        runs = {k.decode(): v.decode() for k, v in led.hgetall(lk("L:run")).items()}
+        return counts, tools, undone, runs
+
+    def doubles(self, approved: Counter[str] | None = None) -> list[str]:
+        """Keys whose effect happened more often than 1 + undone + approved retries.
+
+        During the run (``approved`` None) approvals are read from the key's run log
+        only when a key is over its undone allowance; at the end they come from every log.
+        """
+        counts, tools, undone, _ = self.ledger()
+        problems = []
+        for key, n in counts.items():
+            if tools.get(key) == "probe" or n <= 1 + undone.get(key, 0):
+                continue
+            if approved is None and self.approved_retry(key):
+                continue
+            if approved is not None and n <= 1 + undone.get(key, 0) + approved[key]:
+                continue
+            problems.append(f"effect {key} ({tools.get(key)}) happened {n} times")
+        return problems
+
+    def approved_retry(self, key: str) -> bool:
+        _, _, _, runs = self.ledger()
+        rid = runs.get(key)
+        if rid is None:
+            return False
+        try:
+            return approvals_of(self.ex.read(rid))[key] > 0
+        except Exception:  # noqa: BLE001 - unreadable now: decide at the end
+            return True
+
+    # ------------------------------------------------------------- at the end
+    def at_end(self) -> list[str]:
+        ex = self.ex
+        assert ex.out is not None
+        ex.cont_paused(all_of_them=True)
+        ex.heal_nodes()
+        for key in ex.ledger.scan_iter(match=ex.lk("fault:*")):
+            ex.ledger.delete(key)
+        for key in ex.ledger.scan_iter(match=ex.lk("recon:*")):
+            ex.ledger.delete(key)
+        deadline = time.monotonic() + 30
+        while ex.alive(ex.workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for w in ex.alive(ex.workers):
+            w.proc.kill()
+            w.proc.wait(timeout=10)
+        problems = self.exits()
+        # Drive every run until it finishes or waits for a person who already decided all.
+        for _round in range(6):
+            open_runs = []
+            for rid in ex.runs:
+                st = fold_valid(ex.read(rid))
+                if st.status == "finished":
+                    continue
+                open_runs.append(rid)
+                for aid in sorted(st.pending_approvals):
+                    if (rid, aid) not in ex.decided:
+                        ex.out.history.append(f"[end] {ex.decide(rid, approve=True)}")
+            if not open_runs or ex.grown:
+                break
+            procs = [ex.spawn_worker(rid, takeover=True) for rid in open_runs]
+            for p in procs:
+                if p is not None:
+                    try:
+                        p.proc.wait(timeout=90)
+                    except subprocess.TimeoutExpired:
+                        p.proc.kill()
+                        problems.append(f"worker {p.name} of {p.run_id} hung at the end")
+            problems += self.exits()
+        if not ex.alive(ex.runners):
+            ex.spawn_runner()
+        states: dict[str, RunState] = {}
+        approved: Counter[str] = Counter()
+        for rid in ex.runs:
+            events = ex.read(rid)
+            problems += [f"{rid}: {p}" for p in log_problems(events)]
+            states[rid] = fold_valid(events)
+            approved.update(approvals_of(events))
+            problems += [f"{rid}: {p}" for p in self.acks(rid, events)]
+        problems += self.doubles(approved)
+        problems += self.forgotten(states)
+        problems += self.projections()
+        ex.set_aside_ghosts()
+        problems += self.verify_all()
+        problems += self.liveness(states)
+        counts, _, _, _ = self.ledger()
+        ex.out.effects = sum(counts.values())
+        ex.out.runs = len(ex.runs)
+        ex.out.finished = sum(1 for st in states.values() if st.status == "finished")
+        ex.out.waiting = ex.out.runs - ex.out.finished
+        return problems
+
+    def acks(self, rid: str, events: list[Event]) -> list[str]:
+        assert self.ex.out is not None
+        valid_at = {ev.seq: ev for ev, ok in verdicts(events) if ok}
+        epochs_used = {ev.epoch for ev in valid_at.values()}
+        problems = []
+        opens: list[int] = []
+        for line in self.ex.journal.read_text().splitlines():
+            j = json.loads(line)
+            if j["run"] != rid:
+                continue
+            if j["kind"] == "open":
+                if any(e >= j["epoch"] and e in epochs_used for e in opens):
+                    problems.append(f"{j['worker']} opened at epoch {j['epoch']} after {opens}")
+                opens.append(j["epoch"])
+            if j["kind"] != "ack":
+                continue
+            self.ex.out.acks += 1
+            ev = valid_at.get(j["seq"])
+            if ev is None or ev.epoch != j["epoch"]:
+                got = "nothing" if ev is None else f"epoch {ev.epoch}"
+                problems.append(
+                    f"acked seq {j['seq']} epoch {j['epoch']} ({j['worker']}) is {got} in the log"
+                )
+            elif j["event_id"] and ev.event_id != j["event_id"]:
+                problems.append(f"acked seq {j['seq']} ({j['worker']}) is another event")
+        return problems
+
+    def forgotten(self, states: dict[str, RunState]) -> list[str]:
+        counts, tools, undone, runs = self.ledger()
+        problems = []
+        for key in counts:
+            st = states.get(runs.get(key, ""))
+            if st is None:
+                problems.append(f"effect {key} of no known run")
+                continue
+            if key in st.completed_calls or key in st.open_calls or undone.get(key):
+                continue
+            problems.append(
+                f"effect {key} ({tools.get(key)}) of {runs.get(key)} is neither completed, "
+                "open nor compensated in the log: forgotten"
+            )
+        return problems
+
+    def projections(self) -> list[str]:
+        from projections_support import dump, wait_caught_up
+
+        from runlog.consumers.runner import rebuild
+        from runlog.consumers.store import PROJECTIONS
+
+        ex = self.ex
+        settings = ex.s
+        if ex.grown:
+            settings = settings.model_copy(update={"partitions": PARTITIONS + 3})
+        with contextlib.closing(ex.r()) as client:
+            try:
+                wait_caught_up(client, settings, timeout=90)
+            except AssertionError as exc:
+                return [f"projections: {exc}"]
+            for p in ex.alive(ex.runners):
+                p.proc.send_signal(signal.SIGTERM)
+                p.proc.wait(timeout=30)
+            self.exits()
+            live = dump(client, settings)
+            from runlog.consumers import queries
+
+            q = queries.quarantined(client, settings)
+            assert ex.out is not None
+            ex.out.quarantined = len(q) if hasattr(q, "__len__") else 0
+            rebuild(client, settings, PROJECTIONS)
+            rebuilt = dump(client, settings)
+        if live != rebuilt:
+            diff = sorted(k for k in set(live) | set(rebuilt) if live.get(k) != rebuilt.get(k))
+            shown = [
+                f"{k}: live {live.get(k)!r:.400} / rebuilt {rebuilt.get(k)!r:.400}"
+                for k in diff[:4]
+            ]
+            return [f"projections differ from a rebuild at {diff[:8]}", *shown]
+        return []
+
+    def verify_all(self) -> list[str]:
+        ex = self.ex
+        env = dict(ex.env)
+        if ex.grown:
+            env["RUNLOG_PARTITIONS"] = str(PARTITIONS + 3)
+        done = subprocess.run(
+            [sys.executable, "-m", "runlog.cli", "verify", "--all"],
+            env=env,
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode != 0 and not ex.grown:
+            return [f"runlog verify --all exited {done.returncode}: {done.stdout[-1500:]}"]
+        return []
+
+    def liveness(self, states: dict[str, RunState]) -> list[str]:
+        from runlog.consumers import queries
+
+        if self.ex.grown:
+            return []
+        with contextlib.closing(self.ex.r()) as client:
+            queue = queries.uncertain_report(client, self.ex.s).open
+        queued = {(c["run_id"], c["idempotency_key"]) for c in queue}
+        problems = []
+        for rid, st in states.items():
+            if st.status == "finished":
+                continue
+            if st.pending_approvals:
+                continue
+            if any((rid, key) in queued for key in st.open_calls):
+                continue
+            problems.append(
+                f"{rid} is stuck at seq {st.seq} ({st.status}) with nothing pending: "
+                f"open calls {sorted(st.open_calls)}"
+            )
+        return problems
+
+
+def approvals_of(events: list[Event]) -> Counter[str]:
+    """Keys a person approved to retry (each approval may add one effect)."""
+    requested: dict[str, str] = {}
+    out: Counter[str] = Counter()
+    for ev, ok in verdicts(events):
+        if not ok:
+            continue
+        p = ev.payload
+        if ev.type is EventType.APPROVAL_REQUESTED and getattr(p, "idempotency_key", None):
+            requested[p.approval_id] = p.idempotency_key
+        elif ev.type is EventType.APPROVAL_DECIDED and p.approved:
+            key = requested.get(p.approval_id)
+            if key is not None:
+                out[key] += 1
+    return out
+
+
+def log_problems(events: list[Event]) -> list[str]:
+    good = [ev for ev, ok in verdicts(events) if ok]
+    if not good:
+        return []
+    problems = []
+    if [ev.seq for ev in good] != list(range(1, len(good) + 1)):
+        problems.append("valid seqs not contiguous from 1")
+    if good[0].type is not EventType.RUN_STARTED:
+        problems.append(f"first valid event is {good[0].type.value}")
+    owners: dict[int, set[str]] = {}
+    for ev in good:
+        owners.setdefault(ev.epoch, set()).add(ev.writer_id)
+    two = {e: w for e, w in owners.items() if len(w) > 1}
+    if two:
+        problems.append(f"epochs with two writers: {two}")
+    epochs = [ev.epoch for ev in good]
+    if epochs != sorted(epochs):
+        problems.append("valid epochs went backwards")
+    fin = [i for i, ev in enumerate(good) if ev.type is EventType.RUN_FINISHED]
+    if fin and fin[0] != len(good) - 1:
+        problems.append("valid events after RUN_FINISHED")
+    ids = Counter(ev.event_id for ev in events)
+    if any(n > 1 for n in ids.values()):
+        problems.append("an event id is in the log twice")
+    return problems
+
+
+# --------------------------------------------------------------------------- driving
+
+
+@contextlib.contextmanager
+def environment(
+    *, keep_cluster: bool | None = None
+) -> Iterator[tuple[stack.StackConfig, LedgerServer]]:
+    cfg = stack.StackConfig.from_env(nodes=3)
+    # Ours to stop only if nothing of it ran before: a node down (a fault another
+    # session left) does not make the cluster ours.
+    started = not any(sv.running for sv in stack.status(cfg).services)
+    if keep_cluster is None:
+        keep_cluster = bool(os.environ.get("EXPLORER_KEEP_CLUSTER"))
+    stack.up(cfg, timeout=180)
+    ledger = LedgerServer(cfg)
+    ledger.up()
+    try:
+        yield cfg, ledger
+    finally:
+        ledger.down()
+        if started and not keep_cluster:
+            stack.down(cfg)
+
+
+def explore(
+    cfg: stack.StackConfig,
+    ledger: LedgerServer,
+    seed: int,
+    steps: int,
+    keep: list[int] | None = None,
+    *,
+    quiet: bool = False,
+) -> Outcome:
+    full = generate(seed, steps)
+    kept = list(range(len(full))) if keep is None else [i for i in keep if i < len(full)]
+    ex = Explorer(cfg, ledger, seed)
+    try:
+        return ex.execute([full[i] for i in kept], kept, generated=steps, quiet=quiet)
+    finally:
+        cleanup(ex)
+
+
+def cleanup(ex: Explorer) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    with contextlib.suppress(Exception):
+        admin = AdminClient(ex.s.kafka_common())
+        topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(ex.ns)]
+        if topics:
+            for f in admin.delete_topics(topics).values():
+                f.result(timeout=30)
+    with contextlib.suppress(Exception), contextlib.closing(ex.r()) as r:
+        keys = list(r.scan_iter(match=f"{ex.ns}*", count=1000))
+        if keys:
+            r.delete(*keys)
+    with contextlib.suppress(Exception):
+        keys = list(ex.ledger.scan_iter(match=f"{ex.ns}:*", count=1000))
+        if keys:
+            ex.ledger.delete(*keys)
+    if not os.environ.get("EXPLORER_KEEP_LOGS"):
+        shutil.rmtree(ex.dir, ignore_errors=True)
+
+
+def replay_command(seed: int, steps: int, kept: list[int]) -> str:
+    keep = ",".join(map(str, kept))
+    return f"make explore SEED={seed} STEPS={steps} KEEP={keep}"
+
+
+def shrink(
+    cfg: stack.StackConfig,
+    ledger: LedgerServer,
+    failing: Outcome,
+    *,
+    budget_s: float = 900,
+    tries: int = 2,
+) -> Outcome:
+    """The shortest history that still fails: drop chunks, then single steps, re-running.
+
+    A re-run may pass by timing alone, so a candidate counts as failing if any of
+    ``tries`` executions fails.
+    """
+    best = failing
+    deadline = time.monotonic() + budget_s
+    # A violation seen after step N owes nothing to the steps after N: cut them first.
+    first = failing.violations[0] if failing.violations else ""
+    if first.startswith("after step "):
+        last = int(first.split()[2].rstrip(":"))
+        cut = [i for i in best.kept if i <= last]
+        if cut != best.kept:
+            got = explore(cfg, ledger, best.seed, best.steps, cut, quiet=True)
+            print(
+                f"  shrink: {len(cut)} steps (up to the failing one) -> "
+                f"{'fails' if got.failed else 'passes'}",
+                flush=True,
+            )
+            if got.failed:
+                best = got
+    chunk = max(1, len(best.kept) // 2)
+    while chunk >= 1 and time.monotonic() < deadline:
+        i = 0
+        progressed = False
+        while i < len(best.kept) and time.monotonic() < deadline:
+            candidate = best.kept[:i] + best.kept[i + chunk :]
+            if not candidate:
+                i += chunk
+                continue
+            for _ in range(tries):
+                got = explore(cfg, ledger, best.seed, best.steps, candidate, quiet=True)
+                print(
+                    f"  shrink: {len(candidate)} steps -> {'fails' if got.failed else 'passes'}",
+                    flush=True,
+                )
+                if got.failed:
+                    best = got
+                    progressed = True
+                    break
+            else:
+                i += chunk
+        if not progressed:
+            chunk //= 2
+    return best
+
+
+def report(out: Outcome) -> str:
+    lines = [
+        f"seed {out.seed}: {len(out.kept)} of {out.steps} steps, {out.seconds:.0f} s, "
+        f"runs {out.runs} (finished {out.finished}, waiting for a person {out.waiting}), "
+        f"acks {out.acks}, effects {out.effects}, quarantined {out.quarantined}",
+        f"  faults: {dict(out.faults)}",
+        f"  exits: {dict(out.exits)}",
+    ]
+    if out.failed:
+        lines.append("  VIOLATIONS:")
+        lines += [f"    {v}" for v in out.violations]
+        lines.append("  history:")
+        lines += [f"    {h}" for h in out.history]
+        lines.append(f"  replay: {replay_command(out.seed, out.steps, out.kept)}")
+    return "\n".join(lines)
+
+
+def load_seeds() -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = json.loads(SEEDS_FILE.read_text())
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="explorer")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_run = sub.add_parser("run", help="one seed (and optionally a subset of its steps)")
+    p_run.add_argument("--seed", type=int, required=True)
+    p_run.add_argument("--steps", type=int, default=40)
+    p_run.add_argument("--keep", default="", help="comma-separated step indexes to keep")
+    p_run.add_argument("--no-shrink", action="store_true")
+    p_ever = sub.add_parser("forever", help="random seeds until one fails (unbounded)")
+    p_ever.add_argument("--steps", type=int, default=40)
+    p_ever.add_argument("--no-shrink", action="store_true")
+    opts = ap.parse_args(argv)
+    with environment() as (cfg, ledger):
+        if opts.cmd == "run":
+            seeds = iter([opts.seed])
+        else:
+            seeds = iter(lambda: random.SystemRandom().randrange(10**6), None)
+        for seed in seeds:
+            keep = [int(x) for x in opts.keep.split(",") if x] if opts.cmd == "run" else []
+            out = explore(cfg, ledger, seed, opts.steps, keep or None)
+            print(report(out), flush=True)
+            if out.failed:
+                if not opts.no_shrink:
+                    print("shrinking...", flush=True)
+                    out = shrink(cfg, ledger, out)
+                    print("shortest failing history:\n" + report(out), flush=True)
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

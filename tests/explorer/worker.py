@@ -1,0 +1,298 @@
+"""An agent worker process the explorer starts, kills, pauses and takes over.
+
+    python tests/explorer/worker.py --run-id R --plan JSON --journal FILE [--takeover]
+
+The plan is the run's script: a list of ``[tool, args]`` calls, each followed by a user
+message, then ``finish``. A worker re-executed from the top recomputes the same keys, so
+a call the log holds as completed is not run again. Four tools, one per way of settling
+an uncertain outcome, change a receiver outside every worker (a private Redis, the
+"ledger", at ``EXPLORER_LEDGER_URL``), recording each effect with its idempotency key:
+
+* ``probe``   safe, no lookup: retried blindly after a crash (harmless by declaration);
+* ``refund``  reversible, a lookup and an inverse: a conflicting effect is compensated;
+* ``charge``  irreversible with an authoritative lookup (match / absent / conflict /
+  unavailable);
+* ``ticket``  irreversible, no lookup: an uncertain ticket waits for a person.
+
+Like the demo's ledger, the receivers refuse a request whose fencing token
+(``runlog.current_call().epoch``) is older than one they have seen for the run, and a
+lookup raises that fence before it answers: so "absent" is final (a paused worker's late
+request can no longer commit), which is the contract README asks of a receiver before
+recovery may retry on absence.
+
+Receiver and reconciler faults are queued in the ledger by the explorer (``fault:<run>:<tool>``,
+``recon:<run>:<tool>``) and taken one per call, so a fault hits the next call of that tool
+whichever worker makes it. Every append the worker was told is durable goes to the
+journal (one O_APPEND line), so the checker can look for it in the log afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
+
+import redis  # noqa: E402
+
+import runlog  # noqa: E402
+from runlog.bootstrap import Services  # noqa: E402
+from runlog.errors import (  # noqa: E402
+    AppendOutcomeUnknown,
+    ConfigError,
+    KafkaUnavailable,
+    RedisUnavailable,
+)
+from runlog.producers.tools import Evidence  # noqa: E402
+from runlog.schemas.canonical import canonical_json  # noqa: E402
+from runlog.settings import Settings  # noqa: E402
+
+EXIT_OK = 0
+EXIT_UNCLEAR = 1
+EXIT_FENCED = 3
+EXIT_LOCKED = 4
+EXIT_ESCALATED = 5
+EXIT_UNCERTAIN = 6
+EXIT_TOOL_FAILED = 7
+EXIT_CONFIG = 9
+EXIT_UNAVAILABLE = 10
+HUGE_BYTES = 2 * 1024 * 1024
+ODD_RESULT = "odd \ud800 result \x00 with NUL, \u202e RTL and \x1b[31m escapes"
+
+
+APPLY_LUA = """
+local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) < seen then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
+redis.call('HSET', KEYS[5], ARGV[3], ARGV[1])
+return 1
+"""
+LOOKUP_LUA = """
+local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) > seen then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+return redis.call('HGET', KEYS[2], ARGV[3])
+"""
+
+
+class Receiver:
+    """The ledger: effects by key, outside the worker, Kafka and the faulted Redis."""
+
+    def __init__(self, url: str, ns: str, run_id: str) -> None:
+        self.r = redis.Redis.from_url(url)
+        self.ns = ns
+        self.run_id = run_id
+
+    def k(self, name: str) -> str:
+        return f"{self.ns}:{name}"
+
+    def epoch(self) -> int:
+        ctx = runlog.current_call()
+        return 0 if ctx is None else ctx.epoch
+
+    def apply(self, tool: str, key: str, args: dict[str, Any]) -> None:
+        """Apply the effect, unless a newer owner of the run has been seen (a late request
+        of a paused, fenced worker): refused, so nothing happens, a proven failure."""
+        done = self.r.eval(
+            APPLY_LUA,
+            5,
+            self.k("fence"),
+            self.k("L:count"),
+            self.k("L:args"),
+            self.k("L:tool"),
+            self.k("L:run"),
+            self.run_id,
+            self.epoch(),
+            key,
+            canonical_json(args),
+            tool,
+        )
+        if not done:
+            raise runlog.ToolError("refused: a newer owner of this run has called (fencing token)")
+
+    def next_fault(self, tool: str) -> str:
+        raw = self.r.lpop(self.k(f"fault:{self.run_id}:{tool}"))
+        return "normal" if raw is None else raw.decode()
+
+    def lookup(self, tool: str, key: str, args: dict[str, Any]) -> Evidence:
+        if self.r.lpop(self.k(f"recon:{self.run_id}:{tool}")) is not None:
+            return runlog.Unavailable("the receiver's lookup timed out")
+        # Raising the fence first makes "absent" final: a late request of an older owner
+        # can no longer commit, which is what lets recovery retry on absence.
+        found = self.r.eval(
+            LOOKUP_LUA, 2, self.k("fence"), self.k("L:args"), self.run_id, self.epoch(), key
+        )
+        if found is None:
+            # The worker that sent it is dead or got its answer: nothing can commit later.
+            return runlog.Absent(f"no effect under {key}")
+        if found.decode() != canonical_json(args):
+            return runlog.Conflict(found.decode())
+        return runlog.Match(f"{tool} {canonical_json(args)}")
+
+
+def make_tools(rx: Receiver) -> list[runlog.Tool]:
+    def body(tool: str, args: dict[str, Any], key: str) -> str:
+        mode = rx.next_fault(tool)
+        if mode == "refuse":
+            raise runlog.ToolError("the receiver refused: nothing happened")
+        if mode == "fail-before":
+            raise ConnectionError("connection reset before the request was sent")
+        if mode == "timeout":
+            time.sleep(1.5)
+            raise TimeoutError("no answer within 1.5 s (the request never arrived)")
+        if mode == "conflict":
+            rx.apply(tool, key, {**args, "tampered": True})
+            raise TimeoutError("timed out after the receiver applied something else")
+        rx.apply(tool, key, args)
+        if mode == "fail-after":
+            raise TimeoutError("timed out after the receiver applied the effect")
+        if mode == "timeout-after":
+            time.sleep(1.5)
+            raise TimeoutError("no answer within 1.5 s (the effect was applied)")
+        if mode == "huge":
+            return "".join(f"line {i:07d} of a huge answer\n" for i in range(HUGE_BYTES // 30))
+        if mode == "odd":
+            return ODD_RESULT
+        return f"{tool} {canonical_json(args)}"
+
+    def fn(tool: str) -> Any:
+        def call(args: dict[str, Any], *, idempotency_key: str) -> str:
+            return body(tool, args, idempotency_key)
+
+        return call
+
+    def lookup(tool: str) -> Any:
+        def find(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+            return rx.lookup(tool, idempotency_key, args)
+
+        return find
+
+    def undo(args: dict[str, Any], *, idempotency_key: str, original_key: str) -> str:
+        pipe = rx.r.pipeline(transaction=True)
+        pipe.hincrby(rx.k("L:undone"), original_key, 1)
+        pipe.hdel(rx.k("L:args"), original_key)  # undone: the key holds no effect any more
+        pipe.hincrby(rx.k("L:count"), idempotency_key, 1)
+        pipe.hset(rx.k("L:tool"), idempotency_key, "refund/compensate")
+        pipe.hset(rx.k("L:run"), idempotency_key, rx.run_id)
+        pipe.execute()
+        return f"undid {original_key}"
+
+    return [
+        runlog.tool("probe", risk="safe")(fn("probe")),
+        runlog.tool("refund", risk="reversible", reconcile=lookup("refund"), compensate=undo)(
+            fn("refund")
+        ),
+        runlog.tool("charge", risk="irreversible", reconcile=lookup("charge"))(fn("charge")),
+        runlog.tool("ticket", risk="irreversible")(fn("ticket")),
+    ]
+
+
+class Journal:
+    def __init__(self, path: str, run_id: str, name: str) -> None:
+        self.path, self.run_id, self.name = path, run_id, name
+
+    def write(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"kind": kind, "run": self.run_id, "worker": self.name, **fields})
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())  # one small write: atomic across processes
+        finally:
+            os.close(fd)
+
+    def ack(self, run: runlog.Run, event_id: str | None = None) -> None:
+        self.write("ack", seq=run.state.seq, epoch=run.epoch, event_id=event_id)
+
+
+def drive(run: runlog.Run, plan: list[list[Any]], journal: Journal, pace_s: float) -> None:
+    for i, (tool, args) in enumerate(plan):
+        time.sleep(pace_s)  # model think time: kills and pauses land between and inside calls
+        for attempt in range(3):
+            try:
+                run.call_tool(tool, args)
+                break
+            except runlog.ToolFailed:
+                # A proven failure: the same call again is the same action (same key).
+                journal.ack(run)
+                if attempt == 2:
+                    raise
+        journal.ack(run)
+        content = f"after call {i}"
+        if not any(m.content == content for m in run.state.messages):
+            ev = run.append(runlog.EventType.USER_MESSAGE, content=content)
+            journal.ack(run, ev.event_id)
+    if run.state.status != "finished":
+        ev = run.finish("succeeded", f"{len(plan)} calls")
+        journal.ack(run, ev.event_id)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--journal", required=True)
+    ap.add_argument("--takeover", action="store_true")
+    opts = ap.parse_args()
+    settings = Settings()
+    rx = Receiver(os.environ["EXPLORER_LEDGER_URL"], os.environ["EXPLORER_LEDGER_NS"], opts.run_id)
+    journal = Journal(opts.journal, opts.run_id, opts.name)
+    plan = json.loads(opts.plan)
+    code = EXIT_OK
+    run: runlog.Run | None = None
+    try:
+        run = runlog.open_run(
+            opts.run_id,
+            tools=make_tools(rx),
+            settings=settings,
+            agent="explorer",
+            takeover=opts.takeover,
+        )
+        journal.write("open", epoch=run.epoch, seq=run.state.seq, pid=os.getpid())
+        if run.state.status != "finished":
+            # A finished run is opened without an append: its last event is an older epoch's.
+            journal.ack(run)
+            drive(run, plan, journal, float(os.environ.get("EXPLORER_PACE_S", "0.3")))
+    except runlog.Fenced:
+        code = EXIT_FENCED
+    except runlog.RunLocked:
+        code = EXIT_LOCKED
+    except runlog.Escalated as exc:
+        journal.write("escalated", approval_id=exc.approval_id)
+        code = EXIT_ESCALATED
+    except runlog.CallUncertain:
+        code = EXIT_UNCERTAIN
+    except runlog.ToolFailed:
+        code = EXIT_TOOL_FAILED
+    except ConfigError as exc:
+        journal.write("config", error=str(exc)[:300])
+        code = EXIT_CONFIG
+    except (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable) as exc:
+        journal.write("unavailable", error=f"{type(exc).__name__}: {exc}"[:300])
+        code = EXIT_UNAVAILABLE
+    except Exception:  # noqa: BLE001 - anything else is a finding: show it, exit 1
+        traceback.print_exc()
+        code = EXIT_UNCLEAR
+    finally:
+        if run is not None:
+            try:
+                run.close()
+            except runlog.RunlogError as exc:
+                print(f"close: {exc}", file=sys.stderr)
+    with contextlib.suppress(Exception):  # closing a broken worker's clients: best effort
+        Services.shared(settings).close()
+    journal.write("exit", code=code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
