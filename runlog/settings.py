@@ -193,7 +193,10 @@ class Settings(BaseSettings):
         naming it, never silently replaced.
         """
         defaults: dict[str, Any] = {
-            "linger.ms": 1,
+            # Zero: a writer mostly waits for the acknowledgement of what it just sent (a
+            # barrier), and lingering only delays that round trip. Events emitted while a
+            # request is in flight still leave together in the next batch.
+            "linger.ms": 0,
             "delivery.timeout.ms": self.delivery_timeout_ms,
             "max.in.flight.requests.per.connection": 5,
         }
