@@ -334,17 +334,25 @@ class Run:
         if self._confirm_reader is None:
             self._confirm_reader = self.deps.reader_factory()
         view, accepted = self._log_view, False
-        for rec in self._confirm_reader.read(
-            self.run_id, partition=self.partition, start=self.position, end=end
-        ):
-            if accept(view, rec.event) and rec.event.event_id == ev.event_id:
-                accepted = True
-            # The view answers "is it valid" through the one acceptance rule; what the
-            # rule folds besides (messages, calls) lives in ``state``, not twice.
-            view.messages.clear()
-            view.completed_calls.clear()
-            view.open_calls.clear()
-            view.approvals.clear()
+        try:
+            for rec in self._confirm_reader.read(
+                self.run_id, partition=self.partition, start=self.position, end=end
+            ):
+                if accept(view, rec.event) and rec.event.event_id == ev.event_id:
+                    accepted = True
+                # The view answers "is it valid" through the one acceptance rule; what the
+                # rule folds besides (messages, calls) lives in ``state``, not twice.
+                view.messages.clear()
+                view.completed_calls.clear()
+                view.open_calls.clear()
+                view.approvals.clear()
+        except KafkaUnavailable as exc:
+            # Unconfirmed is not refused: the tool must not run, and this writer cannot know
+            # what the log holds any more. The next open_run learns it from the log.
+            self._poisoned = f"seq {ev.seq} could not be confirmed in the log: {exc}"
+            raise AppendOutcomeUnknown(
+                self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=ev.seq
+            ) from exc
         self.position = max(self.position, end)
         if not accepted:
             raise self._fenced(

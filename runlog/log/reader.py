@@ -8,6 +8,7 @@ the records whose key is the run id.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -16,7 +17,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runlog.errors import ConfigError, KafkaUnavailable, SchemaError, UnreadableRecord
 from runlog.log.clients import redis_client
-from runlog.log.kafka import high_watermark, partitions_of, reader_config, retrying
+from runlog.log.kafka import (
+    RETRY_FOR_S,
+    high_watermark,
+    partitions_of,
+    reader_config,
+    retrying,
+)
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
 from runlog.schemas.codec import decode
@@ -158,6 +165,7 @@ class LogReader:
         key = run_id.encode()
         self._consumer.assign([TopicPartition(self.topic, part, offset)])
         nxt = offset if offset >= 0 else None
+        quiet_since = time.monotonic()
         try:
             while True:
                 # consume() waits its whole timeout unless the batch fills, even at the end
@@ -165,6 +173,16 @@ class LogReader:
                 # so a short replay (every open_run's read-back) returns at once.
                 want = 500 if nxt is None else max(1, min(500, stop - nxt))
                 batch = self._consumer.consume(want, timeout=1.0)
+                if batch:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > RETRY_FOR_S:
+                    # Records below ``stop`` exist, yet nothing arrives (the partition was
+                    # deleted or its leader is gone for good): say so instead of waiting
+                    # forever.
+                    raise KafkaUnavailable(
+                        f"reading {self.topic}[{part}]: no record for {RETRY_FOR_S:.0f} s "
+                        f"although the log reaches offset {stop}"
+                    )
                 for msg in batch:
                     err = msg.error()
                     if err is not None and err.code() != err._PARTITION_EOF:
