@@ -24,6 +24,7 @@ from runlog.producers import approvals, calls
 from runlog.producers.context import call_context
 from runlog.producers.ops import Append, Blocking, Invoke, Lookup, Op, Steps
 from runlog.producers.run import Run
+from runlog.producers.tools import is_async
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
@@ -39,7 +40,7 @@ async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) ->
         with call_context(op.ctx):
             return fn(args, idempotency_key=key)
 
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "fn", None)):
+    if is_async(fn):
         with call_context(op.ctx):
             out = fn(args, idempotency_key=key)
     else:
