@@ -176,6 +176,18 @@ def table(res: dict[str, Any]) -> str:
             row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
         if "peers" in stp:
             rows.append(("  peers", stp["peers"], ""))
+        fan = stp.get("fanout")
+        if fan:
+            fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']} irreversible calls"
+            for how in ("event_loop", "threads"):
+                v = fan[how]
+                rows.append(
+                    (
+                        f"{fan_head}, {how.replace('_', ' ')}",
+                        f"{v['events_per_s']:,.0f} events/s",
+                        f"CPU {v['cpu_ms_per_event']:.3f} ms/event",
+                    )
+                )
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
     head = _machine_lines(res)
