@@ -258,11 +258,14 @@ class Run:
             pending = self._take_pending()
             timeout = self.delivery_wait_s
             done: list[Delivered] = []
-            for p in pending:
+            for i, p in enumerate(pending):
                 try:
                     outcome: Delivered | BaseException = p.future.result(timeout=timeout)
                 except (DeliveryFailed, FutureTimeout) as exc:
                     outcome = exc
+                except BaseException:
+                    self._interrupted(pending[i:])
+                    raise
                 done.append(self._delivered(p, outcome))
             if pending:
                 try:
@@ -280,6 +283,11 @@ class Run:
     def _take_pending(self) -> list[_Pending]:
         pending, self._pending = self._pending, []
         return pending
+
+    def _interrupted(self, unchecked: list[_Pending]) -> None:
+        """A wait interrupted (a task cancelled, ^C) leaves these appends unchecked: the
+        next barrier checks them, so a failed one is never taken as written."""
+        self._pending[:0] = unchecked
 
     def _delivered(self, p: _Pending, outcome: Delivered | BaseException) -> Delivered:
         """Account for one append's acknowledgement, or poison the run with its failure."""
