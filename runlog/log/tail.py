@@ -100,7 +100,12 @@ class LogTail:
                 if todo:
                     consumer.incremental_assign(todo)
                 got = []
-                for msg in consumer.consume(1000, timeout=0.05):
+                # poll() returns at the first record (consume() would wait for a full
+                # batch or its timeout, and a confirmation waits on this loop); what is
+                # already fetched behind it comes without waiting.
+                first = consumer.poll(0.05)
+                batch = [] if first is None else [first, *consumer.consume(1000, timeout=0)]
+                for msg in batch:
                     err = msg.error()
                     if err is not None:
                         if err.code() != KafkaError._PARTITION_EOF:
