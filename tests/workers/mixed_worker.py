@@ -97,16 +97,16 @@ def make_tools(ledger: Ledger, points: Points, *, aio: bool) -> list[runlog.Tool
     ]
 
 
-def run_sync(run_id: str, tools: list[runlog.Tool]) -> None:
-    with runlog.open_run(run_id, tools=tools, takeover=True) as run:
+def run_sync(run_id: str, tools: list[runlog.Tool], settings: Settings | None = None) -> None:
+    with runlog.open_run(run_id, tools=tools, takeover=True, settings=settings) as run:
         for i in range(ROUNDS):
             run.call_tool("lookup", {"i": i})
             run.call_tool("pay", {"i": i})
         run.finish("succeeded")
 
 
-async def run_aio(run_id: str, tools: list[runlog.Tool]) -> None:
-    async with runlog.aio.open_run(run_id, tools=tools, takeover=True) as run:
+async def run_aio(run_id: str, tools: list[runlog.Tool], settings: Settings | None = None) -> None:
+    async with runlog.aio.open_run(run_id, tools=tools, takeover=True, settings=settings) as run:
         for i in range(ROUNDS):
             await run.call_tool("lookup", {"i": i})
             await run.call_tool("pay", {"i": i})
