@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from workers.common import FAST_TAKEOVER, worker_env
 
 from runlog.consumers import queries
 from runlog.consumers.projection_metrics import Watermarks
@@ -21,20 +21,8 @@ from runlog.settings import Settings
 
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "RUNLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "RUNLOG_REDIS_URL": settings.redis_url,
-            "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
-            "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
-            "RUNLOG_PARTITIONS": str(settings.partitions),
-            # Faster takeover after a SIGKILL (the broker's minimum session timeout).
-            "RUNLOG_KAFKA_EXTRA": '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}',
-        }
-    )
-    env.update(extra)
-    return env
+    """A runner process's environment: the test's settings, quick to take over after a kill."""
+    return worker_env(settings, RUNLOG_KAFKA_EXTRA=FAST_TAKEOVER, **extra)
 
 
 def start_runner(

@@ -53,6 +53,7 @@ ROOT = TESTS.parent
 sys.path[:0] = [str(ROOT), str(TESTS), str(TESTS / "faults")]
 
 import redis  # noqa: E402
+from workers.common import FAST_TAKEOVER, worker_env  # noqa: E402
 
 from runlog import stack  # noqa: E402
 from runlog.log.reader import LogReader  # noqa: E402
@@ -245,23 +246,13 @@ def cluster_settings(cfg: stack.StackConfig, prefix: str) -> Settings:
 
 
 def env_for(settings: Settings, ledger_url: str, ns: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
-    env.update(
-        {
-            "RUNLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "RUNLOG_REDIS_URL": settings.redis_url,
-            "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
-            "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
-            "RUNLOG_PARTITIONS": str(settings.partitions),
-            "RUNLOG_REPLICATION_FACTOR": str(settings.replication_factor),
-            "RUNLOG_LEASE_TTL_MS": str(settings.lease_ttl_ms),
-            "RUNLOG_KAFKA_EXTRA": '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}',
-            "EXPLORER_LEDGER_URL": ledger_url,
-            "EXPLORER_LEDGER_NS": ns,
-            "PYTHONUNBUFFERED": "1",
-        }
+    env = worker_env(
+        settings,
+        RUNLOG_KAFKA_EXTRA=FAST_TAKEOVER,
+        EXPLORER_LEDGER_URL=ledger_url,
+        EXPLORER_LEDGER_NS=ns,
     )
+    env.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
     return env
 
 
