@@ -24,6 +24,7 @@ from typing import Any
 from runlog import stack
 from runlog.log.clients import redis_client
 from runlog.log.kafka import reader_config
+from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.schemas import codec
 from runlog.schemas.models import Event
@@ -222,6 +223,18 @@ def workload_payload(seq: int) -> tuple[Any, dict[str, Any]]:
         "idempotency_key": key,
         "source": "live",
     }
+
+
+def timed_appends(deps: Any, n: int) -> list[float]:
+    """``Run.append`` of ``n`` workload events to a new run: seconds each, to its ack."""
+    samples: list[float] = []
+    with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
+        for _ in range(n):
+            et, payload = workload_payload(run.state.seq + 1)
+            t0 = time.perf_counter()
+            run.append(et, payload)
+            samples.append(time.perf_counter() - t0)
+    return samples
 
 
 def make_events(run_id: str, n: int, *, epoch: int = 1) -> list[Any]:

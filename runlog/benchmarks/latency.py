@@ -27,32 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from runlog.benchmarks.common import (
-    TENANT,
     Encoded,
     encode_all,
     make_events,
     percentile,
     ratios,
     summary,
-    workload_payload,
+    timed_appends,
 )
-from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
 SYSTEMS = ("runlog", "raw_kafka", "file_fsync", "sqlite_full")
-
-
-def _runlog(deps: Any, n: int) -> list[float]:
-
-    samples: list[float] = []
-    with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
-        for _ in range(n):
-            et, payload = workload_payload(run.state.seq + 1)
-            t0 = time.perf_counter()
-            run.append(et, payload)
-            samples.append(time.perf_counter() - t0)
-    return samples
 
 
 def _raw_kafka(settings: Settings, records: list[Encoded]) -> list[float]:
@@ -136,7 +122,7 @@ def measure(deps: Any, settings: Settings, *, n: int, repeats: int) -> dict[str,
             events = make_events(f"bench-lat-{uuid.uuid4().hex[:12]}", n + 1)[1:]
             records = encode_all(events)
             runs: dict[str, Callable[[], list[float]]] = {
-                "runlog": partial(_runlog, deps, n),
+                "runlog": partial(timed_appends, deps, n),
                 "raw_kafka": partial(_raw_kafka, settings, records),
                 "file_fsync": partial(_file_fsync, directory, events),
                 "sqlite_full": partial(_sqlite_full, directory, records, events),
