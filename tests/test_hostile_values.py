@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
-import fastavro
 import pytest
 import redis
+from codec_support import encode_unchecked
 from confluent_kafka import Producer
 from pydantic import ValidationError
 from replay_support import load_fixture
@@ -60,26 +59,6 @@ def test_the_writer_never_appends_a_nan_cost(test_settings: Settings) -> None:
     assert [t.payload.cost_usd for t in turns] == [0.5]  # type: ignore[attr-defined]
 
 
-def _encode_raw(ev: Event, **payload: Any) -> bytes:
-    """``ev`` encoded with its real schema, payload fields overridden (no model check)."""
-    ws = codec.registry().writer(ev.type)
-    rec = {
-        "event_id": ev.event_id,
-        "run_id": ev.run_id,
-        "tenant": ev.tenant,
-        "seq": ev.seq,
-        "epoch": ev.epoch,
-        "type": ev.type.value,
-        "schema_version": ev.schema_version,
-        "occurred_at": ev.occurred_at,
-        "writer_id": ev.writer_id,
-        "payload": {**ev.payload.model_dump(mode="python"), **payload},
-    }
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, ws.parsed, rec)
-    return codec.MAGIC + ws.fingerprint + buf.getvalue()
-
-
 def _event(run_id: str, seq: int, et: EventType, **payload: Any) -> Event:
     return Event(
         event_id=f"{run_id}-{seq}",
@@ -106,7 +85,7 @@ def test_a_logged_nan_cost_is_quarantined_not_folded(
     test_settings: Settings, redis_client: redis.Redis
 ) -> None:
     turn = _event("nan-run", 2, EventType.MODEL_TURN, text="t", cost_usd=0.1)
-    nan_record = _encode_raw(turn, cost_usd=float("nan"))
+    nan_record = encode_unchecked(turn, payload={"cost_usd": float("nan")})
     with pytest.raises(ValidationFailed, match="cost_usd"):
         codec.decode(nan_record)
     _produce(
