@@ -46,6 +46,14 @@ def wait_assigned(proc: subprocess.Popen[bytes], log_path: str, timeout: float =
         time.sleep(0.05)
 
 
+def wait_all_assigned(logs: list[str], timeout: float = 60) -> None:
+    """Until every runner whose log is in ``logs`` holds partitions (logged "assigned {")."""
+    deadline = time.monotonic() + timeout
+    while not all("assigned {" in Path(p).read_text() for p in logs):
+        assert time.monotonic() < deadline, [Path(p).read_text()[-1000:] for p in logs]
+        time.sleep(0.2)
+
+
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> int:
     if proc.poll() is None:
         proc.send_signal(sig)
