@@ -1,4 +1,5 @@
-"""What a test stack stores, as bytes, for tests that look for a secret where none may be."""
+"""What a test stack stores, read back raw: the events topic's records, and everything in the
+topics and Redis as bytes for tests that look for a secret where none may be."""
 
 from __future__ import annotations
 
@@ -6,10 +7,34 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from runlog.log.clients import redis_client
+from runlog.log.kafka import partitions_of, reader_config
 from runlog.settings import Settings
+
+
+def events_records(s: Settings) -> list[Message]:
+    """Every record of the events topic, read straight from each partition to its end."""
+    consumer = Consumer(reader_config(s))
+    out: list[Message] = []
+    try:
+        for p in sorted(partitions_of(consumer, s.events_topic)):
+            tp = TopicPartition(s.events_topic, p)
+            _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            if high <= 0:
+                continue
+            consumer.assign([TopicPartition(s.events_topic, p, 0)])
+            pos = 0
+            while pos < high:
+                for msg in consumer.consume(500, timeout=1.0):
+                    if msg.error() is None:
+                        pos = (msg.offset() or 0) + 1
+                        out.append(msg)
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return out
 
 
 def as_bytes(value: Any) -> bytes:
