@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,21 @@ def _outcome_row(row: Row, out: Outcome, problems: list[str]) -> None:
     _classify(row, problems)
 
 
+@contextlib.contextmanager
+def _explorer(
+    cfg: stack.StackConfig, ledger: Any, seed: int, steps: int
+) -> Iterator[tuple[Explorer, Outcome, Checker]]:
+    """A ready explorer on the cluster, its outcome and its checker; torn down after."""
+    ex = Explorer(cfg, ledger, seed)
+    ex.out = out = Outcome(seed, steps, [])
+    ex.ready()
+    try:
+        yield ex, out, Checker(ex)
+    finally:
+        ex.teardown()
+        ex_mod.cleanup(ex)
+
+
 # --------------------------------------------------------------------------- phases
 
 
@@ -86,14 +102,10 @@ def phase_kills(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row:
     """Worker processes on a few runs, each SIGKILLed at a random moment, then resumed."""
     row = Row("worker SIGKILL")
     t0 = time.monotonic()
-    ex = Explorer(cfg, ledger, seed)
-    ex.out = Outcome(seed, n, [])
-    ex.ready()
-    checker = Checker(ex)
     rng = random.Random(seed)
     active = 4
     problems: list[str] = []
-    try:
+    with _explorer(cfg, ledger, seed, n) as (ex, out, checker):
         ex.spawn_runner()
         for i in range(active):
             ex.runs.append(f"{ex.ns}-r{i}")
@@ -129,10 +141,7 @@ def phase_kills(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row:
                     print(f"  kills {kills}/{n} ({len(ex.runs)} runs)", flush=True)
         row.faults = kills
         problems += checker.at_end()
-        _outcome_row(row, ex.out, problems)
-    finally:
-        ex.teardown()
-        ex_mod.cleanup(ex)
+        _outcome_row(row, out, problems)
     row.seconds = time.monotonic() - t0
     return row
 
@@ -156,27 +165,13 @@ def phase_races(settings_src: Any, n: int) -> Row:
         with runlog.open_run(rid, settings=s) as run:
             run.append(EventType.USER_MESSAGE, content="race me")
     Services.shared(s).close()
-    ctx = race.context()
-    barrier, ready, go, results = ctx.Barrier(2), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    dump = s.model_dump()
-    procs = [
-        ctx.Process(target=race.contender, args=(i, dump, trials, barrier, ready, go, results))
-        for i in range(2)
-    ]
-    for p in procs:
-        p.start()
     outcomes: dict[str, dict[int, str]] = {}
-    try:
+    with race.contenders(s, trials) as contest:
         for k in range(2 * n):
-            rid, index, outcome, _epoch = results.get(timeout=race.RESULT_TIMEOUT_S)
+            rid, index, outcome, _epoch = contest.results.get(timeout=race.RESULT_TIMEOUT_S)
             outcomes.setdefault(rid, {})[index] = outcome
             if k % 200 == 0:
                 print(f"  races {k // 2}/{n}", flush=True)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
     row.faults = n
     for rid, _ in trials:
         got = outcomes.get(rid, {})
@@ -192,7 +187,7 @@ def phase_races(settings_src: Any, n: int) -> Row:
         except AssertionError as exc:
             row.lost += 1
             row.notes.append(f"{rid}: {exc}")
-    row.crashes = sum(1 for p in procs if p.exitcode not in (0, None))
+    row.crashes = sum(1 for p in contest.procs if p.exitcode not in (0, None))
     row.seconds = time.monotonic() - t0
     return row
 
@@ -316,12 +311,8 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
 
     row = Row("hostile records")
     t0 = time.monotonic()
-    ex = Explorer(cfg, ledger, seed)
-    ex.out = Outcome(seed, 0, [])
-    ex.ready()
-    checker = Checker(ex)
     rng = random.Random(seed)
-    try:
+    with _explorer(cfg, ledger, seed, 0) as (ex, out, checker):
         ex.spawn_runner()
         for i in range(3):
             ex.runs.append(f"{ex.ns}-r{i}")
@@ -389,10 +380,7 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
         ex.ghosts = ghosts
         row.faults = sent
         problems = checker.at_end()
-        _outcome_row(row, ex.out, problems)
-    finally:
-        ex.teardown()
-        ex_mod.cleanup(ex)
+        _outcome_row(row, out, problems)
     row.seconds = time.monotonic() - t0
     return row
 
