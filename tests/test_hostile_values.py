@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from codec_support import encode_unchecked
+from codec_support import encode_unchecked, make_event
 from confluent_kafka import Producer
 from pydantic import ValidationError
 from replay_support import load_fixture
@@ -60,18 +60,7 @@ def test_the_writer_never_appends_a_nan_cost(test_settings: Settings) -> None:
 
 
 def _event(run_id: str, seq: int, et: EventType, **payload: Any) -> Event:
-    return Event(
-        event_id=f"{run_id}-{seq}",
-        run_id=run_id,
-        tenant="t",
-        seq=seq,
-        epoch=1,
-        type=et,
-        schema_version=codec.registry().current[et],
-        occurred_at=codec.now_utc(),
-        writer_id="w",
-        payload=codec.make_payload(et, payload),
-    )
+    return make_event(et, payload, run_id=run_id, seq=seq, event_id=f"{run_id}-{seq}")
 
 
 def _produce(settings: Settings, records: list[tuple[str, bytes]]) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import redis
-from codec_support import encode_unchecked
+from codec_support import encode_unchecked, make_event
 from confluent_kafka import Consumer, Producer, TopicPartition
 from projections_support import applied_total, replayed_states, wait_caught_up
 
@@ -21,17 +21,8 @@ from runlog.settings import Settings
 
 
 def _event(run_id: str, seq: int = 1) -> Event:
-    return Event(
-        event_id="e" * 32,
-        run_id=run_id,
-        tenant="t",
-        seq=seq,
-        epoch=1,
-        type=EventType.USER_MESSAGE,
-        schema_version=1,
-        occurred_at=codec.now_utc(),
-        writer_id="w",
-        payload=codec.make_payload(EventType.USER_MESSAGE, {"content": "x"}),
+    return make_event(
+        EventType.USER_MESSAGE, {"content": "x"}, run_id=run_id, seq=seq, event_id="e" * 32
     )
 
 
