@@ -196,10 +196,8 @@ def _supervised(
     cfg: stack.StackConfig, name: str, n: int, inject: Any, *, contenders: int, tmp: Path
 ) -> Row:
     """Threads drive runs (faultkit's workload) while ``inject`` runs ``n`` faults."""
-    from faultkit import EffectLedger, Journal, supervise, verify_effects, verify_run
+    from faultkit import Workload, final_open, verify_effects, verify_run
 
-    from runlog.bootstrap import Services
-    from runlog.producers.run import open_run_with
     from runlog.topics import ensure_topics
 
     row = Row(name)
@@ -207,10 +205,9 @@ def _supervised(
     prefix = f"soak-{name.split()[0].lower()}-{new_run_id()[-6:]}"
     s = ex_mod.cluster_settings(cfg, prefix)
     ensure_topics(s).raise_for_drift()
-    journal = Journal()
-    ledger = EffectLedger(tmp / f"{prefix}.effects")
+    work = Workload.start(s, 4, tmp / f"{prefix}.effects")
+    journal, ledger = work.journal, work.ledger
     stop = threading.Event()
-    run_ids = [new_run_id() for _ in range(4)]
     done = Counter[str]()
 
     broke: list[str] = []
@@ -229,28 +226,12 @@ def _supervised(
 
     th = threading.Thread(target=injector, daemon=True)
     th.start()
-    finished = supervise(
-        s,
-        run_ids,
-        journal,
-        ledger,
-        target=10**9,
-        deadline_s=7200,
-        pace_s=0.02,
-        contenders=contenders,
-        stop=stop,
+    finished = work.supervise(
+        target=10**9, deadline_s=7200, pace_s=0.02, contenders=contenders, stop=stop
     )
     th.join()
-    states = []
-    for rid in run_ids:
-        services = Services(s, writer_id="soak-final")
-        try:
-            with open_run_with(services.run_deps(), rid, tools=[ledger.tool()]) as run:
-                states.append(run.state)
-        finally:
-            with contextlib.suppress(Exception):
-                services.close()
-    checks = [verify_run(s, rid, journal) for rid in run_ids]
+    states = [final_open(s, rid, ledger) for rid in work.run_ids]
+    checks = [verify_run(s, rid, journal) for rid in work.run_ids]
     effects = verify_effects(ledger, states)
     row.faults = done["faults"]
     row.acks = sum(c.acked for c in checks)
