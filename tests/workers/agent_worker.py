@@ -145,16 +145,11 @@ SCENARIOS = {
 
 
 def main() -> int:
-    ap = worker_parser(SCENARIOS, default="agent")
+    ap = worker_parser(SCENARIOS, scenario="agent", reconcile="ledger", risk="irreversible")
     ap.add_argument("--charge-mode", choices=["normal", "block-before", "block-after"])
-    ap.add_argument("--reconcile", choices=["ledger", "none"], default="ledger")
-    ap.add_argument(
-        "--risk", choices=["safe", "reversible", "irreversible"], default="irreversible"
-    )
     ap.add_argument("--think-at", type=int, default=-1)
     ap.add_argument("--think-s", type=float, default=0.0)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--hold-after", action="store_true")
     ap.add_argument("--wait-s", type=float, default=None)
     ap.add_argument("--tenant", default="default")
     ap.add_argument("--approval-wait-s", type=float, default=120.0)

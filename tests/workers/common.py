@@ -166,13 +166,19 @@ class Flags:
             time.sleep(0.01)
 
 
-def worker_parser(scenarios: Iterable[str], default: str) -> argparse.ArgumentParser:
-    """The options every worker takes: its flag directory and name, the run, the scenario."""
+def worker_parser(
+    scenarios: Iterable[str], *, scenario: str, reconcile: str, risk: str
+) -> argparse.ArgumentParser:
+    """The options every worker takes: its flag directory and name, the run, the scenario,
+    how its tool settles an uncertain call, and whether it holds after its calls."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--run-id", required=True)
-    ap.add_argument("--scenario", choices=sorted(scenarios), default=default)
+    ap.add_argument("--scenario", choices=sorted(scenarios), default=scenario)
+    ap.add_argument("--reconcile", choices=["ledger", "none"], default=reconcile)
+    ap.add_argument("--risk", choices=["safe", "reversible", "irreversible"], default=risk)
+    ap.add_argument("--hold-after", action="store_true")
     return ap
 
 

@@ -169,13 +169,10 @@ SCENARIOS = {
 
 
 def main() -> int:
-    ap = worker_parser(SCENARIOS, default="fetch")
+    ap = worker_parser(SCENARIOS, scenario="fetch", reconcile="none", risk="safe")
     ap.add_argument("--mode", choices=["normal", "block-after"], default="normal")
     ap.add_argument("--result", choices=["small", "large", "surrogate"], default="small")
-    ap.add_argument("--reconcile", choices=["ledger", "none"], default="none")
-    ap.add_argument("--risk", choices=["safe", "reversible", "irreversible"], default="safe")
     ap.add_argument("--sink", action="store_true")
-    ap.add_argument("--hold-after", action="store_true")
     ap.add_argument("--outcome", default="succeeded")
     ap.add_argument("--hold-before-escalate", action="store_true")
     opts = ap.parse_args()
