@@ -31,38 +31,32 @@ from runlog.benchmarks.common import (
     encode_all,
     make_events,
     percentile,
+    produce,
     ratios,
     summary,
     timed_appends,
+    warm_producer,
 )
-from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
 SYSTEMS = ("runlog", "raw_kafka", "file_fsync", "sqlite_full")
 
 
 def _raw_kafka(settings: Settings, records: list[Encoded]) -> list[float]:
-    from confluent_kafka import KafkaError, Message, Producer
+    from confluent_kafka import KafkaError, Message
 
-    producer = Producer(producer_config(settings))
     done: list[KafkaError | None] = []
 
     def on_delivery(err: KafkaError | None, _msg: Message) -> None:
         done.append(err)
 
     samples: list[float] = []
-    topic = settings.events_topic
+    producer = warm_producer(settings, records)
     try:
-        # Connection and producer-id setup happen on the first send; runlog's shared
-        # writer has paid them already, so the baseline pays them outside the timing too.
-        producer.produce(topic, value=records[0].value, key=b"bench-warmup")
-        producer.flush(30)
         for rec in records:
             done.clear()
             t0 = time.perf_counter()
-            producer.produce(
-                topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=on_delivery
-            )
+            produce(producer, settings.events_topic, rec, on_delivery=on_delivery)
             while not done:
                 producer.poll(1.0)
             samples.append(time.perf_counter() - t0)
