@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 import runlog
+from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas.models import Event
@@ -46,7 +47,8 @@ EXIT_FINISHED = 8
 """``RunFinished``: the run had already finished (with another outcome)."""
 
 # What a worker reports when an error of the run stops it: outcome name and exit code.
-STOPPED_BY: tuple[tuple[type[runlog.RunlogError], str, int], ...] = (
+Stops = tuple[tuple[type[runlog.RunlogError], str, int], ...]
+STOPPED_BY: Stops = (
     (runlog.Fenced, "Fenced", EXIT_FENCED),
     (runlog.RunLocked, "RunLocked", EXIT_LOCKED),
     (runlog.Escalated, "Escalated", EXIT_ESCALATED),
@@ -182,9 +184,7 @@ def worker_parser(
     return ap
 
 
-def stopped_by(
-    exc: Exception, table: tuple[tuple[type[runlog.RunlogError], str, int], ...] = STOPPED_BY
-) -> tuple[dict[str, Any], int] | None:
+def stopped_by(exc: Exception, table: Stops = STOPPED_BY) -> tuple[dict[str, Any], int] | None:
     """The result and exit code for an error that stops a worker, or None for a failure."""
     for kind, outcome, code in table:
         if isinstance(exc, kind):
@@ -200,12 +200,10 @@ def run_worker(
     flags: Flags,
     open_run: Callable[[], runlog.Run],
     scenario: Callable[[runlog.Run], None],
-    table: tuple[tuple[type[runlog.RunlogError], str, int], ...] = STOPPED_BY,
+    table: Stops = STOPPED_BY,
 ) -> int:
     """Open the run, play the scenario, and report what stopped it: the ``opened`` and
     ``result`` flags, the result on stdout, and the exit code (1: the test failed)."""
-    from runlog.bootstrap import Services
-
     result: dict[str, Any] = {"outcome": "ok", "error": ""}
     code = EXIT_OK
     run: runlog.Run | None = None
@@ -352,8 +350,6 @@ def delete_prefix(client: redis.Redis, prefix: str, *, keep: tuple[str, ...] = (
 @contextlib.contextmanager
 def services_for(settings: Settings) -> Iterator[None]:
     """Close this process's shared clients for ``settings`` when the test is done."""
-    from runlog.bootstrap import Services
-
     try:
         yield
     finally:
