@@ -273,13 +273,15 @@ class Encoded:
     headers: list[tuple[str, str | bytes | None]]
 
 
-def warm_producer(settings: Settings, records: Sequence[Encoded]) -> Any:
-    """A plain producer with runlog's own config, its connection and producer id set up by
-    one warm-up record: runlog's writer is warm too, so a baseline pays neither in its
-    timing."""
+def warm_producer(
+    settings: Settings, records: Sequence[Encoded], overrides: dict[str, Any] | None = None
+) -> Any:
+    """A plain producer with runlog's own config (and ``overrides``), its connection and
+    producer id set up by one warm-up record: runlog's writer is warm too, so a baseline
+    pays neither in its timing."""
     from confluent_kafka import Producer
 
-    producer = Producer(producer_config(settings))
+    producer = Producer(producer_config(settings, overrides))
     producer.produce(settings.events_topic, value=records[0].value, key=b"bench-warmup")
     producer.flush(30)
     return producer

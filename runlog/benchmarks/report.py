@@ -167,6 +167,18 @@ def table(res: dict[str, Any]) -> str:
             row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
         if "peers" in stp:
             note("  peers", stp["peers"])
+        fan = stp.get("fanout")
+        if fan:
+            fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']} irreversible calls"
+            for how in ("event_loop", "threads"):
+                v = fan[how]
+                rows.append(
+                    (
+                        f"{fan_head}, {how.replace('_', ' ')}",
+                        f"{v['events_per_s']:,.0f} events/s",
+                        f"CPU {v['cpu_ms_per_event']:.3f} ms/event",
+                    )
+                )
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
     head = _machine_lines(res)
@@ -214,6 +226,15 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         above = [s["max"] - s["median"] for s in stats]
         return [s["median"] for s in stats], [tuple(below), tuple(above)]
 
+    def pair_of_bars(
+        ax: Any, table: dict[str, Any], names: list[str], series: tuple[tuple[str, str], ...]
+    ) -> None:
+        """Two bars per name, side by side: ``table[name][key]`` of each (key, label)."""
+        for j, (key, label) in enumerate(series):
+            medians, whiskers = spread([table[n][key] for n in names])
+            xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
+            ax.bar(xs, medians, width=0.38, yerr=whiskers, label=label, capsize=3)
+
     def save(fig: Any, name: str) -> None:
         fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -225,16 +246,25 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
     if lat:
         fig, ax = plt.subplots(figsize=(7, 4))
         names = list(lat["systems"])
-        for j, q in enumerate(("p50_ms", "p99_ms")):
-            medians, whiskers = spread([lat["systems"][n][q] for n in names])
-            xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
-            ax.bar(xs, medians, width=0.38, yerr=whiskers, label=q.split("_")[0], capsize=3)
+        pair_of_bars(ax, lat["systems"], names, (("p50_ms", "p50"), ("p99_ms", "p99")))
         ax.set_xticks(range(len(names)), names)
         ax.set_yscale("log")
         ax.set_ylabel("ms per durable append (log)")
         ax.set_title("1. Durable append latency, each acknowledged before the next")
         ax.legend()
         save(fig, "latency.png")
+
+    stp = res.get("steps")
+    if stp and stp.get("systems"):
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+        names = list(stp["systems"])
+        wall_and_cpu = (("ms_per_step", "wall"), ("cpu_ms_per_step", "CPU"))
+        pair_of_bars(ax, stp["systems"], names, wall_and_cpu)
+        ax.set_xticks(range(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=7)
+        ax.set_ylabel("ms per durable step")
+        ax.set_title("8. A durable tool-call step: runlog, its floor and its peers, one sitting")
+        ax.legend()
+        save(fig, "steps.png")
 
     thr = res.get("throughput")
     if thr:
