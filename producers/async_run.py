@@ -19,7 +19,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -27,8 +27,8 @@ import redis.asyncio as aioredis
 from runlog.producers import approvals, calls
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
-from runlog.producers.ops import Append, Blocking, Invoke, Lookup, Op, Steps
-from runlog.producers.run import Run, RunDeps
+from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Steps, advance
+from runlog.producers.run import Owned, Run, RunDeps
 from runlog.producers.tools import is_async
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
@@ -93,26 +93,14 @@ async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) ->
     return out
 
 
-class AsyncRun:
+class AsyncRun(Owned):
     """An owned run in an event loop. ``async with`` closes it (releasing the lease)."""
 
     def __init__(self, run: Run, aredis: aioredis.Redis) -> None:
+        self.lease = run.lease
         self._run = run
         self._redis = aredis
         self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
-
-    # Identity and state ------------------------------------------------------------------
-    @property
-    def run_id(self) -> str:
-        return self._run.run_id
-
-    @property
-    def tenant(self) -> str:
-        return self._run.tenant
-
-    @property
-    def epoch(self) -> int:
-        return self._run.epoch
 
     @property
     def state(self) -> RunState:
@@ -146,17 +134,15 @@ class AsyncRun:
         return await in_thread(op.fn)
 
     async def _drive(self, steps: Steps[T]) -> T:
-        try:
-            op = next(steps)
-            while True:
-                try:
-                    answer = await self._perform(op)
-                except BaseException as exc:  # noqa: BLE001 - the rule decides what it means
-                    op = steps.throw(exc)
-                else:
-                    op = steps.send(answer)
-        except StopIteration as done:
-            return cast(T, done.value)
+        """``ops.drive`` with ``await``: the same loop over the same rules."""
+        nxt = advance(steps)
+        while not isinstance(nxt, Done):
+            try:
+                answer, error = await self._perform(nxt), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the rule, which re-raises
+                answer, error = None, exc
+            nxt = advance(steps, answer, error)
+        return nxt.value
 
     # Appending ---------------------------------------------------------------------------
     def emit(

@@ -460,7 +460,7 @@ def recover_call(run: Run, call: OpenCall) -> Steps[None]:
         evidence = yield from _lookup(run, call, tool)
         yield from _ON_EVIDENCE[type(evidence)](run, call, tool, evidence)
     else:
-        yield from _ON_RISK[tool.risk](run, call)
+        yield from _on_risk(run, call, tool)
 
 
 def _lookup(run: Run, call: OpenCall, tool: Tool) -> Steps[Evidence]:
@@ -621,39 +621,16 @@ def _on_unavailable(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) ->
     )
 
 
-def _on_safe(run: Run, call: OpenCall) -> Steps[None]:
-    yield from _reconciliation(
-        run, call, "no_reconciler", "risk=safe: repeating it is harmless", "retry"
-    )
-    yield from _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
-
-
-def _on_reversible(run: Run, call: OpenCall) -> Steps[None]:
-    yield from _reconciliation(
-        run,
-        call,
-        "no_reconciler",
-        "risk=reversible: retry; compensate if the first attempt also took effect",
-        "retry_compensate",
-    )
-    yield from _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
-
-
-def _on_irreversible(run: Run, call: OpenCall) -> Steps[None]:
-    yield from _reconciliation(
-        run,
-        call,
-        "no_reconciler",
-        "risk=irreversible without lookup: a person must decide",
-        "escalate",
-    )
-    yield from _escalate(
-        run,
-        run.state.open_calls[call.idempotency_key],
-        "uncertain_call",
-        f"{call.name} may or may not have taken effect",
-        None,
-    )
+def _on_risk(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
+    """No reconciler: the tool's risk class decides, by ``_BY_RISK``."""
+    rule, action = _BY_RISK[tool.risk]
+    yield from _reconciliation(run, call, "no_reconciler", rule, action)
+    call = run.state.open_calls[call.idempotency_key]
+    if action == "escalate":
+        reason = f"{call.name} may or may not have taken effect"
+        yield from _escalate(run, call, "uncertain_call", reason, None)
+    else:
+        yield from _retry(run, call, "no_reconciler")
 
 
 # The module table as code: evidence first, then (without a lookup) the risk class.
@@ -663,8 +640,12 @@ _ON_EVIDENCE: dict[type, Callable[[Run, OpenCall, Tool, Evidence], Steps[None]]]
     Conflict: _on_conflict,
     Unavailable: _on_unavailable,
 }
-_ON_RISK: dict[str, Callable[[Run, OpenCall], Steps[None]]] = {
-    "safe": _on_safe,
-    "reversible": _on_reversible,
-    "irreversible": _on_irreversible,
+_BY_RISK: dict[str, tuple[str, str]] = {
+    "safe": ("risk=safe: repeating it is harmless", "retry"),
+    "reversible": (
+        "risk=reversible: retry; compensate if the first attempt also took effect",
+        "retry_compensate",
+    ),
+    "irreversible": ("risk=irreversible without lookup: a person must decide", "escalate"),
 }
+"""Without a lookup: (the rule recorded, the action taken) per risk class."""

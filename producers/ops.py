@@ -14,7 +14,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from runlog.producers.context import CallContext, call_context
 from runlog.producers.tools import Evidence, Tool
@@ -147,14 +147,33 @@ def drive(run: Run, steps: Steps[T]) -> T:
     for it, exactly as if the rule had made the call itself.
     """
     with run._lock:
-        try:
-            op = next(steps)
-            while True:
-                try:
-                    answer = perform(run, op)
-                except BaseException as exc:  # noqa: BLE001 - the rule decides what it means
-                    op = steps.throw(exc)
-                else:
-                    op = steps.send(answer)
-        except StopIteration as done:
-            return cast(T, done.value)
+        nxt = advance(steps)
+        while not isinstance(nxt, Done):
+            nxt = advance(steps, *outcome(perform, run, nxt))
+        return nxt.value
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[T]):
+    """A rule's result."""
+
+    value: T
+
+
+def advance(
+    steps: Steps[T], answer: Any = None, error: BaseException | None = None
+) -> Op | Done[T]:
+    """The rule's next request once its last one gave ``answer`` (or raised ``error``,
+    thrown into the rule at its ``yield``), or its result."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(answer)
+    except StopIteration as done:
+        return Done(cast(T, done.value))
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
+    """``(fn(*args), None)``, or ``(None, what it raised)``: the rule decides what it means."""
+    try:
+        return fn(*args), None
+    except BaseException as exc:  # noqa: BLE001 - handed to the rule, which re-raises
+        return None, exc

@@ -112,8 +112,27 @@ class _Pending:
     future: Future[Delivered]
 
 
+class Owned:
+    """A run's identity as its owner holds it: both handles (``Run``, ``AsyncRun``)."""
+
+    lease: Lease
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    @property
+    def tenant(self) -> str:
+        return self.lease.tenant
+
+    @property
+    def epoch(self) -> int:
+        """The fencing token."""
+        return self.lease.epoch
+
+
 @dataclass
-class Run:
+class Run(Owned):
     """An owned run. Use as a context manager: closing releases the lease."""
 
     deps: RunDeps
@@ -142,19 +161,6 @@ class Run:
     _since_turn: list[Event] | None = field(default_factory=list)
     """Valid events after the last MODEL_TURN; None when the replay did not see that far
     back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
-
-    # Identity ---------------------------------------------------------------------------
-    @property
-    def run_id(self) -> str:
-        return self.lease.run_id
-
-    @property
-    def tenant(self) -> str:
-        return self.lease.tenant
-
-    @property
-    def epoch(self) -> int:
-        return self.lease.epoch
 
     def __enter__(self) -> Run:
         return self

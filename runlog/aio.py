@@ -13,21 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import weakref
-from collections.abc import Generator, Iterable
-from typing import Any
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 
-from runlog.api import decide as _decide
+from runlog import api
 from runlog.bootstrap import Services
 from runlog.log.clients import async_redis_client
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
-from runlog.producers.tools import Tool
+from runlog.producers.run import Run
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 
 __all__ = ["AsyncRun", "decide", "open_run"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aioredis.Redis]] = (
     weakref.WeakKeyDictionary()
@@ -48,15 +52,24 @@ class Opening:
     """What ``open_run`` returns: await it for the run, or ``async with`` it to close
     the run (releasing its lease) on the way out."""
 
-    def __init__(self, **kw: Any) -> None:
-        self._kw = kw
+    def __init__(self, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        bound = _OPEN.bind(*args, **kw)  # refuses what runlog.open_run would refuse
+        bound.apply_defaults()
+        self._kw = dict(bound.arguments)
+        if self._kw["run_id"] is not None:
+            check_run_id(self._kw["run_id"])
         self._run: AsyncRun | None = None
 
+    async def _open(self) -> AsyncRun:
+        kw = dict(self._kw)
+        services = Services.shared(kw.pop("settings") or Settings())
+        return await open_async(services.run_deps(), _redis(services.settings), **kw)
+
     def __await__(self) -> Generator[Any, None, AsyncRun]:
-        return _open(**self._kw).__await__()
+        return self._open().__await__()
 
     async def __aenter__(self) -> AsyncRun:
-        self._run = await _open(**self._kw)
+        self._run = await self._open()
         return self._run
 
     async def __aexit__(self, *exc: object) -> None:
@@ -64,67 +77,30 @@ class Opening:
             await self._run.close()
 
 
-def open_run(
-    run_id: str | None = None,
-    *,
-    tenant: str = "default",
-    tools: Iterable[Tool] = (),
-    settings: Settings | None = None,
-    wait_s: float | None = None,
-    agent: str = "",
-    goal: str = "",
-    reason: str = "",
-    recover: bool = True,
-    takeover: bool = False,
-) -> Opening:
-    """Start a new run (``run_id=None``) or resume one; see ``runlog.open_run``.
+_OPEN = inspect.signature(api.open_run)
 
-    Tools and reconcilers may be ``async def`` (awaited in the loop) or plain functions
-    (run in a worker thread, so a blocking call inside them never stalls the loop).
+
+def _opening(sync: Callable[P, Run]) -> Callable[P, Opening]:
+    def open_run(*args: P.args, **kw: P.kwargs) -> Opening:
+        return Opening(args, kw)
+
+    open_run.__doc__ = """``runlog.open_run`` for an event loop: ``await`` it, or ``async with`` it.
+
+    The arguments and the semantics are ``runlog.open_run``'s. Tools and reconcilers may be
+    ``async def`` (awaited in the loop) or plain functions (run in a worker thread, so a
+    blocking call inside them never stalls the loop).
     """
-    if run_id is not None:
-        check_run_id(run_id)
-    return Opening(
-        run_id=run_id,
-        tenant=tenant,
-        tools=list(tools),
-        settings=settings,
-        wait_s=wait_s,
-        agent=agent,
-        goal=goal,
-        reason=reason,
-        recover=recover,
-        takeover=takeover,
-    )
+    return open_run
 
 
-async def _open(*, settings: Settings | None, **kw: Any) -> AsyncRun:
-    services = Services.shared(settings or Settings())
-    return await open_async(services.run_deps(), _redis(services.settings), **kw)
+def _awaitable(sync: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    @functools.wraps(sync)
+    async def in_worker(*args: P.args, **kw: P.kwargs) -> R:
+        return await in_thread(functools.partial(sync, *args, **kw))
+
+    return in_worker
 
 
-async def decide(
-    run_id: str,
-    approval_id: str,
-    *,
-    approved: bool,
-    decided_by: str,
-    note: str = "",
-    tenant: str = "default",
-    tools: Iterable[Tool] = (),
-    settings: Settings | None = None,
-) -> str:
-    """Record a person's decision; see ``runlog.decide`` (run in a worker thread)."""
-    return await in_thread(
-        functools.partial(
-            _decide,
-            run_id,
-            approval_id,
-            approved=approved,
-            decided_by=decided_by,
-            note=note,
-            tenant=tenant,
-            tools=list(tools),
-            settings=settings,
-        )
-    )
+open_run = _opening(api.open_run)
+decide = _awaitable(api.decide)
+"""``runlog.decide``, run in a worker thread."""
