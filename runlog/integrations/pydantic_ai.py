@@ -304,6 +304,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         wait_s: float | None = None,
         takeover: bool = False,
         reason: str = "",
+        on_open: Callable[[str], None] | None = None,
     ) -> RunlogResult[OutputT]:
         """Start (``run_id=None``) or resume the run; the same call either way.
 
@@ -311,7 +312,8 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         ``runlog.Escalated`` (with ``approval_id``) when a person must decide first: an
         approval-required tool call, or an uncertain call recovery could not settle;
         ``runlog.CallUncertain`` when a call's outcome stays unknown; ``runlog.Fenced``
-        when another worker took the run over.
+        when another worker took the run over. ``on_open(run_id)`` is called once the run
+        is open (recovered, before the agent runs): a new run's id, to resume it with.
         """
         tools = await self._runlog_tools(deps)
         async with aio.open_run(
@@ -326,6 +328,8 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             takeover=takeover,
         ) as run:
             resumed = run.state.seq > 1
+            if on_open is not None:
+                on_open(run.run_id)
             ex = _Execution(run, await self._recorded_turns(run), deps)
             return await self._drive(ex, user_prompt, resumed, approval_wait_s)
 
