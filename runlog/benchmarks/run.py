@@ -24,6 +24,7 @@ from runlog.benchmarks import (
     lag,
     latency,
     memory,
+    pydantic_ai_steps,
     recovery,
     replay,
     report,
@@ -45,6 +46,7 @@ SECTIONS = (
     "memory",
     "encoding",
     "steps",
+    "pydantic_ai",
 )
 
 
@@ -70,6 +72,7 @@ class Plan:
     memory_events: int
     memory_open_threads: int
     step_count: int
+    agent_steps: int
 
 
 FULL = Plan(
@@ -91,6 +94,7 @@ FULL = Plan(
     memory_events=10,
     memory_open_threads=10,
     step_count=1_000,
+    agent_steps=100,
 )
 
 QUICK = Plan(
@@ -112,6 +116,7 @@ QUICK = Plan(
     memory_events=2,
     memory_open_threads=50,
     step_count=100,
+    agent_steps=20,
 )
 
 
@@ -195,6 +200,12 @@ def run_all(
         (
             "steps",
             lambda deps, s: durable_steps.measure(deps, s, n=plan.step_count, repeats=plan.repeats),
+        ),
+        (
+            "pydantic_ai",
+            lambda deps, s: pydantic_ai_steps.measure(
+                deps, s, n=plan.agent_steps, repeats=plan.repeats
+            ),
         ),
         (
             "memory",

@@ -49,7 +49,7 @@ from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
-from pydantic_ai.usage import RunUsage
+from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_json
 
 from runlog import aio
@@ -305,6 +305,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         takeover: bool = False,
         reason: str = "",
         on_open: Callable[[str], None] | None = None,
+        usage_limits: UsageLimits | None = None,
     ) -> RunlogResult[OutputT]:
         """Start (``run_id=None``) or resume the run; the same call either way.
 
@@ -331,11 +332,16 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             if on_open is not None:
                 on_open(run.run_id)
             ex = _Execution(run, await self._recorded_turns(run), deps)
-            return await self._drive(ex, user_prompt, resumed, approval_wait_s)
+            return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits)
 
     # The run --------------------------------------------------------------------------
     async def _drive(
-        self, ex: _Execution, user_prompt: str | None, resumed: bool, approval_wait_s: float
+        self,
+        ex: _Execution,
+        user_prompt: str | None,
+        resumed: bool,
+        approval_wait_s: float,
+        usage_limits: UsageLimits | None,
     ) -> RunlogResult[OutputT]:
         run = ex.run
         recorded_prompt = next((m.content for m in run.state.messages if m.role == "user"), None)
@@ -362,6 +368,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
                     message_history=history,
                     deferred_tool_results=deferred,
                     deps=ex.deps,
+                    usage_limits=usage_limits,
                 )
                 output: Any = result.output
                 if not isinstance(output, DeferredToolRequests):
