@@ -108,7 +108,13 @@ class Lease:
         """Authoritative: is this lease still the run's current lease in Redis?"""
         if self.released:
             return False  # released by us: even if Redis kept the key, we no longer own it
-        ok = self.manager.current(self.tenant, self.run_id) == self.token
+        return self.confirm(self.manager.current(self.tenant, self.run_id))
+
+    def confirm(self, current: str | None) -> bool:
+        """The verdict on Redis's answer ``current`` (the run's lease value, or None)."""
+        if self.released:
+            return False
+        ok = current == self.token
         if not ok:
             self.lost = True
             METRICS["fenced"] += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,9 +51,11 @@ class Unavailable:
 
 
 Evidence = Match | Absent | Conflict | Unavailable
-ToolFn = Callable[..., str]
-Reconciler = Callable[..., Evidence]
-Compensator = Callable[..., str]
+ToolFn = Callable[..., str | Awaitable[str]]
+"""``fn(args, *, idempotency_key) -> str``, or an ``async def`` of it (``runlog.aio``
+awaits it; the sync API runs it to completion)."""
+Reconciler = Callable[..., Evidence | Awaitable[Evidence]]
+Compensator = Callable[..., str | Awaitable[str]]
 """``compensate(args, *, idempotency_key, original_key) -> str``: undo the effect the call
 with ``original_key`` and ``args`` had. ``idempotency_key`` is the inverse's own key (send
 it, so the receiver undoes once); ``runlog.ToolError`` is a proven failure of the inverse."""
@@ -76,7 +78,7 @@ class Tool:
     """The inverse of this tool's effect (reversible tools only), run by recovery when an
     unwanted effect is found: see ``compensation``."""
 
-    def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
+    def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str | Awaitable[str]:
         ctx = current_call()
         with tracing.span(
             "tool_call",
@@ -102,7 +104,7 @@ class Tool:
         if inverse is None:
             return None
 
-        def undo(args: dict[str, Any], *, idempotency_key: str) -> str:
+        def undo(args: dict[str, Any], *, idempotency_key: str) -> str | Awaitable[str]:
             return inverse(args["args"], idempotency_key=idempotency_key, original_key=args["of"])
 
         return Tool(name=compensation_name(self.name), fn=undo, risk="irreversible")
@@ -111,7 +113,7 @@ class Tool:
 def _traced(name: str, reconcile: Reconciler) -> Reconciler:
     """``reconcile`` inside a span: a lookup is a recovery step an operator wants to see."""
 
-    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence | Awaitable[Evidence]:
         ctx = current_call()
         with tracing.span(
             "reconcile",

@@ -9,12 +9,24 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from runlog.errors import ConfigError
 from runlog.settings import Settings
 
 
 def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
+    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **_options(settings, kw))
+    return client
+
+
+def async_redis_client(settings: Settings, **kw: Any) -> aioredis.Redis:
+    """The asyncio client with the same connection options (bound to one event loop)."""
+    client: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url, **_options(settings, kw))
+    return client
+
+
+def _options(settings: Settings, kw: dict[str, Any]) -> dict[str, Any]:
     password = settings.redis_password.get_secret_value() if settings.redis_password else None
     opts: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 3.0}
     if password is not None:
@@ -30,5 +42,4 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
             )
         opts["ssl_ca_certs"] = settings.redis_ssl_ca
     opts.update(kw)
-    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
-    return client
+    return opts

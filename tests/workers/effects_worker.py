@@ -119,10 +119,10 @@ def hold_before_escalating(flags: Flags) -> None:
 
     original = calls._escalate
 
-    def escalate(*args: Any, **kw: Any) -> None:
+    def escalate(*args: Any, **kw: Any) -> Any:
         flags.set("escalating")
         flags.hold()
-        original(*args, **kw)
+        return (yield from original(*args, **kw))
 
     calls._escalate = escalate
 
