@@ -125,6 +125,7 @@ def test_a_multi_step_agent_killed_at_random_points_finishes_with_every_effect_o
     assert code == EXIT_OK, f"the run did not finish in {MAX_ATTEMPTS} workers"
     assert kills >= 8, f"only {kills} kills landed"
     assert live_kills >= 4, f"only {live_kills} kills landed in the agent's own work"
+    print(f"{kills} kills ({live_kills} in the agent's own work), finished by worker {attempt}")
     assert result["output"].startswith("done")
 
     events = events_of(fast, run_id)

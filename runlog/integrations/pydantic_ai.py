@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, ToolDenied
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
@@ -461,10 +461,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             for name in await toolset.get_tools(ctx):
                 policy = self.policies.get(name, ToolPolicy())
                 fn = _invoker(name, toolset, deps, self.wrapped)
-                # An async tool function: the async run awaits it (runlog.aio).
-                out.append(
-                    Tool(name=name, fn=cast(Any, fn), risk=policy.risk, reconcile=policy.reconcile)
-                )
+                out.append(Tool(name=name, fn=fn, risk=policy.risk, reconcile=policy.reconcile))
         unknown = set(self.policies) - {t.name for t in out}
         if unknown:
             raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
