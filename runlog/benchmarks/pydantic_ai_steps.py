@@ -70,7 +70,7 @@ async def _measure(settings: Settings, n: int, repeats: int) -> dict[str, Any]:
 
     limits = UsageLimits(request_limit=None)
     agent = _agent(n)
-    durable = {
+    durable: dict[str, RunlogAgent[None, Any]] = {
         risk: RunlogAgent(
             agent, tools={"lookup": ToolPolicy(risk)}, tenant=TENANT, settings=settings
         )

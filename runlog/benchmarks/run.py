@@ -94,7 +94,7 @@ FULL = Plan(
     memory_events=10,
     memory_open_threads=10,
     step_count=1_000,
-    agent_steps=100,
+    agent_steps=30,
 )
 
 QUICK = Plan(
@@ -116,7 +116,7 @@ QUICK = Plan(
     memory_events=2,
     memory_open_threads=50,
     step_count=100,
-    agent_steps=20,
+    agent_steps=10,
 )
 
 
@@ -126,8 +126,11 @@ def run_all(
     quick: bool = False,
     out: Path | None = None,
     echo: Callable[[str], None] = print,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmarks against the stack ``base`` points at; write results to ``out``."""
+    """Run the benchmarks against the stack ``base`` points at; write results to ``out``.
+
+    ``only`` names the sections to run (default: every one of ``SECTIONS``)."""
 
     plan = QUICK if quick else FULL
     started = time.perf_counter()
@@ -220,6 +223,11 @@ def run_all(
     ]
     timings: dict[str, float] = {}
     res["section_seconds"] = timings
+    if only is not None:
+        unknown = set(only) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"no bench sections {sorted(unknown)}; they are {SECTIONS}")
+        steps = [(name, step) for name, step in steps if name in only]
     for name, step in steps:
         # Each section gets fresh topics: one section's records must not slow another's
         # reads (a new run's open scans the last minute of its partition, for instance).

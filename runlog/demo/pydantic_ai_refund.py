@@ -59,12 +59,12 @@ def build(bank: Path, pause_s: float) -> RunlogAgent[None, Any]:
 
     agent: Agent[None, str] = Agent(FunctionModel(script), name="refunds")
 
-    @agent.tool_plain
+    @agent.tool_plain  # type: ignore[untyped-decorator,misc,unused-ignore]  # Any without the extra
     def lookup(order: int) -> str:
         """Look an order up."""
         return f"order {order}: 2 items, paid 7.00 EUR, arrived broken"
 
-    @agent.tool_plain
+    @agent.tool_plain  # type: ignore[untyped-decorator,misc,unused-ignore]
     def refund(order: int, cents: int) -> str:
         """Refund an order (the payment service keeps the idempotency key with it)."""
         call = runlog.current_call()

@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -44,7 +45,7 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
 )
-from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -169,6 +170,22 @@ class RunlogModel(WrapperModel):
         for part in response.tool_calls:
             ex.turn_of_call[part.tool_call_id] = turn
         return response
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        # A streamed response would reach the caller before it is recorded; refuse rather
+        # than let a turn escape the log.
+        raise NotImplementedError(
+            "RunlogAgent records whole responses: streaming (run_stream, "
+            "event_stream_handler) is not supported; use run()"
+        )
+        yield  # an async generator, as the context manager needs
 
 
 class RunlogToolset(WrapperToolset[DepsT]):
