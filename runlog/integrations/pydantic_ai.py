@@ -6,10 +6,11 @@ length of a run (``Agent.override``), and the agent's own loop runs unchanged.
 
 * **Model requests** go through ``RunlogModel``: the n-th request of a run returns the n-th
   MODEL_TURN of its log when there is one (the whole ``ModelResponse``, kept in the event's
-  ``response_json``), and otherwise asks the wrapped model and appends a MODEL_TURN (text,
-  tool-call proposals with the keys they will run under, usage, cost, the whole response)
-  before the response is used. A resumed run therefore never asks the model again for a
-  turn the log holds, and its agent loop sees exactly the history the dead one saw.
+  ``response_json``), and otherwise asks the wrapped model and records a MODEL_TURN (text,
+  tool-call proposals with the keys they will run under, usage, cost, the whole response),
+  durable before anything but a safe call acts on it and before the model is asked again.
+  A resumed run therefore never asks the model again for a turn the log holds, and its
+  agent loop sees exactly the history the dead one saw.
 * **Tool calls** go through ``RunlogToolset`` to ``AsyncRun.call_tool``: STARTED durable
   before the tool runs, the idempotency key and the fencing token in
   ``runlog.current_call()``, the result recorded, recovery by the tool's risk class and
@@ -161,6 +162,9 @@ class RunlogModel(WrapperModel):
         if turn < len(ex.recorded):
             response = ex.recorded[turn]
         else:
+            # The previous turn (and what the agent did with it) is durable before the model
+            # is asked again: at most the latest answer can be lost, never a recorded one.
+            await ex.run.barrier()
             response = await self.wrapped.request(
                 messages, model_settings, model_request_parameters
             )
@@ -260,7 +264,10 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
                 "idempotency_key": key,
             }
         )
-    await run.append(
+    # Pipelined: the agent's next act on this response waits for it (a non-safe call's
+    # STARTED, an approval request, RUN_FINISHED and the next model request are barriers);
+    # only a safe call may run before it is durable, as the effect model allows.
+    run.emit(
         EventType.MODEL_TURN,
         text=response.text or "",
         tool_calls=proposals,
