@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic_ai import RunContext
 from workers.common import (
     EXIT_ESCALATED,
     EXIT_OK,
@@ -37,8 +38,6 @@ from runlog import aio
 from runlog.schemas.models import Event, ModelTurn, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-
-pytest.importorskip("pydantic_ai", reason="needs the pydantic-ai extra")
 
 PAI_WORKER = Path(__file__).resolve().parent / "workers" / "pai_worker.py"
 STEPS = 12
@@ -267,6 +266,29 @@ def test_an_irreversible_call_killed_mid_effect_escalates_and_is_never_repeated(
     assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
 
 
+def test_a_safe_call_killed_mid_call_is_retried_by_recovery_before_the_agent_runs(
+    fast: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_id = new_run_id()
+    w = start(fast, tmp_path, "dies", run_id, "--scenario", "safe", "--hold-lookup")
+    key = w.wait_flag("in_tool", timeout=120)
+    w.kill(signal.SIGKILL)
+    w = start(fast, tmp_path, "resumes", run_id, "--scenario", "safe", "--takeover")
+    code, result = w.finish(timeout=120)
+    assert code == EXIT_OK, result
+    # Recovery ran the Pydantic AI tool again inside open_run, with the same key and a
+    # run context of its own; the replayed turn then found the call completed.
+    lookups = [
+        k.decode() for k in redis_client.lrange(f"{fast.redis_key_prefix}:pai:lookups", 0, -1)
+    ]
+    assert lookups == [key, key]
+    events = events_of(fast, run_id)
+    state = assert_log_sound(events)
+    assert state.status == "finished" and state.completed_calls[key] == "order 7: 2 items"
+    assert result["requested"] == 1 and result["replayed"] == 1
+    assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
+
+
 def _contender(
     settings_dump: dict[str, Any], run_id: str, tmp: str, index: int, barrier: Any, out: Any
 ) -> None:
@@ -279,7 +301,14 @@ def _contender(
 
     settings = Settings(**settings_dump)
     opts = argparse.Namespace(
-        dir=tmp, name=f"c{index}", run_id=run_id, scenario="steps", steps=STEPS, think_s=0.05
+        dir=tmp,
+        name=f"c{index}",
+        run_id=run_id,
+        scenario="steps",
+        steps=STEPS,
+        think_s=0.05,
+        tool_s=0.0,
+        hold_lookup=False,
     )
     durable = build(opts, settings)
 
@@ -335,3 +364,82 @@ def test_two_workers_racing_to_resume_one_wins_and_no_effect_repeats(
     # Every trial's effects together: each key once.
     counts = ledger.per_key()
     assert len(counts) == 3 * STEPS and all(n == 1 for n in counts.values()), counts
+
+
+# In one process: what a tool raises to steer the agent -------------------------------------
+def _in_process_agent(fast: Settings, calls: list[str]) -> Any:
+    from pydantic_ai import Agent, ApprovalRequired, DeferredToolRequests, ModelRetry
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy
+
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        if turn == 0:
+            return ModelResponse(parts=[ToolCallPart("pay", {"order": 1}, tool_call_id="p")])
+        if turn == 1:  # after the retry prompt
+            return ModelResponse(parts=[ToolCallPart("pay", {"order": 2}, tool_call_id="p")])
+        if turn == 2:
+            return ModelResponse(parts=[ToolCallPart("wire", {"cents": 900}, tool_call_id="w")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Any = Agent(FunctionModel(script), output_type=[str, DeferredToolRequests])
+
+    @agent.tool_plain
+    def pay(order: int) -> str:
+        calls.append(f"pay {order}")
+        if order == 1 and calls.count("pay 1") == 1:
+            raise ModelRetry("order 1 is closed: pay order 2")
+        return f"paid order {order}"
+
+    @agent.tool
+    def wire(ctx: RunContext[None], cents: int) -> str:
+        calls.append(f"wire {cents} approved={ctx.tool_call_approved}")
+        if not ctx.tool_call_approved:
+            raise ApprovalRequired()
+        return f"wired {cents}"
+
+    policies = {"pay": ToolPolicy("irreversible"), "wire": ToolPolicy("irreversible")}
+    return RunlogAgent(agent, tools=policies, settings=fast)
+
+
+def _history(messages: list[Any]) -> list[tuple[str, Any, Any]]:
+    """What the model was shown, without the timestamps of the execution that built it."""
+    return [
+        (type(p).__name__, getattr(p, "content", None), getattr(p, "tool_call_id", None))
+        for m in messages
+        for p in m.parts
+    ]
+
+
+def test_a_retry_or_approval_a_tool_raised_is_replayed_never_run_again(fast: Settings) -> None:
+    import runlog
+
+    calls: list[str] = []
+    durable = _in_process_agent(fast, calls)
+    with pytest.raises(runlog.Escalated) as first:
+        asyncio.run(durable.run("pay and wire"))
+    run_id, approval_id = first.value.run_id, first.value.approval_id
+    assert calls == ["pay 1", "pay 2", "wire 900 approved=False"]
+
+    # Resumed before anyone decided: the failed payment and the tool's own request for
+    # approval are replayed from the log, neither tool runs, the same approval waits.
+    with pytest.raises(runlog.Escalated) as again:
+        asyncio.run(durable.run(run_id=run_id))
+    assert again.value.approval_id == approval_id
+    assert calls == ["pay 1", "pay 2", "wire 900 approved=False"]
+
+    asyncio.run(aio.decide(run_id, approval_id, approved=True, decided_by="dan", settings=fast))
+    got = asyncio.run(durable.run(run_id=run_id))
+    assert got.output == "done" and got.requested_turns == 1
+    assert calls == ["pay 1", "pay 2", "wire 900 approved=False", "wire 900 approved=True"]
+
+    # The finished run replayed whole: nothing runs, the agent sees the same history.
+    replayed = asyncio.run(durable.run(run_id=run_id))
+    assert replayed.output == "done" and replayed.requested_turns == 0
+    assert len(calls) == 4
+    assert _history(replayed.messages) == _history(got.messages)
+    events = events_of(fast, run_id)
+    state = assert_log_sound(events)
+    assert sorted(state.completed_calls.values()) == ["paid order 2", "wired 900"]

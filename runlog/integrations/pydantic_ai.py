@@ -118,6 +118,8 @@ class _Live:
     deferred: CallDeferred | ApprovalRequired | None = None
     """Control flow the tool raised (approval needed, deferred): recorded as a proven
     failure (nothing happened) and raised again to Pydantic AI."""
+    retry: str | None = None
+    """The message of the ``ModelRetry`` the tool raised, as recorded."""
 
 
 _LIVE: ContextVar[_Live | None] = ContextVar("runlog_pydantic_ai_call", default=None)
@@ -133,6 +135,17 @@ class _Execution:
     next_turn: int = 0
     requested: int = 0
     turn_of_call: dict[str, int] = field(default_factory=dict)
+    failures: dict[tuple[int, str], str] = field(default_factory=dict)
+    """Proven failures in the log by (turn, model's call id): what the agent was told."""
+
+    def __post_init__(self) -> None:
+        turn = -1
+        for message in self.run.state.messages:
+            if message.role == "assistant":
+                turn += 1
+            elif message.tool_result is not None and message.tool_result.is_error:
+                result = message.tool_result
+                self.failures[(turn, result.call_id)] = result.content
 
     def operation_id(self, tool_call_id: str) -> str:
         """The call's scope for its idempotency key: the turn that proposed it and the
@@ -204,6 +217,7 @@ class RunlogToolset(WrapperToolset[DepsT]):
     ) -> Any:
         ex = self._execution
         call_id = ctx.tool_call_id or ""
+        _replay_failure(ex, call_id, approved=ctx.tool_call_approved)
         live = _Live(ctx, tool, self.wrapped)
         token = _LIVE.set(live)
         try:
@@ -216,10 +230,35 @@ class RunlogToolset(WrapperToolset[DepsT]):
         except ToolFailed as exc:
             if live.deferred is not None:
                 raise live.deferred from None
-            raise ModelRetry(str(exc)) from exc
+            raise ModelRetry(live.retry or str(exc)) from exc
         finally:
             _LIVE.reset(token)
         return recorded
+
+
+DEFERRED_MARK = " asked to be deferred: "
+
+
+def _replay_failure(ex: _Execution, call_id: str, *, approved: bool) -> None:
+    """Raise again, without running the tool, a proven failure the agent already acted on.
+
+    A failure records no key (the action may be tried again), so without this a replayed
+    turn would run the tool once more, and an attempt that now succeeded would put an
+    effect in the world that the recorded history says failed. A failure is replayed when
+    the model's next turn is in the log (the model saw it); a deferral (the tool asked for
+    approval) is replayed until the call comes back approved.
+    """
+    turn = ex.turn_of_call.get(call_id)
+    content = None if turn is None else ex.failures.get((turn, call_id))
+    if content is None or turn is None:
+        return
+    if DEFERRED_MARK in content:
+        if approved:
+            return
+        kind = content.rsplit(DEFERRED_MARK, 1)[1]
+        raise CallDeferred() if kind == CallDeferred.__name__ else ApprovalRequired()
+    if turn + 1 < len(ex.recorded):
+        raise ModelRetry(content)
 
 
 _Cost = Callable[[ModelResponse], float]
@@ -511,9 +550,11 @@ def _invoker(
         except (ApprovalRequired, CallDeferred) as exc:
             if live is not None:
                 live.deferred = exc
-            raise ToolError(f"{name} asked to be deferred: {type(exc).__name__}") from exc
+            raise ToolError(f"{name}{DEFERRED_MARK}{type(exc).__name__}") from exc
         except ModelRetry as exc:
-            raise ToolError(str(exc)) from exc  # the tool refused: nothing happened
+            if live is not None:
+                live.retry = exc.message
+            raise ToolError(exc.message) from exc  # the tool refused: nothing happened
         return _encode_result(value)
 
     return invoke

@@ -90,6 +90,13 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgent[None, Any
                     ),
                 ]
             )
+        if opts.scenario == "safe" and turn == 0:
+            return ModelResponse(
+                parts=[
+                    TextPart(f"looking up nonce {nonce}"),
+                    ToolCallPart("lookup", {"order": 7}, tool_call_id="look-0"),
+                ]
+            )
         if opts.scenario in ("approval", "uncertain") and turn == 0:
             return ModelResponse(
                 parts=[
@@ -106,6 +113,12 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgent[None, Any
     @agent.tool_plain
     def lookup(order: int) -> str:
         flags.set("live", f"lookup {order}")
+        call = runlog.current_call()
+        assert call is not None
+        client.rpush(f"{settings.redis_key_prefix}:pai:lookups", call.idempotency_key)
+        if opts.scenario == "safe" and opts.hold_lookup:
+            flags.set("in_tool", call.idempotency_key)
+            flags.hold()  # killed here: a safe call started, its completion never recorded
         return f"order {order}: 2 items"
 
     def found(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
@@ -148,10 +161,13 @@ def main() -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--run-id", required=True)
-    ap.add_argument("--scenario", default="steps", choices=["steps", "approval", "uncertain"])
+    ap.add_argument(
+        "--scenario", default="steps", choices=["steps", "approval", "uncertain", "safe"]
+    )
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--think-s", type=float, default=0.02)
     ap.add_argument("--tool-s", type=float, default=0.0)
+    ap.add_argument("--hold-lookup", action="store_true")
     ap.add_argument("--takeover", action="store_true")
     ap.add_argument("--wait-s", type=float, default=None)
     ap.add_argument("--hold", action="store_true", help="wait for the go flag before running")
