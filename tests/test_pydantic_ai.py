@@ -8,6 +8,7 @@ model gave is logged there too, with a nonce the response carries into the log.
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import random
 import signal
@@ -443,3 +444,68 @@ def test_a_retry_or_approval_a_tool_raised_is_replayed_never_run_again(fast: Set
     events = events_of(fast, run_id)
     state = assert_log_sound(events)
     assert sorted(state.completed_calls.values()) == ["paid order 2", "wired 900"]
+
+
+def test_many_agent_runs_share_one_event_loop(fast: Settings) -> None:
+    from pydantic_ai.usage import UsageLimits
+
+    from runlog.benchmarks.pydantic_ai_steps import _agent
+    from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy
+
+    durable = RunlogAgent(_agent(4), tools={"lookup": ToolPolicy("irreversible")}, settings=fast)
+
+    async def many() -> list[Any]:
+        limits = UsageLimits(request_limit=None)
+        runs = (durable.run(f"task {i}", usage_limits=limits) for i in range(20))
+        return list(await asyncio.gather(*runs))
+
+    results = asyncio.run(many())
+    assert len({r.run_id for r in results}) == 20
+    for r in results:
+        assert r.output == "done" and r.requested_turns == 5
+        state = assert_log_sound(events_of(fast, r.run_id))
+        assert state.status == "finished" and state.turns == 5 and len(state.completed_calls) == 4
+        assert state.messages[0].content == f"task {results.index(r)}"
+
+
+def test_the_refund_example_killed_in_its_refund_resumes_with_one_refund(
+    fast: Settings, tmp_path: Path
+) -> None:
+    bank = tmp_path / "refunds.json"
+    cmd = [sys.executable, "-m", "runlog.demo.pydantic_ai_refund", "--bank", str(bank)]
+    first = subprocess.Popen(
+        [*cmd, "--pause-in-refund", "60"],
+        env=worker_env(fast),
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert first.stdout is not None
+    lines: list[str] = []
+    for line in first.stdout:
+        lines.append(line)
+        if "kill -9 me now" in line:
+            break
+    first.kill()  # SIGKILL: the refund is in the payment service, its completion is not
+    first.wait(10)
+    run_id = lines[0].split()[1]
+    assert lines[0].startswith("run ") and len(json.loads(bank.read_text())) == 1
+
+    done = subprocess.run(
+        [*cmd, run_id, "--takeover"],
+        env=worker_env(fast),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "turns replayed 2, requested 1" in done.stdout, done.stdout
+    refunds = json.loads(bank.read_text())
+    assert list(refunds.values()) == [700]
+    state = assert_log_sound(events_of(fast, run_id))
+    assert state.status == "finished"
+    (key,) = refunds
+    assert state.completed_calls[key] == "refunded 700 cents for order 42"
