@@ -171,7 +171,9 @@ class AgentLoop:
                     "idempotency_key": key,
                 }
             )
-        run.append(
+        # Pipelined: losing a model turn can only ask the model again; whatever acts on
+        # it (an irreversible call, an approval, finish) is a barrier that covers it.
+        run.emit(
             EventType.MODEL_TURN,
             text=step.text,
             tool_calls=proposals,

@@ -14,7 +14,11 @@ An ``AsyncRun`` belongs to the event loop that opened it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 import redis
@@ -22,13 +26,52 @@ import redis.asyncio as aioredis
 
 from runlog.producers import approvals, calls
 from runlog.producers.context import call_context
+from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Invoke, Lookup, Op, Steps
-from runlog.producers.run import Run
+from runlog.producers.run import Run, RunDeps
+from runlog.producers.tools import is_async
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
 
 T = TypeVar("T")
+
+
+_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="runlog-aio")
+"""runlog's own threads for what has no awaitable form (claims, log reads, sync tools):
+the loop's default executor has about as many threads as cores, and hundreds of runs
+confirming at once would queue behind each other there."""
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """``fn(*args)`` in runlog's pool, with this task's context (``current_call()``)."""
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _POOL, functools.partial(ctx.run, fn, *args)
+    )
+
+
+async def open_async(
+    deps: RunDeps,
+    aredis: aioredis.Redis,
+    run_id: str | None = None,
+    *,
+    recover: bool = True,
+    **kw: Any,
+) -> AsyncRun:
+    """``open_run_with`` for an event loop: the claim in a worker thread, then (as the
+    sync open does) queued decisions and recovery of open calls, awaited."""
+    claim = functools.partial(open_run_with, deps, run_id, recover=False, **kw)
+    run = await in_thread(claim)
+    arun = AsyncRun(run, aredis)
+    if recover and run.state.status != "finished":
+        try:
+            await arun.poll_decisions()
+            await arun.recover()
+        except BaseException:
+            await in_thread(run.lease.release)
+            raise
+    return arun
 
 
 async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) -> Any:
@@ -39,11 +82,11 @@ async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) ->
         with call_context(op.ctx):
             return fn(args, idempotency_key=key)
 
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "fn", None)):
+    if is_async(fn):
         with call_context(op.ctx):
             out = fn(args, idempotency_key=key)
     else:
-        out = await asyncio.to_thread(call)
+        out = await in_thread(call)
     if inspect.isawaitable(out):
         with call_context(op.ctx):
             out = await out
@@ -100,7 +143,7 @@ class AsyncRun:
         if isinstance(op, Lookup):
             return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op)
         assert isinstance(op, Blocking)
-        return await asyncio.to_thread(op.fn)
+        return await in_thread(op.fn)
 
     async def _drive(self, steps: Steps[T]) -> T:
         try:
@@ -158,7 +201,7 @@ class AsyncRun:
         await self.barrier()
         snapshots = self._run.deps.snapshots
         if snapshots is not None and snapshots.due(self._run):
-            await asyncio.to_thread(snapshots.maybe_write, self._run)
+            await in_thread(snapshots.maybe_write, self._run)
         return ev
 
     # Tools, approvals, the end -----------------------------------------------------------
@@ -196,7 +239,7 @@ class AsyncRun:
     async def since_last_turn(self) -> list[Event]:
         if self._run._pending:
             await self.barrier()
-        return await asyncio.to_thread(self._run.since_last_turn)
+        return await in_thread(self._run.since_last_turn)
 
     async def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED (durable) and release the lease; see ``Run.finish``."""
@@ -208,7 +251,7 @@ class AsyncRun:
                         return ev
             return await self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
         finally:
-            await asyncio.to_thread(run.lease.release)
+            await in_thread(run.lease.release)
 
     async def close(self) -> None:
         """Await pipelined appends (best effort) and release the lease."""
@@ -217,4 +260,4 @@ class AsyncRun:
             if run._pending and run._poisoned is None:
                 await self.barrier()
         finally:
-            await asyncio.to_thread(run.close)
+            await in_thread(run.close)

@@ -31,8 +31,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +86,7 @@ def call_tool(
                 tool,
                 args_json,
                 key,
-                call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
+                call_id=call_id or f"call-{random.getrandbits(48):012x}",
                 operation_id=operation_id,
             )
         )

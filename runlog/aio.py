@@ -22,8 +22,7 @@ import redis.asyncio as aioredis
 from runlog.api import decide as _decide
 from runlog.bootstrap import Services
 from runlog.log.clients import async_redis_client
-from runlog.producers.async_run import AsyncRun
-from runlog.producers.opening import open_run_with
+from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.tools import Tool
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
@@ -99,20 +98,9 @@ def open_run(
     )
 
 
-async def _open(*, settings: Settings | None, recover: bool, **kw: Any) -> AsyncRun:
+async def _open(*, settings: Settings | None, **kw: Any) -> AsyncRun:
     services = Services.shared(settings or Settings())
-    claim = functools.partial(open_run_with, services.run_deps(), recover=False, **kw)
-    run = await asyncio.to_thread(claim)
-    arun = AsyncRun(run, _redis(services.settings))
-    if recover and run.state.status != "finished":
-        try:
-            # As the sync open: queued decisions first, then every open call by the rules.
-            await arun.poll_decisions()
-            await arun.recover()
-        except BaseException:
-            await asyncio.to_thread(run.lease.release)
-            raise
-    return arun
+    return await open_async(services.run_deps(), _redis(services.settings), **kw)
 
 
 async def decide(
@@ -127,7 +115,7 @@ async def decide(
     settings: Settings | None = None,
 ) -> str:
     """Record a person's decision; see ``runlog.decide`` (run in a worker thread)."""
-    return await asyncio.to_thread(
+    return await in_thread(
         functools.partial(
             _decide,
             run_id,

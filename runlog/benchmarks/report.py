@@ -176,6 +176,18 @@ def table(res: dict[str, Any]) -> str:
             row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
         if "peers" in stp:
             rows.append(("  peers", stp["peers"], ""))
+        fan = stp.get("fanout")
+        if fan:
+            fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']} irreversible calls"
+            for how in ("event_loop", "threads"):
+                v = fan[how]
+                rows.append(
+                    (
+                        f"{fan_head}, {how.replace('_', ' ')}",
+                        f"{v['events_per_s']:,.0f} events/s",
+                        f"CPU {v['cpu_ms_per_event']:.3f} ms/event",
+                    )
+                )
     pai = res.get("pydantic_ai")
     if pai and "systems" in pai:
         rows.append((f"9. a Pydantic AI agent step ({pai['steps_per_repeat']} steps)", "", ""))
@@ -259,6 +271,27 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         ax.set_title("1. Durable append latency, each acknowledged before the next")
         ax.legend()
         save(fig, "latency.png")
+
+    stp = res.get("steps")
+    if stp and stp.get("systems"):
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+        names = list(stp["systems"])
+        for j, (key, label) in enumerate((("ms_per_step", "wall"), ("cpu_ms_per_step", "CPU"))):
+            vals = [err(stp["systems"][n][key]) for n in names]
+            xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
+            ax.bar(
+                xs,
+                [v[0] for v in vals],
+                width=0.38,
+                yerr=list(zip(*[v[1] for v in vals], strict=True)),
+                label=label,
+                capsize=3,
+            )
+        ax.set_xticks(range(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=7)
+        ax.set_ylabel("ms per durable step")
+        ax.set_title("8. A durable tool-call step: runlog, its floor and its peers, one sitting")
+        ax.legend()
+        save(fig, "steps.png")
 
     thr = res.get("throughput")
     if thr:

@@ -73,6 +73,8 @@ class Plan:
     memory_open_threads: int
     step_count: int
     agent_steps: int
+    fanout_runs: int
+    fanout_calls: int
 
 
 FULL = Plan(
@@ -95,6 +97,8 @@ FULL = Plan(
     memory_open_threads=10,
     step_count=1_000,
     agent_steps=30,
+    fanout_runs=100,
+    fanout_calls=20,
 )
 
 QUICK = Plan(
@@ -117,6 +121,8 @@ QUICK = Plan(
     memory_open_threads=50,
     step_count=100,
     agent_steps=10,
+    fanout_runs=20,
+    fanout_calls=5,
 )
 
 
@@ -202,7 +208,14 @@ def run_all(
         ),
         (
             "steps",
-            lambda deps, s: durable_steps.measure(deps, s, n=plan.step_count, repeats=plan.repeats),
+            lambda deps, s: durable_steps.measure(
+                deps,
+                s,
+                n=plan.step_count,
+                repeats=plan.repeats,
+                fanout_runs=plan.fanout_runs,
+                fanout_calls=plan.fanout_calls,
+            ),
         ),
         (
             "pydantic_ai",

@@ -21,9 +21,18 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
 
 
 def async_redis_client(settings: Settings, **kw: Any) -> aioredis.Redis:
-    """The asyncio client with the same connection options (bound to one event loop)."""
-    client: aioredis.Redis = aioredis.Redis.from_url(settings.redis_url, **_options(settings, kw))
-    return client
+    """The asyncio client with the same connection options (bound to one event loop).
+
+    Its pool blocks for a free connection instead of failing: hundreds of runs in one
+    loop share ``ASYNC_CONNECTIONS`` connections, each used for one GET at a time.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=ASYNC_CONNECTIONS, timeout=10, **_options(settings, kw)
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+ASYNC_CONNECTIONS = 32
 
 
 def _options(settings: Settings, kw: dict[str, Any]) -> dict[str, Any]:

@@ -204,7 +204,7 @@ def _supervised(
     from faultkit import EffectLedger, Journal, supervise, verify_effects, verify_run
 
     from runlog.bootstrap import Services
-    from runlog.producers.run import open_run_with
+    from runlog.producers.opening import open_run_with
     from runlog.topics import ensure_topics
 
     row = Row(name)
