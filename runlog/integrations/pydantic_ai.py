@@ -411,7 +411,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         if recorded_prompt is None:
             if user_prompt is None:
                 raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
-            await run.append(EventType.USER_MESSAGE, content=user_prompt)
+            run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
             prompt = user_prompt
         else:
             prompt = recorded_prompt  # a resumption replays the task it was given
