@@ -11,8 +11,9 @@ tool call), in this process, in the same sitting:
 * ``runlog_replay``: the same call on the finished run: every turn answered from the log,
   no tool run (the cost of resuming a run of N steps, per step).
 
-The overhead per step is ``runlog_* - bare``. Wall time (median over repeats) and process
-CPU per step. Needs the ``pydantic-ai`` extra; without it the section says so.
+The overhead per step is ``runlog_* - bare``, paired by repeat. Wall time (median over
+repeats) and process CPU per step. Needs the ``pydantic-ai`` extra; without it the section
+says so.
 """
 
 from __future__ import annotations
@@ -107,10 +108,14 @@ async def _measure(settings: Settings, n: int, repeats: int) -> dict[str, Any]:
             "ms_per_step": summary(walls[name]),
             "cpu_ms_per_step": summary(cpus[name]),
         }
-    bare = statistics.median(walls["bare"])
-    out["overhead_ms_per_step"] = {
-        name: round(statistics.median(walls[name]) - bare, 3) for name in names if name != "bare"
+    # Paired by repeat (each repeat times every system back to back, under the same load):
+    # the median of the per-repeat differences.
+    paired = {
+        name: [r - b for r, b in zip(walls[name], walls["bare"], strict=True)]
+        for name in names
+        if name != "bare"
     }
+    out["overhead_ms_per_step"] = {k: round(statistics.median(v), 3) for k, v in paired.items()}
     return out
 
 
