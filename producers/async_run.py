@@ -173,11 +173,17 @@ class AsyncRun:
         run = self._run
         pending = run._take_pending()
         wait = run.delivery_wait_s
-        for p in pending:
+        for i, p in enumerate(pending):
             try:
-                outcome: Any = await asyncio.wait_for(asyncio.wrap_future(p.future), wait)
+                # Shielded: cancelling this task must not cancel the acknowledgement itself,
+                # which the next barrier still needs.
+                acked = asyncio.shield(asyncio.wrap_future(p.future))
+                outcome: Any = await asyncio.wait_for(acked, wait)
             except Exception as exc:  # noqa: BLE001 - the run turns it into its error
                 outcome = exc
+            except BaseException:
+                run._interrupted(pending[i:])
+                raise
             run._delivered(p, outcome)
         if pending:
             if run.lease.released:

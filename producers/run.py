@@ -8,6 +8,7 @@ Opening a run is ``runlog.producers.opening``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import Counter
@@ -30,6 +31,7 @@ from runlog.errors import (
 )
 from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
+from runlog.log.tail import LogTail
 from runlog.producers import approvals, calls
 from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload
 from runlog.producers.lease import Lease, LeaseManager
@@ -49,6 +51,9 @@ from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
+
+OWN_KEPT = 10_000
+"""Own records kept for a confirmation by the log tail; past it, confirmations read."""
 
 MAX_EVENT_BYTES = 900_000
 """Below the broker's default ``message.max.bytes`` (1 MiB) with room for headers."""
@@ -79,6 +84,8 @@ class RunDeps:
     snapshots: Snapshots | None = None
     ids: codec.SchemaIds | None = None
     """Schema ids when a registry is configured: records are then in Confluent's format."""
+    tail: LogTail | None = None
+    """The process's follower of the events topic (confirmations without a read-back)."""
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -126,6 +133,8 @@ class Run:
     _log_view: RunState | None = None
     """Validity of this run's log up to ``position``, as every reader folds it: status,
     seq and epoch only (the rule needs no more). None until the claim is confirmed."""
+    _own: dict[int, Event] = field(default_factory=dict)
+    """This writer's acknowledged records at offsets the view does not cover yet."""
     _view_last: str | None = None
     """Event id of the last own record the view was extended over, when it accepted it."""
     _confirm_reader: LogReader | None = None
@@ -258,11 +267,14 @@ class Run:
             pending = self._take_pending()
             timeout = self.delivery_wait_s
             done: list[Delivered] = []
-            for p in pending:
+            for i, p in enumerate(pending):
                 try:
                     outcome: Delivered | BaseException = p.future.result(timeout=timeout)
                 except (DeliveryFailed, FutureTimeout) as exc:
                     outcome = exc
+                except BaseException:
+                    self._interrupted(pending[i:])
+                    raise
                 done.append(self._delivered(p, outcome))
             if pending:
                 try:
@@ -280,6 +292,11 @@ class Run:
     def _take_pending(self) -> list[_Pending]:
         pending, self._pending = self._pending, []
         return pending
+
+    def _interrupted(self, unchecked: list[_Pending]) -> None:
+        """A wait interrupted (a task cancelled, ^C) leaves these appends unchecked: the
+        next barrier checks them, so a failed one is never taken as written."""
+        self._pending[:0] = unchecked
 
     def _delivered(self, p: _Pending, outcome: Delivered | BaseException) -> Delivered:
         """Account for one append's acknowledgement, or poison the run with its failure."""
@@ -312,6 +329,8 @@ class Run:
         if self.first_offset is None and p.event.seq == 1:
             self.first_offset = d.offset
         self._advance_view(d.offset, p.event)
+        if d.offset >= self.position and len(self._own) < OWN_KEPT:
+            self._own[d.offset] = p.event
         return d
 
     def _still_owned(self, ok: bool, pending: list[_Pending]) -> None:
@@ -372,6 +391,8 @@ class Run:
         """
         if self._log_view is None or self.last_offset is None:
             raise self._fenced(f"seq {ev.seq} cannot be confirmed: no confirmed claim")
+        if self._confirmed_by_tail(ev):
+            return
         end = self.last_offset + 1
         if self._confirm_reader is None:
             self._confirm_reader = self.deps.reader_factory()
@@ -390,12 +411,40 @@ class Run:
             raise AppendOutcomeUnknown(
                 self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=ev.seq
             ) from exc
-        self.position = max(self.position, end)
+        self._moved_to(end)
         if not accepted:
             raise self._fenced(
                 f"seq {ev.seq} of epoch {self.epoch} is not valid in the log (a newer owner "
                 f"of epoch {view.max_epoch_seen} claimed the run, though Redis says we own it)"
             )
+
+    def _confirmed_by_tail(self, ev: Event) -> bool:
+        """``ev`` (the last acknowledged record) is valid as far as the process's log tail
+        shows: every record of this run between the confirmed view and ``ev`` is this
+        writer's own, so the log's fold of them is the one below. False when the tail
+        cannot say or shows another writer's record: the caller reads the log."""
+        tail, view, end = self.deps.tail, self._log_view, self.last_offset
+        if tail is None or view is None or end is None:
+            return False
+        tail.follow(self.partition, self.position)
+        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end)
+        if found is None or any(off not in self._own for off in found):
+            return False
+        trial, accepted = copy.deepcopy(view), False
+        for off in found:
+            if accept(trial, self._own[off]) and self._own[off].event_id == ev.event_id:
+                accepted = True
+            _clear_folded(trial)
+        if not accepted:
+            return False  # the read gives the verdict and its reason
+        self._log_view = trial
+        self._moved_to(end + 1)
+        return True
+
+    def _moved_to(self, position: int) -> None:
+        """The view now covers the log up to ``position``."""
+        self.position = max(self.position, position)
+        self._own = {off: ev for off, ev in self._own.items() if off >= self.position}
 
     def _after_durable(self) -> None:
         if self.deps.snapshots is not None:

@@ -228,3 +228,25 @@ def test_an_async_owner_taken_over_is_fenced(fast: Settings, ledger: Ledger) -> 
 
     asyncio.run(main())
     assert sorted(ledger.per_key().values()) == [1, 1]
+
+
+def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(fast: Settings) -> None:
+    async def main() -> tuple[str, int]:
+        async with runlog.aio.open_run(settings=fast) as run:
+            ev = run.emit(EventType.USER_MESSAGE, content="hello")
+            waiting = asyncio.create_task(run.barrier())
+            await asyncio.sleep(0)  # the task is now awaiting the acknowledgement
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            unchecked = [p.event.event_id for p in run.sync._pending]
+            assert unchecked == [ev.event_id], "a cancelled wait dropped its append unchecked"
+            await run.barrier()
+            assert run.sync._pending == []
+            await run.finish("succeeded")
+            return run.run_id, ev.seq
+
+    run_id, seq = asyncio.run(main())
+    events = [rec.event for rec in read_log(fast, run_id)]
+    assert_log_sound(events)
+    assert [e.seq for e in events if e.type is EventType.USER_MESSAGE] == [seq]

@@ -10,14 +10,21 @@ API and on ``runlog.aio``.
 
 from __future__ import annotations
 
+import itertools
+import json
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from workers.common import ROOT, Ledger, assert_log_sound, read_log, worker_env
 
+import runlog
+from runlog.log.reader import LogReader
+from runlog.schemas.keys import partition_for
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 WORKER = ROOT / "tests" / "workers" / "mixed_worker.py"
@@ -83,3 +90,42 @@ def test_sigkill_at_every_point_of_a_mixed_loop(
         resumed = _worker(fast, run_id, kill_at=0, aio=aio)
         assert resumed.returncode == 0, f"point {k}: resume failed\n{resumed.stderr[-3000:]}"
         _check(fast, ledger, run_id, f"killed at point {k} of {total}")
+
+
+def test_a_confirmation_reads_nothing_when_the_log_tail_shows_only_its_own_records(
+    fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run writes between this run's records in the same partition, so the
+    writer's own offsets are not contiguous: the process's log tail shows that no record of
+    this run but its own stands in between, and the tool runs without a read-back."""
+
+    def pay_fn(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return "paid"
+
+    pay = runlog.tool("pay", risk="irreversible")(pay_fn)
+    a = runlog.open_run(settings=fast, tools=[pay])
+    tag = uuid.uuid4().hex[:6]
+    other = next(
+        rid
+        for rid in (f"neighbour-{tag}-{i}" for i in itertools.count())
+        if partition_for(rid, fast.partitions) == a.partition
+    )
+    b = runlog.open_run(other, settings=fast)
+    assert b.partition == a.partition
+    reads: list[str] = []
+    original = LogReader.read
+
+    def counted(self: LogReader, run_id: str, *args: Any, **kw: Any) -> Any:
+        reads.append(run_id)
+        return original(self, run_id, *args, **kw)
+
+    monkeypatch.setattr(LogReader, "read", counted)
+    for i in range(5):
+        b.append(EventType.USER_MESSAGE, content=f"between {i}")
+        assert a.call_tool("pay", {"i": i}) == "paid"
+    assert reads == [], f"confirmations read the log back: {reads}"
+    a.finish("succeeded")
+    b.finish("succeeded")
+    state = assert_log_sound([rec.event for rec in read_log(fast, a.run_id)])
+    assert len(state.completed_calls) == 5 and sorted(ledger.per_key().values()) == [1] * 5
