@@ -97,6 +97,7 @@ def assert_effects_once(ledger: Any, events: list[Event]) -> list[str]:
     return keys
 
 
+@pytest.mark.timeout(900)  # tens of worker processes; a loaded machine starts them slowly
 def test_a_multi_step_agent_killed_at_random_points_finishes_with_every_effect_once(
     fast: Settings, ledger: Any, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
