@@ -23,6 +23,9 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
     {
         # v2 adds the optional ``duration_ms`` (default null): same facts, one more.
         (EventType.TOOL_CALL_COMPLETED, 1),
+        # v2 adds the optional ``response_json`` (default null): the whole response a
+        # framework returned, beside the text, proposals and usage v1 already recorded.
+        (EventType.MODEL_TURN, 1),
     }
 )
 

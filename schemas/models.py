@@ -64,6 +64,9 @@ class ModelTurn(Payload):
     tool_calls: tuple[ToolCallProposal, ...] = ()
     usage: Usage = Usage()
     cost_usd: float = 0.0
+    response_json: str | None = None
+    """v2: the framework's whole response as JSON, so a resumed run replays it instead of
+    asking the model again (None in v1 records and from writers that keep only the above)."""
 
 
 class ToolCallDenied(Payload):

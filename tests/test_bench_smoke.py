@@ -50,7 +50,7 @@ def test_quick_bench_reports_every_section_with_positive_numbers(
         numbers = dict(_numbers(body))
         assert numbers, f"{section} has no figures"
         # Offsets, fitted intercepts and slopes may be zero or negative; figures may not.
-        skip = ("fixed_s", "loglog_slope", "per_event_us", "values", "other_runs")
+        skip = ("fixed_s", "loglog_slope", "per_event_us", "values", "other_runs", "overhead")
         figures = {p: v for p, v in numbers.items() if not any(s in p for s in skip)}
         bad = {p: v for p, v in figures.items() if not v > 0}
         assert not bad, f"{section}: non-positive figures {bad}"

@@ -14,12 +14,13 @@ from replay_support import load_fixture, synthetic_log
 from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprint
 from runlog.projections.run_state import FOLD_VERSION, RunState, apply
 from runlog.schemas import codec, evolution
-from runlog.schemas.models import ContextCompacted, ToolCallCompleted
+from runlog.schemas.models import ContextCompacted, ModelTurn, ToolCallCompleted
 from runlog.schemas.registry import fingerprint_of, registry
 from runlog.schemas.vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
 TCC = EventType.TOOL_CALL_COMPLETED
+MT = EventType.MODEL_TURN
 
 
 def _v1(fx_type: str) -> bytes:
@@ -40,7 +41,27 @@ def test_released_v1_schemas_never_changed() -> None:
 def test_current_versions() -> None:
     assert registry().current[CC] == 2
     assert registry().current[TCC] == 2
+    assert registry().current[MT] == 2
     assert FOLD_VERSION == 3
+
+
+def test_v1_model_turn_resolves_without_a_recorded_response() -> None:
+    ev = codec.decode(_v1("model_turn"))
+    assert isinstance(ev.payload, ModelTurn)
+    assert ev.schema_version == 2 and ev.payload.response_json is None
+    assert ev.payload.text  # the v1 fields are kept as written
+
+
+def test_v2_model_turn_keeps_the_whole_response() -> None:
+    ev = codec.decode(_v1("model_turn"))
+    body = '{"parts": [{"part_kind": "text", "content": "hi"}]}'
+    v2 = ev.model_copy(update={"payload": ev.payload.model_copy(update={"response_json": body})})
+    back = codec.decode(codec.encode(v2))
+    assert isinstance(back.payload, ModelTurn) and back.payload.response_json == body
+    state_v1, state_v2 = RunState(), RunState()
+    apply(state_v1, ev.model_copy(update={"seq": 1}))
+    apply(state_v2, back.model_copy(update={"seq": 1}))
+    assert state_v1.messages == state_v2.messages  # the fold reads what v1 had, unchanged
 
 
 def test_v1_compaction_is_upcast_to_its_exact_v1_meaning() -> None:

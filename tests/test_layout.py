@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("log access", ("runlog.log", "runlog.topics", "runlog.security")),
     ("writer and services", ("runlog.producers", "runlog.consumers")),
     ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap")),
+    ("framework integrations", ("runlog.integrations",)),
     (
         "shell: CLI, stack, demo, benchmarks",
         ("runlog.cli", "runlog.stack", "runlog.demo", "runlog.benchmarks", "runlog.ui"),

@@ -179,6 +179,16 @@ def table(res: dict[str, Any]) -> str:
                         f"CPU {v['cpu_ms_per_event']:.3f} ms/event",
                     )
                 )
+    pai = res.get("pydantic_ai")
+    if pai and "systems" in pai:
+        rows.append((f"9. a Pydantic AI agent step ({pai['steps_per_repeat']} steps)", "", ""))
+        for name, v in pai["systems"].items():
+            row(f"  {name}", v["ms_per_step"], "ms/step")
+            row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
+        for name, ms in pai["overhead_ms_per_step"].items():
+            rows.append((f"  {name} - bare", f"{ms:.3f}", "ms/step (median)"))
+    elif pai and "status" in pai:
+        rows.append(("9. a Pydantic AI agent step", str(pai["status"]), ""))
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
     head = _machine_lines(res)

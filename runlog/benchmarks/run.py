@@ -24,6 +24,7 @@ from runlog.benchmarks import (
     lag,
     latency,
     memory,
+    pydantic_ai_steps,
     recovery,
     replay,
     report,
@@ -45,6 +46,7 @@ SECTIONS = (
     "memory",
     "encoding",
     "steps",
+    "pydantic_ai",
 )
 
 
@@ -70,6 +72,7 @@ class Plan:
     memory_events: int
     memory_open_threads: int
     step_count: int
+    agent_steps: int
     fanout_runs: int
     fanout_calls: int
 
@@ -93,6 +96,7 @@ FULL = Plan(
     memory_events=10,
     memory_open_threads=10,
     step_count=1_000,
+    agent_steps=30,
     fanout_runs=100,
     fanout_calls=20,
 )
@@ -116,6 +120,7 @@ QUICK = Plan(
     memory_events=2,
     memory_open_threads=50,
     step_count=100,
+    agent_steps=10,
     fanout_runs=20,
     fanout_calls=5,
 )
@@ -127,8 +132,11 @@ def run_all(
     quick: bool = False,
     out: Path | None = None,
     echo: Callable[[str], None] = print,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmarks against the stack ``base`` points at; write results to ``out``."""
+    """Run the benchmarks against the stack ``base`` points at; write results to ``out``.
+
+    ``only`` names the sections to run (default: every one of ``SECTIONS``)."""
 
     plan = QUICK if quick else FULL
     started = time.perf_counter()
@@ -210,6 +218,12 @@ def run_all(
             ),
         ),
         (
+            "pydantic_ai",
+            lambda deps, s: pydantic_ai_steps.measure(
+                deps, s, n=plan.agent_steps, repeats=plan.repeats
+            ),
+        ),
+        (
             "memory",
             lambda deps, s: memory.measure(
                 s,
@@ -222,6 +236,11 @@ def run_all(
     ]
     timings: dict[str, float] = {}
     res["section_seconds"] = timings
+    if only is not None:
+        unknown = set(only) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"no bench sections {sorted(unknown)}; they are {SECTIONS}")
+        steps = [(name, step) for name, step in steps if name in only]
     for name, step in steps:
         # Each section gets fresh topics: one section's records must not slow another's
         # reads (a new run's open scans the last minute of its partition, for instance).

@@ -27,8 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag"],
-        help="lag: only projection lag under a steady load, and drain rate by run length",
+        choices=["lag", "pydantic-ai"],
+        help=(
+            "lag: only projection lag under a steady load, and drain rate by run length; "
+            "pydantic-ai: only section 9, a Pydantic AI agent step bare and as a runlog run"
+        ),
     )
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
@@ -64,5 +67,6 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"plot {f}")
         return 0
 
-    res = run_all(Settings(), quick=args.quick, out=args.out)
+    only = ("pydantic_ai",) if args.what == "pydantic-ai" else None
+    res = run_all(Settings(), quick=args.quick, out=args.out, only=only)
     return 1 if res["failed"] else 0

@@ -1,0 +1,1 @@
+"""Agent frameworks driven as runlog runs (each needs its optional extra installed)."""

@@ -1,0 +1,588 @@
+"""A Pydantic AI agent whose run is a runlog run (``pip install 'runlog[pydantic-ai]'``).
+
+``RunlogAgent(agent, tools={...})`` wraps an ``Agent`` the way Pydantic AI's own durable
+agents do: a wrapper model and a wrapper toolset are put in place of the agent's for the
+length of a run (``Agent.override``), and the agent's own loop runs unchanged.
+
+* **Model requests** go through ``RunlogModel``: the n-th request of a run returns the n-th
+  MODEL_TURN of its log when there is one (the whole ``ModelResponse``, kept in the event's
+  ``response_json``), and otherwise asks the wrapped model and records a MODEL_TURN (text,
+  tool-call proposals with the keys they will run under, usage, cost, the whole response),
+  durable before anything but a safe call acts on it and before the model is asked again.
+  A resumed run therefore never asks the model again for a turn the log holds, and its
+  agent loop sees exactly the history the dead one saw.
+* **Tool calls** go through ``RunlogToolset`` to ``AsyncRun.call_tool``: STARTED durable
+  before the tool runs, the idempotency key and the fencing token in
+  ``runlog.current_call()``, the result recorded, recovery by the tool's risk class and
+  reconciler. A tool call's operation id is its model turn and the model's call id, so its
+  key does not depend on the order in which the agent executes the calls of a turn.
+* **Approvals**: a tool declared with ``requires_approval=True`` (or raising
+  ``ApprovalRequired``) makes the agent stop with ``DeferredToolRequests``; each such call
+  becomes a runlog approval request (kind ``action``, the call's key), decided with
+  ``runlog approve``/``reject`` or ``runlog.aio.decide``; the next ``run`` with the run id
+  hands Pydantic AI the decisions as ``DeferredToolResults`` and the agent continues.
+
+Starting and resuming are the same call: ``await agent.run(prompt)`` starts a run;
+``await agent.run(run_id=...)`` resumes it after a crash at any point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
+from pydantic_ai.usage import RunUsage, UsageLimits
+from pydantic_core import to_json
+
+from runlog import aio
+from runlog.errors import Escalated, ToolArgumentsError, ToolFailed
+from runlog.producers.context import CallContext, current_call
+from runlog.producers.tools import Reconciler, Risk, Tool, ToolError
+from runlog.schemas.canonical import canonical_json
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+__all__ = [
+    "CallContext",
+    "RunlogAgent",
+    "RunlogModel",
+    "RunlogResult",
+    "RunlogToolset",
+    "ToolPolicy",
+    "current_call",
+]
+
+DepsT = TypeVar("DepsT")
+OutputT = TypeVar("OutputT")
+
+APPROVAL_POLL_S = 0.1
+SUMMARY_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """How runlog treats one of the agent's tools (a tool without one is ``safe``).
+
+    ``reconcile(args, *, idempotency_key)`` is an authoritative lookup returning
+    ``runlog.Match``/``Absent``/``Conflict``/``Unavailable`` (it may be ``async``); without
+    it an uncertain call is settled by ``risk``: ``safe`` and ``reversible`` are retried
+    with the same key, ``irreversible`` is asked of a person.
+    """
+
+    risk: Risk = "safe"
+    reconcile: Reconciler | None = None
+
+
+@dataclass
+class RunlogResult(Generic[OutputT]):
+    """What ``RunlogAgent.run`` returns once the run finished."""
+
+    run_id: str
+    output: OutputT
+    messages: list[ModelMessage]
+    resumed: bool
+    """True when the run had events before this call (a resumption or a re-execution)."""
+    replayed_turns: int
+    """Model turns answered from the log instead of the model."""
+    requested_turns: int
+    """Model turns the wrapped model was asked for in this call."""
+
+
+@dataclass
+class _Live:
+    """The Pydantic AI call a runlog tool invocation belongs to."""
+
+    ctx: RunContext[Any]
+    tool: ToolsetTool[Any]
+    toolset: AbstractToolset[Any]
+    deferred: CallDeferred | ApprovalRequired | None = None
+    """Control flow the tool raised (approval needed, deferred): recorded as a proven
+    failure (nothing happened) and raised again to Pydantic AI."""
+    retry: str | None = None
+    """The message of the ``ModelRetry`` the tool raised, as recorded."""
+
+
+_LIVE: ContextVar[_Live | None] = ContextVar("runlog_pydantic_ai_call", default=None)
+
+
+@dataclass
+class _Execution:
+    """One ``RunlogAgent.run`` call: the run, the recorded turns, the turn counter."""
+
+    run: aio.AsyncRun
+    recorded: list[ModelResponse]
+    deps: Any
+    next_turn: int = 0
+    requested: int = 0
+    turn_of_call: dict[str, int] = field(default_factory=dict)
+    failures: dict[tuple[int, str], str] = field(default_factory=dict)
+    """Proven failures in the log by (turn, model's call id): what the agent was told."""
+
+    def __post_init__(self) -> None:
+        turn = -1
+        for message in self.run.state.messages:
+            if message.role == "assistant":
+                turn += 1
+            elif message.tool_result is not None and message.tool_result.is_error:
+                result = message.tool_result
+                self.failures[(turn, result.call_id)] = result.content
+
+    def operation_id(self, tool_call_id: str) -> str:
+        """The call's scope for its idempotency key: the turn that proposed it and the
+        model's call id (both replayed identically), so the key does not depend on the
+        order in which the agent runs a turn's calls."""
+        turn = self.turn_of_call.get(tool_call_id, self.next_turn - 1)
+        return f"{self.run.run_id}:turn{turn}:{tool_call_id}"
+
+
+class RunlogModel(WrapperModel):
+    """Answers each request from the run's log when it holds that turn, else asks the
+    wrapped model and records the response (MODEL_TURN) before it is used."""
+
+    def __init__(self, wrapped: Model, execution: _Execution, cost: _Cost) -> None:
+        super().__init__(wrapped)
+        self._execution = execution
+        self._cost = cost
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        ex = self._execution
+        turn = ex.next_turn
+        if turn < len(ex.recorded):
+            response = ex.recorded[turn]
+        else:
+            # The previous turn (and what the agent did with it) is durable before the model
+            # is asked again: at most the latest answer can be lost, never a recorded one.
+            await ex.run.barrier()
+            response = await self.wrapped.request(
+                messages, model_settings, model_request_parameters
+            )
+            ex.requested += 1
+            await _record_turn(ex, turn, response, self._cost(response))
+        ex.next_turn = turn + 1
+        for part in response.tool_calls:
+            ex.turn_of_call[part.tool_call_id] = turn
+        return response
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        # A streamed response would reach the caller before it is recorded; refuse rather
+        # than let a turn escape the log.
+        raise NotImplementedError(
+            "RunlogAgent records whole responses: streaming (run_stream, "
+            "event_stream_handler) is not supported; use run()"
+        )
+        yield  # an async generator, as the context manager needs
+
+
+class RunlogToolset(WrapperToolset[DepsT]):
+    """Sends every call of the wrapped toolset through ``AsyncRun.call_tool``."""
+
+    def __init__(self, wrapped: AbstractToolset[DepsT], execution: _Execution) -> None:
+        super().__init__(wrapped)
+        self._execution = execution
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[DepsT], tool: ToolsetTool[DepsT]
+    ) -> Any:
+        ex = self._execution
+        call_id = ctx.tool_call_id or ""
+        _replay_failure(ex, call_id, approved=ctx.tool_call_approved)
+        live = _Live(ctx, tool, self.wrapped)
+        token = _LIVE.set(live)
+        try:
+            recorded = await ex.run.call_tool(
+                name,
+                tool_args,
+                operation_id=ex.operation_id(call_id),
+                call_id=call_id or None,
+            )
+        except ToolFailed as exc:
+            if live.deferred is not None:
+                raise live.deferred from None
+            raise ModelRetry(live.retry or str(exc)) from exc
+        finally:
+            _LIVE.reset(token)
+        return recorded
+
+
+DEFERRED_MARK = " asked to be deferred: "
+
+
+def _replay_failure(ex: _Execution, call_id: str, *, approved: bool) -> None:
+    """Raise again, without running the tool, a proven failure the agent already acted on.
+
+    A failure records no key (the action may be tried again), so without this a replayed
+    turn would run the tool once more, and an attempt that now succeeded would put an
+    effect in the world that the recorded history says failed. A failure is replayed when
+    the model's next turn is in the log (the model saw it); a deferral (the tool asked for
+    approval) is replayed until the call comes back approved.
+    """
+    turn = ex.turn_of_call.get(call_id)
+    content = None if turn is None else ex.failures.get((turn, call_id))
+    if content is None or turn is None:
+        return
+    if DEFERRED_MARK in content:
+        if approved:
+            return
+        kind = content.rsplit(DEFERRED_MARK, 1)[1]
+        raise CallDeferred() if kind == CallDeferred.__name__ else ApprovalRequired()
+    if turn + 1 < len(ex.recorded):
+        raise ModelRetry(content)
+
+
+_Cost = Callable[[ModelResponse], float]
+
+
+def _default_cost(response: ModelResponse) -> float:
+    """The response's price from Pydantic AI's price data, or 0.0 when it has none."""
+    try:
+        return float(response.cost().total_price)
+    except (LookupError, ValueError, AssertionError, AttributeError, TypeError):
+        return 0.0
+
+
+def _encode_result(value: Any) -> str:
+    """A tool's return value as the text runlog records: a string as it is, anything else
+    as the JSON Pydantic AI would have sent the model. The agent is given this text, live
+    and on replay alike, so a resumed run sees exactly what the dead one saw."""
+    return value if isinstance(value, str) else to_json(value, fallback=str).decode()
+
+
+def _args_json(part: ToolCallPart) -> tuple[str, dict[str, Any] | None]:
+    try:
+        args = part.args_as_dict()
+        return canonical_json(args), args
+    except (ValueError, ToolArgumentsError):
+        raw = part.args if isinstance(part.args, str) else json.dumps(part.args, default=str)
+        return raw or "{}", None
+
+
+async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost: float) -> None:
+    run = ex.run
+    proposals = []
+    for part in response.tool_calls:
+        args_json, args = _args_json(part)
+        scope = f"{run.run_id}:turn{turn}:{part.tool_call_id}"
+        key = None if args is None else run.key_for(part.tool_name, args, operation_id=scope)
+        proposals.append(
+            {
+                "call_id": part.tool_call_id,
+                "name": part.tool_name,
+                "args_json": args_json,
+                "idempotency_key": key,
+            }
+        )
+    # Pipelined: the agent's next act on this response waits for it (a non-safe call's
+    # STARTED, an approval request, RUN_FINISHED and the next model request are barriers);
+    # only a safe call may run before it is durable, as the effect model allows.
+    run.emit(
+        EventType.MODEL_TURN,
+        text=response.text or "",
+        tool_calls=proposals,
+        usage={
+            "input_tokens": response.usage.input_tokens,
+            "output_tokens": response.usage.output_tokens,
+        },
+        cost_usd=cost,
+        response_json=ModelMessagesTypeAdapter.dump_json([response]).decode(),
+    )
+
+
+def _response_of(payload: Any) -> ModelResponse:
+    """A recorded MODEL_TURN as the response the model gave."""
+    if payload.response_json:
+        (message,) = ModelMessagesTypeAdapter.validate_json(payload.response_json)
+        assert isinstance(message, ModelResponse)
+        return message
+    # Written without the whole response (another writer, or v1): rebuilt from its facts.
+    parts: list[Any] = [TextPart(payload.text)] if payload.text else []
+    parts += [ToolCallPart(c.name, c.args_json, tool_call_id=c.call_id) for c in payload.tool_calls]
+    return ModelResponse(parts=parts)
+
+
+class RunlogAgent(Generic[DepsT, OutputT]):
+    """Runs ``agent`` as a runlog run: recorded, fenced, resumable after a crash anywhere.
+
+    ``tools`` maps tool names to their ``ToolPolicy`` (risk class and reconciler); a tool
+    not named is ``safe``. Tool functions read their idempotency key and the writer's
+    fencing token with ``runlog.current_call()``.
+    """
+
+    def __init__(
+        self,
+        agent: Agent[DepsT, OutputT],
+        *,
+        tools: Mapping[str, ToolPolicy] | None = None,
+        tenant: str = "default",
+        settings: Settings | None = None,
+        name: str | None = None,
+        cost: _Cost = _default_cost,
+    ) -> None:
+        self.wrapped = agent
+        self.policies = dict(tools or {})
+        self.tenant = tenant
+        self.settings = settings
+        self.name = name or agent.name or "pydantic-ai"
+        self._cost = cost
+
+    async def run(
+        self,
+        user_prompt: str | None = None,
+        *,
+        run_id: str | None = None,
+        deps: DepsT = None,  # type: ignore[assignment]
+        goal: str = "",
+        approval_wait_s: float = 0.0,
+        wait_s: float | None = None,
+        takeover: bool = False,
+        reason: str = "",
+        on_open: Callable[[str], None] | None = None,
+        usage_limits: UsageLimits | None = None,
+    ) -> RunlogResult[OutputT]:
+        """Start (``run_id=None``) or resume the run; the same call either way.
+
+        Returns once the agent produced its output and RUN_FINISHED is durable. Raises
+        ``runlog.Escalated`` (with ``approval_id``) when a person must decide first: an
+        approval-required tool call, or an uncertain call recovery could not settle;
+        ``runlog.CallUncertain`` when a call's outcome stays unknown; ``runlog.Fenced``
+        when another worker took the run over. ``on_open(run_id)`` is called once the run
+        is open (recovered, before the agent runs): a new run's id, to resume it with.
+        """
+        tools = await self._runlog_tools(deps)
+        async with aio.open_run(
+            run_id,
+            tenant=self.tenant,
+            tools=tools,
+            settings=self.settings,
+            wait_s=wait_s,
+            agent=self.name,
+            goal=goal or (user_prompt or "")[:SUMMARY_CHARS],
+            reason=reason,
+            takeover=takeover,
+        ) as run:
+            resumed = run.state.seq > 1
+            if on_open is not None:
+                on_open(run.run_id)
+            ex = _Execution(run, await self._recorded_turns(run), deps)
+            return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits)
+
+    # The run --------------------------------------------------------------------------
+    async def _drive(
+        self,
+        ex: _Execution,
+        user_prompt: str | None,
+        resumed: bool,
+        approval_wait_s: float,
+        usage_limits: UsageLimits | None,
+    ) -> RunlogResult[OutputT]:
+        run = ex.run
+        recorded_prompt = next((m.content for m in run.state.messages if m.role == "user"), None)
+        if recorded_prompt is None:
+            if user_prompt is None:
+                raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
+            run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
+            prompt = user_prompt
+        else:
+            prompt = recorded_prompt  # a resumption replays the task it was given
+        model = RunlogModel(_model_of(self.wrapped), ex, self._cost)
+        toolsets: list[AbstractToolset[DepsT]] = [
+            RunlogToolset(ts, ex) for ts in self.wrapped.toolsets
+        ]
+        history: list[ModelMessage] | None = None
+        deferred: DeferredToolResults | None = None
+        with (
+            self.wrapped.override(model=model, toolsets=toolsets, tools=[]),
+            Agent.parallel_tool_call_execution_mode("sequential"),
+        ):
+            while True:
+                result = await self.wrapped.run(
+                    prompt if history is None else None,
+                    message_history=history,
+                    deferred_tool_results=deferred,
+                    deps=ex.deps,
+                    usage_limits=usage_limits,
+                )
+                output: Any = result.output
+                if not isinstance(output, DeferredToolRequests):
+                    break
+                deferred = await self._decisions(ex, output, approval_wait_s)
+                history = result.all_messages()
+        if run.state.status != "finished":
+            await run.finish("succeeded", str(output)[:SUMMARY_CHARS])
+        return RunlogResult(
+            run_id=run.run_id,
+            output=output,
+            messages=result.all_messages(),
+            resumed=resumed,
+            replayed_turns=min(ex.next_turn, len(ex.recorded)),
+            requested_turns=ex.requested,
+        )
+
+    async def _decisions(
+        self, ex: _Execution, requests: DeferredToolRequests, wait_s: float
+    ) -> DeferredToolResults:
+        """Each approval-required call as a runlog approval; its decision, once made."""
+        run = ex.run
+        if requests.calls:
+            names = ", ".join(p.tool_name for p in requests.calls)
+            raise NotImplementedError(
+                f"run {run.run_id}: deferred (external) tool calls are not mapped to runlog: "
+                f"{names}; declare them as tools the agent runs, or use requires_approval"
+            )
+        results = DeferredToolResults()
+        for part in requests.approvals:
+            approval_id = await self._approval_for(ex, part)
+            approval = await self._await_decision(run, approval_id, wait_s)
+            if approval.approved:
+                results.approvals[part.tool_call_id] = True
+            else:
+                note = approval.note or f"rejected by {approval.decided_by}"
+                results.approvals[part.tool_call_id] = ToolDenied(note)
+        return results
+
+    async def _approval_for(self, ex: _Execution, part: ToolCallPart) -> str:
+        run = ex.run
+        args_json, args = _args_json(part)
+        scope = ex.operation_id(part.tool_call_id)
+        key = run.key_for(part.tool_name, args or {}, operation_id=scope)
+        for approval in run.state.approvals.values():
+            if approval.kind == "action" and approval.idempotency_key == key:
+                return approval.approval_id
+        return await run.request_approval(
+            f"{part.tool_name} {args_json}",
+            kind="action",
+            name=part.tool_name,
+            args_json=args_json,
+            idempotency_key=key,
+        )
+
+    @staticmethod
+    async def _await_decision(run: aio.AsyncRun, approval_id: str, wait_s: float) -> Any:
+        deadline = time.monotonic() + wait_s
+        while True:
+            approval = run.state.approvals[approval_id]
+            if approval.approved is not None:
+                return approval
+            await run.poll_decisions()
+            approval = run.state.approvals[approval_id]
+            if approval.approved is not None:
+                return approval
+            if time.monotonic() >= deadline:
+                raise Escalated(
+                    f"run {run.run_id} waits for a person to decide {approval_id}",
+                    approval_id=approval_id,
+                    run_id=run.run_id,
+                )
+            await asyncio.sleep(APPROVAL_POLL_S)
+
+    # What open_run needs ---------------------------------------------------------------
+    async def _recorded_turns(self, run: aio.AsyncRun) -> list[ModelResponse]:
+        """The run's valid MODEL_TURNs, in order, as the responses they recorded."""
+        if run.state.turns == 0:
+            return []
+        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
+        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+
+    async def _runlog_tools(self, deps: Any) -> list[Tool]:
+        """A runlog tool per tool of the agent: its risk class, reconciler and a function
+        that runs the Pydantic AI tool (with the live call's context, or a fresh one when
+        recovery retries a call before the agent runs)."""
+        ctx = _fresh_context(self.wrapped, deps)
+        out: list[Tool] = []
+        for toolset in self.wrapped.toolsets:
+            for name in await toolset.get_tools(ctx):
+                policy = self.policies.get(name, ToolPolicy())
+                fn = _invoker(name, toolset, deps, self.wrapped)
+                out.append(Tool(name=name, fn=fn, risk=policy.risk, reconcile=policy.reconcile))
+        unknown = set(self.policies) - {t.name for t in out}
+        if unknown:
+            raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
+        return out
+
+
+def _invoker(
+    name: str,
+    toolset: AbstractToolset[Any],
+    deps: Any,
+    agent: Agent[Any, Any],
+) -> Callable[..., Awaitable[str]]:
+    async def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
+        live = _LIVE.get()
+        if live is not None and live.toolset is toolset:
+            ctx, tool = live.ctx, live.tool
+        else:
+            # Recovery retries a call inside open_run, before the agent runs again.
+            ctx = _fresh_context(agent, deps, tool_name=name)
+            tool = (await toolset.get_tools(ctx))[name]
+        try:
+            value = await toolset.call_tool(name, args, ctx, tool)
+        except (ApprovalRequired, CallDeferred) as exc:
+            if live is not None:
+                live.deferred = exc
+            raise ToolError(f"{name}{DEFERRED_MARK}{type(exc).__name__}") from exc
+        except ModelRetry as exc:
+            if live is not None:
+                live.retry = exc.message
+            raise ToolError(exc.message) from exc  # the tool refused: nothing happened
+        return _encode_result(value)
+
+    return invoke
+
+
+def _model_of(agent: Agent[Any, Any]) -> Model:
+    model = agent.model
+    if not isinstance(model, Model):
+        raise TypeError("RunlogAgent needs an Agent constructed with a Model instance")
+    return model
+
+
+def _fresh_context(agent: Agent[Any, Any], deps: Any, *, tool_name: str | None = None) -> Any:
+    return RunContext(deps=deps, model=_model_of(agent), usage=RunUsage(), tool_name=tool_name)
+
+
+def _valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[Any]:
+    from runlog.bootstrap import Services
+    from runlog.log.fold import read_run
+    from runlog.log.reader import LogReader
+
+    services = Services.shared(settings or Settings())
+    with LogReader(services.settings) as reader:
+        got = read_run(reader, services.redis, services.settings, tenant, run_id, keep=True)
+    fenced = {rec.offset for rec in got.folded.fenced}
+    return [rec.event for rec in got.folded.kept if rec.offset not in fenced]
+
+
+def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:
+    """``policies(refund=ToolPolicy("irreversible", reconcile=...), lookup="safe")``."""
+    return {k: v if isinstance(v, ToolPolicy) else ToolPolicy(v) for k, v in by_name.items()}
