@@ -38,30 +38,9 @@ from workers.common import (  # noqa: E402
     EXIT_LOCKED,
     EXIT_OK,
     EXIT_UNCERTAIN,
+    Flags,
     Ledger,
 )
-
-HOLD_MAX_S = 120.0
-
-
-class Flags:
-    def __init__(self, directory: str, name: str) -> None:
-        self.dir, self.name = Path(directory), name
-
-    def path(self, flag: str) -> Path:
-        return self.dir / f"{self.name}.{flag}"
-
-    def set(self, flag: str, text: str = "") -> None:
-        tmp = self.path(flag + ".tmp")
-        tmp.write_text(text)
-        tmp.rename(self.path(flag))
-
-    def hold(self) -> None:
-        deadline = time.monotonic() + HOLD_MAX_S
-        while not self.path("go").exists():
-            if time.monotonic() > deadline:
-                raise SystemExit("held too long without a go")
-            time.sleep(0.01)
 
 
 def requests_key(prefix: str, run_id: str, turn: int) -> str:
