@@ -122,10 +122,15 @@ def get_audit(
         if p is None:
             return []
         run_raw = client.get(keys.run(p, run_id))
+        val_raw = client.get(keys.validator(p, run_id))
         raws = client.lrange(keys.log(p, run_id), 0, -1)
     except redis.RedisError as exc:
         raise _wrap(exc, f"audit of {run_id}") from exc
-    owner = "" if run_raw is None else json.loads(run_raw)["validator"]["tenant"]
+    owner = ""
+    if val_raw is not None:
+        owner = json.loads(val_raw)["tenant"]
+    elif run_raw is not None:  # stored by an earlier store: the run state inside
+        owner = json.loads(run_raw).get("validator", {}).get("tenant", "")
     refuse_other_tenant(owner, tenant, run_id)
     return [json.loads(r) for r in raws]
 

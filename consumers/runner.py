@@ -76,10 +76,19 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
-from runlog.consumers.store import Batch, Decoded, Handler, Rejected, dumps, make_handler
+from runlog.consumers.store import (
+    Batch,
+    Decoded,
+    Handler,
+    Rejected,
+    Writes,
+    dumps,
+    make_handler,
+)
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
+from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
 from runlog.settings import Settings
@@ -175,6 +184,10 @@ def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
     except SchemaError as exc:
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
     return Decoded(ev, partition, offset)
+
+
+def _run_of(rec: Decoded | Rejected) -> str | None:
+    return rec.event.run_id if isinstance(rec, Decoded) else rec.run_id
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -504,11 +517,14 @@ class ProjectionRunner:
                             handler.forget(partition)
                         todo = [r for r in recs if r.offset > pos]
                         plans.append((handler, todo, pos))
-                    writes = [self._fold(pipe, partition, h, todo) for h, todo, _ in plans]
+                    writes = self._fold_all(pipe, partition, plans)
+                    shared = Writes()
                     pipe.multi()
                     for (handler, todo, _), (batch, took) in zip(plans, writes, strict=True):
                         if todo:
-                            self._queue_writes(pipe, partition, handler, batch, took, todo, raw)
+                            self._queue_writes(
+                                pipe, partition, handler, batch, took, todo, raw, shared
+                            )
                     if any(todo for _, todo, _ in plans):
                         pipe.execute()
                 except redis.WatchError:
@@ -535,32 +551,94 @@ class ProjectionRunner:
                 self.stats.skipped += len(todo) - len(took)
             return
 
-    def _fold(
-        self, pipe: Any, partition: int, handler: Handler[Any], todo: list[Decoded | Rejected]
-    ) -> tuple[Batch[Any] | None, list[Decoded | Rejected]]:
-        """Fold ``todo`` into its runs (reads in WATCH mode); the records it took."""
-        if not todo:
-            return None, []
-        run_ids = sorted(
-            {rid for r in todo if (rid := r.event.run_id if isinstance(r, Decoded) else r.run_id)}
-        )
-        batch = handler.begin(pipe, partition, run_ids)
+    def _fold_all(
+        self,
+        pipe: Any,
+        partition: int,
+        plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]],
+    ) -> list[tuple[Batch[Any] | None, list[Decoded | Rejected]]]:
+        """Fold every projection's ``todo`` into its runs; per projection, the batch and
+        the records it took.
+
+        Each run's state is folded once per record: the projections whose copies of it
+        are at the same record (always, unless one was rebuilt or reset alone) share one
+        copy, and each gets the same ``Step``. Others fold their own copy.
+        """
+        batches: list[Batch[Any] | None] = []
+        for handler, todo, _ in plans:
+            if not todo:
+                batches.append(None)
+                continue
+            run_ids = sorted({rid for r in todo if (rid := _run_of(r)) is not None})
+            batches.append(handler.begin(self.redis, partition, run_ids))
+        active = [
+            (h, todo, b) for (h, todo, _), b in zip(plans, batches, strict=True) if b is not None
+        ]
+        shared: set[str] = set()
+        if len(active) > 1:
+            # The copy to share: the one with the conversation, if a projection keeps it.
+            order = sorted(active, key=lambda a: not a[0].full)
+            for rid in order[0][2].states:
+                holders = [(h, b) for h, _, b in order if rid in b.states]
+                if len(holders) != len(order) or len({b.offsets[rid] for _, b in holders}) != 1:
+                    continue
+                first = holders[0][0].validator(holders[0][1].states[rid])
+                for h, b in holders[1:]:
+                    h.share(b.states[rid], first)
+                shared.add(rid)
         # A record that names no run leaves no trace in any run's state; its quarantine
         # entry (keyed by offset) is what says it was applied.
-        orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
-        recorded: set[int] = set()
-        if orphans:
-            present = pipe.hmget(
-                handler.keys.quarantine(partition), [str(r.offset) for r in orphans]
-            )
-            recorded = {r.offset for r, v in zip(orphans, present, strict=True) if v is not None}
-        took = [
-            r
-            for r in todo
-            if handler.apply(batch, r)
-            or (isinstance(r, Rejected) and r.run_id is None and r.offset not in recorded)
-        ]
-        return batch, took
+        recorded: dict[int, set[int]] = {}
+        for i, (handler, todo, _) in enumerate(active):
+            orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
+            if orphans:
+                present = pipe.hmget(
+                    handler.keys.quarantine(partition), [str(r.offset) for r in orphans]
+                )
+                recorded[i] = {
+                    r.offset for r, v in zip(orphans, present, strict=True) if v is not None
+                }
+        took: list[list[Decoded | Rejected]] = [[] for _ in active]
+        todos = [{r.offset for r in todo} for _, todo, _ in active]
+        records = sorted({r.offset: r for _, todo, _ in active for r in todo}.items())
+        for offset, rec in records:
+            takers = [
+                i for i, (h, _, b) in enumerate(active) if offset in todos[i] and h.takes(b, rec)
+            ]
+            if isinstance(rec, Rejected):
+                for i, (h, _, b) in enumerate(active):
+                    if i in takers:
+                        h.reject(b, rec)
+                        took[i].append(rec)
+                    elif (
+                        rec.run_id is None
+                        and offset in todos[i]
+                        and offset not in recorded.get(i, ())
+                    ):
+                        took[i].append(rec)
+                continue
+            if not takers:
+                continue
+            ev = rec.event
+            if ev.run_id in shared:
+                if len(takers) != len(active):  # pragma: no cover - equal offsets, same records
+                    raise RuntimeError(f"projections sharing run {ev.run_id} disagree at {offset}")
+                h0, _, b0 = active[takers[0]]
+                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                for i in takers:
+                    h, _, b = active[i]
+                    h.step(b, rec, step)
+                    took[i].append(rec)
+            else:
+                for i in takers:
+                    h, _, b = active[i]
+                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev))
+                    took[i].append(rec)
+        out: list[tuple[Batch[Any] | None, list[Decoded | Rejected]]] = []
+        it = iter(took)
+        for maybe in batches:
+            out.append((None, []) if maybe is None else (maybe, next(it)))
+        return out
 
     def _queue_writes(
         self,
@@ -571,11 +649,12 @@ class ProjectionRunner:
         took: list[Decoded | Rejected],
         todo: list[Decoded | Rejected],
         raw: dict[int, Any],
+        shared: Writes,
     ) -> None:
         """One projection's effects and its position (inside the partition's MULTI)."""
         keys = handler.keys
         if batch is not None:
-            handler.write(pipe, batch)
+            handler.write(pipe, batch, shared)
         applied = sum(1 for r in took if isinstance(r, Decoded))
         bad = [r for r in took if isinstance(r, Rejected)]
         for r in bad:

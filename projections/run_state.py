@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
 from runlog.schemas import models as m
+from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
@@ -523,6 +524,71 @@ def accept(state: RunState, ev: Event) -> bool:
     state.seq = ev.seq
     state.last_event_at = ev.occurred_at
     return True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One event's passage through a run's fold, as the projections of a runner share it.
+
+    The run state is folded once per record; every projection reads the verdict and what
+    the event could change from here instead of folding a copy of the state itself.
+    ``touched`` and ``approval`` are read from the state *before* the event, like ``asked_at``
+    and ``undone``; the state after it is the state the step was taken on.
+    """
+
+    accepted: bool
+    touched: frozenset[str]
+    """Keys of the open calls the event can add, change or close (every other call of the
+    run is unchanged by it): a store rewrites these and no other."""
+    approval: str | None
+    """The approval the event can add or decide."""
+    asked_at: datetime | None
+    """For a decision: when the request it answers was made."""
+    undone: str | None
+    """For a compensation's completion: the key of the call it undoes."""
+
+
+def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
+    """Keys of the open calls ``ev`` can change, read from the state *before* it.
+
+    Mirrors the rules above that touch ``open_calls``: a run may hold hundreds of open
+    calls, and a reader that keeps them apart need look at only these.
+    """
+    p = ev.payload
+    if isinstance(p, m.RunResumed):
+        return frozenset(st.open_calls)
+    keys: set[str] = set()
+    if isinstance(p, m.ToolCallCompleted):
+        closed = find_open(st, p.started_seq, p.idempotency_key)
+        if closed is not None:
+            keys.add(closed.idempotency_key)
+    elif isinstance(p, m.ApprovalDecided):
+        approval = st.approvals.get(p.approval_id)
+        if approval is not None and approval.idempotency_key is not None:
+            keys.add(approval.idempotency_key)
+    key = vars(p).get("idempotency_key")  # not getattr: a miss on a model is slow
+    if isinstance(key, str):
+        keys.add(key)
+    return frozenset(keys)
+
+
+def advance(state: RunState, ev: Event) -> Step:
+    """``accept`` plus what the projections read of the state before ``ev``."""
+    p = ev.payload
+    asked_at: datetime | None = None
+    undone: str | None = None
+    approval: str | None = None
+    if isinstance(p, m.ApprovalDecided | m.ApprovalRequested):
+        approval = p.approval_id
+        asked = state.approvals.get(p.approval_id)
+        asked_at = None if asked is None else asked.requested_at
+    elif isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
+        # The key a compensation undoes is its STARTED's operation id; read it before the
+        # completion closes the call.
+        started = find_open(state, p.started_seq, p.idempotency_key)
+        undone = started.operation_id if started is not None else None
+    touched = touched_calls(state, ev)
+    return Step(accept(state, ev), touched, approval, asked_at, undone)
 
 
 def apply(state: RunState, ev: Event) -> RunState:
