@@ -599,9 +599,22 @@ class ProjectionRunner:
                     r.offset for r, v in zip(orphans, present, strict=True) if v is not None
                 }
         took: list[list[Decoded | Rejected]] = [[] for _ in active]
+        # Usually every projection is at the same position: then they all have the same
+        # records to do, and a shared run's record is taken by all of them or by none.
+        uniform = len({pos for (_, todo, pos) in plans if todo}) == 1
         todos = [{r.offset for r in todo} for _, todo, _ in active]
         records = sorted({r.offset: r for _, todo, _ in active for r in todo}.items())
         for offset, rec in records:
+            if uniform and isinstance(rec, Decoded) and rec.event.run_id in shared:
+                ev = rec.event
+                h0, _, b0 = active[0]
+                if offset <= b0.offsets.get(ev.run_id, -1):
+                    continue
+                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                for i, (h, _, b) in enumerate(active):
+                    h.step(b, rec, step)
+                    took[i].append(rec)
+                continue
             takers = [
                 i for i, (h, _, b) in enumerate(active) if offset in todos[i] and h.takes(b, rec)
             ]
@@ -816,8 +829,12 @@ class ProjectionRunner:
                     raise KafkaUnavailable(
                         f"catch-up of {self.topic} did not finish in {timeout_s}s"
                     )
-                # Bigger batches than live: each touched run is serialised once per batch.
-                msgs = self._consumer.consume(max(self.batch_size, CATCH_UP_BATCH), timeout=0.5)
+                # Bigger batches than live: fewer transactions. consume() returns when it
+                # has as many messages as asked or its timeout ends: never ask for more
+                # than are left, or the last batch waits out the whole timeout.
+                left = sum(max(0, targets[p] - self._next[p]) for p in todo)
+                size = max(1, min(max(self.batch_size, CATCH_UP_BATCH), left))
+                msgs = self._consumer.consume(size, timeout=0.5)
                 # Records past the captured watermark belong to the next catch-up.
                 self._handle(
                     [
