@@ -276,10 +276,17 @@ class ProjectionRunner:
         parts = sorted(partitions)
         if not parts:
             return {}
-        keys = [k for p in parts for h in self.handlers for k in (h.keys.pos(p), h.keys.gen(p))]
 
         def read() -> list[Any]:
-            return list(self.redis.mget(keys))
+            # One MGET per partition: a partition's keys share a hash tag (one slot of a
+            # Redis Cluster), different partitions' keys do not.
+            with self.redis.pipeline(transaction=False) as pipe:
+                for p in parts:
+                    keys = [k for h in self.handlers for k in (h.keys.pos(p), h.keys.gen(p))]
+                    # MGET as a raw command: redis-py's cluster pipeline refuses its mget()
+                    # helper (made for keys of any slot), but these share one.
+                    pipe.execute_command("MGET", *keys)
+                return [v for values in pipe.execute() for v in values]
 
         raws = iter(self._retry("reading positions", read))
         out: dict[tuple[str, int], tuple[int, int]] = {}
@@ -311,7 +318,11 @@ class ProjectionRunner:
         keys = [h.keys.rebuild_marker() for h in self.handlers]
 
         def read() -> int:
-            return int(self.redis.exists(*keys))
+            # One EXISTS per marker: the markers of several projections share no slot.
+            with self.redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.exists(key)
+                return sum(int(n) for n in pipe.execute())
 
         return self._retry("reading rebuild markers", read) > 0
 
@@ -500,7 +511,7 @@ class ProjectionRunner:
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*watched)  # type: ignore[no-untyped-call]
-                    values = iter(pipe.mget(watched))
+                    values = iter(pipe.execute_command("MGET", *watched))
                     plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]] = []
                     for handler in self.handlers:
                         me = (handler.name, partition)
@@ -875,14 +886,23 @@ def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int
     handler = make_handler(name, settings.redis_key_prefix, settings.events_topic)
     deleted = 0
     batch: list[Any] = []
+    # SCAN visits every master of a Redis Cluster; the keys found span many slots, so
+    # they are deleted one command each (pipelined), not in one DEL.
     for key in client.scan_iter(match=handler.keys.pattern(), count=1000):
         batch.append(key)
         if len(batch) >= 500:
-            deleted += int(client.delete(*batch))
+            deleted += _delete(client, batch)
             batch = []
     if batch:
-        deleted += int(client.delete(*batch))
+        deleted += _delete(client, batch)
     return deleted
+
+
+def _delete(client: redis.Redis, keys: list[Any]) -> int:
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.delete(key)
+        return sum(int(n) for n in pipe.execute())
 
 
 class _RebuildMarker:
@@ -902,7 +922,8 @@ class _RebuildMarker:
         self._thread = threading.Thread(target=self._renew, name="runlog-rebuild", daemon=True)
 
     def _set(self) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
+        # Not one MULTI: the markers of several projections share no Redis Cluster slot.
+        with self.client.pipeline(transaction=False) as pipe:
             for key in self.keys:
                 pipe.set(key, self.value, ex=REBUILD_MARKER_TTL_S)
             pipe.execute()
@@ -922,7 +943,8 @@ class _RebuildMarker:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join(timeout=5)
-        self.client.delete(*self.keys)
+        for key in self.keys:
+            self.client.delete(key)
 
 
 def rebuild(
@@ -944,7 +966,10 @@ def rebuild(
     parts = range(settings.partitions)
     try:
         with _RebuildMarker(client, [h.keys.rebuild_marker() for h in handlers]):
-            with client.pipeline(transaction=True) as pipe:
+            # Each generation fences its own partition (checked in that partition's
+            # transactions), so they need not move together: one INCR per key, not one
+            # MULTI (which a Redis Cluster refuses across slots).
+            with client.pipeline(transaction=False) as pipe:
                 for h in handlers:
                     for p in parts:
                         pipe.incr(h.keys.gen(p))

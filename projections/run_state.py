@@ -556,7 +556,8 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
     """
     p = ev.payload
     if isinstance(p, m.RunResumed):
-        return frozenset(st.open_calls)
+        # The takeover makes the calls still in flight uncertain; the others stay as they are.
+        return frozenset(k for k, c in st.open_calls.items() if c.status == "started")
     keys: set[str] = set()
     if isinstance(p, m.ToolCallCompleted):
         closed = find_open(st, p.started_seq, p.idempotency_key)

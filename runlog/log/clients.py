@@ -6,9 +6,10 @@ a new connection option is honoured by the writer, the services and the CLI alik
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
+import redis.cluster
 
 from runlog.errors import ConfigError
 from runlog.settings import Settings
@@ -30,5 +31,9 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
             )
         opts["ssl_ca_certs"] = settings.redis_ssl_ca
     opts.update(kw)
+    if settings.redis_cluster:
+        # A RedisCluster answers the same commands (every multi-key command runlog sends
+        # names keys of one hash slot); typed as redis.Redis for the callers.
+        return cast(redis.Redis, redis.cluster.RedisCluster.from_url(settings.redis_url, **opts))
     client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
     return client
