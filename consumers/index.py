@@ -118,16 +118,21 @@ def write(
     *,
     calls_changed: bool = True,
     fresh: bool = True,
+    summary: Mapping[str, str] | None = None,
 ) -> None:
     """Queue the index writes for one changed run (inside the projection's MULTI).
 
     ``calls_changed``: whether the batch may have changed the run's open calls or
     approvals (else their counts are left as stored); ``fresh``: whether the run may be
-    new to the index (else its tenant is already listed)."""
+    new to the index (else its tenant is already listed); ``summary``: the rest of the
+    run's summary hash, written with the index's fields in one HSET."""
     st = view.state
     score = _score(st.last_event_at)
     if not st.run_id or not st.tenant or score is None:
-        return  # no valid event yet (only fenced or quarantined records): nothing to list
+        # No valid event yet (only fenced or quarantined records): nothing to list.
+        if summary:
+            pipe.hset(keys.summary(run_id), mapping=dict(summary))
+        return
     status = status_of(st)
     if fresh:
         pipe.sadd(keys.tenants, st.tenant)
@@ -136,6 +141,7 @@ def write(
         pipe.zrem(keys.status(before, st.tenant), run_id)
     pipe.zadd(keys.status(status, st.tenant), {run_id: score})
     fields = {
+        **(summary or {}),
         "ix_status": status,
         "started_at": st.started_at.isoformat() if st.started_at else "",
     }

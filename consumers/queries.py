@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys, load_state_view
+from runlog.consumers.store import PROJECTIONS, RUN_STATE, ProjectionKeys, load_state_view
 from runlog.errors import RedisUnavailable, TenantMismatch
 from runlog.schemas.keys import check_run_id, partition_for
 from runlog.settings import Settings
@@ -122,15 +122,14 @@ def get_audit(
         if p is None:
             return []
         run_raw = client.get(keys.run(p, run_id))
-        val_raw = client.get(keys.validator(p, run_id))
         raws = client.lrange(keys.log(p, run_id), 0, -1)
     except redis.RedisError as exc:
         raise _wrap(exc, f"audit of {run_id}") from exc
     owner = ""
-    if val_raw is not None:
-        owner = json.loads(val_raw)["tenant"]
-    elif run_raw is not None:  # stored by an earlier store: the run state inside
-        owner = json.loads(run_raw).get("validator", {}).get("tenant", "")
+    if run_raw is not None:
+        stored = json.loads(run_raw)
+        # ``validator``: the whole run state, as an earlier store kept it.
+        owner = stored.get(RUN_STATE, stored.get("validator", {})).get("tenant", "")
     refuse_other_tenant(owner, tenant, run_id)
     return [json.loads(r) for r in raws]
 

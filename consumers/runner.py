@@ -170,10 +170,29 @@ class RunnerStats:
     """Partition -> high watermark minus next offset, as of the last batch."""
 
 
+_KEYS: dict[bytes, str] = {}
+"""Record keys already checked (``decode_key``) -> their run ids: a run's key repeats on
+every record of the run, its check need not."""
+_MAX_KEYS = 100_000
+
+
+def _run_key(raw: Any) -> str:
+    if type(raw) is bytes:
+        known = _KEYS.get(raw)
+        if known is not None:
+            return known
+    run_id = decode_key(raw)
+    if type(raw) is bytes:
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        _KEYS[raw] = run_id
+    return run_id
+
+
 def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
     partition, offset = msg.partition(), msg.offset()
     try:
-        run_key: str | None = decode_key(msg.key())
+        run_key: str | None = _run_key(msg.key())
     except SchemaError as exc:
         # A key that names no run: quarantined, never folded under some run.
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
@@ -221,6 +240,8 @@ class ProjectionRunner:
         ]
         self.group = group or default_group(settings, projections)
         self.batch_size = batch_size
+        self.catch_up_batch = max(batch_size, CATCH_UP_BATCH)
+        """Records per batch when behind (and in ``catch_up``): fewer transactions each."""
         self.stats = RunnerStats()
         self._stop = threading.Event()
         self._consumer_extra = dict(consumer_extra or {})
@@ -285,7 +306,7 @@ class ProjectionRunner:
                     keys = [k for h in self.handlers for k in (h.keys.pos(p), h.keys.gen(p))]
                     # MGET as a raw command: redis-py's cluster pipeline refuses its mget()
                     # helper (made for keys of any slot), but these share one.
-                    pipe.execute_command("MGET", *keys)
+                    pipe.execute_command("MGET", *keys)  # type: ignore[no-untyped-call]
                 return [v for values in pipe.execute() for v in values]
 
         raws = iter(self._retry("reading positions", read))
@@ -511,7 +532,7 @@ class ProjectionRunner:
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*watched)  # type: ignore[no-untyped-call]
-                    values = iter(pipe.execute_command("MGET", *watched))
+                    values = iter(pipe.execute_command("MGET", *watched))  # type: ignore[no-untyped-call]
                     plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]] = []
                     for handler in self.handlers:
                         me = (handler.name, partition)
@@ -774,7 +795,7 @@ class ProjectionRunner:
                 # consume() returns when the batch fills or the timeout ends: under a light
                 # load the timeout *is* the projection lag, so keep it short. A full batch
                 # means a backlog: then take catch-up sized ones, fewer transactions each.
-                size = max(self.batch_size, CATCH_UP_BATCH) if behind else self.batch_size
+                size = self.catch_up_batch if behind else self.batch_size
                 msgs = self._consumer.consume(size, timeout=POLL_TIMEOUT_S)
                 behind = len(msgs) >= size
                 if msgs:
@@ -844,7 +865,7 @@ class ProjectionRunner:
                 # has as many messages as asked or its timeout ends: never ask for more
                 # than are left, or the last batch waits out the whole timeout.
                 left = sum(max(0, targets[p] - self._next[p]) for p in todo)
-                size = max(1, min(max(self.batch_size, CATCH_UP_BATCH), left))
+                size = max(1, min(self.catch_up_batch, left))
                 msgs = self._consumer.consume(size, timeout=0.5)
                 # Records past the captured watermark belong to the next catch-up.
                 self._handle(

@@ -11,9 +11,9 @@ Per (projection, topic, partition):
 ``stats``           hash: ``applied`` (decoded records folded), ``quarantined``
 ``quarantine``      hash: offset -> JSON (original bytes base64, error class and message)
 ``runs``            set of run ids seen in the partition
-``run:<id>``        JSON of the projection's own per-run state (small; ``applied_offset``)
-``val:<id>``        JSON of the run state's scalars (status, seq, epoch, counters...): the
-                    validator every projection folds; the same bytes in each projection
+``run:<id>``        JSON of the projection's own per-run state (small), ``applied_offset``
+                    and ``run_state``: the scalars (status, seq, epoch, counters...) of
+                    the run state every projection folds (serialised once per batch)
 ``calls:<id>``      hash: idempotency key -> JSON of one open call of the run state
 ``appr:<id>``       hash: approval id -> JSON of one approval of the run state
 ``msgs:<id>``       state only: list, the run's conversation, one JSON message per entry
@@ -43,7 +43,8 @@ goes back exactly when that state goes back (a Redis failover or an AOF that los
 second): a record at or below it is never folded into the run again, even after the
 partition's position went back without the run's state.
 
-Values are canonical JSON (sorted keys, no spaces), so a rebuild is byte-identical.
+Values are deterministic JSON (sorted keys, no spaces; in ``run:<id>`` the ``run_state``
+field comes last), so a rebuild is byte-identical.
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ import redis
 
 from runlog.consumers import index
 from runlog.projections import audit, state_view, uncertain
-from runlog.projections.run_state import Approval, OpenCall, RunState, Step, advance, jsonable
+from runlog.projections.run_state import (
+    Approval,
+    Message,
+    OpenCall,
+    RunState,
+    Step,
+    advance,
+)
 from runlog.schemas.models import Event, ToolCallCompleted
 
 S = TypeVar("S")
@@ -69,6 +77,8 @@ PROJECTIONS = ("state", "uncertain", "audit")
 SEP = "\x1f"
 APPLIED = "applied_offset"
 """Field of a run's stored JSON: offset of the last record of the run folded into it."""
+RUN_STATE = "run_state"
+"""Field of a run's stored JSON: the scalars of its run state (``scalars``)."""
 
 
 def dumps(value: Any) -> str:
@@ -102,9 +112,6 @@ class ProjectionKeys:
 
     def run(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:run:{run_id}"
-
-    def validator(self, partition: int, run_id: str) -> str:
-        return f"{self.part(partition)}:val:{run_id}"
 
     def calls(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:calls:{run_id}"
@@ -196,7 +203,7 @@ def _iso(value: Any) -> Any:
 
 
 def scalars(st: RunState) -> dict[str, Any]:
-    """The run state without what grows with the run (stored at ``val:<id>``): every
+    """The run state without what grows with the run (stored in ``run:<id>``): every
     field left is a number, a string, None or a datetime, so this is ``jsonable``'s
     result without its walk."""
     return {name: _iso(getattr(st, name)) for name in _SCALARS}
@@ -219,6 +226,19 @@ def _flat(cls: type) -> Callable[[Any], dict[str, Any]]:
         return out
 
     return to_json
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    """``jsonable(msg)`` without its walk: the tool calls are plain dicts of strings, the
+    tool result a flat dataclass of strings and a bool."""
+    tr = msg.tool_result
+    return {
+        "role": msg.role,
+        "content": msg.content,
+        "trust": msg.trust,
+        "tool_calls": [dict(c) for c in msg.tool_calls],
+        "tool_result": None if tr is None else dict(vars(tr)),
+    }
 
 
 _ENTRY_JSON: dict[str, Callable[[Any], dict[str, Any]]] = {
@@ -370,21 +390,20 @@ class Handler(ABC, Generic[S]):
         counts = []
         with client.pipeline(transaction=False) as pipe:
             for rid, _ in present:
-                pipe.get(k.validator(partition, rid))
                 pipe.hgetall(k.calls(partition, rid))
                 pipe.hgetall(k.approvals(partition, rid))
                 counts.append(self.load_extra(pipe, partition, rid))
             replies = iter(pipe.execute())
         for (rid, raw), n in zip(present, counts, strict=True):
-            val, calls, approvals = next(replies), next(replies), next(replies)
+            calls, approvals = next(replies), next(replies)
             extra = [next(replies) for _ in range(n)]
             own: dict[str, Any] = json.loads(raw)
             # Views stored before the field existed: no record is known to be in them.
             offset = int(own.pop(APPLIED, -1))
             legacy = own.pop(self.validator_key, None)
             if legacy is not None:
-                # An earlier store kept the run state inside this JSON: use it, and write
-                # it apart on the next write (all of it, once).
+                # An earlier store kept the whole run state inside this JSON: use it, and
+                # write it apart on the next write (all of it, once).
                 self._whole.add((partition, rid))
                 data = dict(legacy)
                 data.setdefault("open_calls", {})
@@ -394,7 +413,7 @@ class Handler(ABC, Generic[S]):
                 if self.full and own.get("version", 1) >= 2:
                     self.restore_extra(partition, rid, data, extra)
             else:
-                data = load_run_state(json.loads(val) if val else {}, calls, approvals)
+                data = load_run_state(own.pop(RUN_STATE, {}), calls, approvals)
                 self.restore_extra(partition, rid, data, extra)
             state = self.restore(own, RunState.from_dict(data))
             self.loaded(partition, rid, state, extra)
@@ -488,9 +507,11 @@ class Handler(ABC, Generic[S]):
             whole = (p, rid) in self._whole
             own = self.own(state)
             assert APPLIED not in own, f"{self.name} state uses the reserved field {APPLIED}"
+            assert RUN_STATE not in own, f"{self.name} state uses the reserved field {RUN_STATE}"
             own[APPLIED] = batch.offsets[rid]
-            pipe.set(k.run(p, rid), dumps(own))
-            pipe.set(k.validator(p, rid), shared.scalars(st))
+            # The run state's scalars are the same bytes in every projection of the batch:
+            # serialised once, spliced in as the last field.
+            pipe.set(k.run(p, rid), f'{dumps(own)[:-1]},"{RUN_STATE}":{shared.scalars(st)}}}')
             keys = st.open_calls if whole else batch.calls.get(rid, ())
             gone = sorted(key for key in keys if key not in st.open_calls)
             if gone:
@@ -534,12 +555,11 @@ def load_state_view(
     """The stored state view of a run, whole (the run state's parts put back together)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.get(keys.run(partition, run_id))
-        pipe.get(keys.validator(partition, run_id))
         pipe.hgetall(keys.calls(partition, run_id))
         pipe.hgetall(keys.approvals(partition, run_id))
         pipe.lrange(keys.messages(partition, run_id), 0, -1)
         pipe.hgetall(keys.completed(partition, run_id))
-        raw, val, calls, approvals, msgs, done = pipe.execute()
+        raw, calls, approvals, msgs, done = pipe.execute()
     if raw is None:
         return None
     view: dict[str, Any] = json.loads(raw)
@@ -550,7 +570,8 @@ def load_state_view(
             view["state"]["messages"] = [json.loads(m) for m in msgs]
             view["state"]["completed_calls"] = {_text(k): _text(v) for k, v in sorted(done.items())}
         return view
-    view["state"] = load_run_state(json.loads(val) if val else {}, calls, approvals, msgs, done)
+    scalar = view.pop(RUN_STATE, {})
+    view["state"] = load_run_state(scalar, calls, approvals, msgs, done)
     return view
 
 
@@ -642,7 +663,7 @@ class StateHandler(Handler[state_view.StateView]):
         else:
             new = st.messages[was.messages :]
         if new:
-            pipe.rpush(msgs, *[dumps(jsonable(m)) for m in new])
+            pipe.rpush(msgs, *[dumps(message_json(m)) for m in new])
         keys_done = sorted(
             st.completed_calls if whole else batch.extra.get("done", {}).get(run_id, ())
         )
@@ -657,8 +678,8 @@ class StateHandler(Handler[state_view.StateView]):
             or bool(batch.calls.get(run_id))
             or bool(batch.approvals.get(run_id))
         )
-        pipe.hset(self.keys.summary(p, run_id), mapping=state.summary())
-        # The run index commits with the view and the position (same MULTI, same slot).
+        # The run index commits with the view and the position (same MULTI, same slot);
+        # its fields go into the summary hash with the summary, one HSET.
         keys = index.IndexKeys(self.keys.part(p))
         index.write(
             pipe,
@@ -669,6 +690,7 @@ class StateHandler(Handler[state_view.StateView]):
             batch.extra,
             calls_changed=changed,
             fresh=whole or run_id in batch.fresh,
+            summary=state.summary(),
         )
 
 

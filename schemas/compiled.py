@@ -210,6 +210,32 @@ _PROVES: dict[str, tuple[type, ...]] = {
 }
 
 
+class _Bound:
+    """A check of numeric bounds; ``compile_checks`` inlines it."""
+
+    def __init__(self, low: tuple[Any, bool] | None, high: tuple[Any, bool] | None, shown: str):
+        self.low, self.high, self.shown = low, high, shown
+
+    def test(self, var: str) -> str:
+        """Python source true when ``var`` (not None) is outside the bounds."""
+        parts = []
+        if self.low is not None:
+            parts.append(f"{var} {'<' if self.low[1] else '<='} {self.low[0]!r}")
+        if self.high is not None:
+            parts.append(f"{var} {'>' if self.high[1] else '>='} {self.high[0]!r}")
+        return " or ".join(parts) or "False"
+
+    def __call__(self, v: Any) -> Any:
+        if v is None:
+            return v
+        low, high = self.low, self.high
+        if low is not None and (v < low[0] if low[1] else v <= low[0]):
+            raise ValueError(f"{v!r} is outside {self.shown}")
+        if high is not None and (v > high[0] if high[1] else v >= high[0]):
+            raise ValueError(f"{v!r} is outside {self.shown}")
+        return v
+
+
 def _bounds(metadata: list[Any]) -> Check | None:
     """A check of the numeric bounds in ``metadata``; None if it holds anything else."""
     low: tuple[Any, bool] | None = None  # (bound, inclusive)
@@ -225,18 +251,32 @@ def _bounds(metadata: list[Any]) -> Check | None:
             high = (item.lt, False)
         else:
             return None
-    shown = ", ".join(repr(m) for m in metadata)
+    if any(b is not None and not isinstance(b[0], int | float) for b in (low, high)):
+        return None
+    return _Bound(low, high, ", ".join(repr(m) for m in metadata))
 
-    def check(v: Any) -> Any:
-        if v is None:
-            return v
-        if low is not None and (v < low[0] if low[1] else v <= low[0]):
-            raise ValueError(f"{v!r} is outside {shown}")
-        if high is not None and (v > high[0] if high[1] else v >= high[0]):
-            raise ValueError(f"{v!r} is outside {shown}")
-        return v
 
-    return check
+def compile_checks(what: str, checks: list[tuple[str, Check]]) -> Callable[[dict[str, Any]], None]:
+    """Apply ``checks`` to a decoded record's values in place, as one generated function:
+    bounds inline, other checks called; ``ValueError`` naming the field."""
+    lines = ["def run(values):"]
+    scope: dict[str, Any] = {}
+    for i, (name, check) in enumerate(checks):
+        label = f"{what}.{name}"
+        if isinstance(check, _Bound):
+            lines.append(f"    v = values[{name!r}]")
+            lines.append(f"    if v is not None and ({check.test('v')}):")
+            lines.append(f"        raise ValueError(f'{label}: {{v!r}} is outside {check.shown}')")
+        else:
+            scope[f"c{i}"] = check
+            lines.append("    try:")
+            lines.append(f"        values[{name!r}] = c{i}(values[{name!r}])")
+            lines.append("    except ValueError as exc:")
+            lines.append(f"        raise ValueError(f'{label}: {{exc}}') from None")
+    lines.append("    return None")
+    exec(compile("\n".join(lines) + "\n", f"<checks {what}>", "exec"), scope)
+    run: Callable[[dict[str, Any]], None] = scope["run"]
+    return run
 
 
 def _checker(annotation: Any, avro: Any) -> Check | None:
@@ -326,15 +366,6 @@ def field_checks(
     return checks
 
 
-def run_checks(what: str, checks: list[tuple[str, Check]], values: dict[str, Any]) -> None:
-    """Apply ``checks`` to ``values`` in place; ``ValueError`` naming the field."""
-    for name, check in checks:
-        try:
-            values[name] = check(values[name])
-        except ValueError as exc:
-            raise ValueError(f"{what}.{name}: {exc}") from None
-
-
 def constructor(
     model: type[BaseModel], avro_order: list[str]
 ) -> Callable[[dict[str, Any]], Any] | None:
@@ -379,12 +410,12 @@ def builder(model: type[BaseModel], record: Any) -> Check | None:
     make = constructor(model, [f["name"] for f in record["fields"]])
     if checks is None or make is None:
         return None
-    what = model.__name__
     if not checks:
         return make
+    run = compile_checks(model.__name__, checks)
 
     def build(values: Any) -> Any:
-        run_checks(what, checks, values)
+        run(values)
         return make(values)
 
     return build

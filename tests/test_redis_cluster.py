@@ -18,6 +18,7 @@ from projections_support import dump
 
 import runlog
 from runlog.consumers import queries
+from runlog.consumers.index import RunIndex
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.store import PROJECTIONS
@@ -129,3 +130,8 @@ def test_projections_on_the_cluster_equal_a_single_redis(
     assert view is not None and view["state"]["status"] == "finished"
     assert queries.get_audit(client, on_cluster, run_ids[0])
     assert queries.uncertain_report(client, on_cluster) is not None
+    runs = RunIndex(client, on_cluster)
+    assert runs.tenants() == ["load"]
+    row = runs.find(run_ids[0])
+    assert row is not None and row.status == "finished"
+    assert len(runs.page(limit=50).rows) == len(run_ids) + 3
