@@ -278,6 +278,16 @@ class SnapshotStore:
         return value
 
     # Writing -------------------------------------------------------------------------------
+    def due(self, run: LiveRun) -> bool:
+        """Whether ``maybe_write`` may write now, from what this store already knows."""
+        key = (run.tenant, run.run_id)
+        with self._lock:
+            interval = self._intervals.get(key)
+            last = self._last_seq.get(key, 0)
+        if interval is None:
+            return True  # not read from Redis yet: let maybe_write find out
+        return interval > 0 and run.state.seq - last >= interval
+
     def maybe_write(self, run: LiveRun) -> bool:
         """Write a snapshot if the run has advanced an interval since its last one.
 

@@ -21,6 +21,7 @@ from typing import Any
 from runlog.errors import Escalated, ToolFailed
 from runlog.producers import calls
 from runlog.producers.bounds import TEXT_BYTES, bound_text
+from runlog.producers.ops import drive
 from runlog.producers.run import Run
 from runlog.projections.run_state import RunState, messages_in_last_turns
 from runlog.schemas.canonical import canonical_json
@@ -170,7 +171,9 @@ class AgentLoop:
                     "idempotency_key": key,
                 }
             )
-        run.append(
+        # Pipelined: losing a model turn can only ask the model again; whatever acts on
+        # it (an irreversible call, an approval, finish) is a barrier that covers it.
+        run.emit(
             EventType.MODEL_TURN,
             text=step.text,
             tool_calls=proposals,
@@ -260,8 +263,9 @@ class AgentLoop:
             return
         tool = run.tools[name]
         try:
-            result = calls.execute(
-                run, tool, args_json, proposal["idempotency_key"], call_id=call_id
+            result = drive(
+                run,
+                calls.execute(run, tool, args_json, proposal["idempotency_key"], call_id=call_id),
             )
             self.on_event(f"{name} -> {result[:60]}")
         except ToolFailed as exc:

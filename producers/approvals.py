@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from runlog.errors import CallUncertain, Escalated, RedisUnavailable, ToolFailed
+from runlog.producers.ops import Steps, append, blocking
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def request_approval(run: Run, reason: str, *, kind: str = "action", **fields: Any) -> str:
+def request_approval(run: Run, reason: str, *, kind: str = "action", **fields: Any) -> Steps[str]:
     approval_id = f"ap-{uuid.uuid4().hex[:12]}"
-    run.append(
+    yield from append(
         EventType.APPROVAL_REQUESTED,
         approval_id=approval_id,
         kind=kind,
@@ -39,12 +40,12 @@ def request_approval(run: Run, reason: str, *, kind: str = "action", **fields: A
 
 def record_decision(
     run: Run, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
-) -> str | None:
+) -> Steps[str | None]:
     """Append a person's decision; the key of the call it concerns, if any (the caller
-    settles that call: ``Run.decide``)."""
+    settles that call: ``calls.decide``)."""
     if approval_id not in run.state.approvals:
         raise KeyError(f"run {run.run_id} has no approval request {approval_id!r}")
-    run.append(
+    yield from append(
         EventType.APPROVAL_DECIDED,
         approval_id=approval_id,
         approved=approved,
@@ -54,17 +55,14 @@ def record_decision(
     return run.state.approvals[approval_id].idempotency_key
 
 
-def poll_decisions(run: Run, decide: Callable[..., None]) -> int:
+def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
     """Record decisions people submitted while this worker held the lease.
 
     An entry is removed only after its APPROVAL_DECIDED is durable, so a crash in
     between leaves it for the next owner, which finds it already decided and drops it.
     """
     key = inbox_key(run)
-    try:
-        entries = run.deps.redis.lrange(key, 0, -1)
-    except redis.RedisError as exc:
-        raise RedisUnavailable(f"decision inbox of {run.run_id}: {exc}") from exc
+    entries = yield from blocking(functools.partial(_entries, run, key))
     recorded = 0
     for raw in entries:
         try:
@@ -74,23 +72,38 @@ def poll_decisions(run: Run, decide: Callable[..., None]) -> int:
         except (ValueError, KeyError, TypeError) as exc:
             # Never lose it, never let it block the run: keep it aside for a person.
             log.warning("malformed decision for %s set aside: %r (%s)", run.run_id, raw, exc)
-            _redis(run, functools.partial(run.deps.redis.rpush, key + ":malformed", raw))
-            _redis(run, functools.partial(run.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
+            yield from blocking(functools.partial(_set_aside, run, key, raw))
             continue
         approval = run.state.approvals.get(approval_id)
         if approval is not None and approval.approved is None:
             try:
-                decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+                yield from decide(
+                    run, approval_id, approved=approved, decided_by=decided_by, note=note
+                )
             except (ToolFailed, CallUncertain, Escalated) as exc:
                 # The decision is durable; what its retry led to is in the log too.
                 log.info("decision %s on %s settled as %s", approval_id, run.run_id, exc)
             recorded += 1
-        _redis(run, functools.partial(run.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
+        yield from blocking(functools.partial(_done, run, key, raw))
     return recorded
 
 
 def inbox_key(run: Run) -> str:
     return decisions_key(run.deps, run.tenant, run.run_id)
+
+
+def _entries(run: Run, key: str) -> list[bytes]:
+    entries: list[bytes] = _redis(run, functools.partial(run.deps.redis.lrange, key, 0, -1))
+    return entries
+
+
+def _set_aside(run: Run, key: str, raw: bytes) -> None:
+    _redis(run, functools.partial(run.deps.redis.rpush, key + ":malformed", raw))
+    _done(run, key, raw)
+
+
+def _done(run: Run, key: str, raw: bytes) -> None:
+    _redis(run, functools.partial(run.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
 
 
 def _redis(run: Run, op: Callable[[], Any]) -> Any:

@@ -28,17 +28,19 @@ person decided        approved: retry with the same key; rejected: close the cal
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
-from runlog.producers.approvals import request_approval
+from runlog.producers.approvals import record_decision, request_approval
 from runlog.producers.bounds import bound_result
-from runlog.producers.context import CallContext, call_context
+from runlog.producers.context import CallContext
+from runlog.producers.ops import Steps, append, blocking, emit, invoke, lookup
 from runlog.producers.tools import (
     Absent,
     Conflict,
@@ -66,7 +68,7 @@ def call_tool(
     *,
     operation_id: str | None = None,
     call_id: str | None = None,
-) -> str:
+) -> Steps[str]:
     """Invoke a tool at most once per logical action; see README "Side effects"."""
     tool = run.tools.get(name)
     if tool is None:
@@ -78,13 +80,15 @@ def call_tool(
     key = run.idempotency_key(scope, name, args_json, ordinal)
     run._occurrences[occurrence] += 1
     try:
-        return execute(
-            run,
-            tool,
-            args_json,
-            key,
-            call_id=call_id or f"call-{uuid.uuid4().hex[:12]}",
-            operation_id=operation_id,
+        return (
+            yield from execute(
+                run,
+                tool,
+                args_json,
+                key,
+                call_id=call_id or f"call-{random.getrandbits(48):012x}",
+                operation_id=operation_id,
+            )
         )
     except BaseException:
         # No completed key (a proven failure, or unsettled: uncertain, escalated,
@@ -103,20 +107,32 @@ def execute(
     *,
     call_id: str,
     operation_id: str | None = None,
-) -> str:
+) -> Steps[str]:
     """Run the call with key ``key`` unless the log already settles it."""
 
-    with run._lock:
-        if key not in run.state.completed_calls:
-            _stop_if_conflict(run)
-        if key in run.state.completed_calls:
-            return run.state.completed_calls[key]
-        if key in run.state.open_calls:
-            recover_call(run, run.state.open_calls[key])
-            return _settled(run, key)
-        return attempt(
+    if key not in run.state.completed_calls:
+        _stop_if_conflict(run)
+    if key in run.state.completed_calls:
+        return run.state.completed_calls[key]
+    if key in run.state.open_calls:
+        yield from recover_call(run, run.state.open_calls[key])
+        return _settled(run, key)
+    return (
+        yield from attempt(
             run, tool, args_json, key, call_id=call_id, attempt=1, operation_id=operation_id
         )
+    )
+
+
+def decide(
+    run: Run, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
+) -> Steps[None]:
+    """Record a person's decision; settle the call it concerns when it is open here."""
+    key = yield from record_decision(
+        run, approval_id, approved=approved, decided_by=decided_by, note=note
+    )
+    if key is not None and key in run.state.open_calls:
+        yield from recover_call(run, run.state.open_calls[key])
 
 
 def _stop_if_conflict(run: Run) -> None:
@@ -167,11 +183,19 @@ def attempt(
     call_id: str,
     attempt: int,
     operation_id: str | None = None,
-) -> str:
-    """STARTED (durable) -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery."""
+) -> Steps[str]:
+    """STARTED -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery.
+
+    The barriers follow the effect model (README "Barriers"): a ``safe`` call's STARTED
+    and COMPLETED are pipelined (losing them can only repeat a harmless call, and the
+    next barrier makes them durable in order); any other call's STARTED is durable and
+    confirmed in the log before the tool runs, and its outcome is durable before it is
+    returned.
+    """
 
     _stop_if_conflict(run)
-    started = run.append(
+    record = emit if tool.risk == "safe" else append
+    started = yield from record(
         EventType.TOOL_CALL_STARTED,
         call_id=call_id,
         name=tool.name,
@@ -181,14 +205,12 @@ def attempt(
         risk=tool.risk,
         operation_id=operation_id,
     )
-    if tool.risk != "safe":
-        run.confirm_in_log(started)
+    if tool.risk != "safe" and not run.confirmed_locally(started):
+        yield from blocking(functools.partial(run.confirm_in_log, started))
     t0 = time.monotonic()
+    ctx = CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq)
     try:
-        with call_context(
-            CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq)
-        ):
-            result = tool(json.loads(args_json), idempotency_key=key)
+        result = yield from invoke(tool, json.loads(args_json), ctx)
     except ToolError as exc:
         if attempt > 1 and not run.state.open_calls[key].proven_absent:
             # Only a retry follows an attempt whose outcome nobody knows: this failure
@@ -197,7 +219,7 @@ def attempt(
             # asked, so it stays uncertain and the uncertain-call rules go on (unless
             # an authoritative lookup proved the earlier attempts absent: then this
             # failure is the whole truth).
-            run.append(
+            yield from append(
                 EventType.TOOL_CALL_UNCERTAIN,
                 started_seq=started.seq,
                 call_id=call_id,
@@ -207,10 +229,10 @@ def attempt(
                 "is still unknown",
                 detected_by="live",
             )
-            recover_call(run, run.state.open_calls[key])
+            yield from recover_call(run, run.state.open_calls[key])
             return _settled(run, key)
         # Proven failure: no key, so the action may be tried again later.
-        run.append(
+        yield from record(
             EventType.TOOL_CALL_COMPLETED,
             call_id=call_id,
             name=tool.name,
@@ -223,7 +245,7 @@ def attempt(
         )
         raise ToolFailed(str(exc), run_id=run.run_id, seq=started.seq) from exc
     except Exception as exc:  # noqa: BLE001 - anything but a proven failure is uncertain
-        run.append(
+        yield from append(
             EventType.TOOL_CALL_UNCERTAIN,
             started_seq=started.seq,
             call_id=call_id,
@@ -232,12 +254,12 @@ def attempt(
             error=f"{type(exc).__name__}: {exc}",
             detected_by="live",
         )
-        recover_call(run, run.state.open_calls[key])
+        yield from recover_call(run, run.state.open_calls[key])
         return _settled(run, key)
     # What is recorded is what every later call with this key returns, so the live
     # caller gets the same (possibly cut) text as a re-execution after a crash.
     content = bound_result(str(result), key, tool.on_large_result)
-    run.append(
+    yield from record(
         EventType.TOOL_CALL_COMPLETED,
         call_id=call_id,
         name=tool.name,
@@ -259,7 +281,7 @@ MAX_ATTEMPTS = 5
 """Attempts per key before recovery stops retrying and asks a person."""
 
 
-def recover(run: Run) -> None:
+def recover(run: Run) -> Steps[None]:
     """Settle every open call of ``run`` that its tools allow settling now."""
     # Conflicts first: a conflict whose request was lost must stop the run before any
     # other call is retried.
@@ -271,7 +293,7 @@ def recover(run: Run) -> None:
             log.info("run %s is stopped by a conflict; recovery waits for a person", run.run_id)
             return
         try:
-            recover_call(run, run.state.open_calls[call.idempotency_key])
+            yield from recover_call(run, run.state.open_calls[call.idempotency_key])
         except (ToolFailed, CallUncertain, Escalated) as exc:
             # Recorded in the log already; open_run still returns the run.
             log.info("recovery of %s left it %s: %s", call.idempotency_key, type(exc).__name__, exc)
@@ -279,8 +301,8 @@ def recover(run: Run) -> None:
 
 def _reconciliation(
     run: Run, call: OpenCall, outcome: str, rule: str, action: str, evidence: str = ""
-) -> None:
-    run.append(
+) -> Steps[None]:
+    yield from append(
         EventType.RECONCILIATION_ATTEMPTED,
         started_seq=call.started_seq,
         idempotency_key=call.idempotency_key,
@@ -292,10 +314,10 @@ def _reconciliation(
     )
 
 
-def _complete(run: Run, call: OpenCall, content: str) -> None:
+def _complete(run: Run, call: OpenCall, content: str) -> Steps[None]:
     tool = run.tools.get(call.name)
     content = bound_result(content, call.idempotency_key, tool.on_large_result if tool else None)
-    run.append(
+    yield from append(
         EventType.TOOL_CALL_COMPLETED,
         call_id=call.call_id,
         name=call.name,
@@ -307,8 +329,8 @@ def _complete(run: Run, call: OpenCall, content: str) -> None:
     )
 
 
-def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | None) -> None:
-    request_approval(
+def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | None) -> Steps[None]:
+    yield from request_approval(
         run,
         reason,
         kind=kind,
@@ -322,14 +344,14 @@ def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | No
     )
 
 
-def _re_request(run: Run, call: OpenCall) -> None:
+def _re_request(run: Run, call: OpenCall) -> Steps[None]:
     if call.status == "conflict":
         found = (call.last_evidence or "").removeprefix("conflict: ")
         both = json.dumps({"intended": json.loads(call.args_json), "found": found}, sort_keys=True)
-        _escalate(run, call, "conflict", f"conflicting {call.name} effect found", both)
+        yield from _escalate(run, call, "conflict", f"conflicting {call.name} effect found", both)
     else:
         reason = f"{call.name} may or may not have taken effect ({call.last_evidence or ''})"
-        _escalate(run, call, "uncertain_call", reason, None)
+        yield from _escalate(run, call, "uncertain_call", reason, None)
 
 
 def _compensable(run: Run, call: OpenCall) -> bool:
@@ -352,7 +374,7 @@ def _compensation_key(run: Run, call: OpenCall) -> str:
     )
 
 
-def _compensate(run: Run, call: OpenCall) -> str | None:
+def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
     """Run the inverse of ``call``'s effect as a call of its own (started, completed,
     failed or uncertain, like any); returns its key once it completed, else None."""
     inverse = run.tools[compensation_name(call.name)]
@@ -361,9 +383,9 @@ def _compensate(run: Run, call: OpenCall) -> str | None:
         return key
     try:
         if key in run.state.open_calls:
-            recover_call(run, run.state.open_calls[key])
+            yield from recover_call(run, run.state.open_calls[key])
         else:
-            attempt(
+            yield from attempt(
                 run,
                 inverse,
                 _compensation_args(call),
@@ -379,20 +401,22 @@ def _compensate(run: Run, call: OpenCall) -> str | None:
     return key if key in run.state.completed_calls else None
 
 
-def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> None:
+def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> Steps[None]:
     """Retry with the same key; after ``MAX_ATTEMPTS`` a person decides (unless one did)."""
     tool = run.tools[call.name]
     if call.attempt >= MAX_ATTEMPTS and not approved:
-        _reconciliation(
+        yield from _reconciliation(
             run,
             call,
             outcome,
             f"{call.attempt} attempts with this key; a person must decide",
             "escalate",
         )
-        _escalate(run, call, "uncertain_call", f"{call.attempt} attempts left it unsettled", None)
+        yield from _escalate(
+            run, call, "uncertain_call", f"{call.attempt} attempts left it unsettled", None
+        )
         return
-    attempt(
+    yield from attempt(
         run,
         tool,
         call.args_json,
@@ -403,14 +427,14 @@ def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) ->
     )
 
 
-def recover_call(run: Run, call: OpenCall) -> None:
+def recover_call(run: Run, call: OpenCall) -> Steps[None]:
     """Take the next recovery step for ``call``: the module table, read top to bottom."""
     key = call.idempotency_key
     if key not in run.state.open_calls:
         return
     if not call.uncertain_recorded and call.status in ("started", "uncertain"):
         # The owner that started it died before recording an outcome.
-        run.append(
+        yield from append(
             EventType.TOOL_CALL_UNCERTAIN,
             started_seq=call.started_seq,
             call_id=call.call_id,
@@ -422,31 +446,30 @@ def recover_call(run: Run, call: OpenCall) -> None:
         call = run.state.open_calls[key]
     tool = run.tools.get(call.name)
     if call.status == "decided":
-        _on_decision(run, call, tool)
+        yield from _on_decision(run, call, tool)
     elif call.status in ("escalated", "conflict"):
         if call.approval_id is None:
             # Escalated by a reconciliation event whose approval request never followed
             # (the writer died between the two appends): without a request nobody can
             # decide it, so ask now, with what the reconciliation recorded.
-            _re_request(run, call)
+            yield from _re_request(run, call)
         # otherwise it waits for a person
     elif tool is None:
         log.info("call %s (%s) stays uncertain: tool not given to open_run", key, call.name)
     elif tool.reconcile is not None:
-        evidence = _lookup(run, call, tool)
-        _ON_EVIDENCE[type(evidence)](run, call, tool, evidence)
+        evidence = yield from _lookup(run, call, tool)
+        yield from _ON_EVIDENCE[type(evidence)](run, call, tool, evidence)
     else:
-        _ON_RISK[tool.risk](run, call)
+        yield from _ON_RISK[tool.risk](run, call)
 
 
-def _lookup(run: Run, call: OpenCall, tool: Tool) -> Evidence:
+def _lookup(run: Run, call: OpenCall, tool: Tool) -> Steps[Evidence]:
     """The tool's reconciler's answer; a failing or buggy lookup is no evidence."""
     assert tool.reconcile is not None
     key = call.idempotency_key
     ctx = CallContext(run.run_id, run.tenant, run.epoch, key, call.attempt, call.started_seq)
     try:
-        with call_context(ctx):
-            evidence = tool.reconcile(json.loads(call.args_json), idempotency_key=key)
+        evidence = yield from lookup(tool, json.loads(call.args_json), ctx)
     except Exception as exc:  # noqa: BLE001 - a failing lookup is simply no evidence
         return Unavailable(f"lookup raised {type(exc).__name__}: {exc}")
     if not isinstance(evidence, Match | Absent | Conflict | Unavailable):
@@ -455,14 +478,14 @@ def _lookup(run: Run, call: OpenCall, tool: Tool) -> Evidence:
     return evidence
 
 
-def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> None:
+def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
     """A person decided: approved retries with the same key; rejected closes the call
     (after undoing what may have happened, when the tool has an inverse)."""
     key = call.idempotency_key
     if call.decision:
         if tool is None:
             return  # the retry needs the tool; a worker that has it will do it
-        _reconciliation(
+        yield from _reconciliation(
             run,
             call,
             "decided",
@@ -470,9 +493,9 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> None:
             "retry",
             call.decision_note,
         )
-        _retry(run, run.state.open_calls[key], "decided", approved=True)
+        yield from _retry(run, run.state.open_calls[key], "decided", approved=True)
     elif tool is not None and tool.compensate is not None:
-        _reconciliation(
+        yield from _reconciliation(
             run,
             call,
             "decided",
@@ -480,16 +503,16 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> None:
             "resolve",
             call.decision_note,
         )
-        undone = _compensate(run, run.state.open_calls[key])
+        undone = yield from _compensate(run, run.state.open_calls[key])
         if undone is None:
-            _reconciliation(
+            yield from _reconciliation(
                 run,
                 run.state.open_calls[key],
                 "decided",
                 "its compensation did not complete: a person must decide again",
                 "escalate",
             )
-            _escalate(
+            yield from _escalate(
                 run,
                 run.state.open_calls[key],
                 "uncertain_call",
@@ -497,13 +520,13 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> None:
                 None,
             )
             return
-        _complete(
+        yield from _complete(
             run,
             run.state.open_calls[key],
             f"resolved by {call.decided_by}: {call.decision_note} (compensated by {undone})",
         )
     else:
-        _reconciliation(
+        yield from _reconciliation(
             run,
             call,
             "decided",
@@ -511,14 +534,14 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> None:
             "resolve",
             call.decision_note,
         )
-        _complete(
+        yield from _complete(
             run, run.state.open_calls[key], f"resolved by {call.decided_by}: {call.decision_note}"
         )
 
 
-def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     assert isinstance(evidence, Match)
-    _reconciliation(
+    yield from _reconciliation(
         run,
         call,
         "match",
@@ -526,12 +549,12 @@ def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
         "complete",
         evidence.result,
     )
-    _complete(run, run.state.open_calls[call.idempotency_key], evidence.result)
+    yield from _complete(run, run.state.open_calls[call.idempotency_key], evidence.result)
 
 
-def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     assert isinstance(evidence, Absent)
-    _reconciliation(
+    yield from _reconciliation(
         run,
         call,
         "absent",
@@ -539,10 +562,10 @@ def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None
         "retry",
         evidence.evidence,
     )
-    _retry(run, run.state.open_calls[call.idempotency_key], "absent")
+    yield from _retry(run, run.state.open_calls[call.idempotency_key], "absent")
 
 
-def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     """Stop the run and ask a person with both payloads; a reversible tool with an inverse
     first undoes the conflicting effect and, once undone, retries with the key."""
     assert isinstance(evidence, Conflict)
@@ -551,7 +574,7 @@ def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> No
         {"intended": json.loads(call.args_json), "found": evidence.detail}, sort_keys=True
     )
     if _compensable(run, call):
-        _reconciliation(
+        yield from _reconciliation(
             run,
             call,
             "conflict",
@@ -559,10 +582,10 @@ def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> No
             "retry_compensate",
             evidence.detail,
         )
-        if _compensate(run, run.state.open_calls[key]) is not None:
-            _retry(run, run.state.open_calls[key], "conflict")
+        if (yield from _compensate(run, run.state.open_calls[key])) is not None:
+            yield from _retry(run, run.state.open_calls[key], "conflict")
             return
-        _reconciliation(
+        yield from _reconciliation(
             run,
             run.state.open_calls[key],
             "conflict",
@@ -571,9 +594,9 @@ def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> No
             evidence.detail,
         )
         reason = f"conflicting {call.name} effect found; its compensation did not complete"
-        _escalate(run, run.state.open_calls[key], "conflict", reason, both)
+        yield from _escalate(run, run.state.open_calls[key], "conflict", reason, both)
         return
-    _reconciliation(
+    yield from _reconciliation(
         run,
         call,
         "conflict",
@@ -581,14 +604,14 @@ def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> No
         "escalate",
         evidence.detail,
     )
-    _escalate(
+    yield from _escalate(
         run, run.state.open_calls[key], "conflict", f"conflicting {call.name} effect found", both
     )
 
 
-def _on_unavailable(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> None:
+def _on_unavailable(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     assert isinstance(evidence, Unavailable)
-    _reconciliation(
+    yield from _reconciliation(
         run,
         call,
         "unavailable",
@@ -598,31 +621,33 @@ def _on_unavailable(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) ->
     )
 
 
-def _on_safe(run: Run, call: OpenCall) -> None:
-    _reconciliation(run, call, "no_reconciler", "risk=safe: repeating it is harmless", "retry")
-    _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
+def _on_safe(run: Run, call: OpenCall) -> Steps[None]:
+    yield from _reconciliation(
+        run, call, "no_reconciler", "risk=safe: repeating it is harmless", "retry"
+    )
+    yield from _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
 
 
-def _on_reversible(run: Run, call: OpenCall) -> None:
-    _reconciliation(
+def _on_reversible(run: Run, call: OpenCall) -> Steps[None]:
+    yield from _reconciliation(
         run,
         call,
         "no_reconciler",
         "risk=reversible: retry; compensate if the first attempt also took effect",
         "retry_compensate",
     )
-    _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
+    yield from _retry(run, run.state.open_calls[call.idempotency_key], "no_reconciler")
 
 
-def _on_irreversible(run: Run, call: OpenCall) -> None:
-    _reconciliation(
+def _on_irreversible(run: Run, call: OpenCall) -> Steps[None]:
+    yield from _reconciliation(
         run,
         call,
         "no_reconciler",
         "risk=irreversible without lookup: a person must decide",
         "escalate",
     )
-    _escalate(
+    yield from _escalate(
         run,
         run.state.open_calls[call.idempotency_key],
         "uncertain_call",
@@ -632,13 +657,13 @@ def _on_irreversible(run: Run, call: OpenCall) -> None:
 
 
 # The module table as code: evidence first, then (without a lookup) the risk class.
-_ON_EVIDENCE: dict[type, Callable[[Run, OpenCall, Tool, Evidence], None]] = {
+_ON_EVIDENCE: dict[type, Callable[[Run, OpenCall, Tool, Evidence], Steps[None]]] = {
     Match: _on_match,
     Absent: _on_absent,
     Conflict: _on_conflict,
     Unavailable: _on_unavailable,
 }
-_ON_RISK: dict[str, Callable[[Run, OpenCall], None]] = {
+_ON_RISK: dict[str, Callable[[Run, OpenCall], Steps[None]]] = {
     "safe": _on_safe,
     "reversible": _on_reversible,
     "irreversible": _on_irreversible,

@@ -108,7 +108,13 @@ class Lease:
         """Authoritative: is this lease still the run's current lease in Redis?"""
         if self.released:
             return False  # released by us: even if Redis kept the key, we no longer own it
-        ok = self.manager.current(self.tenant, self.run_id) == self.token
+        return self.confirm(self.manager.current(self.tenant, self.run_id))
+
+    def confirm(self, current: str | None) -> bool:
+        """The verdict on Redis's answer ``current`` (the run's lease value, or None)."""
+        if self.released:
+            return False
+        ok = current == self.token
         if not ok:
             self.lost = True
             METRICS["fenced"] += 1
@@ -281,14 +287,54 @@ class LeaseManager:
                 leases = list(self._leases)
             now = time.monotonic()
             wait = 1.0
+            due_now: list[Lease] = []
             for lease in leases:
                 period = lease.ttl_ms / 1000 / 3
                 due = lease.valid_until - lease.ttl_ms / 1000 * 0.8 + period
                 if now >= due:
-                    self.renew(lease)
+                    due_now.append(lease)
                     due = now + period
                 wait = min(wait, max(0.01, due - now))
+            if due_now:
+                self.renew_many(due_now)
             self._stop.wait(wait)
+
+    def renew_many(self, leases: list[Lease]) -> None:
+        """Renew ``leases`` in one round trip: a process holding hundreds of runs renews
+        them all well inside a TTL, where one round trip each might not."""
+        started = time.monotonic()
+        live = [lease for lease in leases if not lease.lost and not lease.released]
+        if not live:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for lease in live:
+            self._renew(
+                keys=[self.lease_key(lease.tenant, lease.run_id)],
+                args=[lease.token, lease.ttl_ms],
+                client=pipe,
+            )
+        try:
+            answers = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            # Not lost yet: the local deadlines keep counting down without renewal.
+            log.warning("lease renewal of %d runs failed: %s", len(live), exc)
+            return
+        for lease, ok in zip(live, answers, strict=True):
+            with lease.lock:
+                if lease.lost or lease.released:
+                    continue
+                if isinstance(ok, Exception):
+                    log.warning("lease renew failed run=%s: %s", lease.run_id, ok)
+                    continue
+                if ok:
+                    lease.valid_until = started + lease.ttl_ms / 1000 * 0.8
+                    METRICS["renewed"] += 1
+                    continue
+                lease.lost = True
+            METRICS["renew_lost"] += 1
+            log.warning(
+                "lease renewal refused run=%s epoch=%s: taken over", lease.run_id, lease.epoch
+            )
 
     def close(self) -> None:
         self._stop.set()

@@ -18,7 +18,6 @@ import redis
 from runlog.errors import Fenced, RedisUnavailable, RunLocked, TenantMismatch, UnknownRun
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
-from runlog.producers import calls
 from runlog.producers.approvals import decisions_key
 from runlog.producers.lease import METRICS, Held, Lease
 from runlog.producers.run import Run, RunDeps, _valid_kept
@@ -97,7 +96,7 @@ def open_run_with(
             # Decisions people queued while another worker held the run settle its
             # escalated calls; without this only an action-approval wait ever read them.
             run.poll_decisions()
-            calls.recover(run)
+            run.recover()
         return run
     except BaseException:
         lease.release()

@@ -8,6 +8,7 @@ Opening a run is ``runlog.producers.opening``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import Counter
@@ -30,9 +31,11 @@ from runlog.errors import (
 )
 from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
+from runlog.log.tail import LogTail
 from runlog.producers import approvals, calls
 from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload
 from runlog.producers.lease import Lease, LeaseManager
+from runlog.producers.ops import drive
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
 from runlog.projections.run_state import RunState, accept
@@ -49,6 +52,9 @@ from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
 
+OWN_KEPT = 10_000
+"""Own records kept for a confirmation by the log tail; past it, confirmations read."""
+
 MAX_EVENT_BYTES = 900_000
 """Below the broker's default ``message.max.bytes`` (1 MiB) with room for headers."""
 
@@ -58,6 +64,10 @@ class Snapshots(SnapshotSource, Protocol):
 
     def maybe_write(self, run: Run) -> bool:
         """Snapshot ``run`` if it advanced an interval since its last one; never raises."""
+        ...
+
+    def due(self, run: Run) -> bool:
+        """Whether ``maybe_write`` may write now, answered without I/O (True when unsure)."""
         ...
 
 
@@ -74,6 +84,8 @@ class RunDeps:
     snapshots: Snapshots | None = None
     ids: codec.SchemaIds | None = None
     """Schema ids when a registry is configured: records are then in Confluent's format."""
+    tail: LogTail | None = None
+    """The process's follower of the events topic (confirmations without a read-back)."""
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -121,6 +133,10 @@ class Run:
     _log_view: RunState | None = None
     """Validity of this run's log up to ``position``, as every reader folds it: status,
     seq and epoch only (the rule needs no more). None until the claim is confirmed."""
+    _own: dict[int, Event] = field(default_factory=dict)
+    """This writer's acknowledged records at offsets the view does not cover yet."""
+    _view_last: str | None = None
+    """Event id of the last own record the view was extended over, when it accepted it."""
     _confirm_reader: LogReader | None = None
     _key_scheme: int | None = None
     _since_turn: list[Event] | None = field(default_factory=list)
@@ -248,50 +264,95 @@ class Run:
     def barrier(self) -> list[Delivered]:
         """Wait until every emitted event is acknowledged, then re-check ownership."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending = self._take_pending()
+            timeout = self.delivery_wait_s
             done: list[Delivered] = []
-            timeout = self.deps.settings.delivery_timeout_ms / 1000 + 5
-            for p in pending:
+            for i, p in enumerate(pending):
                 try:
-                    d = p.future.result(timeout=timeout)
-                except DeliveryFailed as exc:
-                    self._poisoned = f"append of seq {p.event.seq} failed: {exc}"
-                    if exc.unknown:
-                        raise AppendOutcomeUnknown(
-                            f"broker did not confirm seq {p.event.seq} ({exc}); the next "
-                            "open_run learns from the log whether it was written",
-                            run_id=self.run_id,
-                            epoch=self.epoch,
-                            seq=p.event.seq,
-                        ) from exc
-                    raise KafkaUnavailable(f"append of seq {p.event.seq} refused: {exc}") from exc
-                except FutureTimeout as exc:
-                    self._poisoned = f"no delivery report for seq {p.event.seq}"
-                    raise AppendOutcomeUnknown(
-                        self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=p.event.seq
-                    ) from exc
-                if d.partition != self.partition:
-                    # Cannot happen while sends name the partition; if it ever does, the
-                    # run's order is broken and no later append of it may be trusted.
-                    self._poisoned = f"seq {p.event.seq} landed in partition {d.partition}"
-                    raise ConfigError(
-                        f"run {self.run_id} lives in partition {self.partition} but seq "
-                        f"{p.event.seq} was written to partition {d.partition}"
-                    )
-                done.append(d)
-                self.last_offset = d.offset
-                if self.first_offset is None and p.event.seq == 1:
-                    self.first_offset = d.offset
+                    outcome: Delivered | BaseException = p.future.result(timeout=timeout)
+                except (DeliveryFailed, FutureTimeout) as exc:
+                    outcome = exc
+                except BaseException:
+                    self._interrupted(pending[i:])
+                    raise
+                done.append(self._delivered(p, outcome))
             if pending:
                 try:
                     ok = self.lease.check()
                 except RedisUnavailable as exc:
                     raise self._fenced(f"ownership unconfirmed after append: {exc}") from exc
-                if not ok:
-                    raise self._fenced(
-                        f"ownership lost while seq {pending[-1].event.seq} was appended"
-                    )
+                self._still_owned(ok, pending)
             return done
+
+    # The barrier's steps, shared with the asyncio driver (which awaits where this waits).
+    @property
+    def delivery_wait_s(self) -> float:
+        return self.deps.settings.delivery_timeout_ms / 1000 + 5
+
+    def _take_pending(self) -> list[_Pending]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _interrupted(self, unchecked: list[_Pending]) -> None:
+        """A wait interrupted (a task cancelled, ^C) leaves these appends unchecked: the
+        next barrier checks them, so a failed one is never taken as written."""
+        self._pending[:0] = unchecked
+
+    def _delivered(self, p: _Pending, outcome: Delivered | BaseException) -> Delivered:
+        """Account for one append's acknowledgement, or poison the run with its failure."""
+        if isinstance(outcome, DeliveryFailed):
+            self._poisoned = f"append of seq {p.event.seq} failed: {outcome}"
+            if outcome.unknown:
+                raise AppendOutcomeUnknown(
+                    f"broker did not confirm seq {p.event.seq} ({outcome}); the next "
+                    "open_run learns from the log whether it was written",
+                    run_id=self.run_id,
+                    epoch=self.epoch,
+                    seq=p.event.seq,
+                ) from outcome
+            raise KafkaUnavailable(f"append of seq {p.event.seq} refused: {outcome}") from outcome
+        if not isinstance(outcome, Delivered):
+            self._poisoned = f"no delivery report for seq {p.event.seq}"
+            raise AppendOutcomeUnknown(
+                self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=p.event.seq
+            ) from outcome
+        d = outcome
+        if d.partition != self.partition:
+            # Cannot happen while sends name the partition; if it ever does, the
+            # run's order is broken and no later append of it may be trusted.
+            self._poisoned = f"seq {p.event.seq} landed in partition {d.partition}"
+            raise ConfigError(
+                f"run {self.run_id} lives in partition {self.partition} but seq "
+                f"{p.event.seq} was written to partition {d.partition}"
+            )
+        self.last_offset = d.offset
+        if self.first_offset is None and p.event.seq == 1:
+            self.first_offset = d.offset
+        self._advance_view(d.offset, p.event)
+        if d.offset >= self.position and len(self._own) < OWN_KEPT:
+            self._own[d.offset] = p.event
+        return d
+
+    def _still_owned(self, ok: bool, pending: list[_Pending]) -> None:
+        if not ok:
+            raise self._fenced(f"ownership lost while seq {pending[-1].event.seq} was appended")
+
+    def _advance_view(self, offset: int, ev: Event) -> None:
+        """Extend the confirmed log view over this writer's own record at ``offset`` when
+        it directly follows what the view covers: no other record, so no other owner's
+        claim, can stand between them, and the log's fold of it is this writer's own."""
+        view = self._log_view
+        if view is None or offset != self.position:
+            return  # something else was written in between: only a read can tell what
+        accepted = accept(view, ev)
+        _clear_folded(view)
+        self.position = offset + 1
+        self._view_last = ev.event_id if accepted else None
+
+    def confirmed_locally(self, ev: Event) -> bool:
+        """``ev`` is acknowledged and the log view was extended over it without a read:
+        every reader accepts it (see ``_advance_view``); else ``confirm_in_log`` reads."""
+        return self._view_last == ev.event_id
 
     def append(
         self,
@@ -330,6 +391,8 @@ class Run:
         """
         if self._log_view is None or self.last_offset is None:
             raise self._fenced(f"seq {ev.seq} cannot be confirmed: no confirmed claim")
+        if self._confirmed_by_tail(ev):
+            return
         end = self.last_offset + 1
         if self._confirm_reader is None:
             self._confirm_reader = self.deps.reader_factory()
@@ -340,12 +403,7 @@ class Run:
             ):
                 if accept(view, rec.event) and rec.event.event_id == ev.event_id:
                     accepted = True
-                # The view answers "is it valid" through the one acceptance rule; what the
-                # rule folds besides (messages, calls) lives in ``state``, not twice.
-                view.messages.clear()
-                view.completed_calls.clear()
-                view.open_calls.clear()
-                view.approvals.clear()
+                _clear_folded(view)
         except KafkaUnavailable as exc:
             # Unconfirmed is not refused: the tool must not run, and this writer cannot know
             # what the log holds any more. The next open_run learns it from the log.
@@ -353,12 +411,40 @@ class Run:
             raise AppendOutcomeUnknown(
                 self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=ev.seq
             ) from exc
-        self.position = max(self.position, end)
+        self._moved_to(end)
         if not accepted:
             raise self._fenced(
                 f"seq {ev.seq} of epoch {self.epoch} is not valid in the log (a newer owner "
                 f"of epoch {view.max_epoch_seen} claimed the run, though Redis says we own it)"
             )
+
+    def _confirmed_by_tail(self, ev: Event) -> bool:
+        """``ev`` (the last acknowledged record) is valid as far as the process's log tail
+        shows: every record of this run between the confirmed view and ``ev`` is this
+        writer's own, so the log's fold of them is the one below. False when the tail
+        cannot say or shows another writer's record: the caller reads the log."""
+        tail, view, end = self.deps.tail, self._log_view, self.last_offset
+        if tail is None or view is None or end is None:
+            return False
+        tail.follow(self.partition, self.position)
+        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end)
+        if found is None or any(off not in self._own for off in found):
+            return False
+        trial, accepted = copy.deepcopy(view), False
+        for off in found:
+            if accept(trial, self._own[off]) and self._own[off].event_id == ev.event_id:
+                accepted = True
+            _clear_folded(trial)
+        if not accepted:
+            return False  # the read gives the verdict and its reason
+        self._log_view = trial
+        self._moved_to(end + 1)
+        return True
+
+    def _moved_to(self, position: int) -> None:
+        """The view now covers the log up to ``position``."""
+        self.position = max(self.position, position)
+        self._own = {off: ev for off, ev in self._own.items() if off >= self.position}
 
     def _after_durable(self) -> None:
         if self.deps.snapshots is not None:
@@ -432,24 +518,29 @@ class Run:
         call_id: str | None = None,
     ) -> str:
         """Invoke a tool at most once per logical action; see README "Side effects"."""
-        return calls.call_tool(self, name, args, operation_id=operation_id, call_id=call_id)
+        return drive(
+            self, calls.call_tool(self, name, args, operation_id=operation_id, call_id=call_id)
+        )
 
     # Approvals and the end ---------------------------------------------------------------
     def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:
         """Ask a person; returns the approval id that ``runlog approve``/``reject`` names."""
-        return approvals.request_approval(self, reason, kind=kind, **fields)
+        return drive(self, approvals.request_approval(self, reason, kind=kind, **fields))
 
     def decide(self, approval_id: str, *, approved: bool, decided_by: str, note: str = "") -> None:
         """Record a person's decision; settles the call it concerns when the tool is here."""
-        key = approvals.record_decision(
-            self, approval_id, approved=approved, decided_by=decided_by, note=note
+        drive(
+            self,
+            calls.decide(self, approval_id, approved=approved, decided_by=decided_by, note=note),
         )
-        if key is not None and key in self.state.open_calls:
-            calls.recover_call(self, self.state.open_calls[key])
 
     def poll_decisions(self) -> int:
         """Record the decisions people queued while this worker held the run."""
-        return approvals.poll_decisions(self, self.decide)
+        return drive(self, approvals.poll_decisions(self, calls.decide))
+
+    def recover(self) -> None:
+        """Settle every open call its tools allow settling now (``open_run`` does this)."""
+        drive(self, calls.recover(self))
 
     def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED and release the lease.
@@ -477,6 +568,15 @@ class Run:
                 self._note(rec.event)
         self.position = max(self.position, end)
         return accepted
+
+
+def _clear_folded(view: RunState) -> None:
+    """The log view answers "is it valid" through the one acceptance rule; what the rule
+    folds besides (messages, calls) lives in ``state``, not twice."""
+    view.messages.clear()
+    view.completed_calls.clear()
+    view.open_calls.clear()
+    view.approvals.clear()
 
 
 def _valid_kept(folded: Folded) -> list[Event]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,9 +52,11 @@ class Unavailable:
 
 
 Evidence = Match | Absent | Conflict | Unavailable
-ToolFn = Callable[..., str]
-Reconciler = Callable[..., Evidence]
-Compensator = Callable[..., str]
+ToolFn = Callable[..., str | Awaitable[str]]
+"""``fn(args, *, idempotency_key) -> str``, or an ``async def`` of it (``runlog.aio``
+awaits it; the sync API runs it to completion)."""
+Reconciler = Callable[..., Evidence | Awaitable[Evidence]]
+Compensator = Callable[..., str | Awaitable[str]]
 """``compensate(args, *, idempotency_key, original_key) -> str``: undo the effect the call
 with ``original_key`` and ``args`` had. ``idempotency_key`` is the inverse's own key (send
 it, so the receiver undoes once); ``runlog.ToolError`` is a proven failure of the inverse."""
@@ -76,19 +79,25 @@ class Tool:
     """The inverse of this tool's effect (reversible tools only), run by recovery when an
     unwanted effect is found: see ``compensation``."""
 
-    def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str:
+    def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str | Awaitable[str]:
+        if not tracing.enabled():
+            return self.fn(args, idempotency_key=idempotency_key)
         ctx = current_call()
-        with tracing.span(
-            "tool_call",
-            tool=self.name,
-            risk=self.risk,
-            idempotency_key=idempotency_key,
-            run_id=ctx.run_id if ctx else None,
-            tenant=ctx.tenant if ctx else None,
-            epoch=ctx.epoch if ctx else None,
-            seq=ctx.started_seq if ctx else None,
-            attempt=ctx.attempt if ctx else None,
-        ):
+        attrs: dict[str, tracing.Attr | None] = {
+            "tool": self.name,
+            "risk": self.risk,
+            "idempotency_key": idempotency_key,
+            "run_id": ctx.run_id if ctx else None,
+            "tenant": ctx.tenant if ctx else None,
+            "epoch": ctx.epoch if ctx else None,
+            "seq": ctx.started_seq if ctx else None,
+            "attempt": ctx.attempt if ctx else None,
+        }
+        if is_async(self.fn):
+            return _awaited_in_span(
+                "tool_call", attrs, self.fn(args, idempotency_key=idempotency_key)
+            )
+        with tracing.span("tool_call", **attrs):
             return self.fn(args, idempotency_key=idempotency_key)
 
     def compensation(self) -> Tool | None:
@@ -102,30 +111,58 @@ class Tool:
         if inverse is None:
             return None
 
-        def undo(args: dict[str, Any], *, idempotency_key: str) -> str:
+        def undo(args: dict[str, Any], *, idempotency_key: str) -> str | Awaitable[str]:
             return inverse(args["args"], idempotency_key=idempotency_key, original_key=args["of"])
 
+        undo.__wrapped__ = inverse  # type: ignore[attr-defined]  # async if the inverse is
         return Tool(name=compensation_name(self.name), fn=undo, risk="irreversible")
+
+
+def is_async(fn: Any) -> bool:
+    """``fn`` (a tool, a tool's function, a reconciler, or a wrapper of one) is async."""
+    while fn is not None:
+        if inspect.iscoroutinefunction(fn):
+            return True
+        fn = getattr(fn, "fn", None) or getattr(fn, "__wrapped__", None)
+    return False
+
+
+async def _awaited_in_span(
+    name: str, attrs: dict[str, tracing.Attr | None], pending: Any, evidence: bool = False
+) -> Any:
+    """An async tool's or reconciler's span covers its whole await, not its creation."""
+    with tracing.span(name, **attrs) as current:
+        out = await pending
+        if evidence:
+            tracing.annotate(current, evidence=type(out).__name__)
+        return out
 
 
 def _traced(name: str, reconcile: Reconciler) -> Reconciler:
     """``reconcile`` inside a span: a lookup is a recovery step an operator wants to see."""
 
-    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence | Awaitable[Evidence]:
+        if not tracing.enabled():
+            return reconcile(args, idempotency_key=idempotency_key)
         ctx = current_call()
-        with tracing.span(
-            "reconcile",
-            tool=name,
-            idempotency_key=idempotency_key,
-            run_id=ctx.run_id if ctx else None,
-            tenant=ctx.tenant if ctx else None,
-            epoch=ctx.epoch if ctx else None,
-            seq=ctx.started_seq if ctx else None,
-        ) as current:
+        attrs: dict[str, tracing.Attr | None] = {
+            "tool": name,
+            "idempotency_key": idempotency_key,
+            "run_id": ctx.run_id if ctx else None,
+            "tenant": ctx.tenant if ctx else None,
+            "epoch": ctx.epoch if ctx else None,
+            "seq": ctx.started_seq if ctx else None,
+        }
+        if is_async(reconcile):
+            return _awaited_in_span(
+                "reconcile", attrs, reconcile(args, idempotency_key=idempotency_key), True
+            )
+        with tracing.span("reconcile", **attrs) as current:
             evidence = reconcile(args, idempotency_key=idempotency_key)
             tracing.annotate(current, evidence=type(evidence).__name__)
             return evidence
 
+    lookup.__wrapped__ = reconcile  # type: ignore[attr-defined]  # async if reconcile is
     return lookup
 
 
@@ -156,7 +193,7 @@ def tool(
         if compensated_tool(tool_name) is not None:
             raise ValueError(f"tool names ending in {COMPENSATION_SUFFIX!r} are runlog's")
         traced = None
-        if reconcile is not None and tracing.enabled():
+        if reconcile is not None:  # spans only while a tracer provider is configured
             traced = _traced(tool_name, reconcile)
         return Tool(
             name=tool_name,

@@ -28,8 +28,13 @@ class _NoSpan:
         """Nothing to record."""
 
 
+_UNSET = ("ProxyTracerProvider", "NoOpTracerProvider")
+
+
 def enabled() -> bool:
-    return _otel is not None
+    """A tracer provider is configured: without one every span would be OpenTelemetry's
+    no-op, and building it costs a tool call more than the rest of its bookkeeping."""
+    return _otel is not None and type(_otel.get_tracer_provider()).__name__ not in _UNSET
 
 
 def _attrs(attrs: dict[str, Attr | None]) -> dict[str, Attr]:
@@ -39,7 +44,7 @@ def _attrs(attrs: dict[str, Attr | None]) -> dict[str, Attr]:
 @contextmanager
 def span(name: str, **attrs: Attr | None) -> Iterator[Any]:
     """A span named ``runlog.<name>`` around the block; exceptions are recorded on it."""
-    if _otel is None:
+    if not enabled():
         yield _NoSpan()
         return
     tracer = _otel.get_tracer("runlog")

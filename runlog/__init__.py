@@ -83,6 +83,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "aio":  # the asyncio API, a module of its own
+        return importlib.import_module("runlog.aio")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'runlog' has no attribute {name!r}")

@@ -17,6 +17,7 @@ from runlog.consumers.snapshots import SnapshotStore
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.log.registry import ids_for
+from runlog.log.tail import LogTail
 from runlog.producers.lease import LeaseManager
 from runlog.producers.run import RunDeps
 from runlog.producers.writer import EventWriter
@@ -41,6 +42,7 @@ class Services:
         self._writer: EventWriter | None = None
         self._leases: LeaseManager | None = None
         self._snapshots: SnapshotStore | None = None
+        self._tail: LogTail | None = None
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:
@@ -86,6 +88,13 @@ class Services:
                 self._snapshots = SnapshotStore(client, self.settings)
             return self._snapshots
 
+    @property
+    def tail(self) -> LogTail:
+        with self._lock:
+            if self._tail is None:
+                self._tail = LogTail(self.settings)
+            return self._tail
+
     def run_deps(self) -> RunDeps:
         return RunDeps(
             settings=self.settings,
@@ -96,6 +105,7 @@ class Services:
             writer_id=self.writer_id,
             snapshots=self.snapshots,
             ids=ids_for(self.settings),
+            tail=self.tail,
         )
 
     def close(self) -> None:
@@ -106,6 +116,9 @@ class Services:
             if self._leases is not None:
                 self._leases.close()
                 self._leases = None
+            if self._tail is not None:
+                self._tail.close()
+                self._tail = None
             if self._redis is not None:
                 self._redis.close()
                 self._redis = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from workers.common import FAST_TAKEOVER, worker_env
 
 from runlog.consumers import queries
 from runlog.consumers.projection_metrics import Watermarks
@@ -21,20 +21,8 @@ from runlog.settings import Settings
 
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "RUNLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "RUNLOG_REDIS_URL": settings.redis_url,
-            "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
-            "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
-            "RUNLOG_PARTITIONS": str(settings.partitions),
-            # Faster takeover after a SIGKILL (the broker's minimum session timeout).
-            "RUNLOG_KAFKA_EXTRA": '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}',
-        }
-    )
-    env.update(extra)
-    return env
+    """A runner process's environment: the test's settings, quick to take over after a kill."""
+    return worker_env(settings, RUNLOG_KAFKA_EXTRA=FAST_TAKEOVER, **extra)
 
 
 def start_runner(
@@ -58,6 +46,14 @@ def wait_assigned(proc: subprocess.Popen[bytes], log_path: str, timeout: float =
         time.sleep(0.05)
 
 
+def wait_all_assigned(logs: list[str], timeout: float = 60) -> None:
+    """Until every runner whose log is in ``logs`` holds partitions (logged "assigned {")."""
+    deadline = time.monotonic() + timeout
+    while not all("assigned {" in Path(p).read_text() for p in logs):
+        assert time.monotonic() < deadline, [Path(p).read_text()[-1000:] for p in logs]
+        time.sleep(0.2)
+
+
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> int:
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -75,11 +71,16 @@ def wait_caught_up(
     names: tuple[str, ...] = PROJECTIONS,
     timeout: float = 60,
 ) -> dict[int, int]:
-    """Until every projection's position is just below each partition's high watermark."""
+    """Until every projection's position is just below each partition's high watermark.
+
+    ``timeout`` bounds a wait without progress: a backlog of a million records drains for
+    as long as it keeps draining, a stuck runner fails after ``timeout`` seconds.
+    """
     marks = Watermarks(settings)
     try:
         highs = {p: marks.high(p) for p in range(settings.partitions)}
         deadline = time.monotonic() + timeout
+        least = None
         while True:
             behind = []
             for name in names:
@@ -89,8 +90,13 @@ def wait_caught_up(
                         behind.append((name, p, highs[p] - nxt))
             if not behind:
                 return highs
+            left = sum(n for _, _, n in behind)
+            if least is None or left < least:
+                least, deadline = left, time.monotonic() + timeout
             if time.monotonic() > deadline:
-                raise AssertionError(f"projections still behind after {timeout}s: {behind}")
+                raise AssertionError(
+                    f"projections still behind, no progress for {timeout}s: {behind}"
+                )
             time.sleep(0.2)
     finally:
         marks.close()

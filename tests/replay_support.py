@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from codec_support import make_event
+
 from runlog.schemas import codec
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
@@ -95,17 +97,15 @@ class LogBuilder:
 
     def _ev(self, et: EventType, payload: dict[str, Any], *, seq: int, epoch: int) -> Event:
         self.n += 1
-        return Event(
-            event_id=f"e{self.n}",
+        return make_event(
+            et,
+            payload,
             run_id=self.run_id,
-            tenant=self.tenant,
             seq=seq,
             epoch=epoch,
-            type=et,
-            schema_version=codec.registry().current[et],
+            tenant=self.tenant,
+            event_id=f"e{self.n}",
             occurred_at=T0 + timedelta(milliseconds=self.n),
-            writer_id="w",
-            payload=codec.make_payload(et, payload),
         )
 
     def add(self, et: EventType, **payload: Any) -> Event:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from codec_support import make_event
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from workers.common import read_log, services_for
 
@@ -107,17 +108,14 @@ def sample_payload(et: EventType) -> Any:
 
 
 def sample_event(et: EventType, run_id: str, seq: int, epoch: int = 3) -> Event:
-    return Event(
-        event_id=codec.new_event_id(),
+    return make_event(
+        et,
+        sample_payload(et),
         run_id=run_id,
-        tenant="acme",
         seq=seq,
         epoch=epoch,
-        type=et,
-        schema_version=codec.registry().current[et],
-        occurred_at=codec.now_utc(),
+        tenant="acme",
         writer_id="test:1",
-        payload=sample_payload(et),
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from codec_support import make_event
 
 from runlog.projections.run_state import RunState, apply, fold, is_valid
 from runlog.schemas import codec
@@ -40,17 +41,15 @@ class Log:
     ) -> Event:
         """Append the next event (or a forged one when seq/epoch/tenant/run_id are given)."""
         forged = seq is not None or epoch is not None or tenant or run_id
-        ev = Event(
-            event_id=codec.new_event_id(),
+        writer_epoch = self.epoch if epoch is None else epoch
+        ev = make_event(
+            et,
+            payload,
             run_id=run_id or self.run_id,
-            tenant=tenant or self.tenant,
             seq=self.seq + 1 if seq is None else seq,
-            epoch=self.epoch if epoch is None else epoch,
-            type=et,
-            schema_version=codec.registry().current[et],
-            occurred_at=codec.now_utc(),
-            writer_id=f"w{self.epoch if epoch is None else epoch}",
-            payload=codec.make_payload(et, payload),
+            epoch=writer_epoch,
+            tenant=tenant or self.tenant,
+            writer_id=f"w{writer_epoch}",
         )
         if not forged:
             self.seq = ev.seq

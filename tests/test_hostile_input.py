@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from codec_support import make_event
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -53,17 +54,16 @@ def _event(
 ) -> Event:
     if et is EventType.USER_MESSAGE and not payload:
         payload = {"content": f"m{seq}"}
-    return Event(
-        event_id=f"{run_id}-{seq}-{epoch}-{et.value}-{random.random()}",
+    return make_event(
+        et,
+        payload,
         run_id=run_id,
-        tenant=tenant,
         seq=seq,
         epoch=epoch,
-        type=et,
-        schema_version=codec.registry().current[et],
-        occurred_at=T0 + timedelta(seconds=seq),
+        tenant=tenant,
         writer_id=f"w{epoch}",
-        payload=codec.make_payload(et, payload),
+        event_id=f"{run_id}-{seq}-{epoch}-{et.value}-{random.random()}",
+        occurred_at=T0 + timedelta(seconds=seq),
     )
 
 

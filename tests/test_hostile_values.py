@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
-import fastavro
 import pytest
 import redis
+from codec_support import encode_unchecked, make_event
 from confluent_kafka import Producer
 from pydantic import ValidationError
 from replay_support import load_fixture
@@ -60,39 +59,8 @@ def test_the_writer_never_appends_a_nan_cost(test_settings: Settings) -> None:
     assert [t.payload.cost_usd for t in turns] == [0.5]  # type: ignore[attr-defined]
 
 
-def _encode_raw(ev: Event, **payload: Any) -> bytes:
-    """``ev`` encoded with its real schema, payload fields overridden (no model check)."""
-    ws = codec.registry().writer(ev.type)
-    rec = {
-        "event_id": ev.event_id,
-        "run_id": ev.run_id,
-        "tenant": ev.tenant,
-        "seq": ev.seq,
-        "epoch": ev.epoch,
-        "type": ev.type.value,
-        "schema_version": ev.schema_version,
-        "occurred_at": ev.occurred_at,
-        "writer_id": ev.writer_id,
-        "payload": {**ev.payload.model_dump(mode="python"), **payload},
-    }
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, ws.parsed, rec)
-    return codec.MAGIC + ws.fingerprint + buf.getvalue()
-
-
 def _event(run_id: str, seq: int, et: EventType, **payload: Any) -> Event:
-    return Event(
-        event_id=f"{run_id}-{seq}",
-        run_id=run_id,
-        tenant="t",
-        seq=seq,
-        epoch=1,
-        type=et,
-        schema_version=codec.registry().current[et],
-        occurred_at=codec.now_utc(),
-        writer_id="w",
-        payload=codec.make_payload(et, payload),
-    )
+    return make_event(et, payload, run_id=run_id, seq=seq, event_id=f"{run_id}-{seq}")
 
 
 def _produce(settings: Settings, records: list[tuple[str, bytes]]) -> None:
@@ -106,7 +74,7 @@ def test_a_logged_nan_cost_is_quarantined_not_folded(
     test_settings: Settings, redis_client: redis.Redis
 ) -> None:
     turn = _event("nan-run", 2, EventType.MODEL_TURN, text="t", cost_usd=0.1)
-    nan_record = _encode_raw(turn, cost_usd=float("nan"))
+    nan_record = encode_unchecked(turn, payload={"cost_usd": float("nan")})
     with pytest.raises(ValidationFailed, match="cost_usd"):
         codec.decode(nan_record)
     _produce(

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
     ("log access", ("runlog.log", "runlog.topics", "runlog.security")),
     ("writer and services", ("runlog.producers", "runlog.consumers")),
-    ("facade", ("runlog", "runlog.api", "runlog.bootstrap")),
+    ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap")),
     (
         "shell: CLI, stack, demo, benchmarks",
         ("runlog.cli", "runlog.stack", "runlog.demo", "runlog.benchmarks", "runlog.ui"),

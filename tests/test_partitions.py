@@ -10,18 +10,17 @@ topic under a real worker and check the log, the ledger and the errors.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
+from scan_support import events_records
 from workers.common import EXIT_OK, Ledger, assert_log_sound, services_for, start_worker
 
 import runlog
 from runlog.errors import ConfigError
-from runlog.log.kafka import partitions_of, reader_config
 from runlog.log.reader import LogReader
 from runlog.schemas.keys import new_run_id, partition_for, start_key
 from runlog.settings import Settings
@@ -48,27 +47,8 @@ def _grow(settings: Settings) -> None:
 
 def _partitions_holding(settings: Settings, run_id: str) -> dict[int, int]:
     """Records keyed ``run_id`` per partition, read straight from every partition."""
-    consumer = Consumer(reader_config(settings))
-    found: dict[int, int] = defaultdict(int)
-    try:
-        for p in sorted(partitions_of(consumer, settings.events_topic)):
-            tp = TopicPartition(settings.events_topic, p)
-            _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-            if high <= 0:
-                continue
-            consumer.assign([TopicPartition(settings.events_topic, p, 0)])
-            pos = 0
-            while pos < high:
-                for msg in consumer.consume(500, timeout=1.0):
-                    if msg.error() is not None:
-                        continue
-                    pos = (msg.offset() or 0) + 1
-                    if msg.key() == run_id.encode():
-                        found[p] += 1
-            consumer.unassign()
-    finally:
-        consumer.close()
-    return dict(found)
+    key = run_id.encode()
+    return dict(Counter(m.partition() or 0 for m in events_records(settings) if m.key() == key))
 
 
 def test_partitions_added_under_a_live_writer_do_not_split_its_run(

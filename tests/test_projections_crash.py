@@ -17,6 +17,7 @@ from projections_support import (
     prometheus_sample,
     start_runner,
     stop,
+    wait_all_assigned,
     wait_assigned,
     wait_caught_up,
 )
@@ -98,11 +99,7 @@ def test_two_runners_in_a_group_one_killed(
         port = sock.getsockname()[1]
     b = start_runner(test_settings, "state", group, "--metrics-port", str(port), log_path=logs[1])
     try:
-        # Both members hold partitions before one dies.
-        deadline = time.monotonic() + 60
-        while not all("assigned {" in Path(p).read_text() for p in logs):
-            assert time.monotonic() < deadline, [Path(p).read_text()[-1000:] for p in logs]
-            time.sleep(0.2)
+        wait_all_assigned(logs)  # both members hold partitions before one dies
         writer = threading.Thread(
             target=gen.steady, kwargs={"rate_per_s": 500, "duration_s": 6.0, "runs": 30}
         )
@@ -156,10 +153,7 @@ def test_three_runners_one_killed_under_load_equal_a_rebuild(
     procs = [start_runner(test_settings, "all", group, log_path=log) for log in logs]
     marks = Watermarks(test_settings)
     try:
-        deadline = time.monotonic() + 60
-        while not all("assigned {" in Path(p).read_text() for p in logs):
-            assert time.monotonic() < deadline, [Path(p).read_text()[-1000:] for p in logs]
-            time.sleep(0.2)
+        wait_all_assigned(logs)
         writer = threading.Thread(
             target=gen.steady, kwargs={"rate_per_s": 800, "duration_s": 14.0, "runs": 40}
         )

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import os
 
-import fastavro
 import pytest
 import redis
+from codec_support import encode_unchecked, make_event
 from confluent_kafka import Consumer, Producer, TopicPartition
 from projections_support import applied_total, replayed_states, wait_caught_up
 
@@ -22,45 +21,15 @@ from runlog.settings import Settings
 
 
 def _event(run_id: str, seq: int = 1) -> Event:
-    return Event(
-        event_id="e" * 32,
-        run_id=run_id,
-        tenant="t",
-        seq=seq,
-        epoch=1,
-        type=EventType.USER_MESSAGE,
-        schema_version=1,
-        occurred_at=codec.now_utc(),
-        writer_id="w",
-        payload=codec.make_payload(EventType.USER_MESSAGE, {"content": "x"}),
+    return make_event(
+        EventType.USER_MESSAGE, {"content": "x"}, run_id=run_id, seq=seq, event_id="e" * 32
     )
-
-
-def _raw(ev: Event, **override: object) -> bytes:
-    """Encode ``ev`` with its real schema but envelope fields overridden."""
-    ws = codec.registry().writer(ev.type)
-    rec = {
-        "event_id": ev.event_id,
-        "run_id": ev.run_id,
-        "tenant": ev.tenant,
-        "seq": ev.seq,
-        "epoch": ev.epoch,
-        "type": ev.type.value,
-        "schema_version": ev.schema_version,
-        "occurred_at": ev.occurred_at,
-        "writer_id": ev.writer_id,
-        "payload": ev.payload.model_dump(mode="python"),
-        **override,
-    }
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, ws.parsed, rec)
-    return codec.MAGIC + ws.fingerprint + buf.getvalue()
 
 
 def _newer(run_id: str) -> bytes:
     """A record from a future release: unknown fingerprint, envelope says v99."""
     good = codec.encode(_event(run_id))
-    body = _raw(_event(run_id), schema_version=99)[codec.HEADER_LEN :]
+    body = encode_unchecked(_event(run_id), schema_version=99)[codec.HEADER_LEN :]
     return good[:2] + os.urandom(8) + body
 
 
@@ -75,8 +44,8 @@ def test_bad_records_are_quarantined_and_nothing_is_dropped(
         (victim, b"garbage bytes", "CorruptRecord"),
         ("bad-fp", codec.MAGIC + os.urandom(8) + b"\x00" * 20, "UnknownFingerprint"),
         ("bad-newer", _newer("bad-newer"), "NewerSchemaVersion"),
-        ("bad-seq", _raw(_event("bad-seq"), seq=0), "ValidationFailed"),
-        ("bad-type", _raw(_event("bad-type"), type="no_such_type"), "CorruptRecord"),
+        ("bad-seq", encode_unchecked(_event("bad-seq"), seq=0), "ValidationFailed"),
+        ("bad-type", encode_unchecked(_event("bad-type"), type="no_such_type"), "CorruptRecord"),
         ("bad-key", codec.encode(_event("someone-else")), "KeyMismatch"),
         ("bad-trunc", codec.encode(_event("bad-trunc"))[:-3], "CorruptRecord"),
     ]

@@ -135,3 +135,22 @@ def test_projections_on_the_cluster_equal_a_single_redis(
     row = runs.find(run_ids[0])
     assert row is not None and row.status == "finished"
     assert len(runs.page(limit=50).rows) == len(run_ids) + 3
+
+
+def test_the_asyncio_client_on_the_cluster(on_cluster: Settings) -> None:
+    import asyncio
+
+    from runlog.log.clients import async_redis_client
+
+    keys = [f"{on_cluster.redis_key_prefix}:{{async-{i}}}:k" for i in range(12)]
+
+    async def roundtrip() -> list[bytes | None]:
+        client = async_redis_client(on_cluster)
+        try:
+            for k in keys:
+                await client.set(k, k)
+            return [await client.get(k) for k in keys]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(roundtrip()) == [k.encode() for k in keys]

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from replay_support import FIXTURE_VERSIONS, load_fixture
+from scan_support import events_records
 from workers.common import services_for
 
 import runlog
@@ -28,7 +28,6 @@ from runlog.consumers.replay import replay
 from runlog.consumers.runner import rebuild
 from runlog.errors import RegistryUnavailable, SchemaError, UnknownSchemaId
 from runlog.log import registry as regmod
-from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.log.registry import RegistryIds, ids_for, subject_for
 from runlog.producers.writer import EventWriter
@@ -111,34 +110,12 @@ def _every_type_through_runlog(s: Settings) -> dict[EventType, int]:
     return {et: 1 for et in EventType}
 
 
-def _read_all(s: Settings) -> list[Any]:
-    consumer = Consumer(reader_config(s))
-    out: list[Any] = []
-    try:
-        for p in range(s.partitions):
-            tp = TopicPartition(s.events_topic, p)
-            _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-            if high <= 0:
-                continue
-            consumer.assign([TopicPartition(s.events_topic, p, 0)])
-            pos = 0
-            while pos < high:
-                for msg in consumer.consume(500, timeout=1.0):
-                    if msg.error() is None:
-                        pos = (msg.offset() or 0) + 1
-                        out.append(msg)
-            consumer.unassign()
-    finally:
-        consumer.close()
-    return out
-
-
 def test_confluent_avro_deserializer_reads_every_event_type_runlog_writes(reg: Settings) -> None:
     _every_type_through_runlog(reg)
     client = SchemaRegistryClient({"url": reg.schema_registry_url})
     plain = AvroDeserializer(client)  # no reader schema, no runlog code: the writer's own
     seen: set[str] = set()
-    for msg in _read_all(reg):
+    for msg in events_records(reg):
         value = msg.value()
         assert value[0] == 0, "a registry-configured writer emits Confluent's wire format"
         ctx = SerializationContext(reg.events_topic, MessageField.VALUE)

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+from codec_support import make_event
 from confluent_kafka import Producer
 from projections_support import env_for, start_runner, stop, wait_assigned
 
@@ -91,18 +92,7 @@ def test_entry_points_refuse_invalid_run_ids(
 
 
 def _event(run_id: str, seq: int, et: EventType, epoch: int = 1, **payload: Any) -> Event:
-    return Event(
-        event_id=f"{seq:032x}",
-        run_id=run_id,
-        tenant="t",
-        seq=seq,
-        epoch=epoch,
-        type=et,
-        schema_version=codec.registry().current[et],
-        occurred_at=codec.now_utc(),
-        writer_id="w",
-        payload=codec.make_payload(et, payload),
-    )
+    return make_event(et, payload, run_id=run_id, seq=seq, epoch=epoch, event_id=f"{seq:032x}")
 
 
 def _uncertain_run(run_id: str) -> list[Event]:

@@ -32,9 +32,11 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from pydantic import SecretStr
+from scan_support import redis_bytes, topic_bytes
+from workers.secure_worker import note_tool
 
 import runlog
 from runlog import stack
@@ -115,15 +117,6 @@ def _role_env(cfg: stack.StackConfig, role: str, prefix: str) -> dict[str, str]:
     return env
 
 
-def _note(effects: Path) -> runlog.Tool:
-    def note(args: dict[str, Any], *, idempotency_key: str) -> str:
-        with effects.open("a") as fh:
-            fh.write(f"{idempotency_key} {json.dumps(args, sort_keys=True)}\n")
-        return f"noted {args}"
-
-    return runlog.tool("note", risk="safe")(note)
-
-
 # ------------------------------------------------------------------------------ it works
 
 
@@ -159,7 +152,7 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
     services = Services(worker, writer_id="secure-resume")
     try:
         deps = services.run_deps()
-        with open_run_with(deps, rid, tools=[_note(effects)], wait_s=10) as run:
+        with open_run_with(deps, rid, tools=[note_tool(effects)], wait_s=10) as run:
             assert run.epoch > before["epoch"]
             assert run.state.seq > before["seq"]  # its RUN_RESUMED follows the dead one's
             assert len(run.state.completed_calls) == 1
@@ -175,7 +168,7 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
             assert outcome == "recorded"
         finally:
             op_services.close()
-        with open_run_with(deps, rid, tools=[_note(effects)], wait_s=10) as run:
+        with open_run_with(deps, rid, tools=[note_tool(effects)], wait_s=10) as run:
             run.finish("completed", "done")
     finally:
         services.close()
@@ -509,9 +502,12 @@ def test_no_password_in_logs_topics_redis_or_settings(
         services.close()
     assert calls
     admin = secure.role_settings(cfg, "admin", topic_prefix=prefix, partitions=PARTITIONS)
+    topics, stored = topic_bytes(admin), redis_bytes(admin)
+    assert topics, "nothing read from the topics"
+    assert stored, "nothing in Redis"
     scanned: dict[str, bytes] = {
-        "kafka topics": _topic_bytes(admin),
-        "redis keys and values": _redis_bytes(admin),
+        "kafka topics": topics,
+        "redis keys and values": stored,
         "python logs": caplog.text.encode(),
         "stdout/stderr (librdkafka)": "".join(capfd.readouterr()).encode(),
         "settings": "".join(
@@ -535,60 +531,6 @@ def test_no_password_in_logs_topics_redis_or_settings(
     # The files that do hold them are the owner's only.
     for role in secure.ALL_ROLES:
         assert secure.secrets_file(cfg, role).stat().st_mode & 0o077 == 0
-
-
-def _topic_bytes(s: Settings) -> bytes:
-    consumer = Consumer(
-        {
-            **s.kafka_common(),
-            "group.id": f"secret-scan-{uuid.uuid4().hex}",
-            "enable.partition.eof": True,
-        }
-    )
-    chunks: list[bytes] = []
-    try:
-        for topic in (s.events_topic, s.quarantine_topic):
-            tps = [TopicPartition(topic, p, 0) for p in range(s.partitions)]
-            consumer.assign(tps)
-            eof: set[int] = set()
-            deadline = time.monotonic() + 30
-            while len(eof) < len(tps) and time.monotonic() < deadline:
-                for msg in consumer.consume(500, timeout=0.5):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            eof.add(msg.partition() or 0)
-                        continue
-                    chunks += [msg.key() or b"", msg.value() or b""]
-                    chunks += [h[0].encode() + b"=" + (h[1] or b"") for h in msg.headers() or []]
-            consumer.unassign()
-    finally:
-        consumer.close()
-    assert chunks, "nothing read from the topics"
-    return b"\n".join(chunks)
-
-
-def _redis_bytes(s: Settings) -> bytes:
-    c: Any = redis_client(s)
-    out: list[bytes] = []
-    try:
-        for key in c.scan_iter(count=1000):
-            out.append(key)
-            kind = c.type(key)
-            if kind == b"string":
-                out.append(c.get(key) or b"")
-            elif kind == b"hash":
-                out += [x for kv in c.hgetall(key).items() for x in kv]
-            elif kind == b"list":
-                out += c.lrange(key, 0, -1)
-            elif kind == b"set":
-                out += list(c.smembers(key))
-            elif kind == b"zset":
-                out += c.zrange(key, 0, -1)
-    finally:
-        c.close()
-    assert out, "nothing in Redis"
-    return b"\n".join(out)
 
 
 def test_stack_env_names_the_password_file_never_a_password(

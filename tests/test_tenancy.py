@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from scan_support import redis_bytes, topic_bytes
 
 from runlog import stack
 from runlog.bootstrap import Services
@@ -246,66 +246,6 @@ def test_secrets_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         assert not any(secret in text for secret in SECRETS)
 
 
-def _topic_bytes(s: Settings) -> bytes:
-    consumer = Consumer(
-        {
-            **s.kafka_common(),
-            "group.id": f"secret-scan-{new_run_id()}",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    chunks: list[bytes] = []
-    try:
-        for topic in (s.events_topic, s.quarantine_topic):
-            tps = [TopicPartition(topic, p, 0) for p in range(s.partitions)]
-            consumer.assign(tps)
-            eof: set[int] = set()
-            deadline = time.monotonic() + 30
-            while len(eof) < len(tps) and time.monotonic() < deadline:
-                for msg in consumer.consume(500, timeout=0.5):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == err._PARTITION_EOF:
-                            eof.add(msg.partition() or 0)
-                        continue
-                    headers: list[Any] = list(msg.headers() or [])
-                    chunks += [_b(msg.key() or b""), _b(msg.value() or b"")]
-                    chunks += [_b(h[0]) + b"=" + _b(h[1] or b"") for h in headers]
-            consumer.unassign()
-    finally:
-        consumer.close()
-    return b"\n".join(chunks)
-
-
-def _b(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-def _redis_bytes(client: redis.Redis) -> bytes:
-    """Every key and value in the Redis, whatever its type (strings, hashes, lists...)."""
-    c: Any = client  # redis-py's return types are unions of sync and async results
-    out: list[bytes] = []
-    for key in c.scan_iter(count=1000):
-        out.append(_b(key))
-        kind = c.type(key)
-        items: list[Any] = []
-        if kind == b"string":
-            items = [c.get(key)]
-        elif kind == b"hash":
-            items = [x for kv in c.hgetall(key).items() for x in kv]
-        elif kind == b"list":
-            items = c.lrange(key, 0, -1)
-        elif kind == b"set":
-            items = list(c.smembers(key))
-        elif kind == b"zset":
-            items = c.zrange(key, 0, -1)
-        elif kind == b"stream":
-            items = [x for _, fields in c.xrange(key) for kv in fields.items() for x in kv]
-        out += [_b(x) for x in items]
-    return b"\n".join(out)
-
-
 def test_configured_secrets_never_reach_logs_topics_or_redis(
     test_settings: Settings,
     redis_with_password: str,
@@ -329,14 +269,14 @@ def test_configured_secrets_never_reach_logs_topics_or_redis(
         client = redis_client(s)
         try:
             client.rpush(decisions_key(deps, "default", rid), b"{}")  # an inbox exists too
-            stored = _redis_bytes(client)
         finally:
             client.close()
+        stored = redis_bytes(s)
     finally:
         services.close()
     assert calls and stored, "the workload wrote nothing to scan"
     scanned: dict[str, bytes] = {
-        "kafka topics": _topic_bytes(s),
+        "kafka topics": topic_bytes(s),
         "redis keys and values (leases, start index, snapshots, inbox)": stored,
         "python logs": caplog.text.encode(),
         "stdout/stderr (librdkafka logs)": "".join(capfd.readouterr()).encode(),

@@ -74,45 +74,19 @@ def test_an_unreadable_record_stops_readers_naming_it_and_the_remedy(fast: Setti
     assert "stopped at" in (report.error or "") and where in (report.error or "")
 
 
+def _set_aside(partition: int, offset: int, *, reason: str) -> int:
+    """``runlog records set-aside`` of one record, decided by ops; the exit code."""
+    argv = ["--partition", str(partition), "--offset", str(offset), "--by", "ops"]
+    return cli_main(["records", "set-aside", *argv, "--reason", reason])
+
+
 def test_a_set_aside_record_is_skipped_the_same_way_by_every_reader(
     fast: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rid, partition, offset = _run_with_garbage(fast)
     # A record that decodes cannot be set aside: the decision is only for unreadable ones.
-    assert (
-        cli_main(
-            [
-                "records",
-                "set-aside",
-                "--partition",
-                str(partition),
-                "--offset",
-                str(offset - 1),
-                "--by",
-                "ops",
-                "--reason",
-                "test",
-            ]
-        )
-        == 2
-    )
-    assert (
-        cli_main(
-            [
-                "records",
-                "set-aside",
-                "--partition",
-                str(partition),
-                "--offset",
-                str(offset),
-                "--by",
-                "ops",
-                "--reason",
-                "stray bytes from a bad deploy",
-            ]
-        )
-        == 0
-    )
+    assert _set_aside(partition, offset - 1, reason="test") == 2
+    assert _set_aside(partition, offset, reason="stray bytes from a bad deploy") == 0
     assert "set aside" in capsys.readouterr().out
 
     client = redis.Redis.from_url(fast.redis_url)

@@ -6,11 +6,10 @@ one, against the real Kafka and Redis; effects are counted in the Redis ledger.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,19 +17,19 @@ import pytest
 import redis
 from confluent_kafka import KafkaError
 from workers.common import (
+    EFFECTS_WORKER,
+    EXIT_FINISHED,
     EXIT_OK,
-    ROOT,
-    TESTS,
     Ledger,
     Worker,
     assert_log_sound,
     payloads,
     read_log,
     services_for,
+    start_worker,
     valid_types,
-    worker_env,
 )
-from workers.effects_worker import EXIT_FINISHED, result_text
+from workers.effects_worker import result_text
 
 import runlog
 from runlog.bootstrap import Services
@@ -42,22 +41,11 @@ from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 
-EFFECTS = TESTS / "workers" / "effects_worker.py"
 CUT = re.compile(r"\[runlog: cut (\d+) of (\d+) bytes; sha256 ([0-9a-f]{64}) of the whole text")
 
 
-def start(settings: Settings, tmp: Path, name: str, *args: str) -> Worker:
-    """An effects_worker.py process (same harness as agent_worker.py's)."""
-    cmd = [sys.executable, str(EFFECTS), "--dir", str(tmp), "--name", name, *args]
-    proc = subprocess.Popen(
-        cmd,
-        env=worker_env(settings),
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return Worker(proc, tmp, name)
+# An effects_worker.py process (same harness as agent_worker.py's).
+start = functools.partial(start_worker, script=EFFECTS_WORKER)
 
 
 def _events(settings: Settings, run_id: str) -> list[m.Event]:

@@ -46,35 +46,21 @@ def test_two_workers_released_by_a_barrier_one_owner_per_epoch(
             run.append(EventType.USER_MESSAGE, content="race me")
             prefix_seq[rid] = run.state.seq
 
-    ctx = race.context()
-    barrier, ready, go, results = ctx.Barrier(2), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    dump = fast.model_dump()
-    procs = [
-        ctx.Process(target=race.contender, args=(i, dump, trials, barrier, ready, go, results))
-        for i in range(2)
-    ]
-    for p in procs:
-        p.start()
     outcomes: dict[str, dict[int, tuple[str, int | None]]] = {}
-    try:
+    with race.contenders(fast, trials) as contest:
         for rid, kind in trials:
             if kind == "expired":
-                holder_epoch = ready.get(timeout=race.RESULT_TIMEOUT_S)
+                holder_epoch = contest.ready.get(timeout=race.RESULT_TIMEOUT_S)
                 assert holder_epoch == 2
                 lease_keys = list(redis_client.scan_iter(match=f"{fast.redis_key_prefix}:*:lease"))
                 assert len(lease_keys) == 1
                 redis_client.delete(*lease_keys)  # the holder's lease expires "during a pause"
-                go.put(True)
+                contest.go.put(True)
             for _ in range(2):
-                got_rid, index, outcome, epoch = results.get(timeout=race.RESULT_TIMEOUT_S)
+                got_rid, index, outcome, epoch = contest.results.get(timeout=race.RESULT_TIMEOUT_S)
                 assert got_rid == rid
                 outcomes.setdefault(rid, {})[index] = (outcome, epoch)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
+    assert all(p.exitcode == 0 for p in contest.procs)
 
     tally: Counter[str] = Counter()
     for rid, kind in trials:

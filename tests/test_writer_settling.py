@@ -6,23 +6,20 @@ Effects are counted in the Redis ledger, outside the run; the log is read back f
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from workers.common import (
+    EFFECTS_WORKER,
     EXIT_ESCALATED,
-    ROOT,
-    TESTS,
     Ledger,
-    Worker,
     assert_log_sound,
     payloads,
     read_log,
-    worker_env,
+    start_worker,
 )
 
 import runlog
@@ -34,7 +31,6 @@ from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 
-EFFECTS = TESTS / "workers" / "effects_worker.py"
 ARGS = {"amount": 7, "acct": "A-1"}
 
 
@@ -44,17 +40,8 @@ def _events(settings: Settings, run_id: str) -> list[m.Event]:
     return events
 
 
-def start(settings: Settings, tmp: Path, name: str, *args: str) -> Worker:
-    cmd = [sys.executable, str(EFFECTS), "--dir", str(tmp), "--name", name, *args]
-    proc = subprocess.Popen(
-        cmd,
-        env=worker_env(settings),
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return Worker(proc, tmp, name)
+# An effects_worker.py process (same harness as agent_worker.py's).
+start = functools.partial(start_worker, script=EFFECTS_WORKER)
 
 
 def test_a_failed_retry_keeps_an_earlier_uncertain_attempt_governed(

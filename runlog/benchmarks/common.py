@@ -24,6 +24,7 @@ from typing import Any
 from runlog import stack
 from runlog.log.clients import redis_client
 from runlog.log.kafka import reader_config
+from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.schemas import codec
 from runlog.schemas.models import Event
@@ -224,6 +225,18 @@ def workload_payload(seq: int) -> tuple[Any, dict[str, Any]]:
     }
 
 
+def timed_appends(deps: Any, n: int) -> list[float]:
+    """``Run.append`` of ``n`` workload events to a new run: seconds each, to its ack."""
+    samples: list[float] = []
+    with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
+        for _ in range(n):
+            et, payload = workload_payload(run.state.seq + 1)
+            t0 = time.perf_counter()
+            run.append(et, payload)
+            samples.append(time.perf_counter() - t0)
+    return samples
+
+
 def make_events(run_id: str, n: int, *, epoch: int = 1) -> list[Any]:
     """A valid run of ``n`` events (RUN_STARTED, then the workload), as ``Event`` objects."""
 
@@ -258,6 +271,31 @@ class Encoded:
     key: bytes
     value: bytes
     headers: list[tuple[str, str | bytes | None]]
+
+
+def warm_producer(
+    settings: Settings, records: Sequence[Encoded], overrides: dict[str, Any] | None = None
+) -> Any:
+    """A plain producer with runlog's own config (and ``overrides``), its connection and
+    producer id set up by one warm-up record: runlog's writer is warm too, so a baseline
+    pays neither in its timing."""
+    from confluent_kafka import Producer
+
+    producer = Producer(producer_config(settings, overrides))
+    producer.produce(settings.events_topic, value=records[0].value, key=b"bench-warmup")
+    producer.flush(30)
+    return producer
+
+
+def produce(producer: Any, topic: str, rec: Encoded, **kw: Any) -> None:
+    """Send ``rec`` (``kw``: partition, on_delivery), waiting for room while the producer's
+    local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, **kw)
+            return
+        except BufferError:
+            producer.poll(0.05)
 
 
 def encode_all(events: Sequence[Any]) -> list[Encoded]:

@@ -14,9 +14,8 @@ import uuid
 from typing import Any
 
 from runlog import stack
-from runlog.benchmarks.common import TENANT, make_events, percentile, summary, workload_payload
+from runlog.benchmarks.common import make_events, percentile, summary, timed_appends
 from runlog.log.registry import RegistryIds
-from runlog.producers.opening import open_run_with
 from runlog.producers.run import RunDeps
 from runlog.schemas import codec
 from runlog.schemas.registry import WriterSchema, registry
@@ -57,17 +56,6 @@ def _cpu(n: int, repeats: int) -> dict[str, Any]:
     return out
 
 
-def _appends(deps: RunDeps, n: int) -> list[float]:
-    samples: list[float] = []
-    with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
-        for _ in range(n):
-            et, payload = workload_payload(run.state.seq + 1)
-            t0 = time.perf_counter()
-            run.append(et, payload)
-            samples.append(time.perf_counter() - t0)
-    return samples
-
-
 def _registry_url(settings: Settings) -> str | None:
     if settings.schema_registry_url:
         return settings.schema_registry_url
@@ -90,7 +78,7 @@ def measure(deps: RunDeps, settings: Settings, *, n: int, repeats: int) -> dict[
             ("single_object", dataclasses.replace(deps, ids=None)),
             ("confluent", with_registry),
         ):
-            samples = _appends(chosen, n)
+            samples = timed_appends(chosen, n)
             rows[f"{name}_p50_ms"].append(percentile(samples, 0.5) * 1000)
             p99[f"{name}_p99_ms"].append(percentile(samples, 0.99) * 1000)
     out["append"] = {k: summary(v) for k, v in {**rows, **p99}.items()}

@@ -27,58 +27,38 @@ from pathlib import Path
 from typing import Any
 
 from runlog.benchmarks.common import (
-    TENANT,
     Encoded,
     encode_all,
     make_events,
     percentile,
+    produce,
     ratios,
     summary,
-    workload_payload,
+    timed_appends,
+    warm_producer,
 )
-from runlog.producers.opening import open_run_with
-from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
 SYSTEMS = ("runlog", "raw_kafka", "file_fsync", "sqlite_full")
 
 
-def _runlog(deps: Any, n: int) -> list[float]:
-
-    samples: list[float] = []
-    with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
-        for _ in range(n):
-            et, payload = workload_payload(run.state.seq + 1)
-            t0 = time.perf_counter()
-            run.append(et, payload)
-            samples.append(time.perf_counter() - t0)
-    return samples
-
-
 def _raw_kafka(settings: Settings, records: list[Encoded]) -> list[float]:
-    from confluent_kafka import KafkaError, Message, Producer
+    from confluent_kafka import KafkaError, Message
 
-    producer = Producer(producer_config(settings))
     done: list[KafkaError | None] = []
 
     def on_delivery(err: KafkaError | None, _msg: Message) -> None:
         done.append(err)
 
     samples: list[float] = []
-    topic = settings.events_topic
+    # The physical floor: one record produced and flushed, no linger, nothing else.
+    producer = warm_producer(settings, records, {"linger.ms": "0"})
     try:
-        # Connection and producer-id setup happen on the first send; runlog's shared
-        # writer has paid them already, so the baseline pays them outside the timing too.
-        producer.produce(topic, value=records[0].value, key=b"bench-warmup")
-        producer.flush(30)
         for rec in records:
             done.clear()
             t0 = time.perf_counter()
-            producer.produce(
-                topic, value=rec.value, key=rec.key, headers=rec.headers, on_delivery=on_delivery
-            )
-            while not done:
-                producer.poll(1.0)
+            produce(producer, settings.events_topic, rec, on_delivery=on_delivery)
+            producer.flush(30)
             samples.append(time.perf_counter() - t0)
             if done[0] is not None:
                 raise RuntimeError(f"raw producer delivery failed: {done[0]}")
@@ -136,7 +116,7 @@ def measure(deps: Any, settings: Settings, *, n: int, repeats: int) -> dict[str,
             events = make_events(f"bench-lat-{uuid.uuid4().hex[:12]}", n + 1)[1:]
             records = encode_all(events)
             runs: dict[str, Callable[[], list[float]]] = {
-                "runlog": partial(_runlog, deps, n),
+                "runlog": partial(timed_appends, deps, n),
                 "raw_kafka": partial(_raw_kafka, settings, records),
                 "file_fsync": partial(_file_fsync, directory, events),
                 "sqlite_full": partial(_sqlite_full, directory, records, events),

@@ -40,6 +40,7 @@ from runlog.benchmarks.common import (
     fit_line,
     loglog_slope,
     make_events,
+    produce,
     ratios,
     summary,
 )
@@ -94,19 +95,7 @@ def _produce(settings: Settings, partition: int, records: list[Encoded]) -> tupl
             offsets.append(off)
 
     for rec in records:
-        while True:
-            try:
-                producer.produce(
-                    settings.events_topic,
-                    value=rec.value,
-                    key=rec.key,
-                    headers=rec.headers,
-                    partition=partition,
-                    on_delivery=on_delivery,
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce(producer, settings.events_topic, rec, partition=partition, on_delivery=on_delivery)
         producer.poll(0)
     if producer.flush(120) or failures:
         raise RuntimeError(f"replay setup: delivery failed {failures[:3]}")

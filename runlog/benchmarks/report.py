@@ -39,9 +39,13 @@ def table(res: dict[str, Any]) -> str:
     def row(label: str, s: dict[str, Any] | None, unit: str) -> None:
         rows.append((label, _mmm(s), unit))
 
+    def note(label: str, text: str = "") -> None:
+        """A section's heading, or a line of text where a figure would stand."""
+        rows.append((label, text, ""))
+
     lat = res.get("latency")
     if lat:
-        rows.append((f"1. durable append latency ({lat['appends_per_repeat']} appends)", "", ""))
+        note(f"1. durable append latency ({lat['appends_per_repeat']} appends)")
         for name, v in lat["systems"].items():
             row(f"  {name} p50", v["p50_ms"], "ms")
             row(f"  {name} p99", v["p99_ms"], "ms")
@@ -49,13 +53,9 @@ def table(res: dict[str, Any]) -> str:
         row("  ratio runlog/raw_kafka p99", lat["ratio_runlog_over_raw_kafka"]["p99"], "x")
     thr = res.get("throughput")
     if thr:
-        rows.append(
-            (
-                f"2. throughput ({thr['total_events']} events, barrier every "
-                f"{thr['events_per_barrier']})",
-                "",
-                "",
-            )
+        note(
+            f"2. throughput ({thr['total_events']} events, "
+            f"barrier every {thr['events_per_barrier']})"
         )
         for k, v in thr["by_runs"].items():
             row(f"  {k} runs: runlog", v["runlog_events_per_s"], "ev/s")
@@ -65,30 +65,23 @@ def table(res: dict[str, Any]) -> str:
         rows.append(("  open_run (new run) p50 / p99", f"{_f(o['p50'])} / {_f(o['p99'])}", "s"))
     rep = res.get("replay")
     if rep:
-        rows.append((f"3. replay (record ~{rep['avg_record_bytes']:.0f} B)", "", ""))
+        note(f"3. replay (record ~{rep['avg_record_bytes']:.0f} B)")
         for k, v in rep["in_memory"].items():
             row(f"  in-memory {k}: avro only", v["avro_events_per_s"], "ev/s")
             row(f"  in-memory {k}: decode+validate", v["decode_events_per_s"], "ev/s")
             row(f"  in-memory {k}: decode+validate+fold", v["fold_events_per_s"], "ev/s")
             row(f"  in-memory {k}: ratio fold/avro (time)", v["ratio_fold_over_avro"], "x")
         for s, m in rep["in_memory_model"].items():
-            rows.append(
-                (
-                    f"  in-memory model {s}",
-                    f"{m['per_event_us']:.1f} us/event, log-log slope {m['loglog_slope']:.2f}",
-                    "",
-                )
+            note(
+                f"  in-memory model {s}",
+                f"{m['per_event_us']:.1f} us/event, log-log slope {m['loglog_slope']:.2f}",
             )
         for k, v in rep["kafka"].items():
             row(f"  kafka {k}: fetch only", v["fetch_events_per_s"], "ev/s")
             row(f"  kafka {k}: LogReader+fold", v["logreader_fold_events_per_s"], "ev/s")
         for name, m in rep.get("kafka_model", {}).items():
-            rows.append(
-                (
-                    f"  kafka model {name}",
-                    f"{m['fixed_s']:.3f} s + {m['per_event_us']:.1f} us/event",
-                    "",
-                )
+            note(
+                f"  kafka model {name}", f"{m['fixed_s']:.3f} s + {m['per_event_us']:.1f} us/event"
             )
         for k, v in rep.get("batch_boundary", {}).items():
             row(f"  LogReader+fold, run of exactly {k} records", v, "s")
@@ -107,7 +100,7 @@ def table(res: dict[str, Any]) -> str:
             )
     rec = res.get("recovery")
     if rec:
-        rows.append((f"4. recovery (lease TTL {rec['lease_ttl_ms']} ms)", "", ""))
+        note(f"4. recovery (lease TTL {rec['lease_ttl_ms']} ms)")
         for how in ("expiry", "takeover", "release"):
             if how not in rec["handoff"]:
                 continue
@@ -126,20 +119,18 @@ def table(res: dict[str, Any]) -> str:
             )
             row("  snapshot write", r.get("snapshot_write_s"), "s")
         else:
-            rows.append(("  with snapshot", str(r.get("with_snapshot")), ""))
+            note("  with snapshot", str(r.get("with_snapshot")))
     lag = res.get("projection_lag")
     if lag:
         if lag.get("status") == "measured":
-            rows.append(
-                (f"5. projection lag at {lag['rate_events_per_s']:.0f} ev/s (state)", "", "")
-            )
+            note(f"5. projection lag at {lag['rate_events_per_s']:.0f} ev/s (state)")
             row("  p50", lag["p50_ms"], "ms")
             row("  p99", lag["p99_ms"], "ms")
         else:
-            rows.append(("5. projection lag", str(lag.get("note")), ""))
+            note("5. projection lag", str(lag.get("note")))
     mem = res.get("memory")
     if mem:
-        rows.append(("6. memory (peak RSS, VmHWM)", "", ""))
+        note("6. memory (peak RSS, VmHWM)")
         row("  worker, no runs", mem["baseline_vm_hwm_mib"], "MiB")
         row(
             f"  worker, {mem['runs']} open runs (opened {mem['open_threads']} at a time)",
@@ -153,13 +144,13 @@ def table(res: dict[str, Any]) -> str:
             row("  projection runner (state)", lag["runner_vm_hwm_mib"], "MiB")
     enc = res.get("encoding")
     if enc:
-        rows.append((f"7. encodings ({enc['events']} events)", "", ""))
+        note(f"7. encodings ({enc['events']} events)")
         for name, v in enc["cpu"].items():
             row(f"  {name} encode", v["encode_us"], "us/event")
             row(f"  {name} decode", v["decode_us"], "us/event")
         app = enc["append"]
         if "status" in app:
-            rows.append(("  append with a registry", app["status"], ""))
+            note("  append with a registry", app["status"])
         else:
             for key in (
                 "single_object_p50_ms",
@@ -170,12 +161,24 @@ def table(res: dict[str, Any]) -> str:
                 row(f"  append {key[:-3].replace('_', ' ')}", app[key], "ms")
     stp = res.get("steps")
     if stp:
-        rows.append((f"8. a durable step ({stp['steps_per_repeat']} steps)", "", ""))
+        note(f"8. a durable step ({stp['steps_per_repeat']} steps)")
         for name, v in stp["systems"].items():
             row(f"  {name}", v["ms_per_step"], "ms/step")
             row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
         if "peers" in stp:
-            rows.append(("  peers", stp["peers"], ""))
+            note("  peers", stp["peers"])
+        fan = stp.get("fanout")
+        if fan:
+            fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']} irreversible calls"
+            for how in ("event_loop", "threads"):
+                v = fan[how]
+                rows.append(
+                    (
+                        f"{fan_head}, {how.replace('_', ' ')}",
+                        f"{v['events_per_s']:,.0f} events/s",
+                        f"CPU {v['cpu_ms_per_event']:.3f} ms/event",
+                    )
+                )
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
     head = _machine_lines(res)
@@ -217,9 +220,20 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         f"{res['mode']}, {res['repeats']} repeat(s); bars: median, whiskers: min-max"
     )
 
-    def err(s: dict[str, Any], scale: float = 1.0) -> tuple[float, list[float]]:
-        med = s["median"] * scale
-        return med, [med - s["min"] * scale, s["max"] * scale - med]
+    def spread(stats: list[dict[str, Any]]) -> tuple[list[float], list[tuple[float, ...]]]:
+        """Medians, and whiskers down to each min and up to each max, as matplotlib takes them."""
+        below = [s["median"] - s["min"] for s in stats]
+        above = [s["max"] - s["median"] for s in stats]
+        return [s["median"] for s in stats], [tuple(below), tuple(above)]
+
+    def pair_of_bars(
+        ax: Any, table: dict[str, Any], names: list[str], series: tuple[tuple[str, str], ...]
+    ) -> None:
+        """Two bars per name, side by side: ``table[name][key]`` of each (key, label)."""
+        for j, (key, label) in enumerate(series):
+            medians, whiskers = spread([table[n][key] for n in names])
+            xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
+            ax.bar(xs, medians, width=0.38, yerr=whiskers, label=label, capsize=3)
 
     def save(fig: Any, name: str) -> None:
         fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.4")
@@ -232,17 +246,7 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
     if lat:
         fig, ax = plt.subplots(figsize=(7, 4))
         names = list(lat["systems"])
-        for j, q in enumerate(("p50_ms", "p99_ms")):
-            vals = [err(lat["systems"][n][q]) for n in names]
-            xs = [i + (j - 0.5) * 0.38 for i in range(len(names))]
-            ax.bar(
-                xs,
-                [v[0] for v in vals],
-                width=0.38,
-                yerr=list(zip(*[v[1] for v in vals], strict=True)),
-                label=q.split("_")[0],
-                capsize=3,
-            )
+        pair_of_bars(ax, lat["systems"], names, (("p50_ms", "p50"), ("p99_ms", "p99")))
         ax.set_xticks(range(len(names)), names)
         ax.set_yscale("log")
         ax.set_ylabel("ms per durable append (log)")
@@ -250,21 +254,26 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         ax.legend()
         save(fig, "latency.png")
 
+    stp = res.get("steps")
+    if stp and stp.get("systems"):
+        fig, ax = plt.subplots(figsize=(9, 4.2))
+        names = list(stp["systems"])
+        wall_and_cpu = (("ms_per_step", "wall"), ("cpu_ms_per_step", "CPU"))
+        pair_of_bars(ax, stp["systems"], names, wall_and_cpu)
+        ax.set_xticks(range(len(names)), [n.replace("_", "\n", 1) for n in names], fontsize=7)
+        ax.set_ylabel("ms per durable step")
+        ax.set_title("8. A durable tool-call step: runlog, its floor and its peers, one sitting")
+        ax.legend()
+        save(fig, "steps.png")
+
     thr = res.get("throughput")
     if thr:
         fig, ax = plt.subplots(figsize=(7, 4))
         ks = list(thr["by_runs"])
         xs = [int(k) for k in ks]
         for key, label in (("runlog_events_per_s", "runlog"), ("raw_kafka_events_per_s", "raw")):
-            vals = [err(thr["by_runs"][k][key]) for k in ks]
-            ax.errorbar(
-                xs,
-                [v[0] for v in vals],
-                yerr=list(zip(*[v[1] for v in vals], strict=True)),
-                marker="o",
-                capsize=3,
-                label=label,
-            )
+            medians, whiskers = spread([thr["by_runs"][k][key] for k in ks])
+            ax.errorbar(xs, medians, yerr=whiskers, marker="o", capsize=3, label=label)
         for k, x in zip(ks, xs, strict=True):
             r = thr["by_runs"][k]["ratio_runlog_over_raw"]["median"]
             y = thr["by_runs"][k]["runlog_events_per_s"]["median"]
@@ -310,14 +319,9 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
             f"{v['layout']}\n{v['other_runs']} others\n{v['records_scanned']:,} rec"
             for v in inter.values()
         ]
-        vals = [err(v["logreader_fold_s"]) for v in inter.values()]
-        ax.bar(
-            range(len(vals)),
-            [v[0] for v in vals],
-            yerr=list(zip(*[v[1] for v in vals], strict=True)),
-            capsize=3,
-        )
-        ax.set_xticks(range(len(vals)), labels, fontsize=8)
+        medians, whiskers = spread([v["logreader_fold_s"] for v in inter.values()])
+        ax.bar(range(len(medians)), medians, yerr=whiskers, capsize=3)
+        ax.set_xticks(range(len(medians)), labels, fontsize=8)
         n = next(iter(inter.values()))["run_events"]
         ax.set_ylabel("s to replay the run via LogReader")
         ax.set_title(f"3b. Replay of one {n}-event run with other runs in its partition")
@@ -336,14 +340,9 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         ]
         if "with_snapshot_s" in r:
             bars.append((f"resume {r['events']}\nwith snapshot", r["with_snapshot_s"]))
-        vals = [err(b[1]) for b in bars]
-        ax.bar(
-            range(len(bars)),
-            [v[0] for v in vals],
-            yerr=list(zip(*[v[1] for v in vals], strict=True)),
-            capsize=3,
-            color=["C3", "C1", "C0", "C2", "C4"][: len(bars)],
-        )
+        medians, whiskers = spread([b[1] for b in bars])
+        colors = ["C3", "C1", "C0", "C2", "C4"][: len(bars)]
+        ax.bar(range(len(bars)), medians, yerr=whiskers, capsize=3, color=colors)
         ax.axhline(4.0, color="0.5", ls="--", lw=1)
         ax.text(len(bars) - 0.5, 4.05, "example objective: 4 s", ha="right", fontsize=7)
         ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
@@ -361,13 +360,8 @@ def plots(res: dict[str, Any], out: Path) -> list[str]:
         ]
         if lag.get("runner_vm_hwm_mib"):
             bars.append(("projection\nrunner", lag["runner_vm_hwm_mib"]))
-        vals = [err(b[1]) for b in bars]
-        ax.bar(
-            range(len(bars)),
-            [v[0] for v in vals],
-            yerr=list(zip(*[v[1] for v in vals], strict=True)),
-            capsize=3,
-        )
+        medians, whiskers = spread([b[1] for b in bars])
+        ax.bar(range(len(bars)), medians, yerr=whiskers, capsize=3)
         ax.set_xticks(range(len(bars)), [b[0] for b in bars])
         ax.set_ylabel("peak RSS (VmHWM), MiB")
         ax.set_title("6. Memory")

@@ -70,6 +70,8 @@ class Plan:
     memory_events: int
     memory_open_threads: int
     step_count: int
+    fanout_runs: int
+    fanout_calls: int
 
 
 FULL = Plan(
@@ -91,6 +93,8 @@ FULL = Plan(
     memory_events=10,
     memory_open_threads=10,
     step_count=1_000,
+    fanout_runs=100,
+    fanout_calls=20,
 )
 
 QUICK = Plan(
@@ -112,6 +116,8 @@ QUICK = Plan(
     memory_events=2,
     memory_open_threads=50,
     step_count=100,
+    fanout_runs=20,
+    fanout_calls=5,
 )
 
 
@@ -194,7 +200,14 @@ def run_all(
         ),
         (
             "steps",
-            lambda deps, s: durable_steps.measure(deps, s, n=plan.step_count, repeats=plan.repeats),
+            lambda deps, s: durable_steps.measure(
+                deps,
+                s,
+                n=plan.step_count,
+                repeats=plan.repeats,
+                fanout_runs=plan.fanout_runs,
+                fanout_calls=plan.fanout_calls,
+            ),
         ),
         (
             "memory",

@@ -9,21 +9,29 @@ of N steps, each recorded durably before the next, each calling a tool that retu
 * ``redis_get``: one Redis round trip;
 * ``runlog_safe`` / ``runlog_irreversible``: ``Run.call_tool`` of a safe / an irreversible
   tool (STARTED and COMPLETED, with the barriers and ownership checks the risk class needs);
+* ``runlog_aio_safe`` / ``runlog_aio_irreversible``: the same step through ``runlog.aio``
+  (``await run.call_tool`` of an ``async def`` tool, one event loop);
 * ``langgraph_sync`` / ``langgraph_sync_growing``: a LangGraph graph looping one node per
   step with ``SqliteSaver`` and ``durability="sync"``, state of constant size / growing by
   the 300-byte result each step (the ``peers`` extra);
 * ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite.
 
 Per system: wall time per step (median over repeats) and process CPU per step.
+
+``fanout``: 100 runs making irreversible calls at once, driven from one event loop
+(``runlog.aio``) and from 100 threads (the sync API): events per second and process CPU
+per event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import operator
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,9 +42,11 @@ from confluent_kafka import Producer
 
 import runlog
 from runlog.benchmarks.common import TENANT, summary
-from runlog.log.clients import redis_client
+from runlog.log.clients import async_redis_client, redis_client
+from runlog.producers.async_run import open_async
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import RunDeps
+from runlog.producers.tools import Risk
 from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
@@ -77,6 +87,96 @@ def _redis(settings: Settings) -> Iterator[Loop]:
         yield loop
     finally:
         client.close()
+
+
+def _runlog_aio(deps: RunDeps, settings: Settings, risk: Risk) -> Iterator[Loop]:
+    async def lookup(args: dict[str, Any], *, idempotency_key: str) -> str:
+        return RESULT
+
+    tool = runlog.tool("lookup", risk=risk)(lookup)
+    ev = asyncio.new_event_loop()
+    aredis = async_redis_client(settings)
+    run = ev.run_until_complete(
+        open_async(deps, aredis, None, tenant=TENANT, tools=[tool], recover=False)
+    )
+
+    async def steps(n: int) -> None:
+        for i in range(n):
+            await run.call_tool("lookup", {"i": i, "u": uuid.uuid4().hex})
+
+    def loop(n: int) -> None:
+        ev.run_until_complete(steps(n))
+
+    try:
+        yield loop
+    finally:
+        ev.run_until_complete(run.close())
+        ev.run_until_complete(aredis.aclose())
+        ev.close()
+
+
+def fanout(deps: RunDeps, settings: Settings, *, runs: int, calls: int) -> dict[str, Any]:
+    """``runs`` runs each making ``calls`` irreversible calls at once: from one event loop
+    and from one thread per run. Events/s and process CPU (ms) per event of each."""
+
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        return RESULT
+
+    async def apay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        return RESULT
+
+    events = runs * calls * 2
+    out: dict[str, Any] = {"runs": runs, "calls_per_run": calls}
+
+    # Threads: every run opened first, then released together.
+    tool = runlog.tool("pay", risk="irreversible")(pay)
+    opened = [
+        open_run_with(deps, None, tenant=TENANT, tools=[tool], recover=False) for _ in range(runs)
+    ]
+    gate = threading.Barrier(runs + 1)
+
+    def work(run: Any) -> None:
+        gate.wait()
+        for i in range(calls):
+            run.call_tool("pay", {"i": i})
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in opened]
+    for t in threads:
+        t.start()
+    w0, c0 = time.perf_counter(), time.process_time()
+    gate.wait()
+    for t in threads:
+        t.join()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    for r in opened:
+        r.close()
+    out["threads"] = {"events_per_s": events / wall, "cpu_ms_per_event": cpu / events * 1000}
+
+    atool = runlog.tool("pay", risk="irreversible")(apay)
+
+    async def main() -> tuple[float, float]:
+        aredis = async_redis_client(settings)
+        aruns = await asyncio.gather(
+            *(
+                open_async(deps, aredis, None, tenant=TENANT, tools=[atool], recover=False)
+                for _ in range(runs)
+            )
+        )
+
+        async def awork(run: Any) -> None:
+            for i in range(calls):
+                await run.call_tool("pay", {"i": i})
+
+        w0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(awork(r) for r in aruns))
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        await asyncio.gather(*(r.close() for r in aruns))
+        await aredis.aclose()
+        return wall, cpu
+
+    wall, cpu = asyncio.run(main())
+    out["event_loop"] = {"events_per_s": events / wall, "cpu_ms_per_event": cpu / events * 1000}
+    return out
 
 
 def _runlog(deps: RunDeps, risk: str) -> Iterator[Loop]:
@@ -181,12 +281,24 @@ def peers_installed() -> bool:
     )
 
 
-def measure(deps: RunDeps, settings: Settings, *, n: int, repeats: int) -> dict[str, Any]:
+def measure(
+    deps: RunDeps,
+    settings: Settings,
+    *,
+    n: int,
+    repeats: int,
+    fanout_runs: int = 100,
+    fanout_calls: int = 10,
+) -> dict[str, Any]:
     systems: dict[str, Callable[[], contextlib.AbstractContextManager[Loop]]] = {
         "raw_produce_flush": contextlib.contextmanager(lambda: _raw(settings)),
         "redis_get": contextlib.contextmanager(lambda: _redis(settings)),
         "runlog_safe": contextlib.contextmanager(lambda: _runlog(deps, "safe")),
         "runlog_irreversible": contextlib.contextmanager(lambda: _runlog(deps, "irreversible")),
+        "runlog_aio_safe": contextlib.contextmanager(lambda: _runlog_aio(deps, settings, "safe")),
+        "runlog_aio_irreversible": contextlib.contextmanager(
+            lambda: _runlog_aio(deps, settings, "irreversible")
+        ),
     }
     out: dict[str, Any] = {"steps_per_repeat": n, "systems": {}}
     if peers_installed():
@@ -209,4 +321,5 @@ def measure(deps: RunDeps, settings: Settings, *, n: int, repeats: int) -> dict[
             "ms_per_step": summary(walls[name]),
             "cpu_ms_per_step": summary(cpus[name]),
         }
+    out["fanout"] = fanout(deps, settings, runs=fanout_runs, calls=fanout_calls)
     return out

@@ -19,12 +19,13 @@ from runlog.benchmarks.common import (
     encode_all,
     make_events,
     percentile,
+    produce,
     ratios,
     summary,
+    warm_producer,
     workload_payload,
 )
 from runlog.producers.opening import open_run_with
-from runlog.producers.writer import producer_config
 from runlog.settings import Settings
 
 OPEN_THREADS = 50
@@ -60,33 +61,18 @@ def _runlog(deps: Any, runs: list[Any], per_run: int, batch: int) -> float:
 
 
 def _raw(settings: Settings, records: list[Encoded]) -> float:
-    from confluent_kafka import KafkaError, Message, Producer
+    from confluent_kafka import KafkaError, Message
 
-    producer = Producer(producer_config(settings))
     failures: list[KafkaError] = []
 
     def on_delivery(err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
             failures.append(err)
 
-    topic = settings.events_topic
-    # Connection and producer-id setup outside the timing (runlog's writer is warm too).
-    producer.produce(topic, value=records[0].value, key=b"bench-warmup")
-    producer.flush(30)
+    producer = warm_producer(settings, records)
     t0 = time.perf_counter()
     for rec in records:
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    value=rec.value,
-                    key=rec.key,
-                    headers=rec.headers,
-                    on_delivery=on_delivery,
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce(producer, settings.events_topic, rec, on_delivery=on_delivery)
         producer.poll(0)
     left = producer.flush(60)
     elapsed = time.perf_counter() - t0

@@ -50,11 +50,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.set_defaults(func=_project)
 
-    p = sub.add_parser("state", help="a run's state projection")
-    p.add_argument("run_id")
-    p.add_argument("--tenant", default="default", help="the run's tenant (refused otherwise)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_state)
+    for name, help_, func in (
+        ("state", "a run's state projection", _state),
+        ("audit", "a run's audit trail", _audit),
+    ):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("run_id")
+        p.add_argument("--tenant", default="default", help="the run's tenant (refused otherwise)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("uncertain", help="the uncertain-call queue, with ages and overdue calls")
     p.add_argument("--json", action="store_true")
@@ -67,12 +71,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "safe=14400)",
     )
     p.set_defaults(func=_uncertain)
-
-    p = sub.add_parser("audit", help="a run's audit trail")
-    p.add_argument("run_id")
-    p.add_argument("--tenant", default="default", help="the run's tenant (refused otherwise)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_audit)
 
     p = sub.add_parser("quarantine", help="records the projections could not decode")
     p.add_argument("--json", action="store_true")

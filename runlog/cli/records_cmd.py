@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from runlog.cli.groups import command_group
 from runlog.errors import ConfigError, SchemaError
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
@@ -16,10 +17,9 @@ from runlog.settings import Settings
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "records", help="set aside an events-topic record that cannot be decoded"
+    sub = command_group(
+        subparsers, "records", help="set aside an events-topic record that cannot be decoded"
     )
-    sub = parser.add_subparsers(dest="records_command", required=True)
     p_set = sub.add_parser(
         "set-aside",
         help="every reader of runs skips this record from now on (only an unreadable one)",

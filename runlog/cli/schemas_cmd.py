@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from runlog.cli.groups import command_group
 from runlog.errors import ConfigError
 from runlog.log.registry import ids_for, subject_for
 from runlog.schemas.registry import registry
@@ -12,10 +13,9 @@ from runlog.settings import Settings
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "schemas", help="register or check runlog's schemas in the schema registry"
+    sub = command_group(
+        subparsers, "schemas", help="register or check runlog's schemas in the schema registry"
     )
-    sub = parser.add_subparsers(dest="schemas_command", required=True)
     p_reg = sub.add_parser(
         "register",
         help="register every released version (BACKWARD compatibility; idempotent)",

@@ -10,17 +10,18 @@ import time
 from typing import Any
 
 from runlog import stack
+from runlog.cli.groups import command_group
 from runlog.stack import redis_cluster, registry, secure
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    sub = command_group(
+        subparsers,
         "stack",
         help="local Kafka (KRaft) + Redis stack without Docker",
         description=stack.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="stack_command", required=True)
 
     p_up = sub.add_parser("up", help="start the stack (idempotent) and wait until it answers")
     p_up.add_argument(

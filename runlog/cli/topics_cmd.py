@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from runlog.cli.groups import command_group
 from runlog.errors import ConfigError
 from runlog.security import ROLES, clients_authenticate
 from runlog.settings import Settings
@@ -13,10 +14,7 @@ from runlog.topics import TopicsReport, check_topics, ensure_topics
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "topics", help="create or check runlog's Kafka topics"
-    )
-    sub = parser.add_subparsers(dest="topics_command", required=True)
+    sub = command_group(subparsers, "topics", help="create or check runlog's Kafka topics")
     p_create = sub.add_parser(
         "create",
         help="create missing topics (idempotent); report drift of existing ones (exit 1)",

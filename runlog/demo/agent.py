@@ -28,7 +28,14 @@ from typing import Any
 import runlog
 from runlog import current_call
 from runlog.bootstrap import Services
-from runlog.errors import AppendOutcomeUnknown, CallUncertain, Escalated, Fenced, RunLocked
+from runlog.errors import (
+    AppendOutcomeUnknown,
+    CallUncertain,
+    Escalated,
+    Fenced,
+    RunLocked,
+    RunlogError,
+)
 from runlog.producers.agent import ApprovalStep, Call, CompactStep, FinishStep, ModelStep
 from runlog.producers.tools import Absent, Conflict, Match, ToolError, Unavailable, tool
 from runlog.settings import Settings
@@ -320,6 +327,30 @@ def say(msg: str) -> None:
     print(msg, flush=True)
 
 
+# The errors that stop this worker as the supervisor expects: what it says, its exit code.
+Stops = tuple[tuple[type[RunlogError], str, int], ...]
+STOPS_OPENING: Stops = (
+    (RunLocked, "run is locked", EXIT_LOCKED),
+    (Fenced, "fenced while opening", EXIT_FENCED),
+)
+STOPS_RUNNING: Stops = (
+    (Escalated, "escalated", EXIT_ESCALATED),
+    (CallUncertain, "uncertain", EXIT_UNCERTAIN),
+    (Fenced, "fenced", EXIT_FENCED),
+    (AppendOutcomeUnknown, "append outcome unknown", EXIT_APPEND_UNKNOWN),
+)
+
+
+def stopped(exc: RunlogError, stops: Stops) -> int:
+    """Say why the worker stops and return its exit code; an error not in ``stops`` is
+    not one the supervisor handles, so it propagates."""
+    for kind, what, code in stops:
+        if isinstance(exc, kind):
+            say(f"{what}: {exc}")
+            return code
+    raise exc
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--ledger-url", required=True)
@@ -352,12 +383,8 @@ def run(args: argparse.Namespace) -> int:
                 reason=args.reason,
                 takeover=args.takeover,
             )
-        except RunLocked as exc:
-            say(f"run is locked: {exc}")
-            return EXIT_LOCKED
-        except Fenced as exc:
-            say(f"fenced while opening: {exc}")
-            return EXIT_FENCED
+        except RunlogError as exc:
+            return stopped(exc, STOPS_OPENING)
         st = opened.state
         say(
             f"opened run {opened.run_id} as epoch {opened.epoch} at seq {st.seq} "
@@ -371,18 +398,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             with opened:
                 final = loop.run(opened, user_message=TASK)
-        except Escalated as exc:
-            say(f"escalated: {exc}")
-            return EXIT_ESCALATED
-        except CallUncertain as exc:
-            say(f"uncertain: {exc}")
-            return EXIT_UNCERTAIN
-        except Fenced as exc:
-            say(f"fenced: {exc}")
-            return EXIT_FENCED
-        except AppendOutcomeUnknown as exc:
-            say(f"append outcome unknown: {exc}")
-            return EXIT_APPEND_UNKNOWN
+        except RunlogError as exc:
+            return stopped(exc, STOPS_RUNNING)
         say(f"run {final.status}: {final.outcome}")
         return EXIT_FINISHED if final.status == "finished" else EXIT_ERROR
     finally:

@@ -376,12 +376,23 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def _before_commit(self, ident: str) -> None:
+    def _commit(
+        self, ident: str, script: Any, *, keys: list[str], args: list[Any]
+    ) -> tuple[str, str] | None:
+        """Run a mutation's script for ``ident`` inside the configured faults: its
+        (outcome, detail), or None when it was refused (the refusal is already answered).
+        A fault may drop the request before the commit or its answer after it."""
         ledger = self.server.ledger
         if ledger.fire("drop_before_commit", ident):
             raise Drop
         if ledger.fire("slow", ident):
             time.sleep(ledger.faults.slow[ident])
+        outcome, detail = _strs(script(keys=keys, args=args))
+        if self._refused(outcome, detail):
+            return None
+        if ledger.fire("drop_after_commit", ident):
+            raise Drop
+        return outcome, detail
 
     def post_idempotent(self, path: str, query: dict[str, list[str]]) -> None:
         key = self.headers.get("Idempotency-Key")
@@ -393,34 +404,32 @@ class Handler(BaseHTTPRequestHandler):
             return
         body, run, token, deadline = got
         cid = str(body["correction_id"])
-        self._before_commit(cid)
         ledger = self.server.ledger
         response = canonical({"correction": body, "status": "applied"})
-        outcome, detail = _strs(
-            ledger._idempotent(
-                keys=[
-                    ledger.keys.fences,
-                    ledger.keys.idem(key),
-                    ledger.keys.corrections,
-                    ledger.keys.effects,
-                    ledger.keys.balances,
-                ],
-                args=[
-                    run,
-                    token,
-                    deadline,
-                    canonical(body),
-                    response,
-                    cid,
-                    body["ledger"],
-                    body["amount_cents"],
-                ],
-            )
+        committed = self._commit(
+            cid,
+            ledger._idempotent,
+            keys=[
+                ledger.keys.fences,
+                ledger.keys.idem(key),
+                ledger.keys.corrections,
+                ledger.keys.effects,
+                ledger.keys.balances,
+            ],
+            args=[
+                run,
+                token,
+                deadline,
+                canonical(body),
+                response,
+                cid,
+                body["ledger"],
+                body["amount_cents"],
+            ],
         )
-        if self._refused(outcome, detail):
+        if committed is None:
             return
-        if ledger.fire("drop_after_commit", cid):
-            raise Drop
+        outcome, detail = committed
         status = HTTPStatus.CREATED if outcome == "applied" else HTTPStatus.OK
         self._send(status, {**json.loads(detail), "replayed": outcome == "replay"})
 
@@ -430,32 +439,20 @@ class Handler(BaseHTTPRequestHandler):
             return
         body, run, token, deadline = got
         cid = str(body["correction_id"])
-        self._before_commit(cid)
         ledger = self.server.ledger
-        outcome, detail = _strs(
-            ledger._plain(
-                keys=[
-                    ledger.keys.fences,
-                    ledger.keys.corrections,
-                    ledger.keys.effects,
-                    ledger.keys.balances,
-                ],
-                args=[
-                    run,
-                    token,
-                    deadline,
-                    canonical(body),
-                    cid,
-                    body["ledger"],
-                    body["amount_cents"],
-                ],
-            )
+        committed = self._commit(
+            cid,
+            ledger._plain,
+            keys=[
+                ledger.keys.fences,
+                ledger.keys.corrections,
+                ledger.keys.effects,
+                ledger.keys.balances,
+            ],
+            args=[run, token, deadline, canonical(body), cid, body["ledger"], body["amount_cents"]],
         )
-        if self._refused(outcome, detail):
-            return
-        if ledger.fire("drop_after_commit", cid):
-            raise Drop
-        self._send(HTTPStatus.CREATED, {"correction": body, "status": "applied"})
+        if committed is not None:
+            self._send(HTTPStatus.CREATED, {"correction": body, "status": "applied"})
 
     def get_correction(self, path: str, query: dict[str, list[str]]) -> None:
         cid = path.rsplit("/", 1)[1]
@@ -486,19 +483,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         body, run, token, deadline = got
         ref = str(body["ref"])
-        self._before_commit(ref)
         ledger = self.server.ledger
-        outcome, detail = _strs(
-            ledger._ticket(
-                keys=[ledger.keys.fences, ledger.keys.effects, ledger.keys.tickets],
-                args=[run, token, deadline, canonical(body), ref],
-            )
+        committed = self._commit(
+            ref,
+            ledger._ticket,
+            keys=[ledger.keys.fences, ledger.keys.effects, ledger.keys.tickets],
+            args=[run, token, deadline, canonical(body), ref],
         )
-        if self._refused(outcome, detail):
-            return
-        if ledger.fire("drop_after_commit", ref):
-            raise Drop
-        self._send(HTTPStatus.CREATED, {"ticket": ref, "status": "filed"})
+        if committed is not None:
+            self._send(HTTPStatus.CREATED, {"ticket": ref, "status": "filed"})
 
 
 def _strs(raw: Any) -> tuple[str, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 import redis
+import redis.asyncio as aioredis
+import redis.asyncio.cluster
 import redis.cluster
 
 from runlog.errors import ConfigError
@@ -16,6 +18,37 @@ from runlog.settings import Settings
 
 
 def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
+    opts = _options(settings, kw)
+    if settings.redis_cluster:
+        # A RedisCluster answers the same commands (every multi-key command runlog sends
+        # names keys of one hash slot); typed as redis.Redis for the callers.
+        return cast(redis.Redis, redis.cluster.RedisCluster.from_url(settings.redis_url, **opts))
+    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
+    return client
+
+
+def async_redis_client(settings: Settings, **kw: Any) -> aioredis.Redis:
+    """The asyncio client with the same connection options (bound to one event loop).
+
+    Its pool blocks for a free connection instead of failing: hundreds of runs in one
+    loop share ``ASYNC_CONNECTIONS`` connections, each used for one GET at a time.
+    With ``RUNLOG_REDIS_CLUSTER`` it is the asyncio cluster client (its own pools per node).
+    """
+    if settings.redis_cluster:
+        cluster = redis.asyncio.cluster.RedisCluster.from_url(
+            settings.redis_url, **_options(settings, kw)
+        )
+        return cast(aioredis.Redis, cluster)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=ASYNC_CONNECTIONS, timeout=10, **_options(settings, kw)
+    )
+    return aioredis.Redis(connection_pool=pool)
+
+
+ASYNC_CONNECTIONS = 32
+
+
+def _options(settings: Settings, kw: dict[str, Any]) -> dict[str, Any]:
     password = settings.redis_password.get_secret_value() if settings.redis_password else None
     opts: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 3.0}
     if password is not None:
@@ -31,9 +64,4 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
             )
         opts["ssl_ca_certs"] = settings.redis_ssl_ca
     opts.update(kw)
-    if settings.redis_cluster:
-        # A RedisCluster answers the same commands (every multi-key command runlog sends
-        # names keys of one hash slot); typed as redis.Redis for the callers.
-        return cast(redis.Redis, redis.cluster.RedisCluster.from_url(settings.redis_url, **opts))
-    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
-    return client
+    return opts

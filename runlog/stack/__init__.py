@@ -52,7 +52,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -95,6 +95,24 @@ DEFAULT_SECURE_KAFKA_PORT = 19192
 DEFAULT_SECURE_CONTROLLER_PORT = 19193
 DEFAULT_SECURE_INTERNAL_PORT = 19194
 DEFAULT_SECURE_REDIS_PORT = 16479
+_DEFAULT_PORTS = {
+    "STACK": {
+        "KAFKA": DEFAULT_KAFKA_PORT,
+        "CONTROLLER": DEFAULT_CONTROLLER_PORT,
+        "REDIS": DEFAULT_REDIS_PORT,
+    },
+    "CLUSTER": {
+        "KAFKA": DEFAULT_CLUSTER_KAFKA_PORT,
+        "CONTROLLER": DEFAULT_CLUSTER_CONTROLLER_PORT,
+        "REDIS": DEFAULT_CLUSTER_REDIS_PORT,
+    },
+    "SECURE": {
+        "KAFKA": DEFAULT_SECURE_KAFKA_PORT,
+        "CONTROLLER": DEFAULT_SECURE_CONTROLLER_PORT,
+        "REDIS": DEFAULT_SECURE_REDIS_PORT,
+        "INTERNAL": DEFAULT_SECURE_INTERNAL_PORT,
+    },
+}
 HOST = "127.0.0.1"
 
 Echo = Callable[[str], None]
@@ -210,60 +228,46 @@ class StackConfig:
         home = Path(e.get("HOME") or Path.home())
         if nodes < 1:
             raise StackError(f"a stack needs at least one node, not {nodes}")
+        if secure and nodes != 1:
+            raise StackError("the secure stack has one node (--secure with --nodes 1)")
+        # Each kind reads its own RUNLOG_<KIND>_* variables and has its own default ports.
+        plain = e.get("RUNLOG_STACK_DIR") or str(home / ".local/state/runlog/stack")
         if secure:
-            if nodes != 1:
-                raise StackError("the secure stack has one node (--secure with --nodes 1)")
-            plain = e.get("RUNLOG_STACK_DIR") or str(home / ".local/state/runlog/stack")
+            kind, heap = "SECURE", "384m"
             state = e.get("RUNLOG_SECURE_DIR") or f"{plain.rstrip('/')}-secure"
-            cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
-            return cls(
-                state_dir=Path(state).expanduser().absolute(),
-                cache_dir=Path(cache).expanduser().absolute(),
-                kafka_port=_env_int(e, "RUNLOG_SECURE_KAFKA_PORT", DEFAULT_SECURE_KAFKA_PORT),
-                controller_port=_env_int(
-                    e, "RUNLOG_SECURE_CONTROLLER_PORT", DEFAULT_SECURE_CONTROLLER_PORT
-                ),
-                redis_port=_env_int(e, "RUNLOG_SECURE_REDIS_PORT", DEFAULT_SECURE_REDIS_PORT),
-                internal_port=_env_int(
-                    e, "RUNLOG_SECURE_INTERNAL_PORT", DEFAULT_SECURE_INTERNAL_PORT
-                ),
-                external_redis_url=None,
-                kafka_heap=e.get("RUNLOG_SECURE_KAFKA_HEAP") or "384m",
-                allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
+        elif nodes > 1:
+            kind, heap = "CLUSTER", "384m"
+            state = e.get("RUNLOG_CLUSTER_DIR") or str(
+                home / f".local/state/runlog/cluster-{nodes}"
+            )
+        else:
+            kind, heap, state = "STACK", "512m", plain
+        cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
+
+        def port(service: str) -> int:
+            return _env_int(e, f"RUNLOG_{kind}_{service}_PORT", _DEFAULT_PORTS[kind][service])
+
+        base = cls(
+            state_dir=Path(state).expanduser().absolute(),
+            cache_dir=Path(cache).expanduser().absolute(),
+            kafka_port=port("KAFKA"),
+            controller_port=port("CONTROLLER"),
+            redis_port=port("REDIS"),
+            kafka_heap=e.get(f"RUNLOG_{kind}_KAFKA_HEAP") or heap,
+            allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
+        )
+        if secure:
+            return replace(
+                base,
+                internal_port=port("INTERNAL"),
                 secure=True,
                 redis_key_prefix=e.get("RUNLOG_REDIS_KEY_PREFIX") or "runlog",
             )
         if nodes > 1:
-            state = e.get("RUNLOG_CLUSTER_DIR") or str(
-                home / f".local/state/runlog/cluster-{nodes}"
-            )
-            cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
-            return cls(
-                state_dir=Path(state).expanduser().absolute(),
-                cache_dir=Path(cache).expanduser().absolute(),
-                kafka_port=_env_int(e, "RUNLOG_CLUSTER_KAFKA_PORT", DEFAULT_CLUSTER_KAFKA_PORT),
-                controller_port=_env_int(
-                    e, "RUNLOG_CLUSTER_CONTROLLER_PORT", DEFAULT_CLUSTER_CONTROLLER_PORT
-                ),
-                redis_port=_env_int(e, "RUNLOG_CLUSTER_REDIS_PORT", DEFAULT_CLUSTER_REDIS_PORT),
-                external_redis_url=None,
-                kafka_heap=e.get("RUNLOG_CLUSTER_KAFKA_HEAP") or "384m",
-                node_count=nodes,
-                allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
-            )
-        state = e.get("RUNLOG_STACK_DIR") or str(home / ".local/state/runlog/stack")
-        cache = e.get("RUNLOG_CACHE_DIR") or str(home / ".cache/runlog")
-        redis_port = _env_int(e, "RUNLOG_STACK_REDIS_PORT", DEFAULT_REDIS_PORT)
-        return cls(
-            state_dir=Path(state).expanduser().absolute(),
-            cache_dir=Path(cache).expanduser().absolute(),
-            kafka_port=_env_int(e, "RUNLOG_STACK_KAFKA_PORT", DEFAULT_KAFKA_PORT),
-            controller_port=_env_int(e, "RUNLOG_STACK_CONTROLLER_PORT", DEFAULT_CONTROLLER_PORT),
-            redis_port=redis_port,
-            external_redis_url=_external_redis(e.get("RUNLOG_REDIS_URL"), redis_port),
-            kafka_heap=e.get("RUNLOG_STACK_KAFKA_HEAP") or "512m",
-            allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
-        )
+            return replace(base, node_count=nodes)
+        # Only the plain stack may use an external Redis instead of its own.
+        external = _external_redis(e.get("RUNLOG_REDIS_URL"), base.redis_port)
+        return replace(base, external_redis_url=external)
 
     # Layout -------------------------------------------------------------------------
     @property
@@ -1157,6 +1161,22 @@ def node_pid(config: StackConfig, node_id: int) -> int | None:
     return _live_pid(node.pid_file, _kafka_marker(node))
 
 
+def _signal_and_wait(pid_file: Path, marker: str, sig: int, *, stop_timeout: float) -> int | None:
+    """Signal the live process of ``pid_file`` and wait until it has exited: SIGKILL at
+    once, any other signal as a clean stop (SIGKILL after ``stop_timeout``). Returns the
+    pid signalled, or None if it was not running."""
+    pid = _live_pid(pid_file, marker)
+    if pid is None:
+        return None
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    else:
+        _stop_pid(pid, marker, timeout=stop_timeout)
+    _wait_gone(pid)
+    return pid
+
+
 def kill_node(config: StackConfig, node_id: int, *, sig: int = signal.SIGKILL) -> int | None:
     """Send ``sig`` (default ``kill -9``) to node ``node_id``; wait until it is gone.
 
@@ -1164,17 +1184,7 @@ def kill_node(config: StackConfig, node_id: int, *, sig: int = signal.SIGKILL) -
     broker shuts down cleanly (leadership moves first); with SIGKILL it just vanishes.
     """
     node = config.node(node_id)
-    marker = _kafka_marker(node)
-    pid = _live_pid(node.pid_file, marker)
-    if pid is None:
-        return None
-    if sig == signal.SIGKILL:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    else:
-        _stop_pid(pid, marker, timeout=60)
-    _wait_gone(pid)
-    return pid
+    return _signal_and_wait(node.pid_file, _kafka_marker(node), sig, stop_timeout=60)
 
 
 def stop_node(config: StackConfig, node_id: int) -> int | None:
@@ -1232,19 +1242,7 @@ def kill_redis(config: StackConfig, *, sig: int = signal.SIGKILL) -> int | None:
     """
     if config.external_redis_url:
         raise StackError("refusing to kill an external Redis (RUNLOG_REDIS_URL)")
-    pid = _live_pid(config.redis_pid_file, _REDIS_MARKER)
-    if pid is None:
-        return None
-    if sig == signal.SIGKILL:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _pid_alive(pid, _REDIS_MARKER):
-            time.sleep(0.05)
-    else:
-        _stop_pid(pid, _REDIS_MARKER, timeout=30)
-    _wait_gone(pid)
-    return pid
+    return _signal_and_wait(config.redis_pid_file, _REDIS_MARKER, sig, stop_timeout=30)
 
 
 def start_redis(config: StackConfig, *, empty: bool = False, timeout: float = 30.0) -> int:

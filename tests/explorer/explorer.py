@@ -53,6 +53,7 @@ ROOT = TESTS.parent
 sys.path[:0] = [str(ROOT), str(TESTS), str(TESTS / "faults")]
 
 import redis  # noqa: E402
+from workers.common import FAST_TAKEOVER, worker_env  # noqa: E402
 
 from runlog import stack  # noqa: E402
 from runlog.log.reader import LogReader  # noqa: E402
@@ -81,6 +82,8 @@ MAX_WORKERS_PER_RUN = 2
 MAX_RUNNERS = 2
 LEASE_TTL_MS = 2000
 PARTITIONS = 3
+# Step kinds that act on one of the runs (chosen by the step's ``a``): skipped while none exists.
+STEPS_ON_A_RUN = ("resume", "takeover", "receiver_fault", "recon_unavailable", "decide")
 EXIT_NAMES = {
     0: "ok",
     1: "UNCLEAR",
@@ -245,23 +248,13 @@ def cluster_settings(cfg: stack.StackConfig, prefix: str) -> Settings:
 
 
 def env_for(settings: Settings, ledger_url: str, ns: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
-    env.update(
-        {
-            "RUNLOG_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "RUNLOG_REDIS_URL": settings.redis_url,
-            "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
-            "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
-            "RUNLOG_PARTITIONS": str(settings.partitions),
-            "RUNLOG_REPLICATION_FACTOR": str(settings.replication_factor),
-            "RUNLOG_LEASE_TTL_MS": str(settings.lease_ttl_ms),
-            "RUNLOG_KAFKA_EXTRA": '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}',
-            "EXPLORER_LEDGER_URL": ledger_url,
-            "EXPLORER_LEDGER_NS": ns,
-            "PYTHONUNBUFFERED": "1",
-        }
+    env = worker_env(
+        settings,
+        RUNLOG_KAFKA_EXTRA=FAST_TAKEOVER,
+        EXPLORER_LEDGER_URL=ledger_url,
+        EXPLORER_LEDGER_NS=ns,
     )
+    env.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
     return env
 
 
@@ -431,6 +424,25 @@ class Explorer:
             return [rec.event for rec in reader.read(run_id, partition=part, start=0)]
 
     # ----------------------------------------------------------------- steps
+    def do_on_run(self, step: Step, rid: str) -> str:
+        """A step on run ``rid`` (one of ``STEPS_ON_A_RUN``)."""
+        assert self.out is not None
+        k = step.kind
+        if k in ("resume", "takeover"):
+            p = self.spawn_worker(rid, takeover=k == "takeover")
+            return f"{k} {rid} as {p.name}" if p else "skip: enough workers"
+        if k == "receiver_fault":
+            tool, mode = step.arg.split(":")
+            self.ledger.rpush(self.lk(f"fault:{rid}:{tool}"), mode)
+            self.out.faults[f"receiver {mode}"] += 1
+            return f"next {tool} of {rid}: {mode}"
+        if k == "recon_unavailable":
+            self.ledger.rpush(self.lk(f"recon:{rid}:{step.arg}"), "unavailable")
+            self.out.faults["reconciler unavailable"] += 1
+            return f"next lookup of {step.arg} in {rid}: unavailable"
+        assert k == "decide", k
+        return self.decide(rid, approve=step.b % 3 != 0)
+
     def do(self, step: Step) -> str:
         """Execute one step; return what it did (for the printed history)."""
         assert self.out is not None
@@ -442,12 +454,9 @@ class Explorer:
             self.runs.append(rid)
             p = self.spawn_worker(rid)
             return f"start {rid} as {p.name if p else '-'}"
-        if k in ("resume", "takeover"):
+        if k in STEPS_ON_A_RUN:
             rid = self.run_of(step.a)
-            if rid is None:
-                return "skip: no run"
-            p = self.spawn_worker(rid, takeover=k == "takeover")
-            return f"{k} {rid} as {p.name}" if p else "skip: enough workers"
+            return "skip: no run" if rid is None else self.do_on_run(step, rid)
         if k == "kill_worker":
             p = self.pick(self.workers, step.a)
             if p is None:
@@ -468,26 +477,6 @@ class Explorer:
             p.paused_until = time.monotonic() + 0.5 + (step.b % 40) / 10
             self.out.faults["SIGSTOP worker"] += 1
             return f"SIGSTOP {p.name} for {p.paused_until - time.monotonic():.1f} s"
-        if k == "receiver_fault":
-            rid = self.run_of(step.a)
-            if rid is None:
-                return "skip: no run"
-            tool, mode = step.arg.split(":")
-            self.ledger.rpush(self.lk(f"fault:{rid}:{tool}"), mode)
-            self.out.faults[f"receiver {mode}"] += 1
-            return f"next {tool} of {rid}: {mode}"
-        if k == "recon_unavailable":
-            rid = self.run_of(step.a)
-            if rid is None:
-                return "skip: no run"
-            self.ledger.rpush(self.lk(f"recon:{rid}:{step.arg}"), "unavailable")
-            self.out.faults["reconciler unavailable"] += 1
-            return f"next lookup of {step.arg} in {rid}: unavailable"
-        if k == "decide":
-            rid = self.run_of(step.a)
-            if rid is None:
-                return "skip: no run"
-            return self.decide(rid, approve=step.b % 3 != 0)
         if k == "wait":
             time.sleep(0.3 + (step.b % 20) / 10)
             return "wait"

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,21 @@ def _outcome_row(row: Row, out: Outcome, problems: list[str]) -> None:
     _classify(row, problems)
 
 
+@contextlib.contextmanager
+def _explorer(
+    cfg: stack.StackConfig, ledger: Any, seed: int, steps: int
+) -> Iterator[tuple[Explorer, Outcome, Checker]]:
+    """A ready explorer on the cluster, its outcome and its checker; torn down after."""
+    ex = Explorer(cfg, ledger, seed)
+    ex.out = out = Outcome(seed, steps, [])
+    ex.ready()
+    try:
+        yield ex, out, Checker(ex)
+    finally:
+        ex.teardown()
+        ex_mod.cleanup(ex)
+
+
 # --------------------------------------------------------------------------- phases
 
 
@@ -86,14 +102,10 @@ def phase_kills(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row:
     """Worker processes on a few runs, each SIGKILLed at a random moment, then resumed."""
     row = Row("worker SIGKILL")
     t0 = time.monotonic()
-    ex = Explorer(cfg, ledger, seed)
-    ex.out = Outcome(seed, n, [])
-    ex.ready()
-    checker = Checker(ex)
     rng = random.Random(seed)
     active = 4
     problems: list[str] = []
-    try:
+    with _explorer(cfg, ledger, seed, n) as (ex, out, checker):
         ex.spawn_runner()
         for i in range(active):
             ex.runs.append(f"{ex.ns}-r{i}")
@@ -129,10 +141,7 @@ def phase_kills(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row:
                     print(f"  kills {kills}/{n} ({len(ex.runs)} runs)", flush=True)
         row.faults = kills
         problems += checker.at_end()
-        _outcome_row(row, ex.out, problems)
-    finally:
-        ex.teardown()
-        ex_mod.cleanup(ex)
+        _outcome_row(row, out, problems)
     row.seconds = time.monotonic() - t0
     return row
 
@@ -156,27 +165,13 @@ def phase_races(settings_src: Any, n: int) -> Row:
         with runlog.open_run(rid, settings=s) as run:
             run.append(EventType.USER_MESSAGE, content="race me")
     Services.shared(s).close()
-    ctx = race.context()
-    barrier, ready, go, results = ctx.Barrier(2), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    dump = s.model_dump()
-    procs = [
-        ctx.Process(target=race.contender, args=(i, dump, trials, barrier, ready, go, results))
-        for i in range(2)
-    ]
-    for p in procs:
-        p.start()
     outcomes: dict[str, dict[int, str]] = {}
-    try:
+    with race.contenders(s, trials) as contest:
         for k in range(2 * n):
-            rid, index, outcome, _epoch = results.get(timeout=race.RESULT_TIMEOUT_S)
+            rid, index, outcome, _epoch = contest.results.get(timeout=race.RESULT_TIMEOUT_S)
             outcomes.setdefault(rid, {})[index] = outcome
             if k % 200 == 0:
                 print(f"  races {k // 2}/{n}", flush=True)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
     row.faults = n
     for rid, _ in trials:
         got = outcomes.get(rid, {})
@@ -192,7 +187,7 @@ def phase_races(settings_src: Any, n: int) -> Row:
         except AssertionError as exc:
             row.lost += 1
             row.notes.append(f"{rid}: {exc}")
-    row.crashes = sum(1 for p in procs if p.exitcode not in (0, None))
+    row.crashes = sum(1 for p in contest.procs if p.exitcode not in (0, None))
     row.seconds = time.monotonic() - t0
     return row
 
@@ -201,10 +196,8 @@ def _supervised(
     cfg: stack.StackConfig, name: str, n: int, inject: Any, *, contenders: int, tmp: Path
 ) -> Row:
     """Threads drive runs (faultkit's workload) while ``inject`` runs ``n`` faults."""
-    from faultkit import EffectLedger, Journal, supervise, verify_effects, verify_run
+    from faultkit import Workload, final_open, verify_effects, verify_run
 
-    from runlog.bootstrap import Services
-    from runlog.producers.run import open_run_with
     from runlog.topics import ensure_topics
 
     row = Row(name)
@@ -212,10 +205,9 @@ def _supervised(
     prefix = f"soak-{name.split()[0].lower()}-{new_run_id()[-6:]}"
     s = ex_mod.cluster_settings(cfg, prefix)
     ensure_topics(s).raise_for_drift()
-    journal = Journal()
-    ledger = EffectLedger(tmp / f"{prefix}.effects")
+    work = Workload.start(s, 4, tmp / f"{prefix}.effects")
+    journal, ledger = work.journal, work.ledger
     stop = threading.Event()
-    run_ids = [new_run_id() for _ in range(4)]
     done = Counter[str]()
 
     broke: list[str] = []
@@ -234,28 +226,12 @@ def _supervised(
 
     th = threading.Thread(target=injector, daemon=True)
     th.start()
-    finished = supervise(
-        s,
-        run_ids,
-        journal,
-        ledger,
-        target=10**9,
-        deadline_s=7200,
-        pace_s=0.02,
-        contenders=contenders,
-        stop=stop,
+    finished = work.supervise(
+        target=10**9, deadline_s=7200, pace_s=0.02, contenders=contenders, stop=stop
     )
     th.join()
-    states = []
-    for rid in run_ids:
-        services = Services(s, writer_id="soak-final")
-        try:
-            with open_run_with(services.run_deps(), rid, tools=[ledger.tool()]) as run:
-                states.append(run.state)
-        finally:
-            with contextlib.suppress(Exception):
-                services.close()
-    checks = [verify_run(s, rid, journal) for rid in run_ids]
+    states = [final_open(s, rid, ledger) for rid in work.run_ids]
+    checks = [verify_run(s, rid, journal) for rid in work.run_ids]
     effects = verify_effects(ledger, states)
     row.faults = done["faults"]
     row.acks = sum(c.acked for c in checks)
@@ -316,12 +292,8 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
 
     row = Row("hostile records")
     t0 = time.monotonic()
-    ex = Explorer(cfg, ledger, seed)
-    ex.out = Outcome(seed, 0, [])
-    ex.ready()
-    checker = Checker(ex)
     rng = random.Random(seed)
-    try:
+    with _explorer(cfg, ledger, seed, 0) as (ex, out, checker):
         ex.spawn_runner()
         for i in range(3):
             ex.runs.append(f"{ex.ns}-r{i}")
@@ -389,10 +361,7 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
         ex.ghosts = ghosts
         row.faults = sent
         problems = checker.at_end()
-        _outcome_row(row, ex.out, problems)
-    finally:
-        ex.teardown()
-        ex_mod.cleanup(ex)
+        _outcome_row(row, out, problems)
     row.seconds = time.monotonic() - t0
     return row
 

@@ -42,6 +42,14 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import redis  # noqa: E402
+from workers.common import (  # noqa: E402
+    EXIT_ESCALATED,
+    EXIT_FENCED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_TOOL_FAILED,
+    EXIT_UNCERTAIN,
+)
 
 import runlog  # noqa: E402
 from runlog.bootstrap import Services  # noqa: E402
@@ -55,13 +63,8 @@ from runlog.producers.tools import Evidence  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
 
-EXIT_OK = 0
+# The writer tests' exit codes, and three more for what only the explorer provokes.
 EXIT_UNCLEAR = 1
-EXIT_FENCED = 3
-EXIT_LOCKED = 4
-EXIT_ESCALATED = 5
-EXIT_UNCERTAIN = 6
-EXIT_TOOL_FAILED = 7
 EXIT_CONFIG = 9
 EXIT_UNAVAILABLE = 10
 HUGE_BYTES = 2 * 1024 * 1024

@@ -44,6 +44,7 @@ from runlog.producers.opening import open_run_with
 from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Absent, Evidence, Match, Tool
 from runlog.projections.run_state import RunState, apply, is_valid
+from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -433,6 +434,35 @@ class FaultReport:
             },
             indent=2,
         )
+
+
+@dataclass
+class Workload:
+    """What a fault test drives and then checks: its runs, the journal of what their
+    writers were told, and the effects their tool changed; timed from its start."""
+
+    settings: Settings
+    run_ids: list[str]
+    journal: Journal
+    ledger: EffectLedger
+    started: float
+
+    @classmethod
+    def start(cls, settings: Settings, runs: int, effects: Path) -> Workload:
+        run_ids = [new_run_id() for _ in range(runs)]
+        return cls(settings, run_ids, Journal(), EffectLedger(effects), time.monotonic())
+
+    def supervise(self, **how: Any) -> dict[str, bool]:
+        """:func:`supervise` on this workload's runs (``how``: its keyword arguments)."""
+        return supervise(self.settings, self.run_ids, self.journal, self.ledger, **how)
+
+    def check(
+        self, name: str, report: FaultReport, finished: dict[str, bool], *, timed_as: str
+    ) -> None:
+        """:func:`finish_and_check`, then the time since the start as ``timed_as``."""
+        args = (self.settings, self.run_ids, self.journal, self.ledger, report, finished)
+        finish_and_check(name, *args)
+        report.durations[timed_as] = time.monotonic() - self.started
 
 
 def finish_and_check(

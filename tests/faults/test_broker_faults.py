@@ -8,17 +8,14 @@ import time
 from pathlib import Path
 
 from faultkit import (
-    EffectLedger,
     FaultReport,
-    Journal,
-    finish_and_check,
+    Workload,
     partition_leaders,
-    supervise,
     wait_full_isr,
 )
 
 from runlog import stack
-from runlog.schemas.keys import new_run_id, partition_for
+from runlog.schemas.keys import partition_for
 from runlog.settings import Settings
 
 RUNS = 4
@@ -28,11 +25,8 @@ TARGET = 40
 def test_kill_9_partition_leader_while_workers_append(
     healthy: Settings, cluster: stack.StackConfig, report: FaultReport, tmp_path: Path
 ) -> None:
-    t0 = time.monotonic()
-    settings = healthy
-    run_ids = [new_run_id() for _ in range(RUNS)]
-    journal = Journal()
-    ledger = EffectLedger(tmp_path / "effects.log")
+    work = Workload.start(healthy, RUNS, tmp_path / "effects.log")
+    settings, run_ids, journal = work.settings, work.run_ids, work.journal
     killed: list[int] = []
 
     def inject() -> None:
@@ -46,9 +40,7 @@ def test_kill_9_partition_leader_while_workers_append(
             killed.append(leader)
             report.faults["kill -9 partition leader"] += 1
 
-    finished = supervise(
-        settings, run_ids, journal, ledger, target=TARGET, deadline_s=150, on_progress=inject
-    )
+    finished = work.supervise(target=TARGET, deadline_s=150, on_progress=inject)
     assert killed, "the fault was never injected"
     restart = time.monotonic()
     stack.start_node(cluster, killed[0])
@@ -58,19 +50,15 @@ def test_kill_9_partition_leader_while_workers_append(
         f"kill -9 leader: node {killed[0]} back in every ISR {time.monotonic() - restart:.1f}s "
         f"after restart (ISR wait {caught_up:.1f}s)"
     )
-    finish_and_check("kill-leader", settings, run_ids, journal, ledger, report, finished)
-    report.durations["kill_9_leader"] = time.monotonic() - t0
+    work.check("kill-leader", report, finished, timed_as="kill_9_leader")
 
 
 def test_restart_brokers_one_at_a_time_while_workers_append(
     healthy: Settings, cluster: stack.StackConfig, report: FaultReport, tmp_path: Path
 ) -> None:
     """A rolling restart: SIGTERM each node in turn, start it again, wait for its ISR."""
-    t0 = time.monotonic()
-    settings = healthy
-    run_ids = [new_run_id() for _ in range(RUNS)]
-    journal = Journal()
-    ledger = EffectLedger(tmp_path / "effects.log")
+    work = Workload.start(healthy, RUNS, tmp_path / "effects.log")
+    settings, journal = work.settings, work.journal
     stop = threading.Event()
     done_nodes: list[int] = []
 
@@ -93,11 +81,8 @@ def test_restart_brokers_one_at_a_time_while_workers_append(
 
     roller = threading.Thread(target=roll, daemon=True)
     roller.start()
-    finished = supervise(
-        settings, run_ids, journal, ledger, target=10_000, deadline_s=170, pace_s=0.02, stop=stop
-    )
+    finished = work.supervise(target=10_000, deadline_s=170, pace_s=0.02, stop=stop)
     roller.join(timeout=120)
     assert done_nodes == [n.node_id for n in cluster.nodes()], done_nodes
     report.notes.append(f"rolling restart: nodes {done_nodes} restarted while runs appended")
-    finish_and_check("rolling-restart", settings, run_ids, journal, ledger, report, finished)
-    report.durations["rolling_restart"] = time.monotonic() - t0
+    work.check("rolling-restart", report, finished, timed_as="rolling_restart")

@@ -13,16 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from faultkit import (
-    EffectLedger,
     FaultReport,
-    Journal,
-    finish_and_check,
+    Workload,
     read_log,
-    supervise,
 )
 
 from runlog import stack
-from runlog.schemas.keys import new_run_id
 from runlog.settings import Settings
 
 RUNS = 3
@@ -36,11 +32,8 @@ def test_redis_restarts_during_runs_keep_one_owner_and_epochs_rising(
     Two contenders per run keep trying to own it, so a Redis that forgot a lease or an
     epoch would show as two owners or a reused epoch.
     """
-    t0 = time.monotonic()
-    settings = healthy
-    run_ids = [new_run_id() for _ in range(RUNS)]
-    journal = Journal()
-    ledger = EffectLedger(tmp_path / "effects.log")
+    work = Workload.start(healthy, RUNS, tmp_path / "effects.log")
+    journal = work.journal
     stop = threading.Event()
 
     def faults() -> None:
@@ -57,21 +50,11 @@ def test_redis_restarts_during_runs_keep_one_owner_and_epochs_rising(
 
     injector = threading.Thread(target=faults, daemon=True)
     injector.start()
-    finished = supervise(
-        settings,
-        run_ids,
-        journal,
-        ledger,
-        target=30,
-        deadline_s=170,
-        pace_s=0.05,
-        contenders=2,
-    )
+    finished = work.supervise(target=30, deadline_s=170, pace_s=0.05, contenders=2)
     stop.set()
     injector.join(timeout=30)
     assert report.faults["redis kill -9 + restart (data lost)"] >= 1, "faults not injected"
-    finish_and_check("redis-restart", settings, run_ids, journal, ledger, report, finished)
-    report.durations["redis_restarts"] = time.monotonic() - t0
+    work.check("redis-restart", report, finished, timed_as="redis_restarts")
 
 
 def test_redis_down_appends_fail_safe_and_resume_after(
@@ -84,12 +67,9 @@ def test_redis_down_appends_fail_safe_and_resume_after(
     have expired: a write is produced only within the lease's local validity (0.8 TTL
     after its last renewal, which happened before Redis went down).
     """
-    t0 = time.monotonic()
-    settings = healthy
+    work = Workload.start(healthy, RUNS, tmp_path / "effects.log")
+    settings, run_ids, journal = work.settings, work.run_ids, work.journal
     ttl = settings.lease_ttl_ms / 1000
-    run_ids = [new_run_id() for _ in range(RUNS)]
-    journal = Journal()
-    ledger = EffectLedger(tmp_path / "effects.log")
     window: dict[str, float] = {}
 
     def outage() -> None:
@@ -104,7 +84,7 @@ def test_redis_down_appends_fail_safe_and_resume_after(
 
     injector = threading.Thread(target=outage, daemon=True)
     injector.start()
-    finished = supervise(settings, run_ids, journal, ledger, target=40, deadline_s=170, pace_s=0.05)
+    finished = work.supervise(target=40, deadline_s=170, pace_s=0.05)
     injector.join(timeout=30)
     assert "up_mono" in window, "the outage was never injected"
 
@@ -135,5 +115,4 @@ def test_redis_down_appends_fail_safe_and_resume_after(
     assert not acked_while_down
     assert not written_unleased
     assert journal.stops, "no writer noticed that Redis was gone"
-    finish_and_check("redis-down", settings, run_ids, journal, ledger, report, finished)
-    report.durations["redis_down"] = time.monotonic() - t0
+    work.check("redis-down", report, finished, timed_as="redis_down")

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.bootstrap import Services  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
 from runlog.producers.agent import (  # noqa: E402
     AgentLoop,
@@ -40,38 +37,7 @@ from runlog.projections.run_state import RunState  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402
 from runlog.schemas.vocabulary import EventType  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
-from workers.common import (  # noqa: E402
-    EXIT_ESCALATED,
-    EXIT_FENCED,
-    EXIT_LOCKED,
-    EXIT_OK,
-    EXIT_TOOL_FAILED,
-    EXIT_UNCERTAIN,
-    Ledger,
-)
-
-HOLD_MAX_S = 120.0
-
-
-class Flags:
-    def __init__(self, directory: str, name: str) -> None:
-        self.dir, self.name = Path(directory), name
-
-    def path(self, flag: str) -> Path:
-        return self.dir / f"{self.name}.{flag}"
-
-    def set(self, flag: str, text: str = "") -> None:
-        tmp = self.path(flag + ".tmp")
-        tmp.write_text(text)
-        tmp.rename(self.path(flag))  # atomic: a test never reads half a flag
-
-    def hold(self) -> None:
-        """Block until the test writes the ``go`` flag (or a signal ends the process)."""
-        deadline = time.monotonic() + HOLD_MAX_S
-        while not self.path("go").exists():
-            if time.monotonic() > deadline:
-                raise SystemExit("held too long without a go")
-            time.sleep(0.01)
+from workers.common import Flags, Ledger, run_worker, worker_parser  # noqa: E402
 
 
 def make_charge(opts: argparse.Namespace, flags: Flags, ledger: Ledger) -> runlog.Tool:
@@ -179,20 +145,11 @@ SCENARIOS = {
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--run-id", required=True)
-    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="agent")
+    ap = worker_parser(SCENARIOS, scenario="agent", reconcile="ledger", risk="irreversible")
     ap.add_argument("--charge-mode", choices=["normal", "block-before", "block-after"])
-    ap.add_argument("--reconcile", choices=["ledger", "none"], default="ledger")
-    ap.add_argument(
-        "--risk", choices=["safe", "reversible", "irreversible"], default="irreversible"
-    )
     ap.add_argument("--think-at", type=int, default=-1)
     ap.add_argument("--think-s", type=float, default=0.0)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--hold-after", action="store_true")
     ap.add_argument("--wait-s", type=float, default=None)
     ap.add_argument("--tenant", default="default")
     ap.add_argument("--approval-wait-s", type=float, default=120.0)
@@ -203,11 +160,9 @@ def main() -> int:
     flags = Flags(opts.dir, opts.name)
     ledger = Ledger(redis_client(settings), settings.redis_key_prefix)
     charge = make_charge(opts, flags, ledger)
-    result: dict[str, Any] = {"outcome": "ok", "error": ""}
-    code = EXIT_OK
-    run: runlog.Run | None = None
-    try:
-        run = runlog.open_run(
+
+    def open_run() -> runlog.Run:
+        return runlog.open_run(
             opts.run_id,
             tenant=opts.tenant,
             tools=[charge],
@@ -215,41 +170,10 @@ def main() -> int:
             wait_s=opts.wait_s,
             agent="worker",
         )
-        flags.set("opened", json.dumps({"epoch": run.epoch, "seq": run.state.seq}))
-        SCENARIOS[opts.scenario](run, opts, flags)
-    except runlog.Fenced as exc:
-        result, code = {"outcome": "Fenced", "error": str(exc)}, EXIT_FENCED
-    except runlog.RunLocked as exc:
-        result, code = {"outcome": "RunLocked", "error": str(exc)}, EXIT_LOCKED
-    except runlog.Escalated as exc:
-        result = {"outcome": "Escalated", "error": str(exc), "approval_id": exc.approval_id}
-        code = EXIT_ESCALATED
-    except runlog.CallUncertain as exc:
-        result, code = {"outcome": "CallUncertain", "error": str(exc)}, EXIT_UNCERTAIN
-    except runlog.ToolFailed as exc:
-        result, code = {"outcome": "ToolFailed", "error": str(exc)}, EXIT_TOOL_FAILED
-    except Exception:  # noqa: BLE001 - anything else is a test failure: show it, exit 1
-        traceback.print_exc()
-        return 1
-    finally:
-        if run is not None:
-            try:
-                run.close()
-            except runlog.RunlogError as exc:  # the outcome above is what the test checks
-                print(f"close: {exc}", file=sys.stderr)
-    if run is not None:
-        result.update(
-            run_id=run.run_id,
-            epoch=run.epoch,
-            seq=run.state.seq,
-            status=run.state.status,
-            digest=run.state.digest(),
-            fenced_writes=run.state.fenced_writes,
-        )
-    Services.shared(settings).close()
-    flags.set("result", json.dumps(result))
-    print(json.dumps(result))
-    return code
+
+    return run_worker(
+        settings, flags, open_run, lambda run: SCENARIOS[opts.scenario](run, opts, flags)
+    )
 
 
 if __name__ == "__main__":

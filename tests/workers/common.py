@@ -7,6 +7,7 @@ after every worker is gone.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -14,13 +15,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 
+import runlog
+from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas.models import Event
@@ -30,14 +34,27 @@ from runlog.settings import Settings
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 WORKER = Path(__file__).resolve().parent / "agent_worker.py"
+EFFECTS_WORKER = WORKER.with_name("effects_worker.py")
 
-# Exit codes of agent_worker.py: how a test observes what stopped a worker.
+# Exit codes of the worker processes: how a test observes what stopped a worker.
 EXIT_OK = 0
 EXIT_FENCED = 3
 EXIT_LOCKED = 4
 EXIT_ESCALATED = 5
 EXIT_UNCERTAIN = 6
 EXIT_TOOL_FAILED = 7
+EXIT_FINISHED = 8
+"""``RunFinished``: the run had already finished (with another outcome)."""
+
+# What a worker reports when an error of the run stops it: outcome name and exit code.
+Stops = tuple[tuple[type[runlog.RunlogError], str, int], ...]
+STOPPED_BY: Stops = (
+    (runlog.Fenced, "Fenced", EXIT_FENCED),
+    (runlog.RunLocked, "RunLocked", EXIT_LOCKED),
+    (runlog.Escalated, "Escalated", EXIT_ESCALATED),
+    (runlog.CallUncertain, "CallUncertain", EXIT_UNCERTAIN),
+    (runlog.ToolFailed, "ToolFailed", EXIT_TOOL_FAILED),
+)
 
 
 # ------------------------------------------------------------------------- effect ledger
@@ -125,7 +142,109 @@ def payloads(events: list[Event], et: EventType, *, valid_only: bool = True) -> 
 
 
 # ------------------------------------------------------------------------- worker processes
+HOLD_MAX_S = 120.0
+
+
+class Flags:
+    """The worker's side of ``Worker.flag``: files ``<dir>/<name>.<flag>`` a test waits for."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.dir, self.name = Path(directory), name
+
+    def path(self, flag: str) -> Path:
+        return self.dir / f"{self.name}.{flag}"
+
+    def set(self, flag: str, text: str = "") -> None:
+        tmp = self.path(flag + ".tmp")
+        tmp.write_text(text)
+        tmp.rename(self.path(flag))  # atomic: a test never reads half a flag
+
+    def hold(self) -> None:
+        """Block until the test writes the ``go`` flag (or a signal ends the process)."""
+        deadline = time.monotonic() + HOLD_MAX_S
+        while not self.path("go").exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("held too long without a go")
+            time.sleep(0.01)
+
+
+def worker_parser(
+    scenarios: Iterable[str], *, scenario: str, reconcile: str, risk: str
+) -> argparse.ArgumentParser:
+    """The options every worker takes: its flag directory and name, the run, the scenario,
+    how its tool settles an uncertain call, and whether it holds after its calls."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--scenario", choices=sorted(scenarios), default=scenario)
+    ap.add_argument("--reconcile", choices=["ledger", "none"], default=reconcile)
+    ap.add_argument("--risk", choices=["safe", "reversible", "irreversible"], default=risk)
+    ap.add_argument("--hold-after", action="store_true")
+    return ap
+
+
+def stopped_by(exc: Exception, table: Stops = STOPPED_BY) -> tuple[dict[str, Any], int] | None:
+    """The result and exit code for an error that stops a worker, or None for a failure."""
+    for kind, outcome, code in table:
+        if isinstance(exc, kind):
+            result: dict[str, Any] = {"outcome": outcome, "error": str(exc)}
+            if isinstance(exc, runlog.Escalated):
+                result["approval_id"] = exc.approval_id
+            return result, code
+    return None
+
+
+def run_worker(
+    settings: Settings,
+    flags: Flags,
+    open_run: Callable[[], runlog.Run],
+    scenario: Callable[[runlog.Run], None],
+    table: Stops = STOPPED_BY,
+) -> int:
+    """Open the run, play the scenario, and report what stopped it: the ``opened`` and
+    ``result`` flags, the result on stdout, and the exit code (1: the test failed)."""
+    result: dict[str, Any] = {"outcome": "ok", "error": ""}
+    code = EXIT_OK
+    run: runlog.Run | None = None
+    try:
+        run = open_run()
+        flags.set("opened", json.dumps({"epoch": run.epoch, "seq": run.state.seq}))
+        scenario(run)
+    except Exception as exc:  # noqa: BLE001 - anything not in the table: show it, exit 1
+        stopped = stopped_by(exc, table)
+        if stopped is None:
+            traceback.print_exc()
+            return 1
+        result, code = stopped
+    finally:
+        if run is not None:
+            try:
+                run.close()
+            except runlog.RunlogError as exc:  # the outcome above is what the test checks
+                print(f"close: {exc}", file=sys.stderr)
+    if run is not None:
+        result.update(
+            run_id=run.run_id,
+            epoch=run.epoch,
+            seq=run.state.seq,
+            status=run.state.status,
+            outcome_recorded=run.state.outcome,
+            digest=run.state.digest(),
+            fenced_writes=run.state.fenced_writes,
+        )
+    Services.shared(settings).close()
+    flags.set("result", json.dumps(result))
+    print(json.dumps(result))
+    return code
+
+
+# Faster takeover after a SIGKILL (the broker's minimum session timeout): RUNLOG_KAFKA_EXTRA.
+FAST_TAKEOVER = '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}'
+
+
 def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
+    """A child process's environment: this one's, with ``settings`` as RUNLOG_* and ``extra``."""
     env = dict(os.environ)
     env.update(
         {
@@ -134,6 +253,7 @@ def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
             "RUNLOG_TOPIC_PREFIX": settings.topic_prefix,
             "RUNLOG_REDIS_KEY_PREFIX": settings.redis_key_prefix,
             "RUNLOG_PARTITIONS": str(settings.partitions),
+            "RUNLOG_REPLICATION_FACTOR": str(settings.replication_factor),
             "RUNLOG_LEASE_TTL_MS": str(settings.lease_ttl_ms),
             "PYTHONUNBUFFERED": "1",
         }
@@ -190,8 +310,11 @@ class Worker:
         return self.proc.returncode, result
 
 
-def start_worker(settings: Settings, tmp: Path, name: str, *args: str, **env: Any) -> Worker:
-    cmd = [sys.executable, str(WORKER), "--dir", str(tmp), "--name", name, *args]
+def start_worker(
+    settings: Settings, tmp: Path, name: str, *args: str, script: Path = WORKER, **env: Any
+) -> Worker:
+    """A worker process (agent_worker.py unless ``script`` names another) on ``settings``."""
+    cmd = [sys.executable, str(script), "--dir", str(tmp), "--name", name, *args]
     proc = subprocess.Popen(
         cmd,
         env=worker_env(settings, **env),
@@ -227,8 +350,6 @@ def delete_prefix(client: redis.Redis, prefix: str, *, keep: tuple[str, ...] = (
 @contextlib.contextmanager
 def services_for(settings: Settings) -> Iterator[None]:
     """Close this process's shared clients for ``settings`` when the test is done."""
-    from runlog.bootstrap import Services
-
     try:
         yield
     finally:

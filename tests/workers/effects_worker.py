@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +19,14 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.bootstrap import Services  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
 from runlog.producers.agent import AgentLoop, FinishStep, ModelStep, ScriptedModel  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
-from workers.agent_worker import Flags  # noqa: E402
-from workers.common import (  # noqa: E402
-    EXIT_ESCALATED,
-    EXIT_FENCED,
-    EXIT_LOCKED,
-    EXIT_OK,
-    EXIT_TOOL_FAILED,
-    EXIT_UNCERTAIN,
-    Ledger,
-)
+from workers.common import EXIT_FINISHED, STOPPED_BY, Flags, Ledger, run_worker, worker_parser  # noqa: E402
 
 LARGE_BYTES = 2 * 1024 * 1024
-EXIT_FINISHED = 8
-"""``RunFinished``: the run had already finished (with another outcome)."""
+# Finishing a run again with another outcome is one more way a worker stops here.
+STOPPED_BY_WHEN_FINISHING = (*STOPPED_BY, (runlog.RunFinished, "RunFinished", EXIT_FINISHED))
 
 
 def result_text(kind: str) -> str:
@@ -119,10 +108,10 @@ def hold_before_escalating(flags: Flags) -> None:
 
     original = calls._escalate
 
-    def escalate(*args: Any, **kw: Any) -> None:
+    def escalate(*args: Any, **kw: Any) -> Any:
         flags.set("escalating")
         flags.hold()
-        original(*args, **kw)
+        return (yield from original(*args, **kw))
 
     calls._escalate = escalate
 
@@ -180,17 +169,10 @@ SCENARIOS = {
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--run-id", required=True)
-    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="fetch")
+    ap = worker_parser(SCENARIOS, scenario="fetch", reconcile="none", risk="safe")
     ap.add_argument("--mode", choices=["normal", "block-after"], default="normal")
     ap.add_argument("--result", choices=["small", "large", "surrogate"], default="small")
-    ap.add_argument("--reconcile", choices=["ledger", "none"], default="none")
-    ap.add_argument("--risk", choices=["safe", "reversible", "irreversible"], default="safe")
     ap.add_argument("--sink", action="store_true")
-    ap.add_argument("--hold-after", action="store_true")
     ap.add_argument("--outcome", default="succeeded")
     ap.add_argument("--hold-before-escalate", action="store_true")
     opts = ap.parse_args()
@@ -203,49 +185,15 @@ def main() -> int:
     tools = [make_fetch(opts, flags, ledger, store), *make_pay_refund(opts, ledger)]
     if opts.hold_before_escalate:
         hold_before_escalating(flags)
-    result: dict[str, Any] = {"outcome": "ok", "error": ""}
-    code = EXIT_OK
-    run: runlog.Run | None = None
-    try:
-        run = runlog.open_run(opts.run_id, tools=tools, settings=settings, agent="effects")
-        flags.set("opened", json.dumps({"epoch": run.epoch, "seq": run.state.seq}))
+
+    def open_run() -> runlog.Run:
+        return runlog.open_run(opts.run_id, tools=tools, settings=settings, agent="effects")
+
+    def scenario(run: runlog.Run) -> None:
         if run.state.status != "finished" or opts.scenario == "finish":
             SCENARIOS[opts.scenario](run, opts, flags)
-    except runlog.Fenced as exc:
-        result, code = {"outcome": "Fenced", "error": str(exc)}, EXIT_FENCED
-    except runlog.RunLocked as exc:
-        result, code = {"outcome": "RunLocked", "error": str(exc)}, EXIT_LOCKED
-    except runlog.Escalated as exc:
-        result = {"outcome": "Escalated", "error": str(exc), "approval_id": exc.approval_id}
-        code = EXIT_ESCALATED
-    except runlog.CallUncertain as exc:
-        result, code = {"outcome": "CallUncertain", "error": str(exc)}, EXIT_UNCERTAIN
-    except runlog.ToolFailed as exc:
-        result, code = {"outcome": "ToolFailed", "error": str(exc)}, EXIT_TOOL_FAILED
-    except runlog.RunFinished as exc:
-        result, code = {"outcome": "RunFinished", "error": str(exc)}, EXIT_FINISHED
-    except Exception:  # noqa: BLE001 - anything else is a test failure: show it, exit 1
-        traceback.print_exc()
-        return 1
-    finally:
-        if run is not None:
-            try:
-                run.close()
-            except runlog.RunlogError as exc:  # the outcome above is what the test checks
-                print(f"close: {exc}", file=sys.stderr)
-    if run is not None:
-        result.update(
-            run_id=run.run_id,
-            epoch=run.epoch,
-            seq=run.state.seq,
-            status=run.state.status,
-            outcome_recorded=run.state.outcome,
-            digest=run.state.digest(),
-        )
-    Services.shared(settings).close()
-    flags.set("result", json.dumps(result))
-    print(json.dumps(result))
-    return code
+
+    return run_worker(settings, flags, open_run, scenario, STOPPED_BY_WHEN_FINISHING)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,14 @@ Trial kinds:
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runlog.settings import Settings
 
 RESULT_TIMEOUT_S = 60
 
@@ -72,3 +78,35 @@ def contender(
 
 def context() -> Any:
     return mp.get_context("spawn")
+
+
+@dataclass
+class Contest:
+    """Two running contenders: ``ready`` and ``go`` pace an expired trial, ``results`` gets
+    ``(run_id, index, outcome, epoch)`` per contender and trial."""
+
+    ready: Any
+    go: Any
+    results: Any
+    procs: list[Any]
+
+
+@contextlib.contextmanager
+def contenders(settings: Settings, trials: list[tuple[str, str]]) -> Iterator[Contest]:
+    """Two contenders started on ``trials``, joined (killed if stuck) when the block ends."""
+    ctx = context()
+    barrier, ready, go, results = ctx.Barrier(2), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    dump = settings.model_dump()
+    procs = [
+        ctx.Process(target=contender, args=(i, dump, trials, barrier, ready, go, results))
+        for i in range(2)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        yield Contest(ready, go, results, procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()

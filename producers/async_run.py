@@ -1,0 +1,269 @@
+"""A run for asyncio workers: the same rules as ``Run``, with every wait awaited.
+
+``AsyncRun`` wraps the ``Run`` that ``open_run`` claimed and drives the same rule
+generators (``runlog.producers.calls``, ``runlog.producers.approvals``) as the sync API,
+performing their requests with ``await``: an acknowledgement is awaited on the delivery
+future, the ownership check after a barrier is one awaited Redis GET, async tools and
+reconcilers are awaited, sync ones run in a worker thread, and what has no awaitable form
+(a log read, the claim itself) runs in a worker thread too. The event loop's thread
+never blocks on the network, so hundreds of runs can be open in one loop.
+
+An ``AsyncRun`` belongs to the event loop that opened it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar, cast
+
+import redis
+import redis.asyncio as aioredis
+
+from runlog.producers import approvals, calls
+from runlog.producers.context import call_context
+from runlog.producers.opening import open_run_with
+from runlog.producers.ops import Append, Blocking, Invoke, Lookup, Op, Steps
+from runlog.producers.run import Run, RunDeps
+from runlog.producers.tools import is_async
+from runlog.projections.run_state import RunState
+from runlog.schemas.models import Event, Payload
+from runlog.schemas.vocabulary import EventType
+
+T = TypeVar("T")
+
+
+_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="runlog-aio")
+"""runlog's own threads for what has no awaitable form (claims, log reads, sync tools):
+the loop's default executor has about as many threads as cores, and hundreds of runs
+confirming at once would queue behind each other there."""
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+    """``fn(*args)`` in runlog's pool, with this task's context (``current_call()``)."""
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _POOL, functools.partial(ctx.run, fn, *args)
+    )
+
+
+async def open_async(
+    deps: RunDeps,
+    aredis: aioredis.Redis,
+    run_id: str | None = None,
+    *,
+    recover: bool = True,
+    **kw: Any,
+) -> AsyncRun:
+    """``open_run_with`` for an event loop: the claim in a worker thread, then (as the
+    sync open does) queued decisions and recovery of open calls, awaited."""
+    claim = functools.partial(open_run_with, deps, run_id, recover=False, **kw)
+    run = await in_thread(claim)
+    arun = AsyncRun(run, aredis)
+    if recover and run.state.status != "finished":
+        try:
+            await arun.poll_decisions()
+            await arun.recover()
+        except BaseException:
+            await in_thread(run.lease.release)
+            raise
+    return arun
+
+
+async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) -> Any:
+    """Await an async tool or reconciler here; run a sync one in a worker thread (it may
+    block on its own network call). The call context travels with it either way."""
+
+    def call() -> Any:
+        with call_context(op.ctx):
+            return fn(args, idempotency_key=key)
+
+    if is_async(fn):
+        with call_context(op.ctx):
+            out = fn(args, idempotency_key=key)
+    else:
+        out = await in_thread(call)
+    if inspect.isawaitable(out):
+        with call_context(op.ctx):
+            out = await out
+    return out
+
+
+class AsyncRun:
+    """An owned run in an event loop. ``async with`` closes it (releasing the lease)."""
+
+    def __init__(self, run: Run, aredis: aioredis.Redis) -> None:
+        self._run = run
+        self._redis = aredis
+        self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
+
+    # Identity and state ------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self._run.run_id
+
+    @property
+    def tenant(self) -> str:
+        return self._run.tenant
+
+    @property
+    def epoch(self) -> int:
+        return self._run.epoch
+
+    @property
+    def state(self) -> RunState:
+        return self._run.state
+
+    @property
+    def sync(self) -> Run:
+        """The underlying ``Run`` (its identity and state; call its methods from a thread)."""
+        return self._run
+
+    def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
+        return self._run.key_for(name, args, operation_id=operation_id)
+
+    async def __aenter__(self) -> AsyncRun:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # Driving the rules -------------------------------------------------------------------
+    async def _perform(self, op: Op) -> Any:
+        if isinstance(op, Append):
+            if op.durable:
+                return await self.append(op.event_type, op.payload)
+            return self.emit(op.event_type, op.payload)
+        if isinstance(op, Invoke):
+            return await _call(op.tool, op.args, op.ctx.idempotency_key, op)
+        if isinstance(op, Lookup):
+            return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op)
+        assert isinstance(op, Blocking)
+        return await in_thread(op.fn)
+
+    async def _drive(self, steps: Steps[T]) -> T:
+        try:
+            op = next(steps)
+            while True:
+                try:
+                    answer = await self._perform(op)
+                except BaseException as exc:  # noqa: BLE001 - the rule decides what it means
+                    op = steps.throw(exc)
+                else:
+                    op = steps.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    # Appending ---------------------------------------------------------------------------
+    def emit(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
+        """Pipeline an event without waiting; ``await barrier()`` makes it durable."""
+        return self._run.emit(event_type, payload, **kw)
+
+    async def barrier(self) -> None:
+        """Await every emitted event's acknowledgement, then one Redis check of ownership."""
+        run = self._run
+        pending = run._take_pending()
+        wait = run.delivery_wait_s
+        for i, p in enumerate(pending):
+            try:
+                # Shielded: cancelling this task must not cancel the acknowledgement itself,
+                # which the next barrier still needs.
+                acked = asyncio.shield(asyncio.wrap_future(p.future))
+                outcome: Any = await asyncio.wait_for(acked, wait)
+            except Exception as exc:  # noqa: BLE001 - the run turns it into its error
+                outcome = exc
+            except BaseException:
+                run._interrupted(pending[i:])
+                raise
+            run._delivered(p, outcome)
+        if pending:
+            if run.lease.released:
+                ok = False
+            else:
+                try:
+                    raw = await self._redis.get(self._lease_key)
+                except redis.RedisError as exc:
+                    raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
+                ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
+            run._still_owned(ok, pending)
+
+    async def append(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
+        """Append one event; returns once acknowledged and ownership re-checked."""
+        ev = self.emit(event_type, payload, **kw)
+        await self.barrier()
+        snapshots = self._run.deps.snapshots
+        if snapshots is not None and snapshots.due(self._run):
+            await in_thread(snapshots.maybe_write, self._run)
+        return ev
+
+    # Tools, approvals, the end -----------------------------------------------------------
+    async def call_tool(
+        self,
+        name: str,
+        args: dict[str, Any],
+        *,
+        operation_id: str | None = None,
+        call_id: str | None = None,
+    ) -> str:
+        """Invoke a tool at most once per logical action (see README "Side effects")."""
+        return await self._drive(
+            calls.call_tool(self._run, name, args, operation_id=operation_id, call_id=call_id)
+        )
+
+    async def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:
+        return await self._drive(approvals.request_approval(self._run, reason, kind=kind, **fields))
+
+    async def decide(
+        self, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
+    ) -> None:
+        await self._drive(
+            calls.decide(
+                self._run, approval_id, approved=approved, decided_by=decided_by, note=note
+            )
+        )
+
+    async def poll_decisions(self) -> int:
+        return await self._drive(approvals.poll_decisions(self._run, calls.decide))
+
+    async def recover(self) -> None:
+        await self._drive(calls.recover(self._run))
+
+    async def since_last_turn(self) -> list[Event]:
+        if self._run._pending:
+            await self.barrier()
+        return await in_thread(self._run.since_last_turn)
+
+    async def finish(self, outcome: str, summary: str = "") -> Event:
+        """Append RUN_FINISHED (durable) and release the lease; see ``Run.finish``."""
+        run = self._run
+        try:
+            if run.state.status == "finished" and run.state.outcome == outcome:
+                for ev in reversed(await self.since_last_turn()):
+                    if ev.type is EventType.RUN_FINISHED:
+                        return ev
+            return await self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
+        finally:
+            await in_thread(run.lease.release)
+
+    async def close(self) -> None:
+        """Await pipelined appends (best effort) and release the lease."""
+        run = self._run
+        try:
+            if run._pending and run._poisoned is None:
+                await self.barrier()
+        finally:
+            await in_thread(run.close)

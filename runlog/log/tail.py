@@ -1,0 +1,145 @@
+"""One follower of the events topic per writer process: who wrote what, by key, lately.
+
+A writer confirms a non-safe call's STARTED before running the tool: no record of the run
+that another writer wrote may stand between the writer's confirmed view and the STARTED
+(a newer owner's claim would fence it). When other runs share the partition and wrote in
+between, the writer cannot tell from its own offsets alone, and reading the run back costs
+a consumer assignment and a fetch per call. ``LogTail`` reads each partition a process
+writes to once, in one background consumer, and keeps the (offset, key) of every record
+in a window; a confirmation then asks it which offsets of one key lie in a range.
+
+It answers None when it cannot answer for sure (the range starts before what it holds, it
+is not there yet, or it failed); the caller then reads the log itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from runlog.log.kafka import reader_config
+from runlog.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WINDOW = 200_000
+"""Records kept per partition; a range older than this is answered by a read."""
+
+
+@dataclass
+class _Partition:
+    start: int
+    """The first offset this tail followed; nothing before it is known."""
+    next: int
+    """The offset after the last record read."""
+    offsets: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+
+    def trim(self) -> None:
+        if len(self.offsets) > 2 * WINDOW:
+            cut = len(self.offsets) - WINDOW
+            self.start = self.offsets[cut]
+            del self.offsets[:cut], self.keys[:cut]
+
+
+class LogTail:
+    """Thread-safe. ``offsets_of(partition, key, since, upto)`` after ``follow``."""
+
+    def __init__(self, settings: Settings, *, wait_s: float = 5.0) -> None:
+        self._topic = settings.events_topic
+        self._wait_s = wait_s
+        self._conf = reader_config(settings, **{"enable.partition.eof": False})
+        self._cond = threading.Condition()
+        self._parts: dict[int, _Partition] = {}
+        self._to_assign: list[TopicPartition] = []
+        self._failed: str | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def follow(self, partition: int, offset: int) -> None:
+        """Follow ``partition`` from ``offset`` on (no-op if already followed)."""
+        with self._cond:
+            if partition in self._parts or self._closed:
+                return
+            self._parts[partition] = _Partition(start=offset, next=offset)
+            self._to_assign.append(TopicPartition(self._topic, partition, offset))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="runlog-tail", daemon=True)
+                self._thread.start()
+
+    def offsets_of(self, partition: int, key: bytes, since: int, upto: int) -> list[int] | None:
+        """Offsets in ``[since, upto]`` of records keyed ``key``, once the tail has read
+        past ``upto``; None when it cannot say for sure."""
+        with self._cond:
+            part = self._parts.get(partition)
+            if part is None or since < part.start:
+                return None
+            ok = self._cond.wait_for(
+                lambda: self._failed is not None or self._closed or part.next > upto,
+                timeout=self._wait_s,
+            )
+            if not ok or self._failed is not None or self._closed or since < part.start:
+                return None
+            lo = bisect.bisect_left(part.offsets, since)
+            hi = bisect.bisect_right(part.offsets, upto)
+            return [part.offsets[i] for i in range(lo, hi) if part.keys[i] == key]
+
+    def _run(self) -> None:
+        consumer: Consumer | None = None
+        try:
+            consumer = Consumer(self._conf)
+            while True:
+                with self._cond:
+                    if self._closed:
+                        return
+                    todo, self._to_assign = self._to_assign, []
+                if todo:
+                    consumer.incremental_assign(todo)
+                got = []
+                # poll() returns at the first record (consume() would wait for a full
+                # batch or its timeout, and a confirmation waits on this loop); what is
+                # already fetched behind it comes without waiting.
+                first = consumer.poll(0.05)
+                batch = [] if first is None else [first, *consumer.consume(1000, timeout=0)]
+                for msg in batch:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("log tail: %s", err)
+                        continue
+                    got.append((msg.partition(), msg.offset(), msg.key()))
+                with self._cond:
+                    for partition, offset, key in got:
+                        self._record(partition, offset, key)
+                    self._cond.notify_all()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("log tail stopped: %s", exc)
+            with self._cond:
+                self._failed = str(exc)
+                self._cond.notify_all()
+        finally:
+            if consumer is not None:
+                consumer.close()
+
+    def _record(self, partition: int | None, offset: int | None, key: bytes | None) -> None:
+        """Under ``_cond``."""
+        if partition is None or offset is None:
+            return
+        part = self._parts.get(partition)
+        if part is None or offset < part.next:
+            return
+        part.offsets.append(offset)
+        part.keys.append(key)
+        part.next = offset + 1
+        part.trim()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

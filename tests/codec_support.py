@@ -1,0 +1,63 @@
+"""Events built the way a writer builds them, and records a hostile or buggy writer could put
+on the topic (encoded without the model check)."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime
+from typing import Any
+
+import fastavro
+
+from runlog.schemas import codec
+from runlog.schemas.models import Event, Payload
+from runlog.schemas.vocabulary import EventType
+
+
+def make_event(
+    et: EventType,
+    payload: Payload | dict[str, Any] | None = None,
+    *,
+    run_id: str,
+    seq: int,
+    epoch: int = 1,
+    tenant: str = "t",
+    writer_id: str = "w",
+    event_id: str | None = None,
+    occurred_at: datetime | None = None,
+) -> Event:
+    """An event of the type's current schema version with its payload validated; a fresh
+    event id and the current time unless given."""
+    return Event(
+        event_id=event_id or codec.new_event_id(),
+        run_id=run_id,
+        tenant=tenant,
+        seq=seq,
+        epoch=epoch,
+        type=et,
+        schema_version=codec.registry().current[et],
+        occurred_at=occurred_at or codec.now_utc(),
+        writer_id=writer_id,
+        payload=codec.make_payload(et, {} if payload is None else payload),
+    )
+
+
+def encode_unchecked(ev: Event, *, payload: dict[str, Any] | None = None, **envelope: Any) -> bytes:
+    """``ev`` encoded with its real schema, ``envelope`` and ``payload`` fields overridden."""
+    ws = codec.registry().writer(ev.type)
+    rec = {
+        "event_id": ev.event_id,
+        "run_id": ev.run_id,
+        "tenant": ev.tenant,
+        "seq": ev.seq,
+        "epoch": ev.epoch,
+        "type": ev.type.value,
+        "schema_version": ev.schema_version,
+        "occurred_at": ev.occurred_at,
+        "writer_id": ev.writer_id,
+        "payload": {**ev.payload.model_dump(mode="python"), **(payload or {})},
+        **envelope,
+    }
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, ws.parsed, rec)
+    return codec.MAGIC + ws.fingerprint + buf.getvalue()

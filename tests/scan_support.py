@@ -1,0 +1,101 @@
+"""What a test stack stores, read back raw: the events topic's records, and everything in the
+topics and Redis as bytes for tests that look for a secret where none may be."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from runlog.log.clients import redis_client
+from runlog.log.kafka import partitions_of, reader_config
+from runlog.settings import Settings
+
+
+def events_records(s: Settings) -> list[Message]:
+    """Every record of the events topic, read straight from each partition to its end."""
+    consumer = Consumer(reader_config(s))
+    out: list[Message] = []
+    try:
+        for p in sorted(partitions_of(consumer, s.events_topic)):
+            tp = TopicPartition(s.events_topic, p)
+            _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            if high <= 0:
+                continue
+            consumer.assign([TopicPartition(s.events_topic, p, 0)])
+            pos = 0
+            while pos < high:
+                for msg in consumer.consume(500, timeout=1.0):
+                    if msg.error() is None:
+                        pos = (msg.offset() or 0) + 1
+                        out.append(msg)
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return out
+
+
+def as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def topic_bytes(s: Settings) -> bytes:
+    """Every key, value and header in the events and quarantine topics."""
+    consumer = Consumer(
+        {
+            **s.kafka_common(),
+            "group.id": f"secret-scan-{uuid.uuid4().hex}",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    chunks: list[bytes] = []
+    try:
+        for topic in (s.events_topic, s.quarantine_topic):
+            tps = [TopicPartition(topic, p, 0) for p in range(s.partitions)]
+            consumer.assign(tps)
+            eof: set[int] = set()
+            deadline = time.monotonic() + 30
+            while len(eof) < len(tps) and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=0.5):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            eof.add(msg.partition() or 0)
+                        continue
+                    headers: list[Any] = list(msg.headers() or [])
+                    chunks += [as_bytes(msg.key() or b""), as_bytes(msg.value() or b"")]
+                    chunks += [as_bytes(h[0]) + b"=" + as_bytes(h[1] or b"") for h in headers]
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return b"\n".join(chunks)
+
+
+def redis_bytes(s: Settings) -> bytes:
+    """Every key and value in the Redis, whatever its type (strings, hashes, lists...)."""
+    c: Any = redis_client(s)  # redis-py's return types are unions of sync and async results
+    out: list[bytes] = []
+    try:
+        for key in c.scan_iter(count=1000):
+            out.append(as_bytes(key))
+            kind = c.type(key)
+            items: list[Any] = []
+            if kind == b"string":
+                items = [c.get(key)]
+            elif kind == b"hash":
+                items = [x for kv in c.hgetall(key).items() for x in kv]
+            elif kind == b"list":
+                items = c.lrange(key, 0, -1)
+            elif kind == b"set":
+                items = list(c.smembers(key))
+            elif kind == b"zset":
+                items = c.zrange(key, 0, -1)
+            elif kind == b"stream":
+                items = [x for _, fields in c.xrange(key) for kv in fields.items() for x in kv]
+            out += [as_bytes(x) for x in items]
+    finally:
+        c.close()
+    return b"\n".join(out)

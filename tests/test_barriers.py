@@ -1,0 +1,138 @@
+"""The barrier rule under SIGKILL at every point of a loop of safe and irreversible calls.
+
+Safe calls are pipelined (no wait), irreversible ones wait for their STARTED to be
+confirmed before the effect and for their outcome before returning. Killing the worker at
+each point in turn (before every produce, after every acknowledgement, after every effect)
+and resuming it from the top must leave: every irreversible effect applied exactly once,
+every call completed, the log sound and the run finished. The same loop runs on the sync
+API and on ``runlog.aio``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from workers import mixed_worker
+from workers.common import ROOT, Ledger, assert_log_sound, read_log, worker_env
+
+import runlog
+from runlog.log.reader import LogReader
+from runlog.schemas.keys import partition_for
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+WORKER = ROOT / "tests" / "workers" / "mixed_worker.py"
+ROUNDS = 2
+
+
+def _worker(
+    settings: Settings, run_id: str, *, kill_at: int, aio: bool, points: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(WORKER), "--run-id", run_id, "--kill-at", str(kill_at)]
+    if aio:
+        cmd.append("--aio")
+    if points is not None:
+        cmd += ["--points", str(points)]
+    return subprocess.run(
+        cmd, env=worker_env(settings), capture_output=True, text=True, timeout=120
+    )
+
+
+def _check(settings: Settings, ledger: Ledger, run_id: str, where: str) -> None:
+    events = [rec.event for rec in read_log(settings, run_id)]
+    state = assert_log_sound(events)
+    assert state.status == "finished", f"{where}: run not finished ({state.status})"
+    assert not state.open_calls, f"{where}: calls left open {sorted(state.open_calls)}"
+    pays = {k for k in state.completed_calls if ledger.found(k) and "pay" in _name(events, k)}
+    assert len(pays) == ROUNDS, f"{where}: irreversible calls completed: {sorted(pays)}"
+    for key in pays:
+        assert ledger.count(key) == 1, (
+            f"{where}: irreversible effect {key} applied {ledger.count(key)} times"
+        )
+    looked = [k for k in state.completed_calls if "lookup" in _name(events, k)]
+    assert len(looked) == ROUNDS, f"{where}: safe calls completed: {looked}"
+    for key in looked:
+        assert ledger.count(key) >= 1, f"{where}: safe effect {key} never happened"
+
+
+def _name(events: list, key: str) -> str:
+    for ev in events:
+        if getattr(ev.payload, "idempotency_key", None) == key and hasattr(ev.payload, "name"):
+            return str(ev.payload.name)
+    return ""
+
+
+@pytest.mark.timeout(900)  # two dozen SIGKILLed worker processes, on a shared machine
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_sigkill_at_every_point_of_a_mixed_loop(
+    fast: Settings, ledger: Ledger, tmp_path: Path, aio: bool
+) -> None:
+    counted = tmp_path / "points"
+    clean = f"mixed-{uuid.uuid4().hex[:8]}"
+    done = _worker(fast, clean, kill_at=0, aio=aio, points=counted)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check(fast, ledger, clean, "uninterrupted")
+    total = int(counted.read_text())
+    # open (RUN_STARTED), per round a safe call (2 produces + 1 effect) and an
+    # irreversible one (2 produces, 2 acknowledgements, 1 effect), finish (1 + 1)
+    assert total >= 2 + ROUNDS * 8 + 2, total
+    for k in range(1, total + 1):
+        run_id = f"mixed-{k}-{uuid.uuid4().hex[:8]}"
+        killed = _worker(fast, run_id, kill_at=k, aio=aio)
+        assert killed.returncode == -9, (
+            f"point {k}: exit {killed.returncode}\n{killed.stderr[-3000:]}"
+        )
+        # The successor is this process: the same loop, re-executed from the top.
+        tools = mixed_worker.make_tools(ledger, mixed_worker.Points(0), aio=aio)
+        if aio:
+            asyncio.run(mixed_worker.run_aio(run_id, tools, fast))
+        else:
+            mixed_worker.run_sync(run_id, tools, fast)
+        _check(fast, ledger, run_id, f"killed at point {k} of {total}")
+
+
+def test_a_confirmation_reads_nothing_when_the_log_tail_shows_only_its_own_records(
+    fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run writes between this run's records in the same partition, so the
+    writer's own offsets are not contiguous: the process's log tail shows that no record of
+    this run but its own stands in between, and the tool runs without a read-back."""
+
+    def pay_fn(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return "paid"
+
+    pay = runlog.tool("pay", risk="irreversible")(pay_fn)
+    a = runlog.open_run(settings=fast, tools=[pay])
+    tag = uuid.uuid4().hex[:6]
+    other = next(
+        rid
+        for rid in (f"neighbour-{tag}-{i}" for i in itertools.count())
+        if partition_for(rid, fast.partitions) == a.partition
+    )
+    b = runlog.open_run(other, settings=fast)
+    assert b.partition == a.partition
+    reads: list[str] = []
+    original = LogReader.read
+
+    def counted(self: LogReader, run_id: str, *args: Any, **kw: Any) -> Any:
+        reads.append(run_id)
+        return original(self, run_id, *args, **kw)
+
+    monkeypatch.setattr(LogReader, "read", counted)
+    for i in range(5):
+        b.append(EventType.USER_MESSAGE, content=f"between {i}")
+        assert a.call_tool("pay", {"i": i}) == "paid"
+    assert reads == [], f"confirmations read the log back: {reads}"
+    a.finish("succeeded")
+    b.finish("succeeded")
+    state = assert_log_sound([rec.event for rec in read_log(fast, a.run_id)])
+    assert len(state.completed_calls) == 5 and sorted(ledger.per_key().values()) == [1] * 5
