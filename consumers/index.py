@@ -115,24 +115,42 @@ def write(
     view: StateView,
     before: str | None,
     extra: Mapping[str, Any],
+    *,
+    calls_changed: bool = True,
+    fresh: bool = True,
+    summary: Mapping[str, str] | None = None,
 ) -> None:
-    """Queue the index writes for one changed run (inside the projection's MULTI)."""
+    """Queue the index writes for one changed run (inside the projection's MULTI).
+
+    ``calls_changed``: whether the batch may have changed the run's open calls or
+    approvals (else their counts are left as stored); ``fresh``: whether the run may be
+    new to the index (else its tenant is already listed); ``summary``: the rest of the
+    run's summary hash, written with the index's fields in one HSET."""
     st = view.state
     score = _score(st.last_event_at)
     if not st.run_id or not st.tenant or score is None:
-        return  # no valid event yet (only fenced or quarantined records): nothing to list
+        # No valid event yet (only fenced or quarantined records): nothing to list.
+        if summary:
+            pipe.hset(keys.summary(run_id), mapping=dict(summary))
+        return
     status = status_of(st)
-    pipe.sadd(keys.tenants, st.tenant)
+    if fresh:
+        pipe.sadd(keys.tenants, st.tenant)
     pipe.zadd(keys.tenant(st.tenant), {run_id: score})
     if before is not None and before != status:
         pipe.zrem(keys.status(before, st.tenant), run_id)
     pipe.zadd(keys.status(status, st.tenant), {run_id: score})
     fields = {
+        **(summary or {}),
         "ix_status": status,
         "started_at": st.started_at.isoformat() if st.started_at else "",
-        "pending_approvals": str(len(st.pending_approvals)),
-        "uncertain_calls": str(sum(1 for c in st.open_calls.values() if c.status != "started")),
     }
+    if calls_changed:
+        # Counting walks every open call and approval of the run: only when they changed.
+        fields["pending_approvals"] = str(len(st.pending_approvals))
+        fields["uncertain_calls"] = str(
+            sum(1 for c in st.open_calls.values() if c.status != "started")
+        )
     last = extra.get(LAST_TYPES, {}).get(run_id)
     if last is not None:
         fields["last_type"] = last

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys, load_state_view
+from runlog.consumers.store import PROJECTIONS, RUN_STATE, ProjectionKeys, load_state_view
 from runlog.errors import RedisUnavailable, TenantMismatch
 from runlog.schemas.keys import check_run_id, partition_for
 from runlog.settings import Settings
@@ -125,7 +125,11 @@ def get_audit(
         raws = client.lrange(keys.log(p, run_id), 0, -1)
     except redis.RedisError as exc:
         raise _wrap(exc, f"audit of {run_id}") from exc
-    owner = "" if run_raw is None else json.loads(run_raw)["validator"]["tenant"]
+    owner = ""
+    if run_raw is not None:
+        stored = json.loads(run_raw)
+        # ``validator``: the whole run state, as an earlier store kept it.
+        owner = stored.get(RUN_STATE, stored.get("validator", {})).get("tenant", "")
     refuse_other_tenant(owner, tenant, run_id)
     return [json.loads(r) for r in raws]
 

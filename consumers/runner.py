@@ -76,10 +76,19 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
-from runlog.consumers.store import Batch, Decoded, Handler, Rejected, dumps, make_handler
+from runlog.consumers.store import (
+    Batch,
+    Decoded,
+    Handler,
+    Rejected,
+    Writes,
+    dumps,
+    make_handler,
+)
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
+from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
 from runlog.settings import Settings
@@ -161,10 +170,29 @@ class RunnerStats:
     """Partition -> high watermark minus next offset, as of the last batch."""
 
 
+_KEYS: dict[bytes, str] = {}
+"""Record keys already checked (``decode_key``) -> their run ids: a run's key repeats on
+every record of the run, its check need not."""
+_MAX_KEYS = 100_000
+
+
+def _run_key(raw: Any) -> str:
+    if type(raw) is bytes:
+        known = _KEYS.get(raw)
+        if known is not None:
+            return known
+    run_id = decode_key(raw)
+    if type(raw) is bytes:
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        _KEYS[raw] = run_id
+    return run_id
+
+
 def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
     partition, offset = msg.partition(), msg.offset()
     try:
-        run_key: str | None = decode_key(msg.key())
+        run_key: str | None = _run_key(msg.key())
     except SchemaError as exc:
         # A key that names no run: quarantined, never folded under some run.
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
@@ -175,6 +203,10 @@ def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
     except SchemaError as exc:
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
     return Decoded(ev, partition, offset)
+
+
+def _run_of(rec: Decoded | Rejected) -> str | None:
+    return rec.event.run_id if isinstance(rec, Decoded) else rec.run_id
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -208,6 +240,8 @@ class ProjectionRunner:
         ]
         self.group = group or default_group(settings, projections)
         self.batch_size = batch_size
+        self.catch_up_batch = max(batch_size, CATCH_UP_BATCH)
+        """Records per batch when behind (and in ``catch_up``): fewer transactions each."""
         self.stats = RunnerStats()
         self._stop = threading.Event()
         self._consumer_extra = dict(consumer_extra or {})
@@ -263,10 +297,17 @@ class ProjectionRunner:
         parts = sorted(partitions)
         if not parts:
             return {}
-        keys = [k for p in parts for h in self.handlers for k in (h.keys.pos(p), h.keys.gen(p))]
 
         def read() -> list[Any]:
-            return list(self.redis.mget(keys))
+            # One MGET per partition: a partition's keys share a hash tag (one slot of a
+            # Redis Cluster), different partitions' keys do not.
+            with self.redis.pipeline(transaction=False) as pipe:
+                for p in parts:
+                    keys = [k for h in self.handlers for k in (h.keys.pos(p), h.keys.gen(p))]
+                    # MGET as a raw command: redis-py's cluster pipeline refuses its mget()
+                    # helper (made for keys of any slot), but these share one.
+                    pipe.execute_command("MGET", *keys)  # type: ignore[no-untyped-call]
+                return [v for values in pipe.execute() for v in values]
 
         raws = iter(self._retry("reading positions", read))
         out: dict[tuple[str, int], tuple[int, int]] = {}
@@ -298,7 +339,11 @@ class ProjectionRunner:
         keys = [h.keys.rebuild_marker() for h in self.handlers]
 
         def read() -> int:
-            return int(self.redis.exists(*keys))
+            # One EXISTS per marker: the markers of several projections share no slot.
+            with self.redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.exists(key)
+                return sum(int(n) for n in pipe.execute())
 
         return self._retry("reading rebuild markers", read) > 0
 
@@ -487,7 +532,7 @@ class ProjectionRunner:
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*watched)  # type: ignore[no-untyped-call]
-                    values = iter(pipe.mget(watched))
+                    values = iter(pipe.execute_command("MGET", *watched))  # type: ignore[no-untyped-call]
                     plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]] = []
                     for handler in self.handlers:
                         me = (handler.name, partition)
@@ -504,11 +549,14 @@ class ProjectionRunner:
                             handler.forget(partition)
                         todo = [r for r in recs if r.offset > pos]
                         plans.append((handler, todo, pos))
-                    writes = [self._fold(pipe, partition, h, todo) for h, todo, _ in plans]
+                    writes = self._fold_all(pipe, partition, plans)
+                    shared = Writes()
                     pipe.multi()
                     for (handler, todo, _), (batch, took) in zip(plans, writes, strict=True):
                         if todo:
-                            self._queue_writes(pipe, partition, handler, batch, took, todo, raw)
+                            self._queue_writes(
+                                pipe, partition, handler, batch, took, todo, raw, shared
+                            )
                     if any(todo for _, todo, _ in plans):
                         pipe.execute()
                 except redis.WatchError:
@@ -535,32 +583,107 @@ class ProjectionRunner:
                 self.stats.skipped += len(todo) - len(took)
             return
 
-    def _fold(
-        self, pipe: Any, partition: int, handler: Handler[Any], todo: list[Decoded | Rejected]
-    ) -> tuple[Batch[Any] | None, list[Decoded | Rejected]]:
-        """Fold ``todo`` into its runs (reads in WATCH mode); the records it took."""
-        if not todo:
-            return None, []
-        run_ids = sorted(
-            {rid for r in todo if (rid := r.event.run_id if isinstance(r, Decoded) else r.run_id)}
-        )
-        batch = handler.begin(pipe, partition, run_ids)
+    def _fold_all(
+        self,
+        pipe: Any,
+        partition: int,
+        plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]],
+    ) -> list[tuple[Batch[Any] | None, list[Decoded | Rejected]]]:
+        """Fold every projection's ``todo`` into its runs; per projection, the batch and
+        the records it took.
+
+        Each run's state is folded once per record: the projections whose copies of it
+        are at the same record (always, unless one was rebuilt or reset alone) share one
+        copy, and each gets the same ``Step``. Others fold their own copy.
+        """
+        batches: list[Batch[Any] | None] = []
+        for handler, todo, _ in plans:
+            if not todo:
+                batches.append(None)
+                continue
+            run_ids = sorted({rid for r in todo if (rid := _run_of(r)) is not None})
+            batches.append(handler.begin(self.redis, partition, run_ids))
+        active = [
+            (h, todo, b) for (h, todo, _), b in zip(plans, batches, strict=True) if b is not None
+        ]
+        shared: set[str] = set()
+        if len(active) > 1:
+            # The copy to share: the one with the conversation, if a projection keeps it.
+            order = sorted(active, key=lambda a: not a[0].full)
+            for rid in order[0][2].states:
+                holders = [(h, b) for h, _, b in order if rid in b.states]
+                if len(holders) != len(order) or len({b.offsets[rid] for _, b in holders}) != 1:
+                    continue
+                first = holders[0][0].validator(holders[0][1].states[rid])
+                for h, b in holders[1:]:
+                    h.share(b.states[rid], first)
+                shared.add(rid)
         # A record that names no run leaves no trace in any run's state; its quarantine
         # entry (keyed by offset) is what says it was applied.
-        orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
-        recorded: set[int] = set()
-        if orphans:
-            present = pipe.hmget(
-                handler.keys.quarantine(partition), [str(r.offset) for r in orphans]
-            )
-            recorded = {r.offset for r, v in zip(orphans, present, strict=True) if v is not None}
-        took = [
-            r
-            for r in todo
-            if handler.apply(batch, r)
-            or (isinstance(r, Rejected) and r.run_id is None and r.offset not in recorded)
-        ]
-        return batch, took
+        recorded: dict[int, set[int]] = {}
+        for i, (handler, todo, _) in enumerate(active):
+            orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
+            if orphans:
+                present = pipe.hmget(
+                    handler.keys.quarantine(partition), [str(r.offset) for r in orphans]
+                )
+                recorded[i] = {
+                    r.offset for r, v in zip(orphans, present, strict=True) if v is not None
+                }
+        took: list[list[Decoded | Rejected]] = [[] for _ in active]
+        # Usually every projection is at the same position: then they all have the same
+        # records to do, and a shared run's record is taken by all of them or by none.
+        uniform = len({pos for (_, todo, pos) in plans if todo}) == 1
+        todos = [{r.offset for r in todo} for _, todo, _ in active]
+        records = sorted({r.offset: r for _, todo, _ in active for r in todo}.items())
+        for offset, rec in records:
+            if uniform and isinstance(rec, Decoded) and rec.event.run_id in shared:
+                ev = rec.event
+                h0, _, b0 = active[0]
+                if offset <= b0.offsets.get(ev.run_id, -1):
+                    continue
+                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                for i, (h, _, b) in enumerate(active):
+                    h.step(b, rec, step)
+                    took[i].append(rec)
+                continue
+            takers = [
+                i for i, (h, _, b) in enumerate(active) if offset in todos[i] and h.takes(b, rec)
+            ]
+            if isinstance(rec, Rejected):
+                for i, (h, _, b) in enumerate(active):
+                    if i in takers:
+                        h.reject(b, rec)
+                        took[i].append(rec)
+                    elif (
+                        rec.run_id is None
+                        and offset in todos[i]
+                        and offset not in recorded.get(i, ())
+                    ):
+                        took[i].append(rec)
+                continue
+            if not takers:
+                continue
+            ev = rec.event
+            if ev.run_id in shared:
+                if len(takers) != len(active):  # pragma: no cover - equal offsets, same records
+                    raise RuntimeError(f"projections sharing run {ev.run_id} disagree at {offset}")
+                h0, _, b0 = active[takers[0]]
+                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                for i in takers:
+                    h, _, b = active[i]
+                    h.step(b, rec, step)
+                    took[i].append(rec)
+            else:
+                for i in takers:
+                    h, _, b = active[i]
+                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev))
+                    took[i].append(rec)
+        out: list[tuple[Batch[Any] | None, list[Decoded | Rejected]]] = []
+        it = iter(took)
+        for maybe in batches:
+            out.append((None, []) if maybe is None else (maybe, next(it)))
+        return out
 
     def _queue_writes(
         self,
@@ -571,11 +694,12 @@ class ProjectionRunner:
         took: list[Decoded | Rejected],
         todo: list[Decoded | Rejected],
         raw: dict[int, Any],
+        shared: Writes,
     ) -> None:
         """One projection's effects and its position (inside the partition's MULTI)."""
         keys = handler.keys
         if batch is not None:
-            handler.write(pipe, batch)
+            handler.write(pipe, batch, shared)
         applied = sum(1 for r in took if isinstance(r, Decoded))
         bad = [r for r in took if isinstance(r, Rejected)]
         for r in bad:
@@ -671,7 +795,7 @@ class ProjectionRunner:
                 # consume() returns when the batch fills or the timeout ends: under a light
                 # load the timeout *is* the projection lag, so keep it short. A full batch
                 # means a backlog: then take catch-up sized ones, fewer transactions each.
-                size = max(self.batch_size, CATCH_UP_BATCH) if behind else self.batch_size
+                size = self.catch_up_batch if behind else self.batch_size
                 msgs = self._consumer.consume(size, timeout=POLL_TIMEOUT_S)
                 behind = len(msgs) >= size
                 if msgs:
@@ -737,8 +861,12 @@ class ProjectionRunner:
                     raise KafkaUnavailable(
                         f"catch-up of {self.topic} did not finish in {timeout_s}s"
                     )
-                # Bigger batches than live: each touched run is serialised once per batch.
-                msgs = self._consumer.consume(max(self.batch_size, CATCH_UP_BATCH), timeout=0.5)
+                # Bigger batches than live: fewer transactions. consume() returns when it
+                # has as many messages as asked or its timeout ends: never ask for more
+                # than are left, or the last batch waits out the whole timeout.
+                left = sum(max(0, targets[p] - self._next[p]) for p in todo)
+                size = max(1, min(self.catch_up_batch, left))
+                msgs = self._consumer.consume(size, timeout=0.5)
                 # Records past the captured watermark belong to the next catch-up.
                 self._handle(
                     [
@@ -779,14 +907,23 @@ def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int
     handler = make_handler(name, settings.redis_key_prefix, settings.events_topic)
     deleted = 0
     batch: list[Any] = []
+    # SCAN visits every master of a Redis Cluster; the keys found span many slots, so
+    # they are deleted one command each (pipelined), not in one DEL.
     for key in client.scan_iter(match=handler.keys.pattern(), count=1000):
         batch.append(key)
         if len(batch) >= 500:
-            deleted += int(client.delete(*batch))
+            deleted += _delete(client, batch)
             batch = []
     if batch:
-        deleted += int(client.delete(*batch))
+        deleted += _delete(client, batch)
     return deleted
+
+
+def _delete(client: redis.Redis, keys: list[Any]) -> int:
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.delete(key)
+        return sum(int(n) for n in pipe.execute())
 
 
 class _RebuildMarker:
@@ -806,7 +943,8 @@ class _RebuildMarker:
         self._thread = threading.Thread(target=self._renew, name="runlog-rebuild", daemon=True)
 
     def _set(self) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
+        # Not one MULTI: the markers of several projections share no Redis Cluster slot.
+        with self.client.pipeline(transaction=False) as pipe:
             for key in self.keys:
                 pipe.set(key, self.value, ex=REBUILD_MARKER_TTL_S)
             pipe.execute()
@@ -826,7 +964,8 @@ class _RebuildMarker:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join(timeout=5)
-        self.client.delete(*self.keys)
+        for key in self.keys:
+            self.client.delete(key)
 
 
 def rebuild(
@@ -848,7 +987,10 @@ def rebuild(
     parts = range(settings.partitions)
     try:
         with _RebuildMarker(client, [h.keys.rebuild_marker() for h in handlers]):
-            with client.pipeline(transaction=True) as pipe:
+            # Each generation fences its own partition (checked in that partition's
+            # transactions), so they need not move together: one INCR per key, not one
+            # MULTI (which a Redis Cluster refuses across slots).
+            with client.pipeline(transaction=False) as pipe:
                 for h in handlers:
                     for p in parts:
                         pipe.incr(h.keys.gen(p))

@@ -11,7 +11,11 @@ Per (projection, topic, partition):
 ``stats``           hash: ``applied`` (decoded records folded), ``quarantined``
 ``quarantine``      hash: offset -> JSON (original bytes base64, error class and message)
 ``runs``            set of run ids seen in the partition
-``run:<id>``        JSON of the projection's per-run state (state: without the two below)
+``run:<id>``        JSON of the projection's own per-run state (small), ``applied_offset``
+                    and ``run_state``: the scalars (status, seq, epoch, counters...) of
+                    the run state every projection folds (serialised once per batch)
+``calls:<id>``      hash: idempotency key -> JSON of one open call of the run state
+``appr:<id>``       hash: approval id -> JSON of one approval of the run state
 ``msgs:<id>``       state only: list, the run's conversation, one JSON message per entry
 ``done:<id>``       state only: hash, idempotency key -> stored result of the completed call
 ``sum:<id>``        state only: hash summary of the run (plus the run index's fields)
@@ -29,27 +33,42 @@ same MULTI/EXEC as its position, hence the same hash tag)
 ``<prefix>:proj:<name>:rebuild:<topic>``  present (with a TTL the rebuild keeps renewing)
 while a rebuild runs: live runners wait instead of folding alongside it
 
+One event writes what it changed: the open calls and the approval it touched (the run
+state's rules say which, ``run_state.Step``), a message appended, a stored result, an
+audit entry, a counter; the run's small JSONs once per batch. Nothing grows with the run.
+
 Each run's JSON also holds ``applied_offset``, the offset of the last record of that run
 folded into it. It is written in the same transaction as the state it describes, so it
 goes back exactly when that state goes back (a Redis failover or an AOF that lost its last
 second): a record at or below it is never folded into the run again, even after the
 partition's position went back without the run's state.
 
-Values are canonical JSON (sorted keys, no spaces), so a rebuild is byte-identical.
+Values are deterministic JSON (sorted keys, no spaces; in ``run:<id>`` the ``run_state``
+field comes last), so a rebuild is byte-identical.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import redis
 
 from runlog.consumers import index
 from runlog.projections import audit, state_view, uncertain
-from runlog.projections.run_state import jsonable
+from runlog.projections.run_state import (
+    Approval,
+    Message,
+    OpenCall,
+    RunState,
+    Step,
+    advance,
+)
 from runlog.schemas.models import Event, ToolCallCompleted
 
 S = TypeVar("S")
@@ -58,6 +77,8 @@ PROJECTIONS = ("state", "uncertain", "audit")
 SEP = "\x1f"
 APPLIED = "applied_offset"
 """Field of a run's stored JSON: offset of the last record of the run folded into it."""
+RUN_STATE = "run_state"
+"""Field of a run's stored JSON: the scalars of its run state (``scalars``)."""
 
 
 def dumps(value: Any) -> str:
@@ -91,6 +112,12 @@ class ProjectionKeys:
 
     def run(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:run:{run_id}"
+
+    def calls(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:calls:{run_id}"
+
+    def approvals(self, partition: int, run_id: str) -> str:
+        return f"{self.part(partition)}:appr:{run_id}"
 
     def summary(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:sum:{run_id}"
@@ -154,15 +181,116 @@ class Batch(Generic[S]):
     offsets: dict[str, int] = field(default_factory=dict)
     """Run id -> offset of the last record folded into its state (-1: none)."""
     dirty: set[str] = field(default_factory=set)
+    calls: dict[str, set[str]] = field(default_factory=dict)
+    """Run id -> keys of the run state's open calls the batch may have changed."""
+    approvals: dict[str, set[str]] = field(default_factory=dict)
+    """Run id -> ids of the run state's approvals the batch may have changed."""
+    fresh: set[str] = field(default_factory=set)
+    """Runs with nothing stored before this batch."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 MAX_CACHED_RUNS = 10_000
 """Per partition and projection: past it the runner's cache of run states starts over."""
 
+_SPLIT = ("messages", "completed_calls", "open_calls", "approvals")
+"""Run-state fields stored under their own keys, written per entry, never whole."""
+_SCALARS = tuple(f.name for f in dataclasses.fields(RunState) if f.name not in _SPLIT)
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def scalars(st: RunState) -> dict[str, Any]:
+    """The run state without what grows with the run (stored in ``run:<id>``): every
+    field left is a number, a string, None or a datetime, so this is ``jsonable``'s
+    result without its walk."""
+    return {name: _iso(getattr(st, name)) for name in _SCALARS}
+
+
+def _flat(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """``jsonable`` for a dataclass whose fields are numbers, strings, None or datetimes
+    (an open call, an approval), omitting ``OMIT_DEFAULT`` fields at their default."""
+    fields = [
+        (f.name, bool(f.metadata.get("omit_default")), f.default) for f in dataclasses.fields(cls)
+    ]
+
+    def to_json(value: Any) -> dict[str, Any]:
+        out = {}
+        for name, omit, default in fields:
+            v = getattr(value, name)
+            if omit and v == default:
+                continue
+            out[name] = _iso(v)
+        return out
+
+    return to_json
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    """``jsonable(msg)`` without its walk: the tool calls are plain dicts of strings, the
+    tool result a flat dataclass of strings and a bool."""
+    tr = msg.tool_result
+    return {
+        "role": msg.role,
+        "content": msg.content,
+        "trust": msg.trust,
+        "tool_calls": [dict(c) for c in msg.tool_calls],
+        "tool_result": None if tr is None else dict(vars(tr)),
+    }
+
+
+_ENTRY_JSON: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "call": _flat(OpenCall),
+    "approval": _flat(Approval),
+}
+
+
+def load_run_state(
+    scalar: dict[str, Any],
+    calls: dict[Any, Any],
+    approvals: dict[Any, Any],
+    messages: list[Any] | None = None,
+    completed: dict[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``RunState.to_dict`` shape from its stored parts (raw Redis replies)."""
+    data = dict(scalar)
+    data["open_calls"] = {_text(k): json.loads(v) for k, v in sorted(calls.items())}
+    data["approvals"] = {_text(k): json.loads(v) for k, v in sorted(approvals.items())}
+    data["messages"] = [json.loads(m) for m in messages or []]
+    data["completed_calls"] = {_text(k): _text(v) for k, v in sorted((completed or {}).items())}
+    return data
+
+
+class Writes:
+    """Serialised values shared by the projections of one transaction: when they fold one
+    run state together, its JSON is made once and written to each."""
+
+    def __init__(self) -> None:
+        self._scalars: dict[int, str] = {}
+        self._entries: dict[tuple[int, str], str] = {}
+
+    def scalars(self, st: RunState) -> str:
+        key = id(st)
+        if key not in self._scalars:
+            self._scalars[key] = dumps(scalars(st))
+        return self._scalars[key]
+
+    def entry(self, st: RunState, value: OpenCall | Approval, name: str) -> str:
+        key = (id(value), name)
+        if key not in self._entries:
+            self._entries[key] = dumps(_ENTRY_JSON[name](value))
+        return self._entries[key]
+
 
 class Handler(ABC, Generic[S]):
     """The store half of a projection: load per-run states, fold a batch, queue writes.
+
+    A projection is its pure fold (``projections/``) plus this declaration of how it is
+    stored. Every projection folds the run state (the validator); the runner folds it once
+    per record (``run_state.advance``) and hands the same ``Step`` to every projection
+    whose copy is at the same point (``share``), so a record is validated once.
 
     The states of the runs a runner folded stay in memory between batches (``_cache``),
     so a batch loads only runs it has not seen and writes only what its records changed:
@@ -174,23 +302,41 @@ class Handler(ABC, Generic[S]):
     """
 
     name: str
+    full: bool = False
+    """Its run state keeps the conversation and the stored results (the state view)."""
+    validator_key = "validator"
+    """Field of a run JSON of an earlier store holding the whole run state."""
 
     def __init__(self, keys: ProjectionKeys) -> None:
         self.keys = keys
         self._cache: dict[int, dict[str, tuple[S, int]]] = {}
         """Partition -> run id -> (state, applied offset), as committed."""
+        self._whole: set[tuple[int, str]] = set()
+        """(partition, run) loaded in an earlier shape: the next write stores all of it."""
 
+    # The projection ------------------------------------------------------------------
     @abstractmethod
     def empty(self) -> S: ...
 
     @abstractmethod
-    def loads(self, data: dict[str, Any]) -> S: ...
+    def validator(self, state: S) -> RunState:
+        """The run state this projection's state folds."""
 
     @abstractmethod
-    def dumps(self, state: S) -> dict[str, Any]: ...
+    def share(self, state: S, validator: RunState) -> None:
+        """Make ``state`` fold ``validator`` (an equal run state another projection holds)."""
 
     @abstractmethod
-    def on_event(self, batch: Batch[S], state: S, rec: Decoded) -> None: ...
+    def own(self, state: S) -> dict[str, Any]:
+        """The projection's own small per-run fields (stored at ``run:<id>``)."""
+
+    @abstractmethod
+    def restore(self, own: dict[str, Any], validator: RunState) -> S:
+        """Inverse of ``own`` (plus the run state)."""
+
+    @abstractmethod
+    def on_step(self, batch: Batch[S], state: S, rec: Decoded, step: Step) -> None:
+        """Apply one record whose passage through the run state was ``step``."""
 
     def remember(self, state: S) -> Any:
         """What to keep of a run's state as loaded, for ``write_run`` (default nothing)."""
@@ -200,42 +346,92 @@ class Handler(ABC, Generic[S]):
         """Default: the Redis quarantine record (written by the runner) is enough."""
 
     def write_run(self, pipe: Any, batch: Batch[S], run_id: str, state: S) -> None:
-        """Extra writes for one changed run (beyond its JSON and the runs set)."""
+        """Extra writes for one changed run (beyond its JSONs, calls, approvals, runs set)."""
 
     def write_batch(self, pipe: Any, batch: Batch[S]) -> None:
         """Extra writes for the whole partition batch."""
 
-    def load_runs(
-        self, client: redis.Redis, partition: int, run_ids: list[str]
-    ) -> dict[str, tuple[S, int]]:
-        """States and applied offsets of ``run_ids`` as stored (absent: empty, -1)."""
-        out: dict[str, tuple[S, int]] = {}
-        raws = client.mget([self.keys.run(partition, r) for r in run_ids])
-        for rid, raw in zip(run_ids, raws, strict=True):
-            if raw is None:
-                out[rid] = (self.empty(), -1)
-                continue
-            data = json.loads(raw)
-            # Views stored before the field existed: no record is known to be in them.
-            offset = int(data.pop(APPLIED, -1))
-            out[rid] = (self.loads(data), offset)
-        return out
+    def load_extra(self, pipe: Any, partition: int, run_id: str) -> int:
+        """Queue reads of what else a stored run needs (``restore_extra`` gets the replies);
+        returns how many."""
+        return 0
+
+    def restore_extra(
+        self, partition: int, run_id: str, data: dict[str, Any], replies: list[Any]
+    ) -> None:
+        """Fill ``data`` (the run state's ``to_dict`` shape) from ``load_extra``'s replies."""
+
+    def loaded(self, partition: int, run_id: str, state: S, replies: list[Any]) -> None:
+        """A run was restored; ``replies`` are its ``load_extra`` replies."""
 
     def done(self, state: S) -> bool:
         """True if no valid record can change the run any more: not worth caching."""
         return False
+
+    # Loading ---------------------------------------------------------------------------
+    def load_runs(
+        self, client: redis.Redis, partition: int, run_ids: list[str]
+    ) -> dict[str, tuple[S, int]]:
+        """States and applied offsets of ``run_ids`` as stored (absent: empty, -1), read in
+        two pipelined round trips (the runner's WATCH is on the positions, which every
+        writer of these keys moves in the same transaction)."""
+        out: dict[str, tuple[S, int]] = {}
+        k = self.keys
+        with client.pipeline(transaction=False) as pipe:
+            for rid in run_ids:
+                pipe.get(k.run(partition, rid))
+            raws = pipe.execute()
+        present = [(rid, raw) for rid, raw in zip(run_ids, raws, strict=True) if raw is not None]
+        for rid, raw in zip(run_ids, raws, strict=True):
+            if raw is None:
+                out[rid] = (self.empty(), -1)
+        if not present:
+            return out
+        counts = []
+        with client.pipeline(transaction=False) as pipe:
+            for rid, _ in present:
+                pipe.hgetall(k.calls(partition, rid))
+                pipe.hgetall(k.approvals(partition, rid))
+                counts.append(self.load_extra(pipe, partition, rid))
+            replies = iter(pipe.execute())
+        for (rid, raw), n in zip(present, counts, strict=True):
+            calls, approvals = next(replies), next(replies)
+            extra = [next(replies) for _ in range(n)]
+            own: dict[str, Any] = json.loads(raw)
+            # Views stored before the field existed: no record is known to be in them.
+            offset = int(own.pop(APPLIED, -1))
+            legacy = own.pop(self.validator_key, None)
+            if legacy is not None:
+                # An earlier store kept the whole run state inside this JSON: use it, and
+                # write it apart on the next write (all of it, once).
+                self._whole.add((partition, rid))
+                data = dict(legacy)
+                data.setdefault("open_calls", {})
+                data.setdefault("approvals", {})
+                data.setdefault("messages", [])
+                data.setdefault("completed_calls", {})
+                if self.full and own.get("version", 1) >= 2:
+                    self.restore_extra(partition, rid, data, extra)
+            else:
+                data = load_run_state(own.pop(RUN_STATE, {}), calls, approvals)
+                self.restore_extra(partition, rid, data, extra)
+            state = self.restore(own, RunState.from_dict(data))
+            self.loaded(partition, rid, state, extra)
+            out[rid] = (state, offset)
+        return out
 
     # The generic part ----------------------------------------------------------------
     def forget(self, partition: int | None = None) -> None:
         """Drop cached states (of one partition, or all): the next batch reloads them."""
         if partition is None:
             self._cache.clear()
+            self._whole.clear()
         else:
             self._cache.pop(partition, None)
+            self._whole = {w for w in self._whole if w[0] != partition}
 
     def begin(self, client: redis.Redis, partition: int, run_ids: list[str]) -> Batch[S]:
-        """The runs of a batch: from the cache, the others loaded (``client`` is a
-        pipeline in WATCH, immediate mode)."""
+        """The runs of a batch: from the cache, the others loaded."""
         cached = self._cache.get(partition, {})
         missing = [r for r in run_ids if r not in cached]
         loaded = self.load_runs(client, partition, missing) if missing else {}
@@ -244,7 +440,10 @@ class Handler(ABC, Generic[S]):
         for rid in run_ids:
             states[rid], offsets[rid] = cached[rid] if rid in cached else loaded[rid]
         before = {rid: self.remember(st) for rid, st in states.items()}
-        return Batch(partition=partition, states=states, before=before, offsets=offsets)
+        fresh = {rid for rid in loaded if loaded[rid][1] < 0}
+        return Batch(
+            partition=partition, states=states, before=before, offsets=offsets, fresh=fresh
+        )
 
     def committed(self, batch: Batch[S]) -> None:
         """The batch is in Redis: its states are now what Redis holds."""
@@ -256,37 +455,84 @@ class Handler(ABC, Generic[S]):
                 cache.pop(rid, None)
             else:
                 cache[rid] = (state, batch.offsets[rid])
+            self._whole.discard((batch.partition, rid))
 
-    def apply(self, batch: Batch[S], rec: Decoded | Rejected) -> bool:
-        """Fold ``rec`` into its run; False if the run's state already holds it.
+    def takes(self, batch: Batch[S], rec: Decoded | Rejected) -> bool:
+        """False if the run's state already holds ``rec`` (or it names no run).
 
         A run's records have increasing offsets, so one at or below the run's applied
         offset was folded before: skipping it keeps a record from counting twice when the
         partition's position went back but the run's state did not.
         """
         rid = rec.event.run_id if isinstance(rec, Decoded) else rec.run_id
-        if rid is None:
-            return False
-        if rec.offset <= batch.offsets.get(rid, -1):
-            return False
-        state = batch.states[rid]
-        if isinstance(rec, Decoded):
-            self.on_event(batch, state, rec)
-        else:
-            self.on_rejected(batch, state, rec)
+        return rid is not None and rec.offset > batch.offsets.get(rid, -1)
+
+    def step(self, batch: Batch[S], rec: Decoded, step: Step) -> None:
+        """Apply a record whose ``step`` the runner already took on this run's state."""
+        rid = rec.event.run_id
+        self.on_step(batch, batch.states[rid], rec, step)
+        if step.accepted:
+            if step.touched:
+                batch.calls.setdefault(rid, set()).update(step.touched)
+            if step.approval is not None:
+                batch.approvals.setdefault(rid, set()).add(step.approval)
         batch.offsets[rid] = rec.offset
         batch.dirty.add(rid)
+
+    def apply(self, batch: Batch[S], rec: Decoded | Rejected) -> bool:
+        """Fold ``rec`` into its run on this projection's own run state; False if the
+        run's state already holds it."""
+        if not self.takes(batch, rec):
+            return False
+        if isinstance(rec, Decoded):
+            state = batch.states[rec.event.run_id]
+            self.step(batch, rec, advance(self.validator(state), rec.event))
+        else:
+            self.reject(batch, rec)
         return True
 
-    def write(self, pipe: Any, batch: Batch[S]) -> None:
+    def reject(self, batch: Batch[S], rec: Rejected) -> None:
+        assert rec.run_id is not None
+        self.on_rejected(batch, batch.states[rec.run_id], rec)
+        batch.offsets[rec.run_id] = rec.offset
+        batch.dirty.add(rec.run_id)
+
+    def write(self, pipe: Any, batch: Batch[S], shared: Writes | None = None) -> None:
+        shared = shared or Writes()
         p = batch.partition
+        k = self.keys
         for rid in sorted(batch.dirty):
             state = batch.states[rid]
-            data = self.dumps(state)
-            assert APPLIED not in data, f"{self.name} state uses the reserved field {APPLIED}"
-            data[APPLIED] = batch.offsets[rid]
-            pipe.set(self.keys.run(p, rid), dumps(data))
-            pipe.sadd(self.keys.runs(p), rid)
+            st = self.validator(state)
+            whole = (p, rid) in self._whole
+            own = self.own(state)
+            assert APPLIED not in own, f"{self.name} state uses the reserved field {APPLIED}"
+            assert RUN_STATE not in own, f"{self.name} state uses the reserved field {RUN_STATE}"
+            own[APPLIED] = batch.offsets[rid]
+            # The run state's scalars are the same bytes in every projection of the batch:
+            # serialised once, spliced in as the last field.
+            pipe.set(k.run(p, rid), f'{dumps(own)[:-1]},"{RUN_STATE}":{shared.scalars(st)}}}')
+            keys = st.open_calls if whole else batch.calls.get(rid, ())
+            gone = sorted(key for key in keys if key not in st.open_calls)
+            if gone:
+                pipe.hdel(k.calls(p, rid), *gone)
+            calls = {
+                key: shared.entry(st, st.open_calls[key], "call")
+                for key in sorted(keys)
+                if key in st.open_calls
+            }
+            if calls:
+                pipe.hset(k.calls(p, rid), mapping=calls)
+            ids = st.approvals if whole else batch.approvals.get(rid, ())
+            approvals = {
+                a: shared.entry(st, st.approvals[a], "approval")
+                for a in sorted(ids)
+                if a in st.approvals
+            }
+            if approvals:
+                pipe.hset(k.approvals(p, rid), mapping=approvals)
+            if rid in batch.fresh:
+                pipe.sadd(k.runs(p), rid)
             self.write_run(pipe, batch, rid, state)
         self.write_batch(pipe, batch)
 
@@ -306,22 +552,26 @@ class _Loaded:
 def load_state_view(
     client: redis.Redis, keys: ProjectionKeys, partition: int, run_id: str
 ) -> dict[str, Any] | None:
-    """The stored state view of a run, whole (the conversation and results put back)."""
-    raw = client.get(keys.run(partition, run_id))
+    """The stored state view of a run, whole (the run state's parts put back together)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.get(keys.run(partition, run_id))
+        pipe.hgetall(keys.calls(partition, run_id))
+        pipe.hgetall(keys.approvals(partition, run_id))
+        pipe.lrange(keys.messages(partition, run_id), 0, -1)
+        pipe.hgetall(keys.completed(partition, run_id))
+        raw, calls, approvals, msgs, done = pipe.execute()
     if raw is None:
         return None
     view: dict[str, Any] = json.loads(raw)
-    state = view["state"]
-    if view.get("version", 1) < 2:
-        # Stored whole, before the conversation and results moved to their own keys.
+    if "state" in view:
+        # Stored by an earlier store: the run state inside (version 1: all of it; 2: all
+        # but the conversation and the stored results).
+        if view.get("version", 1) >= 2:
+            view["state"]["messages"] = [json.loads(m) for m in msgs]
+            view["state"]["completed_calls"] = {_text(k): _text(v) for k, v in sorted(done.items())}
         return view
-    state["messages"] = [
-        json.loads(m) for m in client.lrange(keys.messages(partition, run_id), 0, -1)
-    ]
-    done = client.hgetall(keys.completed(partition, run_id))
-    state["completed_calls"] = {
-        _text(k): _text(v) for k, v in sorted(done.items(), key=lambda kv: kv[0])
-    }
+    scalar = view.pop(RUN_STATE, {})
+    view["state"] = load_run_state(scalar, calls, approvals, msgs, done)
     return view
 
 
@@ -330,40 +580,43 @@ def _text(value: bytes | str) -> str:
 
 
 class StateHandler(Handler[state_view.StateView]):
-    """Stores a run's view as JSON *without* the two parts that grow with every event:
-    the conversation (``msgs:<id>``, a list appended to) and the stored results of
-    completed calls (``done:<id>``, a hash written per completion)."""
+    """Stores a run's view apart: its own fields (where the run lives in the log), the run
+    state's scalars, open calls and approvals (as every projection does), and the two parts
+    that grow with every event: the conversation (``msgs:<id>``, a list appended to) and
+    the stored results of completed calls (``done:<id>``, a hash written per completion)."""
 
     name = "state"
-
-    def __init__(self, keys: ProjectionKeys) -> None:
-        super().__init__(keys)
-        self._whole: set[tuple[int, str]] = set()
-        """(partition, run) loaded in the older shape: the next write stores all of it."""
+    full = True
+    validator_key = "state"
 
     def empty(self) -> state_view.StateView:
         return state_view.StateView()
 
-    def loads(self, data: dict[str, Any]) -> state_view.StateView:
-        return state_view.StateView.from_dict(data)
+    def validator(self, state: state_view.StateView) -> RunState:
+        return state.state
 
-    def dumps(self, state: state_view.StateView) -> dict[str, Any]:
-        return state.to_dict(slim=True)
+    def share(self, state: state_view.StateView, validator: RunState) -> None:
+        state.state = validator
 
-    def load_runs(
-        self, client: redis.Redis, partition: int, run_ids: list[str]
-    ) -> dict[str, tuple[state_view.StateView, int]]:
-        out: dict[str, tuple[state_view.StateView, int]] = {}
-        for rid in run_ids:
-            data = load_state_view(client, self.keys, partition, rid)
-            if data is None:
-                out[rid] = (self.empty(), -1)
-                continue
-            offset = int(data.pop(APPLIED, -1))
-            if data.get("version", 1) < 2:
-                self._whole.add((partition, rid))
-            out[rid] = (self.loads(data), offset)
-        return out
+    def own(self, state: state_view.StateView) -> dict[str, Any]:
+        return state.location_dict()
+
+    def restore(self, own: dict[str, Any], validator: RunState) -> state_view.StateView:
+        view = state_view.StateView.from_dict({**own, "state": {}})
+        view.state = validator
+        return view
+
+    def load_extra(self, pipe: Any, partition: int, run_id: str) -> int:
+        pipe.lrange(self.keys.messages(partition, run_id), 0, -1)
+        pipe.hgetall(self.keys.completed(partition, run_id))
+        return 2
+
+    def restore_extra(
+        self, partition: int, run_id: str, data: dict[str, Any], replies: list[Any]
+    ) -> None:
+        msgs, done = replies
+        data["messages"] = [json.loads(m) for m in msgs]
+        data["completed_calls"] = {_text(k): _text(v) for k, v in sorted(done.items())}
 
     def done(self, state: state_view.StateView) -> bool:
         return state.state.status == "finished"
@@ -372,12 +625,17 @@ class StateHandler(Handler[state_view.StateView]):
         st = state.state
         return _Loaded(index.remember(state), len(st.messages), st.compactions)
 
-    def on_event(
-        self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Decoded
+    def on_step(
+        self,
+        batch: Batch[state_view.StateView],
+        state: state_view.StateView,
+        rec: Decoded,
+        step: Step,
     ) -> None:
-        ev = rec.event
-        if not state_view.fold_record(state, ev, rec.partition, rec.offset):
+        state_view.place(state, rec.partition, rec.offset)
+        if not step.accepted:
             return
+        ev = rec.event
         index.observe(batch.extra, state, ev)
         p = ev.payload
         if isinstance(p, ToolCallCompleted) and p.idempotency_key is not None:
@@ -396,20 +654,16 @@ class StateHandler(Handler[state_view.StateView]):
         was: _Loaded = batch.before[run_id]
         msgs = self.keys.messages(p, run_id)
         whole = (p, run_id) in self._whole
-        if whole:
-            # A view stored whole (an older store): its first write splits it. Should the
-            # EXEC fail, the runner forgets the partition and the reload marks it again.
-            self._whole.discard((p, run_id))
-            pipe.delete(msgs)
-            new = st.messages
-        elif st.compactions != was.compactions:
-            # A compaction replaced the conversation: rare, and bounded by what it kept.
+        if whole or st.compactions != was.compactions:
+            # A view stored whole by an earlier store is split on its first write; a
+            # compaction replaced the conversation (rare, and bounded by what it kept).
+            # Should the EXEC fail, the runner forgets the partition and reloads.
             pipe.delete(msgs)
             new = st.messages
         else:
             new = st.messages[was.messages :]
         if new:
-            pipe.rpush(msgs, *[dumps(jsonable(m)) for m in new])
+            pipe.rpush(msgs, *[dumps(message_json(m)) for m in new])
         keys_done = sorted(
             st.completed_calls if whole else batch.extra.get("done", {}).get(run_id, ())
         )
@@ -418,29 +672,78 @@ class StateHandler(Handler[state_view.StateView]):
                 self.keys.completed(p, run_id),
                 mapping={k: st.completed_calls[k] for k in keys_done},
             )
-        pipe.hset(self.keys.summary(p, run_id), mapping=state.summary())
-        # The run index commits with the view and the position (same MULTI, same slot).
+        changed = (
+            whole
+            or run_id in batch.fresh
+            or bool(batch.calls.get(run_id))
+            or bool(batch.approvals.get(run_id))
+        )
+        # The run index commits with the view and the position (same MULTI, same slot);
+        # its fields go into the summary hash with the summary, one HSET.
         keys = index.IndexKeys(self.keys.part(p))
-        index.write(pipe, keys, run_id, state, was.status, batch.extra)
+        index.write(
+            pipe,
+            keys,
+            run_id,
+            state,
+            was.status,
+            batch.extra,
+            calls_changed=changed,
+            fresh=whole or run_id in batch.fresh,
+            summary=state.summary(),
+        )
 
 
 class UncertainHandler(Handler[uncertain.UncertainRun]):
+    """The open uncertain calls live in the partition's ``open`` hash (the queue the
+    queries read); a run's tracked calls are loaded back from it."""
+
     name = "uncertain"
 
     def empty(self) -> uncertain.UncertainRun:
         return uncertain.UncertainRun()
 
-    def loads(self, data: dict[str, Any]) -> uncertain.UncertainRun:
-        return uncertain.UncertainRun.from_dict(data)
+    def validator(self, state: uncertain.UncertainRun) -> RunState:
+        return state.validator
 
-    def dumps(self, state: uncertain.UncertainRun) -> dict[str, Any]:
-        return state.to_dict()
+    def share(self, state: uncertain.UncertainRun, validator: RunState) -> None:
+        state.validator = validator
 
-    def on_event(
-        self, batch: Batch[uncertain.UncertainRun], state: uncertain.UncertainRun, rec: Decoded
+    def own(self, state: uncertain.UncertainRun) -> dict[str, Any]:
+        return {"counters": dict(state.counters)}
+
+    def restore(self, own: dict[str, Any], validator: RunState) -> uncertain.UncertainRun:
+        run = uncertain.UncertainRun(validator=validator)
+        run.counters.update(own.get("counters", {}))
+        return run
+
+    def load_runs(
+        self, client: redis.Redis, partition: int, run_ids: list[str]
+    ) -> dict[str, tuple[uncertain.UncertainRun, int]]:
+        out = super().load_runs(client, partition, run_ids)
+        # Tracked calls are open calls of the run state: ask the queue for exactly those.
+        wanted = [
+            (rid, key) for rid, (run, _) in out.items() for key in sorted(run.validator.open_calls)
+        ]
+        if wanted:
+            raws = client.hmget(self.keys.open(partition), [f"{r}{SEP}{k}" for r, k in wanted])
+            for (rid, key), raw in zip(wanted, raws, strict=True):
+                if raw is not None:
+                    out[rid][0].calls[key] = uncertain.UncertainCall(**json.loads(raw))
+        return out
+
+    def on_step(
+        self,
+        batch: Batch[uncertain.UncertainRun],
+        state: uncertain.UncertainRun,
+        rec: Decoded,
+        step: Step,
     ) -> None:
         changed: dict[str, set[str]] = batch.extra.setdefault("changed", {})
-        delta = uncertain.apply_event(state, rec.event, changed.setdefault(rec.event.run_id, set()))
+        ev = rec.event
+        delta = uncertain.apply_step(
+            state, state.validator, ev, step, changed.setdefault(ev.run_id, set())
+        )
         totals: dict[str, int] = batch.extra.setdefault("counters", {})
         for name, n in delta.items():
             totals[name] = totals.get(name, 0) + n
@@ -454,8 +757,13 @@ class UncertainHandler(Handler[uncertain.UncertainRun]):
         gone = sorted(f"{run_id}{SEP}{k}" for k in changed if k not in state.calls)
         if gone:
             pipe.hdel(key, *gone)
-        for k in sorted(k for k in changed if k in state.calls):
-            pipe.hset(key, f"{run_id}{SEP}{k}", dumps(state.calls[k].to_dict()))
+        kept = {
+            f"{run_id}{SEP}{k}": dumps(state.calls[k].to_dict())
+            for k in sorted(changed)
+            if k in state.calls
+        }
+        if kept:
+            pipe.hset(key, mapping=kept)
 
     def write_batch(self, pipe: Any, batch: Batch[uncertain.UncertainRun]) -> None:
         for name, n in sorted(batch.extra.get("counters", {}).items()):
@@ -469,19 +777,28 @@ class AuditHandler(Handler[audit.AuditRun]):
     def empty(self) -> audit.AuditRun:
         return audit.AuditRun()
 
-    def loads(self, data: dict[str, Any]) -> audit.AuditRun:
-        return audit.AuditRun.from_dict(data)
+    def validator(self, state: audit.AuditRun) -> RunState:
+        return state.validator
 
-    def dumps(self, state: audit.AuditRun) -> dict[str, Any]:
-        return state.to_dict()
+    def share(self, state: audit.AuditRun, validator: RunState) -> None:
+        state.validator = validator
+
+    def own(self, state: audit.AuditRun) -> dict[str, Any]:
+        return {}
+
+    def restore(self, own: dict[str, Any], validator: RunState) -> audit.AuditRun:
+        return audit.AuditRun(validator=validator)
 
     def _entries(self, batch: Batch[audit.AuditRun], run_id: str) -> list[audit.Entry]:
         per_run: dict[str, list[audit.Entry]] = batch.extra.setdefault("entries", {})
         return per_run.setdefault(run_id, [])
 
-    def on_event(self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Decoded) -> None:
-        entries = audit.apply_event(state, rec.event, rec.partition, rec.offset)
-        self._entries(batch, rec.event.run_id).extend(entries)
+    def on_step(
+        self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Decoded, step: Step
+    ) -> None:
+        found = audit.entries(state.validator, rec.event, step, rec.partition, rec.offset)
+        if found:
+            self._entries(batch, rec.event.run_id).extend(found)
 
     def on_rejected(
         self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Rejected

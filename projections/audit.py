@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState, accept
+from runlog.projections.run_state import RunState, Step, advance
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -49,27 +49,46 @@ def _base(kind: str, ev: Event, partition: int, offset: int) -> Entry:
     }
 
 
+_ENTRY_TYPES = (
+    m.ToolCallDenied,
+    m.ApprovalRequested,
+    m.ApprovalDecided,
+    m.GuardrailTriggered,
+    m.ContextCompacted,
+    m.RunResumed,
+    m.ReconciliationAttempted,
+    m.ToolCallUncertain,
+    m.RunFinished,
+)
+
+
+def _has_entry(p: m.Payload) -> bool:
+    """Whether a valid event with payload ``p`` adds an entry (mirrors ``entries``)."""
+    if isinstance(p, _ENTRY_TYPES):
+        return True
+    if isinstance(p, m.ToolCallStarted):
+        return p.attempt > 1 or compensated_tool(p.name) is not None
+    if isinstance(p, m.ToolCallCompleted):
+        return compensated_tool(p.name) is not None
+    return False
+
+
 def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[Entry]:
-    """Fold ``ev``; returns the entries to append (in order)."""
-    st = run.validator
-    # Read before the fold: the decision below needs when its request was made.
-    asked = (
-        st.approvals.get(ev.payload.approval_id)
-        if isinstance(ev.payload, m.ApprovalDecided)
-        else None
-    )
-    asked_at = None if asked is None else asked.requested_at
-    undone: str | None = None
+    """Fold ``ev`` (and the run's own validator); returns the entries to append."""
+    return entries(run.validator, ev, advance(run.validator, ev), partition, offset)
+
+
+def entries(st: RunState, ev: Event, step: Step, partition: int, offset: int) -> list[Entry]:
+    """The entries ``ev`` adds (in order), given its ``step`` through the run state ``st``
+    (the state after it)."""
     p = ev.payload
-    if isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
-        # The key a compensation undoes is its STARTED's operation id; read it before the
-        # completion closes the call.
-        started = next((c for c in st.open_calls.values() if c.started_seq == p.started_seq), None)
-        undone = started.operation_id if started is not None else None
-    if not accept(st, ev):
+    asked_at, undone = step.asked_at, step.undone
+    if not step.accepted:
         e = _base("fenced_write", ev, partition, offset)
         e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
         return [e]
+    if not _has_entry(p):
+        return []
     e = _base(ev.type.value, ev, partition, offset)
     if isinstance(p, m.ToolCallDenied):
         e.update(kind="denial", tool=p.name, args_json=p.args_json, reason=p.reason)

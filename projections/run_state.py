@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
 from runlog.schemas import models as m
+from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
@@ -300,12 +301,18 @@ def _user_message(st: RunState, ev: Event) -> None:
 def _model_turn(st: RunState, ev: Event) -> None:
     p = ev.payload
     assert isinstance(p, m.ModelTurn)
-    calls = [c.model_dump() for c in p.tool_calls]
+    # A proposal's fields are strings (or None): its __dict__ is its model_dump(), without
+    # pydantic's serializer (a replay's fold spends most of a model turn there otherwise).
+    calls = [dict(vars(c)) for c in p.tool_calls]
     st.messages.append(Message("assistant", p.text, trust="model", tool_calls=calls))
     st.turns += 1
     st.input_tokens += p.usage.input_tokens
     st.output_tokens += p.usage.output_tokens
     st.cost_usd += p.cost_usd
+
+
+if any(f.annotation not in (str, str | None) for f in m.ToolCallProposal.model_fields.values()):
+    raise RuntimeError("ToolCallProposal is no longer flat: _model_turn must model_dump() it")
 
 
 def _tool_call_denied(st: RunState, ev: Event) -> None:
@@ -513,16 +520,93 @@ def accept(state: RunState, ev: Event) -> bool:
     """
     if ev.epoch > state.max_epoch_seen:
         state.max_epoch_seen = ev.epoch
-    rule = RULES.get(ev.type)
+    et = ev.type
+    rule = RULES.get(et)
     if rule is None:
-        raise UnknownEventType(f"no fold rule for event type {ev.type!r}")
-    if not is_valid(state, ev):
+        raise UnknownEventType(f"no fold rule for event type {et!r}")
+    # The common case of ``is_valid`` first (the current owner's next event of a running
+    # run), without the call; anything else asks ``is_valid`` itself.
+    if not (
+        state.status == "running"
+        and ev.seq == state.seq + 1
+        and ev.epoch == state.epoch
+        and et is not EventType.RUN_STARTED
+        and et is not EventType.RUN_RESUMED
+        and ev.run_id == state.run_id
+        and ev.tenant == state.tenant
+    ) and not is_valid(state, ev):
         state.fenced_writes += 1
         return False
     rule(state, ev)
     state.seq = ev.seq
     state.last_event_at = ev.occurred_at
     return True
+
+
+@dataclass(frozen=True)
+class Step:
+    """One event's passage through a run's fold, as the projections of a runner share it.
+
+    The run state is folded once per record; every projection reads the verdict and what
+    the event could change from here instead of folding a copy of the state itself.
+    ``touched`` and ``approval`` are read from the state *before* the event, like ``asked_at``
+    and ``undone``; the state after it is the state the step was taken on.
+    """
+
+    accepted: bool
+    touched: frozenset[str]
+    """Keys of the open calls the event can add, change or close (every other call of the
+    run is unchanged by it): a store rewrites these and no other."""
+    approval: str | None
+    """The approval the event can add or decide."""
+    asked_at: datetime | None
+    """For a decision: when the request it answers was made."""
+    undone: str | None
+    """For a compensation's completion: the key of the call it undoes."""
+
+
+def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
+    """Keys of the open calls ``ev`` can change, read from the state *before* it.
+
+    Mirrors the rules above that touch ``open_calls``: a run may hold hundreds of open
+    calls, and a reader that keeps them apart need look at only these.
+    """
+    p = ev.payload
+    if isinstance(p, m.RunResumed):
+        # The takeover makes the calls still in flight uncertain; the others stay as they are.
+        return frozenset(k for k, c in st.open_calls.items() if c.status == "started")
+    keys: set[str] = set()
+    if isinstance(p, m.ToolCallCompleted):
+        closed = find_open(st, p.started_seq, p.idempotency_key)
+        if closed is not None:
+            keys.add(closed.idempotency_key)
+    elif isinstance(p, m.ApprovalDecided):
+        approval = st.approvals.get(p.approval_id)
+        if approval is not None and approval.idempotency_key is not None:
+            keys.add(approval.idempotency_key)
+    key = vars(p).get("idempotency_key")  # not getattr: a miss on a model is slow
+    if isinstance(key, str):
+        keys.add(key)
+    return frozenset(keys)
+
+
+def advance(state: RunState, ev: Event) -> Step:
+    """``accept`` plus what the projections read of the state before ``ev``."""
+    p = ev.payload
+    asked_at: datetime | None = None
+    undone: str | None = None
+    approval: str | None = None
+    if isinstance(p, m.ApprovalDecided | m.ApprovalRequested):
+        approval = p.approval_id
+        asked = state.approvals.get(p.approval_id)
+        asked_at = None if asked is None else asked.requested_at
+    elif isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
+        # The key a compensation undoes is its STARTED's operation id; read it before the
+        # completion closes the call.
+        started = find_open(state, p.started_seq, p.idempotency_key)
+        undone = started.operation_id if started is not None else None
+    touched = touched_calls(state, ev)
+    return Step(accept(state, ev), touched, approval, asked_at, undone)
 
 
 def apply(state: RunState, ev: Event) -> RunState:

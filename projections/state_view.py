@@ -16,9 +16,11 @@ from runlog.projections.run_state import RunState, accept
 from runlog.projections.verdict import slim_dict
 from runlog.schemas.models import Event
 
-VIEW_VERSION = 2
+VIEW_VERSION = 3
 """Bump when the stored shape or meaning changes. 2: the store keeps the conversation and the
-stored results apart (``to_dict(slim=True)``); a version-1 view is split on its next write."""
+stored results apart (``to_dict(slim=True)``); a version-1 view is split on its next write.
+3: the run state's scalars, open calls and approvals are stored apart as well; a view of an
+earlier version is split on its next write."""
 
 
 @dataclass
@@ -46,8 +48,14 @@ class StateView:
         """JSON-ready view; ``slim`` leaves out the conversation and the stored results
         (empty), the parts that grow with every event and that a store keeps apart."""
         return {
-            "version": VIEW_VERSION,
             "state": slim_dict(self.state) if slim else self.state.to_dict(),
+            **self.location_dict(),
+        }
+
+    def location_dict(self) -> dict[str, Any]:
+        """The view without its run state: where the run lives in the log."""
+        return {
+            "version": VIEW_VERSION,
             "partition": self.partition,
             "first_offset": self.first_offset,
             "last_offset": self.last_offset,
@@ -93,6 +101,11 @@ class StateView:
             "first_offset": "" if self.first_offset is None else str(self.first_offset),
             "quarantined": str(len(self.quarantined)),
         }
+
+
+def place(view: StateView, partition: int, offset: int) -> None:
+    """Note that a record of the run sits at ``offset`` (whatever the fold made of it)."""
+    _locate(view, partition, offset)
 
 
 def _locate(view: StateView, partition: int, offset: int) -> None:

@@ -15,10 +15,10 @@ start times.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import OpenCall, RunState, accept, find_open
+from runlog.projections.run_state import OpenCall, RunState, Step, advance
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -59,7 +59,8 @@ class UncertainCall:
     """For a compensation (``<tool>/compensate``): the key of the call it undoes."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a str, int, bool or None: a shallow copy is ``asdict`` exactly.
+        return dict(vars(self))
 
 
 @dataclass
@@ -103,41 +104,22 @@ def _refresh(tracked: UncertainCall, call: OpenCall) -> None:
     tracked.approval_id = call.approval_id or tracked.approval_id
 
 
-def _touched(st: RunState, ev: Event) -> set[str]:
-    """Keys of the open calls ``ev`` can change, read from the state *before* it.
-
-    Mirrors the run-state rules that touch ``open_calls``: every other call is unchanged
-    by ``ev``, so the fold need not look at it (a run may hold hundreds of open calls).
-    """
-    p = ev.payload
-    if isinstance(p, m.RunResumed):
-        return set(st.open_calls)
-    keys: set[str] = set()
-    if isinstance(p, m.ToolCallCompleted):
-        closed = find_open(st, p.started_seq, p.idempotency_key)
-        if closed is not None:
-            keys.add(closed.idempotency_key)
-    elif isinstance(p, m.ApprovalDecided):
-        approval = st.approvals.get(p.approval_id)
-        if approval is not None and approval.idempotency_key is not None:
-            keys.add(approval.idempotency_key)
-    key = getattr(p, "idempotency_key", None)
-    if isinstance(key, str):
-        keys.add(key)
-    return keys
-
-
 def apply_event(run: UncertainRun, ev: Event, changed: set[str] | None = None) -> dict[str, int]:
-    """Fold ``ev``; returns the counter increments it caused (for partition aggregates).
+    """Fold ``ev`` (and the run's own validator); see ``apply_step``."""
+    return apply_step(run, run.validator, ev, advance(run.validator, ev), changed)
 
-    The keys of the tracked calls it added, changed or removed go into ``changed``.
-    """
+
+def apply_step(
+    run: UncertainRun, st: RunState, ev: Event, step: Step, changed: set[str] | None = None
+) -> dict[str, int]:
+    """Apply ``ev`` whose passage through the run state ``st`` was ``step`` (``st`` is the
+    state after it). Returns the counter increments it caused (for partition aggregates);
+    the keys of the tracked calls it added, changed or removed go into ``changed``."""
     delta: dict[str, int] = {}
-    touched = _touched(run.validator, ev)
-    was_decided = {k for k in touched if k in run.calls and run.calls[k].status == "decided"}
-    if not accept(run.validator, ev):
+    if not step.accepted:
         return delta  # a fenced write settles nothing and opens nothing
-    st = run.validator
+    touched = step.touched
+    was_decided = {k for k in touched if k in run.calls and run.calls[k].status == "decided"}
     for key in sorted(touched):
         call = st.open_calls.get(key)
         tracked = run.calls.get(key)

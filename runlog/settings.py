@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:16379/0"
     """Redis URL for leases, projections and snapshots (``RUNLOG_REDIS_URL``)."""
 
+    redis_cluster: bool = False
+    """``RUNLOG_REDIS_CLUSTER``: ``RUNLOG_REDIS_URL`` names a node of a Redis Cluster; the
+    client discovers the others and follows the cluster's redirections."""
+
     topic_prefix: str = "runlog"
     """Prefix of every topic runlog creates (``RUNLOG_TOPIC_PREFIX``)."""
 

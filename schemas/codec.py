@@ -17,6 +17,8 @@ from __future__ import annotations
 import io
 import itertools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -33,6 +35,7 @@ from runlog.errors import (
     UpcastFailed,
     ValidationFailed,
 )
+from runlog.schemas import compiled
 from runlog.schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
 from runlog.schemas.models import PAYLOAD_MODELS, Event, Payload
 from runlog.schemas.registry import WriterSchema, registry
@@ -262,13 +265,100 @@ def _upgrade(ws: WriterSchema, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+@dataclass(frozen=True)
+class _Compiled:
+    """A current writer schema's compiled reader and the checks its values still need."""
+
+    read: compiled.Reader
+    payload: compiled.Check | None
+    """Builds the payload model; None: pydantic validates it (``make_payload``)."""
+    envelope: Callable[[dict[str, Any]], None]
+    """Checks what the schema does not prove of the envelope (``compiled.compile_checks``)."""
+    event: compiled.Check
+    type_name: str
+    """The event type's wire name, as each record must repeat it."""
+    schema: WriterSchema
+
+
+_BY_HEADER: dict[bytes, _Compiled] = {}
+"""Single-object header (marker + fingerprint) -> its compiled decoder: one lookup."""
+
+
+_COMPILED: dict[bytes, _Compiled | None] = {}
+
+
+def _compiled(ws: WriterSchema) -> _Compiled | None:
+    """The compiled decoder of ``ws`` (cached); None for an older version (those are
+    upcast, through fastavro) or a schema the compiler does not cover."""
+    if ws.fingerprint in _COMPILED:
+        return _COMPILED[ws.fingerprint]
+    out: _Compiled | None = None
+    if ws.version == registry().current[ws.event_type]:
+        fields = {f["name"]: f["type"] for f in ws.parsed["fields"]}
+        envelope = compiled.field_checks(Event, fields, skip=frozenset({"type", "payload"}))
+        if envelope is not None:
+            # Compared with the schema's own version below: its bounds hold already.
+            envelope = [(name, check) for name, check in envelope if name != "schema_version"]
+        try:
+            read = compiled.compile_reader(ws.parsed)
+        except NotImplementedError:
+            envelope = None
+        event = compiled.constructor(Event, list(fields))
+        if envelope is not None and event is not None:
+            model = PAYLOAD_MODELS[ws.event_type]
+            payload = compiled.builder(model, fields["payload"])
+            checks = compiled.compile_checks("Event", envelope)
+            out = _Compiled(read, payload, checks, event, ws.event_type.value, ws)
+    _COMPILED[ws.fingerprint] = out
+    return out
+
+
 def decode(data: bytes, ids: SchemaIds | None = None) -> Event:
     """Decode one record into the current version of its event; ``SchemaError`` on failure.
 
     ``ids`` resolves Confluent-framed records; single-object records need nothing.
     """
-    ws, body = _framed(data, ids)
-    record = _read(data[body:], ws.parsed)
+    fast = _BY_HEADER.get(data[:HEADER_LEN]) if data else None
+    if fast is not None:
+        ws, body = fast.schema, HEADER_LEN
+    else:
+        ws, body = _framed(data, ids)
+        fast = _compiled(ws)
+        if fast is None:
+            return _decode_slow(ws, data[body:])
+        if body == HEADER_LEN:
+            _BY_HEADER[bytes(data[:HEADER_LEN])] = fast
+    try:
+        record, _ = fast.read(data, body)
+    except Exception as exc:  # any failure of the bytes is this record's problem
+        raise CorruptRecord(f"Avro body does not decode: {type(exc).__name__}: {exc}") from exc
+    et = ws.event_type
+    if record["type"] != fast.type_name:
+        raise CorruptRecord(f"record says type {record['type']!r} but its schema is {et.value}")
+    if record["schema_version"] != ws.version:
+        raise CorruptRecord(
+            f"record says v{record['schema_version']} but its schema is v{ws.version}"
+        )
+    if fast.payload is None:
+        payload = make_payload(et, record["payload"])
+    else:
+        try:
+            payload = fast.payload(record["payload"])
+        except ValueError as exc:
+            raise ValidationFailed(f"{et.value}: invalid payload: {exc}") from exc
+    try:
+        fast.envelope(record)
+    except ValueError as exc:
+        raise ValidationFailed(f"{et.value}: invalid envelope: {exc}") from exc
+    record["type"] = et
+    record["payload"] = payload
+    event: Event = fast.event(record)
+    return event
+
+
+def _decode_slow(ws: WriterSchema, body: bytes) -> Event:
+    """fastavro and pydantic: older versions (upcast on the way) and uncompiled schemas."""
+    record = _read(body, ws.parsed)
     if record.get("type") != ws.event_type.value:
         raise CorruptRecord(
             f"record says type {record.get('type')!r} but its schema is {ws.event_type.value}"

@@ -11,7 +11,7 @@ from typing import Any
 
 from runlog import stack
 from runlog.cli.groups import command_group
-from runlog.stack import registry, secure
+from runlog.stack import redis_cluster, registry, secure
 
 
 def register(subparsers: Any) -> None:
@@ -32,6 +32,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also start a Confluent-compatible schema registry (Apicurio; fetched once)",
     )
+    _cluster_option(p_up, "also start a local Redis Cluster of three masters")
     _nodes_option(p_up)
     p_up.set_defaults(func=_up)
 
@@ -39,6 +40,7 @@ def register(subparsers: Any) -> None:
     p_down.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait after SIGTERM before SIGKILL"
     )
+    _cluster_option(p_down, "also stop the local Redis Cluster")
     _nodes_option(p_down)
     p_down.set_defaults(func=_down)
 
@@ -48,6 +50,7 @@ def register(subparsers: Any) -> None:
 
     p_env = sub.add_parser("env", help='print export lines: eval "$(runlog stack env)"')
     _nodes_option(p_env)
+    _cluster_option(p_env, "point RUNLOG_REDIS_URL at the local Redis Cluster")
     p_env.add_argument(
         "--role",
         choices=secure.ALL_ROLES,
@@ -72,6 +75,15 @@ def register(subparsers: Any) -> None:
     p_node.add_argument("node_id", type=int, help="node id (1..N)")
     _nodes_option(p_node, default=3)
     p_node.set_defaults(func=_node)
+
+
+def _cluster_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help=f"{what} (ports RUNLOG_STACK_REDIS_CLUSTER_PORT and the two after it, "
+        f"default {redis_cluster.DEFAULT_PORT})",
+    )
 
 
 def _nodes_option(parser: argparse.ArgumentParser, default: int = 1) -> None:
@@ -111,8 +123,11 @@ def _up(args: argparse.Namespace) -> int:
     print(st.describe())
     if args.registry:
         print(f"  schema registry: {registry.up(cfg, echo=_echo)}")
+    if args.redis_cluster:
+        print(f"  redis cluster: {redis_cluster.up(cfg.state_dir)} (3 masters)")
     print(f"ready in {time.monotonic() - t0:.1f}s; point clients at it with:")
-    print(f'  eval "$(runlog stack env{_flags(args)})"')
+    cluster = " --redis-cluster" if args.redis_cluster else ""
+    print(f'  eval "$(runlog stack env{_flags(args)}{cluster})"')
     if args.secure:
         folder = secure.secrets_dir(_config(args))
         print(f"  set -a; . {folder}/admin.env; set +a    # its passwords (admin; or another role)")
@@ -123,6 +138,8 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     cfg = _config(args)
     registry.down(cfg, timeout=args.timeout)
+    if args.redis_cluster:
+        redis_cluster.down(cfg.state_dir, timeout=args.timeout)
     st = stack.down(cfg, timeout=args.timeout)
     print(st.describe())
     return 0 if not any(s.running and s.managed for s in st.services) else 1
@@ -142,6 +159,9 @@ def _env(args: argparse.Namespace) -> int:
     url = registry.url_if_running(cfg)
     if url is not None:
         variables["RUNLOG_SCHEMA_REGISTRY_URL"] = url
+    if args.redis_cluster:
+        variables["RUNLOG_REDIS_URL"] = redis_cluster.url()
+        variables["RUNLOG_REDIS_CLUSTER"] = "1"
     for key, value in variables.items():
         print(f"export {key}={shlex.quote(value)}")
     if cfg.secure:

@@ -6,17 +6,24 @@ a new connection option is honoured by the writer, the services and the CLI alik
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster
+import redis.cluster
 
 from runlog.errors import ConfigError
 from runlog.settings import Settings
 
 
 def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
-    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **_options(settings, kw))
+    opts = _options(settings, kw)
+    if settings.redis_cluster:
+        # A RedisCluster answers the same commands (every multi-key command runlog sends
+        # names keys of one hash slot); typed as redis.Redis for the callers.
+        return cast(redis.Redis, redis.cluster.RedisCluster.from_url(settings.redis_url, **opts))
+    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
     return client
 
 
@@ -25,7 +32,13 @@ def async_redis_client(settings: Settings, **kw: Any) -> aioredis.Redis:
 
     Its pool blocks for a free connection instead of failing: hundreds of runs in one
     loop share ``ASYNC_CONNECTIONS`` connections, each used for one GET at a time.
+    With ``RUNLOG_REDIS_CLUSTER`` it is the asyncio cluster client (its own pools per node).
     """
+    if settings.redis_cluster:
+        cluster = redis.asyncio.cluster.RedisCluster.from_url(
+            settings.redis_url, **_options(settings, kw)
+        )
+        return cast(aioredis.Redis, cluster)
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=ASYNC_CONNECTIONS, timeout=10, **_options(settings, kw)
     )

@@ -1,0 +1,156 @@
+"""Leases and projections on a real Redis Cluster of three masters (``RUNLOG_REDIS_CLUSTER``).
+
+The cluster is the stack's (``runlog stack up --redis-cluster``), started here if it is not
+running: three ``redis-server`` masters on ``RUNLOG_STACK_REDIS_CLUSTER_PORT`` and the two
+ports after it. Every check runs with keys spread over all three masters.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.cluster
+from projections_support import dump
+
+import runlog
+from runlog.consumers import queries
+from runlog.consumers.index import RunIndex
+from runlog.consumers.loadgen import LoadGenerator
+from runlog.consumers.runner import ProjectionRunner, rebuild
+from runlog.consumers.store import PROJECTIONS
+from runlog.log.clients import redis_client as make_client
+from runlog.producers.lease import Held, Lease, LeaseManager
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+from runlog.stack import StackConfig, redis_cluster
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> str:
+    return redis_cluster.up(StackConfig.from_env().state_dir)
+
+
+@pytest.fixture
+def on_cluster(test_settings: Settings, cluster_url: str) -> Iterator[Settings]:
+    s = test_settings.model_copy(update={"redis_url": cluster_url, "redis_cluster": True})
+    yield s
+    client = make_client(s)
+    for key in list(client.scan_iter(match=f"{s.redis_key_prefix}*", count=1000)):
+        client.delete(key)
+    client.close()
+
+
+def _masters(client: redis.Redis, keys: list[str]) -> set[str]:
+    cluster = client
+    assert isinstance(cluster, redis.cluster.RedisCluster)
+    return {cluster.get_node_from_key(k).name for k in keys}
+
+
+def test_the_client_is_a_cluster_client(on_cluster: Settings) -> None:
+    client = make_client(on_cluster)
+    assert isinstance(client, redis.cluster.RedisCluster)
+    assert len(client.get_primaries()) == 3
+
+
+def test_leases_on_the_cluster(on_cluster: Settings) -> None:
+    client = make_client(on_cluster)
+    mgr = LeaseManager(client, key_prefix=on_cluster.redis_key_prefix)
+    runs = [f"cluster-lease-{i}" for i in range(12)]
+    assert len(_masters(client, [mgr.lease_key("t", r) for r in runs])) == 3
+    for r in runs:
+        first = mgr.try_acquire("t", r, "a", 5_000, floor=4)
+        assert isinstance(first, Lease) and first.epoch == 5
+        assert isinstance(mgr.try_acquire("t", r, "b", 5_000), Held)
+        assert first.check()
+        assert mgr.renew(first)
+        assert first.raise_floor(9) == 10 and first.check()
+        first.release()
+        second = mgr.try_acquire("t", r, "b", 5_000)
+        assert isinstance(second, Lease) and second.epoch == 11
+        taken = mgr.try_acquire("t", r, "c", 5_000, force=True)
+        assert isinstance(taken, Lease) and taken.epoch == 12
+        assert not second.check()  # fenced by the takeover
+        taken.release()
+
+
+def test_runs_open_append_and_resume_on_the_cluster(on_cluster: Settings) -> None:
+    fast = on_cluster.model_copy(update={"lease_ttl_ms": 2_000})
+    ids = []
+    for _ in range(6):
+        with runlog.open_run(None, settings=fast) as run:
+            run.append(EventType.USER_MESSAGE, content="hello")
+            ids.append(run.run_id)
+    for rid in ids:
+        with runlog.open_run(rid, settings=fast) as run:
+            assert run.epoch == 2 and run.state.resumptions == 1
+            run.append(EventType.USER_MESSAGE, content="again")
+
+
+def test_projections_on_the_cluster_equal_a_single_redis(
+    on_cluster: Settings, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    gen = LoadGenerator(on_cluster, seed=11)
+    run_ids = gen.generate(runs=30, events_per_run=40)
+    client = make_client(on_cluster)
+    runner = ProjectionRunner(on_cluster, client, PROJECTIONS)
+    runner.catch_up(timeout_s=120)
+    assert runner.stats.applied["state"] == gen.sent
+    positions = [h.keys.pos(p) for h in runner.handlers for p in range(on_cluster.partitions)]
+    assert len(_masters(client, positions)) > 1  # the partitions' slots span masters
+
+    # The same log into the single Redis: the same keys and bytes.
+    ProjectionRunner(test_settings, redis_client, PROJECTIONS).catch_up(timeout_s=120)
+    live = dump(client, on_cluster)
+    assert live == dump(redis_client, test_settings)
+
+    # More records through a live group member, then a rebuild from zero: byte-identical.
+    sent = gen.sent
+    for _ in range(3):
+        gen.step(gen.new_run())
+    gen.flush()
+    member = ProjectionRunner(on_cluster, client, PROJECTIONS, group=f"{on_cluster.topic_prefix}.g")
+    deadline = time.monotonic() + 60
+
+    def until_applied(r: ProjectionRunner) -> None:
+        if r.stats.applied["state"] >= gen.sent - sent or time.monotonic() > deadline:
+            r.stop()
+
+    member.run(on_batch=until_applied)
+    assert member.stats.applied["state"] == gen.sent - sent
+    before = dump(client, on_cluster)
+    rebuild(client, on_cluster, PROJECTIONS)
+    assert dump(client, on_cluster) == before
+    view = queries.get_state(client, on_cluster, run_ids[0])
+    assert view is not None and view["state"]["status"] == "finished"
+    assert queries.get_audit(client, on_cluster, run_ids[0])
+    assert queries.uncertain_report(client, on_cluster) is not None
+    runs = RunIndex(client, on_cluster)
+    assert runs.tenants() == ["load"]
+    row = runs.find(run_ids[0])
+    assert row is not None and row.status == "finished"
+    assert len(runs.page(limit=50).rows) == len(run_ids) + 3
+
+
+def test_the_asyncio_client_on_the_cluster(on_cluster: Settings) -> None:
+    import asyncio
+
+    from runlog.log.clients import async_redis_client
+
+    keys = [f"{on_cluster.redis_key_prefix}:{{async-{i}}}:k" for i in range(12)]
+
+    async def roundtrip() -> list[bytes | None]:
+        client = async_redis_client(on_cluster)
+        try:
+            for k in keys:
+                await client.set(k, k)
+            return [await client.get(k) for k in keys]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(roundtrip()) == [k.encode() for k in keys]
