@@ -7,6 +7,7 @@ ports after it. Every check runs with keys spread over all three masters.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,7 +29,12 @@ from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 from runlog.stack import StackConfig, redis_cluster
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
+# Outside CI a machine without Debian's redis-server skips these; under CI=true it must
+# not hide a missing service, so the tests run and fail.
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None and os.environ.get("CI") != "true",
+    reason="no redis-server",
+)
 
 
 @pytest.fixture(scope="module")
