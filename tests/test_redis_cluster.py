@@ -38,8 +38,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def cluster_url() -> str:
-    return redis_cluster.up(StackConfig.from_env().state_dir)
+def cluster_url() -> Iterator[str]:
+    """Three local masters for this module, stopped afterwards (nothing left running)."""
+    state = StackConfig.from_env().state_dir
+    yield redis_cluster.up(state)
+    redis_cluster.down(state)
 
 
 @pytest.fixture
