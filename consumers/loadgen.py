@@ -9,6 +9,7 @@ epoch (a fenced write), compact, and finish. Deterministic for a given seed.
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -200,12 +201,19 @@ class LoadGenerator:
         self.flush()
         return [r.run_id for r in live]
 
-    def steady(self, rate_per_s: float, duration_s: float, runs: int = 50) -> int:
-        """Append at about ``rate_per_s`` events/s for ``duration_s``; returns events sent."""
+    def steady(
+        self,
+        rate_per_s: float,
+        duration_s: float,
+        runs: int = 50,
+        stop: threading.Event | None = None,
+    ) -> int:
+        """Append at about ``rate_per_s`` events/s for ``duration_s`` or until ``stop`` is set;
+        returns events sent."""
         live = [self.new_run() for _ in range(runs)]
         start = time.monotonic()
         sent0 = self.sent
-        while (elapsed := time.monotonic() - start) < duration_s:
+        while (elapsed := time.monotonic() - start) < duration_s and not (stop and stop.is_set()):
             due = int(elapsed * rate_per_s) - (self.sent - sent0)
             for _ in range(max(0, due)):
                 self.step(self.rng.choice(live))
