@@ -7,10 +7,10 @@ uncertain-call projection stored; the projection itself never reads a clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -25,6 +25,8 @@ DEFAULT_DEADLINES_S: Mapping[str, float] = {
     "safe": 4 * 60 * 60,
 }
 """How long an uncertain call of each risk class may stay open before it is overdue."""
+
+T = TypeVar("T")
 
 
 def _keys(settings: Settings, name: str) -> ProjectionKeys:
@@ -68,6 +70,23 @@ def _find_run(
     return None
 
 
+def _read_run(
+    client: redis.Redis,
+    settings: Settings,
+    name: str,
+    run_id: str,
+    read: Callable[[ProjectionKeys, int], T],
+) -> T | None:
+    """``read`` of projection ``name`` on the partition holding ``run_id`` (None if none)."""
+    check_run_id(run_id)
+    keys = _keys(settings, name)
+    try:
+        p = _find_run(client, keys, settings, run_id)
+        return None if p is None else read(keys, p)
+    except redis.RedisError as exc:
+        raise _wrap(exc, f"{name} projection of {run_id}") from exc
+
+
 def get_state(
     client: redis.Redis, settings: Settings, run_id: str, *, tenant: str | None = None
 ) -> dict[str, Any] | None:
@@ -75,15 +94,9 @@ def get_state(
 
     With ``tenant``, a run of another tenant is refused (``TenantMismatch``).
     """
-    check_run_id(run_id)
-    keys = _keys(settings, "state")
-    try:
-        p = _find_run(client, keys, settings, run_id)
-        if p is None:
-            return None
-        view = load_state_view(client, keys, p, run_id)
-    except redis.RedisError as exc:
-        raise _wrap(exc, f"state of {run_id}") from exc
+    view = _read_run(
+        client, settings, "state", run_id, lambda k, p: load_state_view(client, k, p, run_id)
+    )
     if view is None:
         return None
     refuse_other_tenant(view["state"]["tenant"], tenant, run_id)
@@ -93,15 +106,11 @@ def get_state(
 def get_summary(
     client: redis.Redis, settings: Settings, run_id: str, *, tenant: str | None = None
 ) -> dict[str, str] | None:
-    check_run_id(run_id)
-    keys = _keys(settings, "state")
-    try:
-        p = _find_run(client, keys, settings, run_id)
-        if p is None:
-            return None
-        raw = client.hgetall(keys.summary(p, run_id))
-    except redis.RedisError as exc:
-        raise _wrap(exc, f"summary of {run_id}") from exc
+    raw = _read_run(
+        client, settings, "state", run_id, lambda k, p: client.hgetall(k.summary(p, run_id))
+    )
+    if raw is None:
+        return None
     summary = {_s(k): _s(v) for k, v in raw.items()}
     refuse_other_tenant(summary.get("tenant", ""), tenant, run_id)
     return summary
@@ -115,16 +124,16 @@ def get_audit(
     With ``tenant``, a run of another tenant is refused (``TenantMismatch``): the owner is
     the tenant of the run's valid RUN_STARTED, as the audit projection's validator folded it.
     """
-    check_run_id(run_id)
-    keys = _keys(settings, "audit")
-    try:
-        p = _find_run(client, keys, settings, run_id)
-        if p is None:
-            return []
-        run_raw = client.get(keys.run(p, run_id))
-        raws = client.lrange(keys.log(p, run_id), 0, -1)
-    except redis.RedisError as exc:
-        raise _wrap(exc, f"audit of {run_id}") from exc
+    found = _read_run(
+        client,
+        settings,
+        "audit",
+        run_id,
+        lambda k, p: (client.get(k.run(p, run_id)), client.lrange(k.log(p, run_id), 0, -1)),
+    )
+    if found is None:
+        return []
+    run_raw, raws = found
     owner = ""
     if run_raw is not None:
         stored = json.loads(run_raw)

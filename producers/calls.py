@@ -51,8 +51,10 @@ from runlog.producers.tools import (
     Unavailable,
 )
 from runlog.projections.run_state import OpenCall
+from runlog.schemas import models as m
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
+from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -219,62 +221,60 @@ def attempt(
             # asked, so it stays uncertain and the uncertain-call rules go on (unless
             # an authoritative lookup proved the earlier attempts absent: then this
             # failure is the whole truth).
-            yield from append(
-                EventType.TOOL_CALL_UNCERTAIN,
-                started_seq=started.seq,
-                call_id=call_id,
-                name=tool.name,
-                idempotency_key=key,
-                error=f"attempt {attempt} failed ({exc}); an earlier attempt's outcome "
-                "is still unknown",
-                detected_by="live",
+            return (
+                yield from _uncertain(
+                    run,
+                    started,
+                    f"attempt {attempt} failed ({exc}); an earlier attempt's outcome "
+                    "is still unknown",
+                )
             )
-            yield from recover_call(run, run.state.open_calls[key])
-            return _settled(run, key)
-        # Proven failure: no key, so the action may be tried again later.
-        yield from record(
-            EventType.TOOL_CALL_COMPLETED,
-            call_id=call_id,
-            name=tool.name,
-            started_seq=started.seq,
-            content=str(exc),
-            is_error=True,
-            idempotency_key=None,
-            source="live",
-            duration_ms=_elapsed_ms(t0),
-        )
+        yield from _completed(record, started, str(exc), error=True, t0=t0)
         raise ToolFailed(str(exc), run_id=run.run_id, seq=started.seq) from exc
     except Exception as exc:  # noqa: BLE001 - anything but a proven failure is uncertain
-        yield from append(
-            EventType.TOOL_CALL_UNCERTAIN,
-            started_seq=started.seq,
-            call_id=call_id,
-            name=tool.name,
-            idempotency_key=key,
-            error=f"{type(exc).__name__}: {exc}",
-            detected_by="live",
-        )
-        yield from recover_call(run, run.state.open_calls[key])
-        return _settled(run, key)
+        return (yield from _uncertain(run, started, f"{type(exc).__name__}: {exc}"))
     # What is recorded is what every later call with this key returns, so the live
     # caller gets the same (possibly cut) text as a re-execution after a crash.
     content = bound_result(str(result), key, tool.on_large_result)
-    yield from record(
-        EventType.TOOL_CALL_COMPLETED,
-        call_id=call_id,
-        name=tool.name,
-        started_seq=started.seq,
-        content=content,
-        is_error=False,
-        idempotency_key=key,
-        source="live",
-        duration_ms=_elapsed_ms(t0),
-    )
+    yield from _completed(record, started, content, error=False, t0=t0)
     return run.state.completed_calls.get(key, content)
 
 
-def _elapsed_ms(t0: float) -> int:
-    return int((time.monotonic() - t0) * 1000)
+def _uncertain(run: Run, started: Event, error: str) -> Steps[str]:
+    """The live attempt's outcome is unknown: say so, then let the recovery rules decide."""
+    p = started.payload
+    assert isinstance(p, m.ToolCallStarted)
+    yield from append(
+        EventType.TOOL_CALL_UNCERTAIN,
+        started_seq=started.seq,
+        call_id=p.call_id,
+        name=p.name,
+        idempotency_key=p.idempotency_key,
+        error=error,
+        detected_by="live",
+    )
+    yield from recover_call(run, run.state.open_calls[p.idempotency_key])
+    return _settled(run, p.idempotency_key)
+
+
+def _completed(
+    record: Callable[..., Steps[Event]], started: Event, content: str, *, error: bool, t0: float
+) -> Steps[None]:
+    """The live attempt's outcome. A proven failure carries no key, so the action may be
+    tried again later."""
+    p = started.payload
+    assert isinstance(p, m.ToolCallStarted)
+    yield from record(
+        EventType.TOOL_CALL_COMPLETED,
+        call_id=p.call_id,
+        name=p.name,
+        started_seq=started.seq,
+        content=content,
+        is_error=error,
+        idempotency_key=None if error else p.idempotency_key,
+        source="live",
+        duration_ms=int((time.monotonic() - t0) * 1000),
+    )
 
 
 MAX_ATTEMPTS = 5

@@ -25,35 +25,44 @@ from runlog.schemas.keys import run_tag
 
 log = logging.getLogger(__name__)
 
+# The next epoch: one above both the run's counter and the floor (ARGV[3]) its caller
+# read from the log, so an epoch never goes backwards, even after Redis restarts empty.
+_NEXT_EPOCH = """
+local e = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if e <= floor then
+  e = floor + 1
+  redis.call('SET', KEYS[2], e)
+end
+"""
+
 # ARGV[4] = '1' breaks a live lease (explicit takeover): safe because the epoch still
 # goes up, so the previous holder fails its next ownership check (it is fenced).
-_ACQUIRE = """
+_ACQUIRE = (
+    """
 local cur = redis.call('GET', KEYS[1])
 if cur and ARGV[4] ~= '1' then
   return {0, cur, redis.call('PTTL', KEYS[1])}
 end
-local e = redis.call('INCR', KEYS[2])
-local floor = tonumber(ARGV[3])
-if e <= floor then
-  e = floor + 1
-  redis.call('SET', KEYS[2], e)
-end
+"""
+    + _NEXT_EPOCH
+    + """
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. e, 'PX', ARGV[2])
 return {1, tostring(e), 0}
 """
+)
 
 # Raise the holder's epoch above a floor learned from the log (after an empty restart).
-_RAISE = """
+_RAISE = (
+    """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local e = redis.call('INCR', KEYS[2])
-local floor = tonumber(ARGV[3])
-if e <= floor then
-  e = floor + 1
-  redis.call('SET', KEYS[2], e)
-end
+"""
+    + _NEXT_EPOCH
+    + """
 redis.call('SET', KEYS[1], ARGV[2] .. '|' .. e, 'PX', ARGV[4])
 return e
 """
+)
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -159,6 +168,10 @@ class LeaseManager:
     def epoch_key(self, tenant: str, run_id: str) -> str:
         return f"{self.run_tag(tenant, run_id)}:epoch"
 
+    def _keys(self, tenant: str, run_id: str) -> list[str]:
+        """KEYS of the acquire and raise scripts: the lease, then the epoch counter."""
+        return [self.lease_key(tenant, run_id), self.epoch_key(tenant, run_id)]
+
     # Operations ---------------------------------------------------------------------------
     def current(self, tenant: str, run_id: str) -> str | None:
         try:
@@ -179,7 +192,7 @@ class LeaseManager:
     ) -> Lease | Held:
         """Take the run's lease if free or expired, or always with ``force`` (takeover)."""
         started = time.monotonic()
-        keys = [self.lease_key(tenant, run_id), self.epoch_key(tenant, run_id)]
+        keys = self._keys(tenant, run_id)
         if force:
             previous = self.current(tenant, run_id)
             if previous is not None:
@@ -210,10 +223,7 @@ class LeaseManager:
         return lease
 
     def raise_epoch(self, lease: Lease, floor: int) -> int | None:
-        keys = [
-            self.lease_key(lease.tenant, lease.run_id),
-            self.epoch_key(lease.tenant, lease.run_id),
-        ]
+        keys = self._keys(lease.tenant, lease.run_id)
         old = lease.epoch
         with lease.lock:
             try:
