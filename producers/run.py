@@ -296,7 +296,10 @@ class Run(Owned):
         return self.deps.settings.delivery_timeout_ms / 1000 + 5
 
     def _take_pending(self) -> list[_Pending]:
+        """The appends a barrier is about to wait for, sent now (not at linger's end)."""
         pending, self._pending = self._pending, []
+        if pending:
+            self.deps.writer.kick()
         return pending
 
     def _interrupted(self, unchecked: list[_Pending]) -> None:

@@ -70,6 +70,10 @@ _REFUSED = frozenset(
 )
 
 
+KICK_S = 0.001
+"""How long the kicker keeps a flush open: long enough for the broker threads to wake and
+send; the acknowledgement itself is waited for on the append's future."""
+
 REPLACE_INTERVAL_S = 1.0
 """Least time between two replacements of a producer that failed fatally."""
 
@@ -129,8 +133,11 @@ class EventWriter:
         self.replaced = 0
         """How many times a fatal error made the writer replace its producer."""
         self._closed = threading.Event()
+        self._kicked = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="runlog-writer", daemon=True)
         self._poller.start()
+        self._kicker = threading.Thread(target=self._kick_loop, name="runlog-kick", daemon=True)
+        self._kicker.start()
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback (also the entry a test uses to simulate a fatal error)."""
@@ -180,6 +187,25 @@ class EventWriter:
                     log.exception("delivery callback failed")
             except Exception:  # a callback error must not kill the poller
                 log.exception("delivery callback failed")
+
+    def kick(self) -> None:
+        """Someone waits for what was sent: send everything queued now, not at linger's end.
+
+        Non-blocking (an event loop may call it). librdkafka sends at once, ignoring
+        ``linger.ms``, while a ``flush`` is in progress; ``flush(0)`` ends before its
+        broker threads look, so the kicker thread holds one open for ``KICK_S``.
+        """
+        self._kicked.set()
+
+    def _kick_loop(self) -> None:
+        while not self._closed.is_set():
+            if not self._kicked.wait(0.5):
+                continue
+            self._kicked.clear()
+            try:
+                self._producer.flush(KICK_S)
+            except Exception:  # a failed producer is the poller's to replace
+                log.debug("kick of the producer failed", exc_info=True)
 
     def send(
         self,
@@ -268,4 +294,6 @@ class EventWriter:
             self.flush(timeout)
         finally:
             self._closed.set()
+            self._kicked.set()
             self._poller.join(timeout=2)
+            self._kicker.join(timeout=2)

@@ -197,10 +197,10 @@ class Settings(BaseSettings):
         naming it, never silently replaced.
         """
         defaults: dict[str, Any] = {
-            # Zero: a writer mostly waits for the acknowledgement of what it just sent (a
-            # barrier), and lingering only delays that round trip. Events emitted while a
-            # request is in flight still leave together in the next batch.
-            "linger.ms": 0,
+            # Pipelined appends (those no one waits for) leave in batches; a barrier does
+            # not wait out the linger: the writer sends what is queued at once when one
+            # starts waiting (``EventWriter.kick``).
+            "linger.ms": 5,
             "delivery.timeout.ms": self.delivery_timeout_ms,
             "max.in.flight.requests.per.connection": 5,
         }

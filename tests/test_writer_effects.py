@@ -126,7 +126,9 @@ def test_a_reconciled_large_or_unencodable_result_completes_the_call(
     """Recovery path: killed after the effect, before its completion; the lookup's Match
     carries the same 2 MB / lone-surrogate text and completes the call once."""
     rid = new_run_id()
-    args = ["--run-id", rid, "--result", kind, "--reconcile", "ledger", "--risk", "safe"]
+    # Irreversible: its STARTED is durable before the tool runs (a safe call's is pipelined,
+    # and a safe call whose STARTED was lost is simply run again).
+    args = ["--run-id", rid, "--result", kind, "--reconcile", "ledger", "--risk", "irreversible"]
     first = start(fast, tmp_path, "first", *args, "--mode", "block-after")
     _kill_at(first, "effect")
 

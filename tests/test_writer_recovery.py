@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,13 @@ pytestmark = pytest.mark.timeout(90)
 
 def _events(settings: Settings, run_id: str) -> list[m.Event]:
     return [r.event for r in read_log(settings, run_id)]
+
+
+def _wait_for_last(settings: Settings, run_id: str, kind: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (types := valid_types(_events(settings, run_id))) or types[-1] != kind:
+        assert time.monotonic() < deadline, f"the log of {run_id} never ended in {kind}"
+        time.sleep(0.05)
 
 
 def _verified(settings: Settings, run_id: str, result: dict[str, object]) -> list[m.Event]:
@@ -95,6 +103,10 @@ def test_sigkill_then_resume_effect_happens_once(
     flag = {"mid-model": "model-1", "mid-tool": "in-tool", "after-effect": "effect"}[point]
     first = start_worker(fast, tmp_path, "first", "--run-id", rid, *args)
     first.wait_flag(flag)
+    if point == "mid-model":
+        # Step 0's model turn is pipelined: killed during step 1's model call, once it is in
+        # the log (a real model call lasts far longer than the producer's linger).
+        _wait_for_last(fast, rid, "model_turn")
     first.kill()
     before = _events(fast, rid)
     assert ledger.total() == (1 if point == "after-effect" else 0)

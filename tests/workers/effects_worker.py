@@ -119,6 +119,7 @@ def hold_before_escalating(flags: Flags) -> None:
 def scenario_fetch(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> None:
     """Re-executed from the top after a kill: one fetch, then finish."""
     got = run.call_tool("fetch", {"url": "https://example.test/page"})
+    run.barrier()  # a safe call's records are pipelined: durable before the test kills
     flags.set("after-calls", json.dumps({"len": len(got), "tail": got[-300:]}))
     if opts.hold_after:
         flags.hold()
