@@ -274,6 +274,12 @@ def test_a_safe_call_killed_mid_call_is_retried_by_recovery_before_the_agent_run
     run_id = new_run_id()
     w = start(fast, tmp_path, "dies", run_id, "--scenario", "safe", "--hold-lookup")
     key = w.wait_flag("in_tool", timeout=120)
+    # A safe call's turn and STARTED are pipelined: killed in the tool once they are in the
+    # log (a tool that holds this long has long seen them leave the producer's linger).
+    deadline = time.monotonic() + 10
+    while EventType.TOOL_CALL_STARTED not in {e.type for e in events_of(fast, run_id)}:
+        assert time.monotonic() < deadline, "the safe call's STARTED never reached the log"
+        time.sleep(0.05)
     w.kill(signal.SIGKILL)
     w = start(fast, tmp_path, "resumes", run_id, "--scenario", "safe", "--takeover")
     code, result = w.finish(timeout=120)
