@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,31 @@ def assert_log_sound(events: list[Event]) -> RunState:
 def payloads(events: list[Event], et: EventType, *, valid_only: bool = True) -> list[Any]:
     pairs = verdicts(events)
     return [ev.payload for ev, ok in pairs if ev.type is et and (ok or not valid_only)]
+
+
+def valid_events(settings: Settings, run_id: str, *, after_seq: int = 0) -> list[Event]:
+    """The run's valid events after ``after_seq``, read back from a log that must be sound."""
+    events = [r.event for r in read_log(settings, run_id)]
+    assert_log_sound(events)
+    return [ev for ev, ok in verdicts(events) if ok and ev.seq > after_seq]
+
+
+def shape(
+    events: list[Event],
+    fields: Mapping[EventType, tuple[str, ...]],
+    *,
+    leave_out: Collection[EventType] = (),
+) -> list[tuple[Any, ...]]:
+    """Each event as a label followed by the payload fields ``fields`` gives for its type
+    (``(label, field, ...)``; the type's name alone for a type it does not name), in order;
+    events of a type in ``leave_out`` are left out."""
+    out: list[tuple[Any, ...]] = []
+    for ev in events:
+        if ev.type in leave_out:
+            continue
+        label, *names = fields.get(ev.type, (ev.type.value,))
+        out.append((label, *(getattr(ev.payload, name) for name in names)))
+    return out
 
 
 # ------------------------------------------------------------------------- worker processes
