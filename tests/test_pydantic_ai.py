@@ -60,6 +60,21 @@ def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str) -> 
     return Worker(proc, tmp, name)
 
 
+def run_ok(settings: Settings, *argv: str) -> str:
+    """Run a command on the stack to its end; what it printed (it must succeed)."""
+    done = subprocess.run(
+        argv,
+        env=worker_env(settings),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def new_run_id() -> str:
     return f"pai-{uuid.uuid4().hex[:16]}"
 
@@ -187,15 +202,7 @@ def test_an_approval_required_tool_waits_for_runlog_approve_then_runs_once(
     assert early["approval_id"] == approval_id
 
     cli = Path(sys.executable).with_name("runlog")
-    done = subprocess.run(
-        [str(cli), "approve", run_id, approval_id, "--by", "alice", "--note", "ok"],
-        env=worker_env(fast),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    run_ok(fast, str(cli), "approve", run_id, approval_id, "--by", "alice", "--note", "ok")
 
     after = finish(fast, tmp_path, "after", run_id, "--scenario", "approval")
     assert after["output"].startswith("done") and after["requested"] == 1
@@ -474,17 +481,8 @@ def test_the_refund_example_killed_in_its_refund_resumes_with_one_refund(
     run_id = lines[0].split()[1]
     assert lines[0].startswith("run ") and len(json.loads(bank.read_text())) == 1
 
-    done = subprocess.run(
-        [*cmd, run_id, "--takeover"],
-        env=worker_env(fast),
-        cwd=str(ROOT),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "turns replayed 2, requested 1" in done.stdout, done.stdout
+    out = run_ok(fast, *cmd, run_id, "--takeover")
+    assert "turns replayed 2, requested 1" in out, out
     refunds = json.loads(bank.read_text())
     assert list(refunds.values()) == [700]
     state = assert_log_sound(events_of(fast, run_id))
