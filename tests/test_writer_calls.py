@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from workers.common import Ledger, read_log, shape, valid_events
+from workers.common import Ledger, read_log, shape, times_out_first, valid_events
 
 import runlog
 from runlog.schemas import models as m
@@ -382,15 +382,7 @@ def test_a_persons_approval_is_honoured_after_the_attempt_cap(
     """Regression: after MAX_ATTEMPTS an approved retry re-escalated instead of running."""
     from runlog.producers.calls import MAX_ATTEMPTS
 
-    calls: list[str] = []
-
-    @runlog.tool("flaky", risk="safe")
-    def flaky(args: dict[str, Any], *, idempotency_key: str) -> str:
-        calls.append(idempotency_key)
-        if len(calls) <= MAX_ATTEMPTS:
-            raise TimeoutError("no answer")
-        return "done"
-
+    flaky, calls = times_out_first("flaky", MAX_ATTEMPTS, "done")
     with runlog.open_run(settings=fast, tools=[flaky]) as run:
         with pytest.raises(runlog.Escalated) as esc:
             run.call_tool("flaky", {"n": 1})

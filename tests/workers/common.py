@@ -26,6 +26,7 @@ import redis
 import runlog
 from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, LogRecord
+from runlog.producers.tools import Risk
 from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
@@ -164,6 +165,23 @@ def shape(
         label, *names = fields.get(ev.type, (ev.type.value,))
         out.append((label, *(getattr(ev.payload, name) for name in names)))
     return out
+
+
+def times_out_first(
+    name: str, fails: int, answer: str, risk: Risk = "safe"
+) -> tuple[runlog.Tool, list[str]]:
+    """A tool whose first ``fails`` calls time out, then answer ``answer``; and the
+    idempotency key of every call made to it, in order."""
+    keys: list[str] = []
+
+    @runlog.tool(name, risk=risk)
+    def call(args: dict[str, Any], *, idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        if len(keys) <= fails:
+            raise TimeoutError("no answer")
+        return answer
+
+    return call, keys
 
 
 # ------------------------------------------------------------------------- worker processes
