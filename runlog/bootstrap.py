@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, Generic, TypeVar
 
 import redis
 
@@ -28,6 +29,31 @@ def default_writer_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+T = TypeVar("T")
+
+
+class _Once(Generic[T]):
+    """One client, made on first use (once, whatever the threads) and closed on demand."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._value: T | None = None
+
+    def get(self) -> T:
+        with self._lock:
+            if self._value is None:
+                self._value = self._make()
+            return self._value
+
+    def close(self, close: Callable[[T], object]) -> None:
+        """``close`` the client if one was made; the next ``get`` makes a new one."""
+        with self._lock:
+            if self._value is not None:
+                close(self._value)
+                self._value = None
+
+
 class Services:
     """Clients and services for one ``Settings``; created lazily, closed together."""
 
@@ -37,12 +63,11 @@ class Services:
     def __init__(self, settings: Settings, *, writer_id: str | None = None) -> None:
         self.settings = settings
         self.writer_id = writer_id or default_writer_id()
-        self._lock = threading.Lock()
-        self._redis: redis.Redis | None = None
-        self._writer: EventWriter | None = None
-        self._leases: LeaseManager | None = None
-        self._snapshots: SnapshotStore | None = None
-        self._tail: LogTail | None = None
+        self._redis = _Once(lambda: redis_client(settings))
+        self._writer = _Once(lambda: EventWriter(settings))
+        self._leases = _Once(lambda: LeaseManager(self.redis, key_prefix=settings.redis_key_prefix))
+        self._snapshots = _Once(lambda: SnapshotStore(self.redis, settings))
+        self._tail = _Once(lambda: LogTail(settings))
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:
@@ -57,43 +82,26 @@ class Services:
 
     @property
     def redis(self) -> redis.Redis:
-        with self._lock:
-            if self._redis is None:
-                self._redis = redis_client(self.settings)
-            return self._redis
+        return self._redis.get()
 
     @property
     def writer(self) -> EventWriter:
-        with self._lock:
-            if self._writer is None:
-                self._writer = EventWriter(self.settings)
-            return self._writer
+        return self._writer.get()
 
     @property
     def leases(self) -> LeaseManager:
-        client = self.redis
-        with self._lock:
-            if self._leases is None:
-                self._leases = LeaseManager(client, key_prefix=self.settings.redis_key_prefix)
-            return self._leases
+        return self._leases.get()
 
     @property
     def snapshots(self) -> SnapshotStore | None:
         """The snapshot store, when snapshots are enabled in the settings."""
         if self.settings.snapshot_interval <= 0:
             return None
-        client = self.redis
-        with self._lock:
-            if self._snapshots is None:
-                self._snapshots = SnapshotStore(client, self.settings)
-            return self._snapshots
+        return self._snapshots.get()
 
     @property
     def tail(self) -> LogTail:
-        with self._lock:
-            if self._tail is None:
-                self._tail = LogTail(self.settings)
-            return self._tail
+        return self._tail.get()
 
     def run_deps(self) -> RunDeps:
         return RunDeps(
@@ -109,16 +117,7 @@ class Services:
         )
 
     def close(self) -> None:
-        with self._lock:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            if self._leases is not None:
-                self._leases.close()
-                self._leases = None
-            if self._tail is not None:
-                self._tail.close()
-                self._tail = None
-            if self._redis is not None:
-                self._redis.close()
-                self._redis = None
+        self._writer.close(EventWriter.close)
+        self._leases.close(LeaseManager.close)
+        self._tail.close(LogTail.close)
+        self._redis.close(redis.Redis.close)

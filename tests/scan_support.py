@@ -14,27 +14,36 @@ from runlog.log.kafka import partitions_of, reader_config
 from runlog.settings import Settings
 
 
+def partition_records(consumer: Consumer, topic: str, partition: int) -> list[Message]:
+    """Every record of one partition, read straight from offset zero to its end as of now."""
+    _, high = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=10, cached=False
+    )
+    out: list[Message] = []
+    if high <= 0:
+        return out
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    pos = 0
+    while pos < high:
+        for msg in consumer.consume(500, timeout=1.0):
+            if msg.error() is None:
+                pos = (msg.offset() or 0) + 1
+                out.append(msg)
+    consumer.unassign()
+    return out
+
+
 def events_records(s: Settings) -> list[Message]:
     """Every record of the events topic, read straight from each partition to its end."""
     consumer = Consumer(reader_config(s))
-    out: list[Message] = []
     try:
-        for p in sorted(partitions_of(consumer, s.events_topic)):
-            tp = TopicPartition(s.events_topic, p)
-            _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-            if high <= 0:
-                continue
-            consumer.assign([TopicPartition(s.events_topic, p, 0)])
-            pos = 0
-            while pos < high:
-                for msg in consumer.consume(500, timeout=1.0):
-                    if msg.error() is None:
-                        pos = (msg.offset() or 0) + 1
-                        out.append(msg)
-            consumer.unassign()
+        return [
+            msg
+            for p in sorted(partitions_of(consumer, s.events_topic))
+            for msg in partition_records(consumer, s.events_topic, p)
+        ]
     finally:
         consumer.close()
-    return out
 
 
 def as_bytes(value: Any) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import redis
+from workers.common import times_out_first
 
 from runlog.demo.agent import EXIT_FENCED, LedgerClient
 from runlog.demo.ledger import Faults, LedgerServer, make_server
@@ -220,17 +221,8 @@ def test_a_decision_queued_while_a_worker_held_the_run_settles_the_call_on_resum
 ) -> None:
     """Regression: a queued decision on an uncertain call was only read by an action wait."""
     import runlog
-    from runlog.producers.tools import tool
 
-    sent: list[str] = []
-
-    @tool("notify_regulator", risk="irreversible")
-    def notify(args: dict[str, Any], *, idempotency_key: str) -> str:
-        sent.append(idempotency_key)
-        if len(sent) == 1:
-            raise TimeoutError("no answer")
-        return "sent"
-
+    notify, sent = times_out_first("notify_regulator", 1, "sent", risk="irreversible")
     run = runlog.open_run(tenant="acme", tools=[notify], settings=test_settings)
     with pytest.raises(runlog.Escalated) as esc:
         run.call_tool("notify_regulator", {"n": 1})

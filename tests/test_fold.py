@@ -76,6 +76,18 @@ class Log:
     def user(self, text: str = "hi", **forge: Any) -> Event:
         return self.add(EventType.USER_MESSAGE, content=text, **forge)
 
+    def completed(self, started: Event, content: str, **payload: Any) -> Event:
+        """The outcome of the call ``started`` began (its call id, name and seq)."""
+        call: Any = started.payload
+        return self.add(
+            EventType.TOOL_CALL_COMPLETED,
+            call_id=call.call_id,
+            name=call.name,
+            started_seq=started.seq,
+            content=content,
+            **payload,
+        )
+
 
 def _verdicts(events: list[Event]) -> list[bool]:
     st, out = RunState(), []
@@ -99,14 +111,7 @@ def rich_log() -> Log:
     )
     log.add(EventType.GUARDRAIL_TRIGGERED, guardrail="pii", severity="low", action="logged")
     s1 = log.add(EventType.TOOL_CALL_STARTED, **call, idempotency_key="k1", risk="irreversible")
-    log.add(
-        EventType.TOOL_CALL_COMPLETED,
-        call_id="c1",
-        name="charge",
-        started_seq=s1.seq,
-        content="charged 7",
-        idempotency_key="k1",
-    )
+    log.completed(s1, "charged 7", idempotency_key="k1")
     s2 = log.add(EventType.TOOL_CALL_STARTED, **call, idempotency_key="k2", risk="irreversible")
     log.resume()
     log.add(
@@ -135,15 +140,7 @@ def rich_log() -> Log:
         idempotency_key="k2",
     )
     log.add(EventType.APPROVAL_DECIDED, approval_id="ap1", approved=False, decided_by="ops")
-    log.add(
-        EventType.TOOL_CALL_COMPLETED,
-        call_id="c1",
-        name="charge",
-        started_seq=s2.seq,
-        content="resolved by ops",
-        idempotency_key="k2",
-        source="reconciliation",
-    )
+    log.completed(s2, "resolved by ops", idempotency_key="k2", source="reconciliation")
     s3 = log.add(
         EventType.TOOL_CALL_STARTED,
         call_id="c2",
@@ -151,14 +148,7 @@ def rich_log() -> Log:
         args_json="{}",
         idempotency_key="k3",
     )
-    log.add(
-        EventType.TOOL_CALL_COMPLETED,
-        call_id="c2",
-        name="lookup",
-        started_seq=s3.seq,
-        content="no such order",
-        is_error=True,
-    )
+    log.completed(s3, "no such order", is_error=True)
     log.add(EventType.TOOL_CALL_DENIED, call_id="c3", name="wire", args_json="{}", reason="no")
     log.add(EventType.CONTEXT_COMPACTED, summary="refund pending", kept_messages=2, dropped=3)
     log.add(EventType.MEMORY_WRITTEN, key="k", value="v")

@@ -72,12 +72,29 @@ def live(test_settings: Settings, unique_group: Callable[..., str]) -> Iterator[
             svc.stop()
 
 
+def _keys_each(settings: Settings) -> list[ProjectionKeys]:
+    """The key names of each of the three projections."""
+    return [
+        ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
+        for name in PROJECTIONS
+    ]
+
+
 def _projection_keys(client: redis.Redis, settings: Settings) -> list[bytes]:
     out: list[bytes] = []
-    for name in PROJECTIONS:
-        keys = ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
+    for keys in _keys_each(settings):
         out += list(client.scan_iter(match=keys.pattern(), count=1000))
     return out
+
+
+def _load(
+    settings: Settings, client: redis.Redis, *, seed: int, runs: int, events_per_run: int
+) -> LoadGenerator:
+    """A generator that has written a first load, once the projections have folded it."""
+    gen = LoadGenerator(settings, seed=seed)
+    gen.generate(runs=runs, events_per_run=events_per_run)
+    wait_caught_up(client, settings)
+    return gen
 
 
 def _save(client: redis.Redis, settings: Settings) -> dict[bytes, Any]:
@@ -107,9 +124,7 @@ def test_redis_going_back_in_time_refolds_what_it_lost(
     test_settings: Settings, redis_client: redis.Redis, live: Live
 ) -> None:
     """Positions and effects go back together (AOF loss, failover): nothing is skipped."""
-    gen = LoadGenerator(test_settings, seed=41)
-    gen.generate(runs=6, events_per_run=15)
-    wait_caught_up(redis_client, test_settings)
+    gen = _load(test_settings, redis_client, seed=41, runs=6, events_per_run=15)
     saved = _save(redis_client, test_settings)
     gen.generate(runs=6, events_per_run=15)
     wait_caught_up(redis_client, test_settings)
@@ -126,11 +141,8 @@ def test_a_position_that_went_back_alone_folds_nothing_twice(
 ) -> None:
     """Only the position went back (reset or deleted by hand, evicted): the effects it
     covers are still there, so refolding from it must not apply a record twice."""
-    gen = LoadGenerator(test_settings, seed=42)
-    gen.generate(runs=6, events_per_run=15)
-    wait_caught_up(redis_client, test_settings)
-    for name in PROJECTIONS:
-        keys = ProjectionKeys(test_settings.redis_key_prefix, name, test_settings.events_topic)
+    gen = _load(test_settings, redis_client, seed=42, runs=6, events_per_run=15)
+    for keys in _keys_each(test_settings):
         for p in range(test_settings.partitions):
             pos = redis_client.get(keys.pos(p))
             if pos is None:
@@ -150,9 +162,7 @@ def test_a_position_that_went_back_alone_folds_nothing_twice(
 def test_a_rebuild_fences_a_live_runner_instead_of_racing_it(
     test_settings: Settings, redis_client: redis.Redis, live: Live
 ) -> None:
-    gen = LoadGenerator(test_settings, seed=43)
-    gen.generate(runs=8, events_per_run=20)
-    wait_caught_up(redis_client, test_settings)
+    gen = _load(test_settings, redis_client, seed=43, runs=8, events_per_run=20)
     seen: dict[str, Any] = {}
 
     def during_rebuild(done: int, total: int) -> None:
@@ -183,11 +193,8 @@ def test_a_rebuild_that_dies_frees_the_live_runners(
     test_settings: Settings, redis_client: redis.Redis, live: Live
 ) -> None:
     """The marker has a TTL: a crashed rebuild does not stop the projection for good."""
-    gen = LoadGenerator(test_settings, seed=44)
-    gen.generate(runs=4, events_per_run=10)
-    wait_caught_up(redis_client, test_settings)
-    for name in PROJECTIONS:
-        keys = ProjectionKeys(test_settings.redis_key_prefix, name, test_settings.events_topic)
+    gen = _load(test_settings, redis_client, seed=44, runs=4, events_per_run=10)
+    for keys in _keys_each(test_settings):
         redis_client.set(keys.rebuild_marker(), "{}", px=1500)  # a rebuild that never renews
         for p in range(test_settings.partitions):
             redis_client.incr(keys.gen(p))

@@ -36,6 +36,7 @@ from workers.common import (
 from workers.pai_worker import requests_key
 
 from runlog import aio
+from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, ModelTurn, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -59,12 +60,48 @@ def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str) -> 
     return Worker(proc, tmp, name)
 
 
+def run_ok(settings: Settings, *argv: str) -> str:
+    """Run a command on the stack to its end; what it printed (it must succeed)."""
+    done = subprocess.run(
+        argv,
+        env=worker_env(settings),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def new_run_id() -> str:
     return f"pai-{uuid.uuid4().hex[:16]}"
 
 
+def finish(
+    settings: Settings, tmp: Path, name: str, run_id: str, *args: str, expect: int = EXIT_OK
+) -> dict[str, Any]:
+    """Start a worker and wait for it to exit with ``expect``; what it reported."""
+    code, result = start(settings, tmp, name, run_id, *args).finish(timeout=120)
+    assert code == expect, result
+    return result
+
+
 def events_of(settings: Settings, run_id: str) -> list[Event]:
     return [rec.event for rec in read_log(settings, run_id)]
+
+
+def sound_log(settings: Settings, run_id: str) -> tuple[list[Event], RunState]:
+    """The run's log, which must be sound, and its folded state."""
+    events = events_of(settings, run_id)
+    return events, assert_log_sound(events)
+
+
+def reject(settings: Settings, run_id: str, approval_id: str, by: str, note: str) -> None:
+    asyncio.run(
+        aio.decide(run_id, approval_id, approved=False, decided_by=by, note=note, settings=settings)
+    )
 
 
 def assert_no_recorded_turn_requested_again(
@@ -129,8 +166,7 @@ def test_a_multi_step_agent_killed_at_random_points_finishes_with_every_effect_o
     print(f"{kills} kills ({live_kills} in the agent's own work), finished by worker {attempt}")
     assert result["output"].startswith("done")
 
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    events, state = sound_log(fast, run_id)
     assert state.status == "finished" and state.outcome == "succeeded"
     assert state.turns == STEPS + 1
     assert state.resumptions >= live_kills  # a kill while live came after the run's claim
@@ -147,9 +183,7 @@ def test_a_multi_step_agent_killed_at_random_points_finishes_with_every_effect_o
     assert announced == set(keys)
 
     # A worker re-run on the finished run replays it whole: nothing requested, nothing run.
-    w = start(fast, tmp_path, "again", run_id, *PACE)
-    code, again = w.finish(timeout=120)
-    assert code == EXIT_OK, again
+    again = finish(fast, tmp_path, "again", run_id, *PACE)
     assert again["requested"] == 0 and again["replayed"] == STEPS + 1
     assert again["output"] == result["output"]
     assert_effects_once(ledger, events_of(fast, run_id))
@@ -159,35 +193,21 @@ def test_an_approval_required_tool_waits_for_runlog_approve_then_runs_once(
     fast: Settings, ledger: Any, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     run_id = new_run_id()
-    w = start(fast, tmp_path, "ask", run_id, "--scenario", "approval")
-    code, result = w.finish(timeout=120)
-    assert code == EXIT_ESCALATED, result
+    result = finish(fast, tmp_path, "ask", run_id, "--scenario", "approval", expect=EXIT_ESCALATED)
     approval_id = result["approval_id"]
     assert ledger.total() == 0  # nothing ran before a person decided
 
     # Resumed before anyone decided: it asks nothing new and waits again.
-    w = start(fast, tmp_path, "early", run_id, "--scenario", "approval")
-    code, early = w.finish(timeout=120)
-    assert code == EXIT_ESCALATED and early["approval_id"] == approval_id
+    early = finish(fast, tmp_path, "early", run_id, "--scenario", "approval", expect=EXIT_ESCALATED)
+    assert early["approval_id"] == approval_id
 
     cli = Path(sys.executable).with_name("runlog")
-    done = subprocess.run(
-        [str(cli), "approve", run_id, approval_id, "--by", "alice", "--note", "ok"],
-        env=worker_env(fast),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    run_ok(fast, str(cli), "approve", run_id, approval_id, "--by", "alice", "--note", "ok")
 
-    w = start(fast, tmp_path, "after", run_id, "--scenario", "approval")
-    code, after = w.finish(timeout=120)
-    assert code == EXIT_OK, after
+    after = finish(fast, tmp_path, "after", run_id, "--scenario", "approval")
     assert after["output"].startswith("done") and after["requested"] == 1
 
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    events, state = sound_log(fast, run_id)
     assert state.status == "finished"
     (approval,) = state.approvals.values()
     assert approval.approved and approval.decided_by == "alice"
@@ -202,25 +222,11 @@ def test_a_rejected_approval_is_a_denial_the_agent_sees_and_nothing_runs(
     fast: Settings, ledger: Any, tmp_path: Path
 ) -> None:
     run_id = new_run_id()
-    w = start(fast, tmp_path, "ask", run_id, "--scenario", "approval")
-    code, result = w.finish(timeout=120)
-    assert code == EXIT_ESCALATED, result
+    result = finish(fast, tmp_path, "ask", run_id, "--scenario", "approval", expect=EXIT_ESCALATED)
 
-    asyncio.run(
-        aio.decide(
-            run_id,
-            result["approval_id"],
-            approved=False,
-            decided_by="bob",
-            note="refund refused: order already credited",
-            settings=fast,
-        )
-    )
-    w = start(fast, tmp_path, "after", run_id, "--scenario", "approval")
-    code, after = w.finish(timeout=120)
-    assert code == EXIT_OK, after
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    reject(fast, run_id, result["approval_id"], "bob", "refund refused: order already credited")
+    finish(fast, tmp_path, "after", run_id, "--scenario", "approval")
+    events, state = sound_log(fast, run_id)
     assert state.status == "finished"
     assert ledger.total() == 0
     assert not [p for p in payloads(events, EventType.TOOL_CALL_STARTED) if p.name == "refund"]
@@ -240,29 +246,16 @@ def test_an_irreversible_call_killed_mid_effect_escalates_and_is_never_repeated(
     assert code == EXIT_ESCALATED, result
     assert not w.flag("in_tool").exists()  # the resumed worker never reached the tool
     assert ledger.per_key() == {key: 1}  # not retried without evidence
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    events, state = sound_log(fast, run_id)
     (call,) = state.open_calls.values()
     assert call.idempotency_key == key and call.status == "escalated"
     assert result["approval_id"] == call.approval_id
 
     # A person who checked the payment service rules that the refund stands.
-    asyncio.run(
-        aio.decide(
-            run_id,
-            result["approval_id"],
-            approved=False,
-            decided_by="carol",
-            note="refunded 700 for order 42",
-            settings=fast,
-        )
-    )
-    w = start(fast, tmp_path, "ends", run_id, "--scenario", "uncertain")
-    code, result = w.finish(timeout=120)
-    assert code == EXIT_OK, result
+    reject(fast, run_id, result["approval_id"], "carol", "refunded 700 for order 42")
+    finish(fast, tmp_path, "ends", run_id, "--scenario", "uncertain")
     assert ledger.per_key() == {key: 1}
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    events, state = sound_log(fast, run_id)
     assert state.status == "finished" and not state.open_calls
     assert state.completed_calls[key] == "resolved by carol: refunded 700 for order 42"
     assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
@@ -281,17 +274,14 @@ def test_a_safe_call_killed_mid_call_is_retried_by_recovery_before_the_agent_run
         assert time.monotonic() < deadline, "the safe call's STARTED never reached the log"
         time.sleep(0.05)
     w.kill(signal.SIGKILL)
-    w = start(fast, tmp_path, "resumes", run_id, "--scenario", "safe", "--takeover")
-    code, result = w.finish(timeout=120)
-    assert code == EXIT_OK, result
+    result = finish(fast, tmp_path, "resumes", run_id, "--scenario", "safe", "--takeover")
     # Recovery ran the Pydantic AI tool again inside open_run, with the same key and a
     # run context of its own; the replayed turn then found the call completed.
     lookups = [
         k.decode() for k in redis_client.lrange(f"{fast.redis_key_prefix}:pai:lookups", 0, -1)
     ]
     assert lookups == [key, key]
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    events, state = sound_log(fast, run_id)
     assert state.status == "finished" and state.completed_calls[key] == "order 7: 2 items"
     assert result["requested"] == 1 and result["replayed"] == 1
     assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
@@ -365,8 +355,7 @@ def test_two_workers_racing_to_resume_one_wins_and_no_effect_repeats(
         # Both opened at once with wait_s=0: exactly one held the run while the other tried.
         assert sum(v in ("locked", "fenced") for v in got.values()) <= 1
 
-        events = events_of(fast, run_id)
-        state = assert_log_sound(events)
+        events, state = sound_log(fast, run_id)
         assert state.status == "finished"
         assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
     # Every trial's effects together: each key once.
@@ -448,8 +437,7 @@ def test_a_retry_or_approval_a_tool_raised_is_replayed_never_run_again(fast: Set
     assert replayed.output == "done" and replayed.requested_turns == 0
     assert len(calls) == 4
     assert _history(replayed.messages) == _history(got.messages)
-    events = events_of(fast, run_id)
-    state = assert_log_sound(events)
+    _, state = sound_log(fast, run_id)
     assert sorted(state.completed_calls.values()) == ["paid order 2", "wired 900"]
 
 
@@ -499,17 +487,8 @@ def test_the_refund_example_killed_in_its_refund_resumes_with_one_refund(
     run_id = lines[0].split()[1]
     assert lines[0].startswith("run ") and len(json.loads(bank.read_text())) == 1
 
-    done = subprocess.run(
-        [*cmd, run_id, "--takeover"],
-        env=worker_env(fast),
-        cwd=str(ROOT),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "turns replayed 2, requested 1" in done.stdout, done.stdout
+    out = run_ok(fast, *cmd, run_id, "--takeover")
+    assert "turns replayed 2, requested 1" in out, out
     refunds = json.loads(bank.read_text())
     assert list(refunds.values()) == [700]
     state = assert_log_sound(events_of(fast, run_id))

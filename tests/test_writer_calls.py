@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from workers.common import Ledger, assert_log_sound, read_log, verdicts
+from workers.common import Ledger, read_log, shape, times_out_first, valid_events
 
 import runlog
 from runlog.schemas import models as m
@@ -67,31 +67,18 @@ class Charge:
         return runlog.tool("charge", risk=risk, reconcile=reconcile)(self)  # type: ignore[arg-type]
 
 
-def _after(settings: Settings, run_id: str, seq: int) -> list[m.Event]:
-    """Valid events after ``seq``, read back from the log (which must be sound)."""
-    events = [r.event for r in read_log(settings, run_id)]
-    assert_log_sound(events)
-    return [ev for ev, ok in verdicts(events) if ok and ev.seq > seq]
+_STEPS = {
+    EventType.TOOL_CALL_STARTED: ("started", "attempt"),
+    EventType.TOOL_CALL_UNCERTAIN: ("uncertain", "detected_by"),
+    EventType.RECONCILIATION_ATTEMPTED: ("reconciliation", "outcome", "action"),
+    EventType.TOOL_CALL_COMPLETED: ("completed", "source", "is_error"),
+    EventType.APPROVAL_REQUESTED: ("approval_requested", "kind"),
+}
 
 
 def _shape(events: list[m.Event]) -> list[tuple[Any, ...]]:
     """The facts each recovery step must leave, in order."""
-    out: list[tuple[Any, ...]] = []
-    for ev in events:
-        p: Any = ev.payload
-        if ev.type is EventType.TOOL_CALL_STARTED:
-            out.append(("started", p.attempt))
-        elif ev.type is EventType.TOOL_CALL_UNCERTAIN:
-            out.append(("uncertain", p.detected_by))
-        elif ev.type is EventType.RECONCILIATION_ATTEMPTED:
-            out.append(("reconciliation", p.outcome, p.action))
-        elif ev.type is EventType.TOOL_CALL_COMPLETED:
-            out.append(("completed", p.source, p.is_error))
-        elif ev.type is EventType.APPROVAL_REQUESTED:
-            out.append(("approval_requested", p.kind))
-        else:
-            out.append((ev.type.value,))
-    return out
+    return shape(events, _STEPS)
 
 
 def _keys(events: list[m.Event]) -> set[str | None]:
@@ -152,7 +139,7 @@ def test_reconciliation_outcomes(
             with pytest.raises(runlog.Escalated):  # the run stays stopped
                 run.call_tool("charge", {"amount": 1, "acct": "B"})
         state = run.state
-    events = _after(fast, run.run_id, seq)
+    events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == expected
     (key,) = _keys(events)
     assert sum(charge.invocations.values()) == (2 if first == "timeout-before" else 1)
@@ -183,7 +170,7 @@ def test_reconciliation_unavailable_keeps_the_call_uncertain_and_never_retries(
             run.call_tool("charge", ARGS)
         (key,) = run.state.open_calls
         assert run.state.open_calls[key].status == "uncertain"
-    events = _after(fast, run.run_id, seq)
+    events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
         ("started", 1),
         ("uncertain", "live"),
@@ -205,7 +192,7 @@ def test_without_reconciler_safe_and_reversible_calls_are_retried(
     with runlog.open_run(settings=fast, tools=[charge.tool(risk=risk)]) as run:
         seq = run.state.seq
         assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
-    events = _after(fast, run.run_id, seq)
+    events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
         ("started", 1),
         ("uncertain", "live"),
@@ -225,7 +212,7 @@ def _escalated_irreversible(fast: Settings, charge: Charge) -> tuple[str, str, i
         approval_id = info.value.approval_id
         assert approval_id is not None
         assert run.state.status == "running"  # only this call waits, not the run
-    events = _after(fast, run.run_id, seq)
+    events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
         ("started", 1),
         ("uncertain", "live"),
@@ -263,7 +250,7 @@ def test_irreversible_without_reconciler_waits_for_approval_then_retries_same_ke
         settings=fast,
     )
     assert got == "recorded"
-    events = _after(fast, rid, seq)
+    events = valid_events(fast, rid, after_seq=seq)
     assert _shape(events) == [
         ("run_resumed",),
         ("run_resumed",),
@@ -288,7 +275,7 @@ def test_irreversible_rejected_by_a_person_completes_with_the_note_and_never_run
         rid, approval_id, approved=False, decided_by="ops", note="customer cancelled", settings=fast
     )
     assert got == "recorded"
-    events = _after(fast, rid, seq)
+    events = valid_events(fast, rid, after_seq=seq)
     assert _shape(events) == [
         ("run_resumed",),
         ("approval_decided",),
@@ -315,7 +302,7 @@ def test_decision_while_the_run_is_owned_is_queued_and_recorded_by_the_owner(
         assert run.poll_decisions() == 1
         assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
         assert run.poll_decisions() == 0  # the inbox entry is gone once recorded
-    events = _after(fast, rid, seq)
+    events = valid_events(fast, rid, after_seq=seq)
     assert _shape(events) == [
         ("run_resumed",),
         ("approval_decided",),
@@ -337,7 +324,7 @@ def test_a_proven_failure_records_no_key_and_an_identical_call_runs_again(
             run.call_tool("charge", ARGS)
         assert not run.state.open_calls and not run.state.completed_calls
         assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
-    events = _after(fast, run.run_id, seq)
+    events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
         ("started", 1),
         ("completed", "live", True),
@@ -360,7 +347,7 @@ def test_two_intentional_charges_are_two_actions(fast: Settings, ledger: Ledger)
         run.call_tool("charge", dict(reversed(ARGS.items())))  # same action, other key order
         assert first_key != second_key
         assert set(run.state.completed_calls) == {first_key, second_key}
-    events = _after(fast, run.run_id, seq)
+    events = valid_events(fast, run.run_id, after_seq=seq)
     assert _keys(events) == {first_key, second_key}
     assert ledger.per_key() == {first_key: 1, second_key: 1}
 
@@ -395,15 +382,7 @@ def test_a_persons_approval_is_honoured_after_the_attempt_cap(
     """Regression: after MAX_ATTEMPTS an approved retry re-escalated instead of running."""
     from runlog.producers.calls import MAX_ATTEMPTS
 
-    calls: list[str] = []
-
-    @runlog.tool("flaky", risk="safe")
-    def flaky(args: dict[str, Any], *, idempotency_key: str) -> str:
-        calls.append(idempotency_key)
-        if len(calls) <= MAX_ATTEMPTS:
-            raise TimeoutError("no answer")
-        return "done"
-
+    flaky, calls = times_out_first("flaky", MAX_ATTEMPTS, "done")
     with runlog.open_run(settings=fast, tools=[flaky]) as run:
         with pytest.raises(runlog.Escalated) as esc:
             run.call_tool("flaky", {"n": 1})

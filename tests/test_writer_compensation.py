@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from workers.common import Ledger, assert_log_sound, read_log, verdicts
+from workers.common import Ledger, shape, valid_events
 
 import runlog
 from runlog.projections import audit, uncertain
@@ -67,29 +67,17 @@ class Booking:
         return [book(self.book), room_service]
 
 
-def _events(settings: Settings, rid: str) -> list[m.Event]:
-    events = [r.event for r in read_log(settings, rid)]
-    assert_log_sound(events)
-    return [ev for ev, ok in verdicts(events) if ok]
+_STEPS = {
+    EventType.TOOL_CALL_STARTED: ("started", "name", "attempt"),
+    EventType.TOOL_CALL_COMPLETED: ("completed", "name", "is_error"),
+    EventType.TOOL_CALL_UNCERTAIN: ("uncertain", "name"),
+    EventType.RECONCILIATION_ATTEMPTED: ("reconciliation", "outcome", "action"),
+    EventType.APPROVAL_REQUESTED: ("approval_requested", "kind", "name"),
+}
 
 
 def _shape(events: list[m.Event]) -> list[tuple[Any, ...]]:
-    out: list[tuple[Any, ...]] = []
-    for ev in events:
-        p: Any = ev.payload
-        if ev.type is EventType.TOOL_CALL_STARTED:
-            out.append(("started", p.name, p.attempt))
-        elif ev.type is EventType.TOOL_CALL_COMPLETED:
-            out.append(("completed", p.name, p.is_error))
-        elif ev.type is EventType.TOOL_CALL_UNCERTAIN:
-            out.append(("uncertain", p.name))
-        elif ev.type is EventType.RECONCILIATION_ATTEMPTED:
-            out.append(("reconciliation", p.outcome, p.action))
-        elif ev.type is EventType.APPROVAL_REQUESTED:
-            out.append(("approval_requested", p.kind, p.name))
-        elif ev.type is not EventType.RUN_STARTED:
-            out.append((ev.type.value,))
-    return out
+    return shape(events, _STEPS, leave_out={EventType.RUN_STARTED})
 
 
 def _audit(events: list[m.Event]) -> list[dict[str, Any]]:
@@ -108,7 +96,7 @@ def test_a_conflicting_effect_is_compensated_then_the_call_retried(
     assert ledger.per_key() == {key: 1} and ledger.found(key) == canonical_json(ARGS)
     (cancel_key, undone), *_ = svc.cancels
     assert undone == key and cancel_key != key and len(svc.cancels) == 1
-    events = _events(fast, rid)
+    events = valid_events(fast, rid)
     assert _shape(events) == [
         ("started", "book", 1),
         ("uncertain", "book"),
@@ -144,7 +132,7 @@ def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
             run.call_tool("room_service", {"room": "R-7"})
     (key,) = set(svc.booked)
     assert ledger.per_key() == {key: 1} and len(svc.cancels) == 1
-    events = _events(fast, rid)
+    events = valid_events(fast, rid)
     assert _shape(events)[2:] == [
         ("reconciliation", "conflict", "retry_compensate"),
         ("started", "book/compensate", 1),
@@ -166,7 +154,7 @@ def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
     assert got == "recorded"
     assert ledger.per_key() == {key: 0} and len(svc.cancels) == 2
     assert svc.cancels[0][0] == svc.cancels[1][0], "a failed inverse retries with its key"
-    events = _events(fast, rid)
+    events = valid_events(fast, rid)
     done = [
         p for ev in events if isinstance(p := ev.payload, m.ToolCallCompleted) and p.name == "book"
     ]
@@ -190,7 +178,7 @@ def test_an_inverse_whose_outcome_is_lost_is_an_uncertain_call_of_its_own(
         with pytest.raises(runlog.Escalated):
             run.call_tool("book", ARGS)
     (key,) = set(svc.booked)
-    events = _events(fast, rid)
+    events = valid_events(fast, rid)
     queue = uncertain.UncertainRun()
     for ev in events:
         uncertain.apply_event(queue, ev)

@@ -27,6 +27,7 @@ from workers.common import (
     read_log,
     services_for,
     start_worker,
+    times_out_first,
     valid_types,
 )
 from workers.effects_worker import result_text
@@ -194,15 +195,7 @@ def test_a_guardrail_trip_is_recorded_once_when_the_worker_dies_before_its_model
 def test_a_retry_records_the_operation_id_of_its_first_attempt(
     fast: Settings, ledger: Ledger
 ) -> None:
-    calls: list[str] = []
-
-    @runlog.tool("sync", risk="safe")
-    def sync(args: dict[str, object], *, idempotency_key: str) -> str:
-        calls.append(idempotency_key)
-        if len(calls) == 1:
-            raise TimeoutError("no answer")
-        return "synced"
-
+    sync, _ = times_out_first("sync", 1, "synced")
     with runlog.open_run(settings=fast, tools=[sync]) as run:
         assert run.call_tool("sync", {"n": 1}, operation_id="order-42") == "synced"
         rid = run.run_id

@@ -22,6 +22,12 @@ def _mmm(s: dict[str, Any] | None) -> str:
     return f"{_f(s['min'])} / {_f(s['median'])} / {_f(s['max'])}"
 
 
+Figures = tuple[tuple[str, str, str], ...]
+"""Rows of one entry: each a label suffix, the entry's key and the unit."""
+
+PER_STEP: Figures = (("", "ms_per_step", "ms/step"), (" CPU", "cpu_ms_per_step", "ms/step"))
+
+
 def _measured(res: dict[str, Any]) -> dict[str, Any]:
     """``res`` without the sections that failed."""
     return {
@@ -43,12 +49,16 @@ def table(res: dict[str, Any]) -> str:
         """A section's heading, or a line of text where a figure would stand."""
         rows.append((label, text, ""))
 
+    def each(entries: dict[str, Any], label: str, figures: Figures) -> None:
+        """Per entry, a row per figure: ``label`` (``{name}``: the entry's) + its suffix."""
+        for name, v in entries.items():
+            for suffix, key, unit in figures:
+                row(f"  {label.format(name=name)}{suffix}", v[key], unit)
+
     lat = res.get("latency")
     if lat:
         note(f"1. durable append latency ({lat['appends_per_repeat']} appends)")
-        for name, v in lat["systems"].items():
-            row(f"  {name} p50", v["p50_ms"], "ms")
-            row(f"  {name} p99", v["p99_ms"], "ms")
+        each(lat["systems"], "{name}", ((" p50", "p50_ms", "ms"), (" p99", "p99_ms", "ms")))
         row("  ratio runlog/raw_kafka p50", lat["ratio_runlog_over_raw_kafka"]["p50"], "x")
         row("  ratio runlog/raw_kafka p99", lat["ratio_runlog_over_raw_kafka"]["p99"], "x")
     thr = res.get("throughput")
@@ -57,28 +67,43 @@ def table(res: dict[str, Any]) -> str:
             f"2. throughput ({thr['total_events']} events, "
             f"barrier every {thr['events_per_barrier']})"
         )
-        for k, v in thr["by_runs"].items():
-            row(f"  {k} runs: runlog", v["runlog_events_per_s"], "ev/s")
-            row(f"  {k} runs: raw_kafka", v["raw_kafka_events_per_s"], "ev/s")
-            row(f"  {k} runs: ratio runlog/raw", v["ratio_runlog_over_raw"], "x")
+        each(
+            thr["by_runs"],
+            "{name} runs: ",
+            (
+                ("runlog", "runlog_events_per_s", "ev/s"),
+                ("raw_kafka", "raw_kafka_events_per_s", "ev/s"),
+                ("ratio runlog/raw", "ratio_runlog_over_raw", "x"),
+            ),
+        )
         o = thr["open_run_new_s"]
         rows.append(("  open_run (new run) p50 / p99", f"{_f(o['p50'])} / {_f(o['p99'])}", "s"))
     rep = res.get("replay")
     if rep:
         note(f"3. replay (record ~{rep['avg_record_bytes']:.0f} B)")
-        for k, v in rep["in_memory"].items():
-            row(f"  in-memory {k}: avro only", v["avro_events_per_s"], "ev/s")
-            row(f"  in-memory {k}: decode+validate", v["decode_events_per_s"], "ev/s")
-            row(f"  in-memory {k}: decode+validate+fold", v["fold_events_per_s"], "ev/s")
-            row(f"  in-memory {k}: ratio fold/avro (time)", v["ratio_fold_over_avro"], "x")
+        each(
+            rep["in_memory"],
+            "in-memory {name}: ",
+            (
+                ("avro only", "avro_events_per_s", "ev/s"),
+                ("decode+validate", "decode_events_per_s", "ev/s"),
+                ("decode+validate+fold", "fold_events_per_s", "ev/s"),
+                ("ratio fold/avro (time)", "ratio_fold_over_avro", "x"),
+            ),
+        )
         for s, m in rep["in_memory_model"].items():
             note(
                 f"  in-memory model {s}",
                 f"{m['per_event_us']:.1f} us/event, log-log slope {m['loglog_slope']:.2f}",
             )
-        for k, v in rep["kafka"].items():
-            row(f"  kafka {k}: fetch only", v["fetch_events_per_s"], "ev/s")
-            row(f"  kafka {k}: LogReader+fold", v["logreader_fold_events_per_s"], "ev/s")
+        each(
+            rep["kafka"],
+            "kafka {name}: ",
+            (
+                ("fetch only", "fetch_events_per_s", "ev/s"),
+                ("LogReader+fold", "logreader_fold_events_per_s", "ev/s"),
+            ),
+        )
         for name, m in rep.get("kafka_model", {}).items():
             note(
                 f"  kafka model {name}", f"{m['fixed_s']:.3f} s + {m['per_event_us']:.1f} us/event"
@@ -145,9 +170,11 @@ def table(res: dict[str, Any]) -> str:
     enc = res.get("encoding")
     if enc:
         note(f"7. encodings ({enc['events']} events)")
-        for name, v in enc["cpu"].items():
-            row(f"  {name} encode", v["encode_us"], "us/event")
-            row(f"  {name} decode", v["decode_us"], "us/event")
+        each(
+            enc["cpu"],
+            "{name}",
+            ((" encode", "encode_us", "us/event"), (" decode", "decode_us", "us/event")),
+        )
         app = enc["append"]
         if "status" in app:
             note("  append with a registry", app["status"])
@@ -162,9 +189,7 @@ def table(res: dict[str, Any]) -> str:
     stp = res.get("steps")
     if stp:
         note(f"8. a durable step ({stp['steps_per_repeat']} steps)")
-        for name, v in stp["systems"].items():
-            row(f"  {name}", v["ms_per_step"], "ms/step")
-            row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
+        each(stp["systems"], "{name}", PER_STEP)
         if "peers" in stp:
             note("  peers", stp["peers"])
         fan = stp.get("fanout")
@@ -182,9 +207,7 @@ def table(res: dict[str, Any]) -> str:
     pai = res.get("pydantic_ai")
     if pai and "systems" in pai:
         rows.append((f"9. a Pydantic AI agent step ({pai['steps_per_repeat']} steps)", "", ""))
-        for name, v in pai["systems"].items():
-            row(f"  {name}", v["ms_per_step"], "ms/step")
-            row(f"  {name} CPU", v["cpu_ms_per_step"], "ms/step")
+        each(pai["systems"], "{name}", PER_STEP)
         for name, ms in pai["overhead_ms_per_step"].items():
             rows.append((f"  {name} - bare", f"{ms:.3f}", "ms/step (median)"))
     elif pai and "status" in pai:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,21 +153,19 @@ def run_all(
         "failed": [],
     }
     echo(report._machine_lines({**res, "elapsed_s": 0.0})[1])
+    # Each section runs as step(deps, settings) on its own scratch topics.
     Step = Callable[[Any, Settings], dict[str, Any]]
+    r = plan.repeats
     steps: list[tuple[str, Step]] = [
-        (
-            "latency",
-            lambda deps, s: latency.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
-        ),
+        ("latency", partial(latency.measure, n=plan.latency_appends, repeats=r)),
         (
             "throughput",
-            lambda deps, s: throughput.measure(
-                deps,
-                s,
+            partial(
+                throughput.measure,
                 run_counts=plan.throughput_runs,
                 total_events=plan.throughput_events,
                 batch=plan.barrier_every,
-                repeats=plan.repeats,
+                repeats=r,
             ),
         ),
         (
@@ -177,52 +176,38 @@ def run_all(
                 kafka_lengths=plan.replay_kafka_lengths,
                 interleave_len=plan.interleave_len,
                 others=plan.interleave_others,
-                repeats=plan.repeats,
+                repeats=r,
                 deps=deps,
             ),
         ),
-        (
+        (  # on topics of its own, with a short lease TTL
             "recovery",
             lambda deps, s: recovery.measure(
-                deps,
-                base,
-                ttl_ms=plan.recovery_ttl_ms,
-                resume_events=plan.resume_events,
-                repeats=plan.repeats,
+                deps, base, ttl_ms=plan.recovery_ttl_ms, resume_events=plan.resume_events, repeats=r
             ),
         ),
         (
             "projection_lag",
-            lambda deps, s: lag.measure(
-                deps,
-                s,
+            partial(
+                lag.measure,
                 rate=plan.lag_rate,
                 seconds=plan.lag_seconds,
                 runs=plan.lag_runs,
-                repeats=plan.repeats,
+                repeats=r,
             ),
         ),
-        (
-            "encoding",
-            lambda deps, s: encoding.measure(deps, s, n=plan.latency_appends, repeats=plan.repeats),
-        ),
+        ("encoding", partial(encoding.measure, n=plan.latency_appends, repeats=r)),
         (
             "steps",
-            lambda deps, s: durable_steps.measure(
-                deps,
-                s,
+            partial(
+                durable_steps.measure,
                 n=plan.step_count,
-                repeats=plan.repeats,
+                repeats=r,
                 fanout_runs=plan.fanout_runs,
                 fanout_calls=plan.fanout_calls,
             ),
         ),
-        (
-            "pydantic_ai",
-            lambda deps, s: pydantic_ai_steps.measure(
-                deps, s, n=plan.agent_steps, repeats=plan.repeats
-            ),
-        ),
+        ("pydantic_ai", partial(pydantic_ai_steps.measure, n=plan.agent_steps, repeats=r)),
         (
             "memory",
             lambda deps, s: memory.measure(
@@ -230,7 +215,7 @@ def run_all(
                 runs=plan.memory_runs,
                 events=plan.memory_events,
                 threads=plan.memory_open_threads,
-                repeats=plan.repeats,
+                repeats=r,
             ),
         ),
     ]

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from runlog.cli.groups import print_json
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.timeline import run_timeline
 from runlog.errors import ConfigError
@@ -116,7 +116,7 @@ def _runs(args: argparse.Namespace) -> int:
             "runs": [r.to_dict(now) for r in rows],
             "next_cursor": cursor,
         }
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json(out)
     elif cursor is not None:
         print(f"more: runlog runs ... --cursor '{cursor}'", file=sys.stderr)
     return 0
@@ -131,7 +131,7 @@ def _show(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        print(json.dumps(tl.to_dict(), indent=2, sort_keys=True, default=str))
+        print_json(tl.to_dict())
         return 0
     st = tl.state
     print(f"run {tl.run_id}  tenant {tl.tenant}  status {st.status}  outcome {st.outcome or '-'}")

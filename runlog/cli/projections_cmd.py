@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import Any
 
+from runlog.cli.groups import print_json
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.errors import ConfigError
@@ -96,10 +97,6 @@ def _redis(settings: Settings) -> Any:
     return redis_client(settings)
 
 
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True, default=str))
-
-
 def _project(args: argparse.Namespace) -> int:
 
     logging.basicConfig(
@@ -147,7 +144,7 @@ def _state(args: argparse.Namespace) -> int:
         print(f"runlog: run {args.run_id} is not in the state projection", file=sys.stderr)
         return 1
     if args.json:
-        _print_json(view)
+        print_json(view)
         return 0
     st = view["state"]
     print(f"run        {st['run_id']}  (tenant {st['tenant']})")
@@ -190,7 +187,7 @@ def _uncertain(args: argparse.Namespace) -> int:
         _redis(settings), settings, deadlines_s=_deadlines(args.deadline)
     )
     if args.json:
-        _print_json(rep.to_dict())
+        print_json(rep.to_dict())
         return 0
     c = rep.counters
     print(
@@ -216,7 +213,7 @@ def _audit(args: argparse.Namespace) -> int:
     settings = Settings()
     entries = queries.get_audit(_redis(settings), settings, args.run_id, tenant=args.tenant)
     if args.json:
-        _print_json(entries)
+        print_json(entries)
         return 0
     if not entries:
         print(f"runlog: no audit entries for run {args.run_id}", file=sys.stderr)
@@ -238,7 +235,7 @@ def _quarantine(args: argparse.Namespace) -> int:
     settings = Settings()
     recs = queries.quarantined(_redis(settings), settings)
     if args.json:
-        _print_json(recs)
+        print_json(recs)
         return 0
     for r in recs:
         print(
@@ -275,7 +272,7 @@ def _metrics(args: argparse.Namespace) -> int:
         marks.close()
         client.close()
     if args.json:
-        _print_json(snap)
+        print_json(snap)
     else:
         sys.stdout.write(projection_metrics.to_prometheus(snap))
     return 0

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from runlog.cli.groups import command_group
+from runlog.cli.groups import command_group, print_json
 from runlog.errors import ConfigError, SchemaError
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
@@ -74,7 +73,7 @@ def _list(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if args.json:
-        print(json.dumps(entries, indent=2))
+        print_json(entries)
         return 0
     for e in entries:
         print(f"[{e['partition']}]@{e['offset']}  by {e['by']} at {e['at']}: {e['reason']}")

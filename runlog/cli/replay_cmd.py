@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from runlog.benchmarks.synthetic import write_synthetic_run
+from runlog.cli.groups import print_json
 from runlog.consumers import metrics
 from runlog.consumers import snapshot_plan as sp
 from runlog.consumers.queries import refuse_other_tenant
@@ -108,7 +108,7 @@ def _replay(args: argparse.Namespace) -> int:
         out["state"] = result.state.to_dict()
     if args.json:
         out["metrics"] = metrics.snapshot()
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print_json(out)
         return 0
     read = out.pop("read")
     state = out.pop("state", None)
@@ -122,7 +122,7 @@ def _replay(args: argparse.Namespace) -> int:
     if read["snapshot_miss"]:
         print(f"{'snapshot miss':>18}: {read['snapshot_miss']}")
     if state is not None:
-        print(json.dumps(state, indent=2, sort_keys=True))
+        print_json(state)
     return 0
 
 
@@ -147,18 +147,14 @@ def _verify(args: argparse.Namespace) -> int:
         client.close()
     failed = [r for r in reports if not r.ok]
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "ok": not failed,
-                    "runs": len(reports),
-                    "failed": len(failed),
-                    "reports": [r.to_dict() for r in reports],
-                    "metrics": metrics.snapshot(),
-                },
-                indent=2,
-                sort_keys=True,
-            )
+        print_json(
+            {
+                "ok": not failed,
+                "runs": len(reports),
+                "failed": len(failed),
+                "reports": [r.to_dict() for r in reports],
+                "metrics": metrics.snapshot(),
+            }
         )
     else:
         for r in reports:
@@ -202,7 +198,7 @@ def _plan(args: argparse.Namespace) -> int:
     )
     result["measured"] = m.to_dict()
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print_json(result)
         return 0
     i = result["inputs"]
     print(f"measured on: {m.source}")

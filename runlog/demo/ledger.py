@@ -267,6 +267,10 @@ class Drop(Exception):
     """Close the connection without an answer (an injected fault)."""
 
 
+Mutation = tuple[dict[str, Any], str, int, int]
+"""A valid mutating request: its body, run id, fencing token and deadline (ms)."""
+
+
 class Handler(BaseHTTPRequestHandler):
     server: LedgerServer
     protocol_version = "HTTP/1.1"
@@ -346,7 +350,7 @@ class Handler(BaseHTTPRequestHandler):
         stale = self.server.ledger.fence(str(body.get("run")), body["epoch"])
         self._send(HTTPStatus.OK, {"fenced": True, "current": stale or body["epoch"]})
 
-    def _mutation(self, fields: tuple[str, ...]) -> tuple[dict[str, Any], str, int, int] | None:
+    def _mutation(self, fields: tuple[str, ...]) -> Mutation | None:
         """Validate a mutating request; answers 4xx itself and returns None if invalid."""
         body = self._body()
         problem = validate(body, fields)
@@ -377,17 +381,32 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def _commit(
-        self, ident: str, script: Any, *, keys: list[str], args: list[Any]
+        self,
+        got: Mutation,
+        ident: str,
+        script: Any,
+        *,
+        keys: list[str],
+        args: list[Any],
     ) -> tuple[str, str] | None:
         """Run a mutation's script for ``ident`` inside the configured faults: its
         (outcome, detail), or None when it was refused (the refusal is already answered).
-        A fault may drop the request before the commit or its answer after it."""
+        A fault may drop the request before the commit or its answer after it.
+
+        Every mutation script checks the fence first: the fences hash goes before ``keys``,
+        and run, token, deadline and the canonical request before ``args``."""
+        body, run, token, deadline = got
         ledger = self.server.ledger
         if ledger.fire("drop_before_commit", ident):
             raise Drop
         if ledger.fire("slow", ident):
             time.sleep(ledger.faults.slow[ident])
-        outcome, detail = _strs(script(keys=keys, args=args))
+        outcome, detail = _strs(
+            script(
+                keys=[ledger.keys.fences, *keys],
+                args=[run, token, deadline, canonical(body), *args],
+            )
+        )
         if self._refused(outcome, detail):
             return None
         if ledger.fire("drop_after_commit", ident):
@@ -402,30 +421,21 @@ class Handler(BaseHTTPRequestHandler):
         if not key:
             self._send(HTTPStatus.UNPROCESSABLE_ENTITY, {"error": "Idempotency-Key required"})
             return
-        body, run, token, deadline = got
+        body = got[0]
         cid = str(body["correction_id"])
         ledger = self.server.ledger
         response = canonical({"correction": body, "status": "applied"})
         committed = self._commit(
+            got,
             cid,
             ledger._idempotent,
             keys=[
-                ledger.keys.fences,
                 ledger.keys.idem(key),
                 ledger.keys.corrections,
                 ledger.keys.effects,
                 ledger.keys.balances,
             ],
-            args=[
-                run,
-                token,
-                deadline,
-                canonical(body),
-                response,
-                cid,
-                body["ledger"],
-                body["amount_cents"],
-            ],
+            args=[response, cid, body["ledger"], body["amount_cents"]],
         )
         if committed is None:
             return
@@ -437,19 +447,15 @@ class Handler(BaseHTTPRequestHandler):
         got = self._mutation(CORRECTION_FIELDS)
         if got is None:
             return
-        body, run, token, deadline = got
+        body = got[0]
         cid = str(body["correction_id"])
         ledger = self.server.ledger
         committed = self._commit(
+            got,
             cid,
             ledger._plain,
-            keys=[
-                ledger.keys.fences,
-                ledger.keys.corrections,
-                ledger.keys.effects,
-                ledger.keys.balances,
-            ],
-            args=[run, token, deadline, canonical(body), cid, body["ledger"], body["amount_cents"]],
+            keys=[ledger.keys.corrections, ledger.keys.effects, ledger.keys.balances],
+            args=[cid, body["ledger"], body["amount_cents"]],
         )
         if committed is not None:
             self._send(HTTPStatus.CREATED, {"correction": body, "status": "applied"})
@@ -481,14 +487,10 @@ class Handler(BaseHTTPRequestHandler):
         got = self._mutation(TICKET_FIELDS)
         if got is None:
             return
-        body, run, token, deadline = got
-        ref = str(body["ref"])
+        ref = str(got[0]["ref"])
         ledger = self.server.ledger
         committed = self._commit(
-            ref,
-            ledger._ticket,
-            keys=[ledger.keys.fences, ledger.keys.effects, ledger.keys.tickets],
-            args=[run, token, deadline, canonical(body), ref],
+            got, ref, ledger._ticket, keys=[ledger.keys.effects, ledger.keys.tickets], args=[ref]
         )
         if committed is not None:
             self._send(HTTPStatus.CREATED, {"ticket": ref, "status": "filed"})

@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
@@ -143,25 +143,38 @@ class Receiver:
         return runlog.Match(f"{tool} {canonical_json(args)}")
 
 
+Failure = tuple[float, type[Exception], str]
+"""A failing receiver: seconds it hangs, then the error the caller sees and its message."""
+
+FAILS_BEFORE_THE_EFFECT: dict[str, Failure] = {
+    "refuse": (0.0, runlog.ToolError, "the receiver refused: nothing happened"),
+    "fail-before": (0.0, ConnectionError, "connection reset before the request was sent"),
+    "timeout": (1.5, TimeoutError, "no answer within 1.5 s (the request never arrived)"),
+}
+FAILS_AFTER_THE_EFFECT: dict[str, Failure] = {
+    "fail-after": (0.0, TimeoutError, "timed out after the receiver applied the effect"),
+    "timeout-after": (1.5, TimeoutError, "no answer within 1.5 s (the effect was applied)"),
+}
+
+
+def fail(failure: Failure) -> NoReturn:
+    hang_s, error, message = failure
+    if hang_s:
+        time.sleep(hang_s)
+    raise error(message)
+
+
 def make_tools(rx: Receiver) -> list[runlog.Tool]:
     def body(tool: str, args: dict[str, Any], key: str) -> str:
         mode = rx.next_fault(tool)
-        if mode == "refuse":
-            raise runlog.ToolError("the receiver refused: nothing happened")
-        if mode == "fail-before":
-            raise ConnectionError("connection reset before the request was sent")
-        if mode == "timeout":
-            time.sleep(1.5)
-            raise TimeoutError("no answer within 1.5 s (the request never arrived)")
+        if mode in FAILS_BEFORE_THE_EFFECT:
+            fail(FAILS_BEFORE_THE_EFFECT[mode])
         if mode == "conflict":
             rx.apply(tool, key, {**args, "tampered": True})
             raise TimeoutError("timed out after the receiver applied something else")
         rx.apply(tool, key, args)
-        if mode == "fail-after":
-            raise TimeoutError("timed out after the receiver applied the effect")
-        if mode == "timeout-after":
-            time.sleep(1.5)
-            raise TimeoutError("no answer within 1.5 s (the effect was applied)")
+        if mode in FAILS_AFTER_THE_EFFECT:
+            fail(FAILS_AFTER_THE_EFFECT[mode])
         if mode == "huge":
             return "".join(f"line {i:07d} of a huge answer\n" for i in range(HUGE_BYTES // 30))
         if mode == "odd":

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from codec_support import make_event
 from faultkit import FaultReport, read_log
 from paused_worker import EXIT_FENCED
 
@@ -19,7 +20,6 @@ from runlog.producers.opening import open_run_with
 from runlog.projections.run_state import RunState, apply, is_valid
 from runlog.schemas import codec
 from runlog.schemas.keys import new_run_id
-from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -93,17 +93,14 @@ def test_paused_worker_is_fenced_and_its_stale_writes_excluded(
             # A zombie's in-flight write, made deterministic: old epoch, the next seq.
             first = read_log(settings, run_id)
             old_epoch = first[0].event.epoch
-            zombie = Event(
-                event_id=codec.new_event_id(),
+            zombie = make_event(
+                EventType.USER_MESSAGE,
+                {"content": "stale"},
                 run_id=run_id,
                 tenant=run.tenant,
                 seq=run.state.seq + 1,
                 epoch=old_epoch,
-                type=EventType.USER_MESSAGE,
-                schema_version=codec.registry().current[EventType.USER_MESSAGE],
-                occurred_at=codec.now_utc(),
                 writer_id="zombie",
-                payload=codec.make_payload(EventType.USER_MESSAGE, {"content": "stale"}),
             )
             deps.writer.send(
                 settings.events_topic, run_id.encode(), codec.encode(zombie), codec.headers(zombie)

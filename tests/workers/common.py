@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import redis
 import runlog
 from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, LogRecord
+from runlog.producers.tools import Risk
 from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
@@ -139,6 +140,48 @@ def assert_log_sound(events: list[Event]) -> RunState:
 def payloads(events: list[Event], et: EventType, *, valid_only: bool = True) -> list[Any]:
     pairs = verdicts(events)
     return [ev.payload for ev, ok in pairs if ev.type is et and (ok or not valid_only)]
+
+
+def valid_events(settings: Settings, run_id: str, *, after_seq: int = 0) -> list[Event]:
+    """The run's valid events after ``after_seq``, read back from a log that must be sound."""
+    events = [r.event for r in read_log(settings, run_id)]
+    assert_log_sound(events)
+    return [ev for ev, ok in verdicts(events) if ok and ev.seq > after_seq]
+
+
+def shape(
+    events: list[Event],
+    fields: Mapping[EventType, tuple[str, ...]],
+    *,
+    leave_out: Collection[EventType] = (),
+) -> list[tuple[Any, ...]]:
+    """Each event as a label followed by the payload fields ``fields`` gives for its type
+    (``(label, field, ...)``; the type's name alone for a type it does not name), in order;
+    events of a type in ``leave_out`` are left out."""
+    out: list[tuple[Any, ...]] = []
+    for ev in events:
+        if ev.type in leave_out:
+            continue
+        label, *names = fields.get(ev.type, (ev.type.value,))
+        out.append((label, *(getattr(ev.payload, name) for name in names)))
+    return out
+
+
+def times_out_first(
+    name: str, fails: int, answer: str, risk: Risk = "safe"
+) -> tuple[runlog.Tool, list[str]]:
+    """A tool whose first ``fails`` calls time out, then answer ``answer``; and the
+    idempotency key of every call made to it, in order."""
+    keys: list[str] = []
+
+    @runlog.tool(name, risk=risk)
+    def call(args: dict[str, Any], *, idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        if len(keys) <= fails:
+            raise TimeoutError("no answer")
+        return answer
+
+    return call, keys
 
 
 # ------------------------------------------------------------------------- worker processes
