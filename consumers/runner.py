@@ -773,6 +773,16 @@ class ProjectionRunner:
             except Exception as exc:  # noqa: BLE001 - advisory; Redis holds the positions
                 log.debug("advisory offset commit failed: %s", exc)
 
+    def _take(self, size: int) -> list[Any]:
+        """Up to ``size`` records as soon as there is one: the first waits at most
+        ``POLL_TIMEOUT_S``, the rest are those already fetched behind it. consume() alone
+        waits for a full batch or its timeout, and under a steady load that wait is the
+        projection's lag; a backlog still comes in full batches."""
+        first = self._consumer.poll(POLL_TIMEOUT_S)
+        if first is None:
+            return []
+        return [first, *self._consumer.consume(size - 1, timeout=0)]
+
     # Main loops -------------------------------------------------------------------------
     def run(self, *, on_batch: Callable[[ProjectionRunner], None] | None = None) -> None:
         """Consume as a group member until ``stop()``."""
@@ -792,11 +802,10 @@ class ProjectionRunner:
                     if not self._rebuild_running():
                         self._resume_after_rebuild()
                     continue
-                # consume() returns when the batch fills or the timeout ends: under a light
-                # load the timeout *is* the projection lag, so keep it short. A full batch
-                # means a backlog: then take catch-up sized ones, fewer transactions each.
+                # A full batch means a backlog: then take catch-up sized ones, fewer
+                # transactions each.
                 size = self.catch_up_batch if behind else self.batch_size
-                msgs = self._consumer.consume(size, timeout=POLL_TIMEOUT_S)
+                msgs = self._take(size)
                 behind = len(msgs) >= size
                 if msgs:
                     self._handle(msgs)
