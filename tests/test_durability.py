@@ -14,10 +14,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 import runlog
 from runlog.log.reader import LogReader
@@ -165,3 +167,30 @@ def test_an_unacknowledged_started_never_invokes_the_tool(test_settings: Setting
         assert invoked == []
     finally:
         run.lease.release()
+
+
+def test_a_barrier_does_not_wait_out_the_linger(test_settings: Settings) -> None:
+    """Pipelined appends linger to leave in batches; a barrier sends what is queued at once.
+    With a 20 s linger, durable appends and a safe call's pipelined pair made durable by a
+    barrier all return long before the linger would have sent them."""
+    from workers.common import services_for
+
+    s = test_settings.model_copy(
+        update={"kafka_extra": {**test_settings.kafka_extra, "linger.ms": SecretStr("20000")}}
+    )
+    with services_for(s):
+        started = time.monotonic()
+        with runlog.open_run(settings=s) as run:  # the claim is a barrier too
+            for i in range(3):
+                run.append(runlog.EventType.USER_MESSAGE, content=f"m{i}")
+            run.emit(runlog.EventType.USER_MESSAGE, content="pipelined")
+            run.barrier()
+            took = time.monotonic() - started
+            run_id = run.run_id
+    assert took < 10, f"{took:.1f} s: the barriers waited for the 20 s linger"
+    contents = [
+        r.event.payload.content  # type: ignore[union-attr]
+        for r in LogReader(s).read(run_id)
+        if r.event.type is runlog.EventType.USER_MESSAGE
+    ]
+    assert contents == ["m0", "m1", "m2", "pipelined"]
