@@ -169,7 +169,10 @@ def test_a_multi_step_agent_killed_at_random_points_finishes_with_every_effect_o
     events, state = sound_log(fast, run_id)
     assert state.status == "finished" and state.outcome == "succeeded"
     assert state.turns == STEPS + 1
-    assert state.resumptions >= live_kills  # a kill while live came after the run's claim
+    # A kill while live came after that worker's claim: each live-killed worker but the
+    # first (whose claim is RUN_STARTED) resumed the run. The finishing worker need not
+    # have: its predecessor may have been killed after appending RUN_FINISHED.
+    assert state.resumptions >= live_kills - 1
     assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
     keys = assert_effects_once(ledger, events)
     assert len(keys) == STEPS  # one charge per step, none twice, none lost
