@@ -781,7 +781,7 @@ class ProjectionRunner:
         first = self._consumer.poll(POLL_TIMEOUT_S)
         if first is None:
             return []
-        return [first, *self._consumer.consume(size - 1, timeout=0)]
+        return [first, *(self._consumer.consume(size - 1, timeout=0) if size > 1 else ())]
 
     # Main loops -------------------------------------------------------------------------
     def run(self, *, on_batch: Callable[[ProjectionRunner], None] | None = None) -> None:

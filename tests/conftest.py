@@ -36,7 +36,6 @@ from runlog.log.clients import redis_client as make_redis
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
 
-IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 DEFAULT_TEST_TIMEOUT = int(os.environ.get("RUNLOG_TEST_TIMEOUT", "300"))
 TEST_PARTITIONS = 3
 

@@ -7,7 +7,6 @@ ports after it. Every check runs with keys spread over all three masters.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redis.cluster
+from ci_support import IN_CI
 from projections_support import dump
 
 import runlog
@@ -32,7 +32,7 @@ from runlog.stack import StackConfig, redis_cluster
 # Outside CI a machine without Debian's redis-server skips these; under CI=true it must
 # not hide a missing service, so the tests run and fail.
 pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None and os.environ.get("CI") != "true",
+    shutil.which("redis-server") is None and not IN_CI,
     reason="no redis-server",
 )
 

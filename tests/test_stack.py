@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
 import pytest
+from ci_support import IN_CI
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from runlog import stack
@@ -15,8 +15,6 @@ from runlog.errors import ConfigError, StackError
 from runlog.settings import Settings
 from runlog.stack import registry as stack_registry
 from runlog.topics import check_topics, ensure_topics, topic_specs
-
-IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 @pytest.fixture
