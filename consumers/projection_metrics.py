@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 import redis
@@ -89,6 +89,7 @@ def collect(
 
 
 Families = list[Metric]
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
 
 
 def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> Families:
@@ -99,6 +100,12 @@ def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> 
 
     def counter(name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
         return CounterMetricFamily(name, help_, labels=labels)
+
+    def per_label(family: _Family, values: dict[Any, float]) -> _Family:
+        """A sample per key of ``values`` (in key order), labelled with the key."""
+        for key, value in sorted(values.items()):
+            family.add_metric([str(key)], value)
+        return family
 
     by = ["projection", "partition"]
     lag = gauge("runlog_projection_lag_records", "High watermark minus next offset.", by)
@@ -118,15 +125,11 @@ def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> 
         open_ = gauge(
             "runlog_uncertain_calls_open", "Open uncertain calls by risk class.", ["risk"]
         )
-        for risk, n in sorted(unc["open_by_risk"].items()):
-            open_.add_metric([risk], n)
         oldest = gauge(
             "runlog_uncertain_oldest_age_seconds",
             "Age of the oldest open uncertain call by risk class.",
             ["risk"],
         )
-        for risk, age in sorted(unc["oldest_age_s"].items()):
-            oldest.add_metric([risk], age)
         overdue = gauge(
             "runlog_uncertain_calls_overdue", "Open uncertain calls past their deadline.", []
         )
@@ -134,21 +137,20 @@ def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> 
         calls = counter(
             "runlog_uncertain_calls", "Uncertain calls by what happened to them.", ["event"]
         )
-        for event, n in sorted(unc["counters"].items()):
-            calls.add_metric([event], n)
-        out += [open_, oldest, overdue, calls]
+        out += [
+            per_label(open_, unc["open_by_risk"]),
+            per_label(oldest, unc["oldest_age_s"]),
+            overdue,
+            per_label(calls, unc["counters"]),
+        ]
     if runner is not None:
         mine = counter("runlog_runner_applied", "Records folded by this process.", ["projection"])
-        for name, n in sorted(runner["applied"].items()):
-            mine.add_metric([name], n)
         consumer_lag = gauge(
             "runlog_runner_consumer_lag_records",
             "Consumer lag of this process's assigned partitions.",
             ["partition"],
         )
-        for part, n in sorted(runner["lag"].items()):
-            consumer_lag.add_metric([str(part)], n)
-        out += [mine, consumer_lag]
+        out += [per_label(mine, runner["applied"]), per_label(consumer_lag, runner["lag"])]
     return out
 
 
