@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
@@ -74,17 +74,7 @@ class Call:
     reconciliations: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "idempotency_key": self.idempotency_key,
-            "tool": self.tool,
-            "risk": self.risk,
-            "args_json": self.args_json,
-            "attempts": self.attempts,
-            "outcome": self.outcome,
-            "source": self.source or None,
-            "result": self.result,
-            "reconciliations": list(self.reconciliations),
-        }
+        return {**asdict(self), "source": self.source or None}
 
 
 @dataclass
