@@ -76,6 +76,10 @@ _STEPS = {
 }
 
 
+_LOST: list[tuple[Any, ...]] = [("started", 1), ("uncertain", "live")]
+"""A first attempt whose answer was lost, as the writer finds it: every recovery starts here."""
+
+
 def _shape(events: list[m.Event]) -> list[tuple[Any, ...]]:
     """The facts each recovery step must leave, in order."""
     return shape(events, _STEPS)
@@ -92,8 +96,7 @@ def _keys(events: list[m.Event]) -> set[str | None]:
         (
             "timeout-after",
             [
-                ("started", 1),
-                ("uncertain", "live"),
+                *_LOST,
                 ("reconciliation", "match", "complete"),
                 ("completed", "reconciliation", False),
             ],
@@ -102,8 +105,7 @@ def _keys(events: list[m.Event]) -> set[str | None]:
         (
             "timeout-before",
             [
-                ("started", 1),
-                ("uncertain", "live"),
+                *_LOST,
                 ("reconciliation", "absent", "retry"),
                 ("started", 2),
                 ("completed", "live", False),
@@ -113,8 +115,7 @@ def _keys(events: list[m.Event]) -> set[str | None]:
         (
             "wrong-after",
             [
-                ("started", 1),
-                ("uncertain", "live"),
+                *_LOST,
                 ("reconciliation", "conflict", "escalate"),
                 ("approval_requested", "conflict"),
             ],
@@ -172,8 +173,7 @@ def test_reconciliation_unavailable_keeps_the_call_uncertain_and_never_retries(
         assert run.state.open_calls[key].status == "uncertain"
     events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
-        ("started", 1),
-        ("uncertain", "live"),
+        *_LOST,
         ("reconciliation", "unavailable", "keep_uncertain"),
         ("reconciliation", "unavailable", "keep_uncertain"),
     ]
@@ -194,8 +194,7 @@ def test_without_reconciler_safe_and_reversible_calls_are_retried(
         assert run.call_tool("charge", ARGS) == "charged 7 to A-1"
     events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
-        ("started", 1),
-        ("uncertain", "live"),
+        *_LOST,
         ("reconciliation", "no_reconciler", action),
         ("started", 2),
         ("completed", "live", False),
@@ -214,8 +213,7 @@ def _escalated_irreversible(fast: Settings, charge: Charge) -> tuple[str, str, i
         assert run.state.status == "running"  # only this call waits, not the run
     events = valid_events(fast, run.run_id, after_seq=seq)
     assert _shape(events) == [
-        ("started", 1),
-        ("uncertain", "live"),
+        *_LOST,
         ("reconciliation", "no_reconciler", "escalate"),
         ("approval_requested", "uncertain_call"),
     ]

@@ -119,17 +119,26 @@ def test_a_conflicting_effect_is_compensated_then_the_call_retried(
     ]
 
 
-def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
-    fast: Settings, ledger: Ledger
-) -> None:
-    svc = Booking(ledger, inverse="refuse-once")
+def _escalated_booking(
+    fast: Settings, ledger: Ledger, inverse: str
+) -> tuple[Booking, str, runlog.Escalated]:
+    """A booking whose inverse does not settle the conflict: the run stops for a person.
+
+    Returns the service, the run id and the escalation the call raised."""
+    svc = Booking(ledger, inverse=inverse)
     with runlog.open_run(settings=fast, tools=svc.tools()) as run:
-        rid = run.run_id
         with pytest.raises(runlog.Escalated) as esc:
             run.call_tool("book", ARGS)
         assert run.state.status == "escalated"
         with pytest.raises(runlog.Escalated):  # a conflict stops every other effect
             run.call_tool("room_service", {"room": "R-7"})
+    return svc, run.run_id, esc.value
+
+
+def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
+    fast: Settings, ledger: Ledger
+) -> None:
+    svc, rid, esc = _escalated_booking(fast, ledger, "refuse-once")
     (key,) = set(svc.booked)
     assert ledger.per_key() == {key: 1} and len(svc.cancels) == 1
     events = valid_events(fast, rid)
@@ -141,10 +150,10 @@ def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
         ("approval_requested", "conflict", "book"),
     ]
     # A person rules the wrong booking must not stand: the inverse runs again and works.
-    assert esc.value.approval_id is not None
+    assert esc.approval_id is not None
     got = runlog.decide(
         rid,
-        esc.value.approval_id,
+        esc.approval_id,
         approved=False,
         decided_by="ops",
         note="guest cancelled",
@@ -172,11 +181,7 @@ def test_an_inverse_that_fails_stops_the_run_until_a_person_decides(
 def test_an_inverse_whose_outcome_is_lost_is_an_uncertain_call_of_its_own(
     fast: Settings, ledger: Ledger
 ) -> None:
-    svc = Booking(ledger, inverse="timeout")
-    with runlog.open_run(settings=fast, tools=svc.tools()) as run:
-        rid = run.run_id
-        with pytest.raises(runlog.Escalated):
-            run.call_tool("book", ARGS)
+    svc, rid, _ = _escalated_booking(fast, ledger, "timeout")
     (key,) = set(svc.booked)
     events = valid_events(fast, rid)
     queue = uncertain.UncertainRun()
