@@ -42,14 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import redis  # noqa: E402
-from workers.common import (  # noqa: E402
-    EXIT_ESCALATED,
-    EXIT_FENCED,
-    EXIT_LOCKED,
-    EXIT_OK,
-    EXIT_TOOL_FAILED,
-    EXIT_UNCERTAIN,
-)
+from workers.common import EXIT_OK, stopped_by  # noqa: E402
 
 import runlog  # noqa: E402
 from runlog.bootstrap import Services  # noqa: E402
@@ -251,6 +244,24 @@ def drive(run: runlog.Run, plan: list[list[Any]], journal: Journal, pace_s: floa
         journal.ack(run, ev.event_id)
 
 
+def _exit_code(exc: Exception, journal: Journal) -> int:
+    """The exit code for what stopped the worker: the writer tests' codes for the errors of
+    a run (``workers.common.STOPPED_BY``), then the explorer's own; anything else is shown."""
+    stopped = stopped_by(exc)
+    if stopped is not None:
+        if isinstance(exc, runlog.Escalated):
+            journal.write("escalated", approval_id=exc.approval_id)
+        return stopped[1]
+    if isinstance(exc, ConfigError):
+        journal.write("config", error=str(exc)[:300])
+        return EXIT_CONFIG
+    if isinstance(exc, (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)):
+        journal.write("unavailable", error=f"{type(exc).__name__}: {exc}"[:300])
+        return EXIT_UNAVAILABLE
+    traceback.print_exc()
+    return EXIT_UNCLEAR
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-id", required=True)
@@ -278,26 +289,8 @@ def main() -> int:
             # A finished run is opened without an append: its last event is an older epoch's.
             journal.ack(run)
             drive(run, plan, journal, float(os.environ.get("EXPLORER_PACE_S", "0.3")))
-    except runlog.Fenced:
-        code = EXIT_FENCED
-    except runlog.RunLocked:
-        code = EXIT_LOCKED
-    except runlog.Escalated as exc:
-        journal.write("escalated", approval_id=exc.approval_id)
-        code = EXIT_ESCALATED
-    except runlog.CallUncertain:
-        code = EXIT_UNCERTAIN
-    except runlog.ToolFailed:
-        code = EXIT_TOOL_FAILED
-    except ConfigError as exc:
-        journal.write("config", error=str(exc)[:300])
-        code = EXIT_CONFIG
-    except (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable) as exc:
-        journal.write("unavailable", error=f"{type(exc).__name__}: {exc}"[:300])
-        code = EXIT_UNAVAILABLE
-    except Exception:  # noqa: BLE001 - anything else is a finding: show it, exit 1
-        traceback.print_exc()
-        code = EXIT_UNCLEAR
+    except Exception as exc:  # noqa: BLE001 - anything not named here is a finding: exit 1
+        code = _exit_code(exc, journal)
     finally:
         if run is not None:
             try:
