@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 
 from runlog.errors import KafkaUnavailable
 from runlog.schemas import codec
-from runlog.schemas.models import Event
+from runlog.schemas.building import build_event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -78,17 +78,16 @@ class LoadGenerator:
         epoch: int | None = None,
         seq: int | None = None,
     ) -> None:
-        ev = Event(
+        ev = build_event(
+            et,
+            payload,
             event_id=uuid.uuid4().hex,
             run_id=run.run_id,
             tenant=self.tenant,
             seq=seq if seq is not None else run.seq + 1,
             epoch=epoch if epoch is not None else run.epoch,
-            type=et,
-            schema_version=codec.registry().current[et],
             occurred_at=self._now(),
             writer_id=f"loadgen-{run.epoch if epoch is None else epoch}",
-            payload=codec.make_payload(et, payload),
         )
         if seq is None:
             run.seq += 1

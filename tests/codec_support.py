@@ -10,6 +10,7 @@ from typing import Any
 import fastavro
 
 from runlog.schemas import codec
+from runlog.schemas.building import build_event
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
 
@@ -28,17 +29,16 @@ def make_event(
 ) -> Event:
     """An event of the type's current schema version with its payload validated; a fresh
     event id and the current time unless given."""
-    return Event(
-        event_id=event_id or codec.new_event_id(),
+    return build_event(
+        et,
+        payload,
         run_id=run_id,
         tenant=tenant,
         seq=seq,
         epoch=epoch,
-        type=et,
-        schema_version=codec.registry().current[et],
-        occurred_at=occurred_at or codec.now_utc(),
         writer_id=writer_id,
-        payload=codec.make_payload(et, {} if payload is None else payload),
+        event_id=event_id,
+        occurred_at=occurred_at,
     )
 
 

@@ -27,7 +27,7 @@ from runlog.log.kafka import reader_config
 from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.schemas import codec
-from runlog.schemas.models import Event
+from runlog.schemas.building import build_event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
@@ -248,17 +248,8 @@ def make_events(run_id: str, n: int, *, epoch: int = 1) -> list[Any]:
         else:
             et, payload = workload_payload(seq)
         out.append(
-            Event(
-                event_id=codec.new_event_id(),
-                run_id=run_id,
-                tenant=TENANT,
-                seq=seq,
-                epoch=epoch,
-                type=et,
-                schema_version=codec.registry().current[et],
-                occurred_at=codec.now_utc(),
-                writer_id=writer,
-                payload=codec.make_payload(et, payload),
+            build_event(
+                et, payload, run_id=run_id, tenant=TENANT, seq=seq, epoch=epoch, writer_id=writer
             )
         )
     return out
