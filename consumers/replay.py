@@ -18,6 +18,7 @@ from runlog.consumers import metrics
 from runlog.log.fold import Progress, SnapshotSource, Source, read_run
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
+from runlog.projections.state_view import facts
 from runlog.settings import Settings
 
 
@@ -44,17 +45,8 @@ class ReplayResult:
         return {
             "run_id": self.run_id,
             "tenant": self.tenant,
-            "seq": st.seq,
-            "epoch": st.epoch,
-            "status": st.status,
-            "outcome": st.outcome,
-            "turns": st.turns,
-            "messages": len(st.messages),
-            "compactions": st.compactions,
-            "resumptions": st.resumptions,
-            "fenced_writes": st.fenced_writes,
-            "completed_calls": len(st.completed_calls),
-            "open_calls": len(st.open_calls),
+            **facts(st, "seq", "epoch", "status", "outcome", "turns", "messages", "compactions"),
+            **facts(st, "resumptions", "fenced_writes", "completed_calls", "open_calls"),
             "pending_approvals": len(st.pending_approvals),
             "digest": st.digest(),
             "read": {

@@ -20,6 +20,7 @@ from runlog.errors import UnknownRun
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import RunState, accept, rejection
+from runlog.projections.state_view import facts
 from runlog.schemas import models as m
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.models import Event
@@ -92,12 +93,7 @@ class Timeline:
         return {
             "run_id": self.run_id,
             "tenant": self.tenant,
-            "status": st.status,
-            "outcome": st.outcome,
-            "seq": st.seq,
-            "epoch": st.epoch,
-            "resumptions": st.resumptions,
-            "fenced_writes": st.fenced_writes,
+            **facts(st, "status", "outcome", "seq", "epoch", "resumptions", "fenced_writes"),
             "read_from": self.source,
             "events": self.entries,
             "calls": [c.to_dict() for c in self.calls],

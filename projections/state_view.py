@@ -23,6 +23,16 @@ stored results apart (``to_dict(slim=True)``); a version-1 view is split on its 
 earlier version is split on its next write."""
 
 
+def facts(state: RunState, *names: str) -> dict[str, Any]:
+    """The named fields of ``state``, in the order given, a collection (the conversation,
+    calls, approvals) by its size: what every summary of a run reports."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(state, name)
+        out[name] = len(value) if isinstance(value, list | dict) else value
+    return out
+
+
 @dataclass
 class Quarantined:
     """A record of this run (by Kafka key) that the projection could not use."""
@@ -80,21 +90,15 @@ class StateView:
     def summary(self) -> dict[str, str]:
         """A flat, small view for dashboards (every value a string, Redis-hash ready)."""
         st = self.state
+        head = facts(st, "run_id", "tenant", "status", "seq", "epoch", "turns")
+        tokens = facts(st, "input_tokens", "output_tokens")
+        counts = facts(
+            st, "completed_calls", "open_calls", "compactions", "resumptions", "fenced_writes"
+        )
         return {
-            "run_id": st.run_id,
-            "tenant": st.tenant,
-            "status": st.status,
-            "seq": str(st.seq),
-            "epoch": str(st.epoch),
-            "turns": str(st.turns),
-            "input_tokens": str(st.input_tokens),
-            "output_tokens": str(st.output_tokens),
+            **{k: str(v) for k, v in (head | tokens).items()},
             "cost_usd": repr(st.cost_usd),
-            "completed_calls": str(len(st.completed_calls)),
-            "open_calls": str(len(st.open_calls)),
-            "compactions": str(st.compactions),
-            "resumptions": str(st.resumptions),
-            "fenced_writes": str(st.fenced_writes),
+            **{k: str(v) for k, v in counts.items()},
             "outcome": st.outcome or "",
             "last_event_at": st.last_event_at.isoformat() if st.last_event_at else "",
             "partition": "" if self.partition is None else str(self.partition),
