@@ -73,13 +73,11 @@ def prefix(secure_stack: stack.StackConfig) -> Iterator[str]:
     AdminClient(admin.kafka_common()).delete_topics(
         [admin.events_topic, admin.quarantine_topic], operation_timeout=10
     )
-    client = redis_client(admin)
-    try:  # the projections of these topics; runs' own keys are few and keyed by fresh ids
+    # the projections of these topics; runs' own keys are few and keyed by fresh ids
+    with redis_client(admin) as client:
         pattern = f"{admin.redis_key_prefix}:proj:*:{{{admin.events_topic}:*"
         for key in list(client.scan_iter(match=pattern, count=1000)):
             client.delete(key)
-    finally:
-        client.close()
 
 
 def _wait_until_worker_sees(cfg: stack.StackConfig, name: str) -> None:
@@ -182,11 +180,8 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
 
     # The projection service folds everything, as its own role.
     projections = _settings(cfg, "projections", prefix)
-    pclient = redis_client(projections)
-    try:
+    with redis_client(projections) as pclient:
         ProjectionRunner(projections, pclient, PROJECTIONS).catch_up(timeout_s=60)
-    finally:
-        pclient.close()
     # The operator, through the CLI with `runlog stack env --secure --role operator`:
     # rebuilds every projection from offset zero, then reads state, audit and quarantine.
     env = _role_env(cfg, "operator", prefix)
@@ -215,11 +210,8 @@ def test_worker_killed_resumed_and_projected_over_tls_and_scram(
     assert state["state"]["status"] == "finished", state
     assert state["state"]["fenced_writes"] == 0 and not state["quarantined"]
     operator = _settings(cfg, "operator", prefix)
-    oclient = redis_client(operator)
-    try:
+    with redis_client(operator) as oclient:
         assert queries.get_audit(oclient, operator, rid), "the audit projection is empty"
-    finally:
-        oclient.close()
     # An analytics reader reads the same log in its own group.
     analytics = _settings(cfg, "analytics", prefix)
     consumer = Consumer(
@@ -408,8 +400,7 @@ def test_projection_service_cannot_touch_a_lease(
     secure_stack: stack.StackConfig, prefix: str
 ) -> None:
     projections = _settings(secure_stack, "projections", prefix)
-    client = redis_client(projections)
-    try:
+    with redis_client(projections) as client:
         leases = LeaseManager(client, key_prefix=projections.redis_key_prefix)
         with pytest.raises(RedisUnavailable, match="no permissions to run the 'evalsha'"):
             leases.try_acquire("default", new_run_id(), "intruder", 1000)
@@ -421,20 +412,17 @@ def test_projection_service_cannot_touch_a_lease(
         with pytest.raises(redis.exceptions.NoPermissionError, match="flushall"):
             client.flushall()
         leases.close()
-    finally:
-        client.close()
 
 
 def test_worker_cannot_write_projections_or_create_topics(
     secure_stack: stack.StackConfig, prefix: str
 ) -> None:
     worker = _settings(secure_stack, "worker", prefix)
-    client = redis_client(worker)
-    try:
-        with pytest.raises(redis.exceptions.NoPermissionError, match="keys"):
-            client.set(f"{worker.redis_key_prefix}:proj:state:{{x:0}}:pos", "1")
-    finally:
-        client.close()
+    with (
+        redis_client(worker) as client,
+        pytest.raises(redis.exceptions.NoPermissionError, match="keys"),
+    ):
+        client.set(f"{worker.redis_key_prefix}:proj:state:{{x:0}}:pos", "1")
     with pytest.raises(ConfigError, match="TOPIC_AUTHORIZATION_FAILED"):
         ensure_topics(worker.model_copy(update={"topic_prefix": f"{prefix}-evil"}))
     admin_as_worker = AdminClient(worker.kafka_common())
@@ -454,13 +442,10 @@ def test_operator_cannot_change_topics_or_permissions(
         futures[operator.events_topic].result(timeout=30)
     with pytest.raises(ConfigError, match="refused"):
         ensure_acls(admin, operator, {"analytics": "User:runlog-operator"})
-    client = redis_client(operator)
-    try:
+    with redis_client(operator) as client:
         for command in (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "dir")):
             with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions"):
                 client.execute_command(*command)
-    finally:
-        client.close()
 
 
 # ------------------------------------------------------------------------------ secrets
