@@ -37,7 +37,7 @@ from runlog.projections.run_state import RunState  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402
 from runlog.schemas.vocabulary import EventType  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
-from workers.common import Flags, Ledger, run_worker, worker_parser  # noqa: E402
+from workers.common import Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
 
 
 def make_charge(opts: argparse.Namespace, flags: Flags, ledger: Ledger) -> runlog.Tool:
@@ -136,12 +136,7 @@ def scenario_approval(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -
     loop.run(run, user_message="refund A-1")
 
 
-SCENARIOS = {
-    "agent": scenario_agent,
-    "direct": scenario_direct,
-    "hold": scenario_hold,
-    "approval": scenario_approval,
-}
+SCENARIOS = by_name(scenario_agent, scenario_direct, scenario_hold, scenario_approval)
 
 
 def main() -> int:

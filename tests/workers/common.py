@@ -56,6 +56,8 @@ STOPPED_BY: Stops = (
     (runlog.CallUncertain, "CallUncertain", EXIT_UNCERTAIN),
     (runlog.ToolFailed, "ToolFailed", EXIT_TOOL_FAILED),
 )
+STOPPED_BY_FINISHING: Stops = (*STOPPED_BY, (runlog.RunFinished, "RunFinished", EXIT_FINISHED))
+"""For a worker that may finish a finished run again (with another outcome): one more stop."""
 
 
 # ------------------------------------------------------------------------- effect ledger
@@ -209,6 +211,15 @@ class Flags:
             if time.monotonic() > deadline:
                 raise SystemExit("held too long without a go")
             time.sleep(0.01)
+
+
+Scenario = Callable[[runlog.Run, argparse.Namespace, Flags], None]
+"""What a worker does with its run once it holds it (``--scenario``)."""
+
+
+def by_name(*scenarios: Scenario) -> dict[str, Scenario]:
+    """A worker's scenarios by ``--scenario`` name: ``scenario_<name>`` is ``<name>``."""
+    return {fn.__name__.removeprefix("scenario_"): fn for fn in scenarios}
 
 
 def worker_parser(

@@ -22,11 +22,9 @@ import runlog  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
 from runlog.producers.agent import AgentLoop, FinishStep, ModelStep, ScriptedModel  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
-from workers.common import EXIT_FINISHED, STOPPED_BY, Flags, Ledger, run_worker, worker_parser  # noqa: E402
+from workers.common import STOPPED_BY_FINISHING, Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
 
 LARGE_BYTES = 2 * 1024 * 1024
-# Finishing a run again with another outcome is one more way a worker stops here.
-STOPPED_BY_WHEN_FINISHING = (*STOPPED_BY, (runlog.RunFinished, "RunFinished", EXIT_FINISHED))
 
 
 def result_text(kind: str) -> str:
@@ -160,13 +158,9 @@ def scenario_guardrail(run: runlog.Run, opts: argparse.Namespace, flags: Flags) 
     loop.run(run, user_message="check the account")
 
 
-SCENARIOS = {
-    "fetch": scenario_fetch,
-    "finish": scenario_finish,
-    "guardrail": scenario_guardrail,
-    "conflict": scenario_conflict,
-    "refund": scenario_refund,
-}
+SCENARIOS = by_name(
+    scenario_fetch, scenario_finish, scenario_guardrail, scenario_conflict, scenario_refund
+)
 
 
 def main() -> int:
@@ -194,7 +188,7 @@ def main() -> int:
         if run.state.status != "finished" or opts.scenario == "finish":
             SCENARIOS[opts.scenario](run, opts, flags)
 
-    return run_worker(settings, flags, open_run, scenario, STOPPED_BY_WHEN_FINISHING)
+    return run_worker(settings, flags, open_run, scenario, STOPPED_BY_FINISHING)
 
 
 if __name__ == "__main__":
