@@ -14,6 +14,7 @@ An ``AsyncRun`` belongs to the event loop that opened it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -30,6 +31,7 @@ from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Steps, advance
 from runlog.producers.run import Owned, Run, RunDeps
 from runlog.producers.tools import is_async
+from runlog.producers.writer import Ack, AckGroup
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
@@ -158,19 +160,14 @@ class AsyncRun(Owned):
         """Await every emitted event's acknowledgement, then one Redis check of ownership."""
         run = self._run
         pending = run._take_pending()
-        wait = run.delivery_wait_s
-        for i, p in enumerate(pending):
+        if pending:
             try:
-                # Shielded: cancelling this task must not cancel the acknowledgement itself,
-                # which the next barrier still needs.
-                acked = asyncio.shield(asyncio.wrap_future(p.future))
-                outcome: Any = await asyncio.wait_for(acked, wait)
-            except Exception as exc:  # noqa: BLE001 - the run turns it into its error
-                outcome = exc
+                await _acknowledged(run._acks, [p.ack for p in pending], run.delivery_wait_s)
             except BaseException:
-                run._interrupted(pending[i:])
+                run._interrupted(pending)
                 raise
-            run._delivered(p, outcome)
+        for p in pending:
+            run._delivered(p, p.ack.outcome)
         if pending:
             if run.lease.released:
                 ok = False
@@ -253,3 +250,26 @@ class AsyncRun(Owned):
                 await self.barrier()
         finally:
             await in_thread(run.close)
+
+
+async def _acknowledged(group: AckGroup, acks: list[Ack], timeout: float) -> None:
+    """Await every ack's outcome (or ``timeout``: those left without one are unknown).
+
+    The wake-up comes from the thread that serves delivery reports. Shielded: cancelling
+    the waiting task leaves the appends to the next barrier, which waits for them anew.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def resolve() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(resolve)
+
+    if group.when_all(acks, wake):
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(done), timeout)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import redis
 
 from runlog.errors import RedisUnavailable
+from runlog.log.clients import ThreadGet
 from runlog.schemas.keys import run_tag
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class LeaseManager:
 
     def __init__(self, client: redis.Redis, *, key_prefix: str = "runlog") -> None:
         self.redis = client
+        self._get = ThreadGet(client)
         self.prefix = key_prefix
         self._acquire = client.register_script(_ACQUIRE)
         self._raise = client.register_script(_RAISE)
@@ -175,7 +177,7 @@ class LeaseManager:
     # Operations ---------------------------------------------------------------------------
     def current(self, tenant: str, run_id: str) -> str | None:
         try:
-            raw = self.redis.get(self.lease_key(tenant, run_id))
+            raw = self._get(self.lease_key(tenant, run_id))
         except redis.RedisError as exc:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return raw.decode() if isinstance(raw, bytes) else raw
@@ -350,3 +352,4 @@ class LeaseManager:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self._get.close()

@@ -13,8 +13,6 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,9 +35,10 @@ from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload
 from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.ops import drive
 from runlog.producers.tools import Tool
-from runlog.producers.writer import Delivered, DeliveryFailed, EventWriter
+from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import codec
+from runlog.schemas.building import build_event
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
     idempotency_key,
@@ -106,10 +105,10 @@ class RunDeps:
         return count
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     event: Event
-    future: Future[Delivered]
+    ack: Ack
 
 
 class Owned:
@@ -146,6 +145,7 @@ class Run(Owned):
     last_offset: int | None = None
     """Offset of this run's last acknowledged record."""
     _pending: list[_Pending] = field(default_factory=list)
+    _acks: AckGroup = field(default_factory=AckGroup)
     _poisoned: str | None = None
     _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -212,19 +212,15 @@ class Run(Owned):
             raise self._fenced(f"lease of epoch {self.epoch} is no longer current")
 
     def _build(self, event_type: EventType, payload: Payload | dict[str, Any]) -> Event:
-        # The payload is validated against its model (the caller's input); the envelope
-        # is made here from values this writer owns, so it skips a second validation.
-        return Event.model_construct(
-            event_id=codec.new_event_id(),
+        return build_event(
+            event_type,
+            payload,
             run_id=self.run_id,
             tenant=self.tenant,
             seq=self.state.seq + 1,
             epoch=self.epoch,
-            type=event_type,
-            schema_version=codec.registry().current[event_type],
-            occurred_at=codec.now_utc(),
             writer_id=self.deps.writer_id,
-            payload=codec.make_payload(event_type, payload),
+            trusted=True,
         )
 
     def emit(
@@ -255,33 +251,30 @@ class Run(Owned):
                 f"{et.value} encodes to {len(value)} bytes, over the {MAX_EVENT_BYTES} limit"
             )
         self._guard()
-        fut = self.deps.writer.send(
+        ack = self._acks.new()
+        self.deps.writer.submit(
             self.deps.settings.events_topic,
             self.run_id.encode(),
             value,
             codec.headers(ev),
-            partition=self.partition,
+            ack,
+            self.partition,
         )
         if local and accept(self.state, ev):
             self._note(ev)
-        self._pending.append(_Pending(ev, fut))
+        self._pending.append(_Pending(ev, ack))
         return ev
 
     def barrier(self) -> list[Delivered]:
         """Wait until every emitted event is acknowledged, then re-check ownership."""
         with self._lock:
             pending = self._take_pending()
-            timeout = self.delivery_wait_s
-            done: list[Delivered] = []
-            for i, p in enumerate(pending):
-                try:
-                    outcome: Delivered | BaseException = p.future.result(timeout=timeout)
-                except (DeliveryFailed, FutureTimeout) as exc:
-                    outcome = exc
-                except BaseException:
-                    self._interrupted(pending[i:])
-                    raise
-                done.append(self._delivered(p, outcome))
+            try:
+                self._acks.wait([p.ack for p in pending], self.delivery_wait_s)
+            except BaseException:
+                self._interrupted(pending)
+                raise
+            done = [self._delivered(p, p.ack.outcome) for p in pending]
             if pending:
                 try:
                     ok = self.lease.check()
@@ -307,8 +300,9 @@ class Run(Owned):
         next barrier checks them, so a failed one is never taken as written."""
         self._pending[:0] = unchecked
 
-    def _delivered(self, p: _Pending, outcome: Delivered | BaseException) -> Delivered:
-        """Account for one append's acknowledgement, or poison the run with its failure."""
+    def _delivered(self, p: _Pending, outcome: Outcome | None) -> Delivered:
+        """Account for one append's acknowledgement, or poison the run with its failure
+        (None: no report within the wait, so the outcome is unknown)."""
         if isinstance(outcome, DeliveryFailed):
             self._poisoned = f"append of seq {p.event.seq} failed: {outcome}"
             if outcome.unknown:

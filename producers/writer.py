@@ -1,8 +1,8 @@
-"""One Kafka producer shared by every run in a process, with a future per append.
+"""One Kafka producer shared by every run in a process, with an outcome per append.
 
 Many runs pipeline through one idempotent producer, so throughput grows with
-concurrency; each append still gets its own acknowledgement (a future resolved by the
-delivery report), which is what a durability barrier waits on.
+concurrency; each append still gets its own acknowledgement (filled in by the delivery
+report), and a durability barrier waits for those of its appends together (``AckGroup``).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -27,8 +27,9 @@ APPENDS: dict[str, float] = dict.fromkeys(("acknowledged", "failed", "unknown", 
 from produce to acknowledgement). Written by the delivery callback only."""
 
 
-@dataclass(frozen=True)
-class Delivered:
+class Delivered(NamedTuple):
+    """Where the broker wrote an append (a tuple: one is made per acknowledged event)."""
+
     partition: int
     offset: int
     timestamp_ms: int
@@ -100,6 +101,80 @@ def _settle(fut: Future[Delivered], outcome: Delivered | DeliveryFailed) -> None
         pass  # the first outcome stands (an unknown one, set when the producer was replaced)
 
 
+Outcome = Delivered | DeliveryFailed
+Settle = Callable[[Outcome], None]
+"""Receives an append's outcome; may be called twice (a replacement, then a late report):
+the first call is the outcome."""
+
+
+class _Waiter:
+    __slots__ = ("left", "wake")
+
+    def __init__(self, left: int, wake: Callable[[], None]) -> None:
+        self.left = left
+        self.wake = wake
+
+
+class Ack:
+    """One append's outcome, filled in by its delivery report (a ``Settle``)."""
+
+    __slots__ = ("_group", "_waiter", "outcome")
+
+    def __init__(self, group: AckGroup) -> None:
+        self.outcome: Outcome | None = None
+        self._group = group
+        self._waiter: _Waiter | None = None
+
+    def __call__(self, outcome: Outcome) -> None:
+        self._group._settle(self, outcome)
+
+
+class AckGroup:
+    """The acknowledgements of one run's appends, waited for by the batch.
+
+    A barrier waits for all its appends at once: one wake-up when the last report is in,
+    instead of a future (a condition and its lock) per event and a wake-up per report.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def new(self) -> Ack:
+        return Ack(self)
+
+    def _settle(self, ack: Ack, outcome: Outcome) -> None:
+        with self._lock:
+            if ack.outcome is not None:
+                return  # the first outcome stands
+            ack.outcome = outcome
+            waiter, ack._waiter = ack._waiter, None
+            if waiter is None:
+                return
+            waiter.left -= 1
+            if waiter.left:
+                return
+        waiter.wake()
+
+    def when_all(self, acks: list[Ack], wake: Callable[[], None]) -> bool:
+        """True when every ack has its outcome; else ``wake()`` is called once they have
+        (from the thread that delivers the last one). A later call for the same acks
+        replaces the earlier waiter (a barrier interrupted and taken up again)."""
+        with self._lock:
+            left = [a for a in acks if a.outcome is None]
+            if not left:
+                return True
+            waiter = _Waiter(len(left), wake)
+            for a in left:
+                a._waiter = waiter
+            return False
+
+    def wait(self, acks: list[Ack], timeout: float) -> None:
+        """Block until every ack has its outcome or ``timeout`` passes."""
+        done = threading.Event()
+        if not self.when_all(acks, done.set):
+            done.wait(timeout)
+
+
 def producer_config(settings: Settings, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Durable producer settings: idempotence and acks=all are not librdkafka's defaults.
 
@@ -127,7 +202,7 @@ class EventWriter:
         self._last_fatal: KafkaError | None = None
         """The latest fatal error, kept after the replacement to explain purged appends."""
         self._replaced_at = float("-inf")
-        self._inflight: set[Future[Delivered]] = set()
+        self._inflight: set[Settle] = set()
         self._producer = Producer(self._conf)
         self._partitions: dict[str, int] = {}
         self.replaced = 0
@@ -164,8 +239,8 @@ class EventWriter:
             self.replaced += 1
             inflight, self._inflight = self._inflight, set()
         lost = _why_lost(err)
-        for fut in inflight:  # before the purge, whose bare reports must not win
-            _settle(fut, DeliveryFailed(lost))
+        for settle in inflight:  # before the purge, whose bare reports must not win
+            settle(DeliveryFailed(lost))
         try:
             old.purge(in_queue=True, in_flight=True)
             old.flush(0)  # serves the purged messages' delivery reports
@@ -216,18 +291,32 @@ class EventWriter:
         *,
         partition: int | None = None,
     ) -> Future[Delivered]:
-        """Produce to ``partition``; None lets the producer hash ``key`` (tools and tests).
+        """``submit`` with a future of the outcome (tools and tests)."""
+        fut: Future[Delivered] = Future()
+        self.submit(topic, key, value, headers, lambda outcome: _settle(fut, outcome), partition)
+        return fut
+
+    def submit(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: list[tuple[str, str | bytes | None]],
+        settle: Settle,
+        partition: int | None = None,
+    ) -> None:
+        """Produce to ``partition`` and hand the outcome to ``settle`` (from the thread that
+        serves delivery reports); None lets the producer hash ``key`` (tools and tests).
 
         A run's writer always names the run's partition: the producer hashes over the
         partition count in its latest metadata, which after partitions are added is
         another partition than the run's, and a run split over two partitions has no order.
         """
         where: dict[str, Any] = {} if partition is None else {"partition": partition}
-        fut: Future[Delivered] = Future()
         sent = time.monotonic()
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            self._inflight.discard(fut)
+            self._inflight.discard(settle)
             if err is not None:
                 fatal = self._fatal or self._last_fatal
                 if err.code() in _PURGED and fatal is not None:
@@ -235,20 +324,20 @@ class EventWriter:
                     err = _why_lost(fatal)
                 failed = DeliveryFailed(err)
                 APPENDS["unknown" if failed.unknown else "failed"] += 1
-                _settle(fut, failed)
+                settle(failed)
             else:
                 APPENDS["acknowledged"] += 1
                 APPENDS["ack_seconds"] += time.monotonic() - sent
                 part, off = msg.partition(), msg.offset()
                 assert part is not None and off is not None  # set on every delivered message
-                _settle(fut, Delivered(part, off, msg.timestamp()[1]))
+                settle(Delivered(part, off, msg.timestamp()[1]))
 
         fatal_refusals = 0
         while True:
             self._replace_if_fatal()
             try:
                 with self._swap:
-                    self._inflight.add(fut)
+                    self._inflight.add(settle)
                     self._producer.produce(
                         topic,
                         value=value,
@@ -257,13 +346,13 @@ class EventWriter:
                         on_delivery=on_delivery,
                         **where,
                     )
-                return fut
+                return
             except BufferError:
-                self._inflight.discard(fut)
+                self._inflight.discard(settle)
                 # Local queue full: let deliveries drain, then try again.
                 self._producer.poll(0.05)
             except KafkaException as exc:
-                self._inflight.discard(fut)
+                self._inflight.discard(settle)
                 error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 if error is not None and error.fatal() and fatal_refusals == 0:
                     fatal_refusals += 1

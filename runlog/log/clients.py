@@ -6,6 +6,8 @@ a new connection option is honoured by the writer, the services and the CLI alik
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, cast
 
 import redis
@@ -25,6 +27,49 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
         return cast(redis.Redis, redis.cluster.RedisCluster.from_url(settings.redis_url, **opts))
     client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
     return client
+
+
+class ThreadGet:
+    """``GET`` over a connection of the calling thread's own, for a hot path's one key.
+
+    redis-py's command path (a pool checkout and return, the retry wrapper, telemetry
+    hooks) costs about as much CPU as the round trip itself; a barrier asks once per
+    durable step. A dropped connection is retried once on a fresh one, as the client's
+    own retry would. A cluster client routes by key: it keeps its own ``get``.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Weak: a thread's connection closes with the thread (redis-py disconnects on
+        # collection); close() ends those of threads still alive.
+        self._conns: weakref.WeakSet[redis.connection.ConnectionInterface] = weakref.WeakSet()
+        self._direct = type(client) is redis.Redis
+
+    def __call__(self, key: str) -> Any:
+        if not self._direct:
+            return self._client.get(key)
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            # Outside the pool's count: its limit is for the client's own checkouts.
+            pool = self._client.connection_pool
+            conn = self._local.conn = pool.connection_class(**pool.connection_kwargs)
+            with self._lock:
+                self._conns.add(conn)
+        try:
+            conn.send_command("GET", key)
+            return conn.read_response()
+        except (redis.ConnectionError, redis.TimeoutError):
+            conn.disconnect()
+            conn.send_command("GET", key)  # connects anew
+            return conn.read_response()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns), weakref.WeakSet()
+        for conn in conns:
+            conn.disconnect()  # type: ignore[no-untyped-call]
 
 
 def async_redis_client(settings: Settings, **kw: Any) -> aioredis.Redis:

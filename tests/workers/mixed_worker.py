@@ -45,17 +45,17 @@ class Points:
 
 
 def instrument(points: Points) -> None:
-    send, owned = EventWriter.send, Run._still_owned
+    submit, owned = EventWriter.submit, Run._still_owned
 
-    def counted_send(self: EventWriter, *args: Any, **kw: Any) -> Any:
+    def counted_submit(self: EventWriter, *args: Any, **kw: Any) -> None:
         points.mark()
-        return send(self, *args, **kw)
+        submit(self, *args, **kw)
 
     def counted_owned(self: Run, *args: Any, **kw: Any) -> None:
         points.mark()
         owned(self, *args, **kw)
 
-    EventWriter.send = counted_send  # type: ignore[method-assign]
+    EventWriter.submit = counted_submit  # type: ignore[method-assign]
     Run._still_owned = counted_owned  # type: ignore[method-assign]
 
 
