@@ -23,7 +23,7 @@ from typing import Any
 from runlog.benchmarks.common import TENANT, workload_payload
 from runlog.benchmarks.throughput import open_many
 from runlog.bootstrap import Services
-from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.runner import ProjectionRunner, streaming_gc
 from runlog.log.clients import redis_client
 from runlog.producers.opening import open_run_with
 from runlog.settings import Settings
@@ -90,6 +90,7 @@ def hold(runs: int, events: int, threads: int) -> int:
 
 def project(names: list[str]) -> int:
 
+    streaming_gc()
     settings = Settings()
     client = redis_client(settings)
     runner = ProjectionRunner(settings, client, names)

@@ -16,7 +16,7 @@ from typing import Any
 
 from runlog.cli.groups import print_json
 from runlog.consumers import projection_metrics, queries
-from runlog.consumers.runner import ProjectionRunner, rebuild
+from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
 from runlog.errors import ConfigError
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
@@ -102,6 +102,7 @@ def _project(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    streaming_gc()
     settings = Settings()
     client = _redis(settings)
     names = _names(args.projection)
