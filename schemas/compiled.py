@@ -381,7 +381,9 @@ def constructor(
         or model.model_config.get("extra") == "allow"
     ):
         return None
-    names = frozenset(fields)
+    # One set for every instance: it names all the fields, so pydantic's only change to it
+    # (adding an assigned field's name; copies get their own set) leaves it as it is.
+    names = set(fields)
     order = list(fields)
     new = model.__new__
     put = object.__setattr__
@@ -393,7 +395,7 @@ def constructor(
             values = {n: values[n] for n in order}
         m = new(model)
         put(m, "__dict__", values)
-        put(m, "__pydantic_fields_set__", set(names))
+        put(m, "__pydantic_fields_set__", names)
         put(m, "__pydantic_extra__", None)
         put(m, "__pydantic_private__", None)
         return m
