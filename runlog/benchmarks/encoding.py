@@ -79,8 +79,8 @@ def measure(deps: RunDeps, settings: Settings, *, n: int, repeats: int) -> dict[
             ("confluent", with_registry),
         ):
             samples = timed_appends(chosen, n)
-            rows[f"{name}_p50_ms"].append(percentile(samples, 0.5) * 1000)
-            p99[f"{name}_p99_ms"].append(percentile(samples, 0.99) * 1000)
+            rows[f"{name}_p50_ms"].append(percentile(samples, 50) * 1000)
+            p99[f"{name}_p99_ms"].append(percentile(samples, 99) * 1000)
     out["append"] = {k: summary(v) for k, v in {**rows, **p99}.items()}
     out["append"]["registry"] = url
     return out
