@@ -75,11 +75,7 @@ def call_tool(
     tool = run.tools.get(name)
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
-    args_json = canonical_json(args)  # refuses bad arguments before STARTED
-    scope = operation_id or run.run_id
-    occurrence = (scope, name, args_json)
-    ordinal = run._occurrences[occurrence]
-    key = run.idempotency_key(scope, name, args_json, ordinal)
+    occurrence, args_json, key = run._next_call(name, args, operation_id)  # before STARTED
     run._occurrences[occurrence] += 1
     try:
         return (

@@ -507,10 +507,18 @@ class Run(Owned):
 
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
         """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
+        return self._next_call(name, args, operation_id)[2]
+
+    def _next_call(
+        self, name: str, args: dict[str, Any], operation_id: str | None
+    ) -> tuple[tuple[str, str, str], str, str]:
+        """``(occurrence, args_json, key)`` of the next call of ``name`` with ``args``: the
+        key names the occurrence's ordinal among the same (scope, tool, arguments), so a
+        re-executed loop reaches the same keys. Raises on arguments JSON cannot carry."""
         args_json = canonical_json(args)
-        scope = operation_id or self.run_id
-        ordinal = self._occurrences[(scope, name, args_json)]
-        return self.idempotency_key(scope, name, args_json, ordinal)
+        occurrence = (operation_id or self.run_id, name, args_json)
+        ordinal = self._occurrences[occurrence]
+        return occurrence, args_json, self.idempotency_key(*occurrence, ordinal)
 
     def call_tool(
         self,
