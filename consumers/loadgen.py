@@ -21,7 +21,6 @@ from confluent_kafka import Producer
 
 from runlog.errors import KafkaUnavailable
 from runlog.schemas import codec
-from runlog.schemas.building import build_event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -78,7 +77,7 @@ class LoadGenerator:
         epoch: int | None = None,
         seq: int | None = None,
     ) -> None:
-        ev = build_event(
+        ev = codec.build_event(
             et,
             payload,
             event_id=uuid.uuid4().hex,

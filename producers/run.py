@@ -38,7 +38,6 @@ from runlog.producers.tools import Tool
 from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import codec
-from runlog.schemas.building import build_event
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
     idempotency_key,
@@ -212,7 +211,7 @@ class Run(Owned):
             raise self._fenced(f"lease of epoch {self.epoch} is no longer current")
 
     def _build(self, event_type: EventType, payload: Payload | dict[str, Any]) -> Event:
-        return build_event(
+        return codec.build_event(
             event_type,
             payload,
             run_id=self.run_id,

@@ -124,6 +124,41 @@ def trusted_event(values: dict[str, Any]) -> Event:
     return event
 
 
+def build_event(
+    et: EventType,
+    payload: Payload | dict[str, Any] | None = None,
+    *,
+    run_id: str,
+    tenant: str,
+    seq: int,
+    epoch: int,
+    writer_id: str,
+    event_id: str | None = None,
+    occurred_at: datetime | None = None,
+    trusted: bool = False,
+) -> Event:
+    """An event of the type's current schema version: every event is built here, by a
+    run's writer and outside one (test logs, benchmark workloads, the load generator).
+
+    The payload is always validated (it is the caller's input). The envelope is too,
+    unless ``trusted``: a writer makes it from values it owns and skips the second check.
+    A fresh event id and the current time unless given.
+    """
+    values: dict[str, Any] = {
+        "event_id": event_id or new_event_id(),
+        "run_id": run_id,
+        "tenant": tenant,
+        "seq": seq,
+        "epoch": epoch,
+        "type": et,
+        "schema_version": registry().current[et],
+        "occurred_at": occurred_at or now_utc(),
+        "writer_id": writer_id,
+        "payload": make_payload(et, {} if payload is None else payload),
+    }
+    return trusted_event(values) if trusted else Event.model_validate(values)
+
+
 def make_payload(event_type: EventType, payload: Payload | dict[str, Any]) -> Payload:
     """Validate ``payload`` against the type's current model; ``ValidationFailed`` names why."""
     model = PAYLOAD_MODELS[event_type]

@@ -10,7 +10,6 @@ from typing import Any
 import fastavro
 
 from runlog.schemas import codec
-from runlog.schemas.building import build_event
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
 
@@ -29,7 +28,7 @@ def make_event(
 ) -> Event:
     """An event of the type's current schema version with its payload validated; a fresh
     event id and the current time unless given."""
-    return build_event(
+    return codec.build_event(
         et,
         payload,
         run_id=run_id,

@@ -27,7 +27,6 @@ from runlog.log.kafka import reader_config
 from runlog.producers.opening import open_run_with
 from runlog.producers.writer import producer_config
 from runlog.schemas import codec
-from runlog.schemas.building import build_event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
@@ -248,7 +247,7 @@ def make_events(run_id: str, n: int, *, epoch: int = 1) -> list[Any]:
         else:
             et, payload = workload_payload(seq)
         out.append(
-            build_event(
+            codec.build_event(
                 et, payload, run_id=run_id, tenant=TENANT, seq=seq, epoch=epoch, writer_id=writer
             )
         )
