@@ -6,6 +6,7 @@ a new connection option is honoured by the writer, the services and the CLI alik
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any, cast
@@ -50,20 +51,36 @@ class ThreadGet:
     def __call__(self, key: str) -> Any:
         if not self._direct:
             return self._client.get(key)
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            # Outside the pool's count: its limit is for the client's own checkouts.
-            pool = self._client.connection_pool
-            conn = self._local.conn = pool.connection_class(**pool.connection_kwargs)
-            with self._lock:
-                self._conns.add(conn)
+        conn = self._conn()
+        try:
+            return self._get(conn, key)
+        except (redis.ConnectionError, redis.TimeoutError):
+            return self._get(conn, key)  # connects anew
+
+    def _conn(self) -> Any:
+        """This thread's connection (redis-py's connection API is untyped)."""
+        held = getattr(self._local, "held", None)
+        if held is not None and held[0] == os.getpid():
+            return held[1]
+        # New, or inherited through a fork: the parent's socket is the parent's.
+        # Outside the pool's count: its limit is for the client's own checkouts.
+        pool = self._client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        self._local.held = (os.getpid(), conn)
+        with self._lock:
+            self._conns.add(conn)
+        return conn
+
+    @staticmethod
+    def _get(conn: Any, key: str) -> Any:
         try:
             conn.send_command("GET", key)
             return conn.read_response()
-        except (redis.ConnectionError, redis.TimeoutError):
+        except BaseException:
+            # Whatever stopped the exchange (a dropped connection, a timeout, ^C) may
+            # leave a reply unread, which the next GET would take for its own.
             conn.disconnect()
-            conn.send_command("GET", key)  # connects anew
-            return conn.read_response()
+            raise
 
     def close(self) -> None:
         with self._lock:

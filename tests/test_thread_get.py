@@ -1,0 +1,117 @@
+"""The lease check's GET over a connection of the calling thread's own (``ThreadGet``).
+
+It answers the one question fencing rests on ("is this still my lease?"), so each way a
+private connection can go wrong is tried against the real Redis: a reply left unread by an
+interrupted exchange, a connection the server dropped, a socket inherited by a fork, and
+threads sharing one ``ThreadGet``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+
+import pytest
+import redis
+
+from runlog.log.clients import ThreadGet, redis_client
+from runlog.settings import Settings
+
+
+@pytest.fixture
+def keys(redis_client: redis.Redis) -> dict[str, str]:
+    tag = uuid.uuid4().hex[:8]
+    pairs = {f"threadget:{tag}:{i}": f"value-{i}" for i in range(8)}
+    redis_client.mset(pairs)
+    yield pairs
+    redis_client.delete(*pairs)
+
+
+@pytest.fixture
+def get(settings: Settings) -> ThreadGet:
+    client = redis_client(settings)
+    got = ThreadGet(client)
+    yield got
+    got.close()
+    client.close()
+
+
+def _conn(get: ThreadGet) -> object:
+    return get._local.held[1]
+
+
+def test_an_interrupted_get_leaves_no_reply_for_the_next(
+    get: ThreadGet, keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = list(keys)[:2]
+    assert get(first) == b"value-0"
+    conn = _conn(get)
+    real = type(conn).read_response
+
+    def interrupted(self: object, *a: object, **kw: object) -> object:
+        monkeypatch.setattr(type(conn), "read_response", real)
+        raise KeyboardInterrupt  # after the GET was sent, before its reply was read
+
+    monkeypatch.setattr(type(conn), "read_response", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        get(first)
+    # The reply to the interrupted GET of `first` must not answer this one.
+    assert get(second) == b"value-1"
+    assert get(first) == b"value-0"
+
+
+def test_a_connection_the_server_dropped_is_replaced(
+    get: ThreadGet, keys: dict[str, str], redis_client: redis.Redis
+) -> None:
+    key = next(iter(keys))
+    assert get(key) == b"value-0"
+    conn = _conn(get)
+    conn.send_command("CLIENT", "ID")
+    own_id = conn.read_response()
+    assert redis_client.client_kill_filter(_id=own_id) == 1
+    assert get(key) == b"value-0"
+
+
+def test_a_forked_child_does_not_share_the_parents_socket(
+    get: ThreadGet, keys: dict[str, str]
+) -> None:
+    names = list(keys)
+    assert get(names[0]) == b"value-0"
+    parent_conn = _conn(get)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: many GETs over what would be the parent's socket
+        ok = all(get(k) == v.encode() for _ in range(200) for k, v in keys.items())
+        ok = ok and _conn(get) is not parent_conn
+        os.write(write_fd, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write_fd)
+    # Meanwhile the parent keeps asking on its own connection.
+    for _ in range(200):
+        for k, v in keys.items():
+            assert get(k) == v.encode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.read(read_fd, 1) == b"1"
+    os.close(read_fd)
+    assert _conn(get) is parent_conn
+
+
+def test_threads_each_get_their_own_answers(get: ThreadGet, keys: dict[str, str]) -> None:
+    barrier = threading.Barrier(len(keys))
+    wrong: list[tuple[str, object]] = []
+
+    def ask(key: str, value: str) -> None:
+        barrier.wait()
+        for _ in range(300):
+            got = get(key)
+            if got != value.encode():
+                wrong.append((key, got))
+
+    threads = [threading.Thread(target=ask, args=kv) for kv in keys.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
