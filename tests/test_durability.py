@@ -158,6 +158,12 @@ def test_an_unacknowledged_started_never_invokes_the_tool(test_settings: Setting
         # The broker loses the topic under the writer: nothing can be acknowledged now.
         admin = AdminClient(s.kafka_common())
         admin.delete_topics([s.events_topic])[s.events_topic].result(timeout=30)
+        # The controller accepted the deletion; the broker applies it a moment later, and
+        # an append it still took in between would be acknowledged (and then deleted).
+        deadline = time.monotonic() + 30
+        while s.events_topic in admin.list_topics(timeout=10).topics:
+            assert time.monotonic() < deadline, "the topic is still listed 30 s after deletion"
+            time.sleep(0.05)
         with pytest.raises((runlog.AppendOutcomeUnknown, runlog.KafkaUnavailable)):
             run.call_tool("transfer", {"amount": 5})
         assert invoked == [], "the tool ran although its STARTED was never acknowledged"
