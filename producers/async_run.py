@@ -31,7 +31,7 @@ from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Steps, advance
 from runlog.producers.run import Owned, Run, RunDeps
 from runlog.producers.tools import is_async
-from runlog.producers.writer import Ack, AckGroup
+from runlog.producers.writer import Ack, AckGroup, rekick_waits
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
@@ -162,7 +162,9 @@ class AsyncRun(Owned):
         pending = run._take_pending()
         if pending:
             try:
-                await _acknowledged(run._acks, [p.ack for p in pending], run.delivery_wait_s)
+                await _acknowledged(
+                    run._acks, [p.ack for p in pending], run.delivery_wait_s, run.deps.writer.kick
+                )
             except BaseException:
                 run._interrupted(pending)
                 raise
@@ -252,8 +254,11 @@ class AsyncRun(Owned):
             await in_thread(run.close)
 
 
-async def _acknowledged(group: AckGroup, acks: list[Ack], timeout: float) -> None:
-    """Await every ack's outcome (or ``timeout``: those left without one are unknown).
+async def _acknowledged(
+    group: AckGroup, acks: list[Ack], timeout: float, kick: Callable[[], None]
+) -> None:
+    """Await every ack's outcome (or ``timeout``: those left without one are unknown),
+    kicking the writer again whenever a slice of ``rekick_waits`` passes without them.
 
     The wake-up comes from the thread that serves delivery reports. Shielded: cancelling
     the waiting task leaves the appends to the next barrier, which waits for them anew.
@@ -271,5 +276,8 @@ async def _acknowledged(group: AckGroup, acks: list[Ack], timeout: float) -> Non
 
     if group.when_all(acks, wake):
         return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(done), timeout)
+    for w in rekick_waits(timeout):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), w)
+            return
+        kick()

@@ -269,7 +269,9 @@ class Run(Owned):
         with self._lock:
             pending = self._take_pending()
             try:
-                self._acks.wait([p.ack for p in pending], self.delivery_wait_s)
+                self._acks.wait(
+                    [p.ack for p in pending], self.delivery_wait_s, self.deps.writer.kick
+                )
             except BaseException:
                 self._interrupted(pending)
                 raise

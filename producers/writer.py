@@ -75,6 +75,28 @@ KICK_S = 0.001
 """How long the kicker keeps a flush open: long enough for the broker threads to wake and
 send; the acknowledgement itself is waited for on the append's future."""
 
+REKICK_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""When a barrier's acknowledgements have not come, it kicks again after these waits (the
+last one repeating). A broker thread not scheduled within a kick's ``KICK_S`` (a busy
+machine) leaves the appends to linger: without a second kick a barrier would wait out
+``linger.ms``. An acknowledgement normally comes well before the first one."""
+
+
+def rekick_waits(timeout: float) -> list[float]:
+    """The slices a barrier waits ``timeout`` in, kicking the writer between two."""
+    waits: list[float] = []
+    left = timeout
+    for w in REKICK_S:
+        if left <= 0:
+            return waits
+        waits.append(min(w, left))
+        left -= w
+    while left > 0:
+        waits.append(min(REKICK_S[-1], left))
+        left -= REKICK_S[-1]
+    return waits
+
+
 REPLACE_INTERVAL_S = 1.0
 """Least time between two replacements of a producer that failed fatally."""
 
@@ -168,11 +190,16 @@ class AckGroup:
                 a._waiter = waiter
             return False
 
-    def wait(self, acks: list[Ack], timeout: float) -> None:
-        """Block until every ack has its outcome or ``timeout`` passes."""
+    def wait(self, acks: list[Ack], timeout: float, kick: Callable[[], None]) -> None:
+        """Block until every ack has its outcome or ``timeout`` passes, calling ``kick``
+        again whenever a slice of ``rekick_waits`` passes without them."""
         done = threading.Event()
-        if not self.when_all(acks, done.set):
-            done.wait(timeout)
+        if self.when_all(acks, done.set):
+            return
+        for w in rekick_waits(timeout):
+            if done.wait(w):
+                return
+            kick()
 
 
 def producer_config(settings: Settings, extra: dict[str, Any] | None = None) -> dict[str, Any]:

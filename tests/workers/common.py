@@ -402,12 +402,11 @@ def delete_prefix(client: redis.Redis, prefix: str, *, keep: tuple[str, ...] = (
 
 
 @contextlib.contextmanager
-def services_for(settings: Settings) -> Iterator[None]:
-    """Close this process's shared clients for ``settings`` when the test is done."""
+def services_for(settings: Settings) -> Iterator[Services]:
+    """This process's shared clients for ``settings``, closed when the test is done."""
     try:
-        yield
+        yield Services.shared(settings)
     finally:
-        key = settings.model_dump_json()
-        svc = Services._shared.pop(key, None)
+        svc = Services._shared.pop(settings.fingerprint(), None)
         if svc is not None:
             svc.close()
