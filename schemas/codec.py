@@ -176,13 +176,39 @@ def make_payload(event_type: EventType, payload: Payload | dict[str, Any]) -> Pa
 
 def encode(event: Event, ids: SchemaIds | None = None) -> bytes:
     """``event`` with the current schema of its type: single-object, or Confluent's framing
-    with the registry's schema id when ``ids`` is given."""
+    with the registry's schema id when ``ids`` is given.
+
+    The type's compiled encoder (``avro_writer``) writes it; a value that encoder does not
+    take goes through fastavro, which writes it or names what does not fit."""
+    ws, header = _framing(event, ids)
+    if ws.encoder is not None:
+        out = bytearray(header)
+        try:
+            ws.encoder(event, out)
+            return bytes(out)
+        except Exception:  # noqa: BLE001 - fastavro's answer below stands
+            pass
+    return _with_fastavro(event, ws, header)
+
+
+def encode_with_fastavro(event: Event, ids: SchemaIds | None = None) -> bytes:
+    """``encode`` by fastavro alone: the reference the compiled encoders are checked against."""
+    return _with_fastavro(event, *_framing(event, ids))
+
+
+def _framing(event: Event, ids: SchemaIds | None) -> tuple[WriterSchema, bytes]:
     ws = registry().writer(event.type)
     if event.schema_version != ws.version:
         raise ValidationFailed(
             f"{event.type.value}: writers emit only the current version v{ws.version}, "
             f"not v{event.schema_version}"
         )
+    if ids is None:
+        return ws, MAGIC + ws.fingerprint
+    return ws, bytes([CONFLUENT_MAGIC]) + ids.id_for(ws).to_bytes(4, "big")
+
+
+def _with_fastavro(event: Event, ws: WriterSchema, header: bytes) -> bytes:
     record = {
         "event_id": event.event_id,
         "run_id": event.run_id,
@@ -196,12 +222,7 @@ def encode(event: Event, ids: SchemaIds | None = None) -> bytes:
         "payload": event.payload.model_dump(mode="python"),
     }
     buf = io.BytesIO()
-    if ids is None:
-        buf.write(MAGIC)
-        buf.write(ws.fingerprint)
-    else:
-        buf.write(bytes([CONFLUENT_MAGIC]))
-        buf.write(ids.id_for(ws).to_bytes(4, "big"))
+    buf.write(header)
     try:
         fastavro.schemaless_writer(buf, ws.parsed, record)
     except (ValueError, TypeError) as exc:

@@ -7,7 +7,7 @@ its fingerprint is written into every record encoded with it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import fastavro
 import fastavro.schema
 
+from runlog.schemas.avro_writer import Encoder, compile_encoder
 from runlog.schemas.vocabulary import EventType
 
 
@@ -26,6 +27,8 @@ class WriterSchema:
     """CRC-64-AVRO of the parsing canonical form, as the 8 little-endian bytes on the wire."""
     parsed: Any
     """The fastavro-parsed schema."""
+    encoder: Encoder | None = field(default=None, compare=False, repr=False)
+    """Its compiled encoder (``avro_writer``), None where fastavro encodes it."""
 
 
 def fingerprint_of(schema: Any) -> bytes:
@@ -69,7 +72,7 @@ def registry() -> Registry:
     current: dict[EventType, int] = {}
     for et, version, raw in released():
         parsed = fastavro.parse_schema(raw)
-        ws = WriterSchema(et, version, fingerprint_of(parsed), parsed)
+        ws = WriterSchema(et, version, fingerprint_of(parsed), parsed, compile_encoder(parsed))
         by_fp[ws.fingerprint] = ws
         by_tv[(et, version)] = ws
         current[et] = max(current.get(et, 0), version)
