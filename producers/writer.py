@@ -7,10 +7,11 @@ report), and a durability barrier waits for those of its appends together (``Ack
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, NamedTuple
 
@@ -82,19 +83,15 @@ machine) leaves the appends to linger: without a second kick a barrier would wai
 ``linger.ms``. An acknowledgement normally comes well before the first one."""
 
 
-def rekick_waits(timeout: float) -> list[float]:
-    """The slices a barrier waits ``timeout`` in, kicking the writer between two."""
-    waits: list[float] = []
+def rekick_waits(timeout: float) -> Iterator[float]:
+    """The slices a barrier waits ``timeout`` in, kicking the writer between two (lazily:
+    a barrier almost always ends within the first)."""
     left = timeout
-    for w in REKICK_S:
+    for w in itertools.chain(REKICK_S, itertools.repeat(REKICK_S[-1])):
         if left <= 0:
-            return waits
-        waits.append(min(w, left))
+            return
+        yield min(w, left)
         left -= w
-    while left > 0:
-        waits.append(min(REKICK_S[-1], left))
-        left -= REKICK_S[-1]
-    return waits
 
 
 REPLACE_INTERVAL_S = 1.0
