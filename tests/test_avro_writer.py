@@ -11,7 +11,8 @@ fastavro's answer.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import math
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -150,3 +151,26 @@ def test_a_value_the_compiled_encoder_refuses_gets_fastavros_answer() -> None:
     with pytest.raises(TypeError):
         compiled(odd)
     assert codec.encode(odd) == codec.encode_with_fastavro(odd)
+
+
+def test_odd_values_a_payload_model_lets_through_are_encoded_as_fastavro_does() -> None:
+    """Floats that are not numbers, a negative zero, a time in another zone and before 1970:
+    the same bytes. A lone surrogate cannot be UTF-8: encode refuses it, naming the schema."""
+    turn = make_event(
+        EventType.MODEL_TURN, {"text": "t", "tool_calls": [], "cost_usd": 0.0}, run_id="r", seq=2
+    )
+    for cost in (math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308):
+        ev = turn.model_copy(update={"payload": turn.payload.model_copy(update={"cost_usd": cost})})
+        assert compiled(ev) == codec.encode_with_fastavro(ev), cost
+    zone = timezone(timedelta(hours=5, minutes=30))
+    ev = make_event(
+        EventType.USER_MESSAGE,
+        {"content": "x"},
+        run_id="r",
+        seq=1,
+        occurred_at=datetime(1950, 1, 1, 0, 0, 0, 1, tzinfo=zone),
+    )
+    assert compiled(ev) == codec.encode_with_fastavro(ev)
+    ev = make_event(EventType.USER_MESSAGE, {"content": "a\ud800b"}, run_id="r", seq=1)
+    with pytest.raises(ValidationFailed, match="does not fit its Avro schema"):
+        codec.encode(ev)
