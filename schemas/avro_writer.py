@@ -57,10 +57,7 @@ def _long(out: bytearray, n: int) -> None:
 def _int(out: bytearray, n: int) -> None:
     if type(n) is not int or not _INT_MIN <= n <= _INT_MAX:
         raise TypeError(f"not an Avro int: {n!r}")
-    if 0 <= n < 64:
-        out.append(n << 1)
-    else:
-        _varint(out, n)
+    _long(out, n)  # the same zig-zag varint, in a narrower range
 
 
 def _string(out: bytearray, s: str) -> None:

@@ -208,8 +208,9 @@ def _framing(event: Event, ids: SchemaIds | None) -> tuple[WriterSchema, bytes]:
     return ws, bytes([CONFLUENT_MAGIC]) + ids.id_for(ws).to_bytes(4, "big")
 
 
-def _with_fastavro(event: Event, ws: WriterSchema, header: bytes) -> bytes:
-    record = {
+def avro_record(event: Event) -> dict[str, Any]:
+    """``event`` as fastavro writes it: the envelope's fields and the payload, as a dict."""
+    return {
         "event_id": event.event_id,
         "run_id": event.run_id,
         "tenant": event.tenant,
@@ -221,6 +222,10 @@ def _with_fastavro(event: Event, ws: WriterSchema, header: bytes) -> bytes:
         "writer_id": event.writer_id,
         "payload": event.payload.model_dump(mode="python"),
     }
+
+
+def _with_fastavro(event: Event, ws: WriterSchema, header: bytes) -> bytes:
+    record = avro_record(event)
     buf = io.BytesIO()
     buf.write(header)
     try:

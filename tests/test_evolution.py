@@ -114,13 +114,12 @@ def test_newer_version_is_rejected_explicitly() -> None:
     v3["fields"][-1]["type"]["fields"].append({"name": "kept_tokens", "type": "long"})
     ev = codec.decode(load_fixture("v2").records[17].value)
     assert ev.type is CC
+    base = codec.avro_record(ev)
     record = {
-        **{k: getattr(ev, k) for k in ("event_id", "run_id", "tenant", "seq", "epoch")},
-        "type": "context_compacted",
+        **base,
         "schema_version": 3,
-        "occurred_at": ev.occurred_at,
         "writer_id": "future",
-        "payload": {**ev.payload.model_dump(), "kept_tokens": 1200},
+        "payload": {**base["payload"], "kept_tokens": 1200},
     }
     with pytest.raises(NewerSchemaVersion, match="v3 was written by a newer release"):
         codec.decode(_encode_with(v3, record))
