@@ -31,7 +31,7 @@ from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Steps, advance
 from runlog.producers.run import Owned, Run, RunDeps
 from runlog.producers.tools import is_async
-from runlog.producers.writer import Ack, AckGroup, rekick_waits
+from runlog.producers.writer import Ack, AckGroup, EventWriter
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
@@ -163,7 +163,7 @@ class AsyncRun(Owned):
         if pending:
             try:
                 await _acknowledged(
-                    run._acks, [p.ack for p in pending], run.delivery_wait_s, run.deps.writer.kick
+                    run.deps.writer, run._acks, [p.ack for p in pending], run.delivery_wait_s
                 )
             except BaseException:
                 run._interrupted(pending)
@@ -255,29 +255,32 @@ class AsyncRun(Owned):
 
 
 async def _acknowledged(
-    group: AckGroup, acks: list[Ack], timeout: float, kick: Callable[[], None]
+    writer: EventWriter, group: AckGroup, acks: list[Ack], timeout: float
 ) -> None:
-    """Await every ack's outcome (or ``timeout``: those left without one are unknown),
-    kicking the writer again whenever a slice of ``rekick_waits`` passes without them.
+    """Await every ack's outcome (or ``timeout``: those left without one are unknown).
 
-    The wake-up comes from the thread that serves delivery reports. Shielded: cancelling
-    the waiting task leaves the appends to the next barrier, which waits for them anew.
+    An event loop cannot serve delivery reports itself (a ``flush`` blocks): the barrier
+    follows, and the writer's serving thread flushes (sending what is queued at once) and
+    wakes it from the thread that serves its last report. Shielded: cancelling the waiting
+    task leaves the appends to the next barrier, which waits for them anew.
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
+    follower = writer.follow()
 
     def resolve() -> None:
         if not done.done():
             done.set_result(None)
 
     def wake() -> None:
+        follower.leave()
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(resolve)
 
-    if group.when_all(acks, wake):
-        return
-    for w in rekick_waits(timeout):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(done), w)
+    try:
+        if group.when_all(acks, wake):
             return
-        kick()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+    finally:
+        follower.leave()

@@ -269,9 +269,7 @@ class Run(Owned):
         with self._lock:
             pending = self._take_pending()
             try:
-                self._acks.wait(
-                    [p.ack for p in pending], self.delivery_wait_s, self.deps.writer.kick
-                )
+                self.deps.writer.wait(self._acks, [p.ack for p in pending], self.delivery_wait_s)
             except BaseException:
                 self._interrupted(pending)
                 raise
@@ -290,10 +288,8 @@ class Run(Owned):
         return self.deps.settings.delivery_timeout_ms / 1000 + 5
 
     def _take_pending(self) -> list[_Pending]:
-        """The appends a barrier is about to wait for, sent now (not at linger's end)."""
+        """The appends a barrier is about to wait for (its wait sends them at once)."""
         pending, self._pending = self._pending, []
-        if pending:
-            self.deps.writer.kick()
         return pending
 
     def _interrupted(self, unchecked: list[_Pending]) -> None:

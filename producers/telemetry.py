@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, Metric, SummaryMetricFamily
 
 from runlog.producers.lease import METRICS
-from runlog.producers.writer import APPENDS
+from runlog.producers.writer import APPENDS, BARRIERS
 
 LEASE_EVENTS = (
     "acquired",
@@ -48,4 +48,12 @@ def families() -> list[Metric]:
         count_value=int(APPENDS.get("acknowledged", 0)),
         sum_value=APPENDS.get("ack_seconds", 0.0),
     )
-    return [lease, appends, ack]
+    barriers = CounterMetricFamily(
+        "runlog_writer_barriers",
+        "Barriers by how their acknowledgements came: served (the waiting thread served "
+        "its own delivery reports) or followed (woken by the thread serving them).",
+        labels=["how"],
+    )
+    for how in ("served", "followed"):
+        barriers.add_metric([how], BARRIERS[how])
+    return [lease, appends, ack, barriers]

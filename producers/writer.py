@@ -3,15 +3,23 @@
 Many runs pipeline through one idempotent producer, so throughput grows with
 concurrency; each append still gets its own acknowledgement (filled in by the delivery
 report), and a durability barrier waits for those of its appends together (``AckGroup``).
+
+Who serves delivery reports decides what a barrier costs. One role, held by one thread at a
+time (``EventWriter._serving``): a barrier that finds it free serves its own reports with a
+``flush`` in its own thread (which also sends what is queued at once, ignoring the linger)
+until its acknowledgements are in, so a lone run's durable step is one produce and one
+flush, with no thread hand-off. A barrier that finds it taken (another run's barrier, the
+waits of an event loop) follows: the writer's serving thread flushes for it and the thread
+that serves its last report wakes it. With no one waiting, the serving thread drains the
+reports of pipelined appends now and then, and the linger batches them.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, NamedTuple
 
@@ -26,6 +34,12 @@ APPENDS: dict[str, float] = dict.fromkeys(("acknowledged", "failed", "unknown", 
 """Process-wide append telemetry (never semantic events): ``acknowledged``, ``failed``
 (the broker refused), ``unknown`` (may still be written), and ``ack_seconds`` (their sum,
 from produce to acknowledgement). Written by the delivery callback only."""
+
+
+BARRIERS: dict[str, int] = dict.fromkeys(("served", "followed"), 0)
+"""How this process's sync and asyncio barriers got their acknowledgements: ``served``
+(the barrier's thread served its own delivery reports and its last one ended the wait),
+``followed`` (woken by the thread that served them). Telemetry only."""
 
 
 class Delivered(NamedTuple):
@@ -72,26 +86,19 @@ _REFUSED = frozenset(
 )
 
 
-KICK_S = 0.001
-"""How long the kicker keeps a flush open: long enough for the broker threads to wake and
-send; the acknowledgement itself is waited for on the append's future."""
+SERVE_S = 0.1
+"""The longest single ``flush`` a serving thread makes before it looks again (under
+confluent-kafka's 200 ms chunking, so a callback's exception ends it at once)."""
 
-REKICK_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-"""When a barrier's acknowledgements have not come, it kicks again after these waits (the
-last one repeating). A broker thread not scheduled within a kick's ``KICK_S`` (a busy
-machine) leaves the appends to linger: without a second kick a barrier would wait out
-``linger.ms``. An acknowledgement normally comes well before the first one."""
+IDLE_S = (0.005, 0.05)
+"""How often the serving thread drains delivery reports when no one waits: while appends
+are outstanding, and when none are."""
 
 
-def rekick_waits(timeout: float) -> Iterator[float]:
-    """The slices a barrier waits ``timeout`` in, kicking the writer between two (lazily:
-    a barrier almost always ends within the first)."""
-    left = timeout
-    for w in itertools.chain(REKICK_S, itertools.repeat(REKICK_S[-1])):
-        if left <= 0:
-            return
-        yield min(w, left)
-        left -= w
+class _Served(Exception):
+    """Raised by the delivery callback that completes a barrier serving its own reports, in
+    that barrier's thread: it ends the barrier's ``flush`` at once (librdkafka stops serving
+    at a callback's exception, after the batch of reports in hand, whose callbacks all run)."""
 
 
 REPLACE_INTERVAL_S = 1.0
@@ -132,6 +139,45 @@ class _Waiter:
     def __init__(self, left: int, wake: Callable[[], None]) -> None:
         self.left = left
         self.wake = wake
+
+
+class _Barrier:
+    """One sync barrier's wait: woken by whoever serves its last delivery report."""
+
+    __slots__ = ("done", "serving", "thread")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.thread = threading.get_ident()
+        self.serving = False
+        """True while this barrier's own thread is in its ``flush``."""
+
+    def wake(self) -> None:
+        self.done.set()
+        if self.serving and threading.get_ident() == self.thread:
+            raise _Served
+
+
+class _Follower:
+    """A barrier counted among those the serving thread flushes for, until its last report
+    is served (``leave`` from the serving thread), it gives up, or it is cancelled."""
+
+    __slots__ = ("_left", "_writer")
+
+    def __init__(self, writer: EventWriter) -> None:
+        self._writer = writer
+        self._left = False
+        with writer._count:
+            writer._followers += 1
+        writer._wanted.set()
+
+    def leave(self) -> None:
+        w = self._writer
+        with w._count:
+            if self._left:
+                return
+            self._left = True
+            w._followers -= 1
 
 
 class Ack:
@@ -187,17 +233,6 @@ class AckGroup:
                 a._waiter = waiter
             return False
 
-    def wait(self, acks: list[Ack], timeout: float, kick: Callable[[], None]) -> None:
-        """Block until every ack has its outcome or ``timeout`` passes, calling ``kick``
-        again whenever a slice of ``rekick_waits`` passes without them."""
-        done = threading.Event()
-        if self.when_all(acks, done.set):
-            return
-        for w in rekick_waits(timeout):
-            if done.wait(w):
-                return
-            kick()
-
 
 def producer_config(settings: Settings, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Durable producer settings: idempotence and acks=all are not librdkafka's defaults.
@@ -232,11 +267,15 @@ class EventWriter:
         self.replaced = 0
         """How many times a fatal error made the writer replace its producer."""
         self._closed = threading.Event()
-        self._kicked = threading.Event()
-        self._poller = threading.Thread(target=self._poll_loop, name="runlog-writer", daemon=True)
-        self._poller.start()
-        self._kicker = threading.Thread(target=self._kick_loop, name="runlog-kick", daemon=True)
-        self._kicker.start()
+        self._serving = threading.Lock()
+        """Held by the one thread serving delivery reports: a barrier, or the serving thread."""
+        self._count = threading.Lock()
+        self._followers = 0
+        """Barriers waiting for the serving thread (``_Follower``)."""
+        self._wanted = threading.Event()
+        """Set when a barrier starts following (or the writer closes)."""
+        self._server = threading.Thread(target=self._serve_loop, name="runlog-writer", daemon=True)
+        self._server.start()
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback (also the entry a test uses to simulate a fatal error)."""
@@ -271,40 +310,110 @@ class EventWriter:
         except KafkaException as exc:  # the old producer is dead anyway
             log.warning("purging the failed producer: %s", exc)
 
-    def _poll_loop(self) -> None:
+    def _serve_loop(self) -> None:
+        """Flush while barriers follow; drain the reports of pipelined appends otherwise."""
         while not self._closed.is_set():
             try:
                 self._replace_if_fatal()
-                self._producer.poll(0.05)
+                if not self._followers:
+                    self._wanted.wait(IDLE_S[0] if len(self._producer) else IDLE_S[1])
+                    self._wanted.clear()
+                if self._followers:
+                    self._serve_followers()
+                elif self._serving.acquire(blocking=False):
+                    try:
+                        self._producer.poll(0)
+                    finally:
+                        self._serving.release()
             except KafkaException as exc:
-                # librdkafka may raise its fatal error from poll rather than (or as well
-                # as) calling error_cb: either way the producer is replaced.
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.fatal():
-                    self._on_error(err)
-                else:
-                    log.exception("delivery callback failed")
-            except Exception:  # a callback error must not kill the poller
+                self._raised(exc)
+            except Exception:  # a callback error must not kill the serving thread
                 log.exception("delivery callback failed")
 
-    def kick(self) -> None:
-        """Someone waits for what was sent: send everything queued now, not at linger's end.
+    def _serve_followers(self) -> None:
+        with self._serving:  # waits while a barrier serves itself (and its followers)
+            while self._followers and not self._closed.is_set():
+                if self._producer.flush(SERVE_S) == 0 and self._followers:
+                    # Every report is served, yet someone follows: its appends went to a
+                    # replaced producer (settled by the replacement) or it has not left yet.
+                    self._wanted.wait(IDLE_S[0])
+                    self._wanted.clear()
+                    self._replace_if_fatal()
 
-        Non-blocking (an event loop may call it). librdkafka sends at once, ignoring
-        ``linger.ms``, while a ``flush`` is in progress; ``flush(0)`` ends before its
-        broker threads look, so the kicker thread holds one open for ``KICK_S``.
+    def _raised(self, exc: KafkaException) -> None:
+        # librdkafka may raise its fatal error from poll or flush rather than (or as well
+        # as) calling error_cb: either way the producer is replaced.
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.fatal():
+            self._on_error(err)
+        else:
+            log.exception("delivery callback failed")
+
+    def wait(self, group: AckGroup, acks: list[Ack], timeout: float) -> None:
+        """Block until every ack has its outcome or ``timeout`` passes (those left without
+        one are unknown).
+
+        With no one serving delivery reports, this thread serves them: a ``flush`` sends
+        what is queued at once and serves the reports here, ended by the callback of this
+        barrier's last one (the physical round trip, no hand-off). Otherwise it follows:
+        the thread serving reports wakes it.
         """
-        self._kicked.set()
+        b = _Barrier()
+        follower = _Follower(self) if not self._serving.acquire(blocking=False) else None
+        try:
+            if group.when_all(acks, self._waking(b, follower)):
+                return
+            if follower is None:
+                self._serve_until(b, time.monotonic() + timeout)
+            else:
+                BARRIERS["followed"] += 1
+                b.done.wait(timeout)
+        finally:
+            if follower is None:
+                self._serving.release()
+            else:
+                follower.leave()
 
-    def _kick_loop(self) -> None:
-        while not self._closed.is_set():
-            if not self._kicked.wait(0.5):
-                continue
-            self._kicked.clear()
+    @staticmethod
+    def _waking(b: _Barrier, follower: _Follower | None) -> Callable[[], None]:
+        if follower is None:
+            return b.wake
+
+        def wake() -> None:
+            follower.leave()
+            b.wake()
+
+        return wake
+
+    def _serve_until(self, b: _Barrier, deadline: float) -> None:
+        """Serve delivery reports in this thread until ``b``'s are in (holding _serving)."""
+        while not b.done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            producer = self._producer
+            b.serving = True
             try:
-                self._producer.flush(KICK_S)
-            except Exception:  # a failed producer is the poller's to replace
-                log.debug("kick of the producer failed", exc_info=True)
+                remaining = producer.flush(min(left, SERVE_S))
+            except _Served:
+                BARRIERS["served"] += 1
+                return
+            except KafkaException as exc:
+                self._raised(exc)
+                remaining = 1
+            finally:
+                b.serving = False
+            if remaining == 0 and not b.done.is_set():
+                # Nothing left to serve, yet not woken: its appends went to a producer
+                # replaced after a fatal error, whose replacement settles them.
+                self._replace_if_fatal()
+                b.done.wait(min(left, IDLE_S[0]))
+
+    def follow(self) -> _Follower:
+        """Count a waiter (an event loop's barrier) among those the serving thread flushes
+        for; ``leave()`` when its reports are in or it stops waiting."""
+        BARRIERS["followed"] += 1
+        return _Follower(self)
 
     def send(
         self,
@@ -374,7 +483,11 @@ class EventWriter:
             except BufferError:
                 self._inflight.discard(settle)
                 # Local queue full: let deliveries drain, then try again.
-                self._producer.poll(0.05)
+                if self._serving.acquire(timeout=0.05):
+                    try:
+                        self._producer.poll(0.05)
+                    finally:
+                        self._serving.release()
             except KafkaException as exc:
                 self._inflight.discard(settle)
                 error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -400,13 +513,19 @@ class EventWriter:
         return self._partitions[topic]
 
     def flush(self, timeout: float = 30.0) -> int:
-        return int(self._producer.flush(timeout))
+        """Send everything and serve its reports; the number of appends still outstanding."""
+        deadline = time.monotonic() + timeout
+        if not self._serving.acquire(timeout=timeout):
+            return len(self._producer)
+        try:
+            return int(self._producer.flush(max(0.0, deadline - time.monotonic())))
+        finally:
+            self._serving.release()
 
     def close(self, timeout: float = 30.0) -> None:
         try:
             self.flush(timeout)
         finally:
             self._closed.set()
-            self._kicked.set()
-            self._poller.join(timeout=2)
-            self._kicker.join(timeout=2)
+            self._wanted.set()
+            self._server.join(timeout=2)

@@ -13,7 +13,7 @@ from runlog.errors import UnknownApproval, UnknownRun
 from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import open_run_with, submit_decision
-from runlog.producers.writer import APPENDS
+from runlog.producers.writer import APPENDS, BARRIERS
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.settings import Settings
 
@@ -136,9 +136,11 @@ def lease_metrics() -> dict[str, int]:
 
 def append_metrics() -> dict[str, float]:
     """This process's append counters: acknowledged, failed, unknown, and ack_seconds (the
-    sum of produce-to-acknowledgement times). Operational telemetry, never in the log."""
+    sum of produce-to-acknowledgement times), and its barriers by how their acknowledgements
+    came (barriers_served, barriers_followed). Operational telemetry, never in the log."""
 
-    return {k: APPENDS.get(k, 0) for k in (*telemetry.APPEND_RESULTS, "ack_seconds")}
+    got = {k: APPENDS.get(k, 0) for k in (*telemetry.APPEND_RESULTS, "ack_seconds")}
+    return got | {f"barriers_{how}": float(n) for how, n in BARRIERS.items()}
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> Callable[[], None]:

@@ -198,8 +198,8 @@ class Settings(BaseSettings):
         """
         defaults: dict[str, Any] = {
             # Pipelined appends (those no one waits for) leave in batches; a barrier does
-            # not wait out the linger: the writer sends what is queued at once when one
-            # starts waiting (``EventWriter.kick``).
+            # not wait out the linger: its wait is a flush, which sends what is queued at
+            # once (``EventWriter.wait``).
             "linger.ms": 5,
             "delivery.timeout.ms": self.delivery_timeout_ms,
             "max.in.flight.requests.per.connection": 5,
