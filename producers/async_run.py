@@ -273,12 +273,12 @@ async def _acknowledged(
             done.set_result(None)
 
     def wake() -> None:
-        follower.leave()
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             loop.call_soon_threadsafe(resolve)
+        follower.leave()  # last: it may end the serving thread's flush
 
     try:
-        if group.when_all(acks, wake):
+        if not group.watch(acks, wake):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), timeout)

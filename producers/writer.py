@@ -144,18 +144,21 @@ class _Waiter:
 class _Barrier:
     """One sync barrier's wait: woken by whoever serves its last delivery report."""
 
-    __slots__ = ("done", "serving", "thread")
+    __slots__ = ("done", "follower", "serving", "thread")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.thread = threading.get_ident()
         self.serving = False
         """True while this barrier's own thread is in its ``flush``."""
+        self.follower: _Follower | None = None
 
     def wake(self) -> None:
         self.done.set()
         if self.serving and threading.get_ident() == self.thread:
             raise _Served
+        if self.follower is not None:
+            self.follower.leave()
 
 
 class _Follower:
@@ -172,12 +175,19 @@ class _Follower:
         writer._wanted.set()
 
     def leave(self) -> None:
+        """Called once its reports are in (from the thread serving the last one) and when
+        it stops waiting; the first call counts. Its waiter must be woken before: when the
+        serving thread's flush served the last follower, this ends that flush (``_Served``),
+        so that pipelined appends linger again instead of leaving one by one."""
         w = self._writer
         with w._count:
             if self._left:
                 return
             self._left = True
             w._followers -= 1
+            last = not w._followers
+        if last and w._flusher == threading.get_ident():
+            raise _Served
 
 
 class Ack:
@@ -220,18 +230,17 @@ class AckGroup:
                 return
         waiter.wake()
 
-    def when_all(self, acks: list[Ack], wake: Callable[[], None]) -> bool:
-        """True when every ack has its outcome; else ``wake()`` is called once they have
-        (from the thread that delivers the last one). A later call for the same acks
+    def watch(self, acks: list[Ack], wake: Callable[[], None]) -> int:
+        """How many acks have no outcome yet; if any, ``wake()`` is called once they all
+        have (from the thread that delivers the last one). A later call for the same acks
         replaces the earlier waiter (a barrier interrupted and taken up again)."""
         with self._lock:
             left = [a for a in acks if a.outcome is None]
-            if not left:
-                return True
-            waiter = _Waiter(len(left), wake)
-            for a in left:
-                a._waiter = waiter
-            return False
+            if left:
+                waiter = _Waiter(len(left), wake)
+                for a in left:
+                    a._waiter = waiter
+            return len(left)
 
 
 def producer_config(settings: Settings, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -274,6 +283,8 @@ class EventWriter:
         """Barriers waiting for the serving thread (``_Follower``)."""
         self._wanted = threading.Event()
         """Set when a barrier starts following (or the writer closes)."""
+        self._flusher: int | None = None
+        """The serving thread's id while it flushes for followers."""
         self._server = threading.Thread(target=self._serve_loop, name="runlog-writer", daemon=True)
         self._server.start()
 
@@ -331,9 +342,18 @@ class EventWriter:
                 log.exception("delivery callback failed")
 
     def _serve_followers(self) -> None:
+        """Flush while barriers follow: the flush sends what is queued at once (no lingering
+        while someone waits) and serves every report; the last follower's ends it."""
         with self._serving:  # waits while a barrier serves itself (and its followers)
             while self._followers and not self._closed.is_set():
-                if self._producer.flush(SERVE_S) == 0 and self._followers:
+                self._flusher = threading.get_ident()
+                try:
+                    remaining = self._producer.flush(SERVE_S)
+                except _Served:
+                    continue
+                finally:
+                    self._flusher = None
+                if remaining == 0 and self._followers:
                     # Every report is served, yet someone follows: its appends went to a
                     # replaced producer (settled by the replacement) or it has not left yet.
                     self._wanted.wait(IDLE_S[0])
@@ -353,37 +373,31 @@ class EventWriter:
         """Block until every ack has its outcome or ``timeout`` passes (those left without
         one are unknown).
 
-        With no one serving delivery reports, this thread serves them: a ``flush`` sends
-        what is queued at once and serves the reports here, ended by the callback of this
-        barrier's last one (the physical round trip, no hand-off). Otherwise it follows:
-        the thread serving reports wakes it.
+        A lone barrier (its own appends are all the producer has outstanding, and no one
+        else serves delivery reports) serves them in this thread: a ``flush`` sends what is
+        queued at once and serves the reports here, ended by the callback of this barrier's
+        last one: the physical round trip, no hand-off. Otherwise it follows: the serving
+        thread flushes, serving every run's reports while their callers do other work (a
+        Redis check, the next run's appends), and the thread that serves its last one
+        wakes it.
         """
         b = _Barrier()
-        follower = _Follower(self) if not self._serving.acquire(blocking=False) else None
-        try:
-            if group.when_all(acks, self._waking(b, follower)):
-                return
-            if follower is None:
+        own = group.watch(acks, b.wake)
+        if not own:
+            return
+        if len(self._producer) <= own and self._serving.acquire(blocking=False):
+            try:
                 self._serve_until(b, time.monotonic() + timeout)
-            else:
-                BARRIERS["followed"] += 1
+            finally:
+                self._serving.release()
+            return
+        BARRIERS["followed"] += 1
+        b.follower = _Follower(self)
+        try:
+            if not b.done.is_set():  # its last report may have come meanwhile
                 b.done.wait(timeout)
         finally:
-            if follower is None:
-                self._serving.release()
-            else:
-                follower.leave()
-
-    @staticmethod
-    def _waking(b: _Barrier, follower: _Follower | None) -> Callable[[], None]:
-        if follower is None:
-            return b.wake
-
-        def wake() -> None:
-            follower.leave()
-            b.wake()
-
-        return wake
+            b.follower.leave()
 
     def _serve_until(self, b: _Barrier, deadline: float) -> None:
         """Serve delivery reports in this thread until ``b``'s are in (holding _serving)."""

@@ -268,45 +268,52 @@ def _timed_append(run: runlog.Run, content: str) -> float:
     return time.monotonic() - started
 
 
-def test_a_self_served_barrier_ends_with_its_own_report_on_a_busy_writer(
-    test_settings: Settings,
-) -> None:
-    """A barrier serving its own delivery reports stops at its own last one, not when the
-    whole writer is idle: while another run keeps the producer's queue busy (appends
-    pipelined without end), each of this run's durable appends ends its flush from its own
-    report's callback, and both runs' logs hold every event in order."""
+def test_a_lone_run_serves_its_own_barriers(test_settings: Settings) -> None:
+    """A run whose appends are all the writer has outstanding serves its own delivery
+    reports: each durable append's flush is ended by the callback of its own report (none
+    follows the serving thread but the odd one that starts while it drains), and the log
+    holds every event in order."""
     from workers.common import services_for
 
-    with services_for(test_settings):
-        stop = threading.Event()
-        busy_sent: list[str] = []
-
-        def busy() -> None:
-            with runlog.open_run(settings=test_settings) as other:
-                busy_sent.append(other.run_id)
-                i = 0
-                while not stop.is_set():  # no barrier: every barrier meanwhile is the run's
-                    other.emit(runlog.EventType.USER_MESSAGE, content=f"b{i}")
-                    busy_sent.append(f"b{i}")
-                    i += 1
-                    time.sleep(0.0002)
-
-        t = threading.Thread(target=busy, daemon=True)
-        with runlog.open_run(settings=test_settings) as run:
-            t.start()
-            while len(busy_sent) < 50:
-                time.sleep(0.01)
-            before = dict(BARRIERS)
-            for i in range(20):
-                run.append(runlog.EventType.USER_MESSAGE, content=f"m{i}")
-            served = BARRIERS["served"] - before["served"]
-            followed = BARRIERS["followed"] - before["followed"]
-            stop.set()
-            t.join(timeout=60)
-            run_id = run.run_id
+    with services_for(test_settings), runlog.open_run(settings=test_settings) as run:
+        before = dict(BARRIERS)
+        for i in range(20):
+            run.append(runlog.EventType.USER_MESSAGE, content=f"m{i}")
+        served = BARRIERS["served"] - before["served"]
+        followed = BARRIERS["followed"] - before["followed"]
+        run_id = run.run_id
     assert served + followed == 20
     # One may follow when it starts while the serving thread drains (a few microseconds
-    # every 5 ms); without the early end none would count as served.
+    # every 5 ms); without the callback ending the flush none would count as served.
     assert served >= 15, f"only {served} of 20 barriers ended at their own report"
     assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(20)]
-    assert _user_messages(test_settings, busy_sent[0]) == busy_sent[1:]
+
+
+def test_a_barrier_follows_when_other_appends_are_outstanding(test_settings: Settings) -> None:
+    """With another run's appends outstanding, a barrier does not serve every run's reports
+    in its own thread: it follows, and the serving thread flushes everything queued. With a
+    20 s linger holding the other run's pipelined appends, the barrier still returns long
+    before the linger, and those appends were sent with it."""
+    from workers.common import services_for
+
+    s = test_settings.model_copy(
+        update={"kafka_extra": {**test_settings.kafka_extra, "linger.ms": SecretStr("20000")}}
+    )
+    with services_for(s), runlog.open_run(settings=s) as other, runlog.open_run(settings=s) as run:
+        for i in range(50):
+            other.emit(runlog.EventType.USER_MESSAGE, content=f"o{i}")
+        before = dict(BARRIERS)
+        took = _timed_append(run, "m0")
+        assert BARRIERS["followed"] - before["followed"] == 1
+        assert BARRIERS["served"] == before["served"]
+        # The other run's appends left with the flush made for the follower (not at the
+        # linger's end): their reports come within moments.
+        deadline = time.monotonic() + 10
+        while any(p.ack.outcome is None for p in other._pending):
+            assert time.monotonic() < deadline, "the other run's appends waited the linger"
+            time.sleep(0.01)
+        other.barrier()
+        other_id, run_id = other.run_id, run.run_id
+    assert took < 10, f"{took:.1f} s: the barrier waited for the 20 s linger"
+    assert _user_messages(s, run_id) == ["m0"]
+    assert _user_messages(s, other_id) == [f"o{i}" for i in range(50)]
