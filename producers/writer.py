@@ -350,9 +350,14 @@ class EventWriter:
                 try:
                     remaining = self._producer.flush(SERVE_S)
                 except _Served:
-                    continue
+                    remaining = -1
                 finally:
                     self._flusher = None
+                if remaining < 0:
+                    # Reports already in (other partitions' batches of the same moment)
+                    # are served now, not left for each of their runs to wait for.
+                    self._producer.poll(0)
+                    continue
                 if remaining == 0 and self._followers:
                     # Every report is served, yet someone follows: its appends went to a
                     # replaced producer (settled by the replacement) or it has not left yet.
