@@ -1,5 +1,5 @@
-"""Telemetry in the formats operators collect: a worker's lease and append counters served
-by prometheus_client, read back by Prometheus' own parser."""
+"""Telemetry in the formats operators collect: a worker's lease, append and barrier counters
+served by prometheus_client, read back by Prometheus' own parser."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from runlog.settings import Settings
 
 
 def test_worker_exports_lease_and_append_metrics(test_settings: Settings) -> None:
-    before = runlog.append_metrics()["acknowledged"]
+    start = runlog.append_metrics()
+    before = start["acknowledged"]
+    before_barriers = start["barriers_served"] + start["barriers_followed"]
     leases = runlog.lease_metrics().get("acquired", 0)
     with services_for(test_settings), runlog.open_run(tenant="acme", settings=test_settings) as run:
         run.append("user_message", content="hello")
@@ -22,6 +24,8 @@ def test_worker_exports_lease_and_append_metrics(test_settings: Settings) -> Non
     after = runlog.append_metrics()
     assert after["acknowledged"] >= before + 3  # started, message, finished
     assert after["ack_seconds"] > 0
+    barriers = after["barriers_served"] + after["barriers_followed"]
+    assert barriers >= before_barriers + 3  # the claim, the message, the finish
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -36,6 +40,9 @@ def test_worker_exports_lease_and_append_metrics(test_settings: Settings) -> Non
     acquired = prometheus_sample(text, "runlog_writer_lease_events_total", event="acquired")
     assert acquired is not None and acquired >= leases + 1
     assert prometheus_sample(text, "runlog_writer_append_ack_seconds_count") == acked
+    for how in ("served", "followed"):
+        exported = prometheus_sample(text, "runlog_writer_barriers_total", how=how)
+        assert exported == after[f"barriers_{how}"]
     assert prometheus_sample(text, "process_resident_memory_bytes") is not None
 
 
