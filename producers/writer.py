@@ -348,9 +348,7 @@ class EventWriter:
             while self._followers and not self._closed.is_set():
                 self._flusher = threading.get_ident()
                 try:
-                    remaining = self._producer.flush(SERVE_S)
-                except _Served:
-                    remaining = -1
+                    remaining = self._flush(self._producer, SERVE_S)
                 finally:
                     self._flusher = None
                 if remaining < 0:
@@ -364,6 +362,20 @@ class EventWriter:
                     self._wanted.wait(IDLE_S[0])
                     self._wanted.clear()
                     self._replace_if_fatal()
+
+    def _flush(self, producer: Producer, timeout: float) -> int:
+        """One ``flush`` serving reports in this thread: how many appends it left
+        outstanding, or -1 when a delivery callback ended it (``_Served``). A callback's
+        other failure is logged, not raised into whichever barrier happened to serve it."""
+        try:
+            return int(producer.flush(timeout))
+        except _Served:
+            return -1
+        except KafkaException as exc:
+            self._raised(exc)
+        except Exception:
+            log.exception("delivery callback failed")
+        return len(producer)
 
     def _raised(self, exc: KafkaException) -> None:
         # librdkafka may raise its fatal error from poll or flush rather than (or as well
@@ -396,8 +408,7 @@ class EventWriter:
             finally:
                 self._serving.release()
             return
-        BARRIERS["followed"] += 1
-        b.follower = _Follower(self)
+        b.follower = self.follow()
         try:
             if not b.done.is_set():  # its last report may have come meanwhile
                 b.done.wait(timeout)
@@ -410,18 +421,14 @@ class EventWriter:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            producer = self._producer
             b.serving = True
             try:
-                remaining = producer.flush(min(left, SERVE_S))
-            except _Served:
-                BARRIERS["served"] += 1
-                return
-            except KafkaException as exc:
-                self._raised(exc)
-                remaining = 1
+                remaining = self._flush(self._producer, min(left, SERVE_S))
             finally:
                 b.serving = False
+            if remaining < 0:
+                BARRIERS["served"] += 1
+                return
             if remaining == 0 and not b.done.is_set():
                 # Nothing left to serve, yet not woken: its appends went to a producer
                 # replaced after a fatal error, whose replacement settles them.
