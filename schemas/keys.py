@@ -8,6 +8,7 @@ whose log already holds keys of an older scheme goes on computing keys of that s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -91,12 +92,15 @@ def decode_key(raw: bytes | None) -> str:
         raise InvalidRecordKey(f"record key is not a valid run id: {exc}") from exc
 
 
+@functools.lru_cache(maxsize=1024)
 def check_tenant(tenant: str) -> str:
     """A tenant name that cannot be confused with another tenant's keys.
 
     Redis keys spell ``{tenant:run_id}`` and idempotency keys join fields with ``\x1f``:
     a ``:`` or a control character in the tenant would let tenant ``a:x`` with run ``y``
-    share the lease (and so fence) tenant ``a`` with run ``x:y``.
+    share the lease (and so fence) tenant ``a`` with run ``x:y``. Remembered: every key
+    of every step checks its tenant, and a process serves few tenants (a refused name
+    raises, so it is never remembered).
     """
     if not tenant or ":" in tenant or any(ord(c) < 32 or ord(c) == 127 for c in tenant):
         raise ValueError(f"tenant {tenant!r} must be non-empty, without ':' or control characters")

@@ -115,3 +115,25 @@ def test_threads_each_get_their_own_answers(get: ThreadGet, keys: dict[str, str]
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_packed_gets_answer_their_own_key_past_the_cache(
+    get: ThreadGet,
+    keys: dict[str, str],
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each key's packed GET is kept; a full cache is emptied, never answers for another key."""
+    monkeypatch.setattr("runlog.log.clients.PACKED_KEPT", 3)
+    odd = f"threadget:{uuid.uuid4().hex[:8]}:é {{tag}} \r\n$3"  # UTF-8, braces, RESP bytes
+    redis_client.set(odd, "odd")
+    try:
+        for _ in range(3):
+            for key, value in keys.items():
+                assert get(key) == value.encode()
+            assert get(odd) == b"odd"
+        assert len(get._packed) <= 3
+        redis_client.set(odd, "changed")  # what is kept is the question, never the answer
+        assert get(odd) == b"changed"
+    finally:
+        redis_client.delete(odd)

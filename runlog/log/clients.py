@@ -47,15 +47,23 @@ class ThreadGet:
         # collection); close() ends those of threads still alive.
         self._conns: weakref.WeakSet[redis.connection.ConnectionInterface] = weakref.WeakSet()
         self._direct = type(client) is redis.Redis
+        self._packed: dict[str, Any] = {}
+        """``GET key`` as the wire carries it, per key: a run asks for the same key at
+        every barrier, and packing it anew is a good part of redis-py's cost."""
 
     def __call__(self, key: str) -> Any:
         if not self._direct:
             return self._client.get(key)
         conn = self._conn()
+        packed = self._packed.get(key)
+        if packed is None:
+            if len(self._packed) >= PACKED_KEPT:
+                self._packed.clear()
+            packed = self._packed[key] = [b"".join(conn.pack_command("GET", key))]
         try:
-            return self._get(conn, key)
+            return self._get(conn, packed)
         except (redis.ConnectionError, redis.TimeoutError):
-            return self._get(conn, key)  # connects anew
+            return self._get(conn, packed)  # connects anew
 
     def _conn(self) -> Any:
         """This thread's connection (redis-py's connection API is untyped)."""
@@ -72,9 +80,9 @@ class ThreadGet:
         return conn
 
     @staticmethod
-    def _get(conn: Any, key: str) -> Any:
+    def _get(conn: Any, packed: Any) -> Any:
         try:
-            conn.send_command("GET", key)
+            conn.send_packed_command(packed)
             return conn.read_response()
         except BaseException:
             # Whatever stopped the exchange (a dropped connection, a timeout, ^C) may
@@ -87,6 +95,10 @@ class ThreadGet:
             conns, self._conns = list(self._conns), weakref.WeakSet()
         for conn in conns:
             conn.disconnect()  # type: ignore[no-untyped-call]
+
+
+PACKED_KEPT = 4096
+"""Keys whose packed ``GET`` a ``ThreadGet`` keeps (all are dropped when it is full)."""
 
 
 def async_redis_client(settings: Settings, **kw: Any) -> aioredis.Redis:
