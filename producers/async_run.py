@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
+from runlog.log.clients import loop_get
 from runlog.producers import approvals, calls
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
@@ -101,7 +102,7 @@ class AsyncRun(Owned):
     def __init__(self, run: Run, aredis: aioredis.Redis) -> None:
         self.lease = run.lease
         self._run = run
-        self._redis = aredis
+        self._get = loop_get(aredis)
         self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
 
     @property
@@ -175,7 +176,7 @@ class AsyncRun(Owned):
                 ok = False
             else:
                 try:
-                    raw = await self._redis.get(self._lease_key)
+                    raw = await self._get(self._lease_key)
                 except redis.RedisError as exc:
                     raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
@@ -261,8 +262,9 @@ async def _acknowledged(
 
     An event loop cannot serve delivery reports itself (a ``flush`` blocks): the barrier
     follows, and the writer's serving thread flushes (sending what is queued at once) and
-    wakes it from the thread that serves its last report. Shielded: cancelling the waiting
-    task leaves the appends to the next barrier, which waits for them anew.
+    wakes it from the thread that serves its last report. Cancelling the waiting task
+    cancels only ``done`` (this wait's own): the appends are left to the next barrier,
+    which waits for them anew.
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
@@ -281,6 +283,7 @@ async def _acknowledged(
         if not group.watch(acks, wake):
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(done), timeout)
+            async with asyncio.timeout(timeout):
+                await done
     finally:
         follower.leave()

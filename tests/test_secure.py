@@ -17,6 +17,7 @@ are created by the admin with ``ensure_topics(..., acls=True)``, exactly what
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.store import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
-from runlog.log.clients import redis_client
+from runlog.log.clients import async_redis_client, loop_get, redis_client
 from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.opening import open_run_with, submit_decision
 from runlog.producers.writer import DeliveryFailed, EventWriter
@@ -412,6 +413,36 @@ def test_projection_service_cannot_touch_a_lease(
         with pytest.raises(redis.exceptions.NoPermissionError, match="flushall"):
             client.flushall()
         leases.close()
+
+
+def test_the_asyncio_ownership_check_asks_over_tls_as_its_role(
+    secure_stack: stack.StackConfig, prefix: str
+) -> None:
+    """The asyncio barrier's GET (``LoopGet``) opens its connection as the client does:
+    TLS to the CA, AUTH as the role's user, so the role's key permissions hold for it too."""
+    worker = _settings(secure_stack, "worker", prefix)
+    projections = _settings(secure_stack, "projections", prefix)
+
+    async def ask(settings: Settings, key: str) -> Any:
+        client = async_redis_client(settings)
+        try:
+            return await loop_get(client)(key)
+        finally:
+            await client.aclose()
+
+    with redis_client(worker) as client:
+        leases = LeaseManager(client, key_prefix=worker.redis_key_prefix)
+        run_id = new_run_id()
+        lease = leases.try_acquire("default", run_id, "owner-tls", 5000)
+        assert isinstance(lease, Lease)
+        key = leases.lease_key("default", run_id)
+        try:
+            assert asyncio.run(ask(worker, key)) == lease.token.encode()
+            with pytest.raises(redis.exceptions.NoPermissionError, match="keys"):
+                asyncio.run(ask(projections, key))
+        finally:
+            lease.release()
+            leases.close()
 
 
 def test_worker_cannot_write_projections_or_create_topics(

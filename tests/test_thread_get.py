@@ -1,4 +1,5 @@
-"""The lease check's GET over a connection of the calling thread's own (``ThreadGet``).
+"""The lease check's GET over a connection of the calling thread's own (``ThreadGet``), and
+its asyncio form, pipelined over one connection per client (``LoopGet``).
 
 It answers the one question fencing rests on ("is this still my lease?"), so each way a
 private connection can go wrong is tried against the real Redis: a reply left unread by an
@@ -8,14 +9,17 @@ threads sharing one ``ThreadGet``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import redis
 
-from runlog.log.clients import ThreadGet, redis_client
+from runlog.log.clients import LoopGet, ThreadGet, async_redis_client, loop_get, redis_client
 from runlog.settings import Settings
 
 
@@ -137,3 +141,110 @@ def test_packed_gets_answer_their_own_key_past_the_cache(
         assert get(odd) == b"changed"
     finally:
         redis_client.delete(odd)
+
+
+# LoopGet: the asyncio barrier's GET ------------------------------------------------------
+
+
+def _in_loop(settings: Settings, body: Callable[[LoopGet], Awaitable[Any]], **kw: Any) -> Any:
+    async def main() -> Any:
+        client = async_redis_client(settings, **kw)
+        got = loop_get(client)
+        assert isinstance(got, LoopGet)
+        try:
+            return await body(got)
+        finally:
+            got.close()
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def test_concurrent_loop_gets_each_get_their_own_reply(
+    settings: Settings, keys: dict[str, str]
+) -> None:
+    """Hundreds of GETs in flight at once on one connection: each gets its own key's reply."""
+    missing = f"threadget:{uuid.uuid4().hex}:absent"
+    asked = [*keys, missing] * 60
+
+    async def body(get: LoopGet) -> None:
+        answers = await asyncio.gather(*(get(k) for k in asked))
+        expected = [keys[k].encode() if k in keys else None for k in asked]
+        assert answers == expected
+        assert get._replies is not None and get._replies.lost is None  # one connection
+
+    _in_loop(settings, body)
+
+
+def test_a_cancelled_loop_get_leaves_no_reply_for_the_next(
+    settings: Settings, keys: dict[str, str]
+) -> None:
+    first, second = list(keys)[:2]
+
+    async def body(get: LoopGet) -> None:
+        assert await get(first) == b"value-0"
+        connection = get._replies
+        asked = asyncio.ensure_future(get(first))
+        await asyncio.sleep(0)  # sent, its reply not read yet
+        asked.cancel()
+        # The reply to the cancelled GET of `first` must not answer this one.
+        assert await get(second) == b"value-1"
+        assert await get(first) == b"value-0"
+        assert asked.cancelled()
+        assert get._replies is connection and connection.lost is None  # skipped, not failed
+
+    _in_loop(settings, body)
+
+
+def test_a_loop_get_connection_the_server_dropped_is_replaced(
+    settings: Settings, keys: dict[str, str], redis_client: redis.Redis
+) -> None:
+    key = next(iter(keys))
+
+    async def body(get: LoopGet) -> None:
+        assert await get(key) == b"value-0"
+        dropped = get._replies
+        assert dropped is not None
+        host, port = dropped._transport.get_extra_info("sockname")[:2]
+        assert redis_client.client_kill_filter(addr=f"{host}:{port}") == 1
+        assert await get(key) == b"value-0"  # the GET is sent again on a fresh connection
+        assert get._replies is not dropped and dropped.lost is not None
+
+    _in_loop(settings, body)
+
+
+def test_a_loop_get_without_a_reply_in_time_times_out_and_reconnects(
+    settings: Settings, keys: dict[str, str], redis_client: redis.Redis
+) -> None:
+    key = next(iter(keys))
+
+    async def body(get: LoopGet) -> None:
+        assert await get(key) == b"value-0"
+        stalled = get._replies
+        redis_client.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+        with pytest.raises(redis.TimeoutError, match="no reply to GET"):
+            await get(key)
+        assert stalled is not None and stalled.lost is not None  # a late reply is not kept
+        await asyncio.sleep(1.6)
+        assert await get(key) == b"value-0"
+        assert get._replies is not stalled
+
+    _in_loop(settings, body, socket_timeout=0.5)
+
+
+def test_a_loop_get_error_reply_is_redis_pys_error_and_the_connection_goes_on(
+    settings: Settings, keys: dict[str, str], redis_client: redis.Redis
+) -> None:
+    key = next(iter(keys))
+    hashed = f"threadget:{uuid.uuid4().hex[:8]}:hash"
+    redis_client.hset(hashed, "a", "1")
+
+    async def body(get: LoopGet) -> None:
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            await get(hashed)
+        assert await get(key) == b"value-0"
+
+    try:
+        _in_loop(settings, body)
+    finally:
+        redis_client.delete(hashed)
