@@ -20,7 +20,10 @@ import pytest
 from workers.common import Ledger, assert_log_sound, payloads, read_log
 
 import runlog
+from runlog.bootstrap import Services
+from runlog.log.clients import async_redis_client
 from runlog.log.reader import LogReader
+from runlog.producers.async_run import open_async
 from runlog.producers.lease import LeaseManager
 from runlog.producers.run import Run
 from runlog.schemas.vocabulary import EventType
@@ -250,3 +253,35 @@ def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(fast: Settings)
     events = [rec.event for rec in read_log(fast, run_id)]
     assert_log_sound(events)
     assert [e.seq for e in events if e.type is EventType.USER_MESSAGE] == [seq]
+
+
+def test_an_async_barrier_that_cannot_ask_redis_fences_before_the_effect(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """The asyncio ownership check (its own pipelined connection) cannot reach Redis: the
+    irreversible call's STARTED is acknowledged, but the tool never runs and the run is
+    fenced; a later owner finds the call open and settles it by its reconciler."""
+    unreachable = fast.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"})
+
+    async def main() -> str:
+        dead = async_redis_client(unreachable)
+        run = await open_async(
+            Services.shared(fast).run_deps(), dead, None, tools=_tools(ledger), recover=False
+        )
+        with pytest.raises(runlog.Fenced, match="ownership unconfirmed after append"):
+            await run.call_tool("pay", {"i": 1})
+        await run.close()
+        await dead.aclose()
+        return run.run_id
+
+    run_id = asyncio.run(main())
+    assert ledger.per_key() == {}, "the effect ran though ownership was never confirmed"
+    started = [e for e in (r.event for r in read_log(fast, run_id))]
+    assert [e.type for e in started].count(EventType.TOOL_CALL_STARTED) == 1
+
+    async def resume() -> str:
+        async with runlog.aio.open_run(run_id, tools=_tools(ledger), settings=fast) as run:
+            return await run.call_tool("pay", {"i": 1})
+
+    assert asyncio.run(resume()) == "paid 1"  # recovered: absent, so run once, now owned
+    assert sorted(ledger.per_key().values()) == [1]
