@@ -216,8 +216,8 @@ class _Replies(asyncio.Protocol):
             self._transport.abort()
         while self._waiting:
             waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_exception(error)
+            if not waiter.done():  # each its own instance: a raise writes its traceback
+                waiter.set_exception(type(error)(*error.args))
 
 
 _loop_gets: weakref.WeakKeyDictionary[aioredis.Redis, LoopGet] = weakref.WeakKeyDictionary()
