@@ -255,6 +255,10 @@ class AsyncRun(Owned):
             await in_thread(run.close)
 
 
+INLINE_S = 0.003
+"""The longest a lone asyncio barrier holds its loop serving its own delivery report."""
+
+
 async def _acknowledged(
     writer: EventWriter, group: AckGroup, acks: list[Ack], timeout: float
 ) -> None:
@@ -266,6 +270,8 @@ async def _acknowledged(
     cancels only ``done`` (this wait's own): the appends are left to the next barrier,
     which waits for them anew.
     """
+    if writer.serve_briefly(group, acks, INLINE_S):
+        return
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     follower = writer.follow()

@@ -431,6 +431,24 @@ class EventWriter:
         finally:
             b.follower.leave()
 
+    def serve_briefly(self, group: AckGroup, acks: list[Ack], budget: float) -> bool:
+        """``wait`` for a barrier that may block only briefly (an event loop's): when it is
+        a lone barrier, serve its reports in this thread as ``wait`` does, for at most
+        ``budget`` seconds. True when every ack has its outcome; False when it is not lone
+        or its reports did not come in time (the caller then follows, and its ``watch``
+        replaces this one's waiter)."""
+        b = _Barrier()
+        own = group.watch(acks, b.wake)
+        if not own:
+            return True
+        if len(self._producer) > own or not self._serving.acquire(blocking=False):
+            return False
+        try:
+            self._serve_until(b, time.monotonic() + budget)
+        finally:
+            self._serving.release()
+        return b.done
+
     def _serve_until(self, b: _Barrier, deadline: float) -> None:
         """Serve delivery reports in this thread until ``b``'s are in (holding _serving)."""
         while not b.done:

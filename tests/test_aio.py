@@ -233,7 +233,13 @@ def test_an_async_owner_taken_over_is_fenced(fast: Settings, ledger: Ledger) -> 
     assert sorted(ledger.per_key().values()) == [1, 1]
 
 
-def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(fast: Settings) -> None:
+def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(
+    fast: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No inline budget: a lone barrier would serve its report before the task could be
+    # cancelled; this one must be awaiting it.
+    monkeypatch.setattr("runlog.producers.async_run.INLINE_S", 0.0)
+
     async def main() -> tuple[str, int]:
         async with runlog.aio.open_run(settings=fast) as run:
             ev = run.emit(EventType.USER_MESSAGE, content="hello")

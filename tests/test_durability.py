@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -214,9 +216,9 @@ def _user_messages(s: Settings, run_id: str) -> list[str]:
 
 def test_a_barrier_that_follows_does_not_wait_out_the_linger(test_settings: Settings) -> None:
     """A barrier that finds another thread serving delivery reports follows it, and the
-    serving thread flushes for it: with a 20 s linger, a sync barrier that had to follow
-    (the serving role held elsewhere while it started) and an event loop's barriers (which
-    always follow) return long before the linger would have sent their appends."""
+    serving thread flushes for it: with a 20 s linger, a sync barrier and an event loop's
+    barrier that had to follow (the serving role held elsewhere while they started) return
+    long before the linger would have sent their appends."""
     from workers.common import services_for
 
     s = test_settings.model_copy(
@@ -226,40 +228,48 @@ def test_a_barrier_that_follows_does_not_wait_out_the_linger(test_settings: Sett
         writer = svc.writer
         before = dict(BARRIERS)
         with runlog.open_run(settings=s) as run:
-            # Hold the serving role while the barrier starts: it cannot serve itself.
-            assert writer._serving.acquire(timeout=10)
-            holding = True
-            try:
-                result: list[float] = []
-                appender = threading.Thread(
-                    target=lambda: result.append(_timed_append(run, "m0")), daemon=True
-                )
-                appender.start()
-                deadline = time.monotonic() + 10
-                while BARRIERS["followed"] == before["followed"]:
-                    assert time.monotonic() < deadline, "the barrier never started to follow"
-                    time.sleep(0.01)
-                writer._serving.release()
-                holding = False
-                appender.join(timeout=30)
-            finally:
-                if holding:
-                    writer._serving.release()
-            assert result and result[0] < 10, f"{result}: a following barrier waited the linger"
+            with _role_held_until_a_barrier_follows(writer):
+                took = _timed_append(run, "m0")
+            assert took < 10, f"{took:.1f} s: a following barrier waited for the linger"
             sync_run_id = run.run_id
 
         async def an_async_run() -> tuple[float, str]:
-            started = time.monotonic()
             async with runlog.aio.open_run(settings=s) as arun:
-                for i in range(3):
-                    await arun.append(runlog.EventType.USER_MESSAGE, content=f"a{i}")
+                started = time.monotonic()
+                with _role_held_until_a_barrier_follows(writer):
+                    for i in range(3):
+                        await arun.append(runlog.EventType.USER_MESSAGE, content=f"a{i}")
                 return time.monotonic() - started, arun.run_id
 
         async_took, async_run_id = asyncio.run(an_async_run())
     assert async_took < 10, f"{async_took:.1f} s: an async barrier waited for the 20 s linger"
-    assert BARRIERS["followed"] - before["followed"] >= 4  # the sync one, the 3 async ones
+    assert BARRIERS["followed"] - before["followed"] >= 2  # the sync one, the first async one
     assert _user_messages(s, sync_run_id) == ["m0"]
     assert _user_messages(s, async_run_id) == ["a0", "a1", "a2"]
+
+
+@contextlib.contextmanager
+def _role_held_until_a_barrier_follows(writer: EventWriter) -> Iterator[None]:
+    """Hold the serving role (so no barrier can serve itself) until a barrier starts to
+    follow, then hand it back from another thread: the serving thread flushes for it."""
+    assert writer._serving.acquire(timeout=10)
+    followed = BARRIERS["followed"]
+
+    def release() -> None:
+        deadline = time.monotonic() + 10
+        try:
+            while BARRIERS["followed"] == followed and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            writer._serving.release()
+
+    releaser = threading.Thread(target=release, daemon=True)
+    releaser.start()
+    try:
+        yield
+    finally:
+        releaser.join(timeout=30)
+    assert BARRIERS["followed"] > followed, "no barrier followed while the role was held"
 
 
 def _timed_append(run: runlog.Run, content: str) -> float:
@@ -287,6 +297,54 @@ def test_a_lone_run_serves_its_own_barriers(test_settings: Settings) -> None:
     # every 5 ms); without the callback ending the flush none would count as served.
     assert served >= 15, f"only {served} of 20 barriers ended at their own report"
     assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(20)]
+
+
+def test_a_lone_async_run_serves_its_own_barriers(test_settings: Settings) -> None:
+    """An event loop's barrier that is alone (its appends are all that is outstanding)
+    serves its own report in the loop's thread, as a sync one does, instead of crossing
+    two threads (the serving thread's flush, then the loop's wake-up)."""
+    from workers.common import services_for
+
+    async def appends() -> tuple[int, int, str]:
+        async with runlog.aio.open_run(settings=test_settings) as run:
+            before = dict(BARRIERS)
+            for i in range(20):
+                await run.append(runlog.EventType.USER_MESSAGE, content=f"m{i}")
+            served = BARRIERS["served"] - before["served"]
+            return served, BARRIERS["followed"] - before["followed"], run.run_id
+
+    with services_for(test_settings):
+        served, followed, run_id = asyncio.run(appends())
+    assert served + followed == 20
+    assert served >= 15, f"only {served} of 20 asyncio barriers served their own report"
+    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(20)]
+
+
+def test_an_async_barrier_not_served_within_its_budget_follows(
+    test_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone asyncio barrier serves its report in the loop's thread for at most
+    ``INLINE_S`` (each flush slice is bounded by what is left of it); when its report is
+    not in by then it follows the serving thread like any other. With no budget at all,
+    every barrier takes that path, and every append still completes, in order."""
+    from workers.common import services_for
+
+    from runlog.producers import async_run
+
+    monkeypatch.setattr(async_run, "INLINE_S", 0.0)
+
+    async def appends() -> tuple[int, int, str]:
+        async with runlog.aio.open_run(settings=test_settings) as run:
+            before = dict(BARRIERS)
+            for i in range(5):
+                await run.append(runlog.EventType.USER_MESSAGE, content=f"m{i}")
+            served = BARRIERS["served"] - before["served"]
+            return served, BARRIERS["followed"] - before["followed"], run.run_id
+
+    with services_for(test_settings):
+        served, followed, run_id = asyncio.run(appends())
+    assert (served, followed) == (0, 5)
+    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(5)]
 
 
 def test_a_barrier_follows_when_other_appends_are_outstanding(test_settings: Settings) -> None:
