@@ -90,6 +90,9 @@ SERVE_S = 0.1
 """The longest single ``flush`` a serving thread makes before it looks again (under
 confluent-kafka's 200 ms chunking, so a callback's exception ends it at once)."""
 
+INLINE_SKIPS = 128
+"""The most brief serves skipped after some ran out of their budget (``serve_briefly``)."""
+
 IDLE_S = (0.005, 0.05)
 """How often the serving thread drains delivery reports when no one waits: while appends
 are outstanding, and when none are."""
@@ -302,6 +305,10 @@ class EventWriter:
         """Set when a barrier starts following (or the writer closes)."""
         self._flusher: int | None = None
         """The serving thread's id while it flushes for followers."""
+        self._inline_skips = 0
+        """Brief serves (``serve_briefly``) still to skip after one ran out of budget."""
+        self._inline_misses = 0
+        """Brief serves in a row that ran out of budget."""
         self._server = threading.Thread(target=self._serve_loop, name="runlog-writer", daemon=True)
         self._server.start()
 
@@ -436,17 +443,31 @@ class EventWriter:
         a lone barrier, serve its reports in this thread as ``wait`` does, for at most
         ``budget`` seconds. True when every ack has its outcome; False when it is not lone
         or its reports did not come in time (the caller then follows, and its ``watch``
-        replaces this one's waiter)."""
+        replaces this one's waiter).
+
+        A broker farther away than the budget would make every such barrier hold its loop
+        for the whole budget in vain: after a serve that ran out of it, the next 2, 4, 8...
+        (at most ``INLINE_SKIPS``) follow at once, doubling with each miss in a row; one
+        served in time starts over (a slow acknowledgement now and then costs a few).
+        """
         b = _Barrier()
         own = group.watch(acks, b.wake)
         if not own:
             return True
+        if self._inline_skips > 0:
+            self._inline_skips -= 1
+            return False
         if len(self._producer) > own or not self._serving.acquire(blocking=False):
             return False
         try:
             self._serve_until(b, time.monotonic() + budget)
         finally:
             self._serving.release()
+        if b.done:
+            self._inline_misses = 0
+        else:
+            self._inline_misses += 1
+            self._inline_skips = min(INLINE_SKIPS, 2**self._inline_misses)
         return b.done
 
     def _serve_until(self, b: _Barrier, deadline: float) -> None:

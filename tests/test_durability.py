@@ -325,26 +325,39 @@ def test_an_async_barrier_not_served_within_its_budget_follows(
 ) -> None:
     """A lone asyncio barrier serves its report in the loop's thread for at most
     ``INLINE_S`` (each flush slice is bounded by what is left of it); when its report is
-    not in by then it follows the serving thread like any other. With no budget at all,
-    every barrier takes that path, and every append still completes, in order."""
+    not in by then it follows the serving thread like any other, and the next 2 (then 4,
+    8... after misses in a row) follow at once: a broker farther away than the budget must
+    not cost every barrier the budget in vain. Every append completes, in order."""
     from workers.common import services_for
 
     from runlog.producers import async_run
 
-    monkeypatch.setattr(async_run, "INLINE_S", 0.0)
+    async def appends(run: runlog.aio.AsyncRun, names: list[str]) -> tuple[int, int]:
+        before = dict(BARRIERS)
+        for name in names:
+            await run.append(runlog.EventType.USER_MESSAGE, content=name)
+        return BARRIERS["served"] - before["served"], BARRIERS["followed"] - before["followed"]
 
-    async def appends() -> tuple[int, int, str]:
+    async def scenario(writer: EventWriter) -> str:
         async with runlog.aio.open_run(settings=test_settings) as run:
-            before = dict(BARRIERS)
-            for i in range(5):
-                await run.append(runlog.EventType.USER_MESSAGE, content=f"m{i}")
-            served = BARRIERS["served"] - before["served"]
-            return served, BARRIERS["followed"] - before["followed"], run.run_id
+            budget = async_run.INLINE_S
+            monkeypatch.setattr(async_run, "INLINE_S", 0.0)  # no report comes in no time
+            assert await appends(run, ["m0"]) == (0, 1)
+            assert writer._inline_skips == 2
+            monkeypatch.setattr(async_run, "INLINE_S", budget)
+            assert await appends(run, ["m1", "m2"]) == (0, 2)  # skipped: they follow
+            monkeypatch.setattr(async_run, "INLINE_S", 0.0)
+            assert await appends(run, ["m3"]) == (0, 1)  # tried again: a second miss
+            assert writer._inline_skips == 4
+            monkeypatch.setattr(async_run, "INLINE_S", budget)
+            assert await appends(run, ["m4", "m5", "m6", "m7"]) == (0, 4)
+            served, _ = await appends(run, [f"m{i}" for i in range(8, 14)])
+            assert served >= 3, f"{served} of 6 served once the skips ran out"
+            return run.run_id
 
-    with services_for(test_settings):
-        served, followed, run_id = asyncio.run(appends())
-    assert (served, followed) == (0, 5)
-    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(5)]
+    with services_for(test_settings) as svc:
+        run_id = asyncio.run(scenario(svc.writer))
+    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(14)]
 
 
 def test_a_barrier_follows_when_other_appends_are_outstanding(test_settings: Settings) -> None:
