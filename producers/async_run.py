@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -72,6 +73,7 @@ async def open_async(
             await arun.poll_decisions()
             await arun.recover()
         except BaseException:
+            arun._leave_loop()
             await in_thread(run.lease.release)
             raise
     return arun
@@ -104,6 +106,8 @@ class AsyncRun(Owned):
         self._run = run
         self._get = loop_get(aredis)
         self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
+        self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        _OPEN_RUNS[self._loop] = _OPEN_RUNS.get(self._loop, 0) + 1
 
     @property
     def state(self) -> RunState:
@@ -164,7 +168,11 @@ class AsyncRun(Owned):
         if pending:
             try:
                 await _acknowledged(
-                    run.deps.writer, run._acks, [p.ack for p in pending], run.delivery_wait_s
+                    run.deps.writer,
+                    run._acks,
+                    [p.ack for p in pending],
+                    run.delivery_wait_s,
+                    inline=self._loop is not None and _OPEN_RUNS.get(self._loop) == 1,
                 )
             except BaseException:
                 run._interrupted(pending)
@@ -243,6 +251,7 @@ class AsyncRun(Owned):
                         return ev
             return await self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
         finally:
+            self._leave_loop()
             await in_thread(run.lease.release)
 
     async def close(self) -> None:
@@ -252,7 +261,18 @@ class AsyncRun(Owned):
             if run._pending and run._poisoned is None:
                 await self.barrier()
         finally:
+            self._leave_loop()
             await in_thread(run.close)
+
+    def _leave_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None and _OPEN_RUNS.get(loop):
+            _OPEN_RUNS[loop] -= 1
+
+
+_OPEN_RUNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+"""Open ``AsyncRun``s per event loop: a barrier serves its report in the loop's thread
+only when its run is the loop's one (with others, the loop has their work to do meanwhile)."""
 
 
 INLINE_S = 0.003
@@ -260,7 +280,7 @@ INLINE_S = 0.003
 
 
 async def _acknowledged(
-    writer: EventWriter, group: AckGroup, acks: list[Ack], timeout: float
+    writer: EventWriter, group: AckGroup, acks: list[Ack], timeout: float, *, inline: bool
 ) -> None:
     """Await every ack's outcome (or ``timeout``: those left without one are unknown).
 
@@ -270,7 +290,7 @@ async def _acknowledged(
     cancels only ``done`` (this wait's own): the appends are left to the next barrier,
     which waits for them anew.
     """
-    if writer.serve_briefly(group, acks, INLINE_S):
+    if inline and writer.serve_briefly(group, acks, INLINE_S):
         return
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()

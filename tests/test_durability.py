@@ -316,8 +316,38 @@ def test_a_lone_async_run_serves_its_own_barriers(test_settings: Settings) -> No
     with services_for(test_settings):
         served, followed, run_id = asyncio.run(appends())
     assert served + followed == 20
-    assert served >= 15, f"only {served} of 20 asyncio barriers served their own report"
+    # A few may follow: one that starts while the serving thread drains, and those after a
+    # report slower than the inline budget (a loaded machine); without the path, none serve.
+    assert served >= 10, f"only {served} of 20 asyncio barriers served their own report"
     assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(20)]
+
+
+def test_an_async_barrier_serves_inline_only_for_its_loops_one_run(
+    test_settings: Settings,
+) -> None:
+    """With other runs open in the same loop, a barrier never holds the loop to serve its
+    own report (the loop has their work to do meanwhile): it follows, even when its
+    appends are all that is outstanding. Once it is the loop's one run, it serves inline."""
+    from workers.common import services_for
+
+    async def appends(run: runlog.aio.AsyncRun, names: list[str]) -> tuple[int, int]:
+        before = dict(BARRIERS)
+        for name in names:
+            await run.append(runlog.EventType.USER_MESSAGE, content=name)
+        return BARRIERS["served"] - before["served"], BARRIERS["followed"] - before["followed"]
+
+    async def scenario() -> str:
+        async with runlog.aio.open_run(settings=test_settings) as run:
+            other = await runlog.aio.open_run(settings=test_settings)
+            assert await appends(run, [f"m{i}" for i in range(5)]) == (0, 5)
+            await other.close()
+            served, _ = await appends(run, [f"m{i}" for i in range(5, 10)])
+            assert served >= 3, f"{served} of 5 served once the run was the loop's one"
+            return run.run_id
+
+    with services_for(test_settings):
+        run_id = asyncio.run(scenario())
+    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(10)]
 
 
 def test_an_async_barrier_not_served_within_its_budget_follows(
