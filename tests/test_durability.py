@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -368,26 +369,42 @@ def test_an_async_barrier_not_served_within_its_budget_follows(
             await run.append(runlog.EventType.USER_MESSAGE, content=name)
         return BARRIERS["served"] - before["served"], BARRIERS["followed"] - before["followed"]
 
+    names = (f"m{i}" for i in itertools.count())
+    sent: list[str] = []
+
+    async def miss(run: runlog.aio.AsyncRun, writer: EventWriter) -> None:
+        """Appends with no budget until one barrier tries to serve inline and misses (a
+        barrier may find the serving thread draining, and follow without trying)."""
+        monkeypatch.setattr(async_run, "INLINE_S", 0.0)
+        misses = writer._inline_misses
+        for _ in range(50):
+            sent.append(next(names))
+            assert await appends(run, sent[-1:]) == (0, 1)
+            if writer._inline_misses > misses:
+                break
+        assert writer._inline_misses == misses + 1, "no barrier tried to serve inline"
+        monkeypatch.setattr(async_run, "INLINE_S", budget)
+
+    budget = async_run.INLINE_S
+
     async def scenario(writer: EventWriter) -> str:
         async with runlog.aio.open_run(settings=test_settings) as run:
-            budget = async_run.INLINE_S
-            monkeypatch.setattr(async_run, "INLINE_S", 0.0)  # no report comes in no time
-            assert await appends(run, ["m0"]) == (0, 1)
+            await miss(run, writer)
             assert writer._inline_skips == 2
-            monkeypatch.setattr(async_run, "INLINE_S", budget)
-            assert await appends(run, ["m1", "m2"]) == (0, 2)  # skipped: they follow
-            monkeypatch.setattr(async_run, "INLINE_S", 0.0)
-            assert await appends(run, ["m3"]) == (0, 1)  # tried again: a second miss
+            sent.extend([next(names), next(names)])
+            assert await appends(run, sent[-2:]) == (0, 2)  # skipped: they follow
+            await miss(run, writer)  # tried again: a second miss in a row
             assert writer._inline_skips == 4
-            monkeypatch.setattr(async_run, "INLINE_S", budget)
-            assert await appends(run, ["m4", "m5", "m6", "m7"]) == (0, 4)
-            served, _ = await appends(run, [f"m{i}" for i in range(8, 14)])
+            sent.extend(next(names) for _ in range(4))
+            assert await appends(run, sent[-4:]) == (0, 4)
+            sent.extend(next(names) for _ in range(6))
+            served, _ = await appends(run, sent[-6:])
             assert served >= 3, f"{served} of 6 served once the skips ran out"
             return run.run_id
 
     with services_for(test_settings) as svc:
         run_id = asyncio.run(scenario(svc.writer))
-    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(14)]
+    assert _user_messages(test_settings, run_id) == sent
 
 
 def test_a_barrier_follows_when_other_appends_are_outstanding(test_settings: Settings) -> None:
