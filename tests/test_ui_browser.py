@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,10 +87,20 @@ def _login(web: Any, base: str, token: str) -> None:
 
 
 def _text(web: Any, css: str) -> str:
+    """The first match's text, or "". The page refreshes itself: an element found just
+    before a reload is gone when its text is read, so it is found again in the new page."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = web.find_elements(By.CSS_SELECTOR, css)
-    return str(found[0].text) if found else ""
+    for _ in range(50):
+        found = web.find_elements(By.CSS_SELECTOR, css)
+        if not found:
+            return ""
+        try:
+            return str(found[0].text)
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError(f"{css} went stale 50 times in a row")
 
 
 def test_browser_approves_a_waiting_worker_that_then_finishes(
