@@ -284,9 +284,11 @@ async def _acknowledged(
 ) -> None:
     """Await every ack's outcome (or ``timeout``: those left without one are unknown).
 
-    An event loop cannot serve delivery reports itself (a ``flush`` blocks): the barrier
-    follows, and the writer's serving thread flushes (sending what is queued at once) and
-    wakes it from the thread that serves its last report. Cancelling the waiting task
+    With ``inline`` (its run is the loop's one) a lone barrier first serves its reports in
+    the loop's thread for at most ``INLINE_S`` (``EventWriter.serve_briefly``). Otherwise,
+    or when they are not in by then, the barrier follows: the writer's serving thread
+    flushes (sending what is queued at once) and wakes it from the thread that serves its
+    last report, through ``call_soon_threadsafe``. Cancelling the waiting task
     cancels only ``done`` (this wait's own): the appends are left to the next barrier,
     which waits for them anew.
     """

@@ -424,13 +424,7 @@ class EventWriter:
         """
         b = _Barrier()
         own = group.watch(acks, b.wake)
-        if not own:
-            return
-        if len(self._producer) <= own and self._serving.acquire(blocking=False):
-            try:
-                self._serve_until(b, time.monotonic() + timeout)
-            finally:
-                self._serving.release()
+        if not own or self._serve_if_lone(b, own, timeout):
             return
         b.follower = self.follow()
         try:
@@ -457,18 +451,26 @@ class EventWriter:
         if self._inline_skips > 0:
             self._inline_skips -= 1
             return False
-        if len(self._producer) > own or not self._serving.acquire(blocking=False):
+        if not self._serve_if_lone(b, own, budget):
             return False
-        try:
-            self._serve_until(b, time.monotonic() + budget)
-        finally:
-            self._serving.release()
         if b.done:
             self._inline_misses = 0
         else:
             self._inline_misses += 1
             self._inline_skips = min(INLINE_SKIPS, 2**self._inline_misses)
         return b.done
+
+    def _serve_if_lone(self, b: _Barrier, own: int, within: float) -> bool:
+        """Serve ``b``'s reports in this thread for at most ``within`` seconds when its
+        ``own`` appends are all the producer has outstanding and no one else serves; False
+        when it is not lone (it must follow)."""
+        if len(self._producer) > own or not self._serving.acquire(blocking=False):
+            return False
+        try:
+            self._serve_until(b, time.monotonic() + within)
+        finally:
+            self._serving.release()
+        return True
 
     def _serve_until(self, b: _Barrier, deadline: float) -> None:
         """Serve delivery reports in this thread until ``b``'s are in (holding _serving)."""

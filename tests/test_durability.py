@@ -342,13 +342,15 @@ def test_an_async_barrier_serves_inline_only_for_its_loops_one_run(
             other = await runlog.aio.open_run(settings=test_settings)
             assert await appends(run, [f"m{i}" for i in range(5)]) == (0, 5)
             await other.close()
-            served, _ = await appends(run, [f"m{i}" for i in range(5, 10)])
-            assert served >= 3, f"{served} of 5 served once the run was the loop's one"
+            # A few may still follow (the other run's close still in flight, a report
+            # slower than the budget and the skips after it); with two runs open, none serve.
+            served, _ = await appends(run, [f"m{i}" for i in range(5, 15)])
+            assert served >= 3, f"{served} of 10 served once the run was the loop's one"
             return run.run_id
 
     with services_for(test_settings):
         run_id = asyncio.run(scenario())
-    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(10)]
+    assert _user_messages(test_settings, run_id) == [f"m{i}" for i in range(15)]
 
 
 def test_an_async_barrier_not_served_within_its_budget_follows(
@@ -397,9 +399,15 @@ def test_an_async_barrier_not_served_within_its_budget_follows(
             assert writer._inline_skips == 4
             sent.extend(next(names) for _ in range(4))
             assert await appends(run, sent[-4:]) == (0, 4)
-            sent.extend(next(names) for _ in range(6))
-            served, _ = await appends(run, sent[-6:])
-            assert served >= 3, f"{served} of 6 served once the skips ran out"
+            # The skips ran out: it tries again. A real miss now (a report slower than
+            # 3 ms on a loaded machine) means 8 more skips, so allow for a few.
+            for _ in range(40):
+                sent.append(next(names))
+                if await appends(run, sent[-1:]) == (1, 0):
+                    break
+            else:
+                raise AssertionError("no barrier served inline once the skips ran out")
+            assert writer._inline_misses == 0  # served in time: the count starts over
             return run.run_id
 
     with services_for(test_settings) as svc:
