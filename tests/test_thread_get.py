@@ -240,7 +240,7 @@ def test_a_loop_get_error_reply_is_redis_pys_error_and_the_connection_goes_on(
     redis_client.hset(hashed, "a", "1")
 
     async def body(get: LoopGet) -> None:
-        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        with pytest.raises(redis.ResponseError):  # the error reply, whatever its words
             await get(hashed)
         assert await get(key) == b"value-0"
 
