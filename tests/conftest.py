@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -44,6 +45,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stack: exercises the embedded stack itself")
     if not config.pluginmanager.hasplugin("timeout"):
         raise pytest.UsageError("pytest-timeout is required: pip install -e '.[dev]'")
+    # A session stopped by SIGTERM or SIGHUP (a CI runner's cancel, a closed terminal) ends
+    # as one interrupted by ^C does: pytest then runs the session's finalizers, which stop
+    # what the session started (the secure stack, the schema registry, Redis Cluster).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _interrupt)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,6 +9,8 @@ every runlog reader accepts both encodings, upcasting old versions either way.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,12 +44,21 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="session")
-def registry_url(settings: Settings) -> str:
-    """The stack's schema registry, started (and fetched, once) if it is not running."""
+def registry_url(settings: Settings) -> Iterator[str]:
+    """The stack's schema registry, started (and fetched, once) if it is not running, and
+    stopped at the end of the session if it started it. Never advertised: the user's own
+    `runlog stack env` prints what it printed before the tests."""
+    cfg = stack.StackConfig.from_env()
+    started = stack_registry.url_if_running(cfg) is None
     try:
-        return stack_registry.up(stack.StackConfig.from_env())
+        url = stack_registry.up(cfg)
     except runlog.RunlogError as exc:
+        if started:
+            stack_registry.down(cfg)
         pytest.fail(f"could not start the schema registry: {exc}", pytrace=False)
+    yield url
+    if started:
+        stack_registry.down(cfg)
 
 
 @pytest.fixture
@@ -234,3 +245,30 @@ def test_schemas_register_and_check_commands(
     assert out[:half] == out[half:] and len(out) == len(registry().by_type_version) * 2
     assert cli_main(["schemas", "check"]) == 0
     assert "MISSING" not in capsys.readouterr().out
+
+
+def _stack_env() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "runlog.cli", "stack", "env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
+
+
+def test_stack_env_exports_a_registry_only_when_the_user_started_it(registry_url: str) -> None:
+    """A registry that something else started (this session) changes nothing the user's
+    `runlog stack env` prints; `runlog stack up --registry` makes it exported, until down."""
+    cfg = stack.StackConfig.from_env()
+    marker = stack_registry.RegistryPaths.of(cfg).advertised
+    was_advertised = marker.exists()
+    try:
+        marker.unlink(missing_ok=True)
+        assert "RUNLOG_SCHEMA_REGISTRY_URL" not in _stack_env()
+        assert stack_registry.up(cfg, advertise=True) == registry_url
+        assert f"RUNLOG_SCHEMA_REGISTRY_URL={registry_url}" in _stack_env()
+    finally:
+        if not was_advertised:
+            marker.unlink(missing_ok=True)

@@ -122,7 +122,7 @@ def _up(args: argparse.Namespace) -> int:
     st = stack.up(cfg, timeout=args.timeout, echo=_echo)
     print(st.describe())
     if args.registry:
-        print(f"  schema registry: {registry.up(cfg, echo=_echo)}")
+        print(f"  schema registry: {registry.up(cfg, echo=_echo, advertise=True)}")
     if args.redis_cluster:
         print(f"  redis cluster: {redis_cluster.up(cfg.state_dir)} (3 masters)")
     print(f"ready in {time.monotonic() - t0:.1f}s; point clients at it with:")
@@ -149,14 +149,17 @@ def _status(args: argparse.Namespace) -> int:
     cfg = _config(args)
     st = stack.status(cfg)
     print(st.describe())
-    print(f"  schema registry: {registry.url_if_running(cfg) or 'not running'}")
+    url = registry.url_if_running(cfg)
+    if url is not None and registry.advertised_url(cfg) is None:
+        url += " (not exported by `stack env`: started without `stack up --registry`)"
+    print(f"  schema registry: {url or 'not running'}")
     return 0 if st.running else 3
 
 
 def _env(args: argparse.Namespace) -> int:
     cfg = _config(args)
     variables = stack.env(cfg, role=args.role)
-    url = registry.url_if_running(cfg)
+    url = registry.advertised_url(cfg)
     if url is not None:
         variables["RUNLOG_SCHEMA_REGISTRY_URL"] = url
     if args.redis_cluster:

@@ -10,6 +10,10 @@ In-memory storage is a local convenience: a restart forgets every id (run
 The archive is cached like the Kafka jars; the process's state (pid, log) lives in the
 stack's state dir. Both ports are bound to 127.0.0.1 (Quarkus' management port otherwise
 listens on every interface).
+
+``runlog stack env`` exports the registry's URL only when it was started for the user
+(``runlog stack up --registry`` leaves a marker beside its pid file): a registry that a test
+session or a tool started for itself never switches the user's writers to Confluent's format.
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ class RegistryPaths:
     @property
     def pid_file(self) -> Path:
         return self.state / "registry.pid"
+
+    @property
+    def advertised(self) -> Path:
+        """Present while ``runlog stack env`` is to export the registry (``up --registry``)."""
+        return self.state / "advertised"
 
     @property
     def log(self) -> Path:
@@ -131,8 +140,13 @@ def running(paths: RegistryPaths) -> int | None:
     return _live_pid(paths.pid_file, _MARKER)
 
 
-def up(cfg: StackConfig, *, timeout: float = 60.0, echo: Echo | None = None) -> str:
-    """Start the registry if it is not running; its URL once it answers Confluent's API."""
+def up(
+    cfg: StackConfig, *, timeout: float = 60.0, echo: Echo | None = None, advertise: bool = False
+) -> str:
+    """Start the registry if it is not running; its URL once it answers Confluent's API.
+
+    ``advertise``: the user asked for it (``runlog stack up --registry``), so ``runlog stack
+    env`` exports it from now on, until ``down``."""
     paths = RegistryPaths.of(cfg)
     pid = running(paths)
     if pid is None:
@@ -165,6 +179,8 @@ def up(cfg: StackConfig, *, timeout: float = 60.0, echo: Echo | None = None) -> 
         if time.monotonic() > deadline:
             raise StackError(f"schema registry not ready after {timeout:.0f}s.\n{_tail(paths.log)}")
         time.sleep(0.25)
+    if advertise:
+        paths.advertised.write_text(f"{paths.url}\n")
     return paths.url
 
 
@@ -174,6 +190,15 @@ def down(cfg: StackConfig, *, timeout: float = 30.0) -> None:
     if pid is not None:
         _stop_pid(pid, _MARKER, timeout)
     paths.pid_file.unlink(missing_ok=True)
+    paths.advertised.unlink(missing_ok=True)
+
+
+def advertised_url(cfg: StackConfig) -> str | None:
+    """The URL ``runlog stack env`` exports: running, and started with ``--registry``."""
+    paths = RegistryPaths.of(cfg)
+    if running(paths) is None or not paths.advertised.exists():
+        return None
+    return paths.url
 
 
 def url_if_running(cfg: StackConfig) -> str | None:
