@@ -31,6 +31,7 @@ from runlog.consumers.snapshots import SnapshotStore
 from runlog.log.fold import fold_range, locate
 from runlog.log.reader import LogReader
 from runlog.settings import Settings
+from runlog.topics import delete_topics
 
 
 @dataclass
@@ -179,14 +180,11 @@ def scratch_settings(settings: Settings) -> Settings:
     )
 
 
-def drop_scratch(settings: Settings, client: redis.Redis) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    with contextlib.suppress(Exception):  # best effort: scratch topics only
-        AdminClient(settings.kafka_common()).delete_topics(
-            [settings.events_topic, settings.quarantine_topic], operation_timeout=10
-        )
+def drop_scratch(settings: Settings, client: redis.Redis) -> list[str]:
+    """Delete the scratch topics and keys; the topics that could not be deleted (with why)."""
+    failed = delete_topics(settings, [settings.events_topic, settings.quarantine_topic])
     with contextlib.suppress(redis.RedisError):
         keys = list(client.scan_iter(match=f"{settings.redis_key_prefix}:*", count=1000))
         if keys:
             client.delete(*keys)
+    return failed

@@ -311,3 +311,32 @@ def _wait_for_leaders(
             raise KafkaUnavailable(f"created topics have no leader after {timeout:.0f}s: {names}")
         specs = pending
         time.sleep(0.1)
+
+
+def delete_topics(settings: Settings, names: list[str], *, timeout: float = 30.0) -> list[str]:
+    """Delete ``names`` and wait for the broker's answer; the names it did not delete, each
+    with its reason (a topic that does not exist counts as deleted).
+
+    Waiting matters: ``AdminClient.delete_topics`` only queues the request, and a client
+    dropped at once may never send it (scratch topics were left behind that way)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if not names:
+        return []
+    admin = _admin(settings)
+    failed: list[str] = []
+    try:
+        futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    except KafkaException as exc:
+        return [f"{name}: {exc}" for name in names]
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout + 5)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            failed.append(f"{name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a timeout or a closed client: reported
+            failed.append(f"{name}: {exc!r}")
+    return failed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -224,3 +226,28 @@ def test_interval_is_per_run(test_settings: Settings) -> None:
             assert store.candidates("acme", busy.run_id)
     finally:
         services.close()
+
+
+def test_snapshot_plan_leaves_no_scratch_topic_or_key(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """`runlog snapshot plan` measures on scratch topics of its own and deletes them (and
+    their keys) before it answers: nothing `plan-*` is left on the broker or in Redis."""
+    from confluent_kafka.admin import AdminClient
+
+    def scratch_topics() -> set[str]:
+        md = AdminClient(test_settings.kafka_common()).list_topics(timeout=30)
+        return {t for t in md.topics if t.startswith("plan-")}
+
+    before = scratch_topics()
+    done = subprocess.run(
+        [sys.executable, "-m", "runlog.cli", "snapshot", "plan", "--sample-events=200", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"]
+    assert scratch_topics() <= before, "scratch topics left behind"
+    assert not list(redis_client.scan_iter(match="plan-*", count=1000))

@@ -186,7 +186,8 @@ def _plan(args: argparse.Namespace) -> int:
                 m = sp.measure(scratch, client, tenant, rid)
                 m.source = f"synthetic run of {m.events} events on {scratch.events_topic}"
             finally:
-                sp.drop_scratch(scratch, client)
+                for failure in sp.drop_scratch(scratch, client):
+                    print(f"warning: scratch topic left behind: {failure}", file=sys.stderr)
     finally:
         client.close()
     result = sp.plan(
