@@ -4,6 +4,9 @@ state projection) and ``runlog show`` (a run's story, read from the log)."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -282,3 +285,21 @@ def test_index_pages_100k_runs_at_constant_cost(
         f"{per_hash:.0f} B/run; page of 1000: first {timings[0] * 1000:.1f} ms, "
         f"median early {early * 1000:.1f} ms, median late {late * 1000:.1f} ms"
     )
+
+
+def test_show_into_a_closed_pipe_stops_quietly(test_settings: Settings) -> None:
+    """`runlog show RUN | head`: the reader goes away before runlog has written; runlog
+    stops as a command killed by SIGPIPE does (exit 141), with no traceback."""
+    env = env_for(test_settings)
+    (rid,) = LoadGenerator(test_settings, seed=5).generate(runs=1, events_per_run=20)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runlog.cli", "show", rid, "--tenant", "load"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -42,12 +44,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc: int = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe may only show at this flush
+    except BrokenPipeError:
+        return _reader_went_away()
     except RunlogError as exc:
         print(f"runlog: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return rc
+
+
+def _reader_went_away() -> int:
+    """``runlog show RUN | head``: the reader closed the pipe; stop quietly, as a command
+    killed by SIGPIPE does (128 + 13), instead of a traceback. Standard output is pointed at
+    /dev/null so the interpreter's own flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover
