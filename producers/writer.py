@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runlog.errors import KafkaUnavailable
+from runlog.log.kafka import with_logger
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,7 @@ class EventWriter:
 
     def __init__(self, settings: Settings, *, extra: dict[str, Any] | None = None) -> None:
         self.settings = settings
-        self._conf = {**producer_config(settings, extra), "error_cb": self._on_error}
+        self._conf = with_logger({**producer_config(settings, extra), "error_cb": self._on_error})
         self._swap = threading.Lock()
         self._fatal: KafkaError | None = None
         self._last_fatal: KafkaError | None = None

@@ -9,6 +9,7 @@ pure fold importable without Kafka, Redis, fastavro or pydantic-settings.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import (
@@ -31,6 +32,10 @@ from runlog.errors import (
     UnknownRun,
     UnknownTool,
 )
+
+# A library's loggers are the application's to show: without a handler of its own there,
+# Python's last-resort handler would print runlog's (and librdkafka's) warnings to stderr.
+logging.getLogger("runlog").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from runlog.api import append_metrics, decide, lease_metrics, open_run, serve_metrics

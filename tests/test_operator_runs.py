@@ -3,10 +3,13 @@ state projection) and ``runlog show`` (a run's story, read from the log)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -303,3 +306,57 @@ def test_show_into_a_closed_pipe_stops_quietly(test_settings: Settings) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 128 + signal.SIGPIPE, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def _show_with(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runlog.cli", *flags, "show", "r-any", "--tenant", "t"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_wrong_broker_address_is_one_line_and_librdkafka_speaks_only_when_asked(
+    test_settings: Settings,
+) -> None:
+    """A broker address nothing listens on: runlog's one-line error naming the address, with
+    none of librdkafka's retries before it. Something that listens but is no broker (it hangs
+    up): librdkafka's own log lines only with `runlog --verbose`."""
+    env = env_for(test_settings)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    done = _show_with({**env, "RUNLOG_BOOTSTRAP_SERVERS": closed})
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert "KafkaUnavailable" in done.stderr and closed in done.stderr, done.stderr
+
+    # A listener that hangs up on every connection: librdkafka retries and logs each failure.
+    hangs_up = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        hangs_up.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = hangs_up.accept()
+                conn.close()
+
+    server = threading.Thread(target=hang_up, daemon=True)
+    server.start()
+    not_kafka = {**env, "RUNLOG_BOOTSTRAP_SERVERS": f"127.0.0.1:{hangs_up.getsockname()[1]}"}
+    try:
+        quiet = _show_with(not_kafka)
+        loud = _show_with(not_kafka, "--verbose")
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        hangs_up.close()
+    assert quiet.returncode != 0
+    assert "KafkaUnavailable" in quiet.stderr, quiet.stderr
+    assert quiet.stderr.strip().count("\n") == 0, quiet.stderr
+    assert "rdkafka" not in quiet.stderr, quiet.stderr
+    assert loud.returncode != 0 and "rdkafka" in loud.stderr, loud.stderr

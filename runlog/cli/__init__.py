@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
-from runlog.errors import RunlogError
+from runlog.errors import KafkaUnavailable, RunlogError
+from runlog.log import kafka
+from runlog.settings import Settings
 
 # Modules that define ``register(subparsers)``; each owns its subcommands.
 _COMMAND_MODULES = (
@@ -26,11 +29,24 @@ _COMMAND_MODULES = (
 )
 
 
+# Commands that read or write the log: before anything else, they check that a broker
+# answers at all, so a wrong address is one line at once, not librdkafka's retries first.
+_NEEDS_KAFKA = frozenset(
+    {"approve", "reject", "replay", "show", "snapshot", "verify", "rebuild", "topics"}
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runlog",
         description="Durable, fenced, replayable event logs for AI-agent runs on Kafka and "
         "Redis. `runlog COMMAND --help` for each command; README.md has the guide.",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print librdkafka's own log lines (connection attempts, TLS, SASL)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _COMMAND_MODULES:
@@ -42,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _configure_logging(verbose=args.verbose)
     try:
+        if args.command in _NEEDS_KAFKA:
+            _check_broker_answers()
         rc: int = args.func(args)
         sys.stdout.flush()  # inside the try: a closed pipe may only show at this flush
     except BrokenPipeError:
@@ -67,3 +86,26 @@ def _reader_went_away() -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _configure_logging(*, verbose: bool) -> None:
+    """Warnings of runlog's own to stderr; librdkafka's log lines only with ``--verbose``
+    (what a failure means reaches the user as runlog's one-line error)."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    kafka.NATIVE_LOG = verbose  # as they come, to stderr; otherwise to a silenced logger
+    kafka.KAFKA_LOG.setLevel(logging.CRITICAL + 1)
+
+
+def _check_broker_answers() -> None:
+    try:
+        settings = Settings()
+    except Exception:  # noqa: BLE001 - the command itself reports a bad setting, with its name
+        return
+    refused = kafka.unreachable(settings.bootstrap_servers)
+    if refused is not None:
+        raise KafkaUnavailable(
+            f"no Kafka broker answers at {settings.bootstrap_servers} ({refused}); "
+            "is RUNLOG_BOOTSTRAP_SERVERS right, and the stack up (`runlog stack status`)?"
+        )

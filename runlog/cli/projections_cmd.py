@@ -99,9 +99,7 @@ def _redis(settings: Settings) -> Any:
 
 def _project(args: argparse.Namespace) -> int:
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.getLogger().setLevel(logging.INFO)  # a service's log: what it did, as it goes
     streaming_gc()
     settings = Settings()
     client = _redis(settings)

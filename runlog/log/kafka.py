@@ -8,6 +8,8 @@ records and never commit offsets to Kafka: each reader keeps its position with i
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +19,25 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from runlog.errors import KafkaUnavailable
 from runlog.settings import Settings
+
+KAFKA_LOG = logging.getLogger("runlog.kafka")
+"""Where librdkafka's own log lines go (each client's ``logger``): Python logging, never
+straight to stderr; runlog reports what a failure means in its own errors. An application
+shows them by configuring this logger. confluent-kafka hands them over only when the
+client is polled, so a call that blocks (a metadata request) shows none until it returns:
+for a live view, ``NATIVE_LOG``."""
+
+NATIVE_LOG = False
+"""True: clients made from now on print librdkafka's log lines to stderr as they come
+(``runlog --verbose``), instead of handing them to ``KAFKA_LOG``."""
+
+
+def with_logger(conf: dict[str, Any]) -> dict[str, Any]:
+    """``conf`` with librdkafka's log routed as ``NATIVE_LOG`` says (a given one is kept)."""
+    if not NATIVE_LOG:
+        conf.setdefault("logger", KAFKA_LOG)
+    return conf
+
 
 RETRY_FOR_S = 10.0
 """How long a lookup retries a transient broker error before reporting it unavailable."""
@@ -70,7 +91,7 @@ def reader_config(settings: Settings, **extra: Any) -> dict[str, Any]:
         }
     )
     conf.update(extra)
-    return conf
+    return with_logger(conf)
 
 
 def group_config(settings: Settings, group: str, **extra: Any) -> dict[str, Any]:
@@ -93,7 +114,7 @@ def group_config(settings: Settings, group: str, **extra: Any) -> dict[str, Any]
         }
     )
     conf.update(extra)
-    return conf
+    return with_logger(conf)
 
 
 def partitions_of(consumer: Consumer, topic: str) -> dict[int, Any]:
@@ -113,3 +134,23 @@ def high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
         lambda: consumer.get_watermark_offsets(tp, timeout=10, cached=False),
     )
     return int(high)
+
+
+def unreachable(bootstrap_servers: str, *, timeout: float = 2.0) -> str | None:
+    """``None`` if any of the bootstrap servers accepts a TCP connection; else what each
+    said (``127.0.0.1:1: connection refused``). A check of the address alone: TLS, SASL and
+    the broker's answers are the client's to report."""
+    said: list[str] = []
+    for server in (s.strip() for s in bootstrap_servers.split(",")):
+        if not server:
+            continue
+        host, _, port = server.split("://", 1)[-1].rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return None
+        except ValueError:
+            said.append(f"{server}: not host:port")
+        except OSError as exc:
+            said.append(f"{server}: {exc.strerror or type(exc).__name__}")
+    return "; ".join(said) if said else "no bootstrap server given"
