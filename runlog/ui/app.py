@@ -398,6 +398,7 @@ def create_app(
                 {
                     **call,
                     "args_json": redact_json(call["args_json"], c.secret),
+                    "last_error": redact_json(call.get("last_error"), c.secret),
                     "last_evidence": redact_json(call.get("last_evidence"), c.secret),
                     "age": age_text(call["age_s"]),
                     "deadline": age_text(call["deadline_s"]),
@@ -490,8 +491,8 @@ def _audit_row(entry: dict[str, Any], secret: frozenset[str]) -> dict[str, Any]:
     for k, v in sorted(entry.items()):
         if k in skip or v in (None, ""):
             continue
-        if k in ("args_json", "evidence", "detail") and isinstance(v, str):
-            v = redact_json(v, secret)
+        if isinstance(v, str):
+            v = redact_json(v, secret)  # any field of an audit entry may quote a payload
         detail.append(f"{k}={v}")
     return {
         "at": entry.get("at", ""),
