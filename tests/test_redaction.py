@@ -62,31 +62,38 @@ def _run(s: Settings) -> str:
         return run.run_id
 
 
+def _cli(s: Settings, *argv: str) -> str:
+    """``runlog ARGV`` as a process of its own, with the redacted fields in its environment."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runlog.cli", *argv],
+        env=env_for(s, RUNLOG_REDACT_FIELDS="card"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert CARD not in done.stdout and CARD.replace(" ", "") not in done.stdout
+    return done.stdout
+
+
 def test_show_never_prints_a_redacted_field_nested_or_cut(test_settings: Settings) -> None:
     s = test_settings.model_copy(update={"redact_fields": ("card",)})
     with services_for(s):
         rid = _run(s)
-    env = env_for(s, RUNLOG_REDACT_FIELDS="card")
     for form in ([], ["--json"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "runlog.cli", "show", rid, "--tenant", "acme", *form],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        assert CARD not in done.stdout and CARD.replace(" ", "") not in done.stdout
-        assert "charge" in done.stdout and "statement" in done.stdout
-        assert CUT_MARK in done.stdout and "[redacted]" in done.stdout
-    story = json.loads(done.stdout)
+        out = _cli(s, "show", rid, "--tenant", "acme", *form)
+        assert "charge" in out and "statement" in out
+        assert CUT_MARK in out and "[redacted]" in out
+    story = json.loads(out)
     results = {c["tool"]: c["result"] for c in story["calls"] if c["result"] is not None}
     body = json.loads(json.loads(results["charge"])["body"])
     assert body == {"amount": 7, "card": "[redacted]"}  # the rest of the answer still shows
+    state = json.loads(_cli(s, "replay", rid, "--tenant", "acme", "--state", "--json"))
+    assert "[redacted]" in json.dumps(state["state"])
 
 
-def test_the_console_never_shows_a_redacted_field_nested_or_cut(
+def test_the_console_and_the_projection_printers_never_show_a_redacted_field(
     test_settings: Settings, redis_client: redis.Redis
 ) -> None:
     s = test_settings.model_copy(update={"redact_fields": ("card",)})
@@ -99,6 +106,15 @@ def test_the_console_never_shows_a_redacted_field_nested_or_cut(
             wait_for("the run in the index", lambda: rid in web.get("/").text)
             wait_for("the open call in the queue", lambda: "hold" in web.get("/uncertain").text)
             pages = [web.get(f"/runs/{rid}?all=1"), web.get("/uncertain")]
+            wait_for("the audit trail", lambda: "hold" in _cli(s, "audit", rid, "--tenant", "acme"))
+            # The projections' own printers read through the same redaction.
+            for argv in (
+                ["uncertain"],
+                ["uncertain", "--json"],
+                ["state", rid, "--tenant", "acme", "--json"],
+            ):
+                assert "[redacted]" in _cli(s, *argv)
+            assert "[redacted]" in _cli(s, "audit", rid, "--tenant", "acme", "--json")
     for page in pages:
         assert page.status_code == 200
         assert CARD not in page.text and CARD.replace(" ", "") not in page.text
