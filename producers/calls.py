@@ -22,8 +22,15 @@ no reconciler         safe: retry; reversible: retry, compensation may be needed
                       irreversible: escalate to a person
 person decided        approved: retry with the same key; rejected: close the call
                       with the person's note as its result (it is never executed again);
-                      a tool with ``compensate`` first undoes what may have happened
+                      a tool with ``compensate`` first undoes what may have happened.
+                      A rejection recorded without the tools (``runlog reject``, the
+                      console) leaves a reversible call open: the next owner with its
+                      tools undoes it, as recovery, and only then closes it
 ====================  ===========================================================
+
+A compensation's key is bound to the effect it undoes (the call's key and the attempt
+that made the effect), so each wrong effect gets an inverse of its own and a completion
+says "compensated by K" only when the inverse K of that effect completed.
 """
 
 from __future__ import annotations
