@@ -81,7 +81,7 @@ def _field_pattern(secret: frozenset[str]) -> re.Pattern[str]:
     # A key: the name, not inside a longer identifier, quoted at any escaping level (the
     # same quote after it) or bare; then ``:`` or ``=``.
     return re.compile(
-        r"(?P<q>(?:\\*[\"'])?)(?<![\w-])(?:" + names + r")(?![\w-])(?P=q)\s*[:=]\s*",
+        r"(?P<q>(?:\\{0,63}[\"'])?)(?<![\w-])(?:" + names + r")(?![\w-])(?P=q)\s*[:=]\s*",
         re.IGNORECASE,
     )
 
