@@ -6,15 +6,19 @@ projections. The receiver is a real ledger in Redis whose inverse can fail."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from workers.common import Ledger, shape, valid_events, worker_env
 
 import runlog
+from runlog.log.clients import redis_client as make_redis
 from runlog.projections import audit, uncertain
 from runlog.schemas import models as m
 from runlog.schemas.canonical import canonical_json
@@ -208,15 +212,8 @@ def _inverses(events: list[m.Event]) -> list[tuple[str, str | None]]:
     ]
 
 
-def test_a_rejection_recorded_without_the_tools_leaves_the_compensation_owed(
-    fast: Settings, ledger: Ledger
-) -> None:
-    """``runlog reject`` holds no tools: it records the decision, and the owner that next
-    opens the run with its tools undoes the wrong booking before anything else acts."""
-    svc, rid, esc = _escalated_booking(fast, ledger, "refuse-once")
-    (key,) = set(svc.booked)
-    assert esc.approval_id is not None
-    reject = ["reject", rid, esc.approval_id, "--by", "ops", "--note", "guest cancelled"]
+def _reject_with_the_cli(fast: Settings, rid: str, approval_id: str) -> None:
+    reject = ["reject", rid, approval_id, "--by", "ops", "--note", "guest cancelled"]
     done = subprocess.run(
         [sys.executable, "-m", "runlog.cli", *reject],
         env=worker_env(fast),
@@ -227,6 +224,43 @@ def test_a_rejection_recorded_without_the_tools_leaves_the_compensation_owed(
     )
     assert done.returncode == 0, done.stderr
     assert "recorded" in done.stdout
+
+
+def _reject_in_the_console(fast: Settings, rid: str, approval_id: str) -> None:
+    from ui_support import TOKEN_ADMIN, console, projecting, wait_for
+
+    client = make_redis(fast)
+    try:
+        with projecting(fast, client), console(fast) as base:
+            web = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
+            assert web.post("/login", data={"token": TOKEN_ADMIN}).status_code == 303
+
+            def form() -> str | None:
+                page = web.get(f"/runs/{rid}")  # found once the index lists the run
+                return page.text if page.status_code == 200 and approval_id in page.text else None
+
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', wait_for("the form", form))
+            assert csrf is not None
+            r = web.post(
+                f"/runs/{rid}/approvals/{approval_id}",
+                data={"decision": "reject", "csrf": csrf.group(1), "note": "guest cancelled"},
+            )
+            assert r.status_code == 303 and "rejected-recorded" in r.headers["location"]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("where", [_reject_with_the_cli, _reject_in_the_console])
+def test_a_rejection_recorded_without_the_tools_leaves_the_compensation_owed(
+    fast: Settings, ledger: Ledger, where: Callable[[Settings, str, str], None]
+) -> None:
+    """``runlog reject`` and the console hold no tools: they record the decision, and the
+    owner that next opens the run with its tools undoes the wrong booking before anything
+    else acts, as a call of its own, and only then closes the call."""
+    svc, rid, esc = _escalated_booking(fast, ledger, "refuse-once")
+    (key,) = set(svc.booked)
+    assert esc.approval_id is not None
+    where(fast, rid, esc.approval_id)
     # Nothing could be undone without the tools: the call stays open, decided.
     assert ledger.per_key() == {key: 1} and len(svc.cancels) == 1
     before = valid_events(fast, rid)
