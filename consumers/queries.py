@@ -1,7 +1,9 @@
 """Reading the projections: library functions behind ``runlog state|uncertain|audit|...``.
 
 Ages and overdue actions are computed here, at query time, from the start times the
-uncertain-call projection stored; the projection itself never reads a clock.
+uncertain-call projection stored; the projection itself never reads a clock. What these
+return is what printers show: fields named by ``RUNLOG_REDACT_FIELDS`` come back redacted
+(``runlog.consumers.redaction``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from runlog.consumers.redaction import redact_entry, secret_fields
 from runlog.consumers.store import PROJECTIONS, RUN_STATE, ProjectionKeys, load_state_view
 from runlog.errors import RedisUnavailable, TenantMismatch
 from runlog.schemas.keys import check_run_id, partition_for
@@ -100,7 +103,7 @@ def get_state(
     if view is None:
         return None
     refuse_other_tenant(view["state"]["tenant"], tenant, run_id)
-    return view
+    return redact_entry(view, secret_fields(settings))
 
 
 def get_summary(
@@ -140,7 +143,8 @@ def get_audit(
         # ``validator``: the whole run state, as an earlier store kept it.
         owner = stored.get(RUN_STATE, stored.get("validator", {})).get("tenant", "")
     refuse_other_tenant(owner, tenant, run_id)
-    return [json.loads(r) for r in raws]
+    secret = secret_fields(settings)
+    return [redact_entry(json.loads(r), secret) for r in raws]
 
 
 @dataclass
@@ -177,6 +181,7 @@ def uncertain_report(
     at = now or datetime.now(UTC)
     limits = {**DEFAULT_DEADLINES_S, **(deadlines_s or {})}
     keys = _keys(settings, "uncertain")
+    secret = secret_fields(settings)
     counters: dict[str, int] = {}
     calls: list[dict[str, Any]] = []
     try:
@@ -185,7 +190,8 @@ def uncertain_report(
                 counters[_s(k)] = counters.get(_s(k), 0) + int(v)
             # The run id is read from the call itself, never split out of the field name:
             # one bad id stored by an older runner must not break the queue for everyone.
-            calls.extend(json.loads(raw) for raw in client.hvals(keys.open(p)))
+            raws = client.hvals(keys.open(p))
+            calls.extend(redact_entry(json.loads(raw), secret) for raw in raws)
     except redis.RedisError as exc:
         raise _wrap(exc, "uncertain calls") from exc
     oldest: dict[str, float] = {}

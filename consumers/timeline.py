@@ -3,19 +3,21 @@
 Read with ``runlog.log.fold.read_run(..., keep=True)``, the one way every reader reads a
 run, and told with the fold's own rule: each record is marked valid or, if the ownership
 rule refused it, a fenced write with ``run_state.rejection``'s reason. Tool arguments and
-results are shown with the fields a user marks secret (``RUNLOG_REDACT_FIELDS``) replaced,
-wherever they sit in the JSON.
+results, evidence and errors are shown with the fields a user marks secret
+(``RUNLOG_REDACT_FIELDS``) replaced, wherever they sit: in the JSON, in JSON held in its
+string values, and in text that is not JSON (a result runlog cut) by field patterns.
+Every printer (``runlog show``, the console) redacts through ``redact_json``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
+from runlog.consumers.redaction import redact_json, secret_fields
 from runlog.errors import UnknownRun
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, LogRecord
@@ -25,38 +27,6 @@ from runlog.schemas import models as m
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.models import Event
 from runlog.settings import Settings
-
-REDACTED = "[redacted]"
-
-
-def redact_value(value: Any, secret: frozenset[str]) -> Any:
-    """``value`` with every dict entry whose key is in ``secret`` (any case) replaced."""
-    if isinstance(value, dict):
-        return {
-            k: REDACTED if k.lower() in secret else redact_value(v, secret)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact_value(v, secret) for v in value]
-    return value
-
-
-def redact_json(text: str | None, secret: frozenset[str]) -> str | None:
-    """JSON text with secret fields replaced; text that is not a JSON object or array is
-    returned as it is (there is no field to find in it)."""
-    if text is None or not secret:
-        return text
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(value, dict | list):
-        return text
-    return json.dumps(redact_value(value, secret), sort_keys=True, ensure_ascii=False)
-
-
-def secret_fields(settings: Settings) -> frozenset[str]:
-    return frozenset(f.lower() for f in settings.redact_fields)
 
 
 @dataclass
@@ -180,9 +150,10 @@ def _describe(
         return f"{p.name} {verb}{via}: {result}"
     if isinstance(p, m.ToolCallUncertain):
         call(p.idempotency_key, p.name).outcome = "uncertain"
-        e.update(tool=p.name, idempotency_key=p.idempotency_key, error=p.error)
+        error = redact_json(p.error, secret)
+        e.update(tool=p.name, idempotency_key=p.idempotency_key, error=error)
         e["detected_by"] = p.detected_by
-        return f"{p.name} outcome UNKNOWN ({p.detected_by}): {p.error}"
+        return f"{p.name} outcome UNKNOWN ({p.detected_by}): {error}"
     if isinstance(p, m.ReconciliationAttempted):
         evidence = redact_json(p.evidence, secret)
         c = call(p.idempotency_key, p.name)
@@ -197,7 +168,7 @@ def _describe(
     if isinstance(p, m.ApprovalRequested):
         e.update(approval_id=p.approval_id, kind=p.kind, reason=p.reason, tool=p.name)
         e.update(idempotency_key=p.idempotency_key, args_json=redact_json(p.args_json, secret))
-        e.update(last_error=p.last_error, detail=redact_json(p.detail, secret))
+        e.update(last_error=redact_json(p.last_error, secret), detail=redact_json(p.detail, secret))
         return f"approval {p.approval_id} requested ({p.kind}): {p.reason}"
     if isinstance(p, m.ApprovalDecided):
         asked = st.approvals.get(p.approval_id)

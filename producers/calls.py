@@ -22,8 +22,15 @@ no reconciler         safe: retry; reversible: retry, compensation may be needed
                       irreversible: escalate to a person
 person decided        approved: retry with the same key; rejected: close the call
                       with the person's note as its result (it is never executed again);
-                      a tool with ``compensate`` first undoes what may have happened
+                      a tool with ``compensate`` first undoes what may have happened.
+                      A rejection recorded without the tools (``runlog reject``, the
+                      console) leaves a reversible call open: the next owner with its
+                      tools undoes it, as recovery, and only then closes it
 ====================  ===========================================================
+
+A compensation's key is bound to the effect it undoes (the call's key and the attempt
+that made the effect), so each wrong effect gets an inverse of its own and a completion
+says "compensated by K" only when the inverse K of that effect completed.
 """
 
 from __future__ import annotations
@@ -351,28 +358,40 @@ def _re_request(run: Run, call: OpenCall) -> Steps[None]:
 
 
 def _compensable(run: Run, call: OpenCall) -> bool:
-    """The call's tool has an inverse, and no earlier inverse of this call completed (a
-    conflict that outlives its compensation is a person's to decide)."""
+    """The call's tool has an inverse, and no inverse of an earlier effect of this call
+    completed (a conflict that outlives its compensation is a person's to decide)."""
     tool = run.tools.get(call.name)
     if tool is None or tool.compensate is None:
         return False
-    return _compensation_key(run, call) not in run.state.completed_calls
+    return not any(
+        _compensation_key(run, call, attempt) in run.state.completed_calls
+        for attempt in range(1, call.attempt + 1)
+    )
 
 
 def _compensation_args(call: OpenCall) -> str:
     return canonical_json({"args": json.loads(call.args_json), "of": call.idempotency_key})
 
 
-def _compensation_key(run: Run, call: OpenCall) -> str:
-    # Scoped by the key it undoes: one inverse per call, the same key on every retry of it.
+def _compensation_key(run: Run, call: OpenCall, attempt: int | None = None) -> str:
+    """The key of the inverse of the effect ``call``'s attempt ``attempt`` (default: its
+    latest, the one whose effect recovery or a person is looking at) had.
+
+    Bound to the effect it undoes: to the key of the call and, as the ordinal, to the
+    attempt. Every retry of one inverse keeps its key (a receiver undoes that effect once);
+    a later attempt that made a wrong effect again gets an inverse of its own, never one
+    skipped as already done. The first attempt's inverse has ordinal 0, the key it always had.
+    """
+    n = call.attempt if attempt is None else attempt
     return run.idempotency_key(
-        call.idempotency_key, compensation_name(call.name), _compensation_args(call), 0
+        call.idempotency_key, compensation_name(call.name), _compensation_args(call), n - 1
     )
 
 
 def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
-    """Run the inverse of ``call``'s effect as a call of its own (started, completed,
-    failed or uncertain, like any); returns its key once it completed, else None."""
+    """Run the inverse of the effect of ``call``'s latest attempt as a call of its own
+    (started, completed, failed or uncertain, like any); returns its key once it
+    completed, else None: "compensated" is recorded only for an effect actually undone."""
     inverse = run.tools[compensation_name(call.name)]
     key = _compensation_key(run, call)
     if key in run.state.completed_calls:
@@ -490,6 +509,13 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
             call.decision_note,
         )
         yield from _retry(run, run.state.open_calls[key], "decided", approved=True)
+    elif tool is None and call.risk == "reversible":
+        # Recorded by someone without the tools at hand (``runlog reject``, the console):
+        # a reversible effect may have an inverse, and closing the call now would leave a
+        # wrong effect standing for good. The compensation stays owed: the call stays
+        # open, decided, and the owner that next opens the run with its tools runs the
+        # inverse as recovery, before anything else acts, then closes it.
+        log.info("call %s was rejected; its compensation waits for its tools", key)
     elif tool is not None and tool.compensate is not None:
         yield from _reconciliation(
             run,

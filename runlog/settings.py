@@ -127,8 +127,10 @@ class Settings(BaseSettings):
     """
 
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
-    """JSON fields shown as ``[redacted]`` wherever tool arguments or results are shown
-    (``runlog show``, the console), matched by key in any case:
+    """Fields shown as ``[redacted]`` wherever tool arguments, results, evidence or errors
+    are printed (``runlog show``, the console, ``runlog uncertain|audit|state``, ``runlog
+    replay --state``), matched by key in any case, in JSON, in JSON held in string values
+    and, in text that is not JSON (a cut result), by ``"field": value`` / ``field=value``:
     ``RUNLOG_REDACT_FIELDS=password,card_number``. The log itself keeps what was written."""
 
     @field_validator("redact_fields", mode="before")

@@ -5,12 +5,20 @@ projections. The receiver is a real ledger in Redis whose inverse can fail."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
-from workers.common import Ledger, shape, valid_events
+import redis
+from workers.common import Ledger, shape, valid_events, worker_env
 
 import runlog
+from runlog.log.clients import redis_client as make_redis
 from runlog.projections import audit, uncertain
 from runlog.schemas import models as m
 from runlog.schemas.canonical import canonical_json
@@ -193,6 +201,183 @@ def test_an_inverse_whose_outcome_is_lost_is_an_uncertain_call_of_its_own(
     assert by_tool["book/compensate"].status == "escalated"  # a person settles a lost inverse
     assert by_tool["book"].status == "conflict"
     assert len(svc.cancels) == 1
+
+
+def _inverses(events: list[m.Event]) -> list[tuple[str, str | None]]:
+    """Each compensation call in the log: (its key, the key it undoes), by its STARTED."""
+    return [
+        (p.idempotency_key, p.operation_id)
+        for ev in events
+        if isinstance(p := ev.payload, m.ToolCallStarted) and p.name == "book/compensate"
+    ]
+
+
+def _reject_with_the_cli(fast: Settings, rid: str, approval_id: str) -> None:
+    reject = ["reject", rid, approval_id, "--by", "ops", "--note", "guest cancelled"]
+    done = subprocess.run(
+        [sys.executable, "-m", "runlog.cli", *reject],
+        env=worker_env(fast),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "recorded" in done.stdout
+
+
+def _reject_in_the_console(fast: Settings, rid: str, approval_id: str) -> None:
+    from ui_support import TOKEN_ADMIN, console, projecting, wait_for
+
+    client = make_redis(fast)
+    try:
+        with projecting(fast, client), console(fast) as base:
+            web = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
+            assert web.post("/login", data={"token": TOKEN_ADMIN}).status_code == 303
+
+            def form() -> str | None:
+                page = web.get(f"/runs/{rid}")  # found once the index lists the run
+                return page.text if page.status_code == 200 and approval_id in page.text else None
+
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', wait_for("the form", form))
+            assert csrf is not None
+            r = web.post(
+                f"/runs/{rid}/approvals/{approval_id}",
+                data={"decision": "reject", "csrf": csrf.group(1), "note": "guest cancelled"},
+            )
+            assert r.status_code == 303 and "rejected-recorded" in r.headers["location"]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("where", [_reject_with_the_cli, _reject_in_the_console])
+def test_a_rejection_recorded_without_the_tools_leaves_the_compensation_owed(
+    fast: Settings, ledger: Ledger, where: Callable[[Settings, str, str], None]
+) -> None:
+    """``runlog reject`` and the console hold no tools: they record the decision, and the
+    owner that next opens the run with its tools undoes the wrong booking before anything
+    else acts, as a call of its own, and only then closes the call."""
+    svc, rid, esc = _escalated_booking(fast, ledger, "refuse-once")
+    (key,) = set(svc.booked)
+    assert esc.approval_id is not None
+    where(fast, rid, esc.approval_id)
+    # Nothing could be undone without the tools: the call stays open, decided.
+    assert ledger.per_key() == {key: 1} and len(svc.cancels) == 1
+    before = valid_events(fast, rid)
+    assert not [
+        p for ev in before if isinstance(p := ev.payload, m.ToolCallCompleted) and p.name == "book"
+    ]
+
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()) as run:
+        # Recovery ran inside open_run, before the caller could act.
+        assert key not in run.state.open_calls and run.state.status == "running"
+        assert "compensated by" in run.state.completed_calls[key]
+    assert ledger.per_key() == {key: 0} and len(svc.cancels) == 2
+    events = valid_events(fast, rid, after_seq=before[-1].seq)
+    assert _shape(events)[1:] == [
+        ("reconciliation", "decided", "resolve"),
+        ("started", "book/compensate", 1),
+        ("completed", "book/compensate", False),
+        ("completed", "book", False),
+    ]
+    (inverse, undone), *_ = _inverses(events)
+    assert undone == key and inverse == svc.cancels[1][0] == svc.cancels[0][0]
+    closed = next(
+        p for ev in events if isinstance(p := ev.payload, m.ToolCallCompleted) and p.name == "book"
+    )
+    assert closed.content.endswith(f"(compensated by {inverse})")
+    assert "guest cancelled" in closed.content and len(svc.booked) == 1
+
+    # Settled once: opening the run again undoes nothing more.
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()):
+        pass
+    assert ledger.per_key() == {key: 0} and len(svc.cancels) == 2
+
+
+class Rebooking:
+    """A booking service that deduplicates nothing and counts the bookings that stand:
+    its first two requests book 20 nights instead of 2 and lose their answer; its cancel
+    takes back one standing booking of the original key."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.redis, self.live = client, f"{prefix}:rebooking:live"
+        self.requests = 0
+        self.cancels: list[tuple[str, str]] = []
+
+    def standing(self) -> list[str]:
+        return [b.decode() for b in self.redis.lrange(self.live, 0, -1)]
+
+    def book(self, args: dict[str, Any], *, idempotency_key: str) -> str:
+        self.requests += 1
+        wrong = self.requests <= 2
+        made = {**args, "nights": 20} if wrong else args
+        self.redis.rpush(self.live, json.dumps([idempotency_key, canonical_json(made)]))
+        if wrong:
+            raise TimeoutError("booking service timed out after accepting")
+        return f"booked {args['room']}"
+
+    def lookup(self, args: dict[str, Any], *, idempotency_key: str) -> Any:
+        mine = [made for k, made in map(json.loads, self.standing()) if k == idempotency_key]
+        if not mine:
+            return runlog.Absent("no booking")
+        wrong = [made for made in mine if made != canonical_json(args)]
+        return runlog.Conflict(wrong[0]) if wrong else runlog.Match(f"booked {args['room']}")
+
+    def cancel(self, args: dict[str, Any], *, idempotency_key: str, original_key: str) -> str:
+        self.cancels.append((idempotency_key, original_key))
+        for entry in self.standing():
+            if json.loads(entry)[0] == original_key:
+                self.redis.lrem(self.live, 1, entry)
+                return f"cancelled one booking of {original_key}"
+        raise runlog.ToolError(f"no booking of {original_key} to cancel")
+
+    def tools(self) -> list[Any]:
+        book = runlog.tool("book", risk="reversible", reconcile=self.lookup, compensate=self.cancel)
+        return [book(self.book)]
+
+
+def test_each_wrong_effect_gets_an_inverse_of_its_own(
+    fast: Settings, redis_client: redis.Redis
+) -> None:
+    """Conflict, inverse, the retry books wrong again, a person rejects: the second wrong
+    booking is undone by a second inverse with its own key, and "compensated" names it."""
+    svc = Rebooking(redis_client, fast.redis_key_prefix)
+    with runlog.open_run(settings=fast, tools=svc.tools()) as run:
+        with pytest.raises(runlog.Escalated) as esc:
+            run.call_tool("book", ARGS)
+        rid = run.run_id
+    assert svc.requests == 2 and len(svc.standing()) == 1 and len(svc.cancels) == 1
+    assert esc.value.approval_id is not None
+    got = runlog.decide(
+        rid,
+        esc.value.approval_id,
+        approved=False,
+        decided_by="ops",
+        note="guest cancelled",
+        tools=svc.tools(),
+        settings=fast,
+    )
+    assert got == "recorded"
+    assert svc.standing() == [], "a wrong booking still stands"
+    events = valid_events(fast, rid)
+    inverses = _inverses(events)
+    (key,) = {undone for _, undone in inverses}
+    assert len(inverses) == 2 and len({k for k, _ in inverses}) == 2
+    assert [k for k, _ in svc.cancels] == [k for k, _ in inverses]
+    completed = {
+        p.idempotency_key
+        for ev in events
+        if isinstance(p := ev.payload, m.ToolCallCompleted)
+        and p.name == "book/compensate"
+        and not p.is_error
+    }
+    assert completed == {k for k, _ in inverses}
+    closed = next(
+        p
+        for ev in events
+        if isinstance(p := ev.payload, m.ToolCallCompleted) and p.idempotency_key == key
+    )
+    assert closed.content.endswith(f"(compensated by {inverses[1][0]})")
 
 
 def test_compensate_is_for_reversible_tools_and_its_name_is_reserved() -> None:

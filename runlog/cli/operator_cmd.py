@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Every record of the run in log order: model turns, tool calls (key, "
         "risk, outcome), uncertain calls and each reconciliation step, approvals, "
         "resumptions, fenced writes (with the rule's reason), compactions. Fields named in "
-        "RUNLOG_REDACT_FIELDS are redacted in arguments and results.",
+        "RUNLOG_REDACT_FIELDS are redacted in arguments, results, evidence and errors "
+        "(also inside JSON held in strings, and in results runlog cut).",
     )
     p.add_argument("run_id")
     p.add_argument("--tenant", default="default")

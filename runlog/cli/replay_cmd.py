@@ -11,6 +11,7 @@ from runlog.cli.groups import print_json
 from runlog.consumers import metrics
 from runlog.consumers import snapshot_plan as sp
 from runlog.consumers.queries import refuse_other_tenant
+from runlog.consumers.redaction import redact_entry, secret_fields
 from runlog.consumers.replay import replay
 from runlog.consumers.snapshots import SnapshotStore
 from runlog.consumers.verify import list_runs, verify_run
@@ -105,7 +106,7 @@ def _replay(args: argparse.Namespace) -> int:
     refuse_other_tenant(result.state.tenant, args.tenant, args.run_id)
     out = result.summary()
     if args.state:
-        out["state"] = result.state.to_dict()
+        out["state"] = redact_entry(result.state.to_dict(), secret_fields(settings))
     if args.json:
         out["metrics"] = metrics.snapshot()
         print_json(out)

@@ -17,7 +17,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             description=(
                 "For an uncertain call: approve = it did not happen, retry it with the same "
                 "idempotency key; reject = it must not run again (the note is recorded as "
-                "its result). For an action approval: approve lets it run, reject denies it."
+                "its result; a reversible call with an inverse is undone first, by the run's "
+                "next owner with its tools). For an action approval: approve lets it run, "
+                "reject denies it."
             ),
         )
         p.add_argument("run_id")

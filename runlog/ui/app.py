@@ -29,7 +29,7 @@ from runlog.api import decide
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
 from runlog.consumers.store import PROJECTIONS
-from runlog.consumers.timeline import Timeline, redact_json, run_timeline, secret_fields
+from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import InvalidRunId, RunlogError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
@@ -95,7 +95,6 @@ class Console:
         self.settings = settings
         self.ui = ui
         self.gate = Gate(grants)
-        self.secret = secret_fields(settings)
         self._redis: redis.Redis | None = None
         self._marks: projection_metrics.Watermarks | None = None
 
@@ -320,7 +319,7 @@ def create_app(
         everything = request.query_params.get("all") == "1"
         entries_shown = tl.entries if everything else tl.entries[-TIMELINE_TAIL:]
         entries = await run_in_threadpool(queries.get_audit, c.redis, c.settings, run_id)
-        audit = [_audit_row(e, c.secret) for e in entries]
+        audit = [_audit_row(e) for e in entries]
         pending = [
             {
                 "approval_id": a.approval_id,
@@ -397,8 +396,6 @@ def create_app(
             calls.append(
                 {
                     **call,
-                    "args_json": redact_json(call["args_json"], c.secret),
-                    "last_evidence": redact_json(call.get("last_evidence"), c.secret),
                     "age": age_text(call["age_s"]),
                     "deadline": age_text(call["deadline_s"]),
                 }
@@ -484,14 +481,12 @@ def create_app(
     return app
 
 
-def _audit_row(entry: dict[str, Any], secret: frozenset[str]) -> dict[str, Any]:
+def _audit_row(entry: dict[str, Any]) -> dict[str, Any]:
     skip = {"kind", "at", "seq", "epoch", "partition", "offset", "writer"}
     detail = []
     for k, v in sorted(entry.items()):
         if k in skip or v in (None, ""):
             continue
-        if k in ("args_json", "evidence", "detail") and isinstance(v, str):
-            v = redact_json(v, secret)
         detail.append(f"{k}={v}")
     return {
         "at": entry.get("at", ""),
