@@ -1,6 +1,7 @@
 """The audit projection: an append-only record per run of who did what, and when.
 
-Entries: denials, approvals (requested; decided, by whom, latency to the person),
+Entries: denials, approvals (requested; decided, by whom, latency to the person; a
+decision after the one that stands is an ``approval_superseded`` entry naming it),
 guardrail trips, retries (STARTED with attempt > 1), compensations (started, completed or
 failed, with the key they undo), compactions (what was dropped),
 resumptions (crash gap), fenced writes (what the ownership rule rejected), reconciliation
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState, Step, advance
+from runlog.projections.run_state import RunState, Step, advance, decision_text
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -102,6 +103,14 @@ def entries(st: RunState, ev: Event, step: Step, partition: int, offset: int) ->
         e.update(kind="approval_decided", approval_id=p.approval_id, approved=p.approved)
         e.update(decided_by=p.decided_by, note=p.note, latency_ms=latency)
         e["requested_at"] = None if at is None else at.isoformat()
+        standing = step.superseded
+        if standing is not None:
+            # A race let a second decision in: it is kept and shown, and changes nothing.
+            e.update(kind="approval_superseded", superseded_by=standing.decided_by)
+            e.update(standing_approved=standing.approved, standing_note=standing.note)
+            e["text"] = "superseded: " + decision_text(
+                p.approval_id, standing.decided_by, standing.approved, standing.note, None
+            )
     elif isinstance(p, m.GuardrailTriggered):
         e.update(kind="guardrail", guardrail=p.guardrail, severity=p.severity, action=p.action)
         e["detail"] = p.detail
