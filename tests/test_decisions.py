@@ -209,3 +209,77 @@ def test_a_stale_owner_does_not_swallow_a_queued_decision(
     got = _decisions(s, rid)
     assert [d for d in got if d[2]] == [("ops-1", True, True)]
     assert [d for d in got if not d[2]] == [("ops-1", True, False)]  # A's, fenced
+
+
+def _escalated_call(s: Settings, pay: runlog.Tool) -> tuple[str, str]:
+    """A run whose irreversible call has no known outcome and no reconciler: recovery
+    escalates it to a person (approve = retry with the same key, reject = do not)."""
+    with runlog.open_run(settings=s, tools=[pay]) as run:
+        run.append(
+            EventType.TOOL_CALL_STARTED,
+            call_id="call-1",
+            name="pay",
+            args_json='{"amount":7}',
+            idempotency_key="k-pay-7",
+            risk="irreversible",
+        )
+        rid = run.run_id  # the worker dies here: STARTED without COMPLETED
+    with runlog.open_run(rid, settings=s, tools=[pay]) as run:
+        (ap,) = run.state.pending_approvals
+        assert run.state.approvals[ap].kind == "uncertain_call"
+    return rid, ap
+
+
+def _pay(invoked: list[str]) -> runlog.Tool:
+    def effect(args: dict[str, Any], *, idempotency_key: str) -> str:
+        invoked.append(idempotency_key)
+        return "paid"
+
+    return runlog.tool("pay", risk="irreversible")(effect)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_racing_decisions_on_an_uncertain_call_run_the_tool_by_the_first_only(
+    s: Settings, attempt: int
+) -> None:
+    invoked: list[str] = []
+    pay = _pay(invoked)
+    rid, ap = _escalated_call(s, pay)
+    gate = threading.Barrier(2)
+    outcomes: dict[bool, Any] = {}
+
+    def decider(approved: bool) -> None:
+        gate.wait()
+        try:
+            outcomes[approved] = runlog.decide(
+                rid, ap, approved=approved, decided_by=f"ops-{approved}", settings=s, tools=[pay]
+            )
+        except DecisionConflict as exc:
+            outcomes[approved] = exc
+
+    threads = [threading.Thread(target=decider, args=(v,)) for v in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    (winner,) = [v for v, o in outcomes.items() if o == "recorded"]
+    (lost,) = [o for o in outcomes.values() if isinstance(o, DecisionConflict)]
+    assert lost.approved is winner and lost.decided_by == f"ops-{winner}"
+    assert [d for d in _decisions(s, rid) if d[2]] == [(f"ops-{winner}", winner, True)]
+    # approve: retried once with the same key; reject: never executed again.
+    assert invoked == (["k-pay-7"] if winner else [])
+    with runlog.open_run(rid, settings=s, tools=[pay]) as run:
+        assert "k-pay-7" in run.state.completed_calls
+    assert invoked == (["k-pay-7"] if winner else [])
+
+
+def test_a_superseded_approval_of_a_rejected_call_never_runs_it(s: Settings) -> None:
+    invoked: list[str] = []
+    pay = _pay(invoked)
+    rid, ap = _escalated_call(s, pay)
+    runlog.decide(rid, ap, approved=False, decided_by="ops-1", note="done by phone", settings=s)
+    with runlog.open_run(rid, settings=s, tools=[pay], recover=False) as run:
+        run.append(EventType.APPROVAL_DECIDED, approval_id=ap, approved=True, decided_by="ops-2")
+    with runlog.open_run(rid, settings=s, tools=[pay]) as run:
+        assert "done by phone" in run.state.completed_calls["k-pay-7"]
+    assert invoked == []
