@@ -27,6 +27,8 @@ from workers.common import assert_log_sound, read_log, services_for, verdicts
 
 import runlog
 from runlog.bootstrap import Services
+from runlog.consumers.queries import get_audit
+from runlog.consumers.runner import ProjectionRunner
 from runlog.errors import DecisionConflict
 from runlog.producers.approvals import decisions_key
 from runlog.projections import audit
@@ -130,6 +132,7 @@ def test_a_decision_after_the_standing_one_is_superseded_everywhere(
 ) -> None:
     rid, ap = _waiting(s)
     assert runlog.decide(rid, ap, approved=True, decided_by="ops-1", settings=s) == "recorded"
+    ProjectionRunner(s, redis_client, ["audit"]).catch_up(timeout_s=60)
     # A writer that never asks the rule (an older version, a bug) appends a second one.
     with runlog.open_run(rid, settings=s, recover=False) as run:
         run.append(EventType.APPROVAL_DECIDED, approval_id=ap, approved=False, decided_by="ops-2")
@@ -160,6 +163,16 @@ def test_a_decision_after_the_standing_one_is_superseded_everywhere(
     ]
     sup = entries[[e["kind"] for e in entries].index("approval_superseded")]
     assert sup["superseded_by"] == "ops-1" and sup["standing_approved"] is True
+    first = entries[[e["kind"] for e in entries].index("approval_decided")]["at"]
+    assert sup["standing_at"] == first
+    assert sup["text"].startswith(f"superseded: approval {ap} already decided by ops-1 at {first}")
+
+    # The audit projection's store, its runner restarted in between (what it knows of the
+    # standing decision comes back from Redis), says the same.
+    ProjectionRunner(s, redis_client, ["audit"]).catch_up(timeout_s=60)
+    stored = [e for e in get_audit(redis_client, s, rid) if "approval_id" in e]
+    assert [e["kind"] for e in stored] == [e["kind"] for e in entries if "approval_id" in e]
+    assert stored[-1]["text"] == sup["text"] and stored[-1]["standing_at"] == first
 
 
 @pytest.fixture
