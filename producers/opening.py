@@ -270,14 +270,16 @@ def submit_decision(
 ) -> str:
     """Record a person's decision: directly if the run is free, else via its owner's inbox.
 
-    Returns ``"recorded"`` (the log holds it, valid) or ``"queued"`` (it waits in the
-    owner's inbox after ``wait_s``). Taking the free run to record the decision is an
-    ownership change like any other (a RUN_RESUMED with the reason).
+    Returns ``"recorded"`` (this call appended it, valid in the log) or ``"queued"`` (it
+    went to the owner's inbox: recorded by the owner within ``wait_s``, or still waiting
+    there). Taking the free run to record the decision is an ownership change like any
+    other (a RUN_RESUMED with the reason).
 
     The first valid decision stands: if another one is in the log first, this raises
     ``DecisionConflict`` naming it, here, and a queued copy of this one is withdrawn. A
-    queued decision is watched in the log until it or another one stands; when the run
-    becomes free meanwhile this caller takes it and records what the inbox holds.
+    queued decision is watched in the log for ``wait_s`` until it or another one stands;
+    when the run becomes free meanwhile this caller takes it and records what the inbox
+    holds (``"recorded"``).
     """
     entry = json.dumps(
         {"approval_id": approval_id, "approved": approved, "decided_by": decided_by, "note": note},
@@ -303,6 +305,7 @@ def submit_decision(
             run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
         return "recorded"
     _inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
+    how = "queued"
     deadline = time.monotonic() + wait_s
     while True:
         state = _run_state(deps, tenant, run_id)
@@ -323,7 +326,7 @@ def submit_decision(
             else:
                 with run:  # the run is free now: record what its inbox holds, ours included
                     run.poll_decisions()
-                    state = run.state
+                    state, how = run.state, "recorded"
         standing = standing_decision(state, approval_id)
         if standing is not None:
             if (standing.decided_by, standing.approved, standing.note) == (
@@ -331,7 +334,7 @@ def submit_decision(
                 approved,
                 note,
             ):
-                return "recorded"
+                return how
             # Another decision stands: ours must not wait for an owner to drop it.
             _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
             raise approvals_conflict(run_id, standing)

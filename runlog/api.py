@@ -91,9 +91,10 @@ def decide(
     """Record a person's decision on an approval request of ``run_id``.
 
     If no worker holds the run, the decision is appended at once (``"recorded"``);
-    otherwise it waits in the run's inbox for its owner, and this call watches the log for
-    up to ``wait_s`` seconds: ``"recorded"`` once it stands there, ``"queued"`` if no owner
-    recorded it by then (it stays in the inbox until one does).
+    otherwise it waits in the run's inbox for its owner (``"queued"``), and this call
+    watches the log for up to ``wait_s`` seconds, so that a decision another person made
+    first is refused here too; one still in the inbox after that stays there until an
+    owner records it (or finds it decided: then it is dropped, as the first stands).
 
     The run's log is read first: a run of another tenant (``TenantMismatch``), a run
     without events (``UnknownRun``) and an approval id the run never issued
