@@ -20,15 +20,18 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from projections_support import env_for
+from ui_support import TOKEN_ADMIN, console
 from workers.common import assert_log_sound, read_log, services_for, verdicts
 
 import runlog
 from runlog.bootstrap import Services
 from runlog.consumers.queries import get_audit
 from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.store import PROJECTIONS
 from runlog.errors import DecisionConflict
 from runlog.producers.approvals import decisions_key
 from runlog.projections import audit
@@ -132,7 +135,7 @@ def test_a_decision_after_the_standing_one_is_superseded_everywhere(
 ) -> None:
     rid, ap = _waiting(s)
     assert runlog.decide(rid, ap, approved=True, decided_by="ops-1", settings=s) == "recorded"
-    ProjectionRunner(s, redis_client, ["audit"]).catch_up(timeout_s=60)
+    ProjectionRunner(s, redis_client, PROJECTIONS).catch_up(timeout_s=60)
     # A writer that never asks the rule (an older version, a bug) appends a second one.
     with runlog.open_run(rid, settings=s, recover=False) as run:
         run.append(EventType.APPROVAL_DECIDED, approval_id=ap, approved=False, decided_by="ops-2")
@@ -169,10 +172,18 @@ def test_a_decision_after_the_standing_one_is_superseded_everywhere(
 
     # The audit projection's store, its runner restarted in between (what it knows of the
     # standing decision comes back from Redis), says the same.
-    ProjectionRunner(s, redis_client, ["audit"]).catch_up(timeout_s=60)
+    ProjectionRunner(s, redis_client, PROJECTIONS).catch_up(timeout_s=60)
     stored = [e for e in get_audit(redis_client, s, rid) if "approval_id" in e]
     assert [e["kind"] for e in stored] == [e["kind"] for e in entries if "approval_id" in e]
     assert stored[-1]["text"] == sup["text"] and stored[-1]["standing_at"] == first
+
+    # The console's run page tells it the same way, marked apart from the standing one.
+    with console(s) as base:
+        page = httpx.get(f"{base}/runs/{rid}", headers={"Authorization": f"Bearer {TOKEN_ADMIN}"})
+    assert page.status_code == 200
+    row = page.text[page.text.index('<tr class="superseded">') :]
+    row = row[: row.index("</tr>")]
+    assert "ops-2" in row and f"superseded: approval {ap} already decided by ops-1 at" in row
 
 
 @pytest.fixture
