@@ -109,7 +109,23 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
             yield from blocking(functools.partial(_set_aside, run, key, raw))
             continue
         approval = run.state.approvals.get(approval_id)
-        if approval is not None and standing_decision(run.state, approval_id) is None:
+        standing = standing_decision(run.state, approval_id)
+        if standing is not None and (standing.decided_by, standing.approved, standing.note) != (
+            decided_by,
+            approved,
+            note,
+        ):
+            # The first valid decision stands; this one's decider was told if it waited.
+            log.warning(
+                "decision by %s on %s of %s dropped: %s",
+                decided_by,
+                approval_id,
+                run.run_id,
+                decision_text(
+                    approval_id, standing.decided_by, standing.approved, standing.note, None
+                ),
+            )
+        if approval is not None and standing is None:
             try:
                 yield from decide(
                     run, approval_id, approved=approved, decided_by=decided_by, note=note
