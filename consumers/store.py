@@ -784,10 +784,11 @@ class AuditHandler(Handler[audit.AuditRun]):
         state.validator = validator
 
     def own(self, state: audit.AuditRun) -> dict[str, Any]:
-        return {}
+        # Only once a run has a decision: the views of other runs stay as they were.
+        return {"decided_at": dict(sorted(state.decided_at.items()))} if state.decided_at else {}
 
     def restore(self, own: dict[str, Any], validator: RunState) -> audit.AuditRun:
-        return audit.AuditRun(validator=validator)
+        return audit.AuditRun(validator=validator, decided_at=dict(own.get("decided_at", {})))
 
     def _entries(self, batch: Batch[audit.AuditRun], run_id: str) -> list[audit.Entry]:
         per_run: dict[str, list[audit.Entry]] = batch.extra.setdefault("entries", {})
@@ -796,7 +797,9 @@ class AuditHandler(Handler[audit.AuditRun]):
     def on_step(
         self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Decoded, step: Step
     ) -> None:
-        found = audit.entries(state.validator, rec.event, step, rec.partition, rec.offset)
+        found = audit.entries(
+            state.validator, rec.event, step, rec.partition, rec.offset, state.decided_at
+        )
         if found:
             self._entries(batch, rec.event.run_id).extend(found)
 

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 import redis
 
 from runlog.consumers.redaction import redact_json, secret_fields
-from runlog.errors import UnknownRun
+from runlog.errors import DecisionConflict, UnknownRun
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, LogRecord
-from runlog.projections.run_state import RunState, accept, rejection
+from runlog.projections.run_state import (
+    RunState,
+    accept,
+    decision_text,
+    rejection,
+    standing_decision,
+    superseded,
+)
 from runlog.projections.state_view import facts
 from runlog.schemas import models as m
 from runlog.schemas.keys import check_run_id, check_tenant
@@ -57,6 +65,26 @@ class Timeline:
     calls: list[Call]
     source: str
     """Where the read started (``index``, ``time`` or ``scan``)."""
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Approval id -> the entry of the decision that stands on it (the first valid one)."""
+
+    def decision_conflict(self, approval_id: str) -> DecisionConflict | None:
+        """The refusal a new decision on ``approval_id`` meets, if one already stands."""
+        standing = standing_decision(self.state, approval_id)
+        if standing is None:
+            return None
+        entry = self.decided.get(approval_id, {})
+        at = entry.get("at")
+        return DecisionConflict(
+            decision_text(approval_id, standing.decided_by, standing.approved, standing.note, at),
+            approval_id=approval_id,
+            decided_by=standing.decided_by or "",
+            approved=bool(standing.approved),
+            note=standing.note,
+            decided_at=datetime.fromisoformat(at) if at else None,
+            decided_seq=entry.get("seq"),
+            run_id=self.run_id,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         st = self.state
@@ -201,11 +229,13 @@ def _describe(
 
 def build(
     records: Iterable[LogRecord], secret: frozenset[str]
-) -> tuple[RunState, list[dict[str, Any]], list[Call]]:
+) -> tuple[RunState, list[dict[str, Any]], list[Call], dict[str, dict[str, Any]]]:
     """Fold ``records`` with the fold's rule and tell each one."""
     st = RunState()
     entries: list[dict[str, Any]] = []
     calls: dict[str, Call] = {}
+    decided: dict[str, dict[str, Any]] = {}
+    """Approval id -> the entry of the decision that stands on it."""
     for rec in records:
         ev = rec.event
         why = rejection(st, ev)
@@ -217,6 +247,20 @@ def build(
             entries.append(e)
             continue
         e["text"] = _describe(e, ev, st, calls, secret)
+        standing = superseded(st, ev)
+        if standing is not None:
+            # A decision after the one that stands: told, marked, and it changes nothing.
+            first = decided.get(standing.approval_id, {}).get("at")
+            e.update(superseded=True, superseded_by=standing.decided_by, standing_at=first)
+            e["text"] = f"SUPERSEDED {e['text']}; superseded: " + decision_text(
+                standing.approval_id,
+                standing.decided_by,
+                standing.approved,
+                standing.note,
+                first,
+            )
+        elif isinstance(ev.payload, m.ApprovalDecided) and ev.payload.approval_id in st.approvals:
+            decided.setdefault(ev.payload.approval_id, e)
         accept(st, ev)
         entries.append(e)
     unique = {k: c for k, c in calls.items() if not k.startswith("#")}
@@ -225,7 +269,7 @@ def build(
         if still is not None:
             # Open at the end of the log: the fold says how far settling it got.
             c.outcome = "open" if still.status == "started" else still.status
-    return st, entries, list(unique.values())
+    return st, entries, list(unique.values()), decided
 
 
 def run_timeline(
@@ -244,5 +288,5 @@ def run_timeline(
         raise UnknownRun(f"no run {run_id} for tenant {tenant}", run_id=run_id)
     # Another tenant's records under this id are fenced for it; their content is theirs.
     mine = [r for r in read.folded.kept if r.event.tenant == tenant]
-    state, entries, calls = build(mine, secret_fields(settings))
-    return Timeline(run_id, tenant, state, entries, calls, read.source)
+    state, entries, calls, decided = build(mine, secret_fields(settings))
+    return Timeline(run_id, tenant, state, entries, calls, read.source, decided)

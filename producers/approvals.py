@@ -16,8 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from runlog.errors import CallUncertain, Escalated, RedisUnavailable, ToolFailed
+from runlog.errors import (
+    CallUncertain,
+    DecisionConflict,
+    Escalated,
+    RedisUnavailable,
+    ToolFailed,
+)
 from runlog.producers.ops import Steps, append, blocking
+from runlog.projections.run_state import Approval, decision_text, standing_decision
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -42,24 +49,51 @@ def record_decision(
     run: Run, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
 ) -> Steps[str | None]:
     """Append a person's decision; the key of the call it concerns, if any (the caller
-    settles that call: ``calls.decide``)."""
+    settles that call: ``calls.decide``).
+
+    The first valid decision stands: on a decided approval this refuses with
+    ``DecisionConflict`` and appends nothing. The decision counts once the log's order
+    says so (read back to it, like an irreversible call's STARTED), not when Redis says
+    this worker still owns the run: Redis can go back in time, and a stale owner's record
+    is fenced in the log; ``Fenced`` then, and the caller must not drop the decision.
+    """
     if approval_id not in run.state.approvals:
         raise KeyError(f"run {run.run_id} has no approval request {approval_id!r}")
-    yield from append(
+    standing = standing_decision(run.state, approval_id)
+    if standing is not None:
+        raise conflict(run.run_id, standing)
+    ev = yield from append(
         EventType.APPROVAL_DECIDED,
         approval_id=approval_id,
         approved=approved,
         decided_by=decided_by,
         note=note,
     )
+    if not run.confirmed_locally(ev):
+        yield from blocking(functools.partial(run.confirm_in_log, ev))
     return run.state.approvals[approval_id].idempotency_key
+
+
+def conflict(run_id: str, standing: Approval) -> DecisionConflict:
+    return DecisionConflict(
+        decision_text(
+            standing.approval_id, standing.decided_by, standing.approved, standing.note, None
+        ),
+        approval_id=standing.approval_id,
+        decided_by=standing.decided_by or "",
+        approved=bool(standing.approved),
+        note=standing.note,
+        run_id=run_id,
+    )
 
 
 def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
     """Record decisions people submitted while this worker held the lease.
 
-    An entry is removed only after its APPROVAL_DECIDED is durable, so a crash in
-    between leaves it for the next owner, which finds it already decided and drops it.
+    An entry is removed only after its APPROVAL_DECIDED is valid in the log's order
+    (``record_decision`` reads back to it), so a crash, or a stale owner fenced in the log
+    though Redis vouched for it, leaves it for the next owner, which records it or finds it
+    already decided (the first valid decision stands) and drops it.
     """
     key = inbox_key(run)
     entries = yield from blocking(functools.partial(_entries, run, key))
@@ -75,7 +109,23 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
             yield from blocking(functools.partial(_set_aside, run, key, raw))
             continue
         approval = run.state.approvals.get(approval_id)
-        if approval is not None and approval.approved is None:
+        standing = standing_decision(run.state, approval_id)
+        if standing is not None and (standing.decided_by, standing.approved, standing.note) != (
+            decided_by,
+            approved,
+            note,
+        ):
+            # The first valid decision stands; this one's decider was told if it waited.
+            log.warning(
+                "decision by %s on %s of %s dropped: %s",
+                decided_by,
+                approval_id,
+                run.run_id,
+                decision_text(
+                    approval_id, standing.decided_by, standing.approved, standing.note, None
+                ),
+            )
+        if approval is not None and standing is None:
             try:
                 yield from decide(
                     run, approval_id, approved=approved, decided_by=decided_by, note=note

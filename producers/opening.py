@@ -11,19 +11,20 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
 from runlog.errors import Fenced, RedisUnavailable, RunLocked, TenantMismatch, UnknownRun
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
+from runlog.producers.approvals import conflict as approvals_conflict
 from runlog.producers.approvals import decisions_key
 from runlog.producers.lease import METRICS, Held, Lease
 from runlog.producers.run import Run, RunDeps, _valid_kept
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Delivered
-from runlog.projections.run_state import RunState
+from runlog.projections.run_state import RunState, standing_decision
 from runlog.schemas import codec
 from runlog.schemas.keys import check_run_id, new_run_id, partition_for
 from runlog.schemas.vocabulary import EventType
@@ -251,6 +252,10 @@ def toolset(tools: Iterable[Tool]) -> dict[str, Tool]:
     return out
 
 
+DECISION_WAIT_S = 5.0
+"""How long ``submit_decision`` waits for a queued decision's outcome before "queued"."""
+
+
 def submit_decision(
     deps: RunDeps,
     run_id: str,
@@ -261,12 +266,27 @@ def submit_decision(
     note: str = "",
     tenant: str = "default",
     tools: Iterable[Tool] = (),
+    wait_s: float = DECISION_WAIT_S,
 ) -> str:
     """Record a person's decision: directly if the run is free, else via its owner's inbox.
 
-    Returns ``"recorded"`` or ``"queued"``. Taking the free run to record the decision is
-    an ownership change like any other (a RUN_RESUMED with the reason).
+    Returns ``"recorded"`` (this call appended it, valid in the log) or ``"queued"`` (it
+    went to the owner's inbox: recorded by the owner within ``wait_s``, or still waiting
+    there). Taking the free run to record the decision is an ownership change like any
+    other (a RUN_RESUMED with the reason).
+
+    The first valid decision stands: if another one is in the log first, this raises
+    ``DecisionConflict`` naming it, here, and a queued copy of this one is withdrawn. A
+    queued decision is watched in the log for ``wait_s`` until it or another one stands;
+    when the run becomes free meanwhile this caller takes it and records what the inbox
+    holds (``"recorded"``).
     """
+    entry = json.dumps(
+        {"approval_id": approval_id, "approved": approved, "decided_by": decided_by, "note": note},
+        sort_keys=True,
+    )
+    reason = f"decision by {decided_by}"
+    key = decisions_key(deps, tenant, run_id)
     try:
         run = open_run_with(
             deps,
@@ -276,20 +296,63 @@ def submit_decision(
             wait_s=0,
             recover=False,
             create=False,
-            reason=f"decision by {decided_by}",
+            reason=reason,
         )
     except RunLocked:
-        entry = {
-            "approval_id": approval_id,
-            "approved": approved,
-            "decided_by": decided_by,
-            "note": note,
-        }
-        try:
-            deps.redis.rpush(decisions_key(deps, tenant, run_id), json.dumps(entry, sort_keys=True))
-        except redis.RedisError as exc:
-            raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
-        return "queued"
-    with run:
-        run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
-    return "recorded"
+        pass
+    else:
+        with run:
+            run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+        return "recorded"
+    _inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
+    how = "queued"
+    deadline = time.monotonic() + wait_s
+    while True:
+        state = _run_state(deps, tenant, run_id)
+        if standing_decision(state, approval_id) is None:
+            try:
+                run = open_run_with(
+                    deps,
+                    run_id,
+                    tenant=tenant,
+                    tools=tools,
+                    wait_s=0,
+                    recover=False,
+                    create=False,
+                    reason=reason,
+                )
+            except RunLocked:
+                pass
+            else:
+                with run:  # the run is free now: record what its inbox holds, ours included
+                    run.poll_decisions()
+                    state, how = run.state, "recorded"
+        standing = standing_decision(state, approval_id)
+        if standing is not None:
+            if (standing.decided_by, standing.approved, standing.note) == (
+                decided_by,
+                approved,
+                note,
+            ):
+                return how
+            # Another decision stands: ours must not wait for an owner to drop it.
+            _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
+            raise approvals_conflict(run_id, standing)
+        if time.monotonic() >= deadline:
+            return "queued"
+        time.sleep(0.1)
+
+
+def _inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:
+    try:
+        op()
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
+
+
+def _run_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+    reader = deps.reader_factory()
+    try:
+        return read_run(reader, deps.redis, deps.settings, tenant, run_id).state
+    finally:
+        reader.close()

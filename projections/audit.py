@@ -1,6 +1,7 @@
 """The audit projection: an append-only record per run of who did what, and when.
 
-Entries: denials, approvals (requested; decided, by whom, latency to the person),
+Entries: denials, approvals (requested; decided, by whom, latency to the person; a
+decision after the one that stands is an ``approval_superseded`` entry naming it),
 guardrail trips, retries (STARTED with attempt > 1), compensations (started, completed or
 failed, with the key they undo), compactions (what was dropped),
 resumptions (crash gap), fenced writes (what the ownership rule rejected), reconciliation
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState, Step, advance
+from runlog.projections.run_state import RunState, Step, advance, decision_text
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -28,13 +29,20 @@ class AuditRun:
     """Per-run projection state: only the validator; the entries are appended elsewhere."""
 
     validator: RunState = field(default_factory=RunState)
+    decided_at: dict[str, str] = field(default_factory=dict)
+    """Approval id -> when the decision that stands on it was recorded: a superseded
+    decision's entry names it."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"validator": slim_dict(self.validator)}
+        out: dict[str, Any] = {"validator": slim_dict(self.validator)}
+        if self.decided_at:
+            out["decided_at"] = dict(sorted(self.decided_at.items()))
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AuditRun:
-        return cls(validator=RunState.from_dict(data["validator"]))
+        validator = RunState.from_dict(data["validator"])
+        return cls(validator=validator, decided_at=dict(data.get("decided_at", {})))
 
 
 def _base(kind: str, ev: Event, partition: int, offset: int) -> Entry:
@@ -75,12 +83,21 @@ def _has_entry(p: m.Payload) -> bool:
 
 def apply_event(run: AuditRun, ev: Event, partition: int, offset: int) -> list[Entry]:
     """Fold ``ev`` (and the run's own validator); returns the entries to append."""
-    return entries(run.validator, ev, advance(run.validator, ev), partition, offset)
+    step = advance(run.validator, ev)
+    return entries(run.validator, ev, step, partition, offset, run.decided_at)
 
 
-def entries(st: RunState, ev: Event, step: Step, partition: int, offset: int) -> list[Entry]:
+def entries(
+    st: RunState,
+    ev: Event,
+    step: Step,
+    partition: int,
+    offset: int,
+    decided_at: dict[str, str] | None = None,
+) -> list[Entry]:
     """The entries ``ev`` adds (in order), given its ``step`` through the run state ``st``
-    (the state after it)."""
+    (the state after it). ``decided_at`` (the run's, updated here) says when each
+    standing decision was recorded."""
     p = ev.payload
     asked_at, undone = step.asked_at, step.undone
     if not step.accepted:
@@ -102,6 +119,19 @@ def entries(st: RunState, ev: Event, step: Step, partition: int, offset: int) ->
         e.update(kind="approval_decided", approval_id=p.approval_id, approved=p.approved)
         e.update(decided_by=p.decided_by, note=p.note, latency_ms=latency)
         e["requested_at"] = None if at is None else at.isoformat()
+        standing = step.superseded
+        known = {} if decided_at is None else decided_at
+        if standing is not None:
+            # A race let a second decision in: it is kept and shown, and changes nothing.
+            first = known.get(p.approval_id)
+            e.update(kind="approval_superseded", superseded_by=standing.decided_by)
+            e.update(standing_approved=standing.approved, standing_note=standing.note)
+            e["standing_at"] = first
+            e["text"] = "superseded: " + decision_text(
+                p.approval_id, standing.decided_by, standing.approved, standing.note, first
+            )
+        elif decided_at is not None and p.approval_id in st.approvals:
+            decided_at.setdefault(p.approval_id, ev.occurred_at.isoformat())
     elif isinstance(p, m.GuardrailTriggered):
         e.update(kind="guardrail", guardrail=p.guardrail, severity=p.severity, action=p.action)
         e["detail"] = p.detail

@@ -424,12 +424,45 @@ def _approval_requested(st: RunState, ev: Event) -> None:
         st.status = "escalated"
 
 
+# ---------------------------------------------------------------------------- decisions
+#
+# A person's decision is final: the first valid APPROVAL_DECIDED of an approval stands.
+# A later one is refused where it is made (``standing_decision`` asked before appending);
+# one that a race let into the log anyway is record-only, "superseded" (``superseded``).
+# Every reader and every decider asks these two functions, nothing else.
+
+
+def standing_decision(st: RunState, approval_id: str) -> Approval | None:
+    """The approval if it is decided: its first valid decision, the one that stands."""
+    approval = st.approvals.get(approval_id)
+    return approval if approval is not None and approval.approved is not None else None
+
+
+def superseded(st: RunState, ev: Event) -> Approval | None:
+    """For an APPROVAL_DECIDED about to be folded on ``st``: the standing decision it comes
+    after (the event then changes nothing: it is superseded), else None."""
+    p = ev.payload
+    if not isinstance(p, m.ApprovalDecided):
+        return None
+    return standing_decision(st, p.approval_id)
+
+
+def decision_text(
+    approval_id: str, decided_by: str | None, approved: bool | None, note: str, at: str | None
+) -> str:
+    """How a standing decision is named wherever one is refused or superseded."""
+    verb = "approved" if approved else "rejected"
+    when = f" at {at}" if at else ""
+    why = f" (note: {note})" if note else ""
+    return f"approval {approval_id} already decided by {decided_by}{when}: {verb}{why}"
+
+
 def _approval_decided(st: RunState, ev: Event) -> None:
     p = ev.payload
     assert isinstance(p, m.ApprovalDecided)
     approval = st.approvals.get(p.approval_id)
-    if approval is None or approval.approved is not None:
-        return  # deciding an unknown or already decided request changes nothing
+    if approval is None or superseded(st, ev) is not None:
+        return  # an unknown request, or a decision after the one that stands: record-only
     approval.approved, approval.decided_by, approval.note = p.approved, p.decided_by, p.note
     key = approval.idempotency_key
     if key is not None and key in st.open_calls:
@@ -563,6 +596,8 @@ class Step:
     """For a decision: when the request it answers was made."""
     undone: str | None
     """For a compensation's completion: the key of the call it undoes."""
+    superseded: Approval | None = None
+    """For a valid decision that came after the one that stands: the standing one."""
 
 
 def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
@@ -606,7 +641,11 @@ def advance(state: RunState, ev: Event) -> Step:
         started = find_open(state, p.started_seq, p.idempotency_key)
         undone = started.operation_id if started is not None else None
     touched = touched_calls(state, ev)
-    return Step(accept(state, ev), touched, approval, asked_at, undone)
+    standing = superseded(state, ev)
+    if standing is not None:
+        standing = dataclasses.replace(standing)  # as it stood before ``ev``
+    accepted = accept(state, ev)
+    return Step(accepted, touched, approval, asked_at, undone, standing if accepted else None)
 
 
 def apply(state: RunState, ev: Event) -> RunState:

@@ -9,10 +9,12 @@ from runlog.bootstrap import Services
 from runlog.consumers.projection_metrics import serve
 from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.replay import replay
-from runlog.errors import UnknownApproval, UnknownRun
+from runlog.consumers.timeline import Timeline, run_timeline
+from runlog.errors import DecisionConflict, UnknownApproval, UnknownRun
+from runlog.log.reader import LogReader
 from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
-from runlog.producers.opening import open_run_with, submit_decision
+from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
 from runlog.producers.writer import APPENDS, BARRIERS
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.settings import Settings
@@ -84,16 +86,24 @@ def decide(
     tenant: str = "default",
     tools: Iterable[Tool] = (),
     settings: Settings | None = None,
+    wait_s: float = DECISION_WAIT_S,
 ) -> str:
     """Record a person's decision on an approval request of ``run_id``.
 
     If no worker holds the run, the decision is appended at once (``"recorded"``);
-    otherwise it waits in the run's inbox until its owner records it (``"queued"``).
+    otherwise it waits in the run's inbox for its owner (``"queued"``), and this call
+    watches the log for up to ``wait_s`` seconds, so that a decision another person made
+    first is refused here too; one still in the inbox after that stays there until an
+    owner records it (or finds it decided: then it is dropped, as the first stands).
 
     The run's log is read first: a run of another tenant (``TenantMismatch``), a run
     without events (``UnknownRun``) and an approval id the run never issued
     (``UnknownApproval``) are refused before anything is queued or appended, so a typo
     never waits in an inbox as if a person had answered.
+
+    A person's decision is final: the first valid decision in the log stands. A decision on
+    an approval that already has one is refused with ``DecisionConflict``, which names the
+    standing decision (who, when, approve or reject, note); nothing is appended or queued.
     """
 
     check_run_id(run_id)
@@ -102,10 +112,8 @@ def decide(
     with tracing.span(
         "decide", run_id=run_id, tenant=tenant, approval_id=approval_id, approved=approved
     ) as span:
-        state = replay(services.settings, services.redis, run_id, tenant=tenant).state
-        if state.status == "new":
-            raise UnknownRun(f"run {run_id} has no events", run_id=run_id)
-        refuse_other_tenant(state.tenant, tenant, run_id)
+        tl = _timeline(services, tenant, run_id)
+        state = tl.state
         if approval_id not in state.approvals:
             pending = ", ".join(sorted(state.pending_approvals)) or "none"
             raise UnknownApproval(
@@ -113,18 +121,41 @@ def decide(
                 f"(pending approval ids: {pending})",
                 run_id=run_id,
             )
-        how = submit_decision(
-            services.run_deps(),
-            run_id,
-            approval_id,
-            approved=approved,
-            decided_by=decided_by,
-            note=note,
-            tenant=tenant,
-            tools=tools,
-        )
+        standing = tl.decision_conflict(approval_id)
+        if standing is not None:
+            tracing.annotate(span, outcome="refused")
+            raise standing
+        try:
+            how = submit_decision(
+                services.run_deps(),
+                run_id,
+                approval_id,
+                approved=approved,
+                decided_by=decided_by,
+                note=note,
+                tenant=tenant,
+                tools=tools,
+                wait_s=wait_s,
+            )
+        except DecisionConflict as exc:
+            # Another decision won the race: name it with its time, read from the log.
+            tracing.annotate(span, outcome="refused")
+            fresh = _timeline(services, tenant, run_id).decision_conflict(approval_id)
+            if fresh is None:
+                raise
+            raise fresh from exc
         tracing.annotate(span, outcome=how)
         return how
+
+
+def _timeline(services: Services, tenant: str, run_id: str) -> Timeline:
+    """The run's story as ``tenant`` sees it; another tenant's run is ``TenantMismatch``."""
+    state = replay(services.settings, services.redis, run_id, tenant=tenant).state
+    if state.status == "new":
+        raise UnknownRun(f"run {run_id} has no events", run_id=run_id)
+    refuse_other_tenant(state.tenant, tenant, run_id)
+    with LogReader(services.settings) as reader:
+        return run_timeline(reader, services.redis, services.settings, tenant, run_id)
 
 
 def lease_metrics() -> dict[str, int]:

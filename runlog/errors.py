@@ -6,6 +6,8 @@ never need to import confluent_kafka or redis to handle a runlog failure.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class RunlogError(Exception):
     """Root of every error runlog raises on purpose."""
@@ -170,3 +172,27 @@ class UpcastFailed(SchemaError):
 
 class UnknownApproval(RunError):
     """The run never issued the approval id a decision names."""
+
+
+class DecisionConflict(RunError):
+    """The approval already has a decision, and the first valid decision in the log stands.
+
+    Carries the standing decision: who, whether it approved, its note, and when and at
+    which seq it was recorded (``None`` where the refusing reader did not see the record).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        approval_id: str,
+        decided_by: str,
+        approved: bool,
+        note: str = "",
+        decided_at: datetime | None = None,
+        decided_seq: int | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id, seq=decided_seq)
+        self.approval_id, self.decided_by, self.approved = approval_id, decided_by, approved
+        self.note, self.decided_at, self.decided_seq = note, decided_at, decided_seq

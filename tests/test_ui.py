@@ -140,9 +140,19 @@ def test_console_tokens_tenants_csrf_and_decisions(
             assert [(d["decided_by"], d["note"], d["approved"]) for d in decided] == [
                 ("ann", "customer is right", True)
             ]
-            # Deciding it again is refused: it no longer waits for anyone.
+            # Deciding it again is refused: a decision is final. The console's own page
+            # names the decision that stands, and nothing more is recorded.
             r = web.post(url, data={"decision": "reject", "csrf": csrf.group(1)})
             assert r.status_code == 409
+            assert (
+                r.headers["content-type"].startswith("text/html") and 'href="/approvals"' in r.text
+            )
+            standing = r.text[r.text.index('id="standing"') :]
+            assert "approved" in standing and "ann" in standing
+            assert "customer is right" in standing and tl.decided[acme_ap]["at"] in standing
+            with LogReader(s) as reader:
+                again = run_timeline(reader, redis_client, s, "acme", acme)
+            assert len([e for e in again.entries if e["type"] == "approval_decided"]) == 1
 
             for path in ("/uncertain", "/approvals", "/lag", f"/runs/{acme}"):
                 r = get(path, TOKEN_A)

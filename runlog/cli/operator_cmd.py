@@ -43,9 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a run's history as a timeline, read from the log",
         description="Every record of the run in log order: model turns, tool calls (key, "
         "risk, outcome), uncertain calls and each reconciliation step, approvals, "
-        "resumptions, fenced writes (with the rule's reason), compactions. Fields named in "
-        "RUNLOG_REDACT_FIELDS are redacted in arguments, results, evidence and errors "
-        "(also inside JSON held in strings, and in results runlog cut).",
+        "resumptions, fenced writes (x, with the rule's reason), decisions superseded by an "
+        "earlier one (s), compactions. Fields named in RUNLOG_REDACT_FIELDS are redacted in "
+        "arguments, results, evidence and errors (also inside JSON held in strings, and in "
+        "results runlog cut).",
     )
     p.add_argument("run_id")
     p.add_argument("--tenant", default="default")
@@ -142,7 +143,7 @@ def _show(args: argparse.Namespace) -> int:
     )
     print()
     for e in tl.entries:
-        mark = "  " if e["valid"] else "x "
+        mark = "x " if not e["valid"] else "s " if e.get("superseded") else "  "
         at = datetime.fromisoformat(e["at"]).strftime("%H:%M:%S.%f")[:-3]
         print(f"{mark}{at} #{e['seq']:<4} e{e['epoch']:<3} {e['text']}")
     if tl.calls:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import sys
 from collections.abc import Callable
 
 from runlog.api import decide
+from runlog.errors import DecisionConflict
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,7 +21,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 "idempotency key; reject = it must not run again (the note is recorded as "
                 "its result; a reversible call with an inverse is undone first, by the run's "
                 "next owner with its tools). For an action approval: approve lets it run, "
-                "reject denies it."
+                "reject denies it. A decision is final: on an approval already decided this "
+                "exits 1 and names the decision that stands."
             ),
         )
         p.add_argument("run_id")
@@ -32,14 +35,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _handler(approved: bool) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        how = decide(
-            args.run_id,
-            args.approval_id,
-            approved=approved,
-            decided_by=args.by or getpass.getuser(),
-            note=args.note,
-            tenant=args.tenant,
-        )
+        try:
+            how = decide(
+                args.run_id,
+                args.approval_id,
+                approved=approved,
+                decided_by=args.by or getpass.getuser(),
+                note=args.note,
+                tenant=args.tenant,
+            )
+        except DecisionConflict as exc:
+            # A person's decision is final: this one was not recorded.
+            print(f"runlog: refused: {exc}; this decision was not recorded", file=sys.stderr)
+            return 1
         verb = "approved" if approved else "rejected"
         if how == "queued":
             print(f"{verb} {args.approval_id}: queued for the run's current owner")

@@ -30,7 +30,7 @@ from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
 from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.timeline import Timeline, run_timeline
-from runlog.errors import InvalidRunId, RunlogError, UnknownRun
+from runlog.errors import DecisionConflict, InvalidRunId, RunlogError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.schemas.keys import check_run_id
@@ -432,22 +432,42 @@ def create_app(
             tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
         except UnknownRun:
             return _not_found(request, c, ctx, run_id)
+        approved = choice == "approve"
+
+        def refused(standing: DecisionConflict) -> Response:
+            yours = "approve" if approved else "reject"
+            return c.page(
+                request,
+                "decided.html",
+                409,
+                run_id=run_id,
+                approval_id=approval_id,
+                standing=standing,
+                yours=yours,
+                **ctx,
+            )
+
+        standing = tl.decision_conflict(approval_id)
+        if standing is not None:
+            return refused(standing)
         if approval_id not in tl.state.pending_approvals:
             return PlainTextResponse(
                 f"{approval_id} is not waiting for a decision in this run", status_code=409
             )
-        approved = choice == "approve"
-        how = await run_in_threadpool(
-            lambda: decide(
-                run_id,
-                approval_id,
-                approved=approved,
-                decided_by=grant.name,
-                note=note,
-                tenant=row.tenant,
-                settings=c.settings,
+        try:
+            how = await run_in_threadpool(
+                lambda: decide(
+                    run_id,
+                    approval_id,
+                    approved=approved,
+                    decided_by=grant.name,
+                    note=note,
+                    tenant=row.tenant,
+                    settings=c.settings,
+                )
             )
-        )
+        except DecisionConflict as exc:
+            return refused(exc)
         log.info("console: %s %s %s of %s (%s)", grant.name, choice, approval_id, run_id, how)
         nxt_raw = form.get("next")
         target = _local(nxt_raw if isinstance(nxt_raw, str) else "", f"/runs/{run_id}")

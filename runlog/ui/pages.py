@@ -50,6 +50,7 @@ code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .st-running{background:#2563eb}.st-waiting{background:#d97706}.st-uncertain{background:#9333ea}
 .st-stopped{background:#dc2626}.st-finished{background:#059669}
 tr.fenced td{color:#9ca3af;text-decoration:line-through}tr.fenced td.why{text-decoration:none;color:#dc2626}
+tr.superseded td{color:#9ca3af}
 .overdue{color:#dc2626;font-weight:600}.muted{color:#6b7280}
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:8px 12px;margin:8px 0}
 .counts span{margin-right:14px}.flash{background:#ecfdf5;border:1px solid #a7f3d0;padding:6px 10px}
@@ -143,7 +144,7 @@ _RUN = (
 <th>What happened</th></tr></thead><tbody>
 {% if hidden %}<tr><td colspan="5" class="muted">{{ hidden }} earlier record(s) not shown:
 <a href="/runs/{{ run_id }}?all=1" id="all">show the whole run</a></td></tr>{% endif %}
-{% for e in entries %}<tr class="{{ 'fenced' if not e.valid else '' }}"><td class="num">{{ e.seq }}</td>
+{% for e in entries %}<tr class="{{ 'fenced' if not e.valid else 'superseded' if e.superseded else '' }}"><td class="num">{{ e.seq }}</td>
 <td class="num">{{ e.epoch }}</td><td class="mono">{{ e.at|clock }}</td><td>{{ e.type }}</td>
 <td class="{{ 'why' if not e.valid else '' }}">{{ e.text }}</td></tr>{% endfor %}</tbody></table>
 {% if tl.calls %}<h2>Tool calls</h2><table id="calls"><thead><tr><th>Tool</th><th>Key</th><th>Risk</th>
@@ -212,7 +213,21 @@ _NOT_FOUND = """{% extends "base.html" %}{% block title %}Not found{% endblock %
 {% block content %}<h1>Not found</h1><p id="notfound">{{ message }}</p>
 <p><a href="/">Back to the runs</a></p>{% endblock %}"""
 
+_DECIDED = """{% extends "base.html" %}{% block title %}Already decided{% endblock %}
+{% block content %}<h1>Already decided</h1>
+<p id="refused">Your decision ({{ yours }}) on approval <code>{{ approval_id }}</code> of run
+<a class="mono" href="/runs/{{ run_id }}">{{ run_id }}</a> was not recorded: a person's
+decision is final, and the first one in the run's log stands.</p>
+<table id="standing" class="card"><tbody>
+<tr><th>Decision</th><td>{{ "approved" if standing.approved else "rejected" }}</td></tr>
+<tr><th>By</th><td>{{ standing.decided_by }}</td></tr>
+<tr><th>At</th><td>{{ standing.decided_at.isoformat() if standing.decided_at else "" }}</td></tr>
+<tr><th>Note</th><td>{{ standing.note }}</td></tr></tbody></table>
+<p><a href="/runs/{{ run_id }}">Back to the run</a> &middot; <a href="/approvals">Approvals</a></p>
+{% endblock %}"""
+
 _TEMPLATES = {
+    "decided.html": _DECIDED,
     "base.html": _BASE,
     "login.html": _LOGIN,
     "runs.html": _RUNS,
