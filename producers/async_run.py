@@ -79,6 +79,20 @@ async def open_async(
     return arun
 
 
+async def _thread_to_its_end(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread; a cancellation waits until the thread is done.
+
+    A thread cannot be cancelled: one left running (a log read extending the run's view)
+    would overlap the run's next step once the cancelled task gave up its turn.
+    """
+    fut = asyncio.ensure_future(in_thread(fn))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        raise
+
+
 async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) -> Any:
     """Await an async tool or reconciler here; run a sync one in a worker thread (it may
     block on its own network call). The call context travels with it either way."""
@@ -138,7 +152,7 @@ class AsyncRun(Owned):
         if isinstance(op, Lookup):
             return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op)
         assert isinstance(op, Blocking)
-        return await in_thread(op.fn)
+        return await _thread_to_its_end(op.fn)
 
     async def _drive(self, steps: Steps[T]) -> T:
         """``ops.drive`` with ``await``: the same loop over the same rules."""
@@ -201,7 +215,7 @@ class AsyncRun(Owned):
         await self.barrier()
         snapshots = self._run.deps.snapshots
         if snapshots is not None and snapshots.due(self._run):
-            await in_thread(snapshots.maybe_write, self._run)
+            await _thread_to_its_end(functools.partial(snapshots.maybe_write, self._run))
         return ev
 
     # Tools, approvals, the end -----------------------------------------------------------

@@ -1,0 +1,177 @@
+"""Cancellation on one run: a call cancelled before its tool was handed the request is a
+proven non-effect recorded in the log; cancelled while the tool ran, it stays uncertain.
+
+Everything is read back from Kafka and from the receiver's ledger in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from workers.common import Ledger, assert_log_sound, payloads, read_log
+
+import runlog
+from runlog.producers import async_run
+from runlog.producers.writer import EventWriter
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _pay(ledger: Ledger, *, hold_s: float = 0.0) -> runlog.Tool:
+    """An irreversible tool with no reconciler whose receiver does not deduplicate: every
+    invocation is one more entry in the ledger, under the key it was sent."""
+
+    async def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        await asyncio.sleep(0.01)  # let other tasks run between the calls' steps
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        if hold_s:
+            await asyncio.sleep(hold_s)  # the effect happened; the answer is slow
+        return f"paid {args['to']}"
+
+    return runlog.tool("pay", risk="irreversible")(pay)
+
+
+def _slow_started_barrier(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    """Every asyncio barrier waits ``delay_s`` before it waits for its acknowledgements
+    (and follows: no inline serve), so a short timeout around a call lands inside the
+    barrier of its STARTED, before the tool is handed the request."""
+    monkeypatch.setattr(async_run, "INLINE_S", 0.0)
+    original = async_run._acknowledged
+
+    async def slow(*args: Any, **kw: Any) -> None:
+        await asyncio.sleep(delay_s)
+        await original(*args, **kw)
+
+    monkeypatch.setattr(async_run, "_acknowledged", slow)
+
+
+@pytest.mark.parametrize("retry_by", ["same_owner", "next_owner"])
+def test_a_call_cancelled_in_its_started_barrier_runs_once_when_asked_again(
+    fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch, retry_by: str
+) -> None:
+    """wait_for times out while the irreversible call's STARTED is being made durable: the
+    tool was never handed the request, the log says so, and asking again (in the same
+    process, or as the next owner reading only the log) runs it exactly once."""
+    tools = [_pay(ledger)]
+
+    async def main() -> tuple[str, str | None]:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            key = run.key_for("pay", {"to": "bob"})
+            _slow_started_barrier(monkeypatch, 0.5)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(run.call_tool("pay", {"to": "bob"}), timeout=0.05)
+            assert ledger.total() == 0
+            assert run.key_for("pay", {"to": "bob"}) == key, "asking again must reuse the key"
+            if retry_by == "same_owner":
+                paid = await run.call_tool("pay", {"to": "bob"})
+                await run.finish("succeeded")
+                return run.run_id, paid
+            return run.run_id, None
+
+    run_id, paid = asyncio.run(main())
+    monkeypatch.undo()
+    if paid is None:
+
+        async def resume() -> str:
+            async with runlog.aio.open_run(run_id, tools=tools, settings=fast) as run:
+                assert run.state.status == "running" and not run.state.open_calls
+                paid = await run.call_tool("pay", {"to": "bob"})
+                await run.finish("succeeded")
+                return paid
+
+        paid = asyncio.run(resume())
+    assert paid == "paid bob"
+    assert list(ledger.per_key().values()) == [1], "the tool must run exactly once"
+    events = [rec.event for rec in read_log(fast, run_id)]
+    state = assert_log_sound(events)
+    assert state.status == "finished" and not state.open_calls
+    assert payloads(events, EventType.APPROVAL_REQUESTED) == [], "escalated a proven non-effect"
+    assert payloads(events, EventType.TOOL_CALL_UNCERTAIN) == []
+    done = payloads(events, EventType.TOOL_CALL_COMPLETED)
+    # The cancelled attempt is closed as a proven non-effect (no key: it may run again).
+    assert [(c.is_error, c.idempotency_key is None) for c in done] == [
+        (True, True),
+        (False, False),
+    ]
+    started = payloads(events, EventType.TOOL_CALL_STARTED)
+    assert [s.idempotency_key for s in started] == [done[1].idempotency_key] * 2
+    assert done[0].started_seq != done[1].started_seq
+
+
+def test_a_call_cancelled_after_its_tool_was_invoked_stays_uncertain(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """The cancel lands while the tool runs (its effect happened, its answer is slow):
+    nothing proves a non-effect, so the call stays uncertain and the recovery rules for an
+    irreversible tool without a lookup ask a person; it is never run again on its own."""
+    tools = [_pay(ledger, hold_s=2.0)]
+
+    async def main() -> str:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(run.call_tool("pay", {"to": "bob"}), timeout=0.5)
+            assert ledger.total() == 1
+            with pytest.raises(runlog.Escalated):
+                await run.call_tool("pay", {"to": "bob"})
+            return run.run_id
+
+    run_id = asyncio.run(main())
+
+    async def resume() -> None:
+        async with runlog.aio.open_run(run_id, tools=tools, settings=fast) as run:
+            assert run.state.status == "running"
+            with pytest.raises(runlog.Escalated):
+                await run.call_tool("pay", {"to": "bob"})
+
+    asyncio.run(resume())
+    assert list(ledger.per_key().values()) == [1], "an uncertain effect ran again"
+    events = [rec.event for rec in read_log(fast, run_id)]
+    state = assert_log_sound(events)
+    assert len(state.open_calls) == 1 and not state.completed_calls
+    assert [c.status for c in state.open_calls.values()] == ["escalated"]
+    assert len(payloads(events, EventType.APPROVAL_REQUESTED)) == 1
+    assert payloads(events, EventType.TOOL_CALL_COMPLETED) == []
+    # The live writer saw the interruption and said so; no owner "stopped first".
+    assert [u.detected_by for u in payloads(events, EventType.TOOL_CALL_UNCERTAIN)] == ["live"]
+
+
+def test_a_sync_call_interrupted_in_its_started_barrier_runs_once_when_asked_again(
+    fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rule on the sync path: ^C lands while the STARTED's barrier waits (before
+    the wait, so its acknowledgement is left to the next barrier); the tool never ran,
+    the log says so, and the next owner runs it once."""
+
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return f"paid {args['to']}"
+
+    tools = [runlog.tool("pay", risk="irreversible")(pay)]
+    original = EventWriter.wait
+    armed = [True]
+
+    def interrupted(self: EventWriter, *args: Any, **kw: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        original(self, *args, **kw)
+
+    with runlog.open_run(tools=tools, settings=fast) as run:
+        monkeypatch.setattr(EventWriter, "wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run.call_tool("pay", {"to": "bob"})
+        assert ledger.total() == 0
+        run_id = run.run_id
+    with runlog.open_run(run_id, tools=tools, settings=fast) as again:
+        assert not again.state.open_calls and again.state.status == "running"
+        assert again.call_tool("pay", {"to": "bob"}) == "paid bob"
+        again.finish("succeeded")
+    assert list(ledger.per_key().values()) == [1]
+    events = [rec.event for rec in read_log(fast, run_id)]
+    assert assert_log_sound(events).status == "finished"
+    assert payloads(events, EventType.APPROVAL_REQUESTED) == []
