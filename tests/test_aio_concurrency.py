@@ -1,5 +1,6 @@
-"""Cancellation on one run: a call cancelled before its tool was handed the request is a
-proven non-effect recorded in the log; cancelled while the tool ran, it stays uncertain.
+"""Cancellation and concurrency on one run: a call cancelled before its tool was handed
+the request is a proven non-effect recorded in the log; calls made at once on one run are
+served one after another, each effect once.
 
 Everything is read back from Kafka and from the receiver's ledger in Redis.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -175,3 +177,84 @@ def test_a_sync_call_interrupted_in_its_started_barrier_runs_once_when_asked_aga
     events = [rec.event for rec in read_log(fast, run_id)]
     assert assert_log_sound(events).status == "finished"
     assert payloads(events, EventType.APPROVAL_REQUESTED) == []
+
+
+N_AT_ONCE = 6
+
+
+def _assert_each_once(fast: Settings, ledger: Ledger, run_id: str, results: list[str]) -> None:
+    assert results == [f"paid p{i}" for i in range(N_AT_ONCE)]
+    counts = ledger.per_key()
+    assert len(counts) == N_AT_ONCE and set(counts.values()) == {1}
+    events = [rec.event for rec in read_log(fast, run_id)]
+    state = assert_log_sound(events)
+    assert sorted(state.completed_calls) == sorted(counts)
+    assert not state.open_calls and state.status == "running"
+    assert payloads(events, EventType.APPROVAL_REQUESTED) == []
+
+
+def test_calls_made_at_once_on_one_async_run_each_take_effect_once(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """asyncio.gather over six irreversible calls on one run: six effects, six completions,
+    the run goes on; its next owner finds nothing open and repeats nothing."""
+    tools = [_pay(ledger)]
+
+    async def main() -> tuple[str, list[str]]:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            results = await asyncio.gather(
+                *(run.call_tool("pay", {"to": f"p{i}"}) for i in range(N_AT_ONCE))
+            )
+            await run.append(EventType.USER_MESSAGE, content="and then?")  # the run goes on
+            return run.run_id, list(results)
+
+    run_id, results = asyncio.run(main())
+    _assert_each_once(fast, ledger, run_id, results)
+
+    async def resume() -> list[str]:
+        async with runlog.aio.open_run(run_id, tools=tools, settings=fast) as run:
+            assert not run.state.open_calls and run.state.status == "running"
+            again = [await run.call_tool("pay", {"to": f"p{i}"}) for i in range(N_AT_ONCE)]
+            await run.finish("succeeded")
+            return again
+
+    assert asyncio.run(resume()) == results  # the stored results, not new effects
+    assert set(ledger.per_key().values()) == {1}
+
+
+def test_calls_made_at_once_on_one_sync_run_from_threads_each_take_effect_once(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """The same rule for the sync ``Run``: six threads released at once from a barrier."""
+
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return f"paid {args['to']}"
+
+    tools = [runlog.tool("pay", risk="irreversible")(pay)]
+    results: list[str | BaseException] = [""] * N_AT_ONCE
+    gate = threading.Barrier(N_AT_ONCE)
+
+    with runlog.open_run(tools=tools, settings=fast) as run:
+
+        def one(i: int) -> None:
+            gate.wait()
+            try:
+                results[i] = run.call_tool("pay", {"to": f"p{i}"})
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                results[i] = exc
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(N_AT_ONCE)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        run.append(EventType.USER_MESSAGE, content="and then?")
+        run_id = run.run_id
+    _assert_each_once(fast, ledger, run_id, [str(r) for r in results])
+
+    with runlog.open_run(run_id, tools=tools, settings=fast) as again:
+        assert not again.state.open_calls
+        assert [again.call_tool("pay", {"to": f"p{i}"}) for i in range(N_AT_ONCE)] == results
+        again.finish("succeeded")
+    assert set(ledger.per_key().values()) == {1}
