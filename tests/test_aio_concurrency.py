@@ -24,15 +24,17 @@ from runlog.settings import Settings
 pytestmark = pytest.mark.timeout(180)
 
 
-def _pay(ledger: Ledger, *, hold_s: float = 0.0) -> runlog.Tool:
+def _pay(ledger: Ledger, *, applied: asyncio.Event | None = None) -> runlog.Tool:
     """An irreversible tool with no reconciler whose receiver does not deduplicate: every
-    invocation is one more entry in the ledger, under the key it was sent."""
+    invocation is one more entry in the ledger, under the key it was sent. With
+    ``applied``, it sets it once the effect happened and then never answers."""
 
     async def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
         await asyncio.sleep(0.01)  # let other tasks run between the calls' steps
         ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
-        if hold_s:
-            await asyncio.sleep(hold_s)  # the effect happened; the answer is slow
+        if applied is not None:
+            applied.set()
+            await asyncio.Event().wait()  # the effect happened; the answer never comes
         return f"paid {args['to']}"
 
     return runlog.tool("pay", risk="irreversible")(pay)
@@ -111,18 +113,22 @@ def test_a_call_cancelled_after_its_tool_was_invoked_stays_uncertain(
     """The cancel lands while the tool runs (its effect happened, its answer is slow):
     nothing proves a non-effect, so the call stays uncertain and the recovery rules for an
     irreversible tool without a lookup ask a person; it is never run again on its own."""
-    tools = [_pay(ledger, hold_s=2.0)]
 
     async def main() -> str:
-        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(run.call_tool("pay", {"to": "bob"}), timeout=0.5)
+        applied = asyncio.Event()
+        async with runlog.aio.open_run(tools=[_pay(ledger, applied=applied)], settings=fast) as run:
+            calling = asyncio.create_task(run.call_tool("pay", {"to": "bob"}))
+            await applied.wait()
+            calling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await calling
             assert ledger.total() == 1
             with pytest.raises(runlog.Escalated):
                 await run.call_tool("pay", {"to": "bob"})
             return run.run_id
 
     run_id = asyncio.run(main())
+    tools = [_pay(ledger)]
 
     async def resume() -> None:
         async with runlog.aio.open_run(run_id, tools=tools, settings=fast) as run:
