@@ -105,6 +105,12 @@ class _Turn:
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
+        self._left: asyncio.Future[Any] | None = None
+
+    def leave_running(self, work: asyncio.Future[Any]) -> None:
+        """The holder gives up waiting for ``work`` (a thread with a request of this run):
+        the turn passes on only once it is done."""
+        self._left = work
 
     @contextlib.asynccontextmanager
     async def __call__(self) -> AsyncIterator[None]:
@@ -112,17 +118,27 @@ class _Turn:
         if me is not None and me is self._holder:
             yield
             return
-        async with self._lock:
-            self._holder = me
-            try:
-                yield
-            finally:
-                self._holder = None
+        await self._lock.acquire()
+        self._holder = me
+        try:
+            yield
+        finally:
+            self._holder = None
+            left, self._left = self._left, None
+            if left is None or left.done():
+                self._lock.release()
+            else:
+                left.add_done_callback(lambda _: self._lock.release())
 
 
-async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) -> Any:
+async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup, turn: _Turn) -> Any:
     """Await an async tool or reconciler here; run a sync one in a worker thread (it may
-    block on its own network call). The call context travels with it either way."""
+    block on its own network call). The call context travels with it either way.
+
+    A cancellation cannot stop the thread: the request in it is still in flight and may
+    still take effect, so the run's turn passes on only when it ends (a retry's lookup
+    asked meanwhile could find the effect absent, and run it a second time).
+    """
 
     def call() -> Any:
         with call_context(op.ctx):
@@ -132,11 +148,23 @@ async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) ->
         with call_context(op.ctx):
             out = fn(args, idempotency_key=key)
     else:
-        out = await in_thread(call)
+        running = asyncio.ensure_future(in_thread(call))
+        try:
+            out = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            running.add_done_callback(_retrieved)
+            turn.leave_running(running)
+            raise
     if inspect.isawaitable(out):
         with call_context(op.ctx):
             out = await out
     return out
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    """Nobody awaits a left thread's outcome: read it, so asyncio does not report it."""
+    if not done.cancelled():
+        done.exception()
 
 
 class AsyncRun(Owned):
@@ -176,9 +204,9 @@ class AsyncRun(Owned):
                 return await self._append(op.event_type, op.payload)
             return self.emit(op.event_type, op.payload)
         if isinstance(op, Invoke):
-            return await _call(op.tool, op.args, op.ctx.idempotency_key, op)
+            return await _call(op.tool, op.args, op.ctx.idempotency_key, op, self._turn)
         if isinstance(op, Lookup):
-            return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op)
+            return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op, self._turn)
         assert isinstance(op, Blocking)
         return await _thread_to_its_end(op.fn)
 
@@ -282,7 +310,9 @@ class AsyncRun(Owned):
         A call cancelled (``asyncio.wait_for``, ``task.cancel()``) before its tool was
         handed the request records that it did not run (a completion without a key), so
         asking again with the same arguments runs the tool once; cancelled while the tool
-        ran, the call is uncertain and the recovery rules settle it.
+        ran, the call is uncertain and the recovery rules settle it. A plain-function tool
+        goes on in its thread (a thread cannot be cancelled): the run's next step, and
+        ``close``, wait until that thread is done.
         """
         return await self._drive(
             calls.call_tool(self._run, name, args, operation_id=operation_id, call_id=call_id)

@@ -148,6 +148,44 @@ def test_a_call_cancelled_after_its_tool_was_invoked_stays_uncertain(
     assert [u.detected_by for u in payloads(events, EventType.TOOL_CALL_UNCERTAIN)] == ["live"]
 
 
+def test_a_cancelled_call_whose_sync_tool_still_runs_holds_the_run_until_it_ends(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """A plain-function tool runs in a worker thread, which a cancellation cannot stop:
+    its request is still in flight and can still take effect. Asking again at once must
+    not let a lookup find it absent and run it a second time: the run's next step waits
+    for the thread, and the lookup then finds the effect."""
+    entered, go = threading.Event(), threading.Event()
+
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        entered.set()
+        go.wait(30)  # the receiver is slow to commit
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return f"paid {args['to']}"
+
+    def check(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        if ledger.found(idempotency_key) is None:
+            return runlog.Absent("no such payment")
+        return runlog.Match(f"paid {args['to']}")
+
+    tools = [runlog.tool("pay", risk="irreversible", reconcile=check)(pay)]
+
+    async def main() -> str:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            calling = asyncio.create_task(run.call_tool("pay", {"to": "bob"}))
+            await asyncio.to_thread(entered.wait, 30)
+            calling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await calling
+            asyncio.get_running_loop().call_later(0.5, go.set)
+            paid = await run.call_tool("pay", {"to": "bob"})
+            await run.finish("succeeded")
+            return paid
+
+    assert asyncio.run(main()) == "paid bob"
+    assert list(ledger.per_key().values()) == [1], "the lookup raced the first request"
+
+
 def test_a_sync_call_interrupted_in_its_started_barrier_runs_once_when_asked_again(
     fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
