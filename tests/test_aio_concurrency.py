@@ -170,7 +170,7 @@ def test_a_cancelled_call_whose_sync_tool_still_runs_holds_the_run_until_it_ends
 
     tools = [runlog.tool("pay", risk="irreversible", reconcile=check)(pay)]
 
-    async def main() -> str:
+    async def main() -> tuple[str, str]:
         async with runlog.aio.open_run(tools=tools, settings=fast) as run:
             calling = asyncio.create_task(run.call_tool("pay", {"to": "bob"}))
             await asyncio.to_thread(entered.wait, 30)
@@ -180,10 +180,14 @@ def test_a_cancelled_call_whose_sync_tool_still_runs_holds_the_run_until_it_ends
             asyncio.get_running_loop().call_later(0.5, go.set)
             paid = await run.call_tool("pay", {"to": "bob"})
             await run.finish("succeeded")
-            return paid
+            return run.run_id, paid
 
-    assert asyncio.run(main()) == "paid bob"
+    run_id, paid = asyncio.run(main())
+    assert paid == "paid bob"
     assert list(ledger.per_key().values()) == [1], "the lookup raced the first request"
+    events = [rec.event for rec in read_log(fast, run_id)]
+    assert assert_log_sound(events).status == "finished"
+    assert [c.source for c in payloads(events, EventType.TOOL_CALL_COMPLETED)] == ["reconciliation"]
 
 
 def test_a_sync_call_interrupted_in_its_started_barrier_runs_once_when_asked_again(
