@@ -107,6 +107,59 @@ def test_a_call_cancelled_in_its_started_barrier_runs_once_when_asked_again(
     assert done[0].started_seq != done[1].started_seq
 
 
+def test_a_retry_cancelled_before_its_tool_ran_keeps_the_call_uncertain(
+    fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only this attempt is proven not to have run: a retry (attempt 2) whose first attempt's
+    outcome was lost, cancelled in its STARTED barrier, leaves the call uncertain (never
+    closed as a failure) and the recovery rules go on with attempt 3."""
+    first = [True]
+
+    async def ship(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        if first[0]:
+            first[0] = False
+            raise TimeoutError("carrier timed out after accepting")
+        return "shipped"
+
+    tools = [runlog.tool("ship", risk="reversible")(ship)]  # no lookup: retried by risk
+    monkeypatch.setattr(async_run, "INLINE_S", 0.0)
+    original = async_run._acknowledged
+    runs: list[runlog.aio.AsyncRun] = []
+    in_barrier = asyncio.Event()
+
+    async def slow_on_attempt_2(*args: Any, **kw: Any) -> None:
+        calls = runs[0].state.open_calls.values() if runs else []
+        if any(c.attempt == 2 and c.status == "started" for c in calls):
+            in_barrier.set()
+            await asyncio.sleep(30)  # cancelled here
+        await original(*args, **kw)
+
+    monkeypatch.setattr(async_run, "_acknowledged", slow_on_attempt_2)
+
+    async def main() -> str:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            runs.append(run)
+            calling = asyncio.create_task(run.call_tool("ship", {"to": "bob"}))
+            await in_barrier.wait()
+            calling.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await calling
+            (call,) = run.state.open_calls.values()
+            assert call.attempt == 2 and call.status == "uncertain"
+            assert await run.call_tool("ship", {"to": "bob"}) == "shipped"
+            await run.finish("succeeded")
+            return run.run_id
+
+    run_id = asyncio.run(main())
+    assert list(ledger.per_key().values()) == [2]  # attempts 1 and 3; attempt 2 never ran
+    events = [rec.event for rec in read_log(fast, run_id)]
+    assert assert_log_sound(events).status == "finished"
+    assert [s.attempt for s in payloads(events, EventType.TOOL_CALL_STARTED)] == [1, 2, 3]
+    done = payloads(events, EventType.TOOL_CALL_COMPLETED)
+    assert [c.is_error for c in done] == [False], "an unknown outcome was closed as failed"
+
+
 def test_a_call_cancelled_after_its_tool_was_invoked_stays_uncertain(
     fast: Settings, ledger: Ledger
 ) -> None:
