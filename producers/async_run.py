@@ -8,7 +8,10 @@ reconcilers are awaited, sync ones run in a worker thread, and what has no await
 (a log read, the claim itself) runs in a worker thread too. The event loop's thread
 never blocks on the network, so hundreds of runs can be open in one loop.
 
-An ``AsyncRun`` belongs to the event loop that opened it.
+An ``AsyncRun`` belongs to the event loop that opened it. Its tasks may use it at once
+(``asyncio.gather`` over its calls): each call, append and barrier takes the run's turn,
+so they are served one after another in the order they asked, as the sync ``Run``
+serves threads under its lock.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import contextvars
 import functools
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -79,9 +82,63 @@ async def open_async(
     return arun
 
 
-async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) -> Any:
+async def _thread_to_its_end(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread; a cancellation waits until the thread is done.
+
+    A thread cannot be cancelled: one left running (a log read extending the run's view)
+    would overlap the run's next step once the cancelled task gave up its turn.
+    """
+    fut = asyncio.ensure_future(in_thread(fn))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait({fut})
+        raise
+
+
+class _Turn:
+    """Whose turn it is on one run: an ``asyncio.Lock`` (first come, first served) that the
+    task holding it may take again (an async tool appending to its own run), as the sync
+    ``Run``'s ``RLock`` is re-entrant for its thread. A task that a tool starts is another
+    task: it waits for the turn, so the tool must not wait for it."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[Any] | None = None
+        self._left: asyncio.Future[Any] | None = None
+
+    def leave_running(self, work: asyncio.Future[Any]) -> None:
+        """The holder gives up waiting for ``work`` (a thread with a request of this run):
+        the turn passes on only once it is done."""
+        self._left = work
+
+    @contextlib.asynccontextmanager
+    async def __call__(self) -> AsyncIterator[None]:
+        me = asyncio.current_task()
+        if me is not None and me is self._holder:
+            yield
+            return
+        await self._lock.acquire()
+        self._holder = me
+        try:
+            yield
+        finally:
+            self._holder = None
+            left, self._left = self._left, None
+            if left is None or left.done():
+                self._lock.release()
+            else:
+                left.add_done_callback(lambda _: self._lock.release())
+
+
+async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup, turn: _Turn) -> Any:
     """Await an async tool or reconciler here; run a sync one in a worker thread (it may
-    block on its own network call). The call context travels with it either way."""
+    block on its own network call). The call context travels with it either way.
+
+    A cancellation cannot stop the thread: the request in it is still in flight and may
+    still take effect, so the run's turn passes on only when it ends (a retry's lookup
+    asked meanwhile could find the effect absent, and run it a second time).
+    """
 
     def call() -> Any:
         with call_context(op.ctx):
@@ -91,11 +148,23 @@ async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup) ->
         with call_context(op.ctx):
             out = fn(args, idempotency_key=key)
     else:
-        out = await in_thread(call)
+        running = asyncio.ensure_future(in_thread(call))
+        try:
+            out = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            running.add_done_callback(_retrieved)
+            turn.leave_running(running)
+            raise
     if inspect.isawaitable(out):
         with call_context(op.ctx):
             out = await out
     return out
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    """Nobody awaits a left thread's outcome: read it, so asyncio does not report it."""
+    if not done.cancelled():
+        done.exception()
 
 
 class AsyncRun(Owned):
@@ -107,6 +176,7 @@ class AsyncRun(Owned):
         self._get = loop_get(aredis)
         self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
         self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        self._turn = _Turn()
         _OPEN_RUNS[self._loop] = _OPEN_RUNS.get(self._loop, 0) + 1
 
     @property
@@ -131,25 +201,27 @@ class AsyncRun(Owned):
     async def _perform(self, op: Op) -> Any:
         if isinstance(op, Append):
             if op.durable:
-                return await self.append(op.event_type, op.payload)
+                return await self._append(op.event_type, op.payload)
             return self.emit(op.event_type, op.payload)
         if isinstance(op, Invoke):
-            return await _call(op.tool, op.args, op.ctx.idempotency_key, op)
+            return await _call(op.tool, op.args, op.ctx.idempotency_key, op, self._turn)
         if isinstance(op, Lookup):
-            return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op)
+            return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op, self._turn)
         assert isinstance(op, Blocking)
-        return await in_thread(op.fn)
+        return await _thread_to_its_end(op.fn)
 
     async def _drive(self, steps: Steps[T]) -> T:
-        """``ops.drive`` with ``await``: the same loop over the same rules."""
-        nxt = advance(steps)
-        while not isinstance(nxt, Done):
-            try:
-                answer, error = await self._perform(nxt), None
-            except BaseException as exc:  # noqa: BLE001 - handed to the rule, which re-raises
-                answer, error = None, exc
-            nxt = advance(steps, answer, error)
-        return nxt.value
+        """``ops.drive`` with ``await``: the same loop over the same rules, in the run's
+        turn from the rule's first step to its result."""
+        async with self._turn():
+            nxt = advance(steps)
+            while not isinstance(nxt, Done):
+                try:
+                    answer, error = await self._perform(nxt), None
+                except BaseException as exc:  # noqa: BLE001 - handed to the rule, which re-raises
+                    answer, error = None, exc
+                nxt = advance(steps, answer, error)
+            return nxt.value
 
     # Appending ---------------------------------------------------------------------------
     def emit(
@@ -163,6 +235,10 @@ class AsyncRun(Owned):
 
     async def barrier(self) -> None:
         """Await every emitted event's acknowledgement, then one Redis check of ownership."""
+        async with self._turn():
+            await self._barrier()
+
+    async def _barrier(self) -> None:
         run = self._run
         pending = run._take_pending()
         if pending:
@@ -197,11 +273,20 @@ class AsyncRun(Owned):
         **kw: Any,
     ) -> Event:
         """Append one event; returns once acknowledged and ownership re-checked."""
+        async with self._turn():
+            return await self._append(event_type, payload, **kw)
+
+    async def _append(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
         ev = self.emit(event_type, payload, **kw)
-        await self.barrier()
+        await self._barrier()
         snapshots = self._run.deps.snapshots
         if snapshots is not None and snapshots.due(self._run):
-            await in_thread(snapshots.maybe_write, self._run)
+            await _thread_to_its_end(functools.partial(snapshots.maybe_write, self._run))
         return ev
 
     # Tools, approvals, the end -----------------------------------------------------------
@@ -213,7 +298,22 @@ class AsyncRun(Owned):
         operation_id: str | None = None,
         call_id: str | None = None,
     ) -> str:
-        """Invoke a tool at most once per logical action (see README "Side effects")."""
+        """Invoke a tool at most once per logical action (see README "Side effects").
+
+        Calls made at once on one run (``asyncio.gather``, several tasks) are served one
+        after another, in the order they were made, each in the run's turn from its
+        STARTED to its outcome: a run is one ordered log whose every step is decided on
+        what the steps before it left (a key's ordinal, a conflict that stops the run, an
+        uncertain call recovered first), and its tools get its requests one at a time.
+        Effects meant to overlap in time belong to runs of their own.
+
+        A call cancelled (``asyncio.wait_for``, ``task.cancel()``) before its tool was
+        handed the request records that it did not run (a completion without a key), so
+        asking again with the same arguments runs the tool once; cancelled while the tool
+        ran, the call is uncertain and the recovery rules settle it. A plain-function tool
+        goes on in its thread (a thread cannot be cancelled): the run's next step, and
+        ``close``, wait until that thread is done.
+        """
         return await self._drive(
             calls.call_tool(self._run, name, args, operation_id=operation_id, call_id=call_id)
         )
@@ -237,32 +337,35 @@ class AsyncRun(Owned):
         await self._drive(calls.recover(self._run))
 
     async def since_last_turn(self) -> list[Event]:
-        if self._run._pending:
-            await self.barrier()
-        return await in_thread(self._run.since_last_turn)
+        async with self._turn():
+            if self._run._pending:
+                await self._barrier()
+            return await _thread_to_its_end(self._run.since_last_turn)
 
     async def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED (durable) and release the lease; see ``Run.finish``."""
         run = self._run
-        try:
-            if run.state.status == "finished" and run.state.outcome == outcome:
-                for ev in reversed(await self.since_last_turn()):
-                    if ev.type is EventType.RUN_FINISHED:
-                        return ev
-            return await self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
-        finally:
-            self._leave_loop()
-            await in_thread(run.lease.release)
+        async with self._turn():
+            try:
+                if run.state.status == "finished" and run.state.outcome == outcome:
+                    for ev in reversed(await self.since_last_turn()):
+                        if ev.type is EventType.RUN_FINISHED:
+                            return ev
+                return await self._append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
+            finally:
+                self._leave_loop()
+                await in_thread(run.lease.release)
 
     async def close(self) -> None:
         """Await pipelined appends (best effort) and release the lease."""
         run = self._run
-        try:
-            if run._pending and run._poisoned is None:
-                await self.barrier()
-        finally:
-            self._leave_loop()
-            await in_thread(run.close)
+        async with self._turn():
+            try:
+                if run._pending and run._poisoned is None:
+                    await self._barrier()
+            finally:
+                self._leave_loop()
+                await in_thread(run.close)
 
     def _leave_loop(self) -> None:
         loop, self._loop = self._loop, None

@@ -200,22 +200,30 @@ def attempt(
 
     _stop_if_conflict(run)
     record = emit if tool.risk == "safe" else append
-    started = yield from record(
-        EventType.TOOL_CALL_STARTED,
-        call_id=call_id,
-        name=tool.name,
-        args_json=args_json,
-        idempotency_key=key,
-        attempt=attempt,
-        risk=tool.risk,
-        operation_id=operation_id,
-    )
-    if tool.risk != "safe" and not run.confirmed_locally(started):
-        yield from blocking(functools.partial(run.confirm_in_log, started))
+    try:
+        started = yield from record(
+            EventType.TOOL_CALL_STARTED,
+            call_id=call_id,
+            name=tool.name,
+            args_json=args_json,
+            idempotency_key=key,
+            attempt=attempt,
+            risk=tool.risk,
+            operation_id=operation_id,
+        )
+        if tool.risk != "safe" and not run.confirmed_locally(started):
+            yield from blocking(functools.partial(run.confirm_in_log, started))
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        yield from _not_invoked(run, key, attempt, exc)
+        raise
     t0 = time.monotonic()
     ctx = CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq)
     try:
         result = yield from invoke(tool, json.loads(args_json), ctx)
+    except GeneratorExit:
+        raise
     except ToolError as exc:
         if attempt > 1 and not run.state.open_calls[key].proven_absent:
             # Only a retry follows an attempt whose outcome nobody knows: this failure
@@ -236,11 +244,79 @@ def attempt(
         raise ToolFailed(str(exc), run_id=run.run_id, seq=started.seq) from exc
     except Exception as exc:  # noqa: BLE001 - anything but a proven failure is uncertain
         return (yield from _uncertain(run, started, f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:
+        # Interrupted (a task cancelled, ^C) while the tool had the request: its outcome
+        # is unknown. Said so now, pipelined (the interruption is not held up); the next
+        # barrier or owner settles the call by the recovery rules.
+        yield from _pipelined_if_able(
+            run,
+            EventType.TOOL_CALL_UNCERTAIN,
+            started_seq=started.seq,
+            call_id=call_id,
+            name=tool.name,
+            idempotency_key=key,
+            error=f"interrupted ({type(exc).__name__}) while the tool ran: outcome unknown",
+            detected_by="live",
+        )
+        raise
     # What is recorded is what every later call with this key returns, so the live
     # caller gets the same (possibly cut) text as a re-execution after a crash.
     content = bound_result(str(result), key, tool.on_large_result)
     yield from _completed(record, started, content, error=False, t0=t0)
     return run.state.completed_calls.get(key, content)
+
+
+def _not_invoked(run: Run, key: str, attempt: int, exc: BaseException) -> Steps[None]:
+    """``exc`` stopped the attempt before its tool was handed the request (a task cancelled
+    or ^C in the STARTED's barrier or confirmation): in this process that is a proof that
+    this attempt had no effect, so it is recorded (pipelined; the next barrier makes it
+    durable after the STARTED) and a later owner reading the log reaches the same verdict.
+
+    Like a proven failure it closes the call without a key, and asking again under the
+    same key runs the tool once; a retry whose earlier attempts are still unknown stays
+    uncertain instead (what ``attempt`` does with a ``ToolError`` on a retry). Only this
+    process can give the proof: a writer killed here leaves a bare STARTED, which every
+    reader takes as uncertain. A run that can no longer append (fenced, an append's
+    outcome unknown) records nothing, and the call stays uncertain.
+    """
+    call = run.state.open_calls.get(key)
+    if call is None or call.attempt != attempt or call.status != "started":
+        return  # this attempt's STARTED was never emitted: nothing is open for it
+    why = f"interrupted ({type(exc).__name__}) before the tool was called"
+    if attempt > 1 and not call.proven_absent:
+        yield from _pipelined_if_able(
+            run,
+            EventType.TOOL_CALL_UNCERTAIN,
+            started_seq=call.started_seq,
+            call_id=call.call_id,
+            name=call.name,
+            idempotency_key=key,
+            error=f"attempt {attempt} was {why}; an earlier attempt's outcome is still unknown",
+            detected_by="live",
+        )
+        return
+    yield from _pipelined_if_able(
+        run,
+        EventType.TOOL_CALL_COMPLETED,
+        call_id=call.call_id,
+        name=call.name,
+        started_seq=call.started_seq,
+        content=f"not invoked: {why}",
+        is_error=True,
+        idempotency_key=None,
+        source="live",
+        duration_ms=0,
+    )
+
+
+def _pipelined_if_able(run: Run, event_type: EventType, **payload: Any) -> Steps[None]:
+    """Record what an interrupted attempt proves, without waiting (the interruption goes
+    on at once), if the run can still append; else the call stays open, which every
+    reader takes as uncertain (the safe side)."""
+    try:
+        yield from emit(event_type, **payload)
+    except Exception as exc:  # noqa: BLE001 - the interruption is what the caller sees
+        log.info("run %s: %s not recorded: %s", run.run_id, event_type.value, exc)
 
 
 def _uncertain(run: Run, started: Event, error: str) -> Steps[str]:
