@@ -128,19 +128,26 @@ class LogReader:
             self._consumer.unassign()
 
     def start_offset(self, run_id: str, partition: int, hint: int | None = None) -> int:
-        """Best known offset at or before the run's first event."""
+        """Best known offset at or before the run's first event.
+
+        A run id's embedded time is only a hint: a caller may choose an id shaped like a
+        minted one (``r`` + 28 hex digits) whose "time" is anything, and a minting clock
+        may run ahead. A time this clock has not reached yet, or a look-up that finds no
+        record at or after it, says nothing about the run's history, so both start at the
+        partition's beginning, never at its high watermark (which would read no history
+        and let a writer start the run again).
+        """
         if hint is not None:
             return hint
         created = run_id_time_ms(run_id)
-        if created is not None:
-            tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
-            (found,) = retrying(
-                "offsets_for_times", lambda: self._consumer.offsets_for_times([tp], timeout=10)
-            )
-            if found.offset >= 0:
-                return int(found.offset)
-            # No record at or after that time: the run has no events yet.
-            return self.high_watermark(partition)
+        if created is None or created > time.time() * 1000 + START_SKEW_MS:
+            return OFFSET_BEGINNING
+        tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
+        (found,) = retrying(
+            "offsets_for_times", lambda: self._consumer.offsets_for_times([tp], timeout=10)
+        )
+        if found.offset >= 0:
+            return int(found.offset)
         return OFFSET_BEGINNING
 
     def read(
