@@ -126,6 +126,54 @@ def test_a_minted_id_from_a_clock_ahead_is_found_from_its_records(
     ]
 
 
+@pytest.mark.parametrize("tail", [False, True], ids=["nothing-after", "tail-after"])
+def test_an_id_time_after_the_runs_first_records_is_read_from_the_beginning(
+    tail: bool, test_settings: Settings
+) -> None:
+    """The id's time lies in the past but after the run's first records (a caller id that
+    was in the future when the run began; a clock ahead of the one that stamped the
+    records). The time look-up lands after them: on nothing of the run, or on a record the
+    fold rejects as a start. Either way the run is read from the partition's beginning."""
+    s = test_settings
+    now_ms = int(time.time() * 1000)
+    rid = f"r{now_ms - 10 * START_SKEW_MS:012x}{secrets.token_hex(8)}"
+    part = partition_for(rid, s.partitions)
+    early = now_ms - 60 * START_SKEW_MS  # the run's first records: an hour ago
+    records = [
+        (
+            rid,
+            early,
+            make_event(EventType.RUN_STARTED, {"agent": "", "goal": ""}, run_id=rid, seq=1),
+        ),
+        (rid, early, make_event(EventType.USER_MESSAGE, {"content": "a"}, run_id=rid, seq=2)),
+    ]
+    # Another run's record, stamped now: the time look-up finds an offset, after ours.
+    other = "job-other"
+    if tail:
+        records.append(
+            (rid, now_ms, make_event(EventType.USER_MESSAGE, {"content": "b"}, run_id=rid, seq=3))
+        )
+    producer = Producer(s.kafka_common())
+    for key, ts, ev in records:
+        producer.produce(
+            s.events_topic, codec.encode(ev), key=key.encode(), partition=part, timestamp=ts
+        )
+    filler = make_event(EventType.RUN_STARTED, {"agent": "", "goal": ""}, run_id=other, seq=1)
+    producer.produce(
+        s.events_topic, codec.encode(filler), key=other.encode(), partition=part, timestamp=now_ms
+    )
+    assert producer.flush(10) == 0
+    with LogReader(s) as reader:
+        located = reader.start_offset(rid, part)
+        assert located >= 2, "the look-up should land after the run's first records"
+
+    with runlog.open_run(rid, tenant="t", settings=s) as run:
+        assert run.state.seq == len(records) + 1  # its history, then our RUN_RESUMED
+    events = [r.event for r in read_log(s, rid)]
+    assert [ev.type for ev in events].count(EventType.RUN_STARTED) == 1
+    assert events[-1].type is EventType.RUN_RESUMED
+
+
 def test_verify_fails_a_run_started_twice(
     test_settings: Settings, redis_client: redis.Redis
 ) -> None:
