@@ -8,6 +8,7 @@ Checks:
 * ``gaps``: valid events have seqs 1..N without a hole, and every record the fold rejected
   is explained: a stale epoch after a takeover (``stale_epoch``, with or without a
   duplicate seq) or a lost ownership claim (``lost_claim``). Anything else is unexplained;
+* ``started_once``: the run has one RUN_STARTED, besides claims that lost a start race;
 * ``snapshot_equivalence``: every stored snapshot plus its tail equals the full replay,
   and so does an in-memory snapshot (``to_dict``/``from_dict`` round trip) at sampled cut
   points of the log. A mismatch counts ``full_replay_equivalence_failures``.
@@ -29,7 +30,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from runlog.consumers import metrics
 from runlog.consumers.snapshots import SnapshotInvalid
 from runlog.errors import InvalidRunId, KafkaUnavailable, SchemaError, UnreadableRecord
-from runlog.log.fold import fold_range, locate
+from runlog.log.fold import fold_range
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
@@ -149,6 +150,30 @@ def check_gaps(events: Sequence[Event]) -> Check:
     return Check("gaps", ok, detail, dict(sorted(reasons.items())))
 
 
+def check_started_once(events: Sequence[Event]) -> Check:
+    """The run was started once: every RUN_STARTED after the valid one lost a start race.
+
+    A second RUN_STARTED that is not a lost claim means a writer took a run with history
+    for a new one (it located the run wrongly) and may have repeated its effects.
+    """
+    st = RunState()
+    starts = 0
+    again: list[str] = []
+    for ev in events:
+        why = rejection(st, ev)
+        if ev.type is EventType.RUN_STARTED:
+            starts += 1
+            if starts > 1 and why != "lost_claim":
+                verdict = why or "accepted"
+                again.append(f"seq {ev.seq} epoch {ev.epoch} by {ev.writer_id} ({verdict})")
+        accept(st, ev)
+    if again:
+        detail = "run_started again after the run started: " + "; ".join(again)
+    else:
+        detail = f"{starts} run_started, {max(starts - 1, 0)} lost start race(s)"
+    return Check("started_once", not again, detail, {"run_started": starts})
+
+
 def cut_points(n: int, samples: int = 16) -> list[int]:
     if n <= samples:
         return list(range(n + 1))
@@ -216,6 +241,7 @@ def verify_events(events: Sequence[Event]) -> list[Check]:
         check_determinism(events),
         check_vocabulary(events),
         check_gaps(events),
+        check_started_once(events),
         check_cut_points(events),
     ]
 
@@ -231,7 +257,15 @@ def verify_run(
     tenant: str = "default",
     snapshots: SnapshotStore | None = None,
     reader: LogReader | None = None,
+    first_offset: int | None = None,
 ) -> Report:
+    """Check the replay contract on the run's whole log.
+
+    Verify trusts the log only: it reads from ``first_offset`` (where a scan of the topic
+    found the run's first record, ``run_starts``) or else from the partition's beginning,
+    never from Redis' start index or the run id's time, so records a located read would
+    skip (a run started twice after Redis lost its keys) are checked too.
+    """
     report = Report(run_id=run_id, tenant=tenant)
     own = reader is None
     rd = LogReader(settings) if reader is None else reader
@@ -239,12 +273,12 @@ def verify_run(
     try:
         partition = rd.partition_of(run_id)
         end = rd.high_watermark(partition)
-        where = locate(rd, client, settings, tenant, run_id)
+        start = first_offset
         try:
-            folded = fold_range(rd, run_id, partition, where.start, end, keep=True)
+            folded = fold_range(rd, run_id, partition, start, end, keep=True)
         except UnreadableRecord as exc:
             # Report what could be read, up to the record that stopped the read.
-            before = fold_range(rd, run_id, partition, where.start, exc.offset, keep=True)
+            before = fold_range(rd, run_id, partition, start, exc.offset, keep=True)
             assert before is not None
             report.records, report.seq = len(before.kept), before.state.seq
             report.error = (
@@ -288,7 +322,16 @@ def _run_key(raw: bytes | None) -> str | None:
 def list_runs(
     settings: Settings, *, progress: Any = None, client: redis.Redis | None = None
 ) -> list[tuple[str, str]]:
-    """``(tenant, run_id)`` of every run in the events topic, by scanning its keys.
+    """``(tenant, run_id)`` of every run in the events topic, by scanning its keys
+    (``run_starts`` without the offsets)."""
+    return [(t, r) for t, r, _ in run_starts(settings, progress=progress, client=client)]
+
+
+def run_starts(
+    settings: Settings, *, progress: Any = None, client: redis.Redis | None = None
+) -> list[tuple[str, str, int]]:
+    """``(tenant, run_id, offset of its first record)`` of every run in the events topic,
+    by scanning its keys.
 
     Decodes only the first record of each key (for its tenant). Cost: one pass over the
     topic; a state-projection index would avoid it. With ``client``, records an operator
@@ -297,7 +340,7 @@ def list_runs(
     """
     consumer = Consumer(reader_config(settings))
     ids = ids_for(settings)
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, int]] = {}
     try:
         reader = LogReader(settings)
         try:
@@ -320,11 +363,12 @@ def list_runs(
                     pos = (msg.offset() or 0) + 1
                     done += 1
                     key = _run_key(msg.key())
-                    if key is not None and key not in found and msg.offset() not in aside:
+                    off = msg.offset() or 0
+                    if key is not None and key not in found and off not in aside:
                         try:
-                            found[key] = decode(msg.value() or b"", ids).tenant
+                            found[key] = (decode(msg.value() or b"", ids).tenant, off)
                         except SchemaError:
-                            found[key] = "?"
+                            found[key] = ("?", off)
                     if progress is not None:
                         progress(done - 1, total)
             consumer.unassign()
@@ -332,4 +376,4 @@ def list_runs(
         raise KafkaUnavailable(f"scanning {settings.events_topic}: {exc}") from exc
     finally:
         consumer.close()
-    return sorted((tenant, rid) for rid, tenant in found.items())
+    return sorted((tenant, rid, off) for rid, (tenant, off) in found.items())

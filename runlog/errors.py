@@ -162,6 +162,14 @@ class InvalidRunId(RunlogError, ValueError):
     """
 
 
+class InvalidTenant(RunlogError, ValueError):
+    """A tenant name runlog cannot keep apart from other tenants, the console's wildcard,
+    or the Redis Cluster hash tag of its runs' keys; names the tenant and why.
+
+    Also a ``ValueError``, like a refused run id: both are bad arguments.
+    """
+
+
 class InvalidRecordKey(SchemaError):
     """A record's Kafka key is missing, not UTF-8, or not a valid run id: it names no run."""
 

@@ -14,9 +14,10 @@ import json
 import os
 import re
 import time
+import unicodedata
 from collections.abc import Iterable
 
-from runlog.errors import InvalidRecordKey, InvalidRunId
+from runlog.errors import InvalidRecordKey, InvalidRunId, InvalidTenant
 
 MAX_RUN_ID_LEN = 200
 """Longest run id accepted, in characters (the id is the Kafka key of every event)."""
@@ -92,18 +93,57 @@ def decode_key(raw: bytes | None) -> str:
         raise InvalidRecordKey(f"record key is not a valid run id: {exc}") from exc
 
 
+TENANT_FORBIDDEN = ":{}*"
+"""Characters no tenant name may hold (besides the invisible ones, ``tenant_problem``)."""
+
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Bidirectional controls, named although they are all Cf: the reason the rule exists.
+_BIDI_CONTROLS = frozenset([*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F])
+
+
+def tenant_problem(tenant: str) -> str | None:
+    """Why ``tenant`` cannot be a tenant name, or None if it can (``check_tenant``)."""
+    if not isinstance(tenant, str):
+        return f"a tenant name must be a string, not {type(tenant).__name__}"
+    if not tenant:
+        return "a tenant name must not be empty"
+    for c in tenant:
+        if c == ":":
+            # Redis keys spell {tenant:run_id}: tenant "a:x" with run "y" would share the
+            # lease (and so fence) tenant "a" with run "x:y".
+            return "':' separates the tenant from the run id in Redis keys"
+        if c in "{}":
+            # {tenant:run_id} is the Redis Cluster hash tag of the run's keys: a brace
+            # would empty it or move it, and scatter one run's keys over several slots.
+            return f"{c!r} would break the Redis Cluster hash tag {{tenant:run_id}}"
+        if c == "*":
+            return "'*' means every tenant to the console's tokens"
+        if ord(c) in _BIDI_CONTROLS:
+            return f"{c!a} is a bidirectional control: the name would not read as it is"
+        category = unicodedata.category(c)
+        if category in _INVISIBLE_CATEGORIES or (category == "Zs" and c != " "):
+            name = unicodedata.name(c, f"U+{ord(c):04X}")
+            return f"{c!a} ({name}, category {category}) is invisible or a control character"
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
 def check_tenant(tenant: str) -> str:
-    """A tenant name that cannot be confused with another tenant's keys.
+    """``tenant`` if it is a valid tenant name, else ``InvalidTenant`` naming it and why.
 
-    Redis keys spell ``{tenant:run_id}`` and idempotency keys join fields with ``\x1f``:
-    a ``:`` or a control character in the tenant would let tenant ``a:x`` with run ``y``
-    share the lease (and so fence) tenant ``a`` with run ``x:y``. Remembered: every key
-    of every step checks its tenant, and a process serves few tenants (a refused name
-    raises, so it is never remembered).
+    A tenant name is a non-empty string of visible characters (plain spaces allowed)
+    without ``:``, ``{``, ``}`` or ``*``. It is part of every Redis key of its runs and
+    of every idempotency key, it is shown to the people who decide on its runs, and
+    ``*`` is the console's "all tenants": a name outside the rule could share another
+    tenant's keys, break the Redis Cluster hash tag, widen a console token to every
+    tenant, or pass for another tenant on screen (bidirectional overrides, zero-width
+    characters). Remembered: every key of every step checks its tenant, and a process
+    serves few tenants (a refused name raises, so it is never remembered).
     """
-    if not tenant or ":" in tenant or any(ord(c) < 32 or ord(c) == 127 for c in tenant):
-        raise ValueError(f"tenant {tenant!r} must be non-empty, without ':' or control characters")
+    problem = tenant_problem(tenant)
+    if problem is not None:
+        shown = ascii(tenant) if isinstance(tenant, str) else type(tenant).__name__
+        raise InvalidTenant(f"tenant {shown} is refused: {problem}")
     return tenant
 
 

@@ -23,6 +23,7 @@ from runlog.consumers.index import RunIndex
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.store import PROJECTIONS
+from runlog.errors import InvalidTenant
 from runlog.log.clients import redis_client as make_client
 from runlog.producers.lease import Held, Lease, LeaseManager
 from runlog.schemas.vocabulary import EventType
@@ -99,6 +100,27 @@ def test_runs_open_append_and_resume_on_the_cluster(on_cluster: Settings) -> Non
         with runlog.open_run(rid, settings=fast) as run:
             assert run.epoch == 2 and run.state.resumptions == 1
             run.append(EventType.USER_MESSAGE, content="again")
+
+
+def test_a_tenant_that_would_break_the_hash_tag_is_refused_by_name(
+    on_cluster: Settings,
+) -> None:
+    """``{tenant:run}`` is the hash tag of a run's keys. A tenant starting with ``}`` would
+    make the tag empty (each key in its own slot: the lease script fails on a cross-slot
+    error), and a brace anywhere would move the tag. Such a tenant is refused with a
+    runlog error naming it, before any Redis key is written; a plain tenant works."""
+    client = make_client(on_cluster)
+    try:
+        for tenant in ("}acme", "ac}me", "{acme", "acme{"):
+            with pytest.raises(InvalidTenant) as err:
+                runlog.open_run("order-1", tenant=tenant, settings=on_cluster)
+            assert isinstance(err.value, ValueError)
+            assert repr(tenant) in str(err.value)
+        assert list(client.scan_iter(match=f"{on_cluster.redis_key_prefix}*")) == []
+    finally:
+        client.close()
+    with runlog.open_run("order-1", tenant="acme", settings=on_cluster) as run:
+        run.append(EventType.USER_MESSAGE, content="hello")
 
 
 def test_projections_on_the_cluster_equal_a_single_redis(

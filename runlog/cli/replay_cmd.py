@@ -14,7 +14,7 @@ from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.redaction import redact_entry, secret_fields
 from runlog.consumers.replay import replay
 from runlog.consumers.snapshots import SnapshotStore
-from runlog.consumers.verify import list_runs, verify_run
+from runlog.consumers.verify import run_starts, verify_run
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
 from runlog.log.reader import LogReader
@@ -138,11 +138,13 @@ def _verify(args: argparse.Namespace) -> int:
     client = _clients(settings)
     try:
         store = _store(settings, client)
-        runs = list_runs(settings, progress=progress_bar(), client=client) if args.all else []
-        targets = runs or ([] if args.all else [(args.tenant, args.run_id)])
+        runs = run_starts(settings, progress=progress_bar(), client=client) if args.all else []
+        targets: list[tuple[str, str, int | None]] = [*runs]
+        if not args.all:
+            targets.append((args.tenant, args.run_id, None))
         reports = [
-            verify_run(settings, client, rid, tenant=tenant, snapshots=store)
-            for tenant, rid in targets
+            verify_run(settings, client, rid, tenant=tenant, snapshots=store, first_offset=first)
+            for tenant, rid, first in targets
         ]
     finally:
         client.close()

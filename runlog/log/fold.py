@@ -11,6 +11,13 @@ Where a read starts, best first:
 4. ``scan``: the partition from its beginning (the only case whose cost grows with the
    other runs in the partition).
 
+An index or a time is a hint, never proof of where the run starts: a read from it that
+finds nothing of the run, or whose first record of the run is not the run's start, is
+read again from the partition's beginning (``fold_run``). A run is "new" only when the
+whole partition holds none of its records, so an id whose embedded time lies after the
+run's first event (a caller-chosen id shaped like a minted one, a clock ahead) or an
+index that Redis lost never lets a writer start a run a second time.
+
 Whether a record counts is the fold's own rule (``runlog.projections.run_state.accept``),
 asked here and nowhere else on the read path.
 """
@@ -158,6 +165,51 @@ def fold_range(
     return out
 
 
+def fold_run(
+    reader: LogReader,
+    client: redis.Redis,
+    settings: Settings,
+    tenant: str,
+    run_id: str,
+    end: int,
+    *,
+    to_seq: int | None = None,
+    keep: bool = False,
+    progress: Progress | None = None,
+) -> tuple[Folded, Location]:
+    """Fold the run's records before ``end`` from where it starts, and say where that was.
+
+    The located start is checked against what it finds: no record of the run, or a first
+    record the fold rejects on an empty state (the read began after the run's start), and
+    the partition is read from its beginning instead. Only a read from the beginning may
+    conclude that the run has no history.
+    """
+    where = locate(reader, client, settings, tenant, run_id)
+    while True:
+        folded = fold_range(
+            reader,
+            run_id,
+            where.partition,
+            where.start,
+            end,
+            to_seq=to_seq,
+            keep=keep,
+            progress=progress if where.source == "scan" else None,
+        )
+        assert folded is not None  # no base to contradict
+        if where.source == "scan" or to_seq == 0 or _starts_the_run(folded):
+            return folded, where
+        where = Location(where.partition, None, "scan")
+
+
+def _starts_the_run(folded: Folded) -> bool:
+    """The read found the run, and its first record of the run is the run's valid start."""
+    first = folded.first_offset
+    if first is None:
+        return False
+    return not (folded.fenced and folded.fenced[0].offset == first)
+
+
 @dataclass
 class RunRead:
     """A run's state read from the log, and where the read came from."""
@@ -210,18 +262,17 @@ def read_run(
                 return RunRead(folded, partition, "snapshot", start, stop, snapshot_seq=snap_seq)
             miss = "discontinuous"
             snapshots.discontinuous(tenant, run_id, snap_seq)
-    where = locate(reader, client, settings, tenant, run_id)
-    full = fold_range(
+    full, where = fold_run(
         reader,
+        client,
+        settings,
+        tenant,
         run_id,
-        partition,
-        where.start,
         stop,
         to_seq=to_seq,
         keep=keep,
-        progress=progress if where.source == "scan" else None,
+        progress=progress,
     )
-    assert full is not None  # no base to contradict
     return RunRead(full, partition, where.source, where.start, stop, snapshot_miss=miss)
 
 

@@ -1,9 +1,10 @@
 """Read one run's events from the log, starting where the run starts.
 
-Kafka cannot filter by key on the broker, so a reader seeks as close to the run's first
-event as it can (an explicit position, the run's start index, or the run id's embedded
-creation time with ``offsets_for_times``) and reads to the high watermark, decoding only
-the records whose key is the run id.
+Kafka cannot filter by key on the broker, so a reader starts as close to the run's first
+event as it is told (``runlog.log.fold.locate``: the run's start index, or the run id's
+embedded creation time with ``offsets_for_times``, both checked against what they find),
+or at the partition's beginning, and reads to the high watermark, decoding only the
+records whose key is the run id.
 """
 
 from __future__ import annotations
@@ -128,19 +129,26 @@ class LogReader:
             self._consumer.unassign()
 
     def start_offset(self, run_id: str, partition: int, hint: int | None = None) -> int:
-        """Best known offset at or before the run's first event."""
+        """Best known offset at or before the run's first event.
+
+        A run id's embedded time is only a hint: a caller may choose an id shaped like a
+        minted one (``r`` + 28 hex digits) whose "time" is anything, and a minting clock
+        may run ahead. A time this clock has not reached yet, or a look-up that finds no
+        record at or after it, says nothing about the run's history, so both start at the
+        partition's beginning, never at its high watermark (which would read no history
+        and let a writer start the run again).
+        """
         if hint is not None:
             return hint
         created = run_id_time_ms(run_id)
-        if created is not None:
-            tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
-            (found,) = retrying(
-                "offsets_for_times", lambda: self._consumer.offsets_for_times([tp], timeout=10)
-            )
-            if found.offset >= 0:
-                return int(found.offset)
-            # No record at or after that time: the run has no events yet.
-            return self.high_watermark(partition)
+        if created is None or created > time.time() * 1000 + START_SKEW_MS:
+            return OFFSET_BEGINNING
+        tp = TopicPartition(self.topic, partition, max(0, created - START_SKEW_MS))
+        (found,) = retrying(
+            "offsets_for_times", lambda: self._consumer.offsets_for_times([tp], timeout=10)
+        )
+        if found.offset >= 0:
+            return int(found.offset)
         return OFFSET_BEGINNING
 
     def read(
@@ -151,7 +159,8 @@ class LogReader:
         start: int | None = None,
         end: int | None = None,
     ) -> Generator[LogRecord, None, None]:
-        """Events of ``run_id`` in log order, from ``start`` up to (excluding) ``end``.
+        """Events of ``run_id`` in log order, from ``start`` (default: the partition's
+        beginning) up to (excluding) ``end``.
 
         ``end`` defaults to the high watermark when the read begins. A record of this run
         that does not decode raises ``UnreadableRecord`` naming it and the remedy (a writer
@@ -159,7 +168,9 @@ class LogReader:
         """
         part = self.partition_of(run_id) if partition is None else partition
         stop = self.high_watermark(part) if end is None else end
-        offset = self.start_offset(run_id, part, start)
+        # No start: the partition's beginning. Seeking by an index or the id's time is
+        # ``runlog.log.fold``'s job, which checks what such a start finds.
+        offset = OFFSET_BEGINNING if start is None else start
         if stop == 0 or (offset != OFFSET_BEGINNING and offset >= stop):
             return
         key = run_id.encode()

@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runlog.errors import ConfigError
+from runlog.schemas.keys import tenant_problem
 
 COOKIE = "runlog_console"
 ALL_TENANTS = "*"
@@ -85,8 +86,25 @@ def parse_grants(tokens: SecretStr | None) -> dict[str, Grant]:
             tenants, name = spec.get("tenants"), str(spec.get("name") or "")
         if not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants):
             raise ConfigError(f"RUNLOG_UI_TOKENS: token {fp} must name a list of tenants")
+        _check_tenants(fp, tenants)
         out[token] = Grant(frozenset(tenants), name or f"console:{fp}", fp)
     return out
+
+
+def _check_tenants(fp: str, tenants: list[str]) -> None:
+    """``["*"]`` alone, or tenant names that ``check_tenant`` accepts (``*`` never is one)."""
+    if ALL_TENANTS in tenants and len(tenants) > 1:
+        raise ConfigError(
+            f"RUNLOG_UI_TOKENS: token {fp} names {ALL_TENANTS!r} (every tenant) beside "
+            'other tenants; give either ["*"] or the tenants it may see'
+        )
+    for tenant in tenants:
+        problem = None if tenant == ALL_TENANTS else tenant_problem(tenant)
+        if problem is not None:
+            raise ConfigError(
+                f"RUNLOG_UI_TOKENS: token {fp} names tenant {tenant!a}, which cannot "
+                f"be a tenant: {problem}"
+            )
 
 
 class Gate:
