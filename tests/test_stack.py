@@ -76,7 +76,9 @@ def test_status_and_env_commands(
         key, value = assignment.split("=", 1)
         exported[key] = shlex.split(value)[0]
     expected = stack.env(embedded)
-    url = stack_registry.url_if_running(embedded)  # printed only while the registry runs
+    # Printed only for a registry the user started (stack up --registry), never for one
+    # that something else, e.g. this test session, started.
+    url = stack_registry.advertised_url(embedded)
     if url is not None:
         expected["RUNLOG_SCHEMA_REGISTRY_URL"] = url
     assert exported == expected
