@@ -86,7 +86,13 @@ from runlog.consumers.store import (
     dumps,
     make_handler,
 )
-from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
+from runlog.errors import (
+    KafkaUnavailable,
+    RedisUnavailable,
+    RegistryUnavailable,
+    RunlogError,
+    SchemaError,
+)
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
 from runlog.projections.run_state import advance
@@ -297,7 +303,10 @@ class ProjectionRunner:
                 if not transient_redis_error(exc):
                     raise
                 err: Exception = exc
-            except KafkaUnavailable as exc:
+            except (KafkaUnavailable, RegistryUnavailable) as exc:
+                # A schema registry that does not answer is an outage, not a verdict on the
+                # record: wait for it. A registry that answers "no such id" is the verdict
+                # (``UnknownSchemaId``, a ``SchemaError``): the record is quarantined.
                 err = exc
             self.stats.retries += 1
             log.warning("%s failed (%s); retrying in %.2fs", what, err, delay)
@@ -521,7 +530,15 @@ class ProjectionRunner:
     def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
         """Apply one partition's batch; False if it was not written and must be refetched
         (the stored position went back) or held back (a rebuild fenced this runner)."""
-        recs = [_record_of(m, self._ids) for m in msgs]
+        if self._ids is None:
+            recs = [_record_of(m, None) for m in msgs]
+        else:
+            # Decoding may ask the schema registry for an id this process has not seen;
+            # while it does not answer, the batch waits (capped backoff), never skipped.
+            recs = self._retry(
+                f"decoding {self.topic}[{partition}] (schema registry {self._ids.url})",
+                functools.partial(self._decode_all, msgs),
+            )
         rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
         if rejected:
             low = self.positions([partition])[partition]
@@ -541,6 +558,9 @@ class ProjectionRunner:
             self._fenced(partition)
             return False
         return True
+
+    def _decode_all(self, msgs: list[Any]) -> list[Decoded | Rejected]:
+        return [_record_of(m, self._ids) for m in msgs]
 
     def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
         """Every projection's effects and position for one partition batch, in one
