@@ -35,7 +35,10 @@ a partition is idle.
 A rebuild fences live runners: it increments each partition's generation, and a runner
 writes only while the generation it read at assignment is still current (checked in the
 same transaction as the position). A fenced runner pauses its partitions until the
-rebuild's marker is gone, then reads the rebuilt positions and continues from them.
+rebuild's marker is gone, then reads the rebuilt positions and continues from them. A
+rebuild that died leaves a second marker, *incomplete* (no TTL): a runner never resumes
+on that projection; the first to see it with the rebuild's own marker expired completes
+the rebuild from zero (``rebuild``, in a thread beside the paused consumer).
 
 A record that cannot be decoded, or whose key is not its event's run id, is quarantined:
 produced (original key, value and headers) to the quarantine topic and acknowledged
@@ -114,6 +117,8 @@ POSITION_CHECK_S = 2.0
 """How often a live runner compares the stored positions with what it applied."""
 REBUILD_MARKER_TTL_S = 30
 """Lifetime of a rebuild's marker unless renewed: a crashed rebuild frees live runners."""
+TAKEOVER_RETRY_S = 5.0
+"""A runner's attempt to complete a dead rebuild failed: when it tries again."""
 
 _TRANSIENT_REDIS = (redis.ConnectionError, redis.TimeoutError)
 # Replies of a Redis that is up but cannot take this write now. redis-py maps some codes
@@ -284,6 +289,9 @@ class ProjectionRunner:
         self._waiting = False
         """A rebuild fenced this runner: its partitions are paused until it ends."""
         self._checked_at = 0.0
+        self._finisher: threading.Thread | None = None
+        """Completing a rebuild that died (``_while_waiting``), beside the paused consumer."""
+        self._finish_after = 0.0
 
     # Control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -363,17 +371,70 @@ class ProjectionRunner:
             self._gens[key] = gen
         return {p: min(got[(h.name, p)][0] for h in self.handlers) for p in parts}
 
-    def _rebuild_running(self) -> bool:
-        keys = [h.keys.rebuild_marker() for h in self.handlers]
+    def _rebuild_status(self) -> tuple[bool, list[str]]:
+        """(a rebuild's marker is present, the projections a dead rebuild left incomplete)."""
+        running = [h.keys.rebuild_marker() for h in self.handlers]
+        left = [h.keys.incomplete_marker() for h in self.handlers]
 
-        def read() -> int:
+        def read() -> list[int]:
             # One EXISTS per marker: the markers of several projections share no slot.
             with self.redis.pipeline(transaction=False) as pipe:
-                for key in keys:
+                for key in running + left:
                     pipe.exists(key)
-                return sum(int(n) for n in pipe.execute())
+                return [int(n) for n in pipe.execute()]
 
-        return self._retry("reading rebuild markers", read) > 0
+        found = self._retry("reading rebuild markers", read)
+        names = [h.name for h, n in zip(self.handlers, found[len(running) :], strict=True) if n]
+        return any(found[: len(running)]), names
+
+    def _rebuild_blocks(self) -> bool:
+        running, left = self._rebuild_status()
+        return running or bool(left)
+
+    def _while_waiting(self) -> None:
+        """Paused for a rebuild: resume once it is over and complete, or complete it.
+
+        A rebuild that died leaves its incomplete marker (``rebuild``): once its own marker
+        has expired, this runner refolds those projections from zero (in a thread, so the
+        paused consumer keeps its group membership), unless another rebuild took them.
+        """
+        if self._finisher is not None:
+            if self._finisher.is_alive():
+                return
+            self._finisher = None
+        running, left = self._rebuild_status()
+        if running:
+            return
+        if not left:
+            self._resume_after_rebuild()
+            return
+        if time.monotonic() < self._finish_after:
+            return
+        self._finish_after = time.monotonic() + TAKEOVER_RETRY_S
+        log.warning(
+            "a rebuild of %s died before it finished: completing it from offset zero",
+            "+".join(left),
+        )
+        self._finisher = threading.Thread(
+            target=self._finish_rebuild, args=(left,), name="runlog-finish-rebuild", daemon=True
+        )
+        self._finisher.start()
+
+    def _finish_rebuild(self, names: list[str]) -> None:
+        try:
+            rebuild(self.redis, self.settings, names, takeover=True, stop=self._stop)
+            log.info("completed the rebuild of %s", "+".join(names))
+        except (RebuildBusy, ProjectionRebuilt):
+            log.info("another process is rebuilding %s: waiting for it", "+".join(names))
+        except Stopped:
+            pass
+        except Exception as exc:  # noqa: BLE001 - retried later; the marker keeps everyone out
+            log.warning(
+                "completing the rebuild of %s failed (%s); trying again in %.0fs",
+                "+".join(names),
+                exc,
+                TAKEOVER_RETRY_S,
+            )
 
     def _seek(self, partition: int, pos: int) -> None:
         """Make the consumer fetch ``partition`` from ``pos + 1`` (its beginning if -1)."""
@@ -410,6 +471,12 @@ class ProjectionRunner:
         if not parts or self._waiting:
             return
         got = self.stored(parts)
+        if incomplete_left := self._rebuild_status()[1]:
+            # A rebuild died before its generations moved: nothing deleted yet, but what
+            # the next rebuild or runner refolds must not be written meanwhile.
+            log.warning("%s marked incomplete by a dead rebuild: pausing", incomplete_left)
+            self._wait_for_rebuild(self._consumer)
+            return
         for p in parts:
             for h in self.handlers:
                 key = (h.name, p)
@@ -432,7 +499,7 @@ class ProjectionRunner:
         consumer.assign(partitions)
         self._assigned |= {tp.partition for tp in partitions}
         log.info("assigned %s", {tp.partition: tp.offset for tp in partitions})
-        if self._waiting or self._rebuild_running():
+        if self._waiting or self._rebuild_blocks():
             self._wait_for_rebuild(consumer)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
@@ -838,8 +905,7 @@ class ProjectionRunner:
                 if self._waiting:
                     # Paused partitions return nothing; polling keeps the group membership.
                     self._consumer.consume(self.batch_size, timeout=0.2)
-                    if not self._rebuild_running():
-                        self._resume_after_rebuild()
+                    self._while_waiting()
                     continue
                 # A full batch means a backlog: then take catch-up sized ones, fewer
                 # transactions each.
@@ -860,6 +926,9 @@ class ProjectionRunner:
         except Stopped:
             log.info("stopped while retrying; the unfinished batch was not applied")
         finally:
+            if self._finisher is not None:
+                # It sees the same stop; what it had not refolded stays marked incomplete.
+                self._finisher.join(timeout=30)
             self.close()
 
     def catch_up(
@@ -880,6 +949,20 @@ class ProjectionRunner:
             **{"enable.partition.eof": True},
         )
         try:
+            names = [h.name for h in self.handlers]
+            broken = (
+                []
+                if generations is not None
+                else self._retry(
+                    "reading rebuild markers",
+                    functools.partial(incomplete, self.redis, self.settings, names),
+                )
+            )
+            if broken:
+                raise RebuildIncomplete(
+                    f"a rebuild of {'+'.join(broken)} died before it finished: the projection is "
+                    f"half deleted or half refolded; run `runlog rebuild` (or start a runner)"
+                )
             md = self._retry("reading topic metadata", self._metadata)
             parts = sorted(md)
             targets: dict[int, int] = {}
@@ -974,18 +1057,58 @@ def _delete(client: redis.Redis, keys: list[Any]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
+_DELETE_IF_OURS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+"""Delete a marker only if it still holds this rebuild's value (one key: any slot)."""
+
+
+def _delete_if_ours(client: redis.Redis, key: str, value: str) -> None:
+    client.eval(_DELETE_IF_OURS, 1, key, value)
+
+
+class RebuildBusy(RunlogError):
+    """Another process is rebuilding the projection (a runner's takeover stands aside)."""
+
+
+class RebuildIncomplete(RunlogError):
+    """A rebuild of the projection died before it finished: rebuild it (or start a runner)."""
+
+
+def incomplete(client: redis.Redis, settings: Settings, names: Sequence[str]) -> list[str]:
+    """The projections among ``names`` a rebuild left incomplete (half deleted or refolded)."""
+    keys = [
+        make_handler(n, settings.redis_key_prefix, settings.events_topic).keys.incomplete_marker()
+        for n in names
+    ]
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.exists(key)
+        found = pipe.execute()
+    return [n for n, e in zip(names, found, strict=True) if int(e)]
+
+
 class _RebuildMarker:
     """The rebuild's marker on each projection, renewed while it runs.
 
-    Live runners wait while it exists; its TTL frees them if the rebuild dies, and they
-    then continue from the positions it reached (each of its batches is atomic).
+    Live runners wait while it exists; its TTL frees them if the rebuild dies. Whether they
+    then continue or refold is the incomplete marker's to say (``rebuild``). ``exclusive``:
+    take the markers only if no other rebuild holds one (a runner completing a dead
+    rebuild), else ``RebuildBusy``; an operator's rebuild takes them regardless.
     """
 
-    def __init__(self, client: redis.Redis, keys: list[str]) -> None:
+    def __init__(self, client: redis.Redis, keys: list[str], *, exclusive: bool = False) -> None:
         self.client = client
         self.keys = keys
+        self.exclusive = exclusive
         self.value = json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": time.time(),
+                "id": uuid.uuid4().hex,
+            }
         )
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="runlog-rebuild", daemon=True)
@@ -997,6 +1120,15 @@ class _RebuildMarker:
                 pipe.set(key, self.value, ex=REBUILD_MARKER_TTL_S)
             pipe.execute()
 
+    def _take(self) -> None:
+        taken: list[str] = []
+        for key in self.keys:
+            if not self.client.set(key, self.value, ex=REBUILD_MARKER_TTL_S, nx=True):
+                for k in taken:
+                    _delete_if_ours(self.client, k, self.value)
+                raise RebuildBusy(f"another rebuild holds {key}")
+            taken.append(key)
+
     def _renew(self) -> None:
         while not self._done.wait(REBUILD_MARKER_TTL_S / 6):
             try:
@@ -1005,7 +1137,10 @@ class _RebuildMarker:
                 log.warning("renewing the rebuild marker failed: %s", exc)
 
     def __enter__(self) -> _RebuildMarker:
-        self._set()
+        if self.exclusive:
+            self._take()
+        else:
+            self._set()
         self._thread.start()
         return self
 
@@ -1013,7 +1148,8 @@ class _RebuildMarker:
         self._done.set()
         self._thread.join(timeout=5)
         for key in self.keys:
-            self.client.delete(key)
+            # A later rebuild may have taken the marker over: it is its own to remove.
+            _delete_if_ours(self.client, key, self.value)
 
 
 def rebuild(
@@ -1022,6 +1158,8 @@ def rebuild(
     names: Sequence[str],
     *,
     progress: Callable[[int, int], None] | None = None,
+    takeover: bool = False,
+    stop: threading.Event | None = None,
 ) -> dict[int, int]:
     """Delete the projections and fold the log from offset zero up to today's watermarks.
 
@@ -1030,11 +1168,36 @@ def rebuild(
     runner's next write fails its generation check, in the same transaction as its
     position), deletes the keys and folds. Fenced runners pause until the marker is gone,
     then continue from the rebuilt positions.
+
+    A rebuild can die anywhere (SIGKILL, ^C, a lost host), and deleting thousands of keys
+    and refolding them cannot be one atomic write. So, before its first delete, it sets a
+    second marker per projection, *incomplete*, with no TTL, and removes it only once the
+    refold reached the watermarks. While it exists no runner writes the projection and a
+    plain catch-up refuses it (``RebuildIncomplete``); once the rebuild's own marker has
+    expired, the first runner that sees it completes the rebuild from zero (``takeover``:
+    only if no other rebuild holds the marker), as does the operator's next rebuild.
+
+    Why a durable marker and not a new generation of keys switched by a pointer at the
+    end: every reader (``runlog state``, the run index, the UI, dashboards reading the
+    documented layout) reads a projection's keys where they are, and a Redis Cluster
+    cannot switch many slots' keys at once, so a pointer would be read by every query and
+    a rebuild would hold two copies of the projection. Readers of an incomplete projection
+    are told so (``incomplete``); they are never shown it as current by a runner resuming.
     """
     handlers = [make_handler(n, settings.redis_key_prefix, settings.events_topic) for n in names]
     parts = range(settings.partitions)
     try:
-        with _RebuildMarker(client, [h.keys.rebuild_marker() for h in handlers]):
+        with _RebuildMarker(
+            client, [h.keys.rebuild_marker() for h in handlers], exclusive=takeover
+        ) as marker:
+            # Durable before anything is deleted: from here on, a death leaves the
+            # projection marked incomplete, never silently half deleted. One SET per key
+            # (several projections share no slot); a death between them leaves the rest
+            # intact, their generations not moved yet.
+            with client.pipeline(transaction=False) as pipe:
+                for h in handlers:
+                    pipe.set(h.keys.incomplete_marker(), marker.value)
+                pipe.execute()
             # Each generation fences its own partition (checked in that partition's
             # transactions), so they need not move together: one INCR per key, not one
             # MULTI (which a Redis Cluster refuses across slots).
@@ -1047,6 +1210,14 @@ def rebuild(
             for name in names:
                 delete_projection(client, settings, name)
             runner = ProjectionRunner(settings, client, names)
-            return runner.catch_up(progress=progress, generations=generations)
+            if stop is not None:
+                runner._stop = stop
+            targets = runner.catch_up(progress=progress, generations=generations)
+            # Complete: only now may runners trust and write the projection again. Only
+            # our own mark: a rebuild that took over meanwhile (ours then stopped with
+            # ProjectionRebuilt, never here) clears its own.
+            for h in handlers:
+                _delete_if_ours(client, h.keys.incomplete_marker(), marker.value)
+            return targets
     except redis.RedisError as exc:
         raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc
