@@ -80,6 +80,7 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
+from runlog.consumers.queries import incomplete
 from runlog.consumers.store import (
     Batch,
     Decoded,
@@ -1074,19 +1075,6 @@ class RebuildBusy(RunlogError):
 
 class RebuildIncomplete(RunlogError):
     """A rebuild of the projection died before it finished: rebuild it (or start a runner)."""
-
-
-def incomplete(client: redis.Redis, settings: Settings, names: Sequence[str]) -> list[str]:
-    """The projections among ``names`` a rebuild left incomplete (half deleted or refolded)."""
-    keys = [
-        make_handler(n, settings.redis_key_prefix, settings.events_topic).keys.incomplete_marker()
-        for n in names
-    ]
-    with client.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.exists(key)
-        found = pipe.execute()
-    return [n for n, e in zip(names, found, strict=True) if int(e)]
 
 
 class _RebuildMarker:

@@ -30,7 +30,7 @@ from projections_support import (
 )
 from workers.common import TESTS
 
-from runlog.consumers import queries
+from runlog.consumers import projection_metrics, queries
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, RebuildIncomplete
 from runlog.consumers.store import PROJECTIONS, ProjectionKeys
@@ -142,6 +142,10 @@ def test_a_rebuild_killed_anywhere_is_completed_from_zero(
                     check=False,
                 )
                 assert "the state projection is incomplete" in shown.stderr, shown.stderr
+                metrics = projection_metrics.collect(
+                    redis_client, test_settings, PROJECTIONS, lambda p: 0
+                )
+                assert metrics["projections"]["state"]["rebuild_incomplete"] is True
                 proc = start_runner(test_settings, "all", group, log_path=log)
                 wait_assigned(proc, log)
             deadline = time.monotonic() + 180

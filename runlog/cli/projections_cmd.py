@@ -16,7 +16,7 @@ from typing import Any
 
 from runlog.cli.groups import print_json
 from runlog.consumers import projection_metrics, queries
-from runlog.consumers.runner import ProjectionRunner, incomplete, rebuild, streaming_gc
+from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
 from runlog.errors import ConfigError
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
@@ -101,7 +101,7 @@ def _redis(settings: Settings) -> Any:
 
 def _warn_incomplete(client: Any, settings: Settings, names: tuple[str, ...]) -> None:
     """Say so on stderr when what is about to be shown is a dead rebuild's half-work."""
-    for name in incomplete(client, settings, names):
+    for name in queries.incomplete(client, settings, names):
         print(
             f"runlog: WARNING: the {name} projection is incomplete (a rebuild died before it "
             "finished); a running `runlog project` completes it, or run `runlog rebuild "
