@@ -1069,6 +1069,14 @@ def _delete_if_ours(client: redis.Redis, key: str, value: str) -> None:
     client.eval(_DELETE_IF_OURS, 1, key, value)
 
 
+_RENEW_IF_OURS = """
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
+return 0
+"""
+"""Renew a marker unless another rebuild has taken it over since (one key: any slot)."""
+
+
 class RebuildBusy(RunlogError):
     """Another process is rebuilding the projection (a runner's takeover stands aside)."""
 
@@ -1120,7 +1128,8 @@ class _RebuildMarker:
     def _renew(self) -> None:
         while not self._done.wait(REBUILD_MARKER_TTL_S / 6):
             try:
-                self._set()
+                for key in self.keys:
+                    self.client.eval(_RENEW_IF_OURS, 1, key, self.value, REBUILD_MARKER_TTL_S)
             except redis.RedisError as exc:  # the next renewal may pass; the TTL is long
                 log.warning("renewing the rebuild marker failed: %s", exc)
 
@@ -1202,8 +1211,7 @@ def rebuild(
                 runner._stop = stop
             targets = runner.catch_up(progress=progress, generations=generations)
             # Complete: only now may runners trust and write the projection again. Only
-            # our own mark: a rebuild that took over meanwhile (ours then stopped with
-            # ProjectionRebuilt, never here) clears its own.
+            # our own mark: one set by a rebuild that started since is that one's to clear.
             for h in handlers:
                 _delete_if_ours(client, h.keys.incomplete_marker(), marker.value)
             return targets
