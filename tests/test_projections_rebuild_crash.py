@@ -2,9 +2,10 @@
 
 ``runlog rebuild all`` runs as a real process and halts at a named point (after its
 first batch of deletes, in the middle of the refold, just before it returns:
-``workers/rebuild_worker.py``) until the test SIGKILLs it. Its marker then expires and the
-projection services, real ``runlog project`` processes, must neither resume on what it
-left nor stay stopped: they complete the rebuild from offset zero. Afterwards every key of
+``workers/rebuild_worker.py``) until the test SIGKILLs it (or interrupts it, as ^C does).
+Its marker then expires (or is removed as it unwinds) and the projection services, real
+``runlog project`` processes, must neither resume on what it left nor stay stopped: they
+complete the rebuild from offset zero, also when none was running as it died. Afterwards every key of
 the three projections equals a rebuild from zero, and no finished run is ever shown as
 ``new`` on the way.
 """
@@ -52,9 +53,10 @@ def _markers(client: redis.Redis, settings: Settings) -> dict[str, list[str]]:
     }
 
 
-def _kill_rebuild_at(settings: Settings, point: str, tmp_path: Path) -> None:
-    flag = tmp_path / f"{point}.flag"
-    log = tmp_path / f"rebuild-{point}.log"
+def _kill_rebuild_at(settings: Settings, point: str, sig: int, tmp_path: Path) -> None:
+    """Start ``runlog rebuild all``, and send it ``sig`` once it reached ``point``."""
+    flag = tmp_path / f"{point}-{sig}.flag"
+    log = tmp_path / f"rebuild-{point}-{sig}.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, str(WORKER)],
@@ -73,8 +75,9 @@ def _kill_rebuild_at(settings: Settings, point: str, tmp_path: Path) -> None:
             assert time.monotonic() < deadline, f"the rebuild never reached {point}"
             time.sleep(0.05)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+    assert code != 0, "the rebuild finished after all"
 
 
 def _reference(client: redis.Redis, settings: Settings, tag: str) -> dict:
@@ -118,12 +121,18 @@ def test_a_rebuild_killed_anywhere_is_completed_from_zero(
     try:
         wait_assigned(proc, log)
         wait_caught_up(redis_client, test_settings, timeout=120)
-        for i, point in enumerate(("after-first-delete", "mid-replay", "before-end")):
-            restart = point == "mid-replay"
+        points = (
+            ("after-first-delete", signal.SIGKILL),
+            ("mid-replay", signal.SIGKILL),
+            ("before-end", signal.SIGKILL),
+            ("mid-replay", signal.SIGINT),  # ^C: the rebuild unwinds, its marker goes at once
+        )
+        for i, (point, sig) in enumerate(points):
+            restart = i == 1
             if restart:
                 # No service runs when this rebuild dies: the next one to start finishes it.
                 assert stop(proc) == 0, Path(log).read_text()[-3000:]
-            _kill_rebuild_at(test_settings, point, tmp_path)
+            _kill_rebuild_at(test_settings, point, sig, tmp_path)
             assert _markers(redis_client, test_settings)["incomplete"], (
                 f"a rebuild killed at {point} left its projection unmarked"
             )
