@@ -5,9 +5,9 @@ first batch of deletes, in the middle of the refold, just before it returns:
 ``workers/rebuild_worker.py``) until the test SIGKILLs it (or interrupts it, as ^C does).
 Its marker then expires (or is removed as it unwinds) and the projection services, real
 ``runlog project`` processes, must neither resume on what it left nor stay stopped: they
-complete the rebuild from offset zero, also when none was running as it died. Afterwards every key of
-the three projections equals a rebuild from zero, and no finished run is ever shown as
-``new`` on the way.
+complete the rebuild from offset zero, also when none was running as it died. Afterwards
+every key of the three projections equals a rebuild from zero, and no finished run is ever
+shown as ``new`` on the way.
 """
 
 from __future__ import annotations
