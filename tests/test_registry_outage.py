@@ -34,6 +34,7 @@ from runlog import stack
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.store import PROJECTIONS
+from runlog.errors import RegistryUnavailable
 from runlog.log.registry import RegistryIds, ids_for
 from runlog.producers.writer import EventWriter
 from runlog.schemas import codec
@@ -106,6 +107,32 @@ def fresh_registry() -> Iterator[stack.StackConfig]:
         yield cfg
     finally:
         stack_registry.down(cfg)
+
+
+def test_a_registry_that_accepts_but_never_answers_is_unavailable_not_a_hang() -> None:
+    """A hung registry (a paused JVM, a half-open network) must surface as an outage the
+    runner retries and logs, not block its caller forever with nothing said."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # accepts (the kernel completes the handshake); never answers
+    port = hole.getsockname()[1]
+    ids = RegistryIds(f"http://127.0.0.1:{port}/apis/ccompat/v7", "t.events", timeout_ms=300)
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            ids.schema_for(1)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    # The client's own retries (3, with up to 1 + 2 + 4 s of jitter) plus 4 timeouts.
+    asker.join(timeout=30)
+    hole.close()
+    assert outcome, "the lookup still hangs on a registry that does not answer"
+    assert isinstance(outcome[0], RegistryUnavailable), outcome
 
 
 def _confluent_records(s: Settings) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
