@@ -1058,23 +1058,41 @@ def _delete(client: redis.Redis, keys: list[Any]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
-_DELETE_IF_OURS = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-"""Delete a marker only if it still holds this rebuild's value (one key: any slot)."""
+def _ours(raw: Any, value: str) -> bool:
+    return (raw.decode() if isinstance(raw, bytes) else raw) == value
 
 
 def _delete_if_ours(client: redis.Redis, key: str, value: str) -> None:
-    client.eval(_DELETE_IF_OURS, 1, key, value)
+    """Delete a marker only if it still holds this rebuild's value.
+
+    WATCH and MULTI, not a script: projection services may not run scripts (their Redis
+    ACL, ``runlog.security``), and they complete dead rebuilds. One key: any slot.
+    """
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)  # type: ignore[no-untyped-call]
+            if not _ours(pipe.get(key), value):
+                return
+            pipe.multi()
+            pipe.delete(key)
+            pipe.execute()
+        except redis.WatchError:
+            pass  # changed meanwhile: another rebuild's now
 
 
-_RENEW_IF_OURS = """
-local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
-return 0
-"""
-"""Renew a marker unless another rebuild has taken it over since (one key: any slot)."""
+def _renew_if_ours(client: redis.Redis, key: str, value: str) -> None:
+    """Renew a marker unless another rebuild has taken it over since."""
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)  # type: ignore[no-untyped-call]
+            raw = pipe.get(key)
+            if raw is not None and not _ours(raw, value):
+                return
+            pipe.multi()
+            pipe.set(key, value, ex=REBUILD_MARKER_TTL_S)
+            pipe.execute()
+        except redis.WatchError:
+            pass
 
 
 class RebuildBusy(RunlogError):
@@ -1129,7 +1147,7 @@ class _RebuildMarker:
         while not self._done.wait(REBUILD_MARKER_TTL_S / 6):
             try:
                 for key in self.keys:
-                    self.client.eval(_RENEW_IF_OURS, 1, key, self.value, REBUILD_MARKER_TTL_S)
+                    _renew_if_ours(self.client, key, self.value)
             except redis.RedisError as exc:  # the next renewal may pass; the TTL is long
                 log.warning("renewing the rebuild marker failed: %s", exc)
 
