@@ -99,14 +99,18 @@ class Gate:
 
 @pytest.fixture
 def fresh_registry() -> Iterator[stack.StackConfig]:
-    """The stack's registry restarted empty for this test, and stopped after it (always)."""
+    """The stack's registry restarted empty for this test, and stopped after it (always);
+    one that was running before (another test's) is started again, empty."""
     cfg = stack.StackConfig.from_env()
+    was_running = stack_registry.url_if_running(cfg) is not None
     stack_registry.down(cfg)
     try:
         stack_registry.up(cfg, timeout=120)
         yield cfg
     finally:
         stack_registry.down(cfg)
+        if was_running:
+            stack_registry.up(cfg, timeout=120)
 
 
 def test_a_registry_that_accepts_but_never_answers_is_unavailable_not_a_hang() -> None:
