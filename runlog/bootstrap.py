@@ -80,6 +80,21 @@ class Services:
                 svc = cls._shared[key] = Services(settings)
             return svc
 
+    @classmethod
+    def close_shared(cls, bootstrap_servers: str | None = None) -> None:
+        """Close the process's shared services: all, or those whose settings name
+        ``bootstrap_servers`` (before that cluster goes away, so no client is left retrying
+        it)."""
+        with cls._shared_lock:
+            keys = [
+                k
+                for k, svc in cls._shared.items()
+                if bootstrap_servers is None or svc.settings.bootstrap_servers == bootstrap_servers
+            ]
+            closing = [cls._shared.pop(k) for k in keys]
+        for svc in closing:
+            svc.close()
+
     @property
     def redis(self) -> redis.Redis:
         return self._redis.get()

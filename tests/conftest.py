@@ -32,6 +32,7 @@ import pytest
 import redis
 
 from runlog import stack
+from runlog.bootstrap import Services
 from runlog.errors import RunlogError
 from runlog.log.clients import redis_client as make_redis
 from runlog.settings import Settings
@@ -253,6 +254,8 @@ def secure_stack() -> Iterator[stack.StackConfig]:
         print(f"\nsecure stack up in {time.monotonic() - t0:.1f}s")
     yield cfg
     if not was_running:
+        # The session's clients of this stack first: none is left retrying a stopped broker.
+        Services.close_shared(cfg.bootstrap_servers)
         stack.down(cfg)
 
 
