@@ -88,6 +88,18 @@ def test_v2_model_turn_keeps_the_whole_response() -> None:
     assert state_v1.messages == state_v2.messages  # the fold reads what v1 had, unchanged
 
 
+def test_v3_writer_records_each_tools_retry_declarations() -> None:
+    """The v3 fixture's writer stamped every STARTED with what its tool declared."""
+    fx = load_fixture("v3")
+    started = [e.payload for e in fx.events() if isinstance(e.payload, ToolCallStarted)]
+    assert {
+        codec.writer_schema_of(r.value).version for r in fx.records if r.type == "tool_call_started"
+    } == {2}
+    declared = {(p.name, p.dedupes_by_key, p.compensable) for p in started}
+    assert ("charge", True, False) in declared  # declared dedupes_by_key=True
+    assert ("lookup", False, False) in declared  # declared nothing
+
+
 def test_v1_compaction_is_upcast_to_its_exact_v1_meaning() -> None:
     ev = codec.decode(_v1("context_compacted"))
     assert ev.schema_version == 2
