@@ -88,9 +88,9 @@ def test_v2_model_turn_keeps_the_whole_response() -> None:
     assert state_v1.messages == state_v2.messages  # the fold reads what v1 had, unchanged
 
 
-def test_v3_writer_records_each_tools_retry_declarations() -> None:
-    """The v3 fixture's writer stamped every STARTED with what its tool declared."""
-    fx = load_fixture("v3")
+def test_v4_writer_records_each_tools_retry_declarations() -> None:
+    """The v4 fixture's writer stamped every STARTED with what its tool declared."""
+    fx = load_fixture("v4")
     started = [e.payload for e in fx.events() if isinstance(e.payload, ToolCallStarted)]
     assert {
         codec.writer_schema_of(r.value).version for r in fx.records if r.type == "tool_call_started"
