@@ -276,8 +276,9 @@ def _reject_effect(risk: str | None, compensable: bool | None, tool: str, landed
     if risk == "reversible" and compensable:
         return (
             f"undo what may have happened with {tool}'s inverse (a call with its own key, "
-            "run by the worker that holds the run with its tools), then close it without "
-            "retrying; if the inverse does not complete, a person is asked again"
+            "run by the worker that holds the run with its tools, or by its next owner), "
+            "then close it without retrying; if the inverse does not complete, a person is "
+            "asked again"
         )
     if risk == "reversible" and compensable is None:
         return (
