@@ -161,6 +161,7 @@ def _describe(
         c.outcome = "open"
         calls[f"#{ev.seq}"] = c
         e.update(tool=p.name, idempotency_key=p.idempotency_key, risk=p.risk, attempt=p.attempt)
+        e.update(dedupes_by_key=p.dedupes_by_key, compensable=p.compensable)
         e["args_json"] = c.args_json
         return f"call {p.name} {c.args_json} (risk {p.risk}, attempt {p.attempt})"
     if isinstance(p, m.ToolCallCompleted):
@@ -180,7 +181,7 @@ def _describe(
         call(p.idempotency_key, p.name).outcome = "uncertain"
         error = redact_json(p.error, secret)
         e.update(tool=p.name, idempotency_key=p.idempotency_key, error=error)
-        e["detected_by"] = p.detected_by
+        e.update(detected_by=p.detected_by, started_seq=p.started_seq)
         return f"{p.name} outcome UNKNOWN ({p.detected_by}): {error}"
     if isinstance(p, m.ReconciliationAttempted):
         evidence = redact_json(p.evidence, secret)

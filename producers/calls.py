@@ -210,6 +210,8 @@ def attempt(
             attempt=attempt,
             risk=tool.risk,
             operation_id=operation_id,
+            dedupes_by_key=tool.dedupes_by_key,
+            compensable=tool.compensate is not None,
         )
         if tool.risk != "safe" and not run.confirmed_locally(started):
             yield from blocking(functools.partial(run.confirm_in_log, started))

@@ -79,6 +79,11 @@ class Tool:
     """The inverse of this tool's effect (reversible tools only), run by recovery when an
     unwanted effect is found: see ``compensation``."""
 
+    dedupes_by_key: bool = False
+    """The receiver deduplicates by the idempotency key: a request repeated with a key it
+    has seen does not repeat the effect. Recorded on every STARTED, so the question put to a
+    person about an uncertain call can say whether "retry with the same key" may repeat it."""
+
     def __call__(self, args: dict[str, Any], *, idempotency_key: str) -> str | Awaitable[str]:
         if not tracing.enabled():
             return self.fn(args, idempotency_key=idempotency_key)
@@ -173,6 +178,7 @@ def tool(
     reconcile: Reconciler | None = None,
     on_large_result: ResultSink | None = None,
     compensate: Compensator | None = None,
+    dedupes_by_key: bool = False,
 ) -> Callable[[ToolFn], Tool]:
     """Declare ``fn(args: dict, *, idempotency_key: str) -> str`` as a tool.
 
@@ -182,6 +188,9 @@ def tool(
     ``on_large_result(idempotency_key, whole_result) -> reference`` keeps it elsewhere.
     ``compensate(args, *, idempotency_key, original_key)`` (``risk="reversible"`` only)
     undoes an effect recovery found unwanted (see README "Side effects").
+    ``dedupes_by_key=True`` declares that the receiver deduplicates by the key it is sent
+    (it will not repeat an effect that landed); the question a person answers about an
+    uncertain call says what a retry does from it (README "Approvals").
     """
     if risk not in ("safe", "reversible", "irreversible"):
         raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")
@@ -202,6 +211,7 @@ def tool(
             reconcile=traced or reconcile,
             on_large_result=on_large_result,
             compensate=compensate,
+            dedupes_by_key=dedupes_by_key,
         )
 
     return wrap

@@ -39,7 +39,15 @@ from runlog.errors import (
 logging.getLogger("runlog").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
-    from runlog.api import append_metrics, decide, lease_metrics, open_run, serve_metrics
+    from runlog.api import (
+        append_metrics,
+        decide,
+        lease_metrics,
+        open_run,
+        question,
+        serve_metrics,
+    )
+    from runlog.consumers.question import Question
     from runlog.producers.agent import (
         AgentLoop,
         ApprovalStep,
@@ -68,6 +76,8 @@ _LAZY = {
     "serve_metrics": "runlog.api",
     "CallContext": "runlog.producers.context",
     "decide": "runlog.api",
+    "question": "runlog.api",
+    "Question": "runlog.consumers.question",
     "AgentLoop": "runlog.producers.agent",
     "ScriptedModel": "runlog.producers.agent",
     "ModelStep": "runlog.producers.agent",
@@ -120,6 +130,7 @@ __all__ = [
     "KafkaUnavailable",
     "Match",
     "ModelStep",
+    "Question",
     "RedisUnavailable",
     "Run",
     "RunError",
@@ -144,6 +155,7 @@ __all__ = [
     "encode",
     "lease_metrics",
     "open_run",
+    "question",
     "serve_metrics",
     "tool",
 ]

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from runlog.bootstrap import Services
 from runlog.consumers.projection_metrics import serve
 from runlog.consumers.queries import refuse_other_tenant
+from runlog.consumers.question import Question
+from runlog.consumers.question import question as ask
 from runlog.consumers.replay import replay
 from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import DecisionConflict, UnknownApproval, UnknownRun
@@ -146,6 +148,32 @@ def decide(
             raise fresh from exc
         tracing.annotate(span, outcome=how)
         return how
+
+
+def question(
+    run_id: str,
+    approval_id: str,
+    *,
+    tenant: str = "default",
+    settings: Settings | None = None,
+) -> Question:
+    """The question a person answers with ``decide``: read it first.
+
+    For an uncertain call (kinds ``uncertain_call`` and ``conflict``): the tool, its
+    canonical arguments (redacted), the idempotency key, when the call started and each
+    attempt with its error, the last error, every reconciliation step with its evidence, and
+    what each answer does: ``approve`` retries with the same key (``dedupes_by_key`` says
+    whether the receiver is declared to deduplicate by it, else a retry may REPEAT an effect
+    that landed), ``reject`` closes it without retrying (after undoing it, when the tool
+    declared an inverse). ``confirmation(approved)`` is that consequence as one sentence.
+    Read from the log alone; refused like ``decide`` (``TenantMismatch``, ``UnknownRun``,
+    ``UnknownApproval``). A decided approval's question names the decision that stands.
+    """
+
+    check_run_id(run_id)
+    check_tenant(tenant)
+    services = Services.shared(settings or Settings())
+    return ask(_timeline(services, tenant, run_id), approval_id)
 
 
 def _timeline(services: Services, tenant: str, run_id: str) -> Timeline:

@@ -26,6 +26,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # v2 adds the optional ``response_json`` (default null): the whole response a
         # framework returned, beside the text, proposals and usage v1 already recorded.
         (EventType.MODEL_TURN, 1),
+        # v2 adds the optional ``dedupes_by_key`` and ``compensable`` (default null): what
+        # the tool declared about a retry, so a reader without the tools (the CLI, the
+        # console) can say what a person's decision does; null in v1 is "not recorded".
+        (EventType.TOOL_CALL_STARTED, 1),
     }
 )
 

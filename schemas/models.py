@@ -85,6 +85,11 @@ class ToolCallStarted(Payload):
     attempt: int = 1
     risk: Risk = "safe"
     operation_id: str | None = None
+    dedupes_by_key: bool | None = None
+    """v2: the tool declares that its receiver deduplicates by the idempotency key, so a
+    retry with the key does not repeat an effect that landed (None in v1 records)."""
+    compensable: bool | None = None
+    """v2: the tool declares an inverse (``compensate=``) (None in v1 records)."""
 
 
 class ToolCallCompleted(Payload):

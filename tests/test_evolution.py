@@ -14,13 +14,14 @@ from replay_support import load_fixture, synthetic_log
 from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprint
 from runlog.projections.run_state import FOLD_VERSION, RunState, apply
 from runlog.schemas import codec, evolution
-from runlog.schemas.models import ContextCompacted, ModelTurn, ToolCallCompleted
+from runlog.schemas.models import ContextCompacted, ModelTurn, ToolCallCompleted, ToolCallStarted
 from runlog.schemas.registry import fingerprint_of, registry
 from runlog.schemas.vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
 TCC = EventType.TOOL_CALL_COMPLETED
 MT = EventType.MODEL_TURN
+TCS = EventType.TOOL_CALL_STARTED
 
 
 def _v1(fx_type: str) -> bytes:
@@ -42,7 +43,30 @@ def test_current_versions() -> None:
     assert registry().current[CC] == 2
     assert registry().current[TCC] == 2
     assert registry().current[MT] == 2
+    assert registry().current[TCS] == 2
     assert FOLD_VERSION == 3
+
+
+def test_v1_tool_call_started_resolves_with_its_declarations_not_recorded() -> None:
+    ev = codec.decode(_v1("tool_call_started"))
+    assert isinstance(ev.payload, ToolCallStarted)
+    assert ev.schema_version == 2
+    # Null is "not recorded", never "declared false": a reader must not guess either way.
+    assert ev.payload.dedupes_by_key is None and ev.payload.compensable is None
+    assert ev.payload.idempotency_key and ev.payload.args_json  # the v1 fields as written
+
+
+def test_v2_tool_call_started_keeps_its_declarations() -> None:
+    ev = codec.decode(_v1("tool_call_started"))
+    update = {"dedupes_by_key": True, "compensable": False}
+    v2 = ev.model_copy(update={"payload": ev.payload.model_copy(update=update)})
+    back = codec.decode(codec.encode(v2))
+    assert isinstance(back.payload, ToolCallStarted)
+    assert (back.payload.dedupes_by_key, back.payload.compensable) == (True, False)
+    state_v1, state_v2 = RunState(), RunState()
+    apply(state_v1, ev.model_copy(update={"seq": 1}))
+    apply(state_v2, back.model_copy(update={"seq": 1}))
+    assert state_v1.to_dict() == state_v2.to_dict()  # the fold reads what v1 had, unchanged
 
 
 def test_v1_model_turn_resolves_without_a_recorded_response() -> None:
@@ -62,6 +86,18 @@ def test_v2_model_turn_keeps_the_whole_response() -> None:
     apply(state_v1, ev.model_copy(update={"seq": 1}))
     apply(state_v2, back.model_copy(update={"seq": 1}))
     assert state_v1.messages == state_v2.messages  # the fold reads what v1 had, unchanged
+
+
+def test_v4_writer_records_each_tools_retry_declarations() -> None:
+    """The v4 fixture's writer stamped every STARTED with what its tool declared."""
+    fx = load_fixture("v4")
+    started = [e.payload for e in fx.events() if isinstance(e.payload, ToolCallStarted)]
+    assert {
+        codec.writer_schema_of(r.value).version for r in fx.records if r.type == "tool_call_started"
+    } == {2}
+    declared = {(p.name, p.dedupes_by_key, p.compensable) for p in started}
+    assert ("charge", True, False) in declared  # declared dedupes_by_key=True
+    assert ("lookup", False, False) in declared  # declared nothing
 
 
 def test_v1_compaction_is_upcast_to_its_exact_v1_meaning() -> None:

@@ -213,3 +213,81 @@ def test_browser_token_of_tenant_a_cannot_see_or_decide_tenant_b(
             tl = run_timeline(reader, redis_client, s, "globex", theirs)
         assert their_ap in tl.state.pending_approvals
         assert not [e for e in tl.entries if e["type"] == "approval_decided"]
+
+
+def test_browser_question_of_an_uncertain_payment_then_a_confirmed_retry(
+    test_settings: Settings, redis_client: redis.Redis, browser: Any
+) -> None:
+    """An irreversible payment timed out after its request was sent, and nothing can look
+    it up: the person reads what may have happened and what approving does (it may pay
+    twice), approves, must confirm that consequence restated, and only then is it recorded."""
+    from selenium.webdriver.common.by import By
+
+    s = test_settings
+    web = browser
+    invoked: list[str] = []
+
+    def pay_fn(args: dict[str, Any], *, idempotency_key: str) -> str:
+        invoked.append(idempotency_key)
+        raise TimeoutError("read timed out after 5.0s (the request was sent)")
+
+    pay = runlog.tool("pay", risk="irreversible")(pay_fn)
+    with services_for(s):
+        with runlog.open_run(tenant="acme", tools=[pay], settings=s) as run:
+            with pytest.raises(runlog.Escalated):
+                run.call_tool("pay", {"to": "A-1", "amount": 7})
+            (ap,) = run.state.pending_approvals
+            rid = run.run_id
+        q = runlog.question(rid, ap, tenant="acme", settings=s)
+        key = q.idempotency_key
+        assert key is not None and q.started_at is not None
+        with projecting(s, redis_client), console(s, refresh_s=0) as base:
+            index = RunIndex(redis_client, s)
+            wait_for("the run indexed", lambda: index.find(rid))
+            _login(web, base, TOKEN_A)
+            web.get(f"{base}/runs/{rid}")
+            web.find_element(By.CSS_SELECTOR, f'.approval[data-approval="{ap}"] a.question').click()
+            wait_for("the question", lambda: web.find_elements(By.ID, "question"))
+            assert _text(web, "#q-tool") == "pay"
+            assert _text(web, "#q-key") == key
+            assert _text(web, "#q-args") == '{"amount":7,"to":"A-1"}'
+            assert q.started_at in _text(web, "#q-started")
+            assert "1 attempt" in _text(web, "#q-started")
+            assert "read timed out after 5.0s" in _text(web, "#q-error")
+            assert _text(web, "#q-dedupes") == "not declared"
+            attempts = _text(web, "#attempts")
+            assert "uncertain" in attempts and "read timed out" in attempts
+            recon = _text(web, "#reconciliations")
+            assert "no_reconciler" in recon and "escalate" in recon
+            approve_means = _text(web, "#approve-means")
+            assert f"retry pay with the same key {key}" in approve_means
+            assert "NOT declared to deduplicate" in approve_means and "REPEATS" in approve_means
+            assert "its effect stands" in _text(web, "#reject-means")
+            _shot(web, "question.png")
+
+            web.find_element(By.CSS_SELECTOR, ".approval input[name=note]").send_keys(
+                "bank says no charge arrived"
+            )
+            web.find_element(By.CSS_SELECTOR, ".approval button.approve").click()
+            wait_for("the confirmation", lambda: web.find_elements(By.ID, "confirmation"))
+            sentence = _text(web, "#confirmation")
+            assert sentence == q.confirmation(True)
+            assert f"Retry pay with key {key}" in sentence and "REPEATS" in sentence
+            # Not recorded yet: the restated consequence has to be confirmed first.
+            with LogReader(s) as reader:
+                tl = run_timeline(reader, redis_client, s, "acme", rid)
+            assert ap in tl.state.pending_approvals
+            _shot(web, "confirm.png")
+
+            web.find_element(By.ID, "confirm").click()
+            wait_for("the flash", lambda: "Approved: recorded" in _text(web, ".flash"))
+            assert "approved by ann: bank says no charge arrived" in _text(web, "#timeline")
+
+        with LogReader(s) as reader:
+            tl = run_timeline(reader, redis_client, s, "acme", rid)
+        decided = [e for e in tl.entries if e["type"] == "approval_decided"]
+        assert [(d["approval_id"], d["approved"], d["decided_by"]) for d in decided] == [
+            (ap, True, "ann")
+        ]
+        # Recorded without the tools: the retry is the next owner's with them; nothing ran.
+        assert invoked == [key]

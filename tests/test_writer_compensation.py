@@ -241,10 +241,13 @@ def _reject_in_the_console(fast: Settings, rid: str, approval_id: str) -> None:
 
             csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', wait_for("the form", form))
             assert csrf is not None
-            r = web.post(
-                f"/runs/{rid}/approvals/{approval_id}",
-                data={"decision": "reject", "csrf": csrf.group(1), "note": "guest cancelled"},
-            )
+            url = f"/runs/{rid}/approvals/{approval_id}"
+            data = {"decision": "reject", "csrf": csrf.group(1), "note": "guest cancelled"}
+            # A decision on a call is recorded only once its restated consequence (here:
+            # the inverse runs first) is confirmed.
+            r = web.post(url, data=data)
+            assert r.status_code == 200 and 'id="confirmation"' in r.text and "inverse" in r.text
+            r = web.post(url, data={**data, "confirm": "yes"})
             assert r.status_code == 303 and "rejected-recorded" in r.headers["location"]
     finally:
         client.close()

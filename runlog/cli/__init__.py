@@ -32,7 +32,7 @@ _COMMAND_MODULES = (
 # Commands that read or write the log: before anything else, they check that a broker
 # answers at all, so a wrong address is one line at once, not librdkafka's retries first.
 _NEEDS_KAFKA = frozenset(
-    {"approve", "reject", "replay", "show", "snapshot", "verify", "rebuild", "topics"}
+    {"approve", "explain", "reject", "replay", "show", "snapshot", "verify", "rebuild", "topics"}
 )
 
 

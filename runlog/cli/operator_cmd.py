@@ -10,6 +10,7 @@ from typing import Any
 
 from runlog.cli.groups import print_json
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
+from runlog.consumers.question import question
 from runlog.consumers.timeline import run_timeline
 from runlog.errors import ConfigError
 from runlog.log.clients import redis_client
@@ -44,9 +45,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Every record of the run in log order: model turns, tool calls (key, "
         "risk, outcome), uncertain calls and each reconciliation step, approvals, "
         "resumptions, fenced writes (x, with the rule's reason), decisions superseded by an "
-        "earlier one (s), compactions. Fields named in RUNLOG_REDACT_FIELDS are redacted in "
-        "arguments, results, evidence and errors (also inside JSON held in strings, and in "
-        "results runlog cut).",
+        "earlier one (s), compactions; then each approval still waiting, with what it asks "
+        "and what each answer does (as `runlog explain`). Fields named in "
+        "RUNLOG_REDACT_FIELDS are redacted in arguments, results, evidence and errors (also "
+        "inside JSON held in strings, and in results runlog cut).",
     )
     p.add_argument("run_id")
     p.add_argument("--tenant", default="default")
@@ -132,8 +134,9 @@ def _show(args: argparse.Namespace) -> int:
             tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
     finally:
         client.close()
+    questions = [question(tl, ap) for ap in tl.state.pending_approvals]
     if args.json:
-        print_json(tl.to_dict())
+        print_json({**tl.to_dict(), "questions": [q.to_dict() for q in questions]})
         return 0
     st = tl.state
     print(f"run {tl.run_id}  tenant {tl.tenant}  status {st.status}  outcome {st.outcome or '-'}")
@@ -155,6 +158,11 @@ def _show(args: argparse.Namespace) -> int:
                 f"  {c.tool:<14} key={c.idempotency_key} risk={c.risk or '-'} "
                 f"attempts={c.attempts} -> {c.outcome}{recon}"
             )
+    if questions:
+        print()
+        print("waiting for a person:")
+        for q in questions:
+            print("\n".join(f"  {line}" for line in q.lines()))
     return 0
 
 

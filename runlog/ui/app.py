@@ -28,9 +28,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runlog.api import decide
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
+from runlog.consumers.question import CALL_KINDS, question
 from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.timeline import Timeline, run_timeline
-from runlog.errors import DecisionConflict, InvalidRunId, RunlogError, UnknownRun
+from runlog.errors import (
+    DecisionConflict,
+    InvalidRunId,
+    RunlogError,
+    UnknownApproval,
+    UnknownRun,
+)
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.schemas.keys import check_run_id
@@ -327,6 +334,7 @@ def create_app(
                 "reason": a.reason,
                 "requested_at": a.requested_at.isoformat(timespec="seconds"),
                 "idempotency_key": a.idempotency_key,
+                "about_a_call": a.kind in CALL_KINDS,
             }
             for a in tl.state.pending_approvals.values()
         ]
@@ -368,6 +376,7 @@ def create_app(
                                 "run_id": row.run_id,
                                 "approval_id": a["approval_id"],
                                 "kind": a["kind"],
+                                "about_a_call": a["kind"] in CALL_KINDS,
                                 "reason": a["reason"],
                                 "age": age_text((now - asked).total_seconds()),
                                 "asked": asked,
@@ -415,6 +424,34 @@ def create_app(
         )
         return c.page(request, "lag.html", snap=snap, **c.context(request, grant, token))
 
+    async def question_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        """What an approval asks: what may have happened and what each answer does."""
+        run_id = request.path_params["run_id"]
+        approval_id = request.path_params["approval_id"]
+        # Not refreshed while read: the question must not change under the reader's eyes
+        # (a decision made elsewhere meanwhile is refused, and named, when this one is sent).
+        ctx = {**c.context(request, grant, token), "refresh_s": 0}
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        try:
+            tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
+            q = question(tl, approval_id)
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        except UnknownApproval:
+            message = f"Run {run_id} never asked {approval_id}."
+            return c.page(request, "notfound.html", 404, message=message, **ctx)
+        return c.page(
+            request,
+            "question.html",
+            run_id=run_id,
+            q=q,
+            a={"approval_id": approval_id},
+            next=f"/runs/{run_id}",
+            **ctx,
+        )
+
     async def decide_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
         run_id = request.path_params["run_id"]
         approval_id = request.path_params["approval_id"]
@@ -454,6 +491,21 @@ def create_app(
             return PlainTextResponse(
                 f"{approval_id} is not waiting for a decision in this run", status_code=409
             )
+        q = question(tl, approval_id)
+        if q.about_a_call and form.get("confirm") != "yes":
+            # Nobody answers "try again?" about an effect that may have happened: the
+            # consequence is restated, and only its confirmation records the decision.
+            return c.page(
+                request,
+                "confirm.html",
+                run_id=run_id,
+                q=q,
+                decision=choice,
+                sentence=q.confirmation(approved),
+                note=note,
+                next=nxt if isinstance(nxt := form.get("next"), str) and nxt else f"/runs/{run_id}",
+                **{**ctx, "refresh_s": 0},
+            )
         try:
             how = await run_in_threadpool(
                 lambda: decide(
@@ -490,6 +542,9 @@ def create_app(
             Route("/static/console.js", script, methods=["GET"]),
             Route("/", guarded(runs), methods=["GET"]),
             Route("/runs/{run_id}", guarded(run_page), methods=["GET"]),
+            Route(
+                "/runs/{run_id}/approvals/{approval_id}", guarded(question_view), methods=["GET"]
+            ),
             Route("/runs/{run_id}/approvals/{approval_id}", guarded(decide_view), methods=["POST"]),
             Route("/approvals", guarded(approvals), methods=["GET"]),
             Route("/uncertain", guarded(uncertain), methods=["GET"]),

@@ -136,6 +136,8 @@ _RUN = (
 {% for a in pending %}<div class="card approval" data-approval="{{ a.approval_id }}">
 <b>{{ a.approval_id }}</b> ({{ a.kind }}) asked {{ a.requested_at }}: {{ a.reason }}
 {% if a.idempotency_key %}<br><span class="muted">call key {{ a.idempotency_key }}</span>{% endif %}
+{% if a.about_a_call %}<br><a class="question" href="/runs/{{ run_id }}/approvals/{{ a.approval_id }}">What
+may have happened, and what each answer does</a>{% endif %}
 """
     + _DECIDE
     + """</div>{% endfor %}{% endif %}
@@ -172,12 +174,71 @@ _APPROVALS = (
 <th>Reason</th><th>Waiting</th><th>Decide</th></tr></thead><tbody>
 {% for a in approvals %}<tr><td>{{ a.tenant }}</td>
 <td><a class="mono" href="/runs/{{ a.run_id }}">{{ a.run_id }}</a></td>
-<td class="mono">{{ a.approval_id }}</td><td>{{ a.kind }}</td><td>{{ a.reason }}</td>
+<td class="mono">{% if a.about_a_call %}<a class="question"
+ href="/runs/{{ a.run_id }}/approvals/{{ a.approval_id }}">{{ a.approval_id }}</a>{% else %}{{
+ a.approval_id }}{% endif %}</td><td>{{ a.kind }}</td><td>{{ a.reason }}</td>
 <td class="num">{{ a.age }}</td><td>{% with run_id=a.run_id %}"""
     + _DECIDE
     + """{% endwith %}</td></tr>
 {% else %}<tr><td colspan="7" class="muted">Nothing is waiting for a person.</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
+)
+
+_QUESTION_FACTS = """<p class="card" id="reason">{{ q.reason }} <span class="muted">(asked
+{{ q.requested_at|clock }} UTC, {{ q.kind }})</span></p>
+{% if q.tool %}<table id="question" class="card"><tbody>
+<tr><th>Tool</th><td id="q-tool">{{ q.tool }}</td></tr>
+<tr><th>Risk</th><td>{{ q.risk or "" }}</td></tr>
+<tr><th>Intended payload</th><td class="mono" id="q-args">{{ q.args_json or "" }}</td></tr>
+<tr><th>Idempotency key</th><td class="mono" id="q-key">{{ q.idempotency_key or "" }}</td></tr>
+<tr><th>Started</th><td id="q-started">{{ q.started_at or "" }} ({{ q.attempts|length }} attempt(s))</td></tr>
+<tr><th>Last error</th><td id="q-error">{{ q.last_error or "-" }}</td></tr>
+<tr><th>Receiver deduplicates by the key</th><td id="q-dedupes">{{ {True: "declared", False: "not declared",
+ None: "not recorded"}[q.dedupes_by_key] }}</td></tr>
+{% if q.risk == "reversible" %}<tr><th>Inverse (compensate)</th><td>{{ {True: "declared",
+ False: "not declared", None: "not recorded"}[q.compensable] }}</td></tr>{% endif %}
+{% if q.detail %}<tr><th>Intended and found</th><td class="mono">{{ q.detail }}</td></tr>{% endif %}
+</tbody></table>{% endif %}
+{% if q.attempts %}<h2>Attempts</h2><table id="attempts"><thead><tr><th>Attempt</th><th>Seq</th>
+<th>Started (UTC)</th><th>Outcome</th><th>Error</th></tr></thead><tbody>
+{% for t in q.attempts %}<tr><td class="num">{{ t.attempt }}</td><td class="num">{{ t.seq }}</td>
+<td class="mono">{{ t.started_at }}</td><td>{{ t.outcome }}{% if t.detected_by %} ({{ t.detected_by }}){% endif %}</td>
+<td>{{ t.error or "" }}</td></tr>{% endfor %}</tbody></table>{% endif %}
+{% if q.reconciliations %}<h2>Reconciliation</h2><table id="reconciliations"><thead><tr><th>Seq</th>
+<th>At (UTC)</th><th>Outcome</th><th>Action</th><th>Rule</th><th>Evidence</th></tr></thead><tbody>
+{% for r in q.reconciliations %}<tr><td class="num">{{ r.seq }}</td><td class="mono">{{ r.at|clock }}</td>
+<td>{{ r.outcome }}</td><td>{{ r.action }}</td><td>{{ r.rule }}</td><td class="mono">{{ r.evidence }}</td></tr>
+{% endfor %}</tbody></table>{% endif %}"""
+
+_QUESTION = (
+    """{% extends "base.html" %}{% block title %}Approval {{ q.approval_id }}{% endblock %}
+{% block content %}<h1>Approval <span class="mono">{{ q.approval_id }}</span> of run
+<a class="mono" href="/runs/{{ run_id }}">{{ run_id }}</a></h1>
+"""
+    + _QUESTION_FACTS
+    + """<h2>What each answer does</h2><ul id="choices">
+<li id="approve-means">{{ q.approve }}</li><li id="reject-means">{{ q.reject }}</li></ul>
+{% if q.decided %}<p class="card" id="decided">Decided: {{ q.decided }}</p>
+{% else %}<div class="card approval" data-approval="{{ q.approval_id }}">"""
+    + _DECIDE
+    + """</div>{% endif %}{% endblock %}"""
+)
+
+_CONFIRM = (
+    """{% extends "base.html" %}{% block title %}Confirm {{ decision }}{% endblock %}
+{% block content %}<h1>Confirm: {{ decision }} <span class="mono">{{ q.approval_id }}</span></h1>
+<p class="card overdue" id="confirmation">{{ sentence }}</p>
+<form method="post" action="/runs/{{ run_id }}/approvals/{{ q.approval_id }}" class="card">
+<input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="next" value="{{ next }}">
+<input type="hidden" name="decision" value="{{ decision }}"><input type="hidden" name="note" value="{{ note }}">
+<input type="hidden" name="confirm" value="yes">
+<button type="submit" id="confirm">Confirm: {{ decision }}</button>
+<a href="/runs/{{ run_id }}/approvals/{{ q.approval_id }}" id="cancel">Cancel</a></form>
+{% if note %}<p>Your note: <i>{{ note }}</i></p>{% endif %}
+<h2>What you are deciding about</h2>
+"""
+    + _QUESTION_FACTS
+    + """{% endblock %}"""
 )
 
 _UNCERTAIN = """{% extends "base.html" %}{% block title %}Uncertain calls{% endblock %}
@@ -228,6 +289,8 @@ decision is final, and the first one in the run's log stands.</p>
 
 _TEMPLATES = {
     "decided.html": _DECIDED,
+    "question.html": _QUESTION,
+    "confirm.html": _CONFIRM,
     "base.html": _BASE,
     "login.html": _LOGIN,
     "runs.html": _RUNS,
