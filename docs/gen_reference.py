@@ -155,7 +155,7 @@ def settings_fields(path: str, cls_name: str) -> list[Field]:
         fields.append(
             Field(
                 env=prefix + name.upper(),
-                type=re.sub(r"Annotated\[(.*), NoDecode\]", r"\1", ann),
+                type=re.sub(r"Annotated\[(.*), NoDecode\]", r"\1", ann).replace(" | ", " or "),
                 default=default,
                 constraints=", ".join(constraints),
                 doc=_docstring_after(cls.body, i),
@@ -235,7 +235,8 @@ def settings_markdown() -> str:
             if f.secret and "Secret" not in meaning:
                 meaning += " **Secret**: never printed, logged or serialised."
             default = f.default if f.default in ("unset", "empty", "{}") else f"`{f.default}`"
-            lines.append(f"| `{f.env}` | `{_cell(f.type)}` | {_cell(default)} | {_cell(meaning)} |")
+            kind = " or ".join(f"`{t}`" for t in f.type.split(" or "))
+            lines.append(f"| `{f.env}` | {_cell(kind)} | {_cell(default)} | {_cell(meaning)} |")
         lines.append("")
     stack_vars = stack_variables()
     lines += [

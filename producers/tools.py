@@ -181,7 +181,7 @@ def tool(
     A result over 256 KiB (UTF-8) is recorded cut, with its SHA-256 and length;
     ``on_large_result(idempotency_key, whole_result) -> reference`` keeps it elsewhere.
     ``compensate(args, *, idempotency_key, original_key)`` (``risk="reversible"`` only)
-    undoes an effect recovery found unwanted (see README "Side effects").
+    undoes an effect recovery found unwanted (see docs/concepts/effects.md).
     """
     if risk not in ("safe", "reversible", "irreversible"):
         raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")
