@@ -14,6 +14,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # document this tree's runlog, not an installed one
+# Import it now, while this tree comes first: later in the build another runlog on the
+# path (an editable install of another clone) could be found instead.
+import runlog  # noqa: E402
+
+if not Path(runlog.__file__).resolve().is_relative_to(ROOT):
+    raise RuntimeError(f"the docs would document {runlog.__file__}, not {ROOT}/runlog")
 
 _spec = importlib.util.spec_from_file_location(
     "gen_reference", Path(__file__).with_name("gen_reference.py")
