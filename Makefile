@@ -6,6 +6,7 @@
 #   make explore  the fault explorer: SEED=7 STEPS=40 [KEEP=0,3,9] one history; no SEED: seeds until one fails
 #   make soak   every fault at the reliability goals' counts (~2 h; SCALE=0.01 or KILLS=.. RACES=.. etc.)
 #   make lint   ruff check, ruff format --check, mypy (strict)
+#   make docs   the documentation site into site/ (mkdocs build --strict: broken links fail)
 #   make demo   stack + topics, then the kill -9 demo (DEMO_SEED=7 DEMO_KILLS=3 DEMO_ARGS=...)
 #   make down   stop the local stack (and the secure one, if the tests left it running)
 #   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
@@ -22,7 +23,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
 	   echo $$p; break; fi; done)
 PACKAGES := runlog producers consumers schemas projections
-LINT_PATHS := $(PACKAGES) tests
+LINT_PATHS := $(PACKAGES) tests docs/hooks.py docs/gen_reference.py
 PYTEST_ARGS ?=
 # The demo (README "The demo"): supervisor, ledger service and agent workers, all runlog.demo.
 # Override DEMO_CMD to run something else on the same stack.
@@ -31,10 +32,10 @@ DEMO_KILLS ?= 3
 DEMO_ARGS ?=
 DEMO_CMD ?= $(PY) -m runlog.demo run --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults explore soak lint demo down status bench
+.PHONY: help venv stack topics test faults explore soak lint docs demo down status bench
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -84,6 +85,10 @@ lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# The site documents this tree (docs/hooks.py puts it first on sys.path); no stack needed.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 # The demo talks to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 demo: stack

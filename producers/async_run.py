@@ -298,7 +298,7 @@ class AsyncRun(Owned):
         operation_id: str | None = None,
         call_id: str | None = None,
     ) -> str:
-        """Invoke a tool at most once per logical action (see README "Side effects").
+        """Invoke a tool at most once per logical action (see docs/concepts/effects.md).
 
         Calls made at once on one run (``asyncio.gather``, several tasks) are served one
         after another, in the order they were made, each in the run's turn from its

@@ -78,7 +78,7 @@ def call_tool(
     operation_id: str | None = None,
     call_id: str | None = None,
 ) -> Steps[str]:
-    """Invoke a tool at most once per logical action; see README "Side effects"."""
+    """Invoke a tool at most once per logical action; see docs/concepts/effects.md."""
     tool = run.tools.get(name)
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
@@ -191,11 +191,11 @@ def attempt(
 ) -> Steps[str]:
     """STARTED -> invoke with the key -> COMPLETED, or UNCERTAIN and recovery.
 
-    The barriers follow the effect model (README "Barriers"): a ``safe`` call's STARTED
-    and COMPLETED are pipelined (losing them can only repeat a harmless call, and the
-    next barrier makes them durable in order); any other call's STARTED is durable and
-    confirmed in the log before the tool runs, and its outcome is durable before it is
-    returned.
+    The barriers follow the effect model ("Barriers" in docs/concepts/runs-and-events.md):
+    a ``safe`` call's STARTED and COMPLETED are pipelined (losing them can only repeat a
+    harmless call, and the next barrier makes them durable in order); any other call's
+    STARTED is durable and confirmed in the log before the tool runs, and its outcome is
+    durable before it is returned.
     """
 
     _stop_if_conflict(run)

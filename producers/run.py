@@ -99,7 +99,7 @@ class RunDeps:
             raise ConfigError(
                 f"topic {self.settings.events_topic} has {count} partitions but "
                 f"RUNLOG_PARTITIONS is {self.settings.partitions}: runlog refuses to "
-                "start runs until they agree (README: growing a fleet)"
+                "start runs until they agree (docs/howto/production.md: growing a fleet)"
             )
         return count
 
@@ -525,7 +525,7 @@ class Run(Owned):
         operation_id: str | None = None,
         call_id: str | None = None,
     ) -> str:
-        """Invoke a tool at most once per logical action; see README "Side effects"."""
+        """Invoke a tool at most once per logical action; see docs/concepts/effects.md."""
         return drive(
             self, calls.call_tool(self, name, args, operation_id=operation_id, call_id=call_id)
         )

@@ -187,10 +187,10 @@ def tool(
     A result over 256 KiB (UTF-8) is recorded cut, with its SHA-256 and length;
     ``on_large_result(idempotency_key, whole_result) -> reference`` keeps it elsewhere.
     ``compensate(args, *, idempotency_key, original_key)`` (``risk="reversible"`` only)
-    undoes an effect recovery found unwanted (see README "Side effects").
+    undoes an effect recovery found unwanted (see docs/concepts/effects.md).
     ``dedupes_by_key=True`` declares that the receiver deduplicates by the key it is sent
     (it will not repeat an effect that landed); the question a person answers about an
-    uncertain call says what a retry does from it (README "Approvals").
+    uncertain call says what a retry does from it (docs/concepts/approvals.md).
     """
     if risk not in ("safe", "reversible", "irreversible"):
         raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")

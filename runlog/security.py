@@ -3,7 +3,7 @@
 One declaration serves the local secure stack (``runlog stack up --secure`` creates the
 principals and the Redis users) and production (``runlog topics create`` run by an admin
 against a SASL cluster sets the topic ACLs; :func:`redis_acl_rules` prints the Redis
-users). README "Security" lists the same table for people.
+users). docs/howto/security.md lists the same table for people.
 
 Roles:
 

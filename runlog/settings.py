@@ -66,16 +66,19 @@ class Settings(BaseSettings):
     client discovers the others and follows the cluster's redirections."""
 
     topic_prefix: str = "runlog"
-    """Prefix of every topic runlog creates (``RUNLOG_TOPIC_PREFIX``)."""
+    """Prefix of every topic runlog creates (``RUNLOG_TOPIC_PREFIX``): ``<prefix>.events``
+    and ``<prefix>.quarantine``."""
 
     partitions: int = Field(default=6, ge=1)
-    """Partitions of the events topic (``RUNLOG_PARTITIONS``)."""
+    """Partitions of the events topic and of the quarantine topic (``RUNLOG_PARTITIONS``).
+    Every reader and every new run refuses a topic whose count differs (``ConfigError``)."""
 
     replication_factor: int = Field(default=1, ge=1)
     """Replication factor of runlog's topics; 3 in production (``RUNLOG_REPLICATION_FACTOR``)."""
 
     min_insync_replicas: int | None = Field(default=None, ge=1)
-    """``min.insync.replicas`` of the events topic; default RF-1, at least 1."""
+    """``min.insync.replicas`` of runlog's topics (``RUNLOG_MIN_INSYNC_REPLICAS``); default
+    RF-1, at least 1."""
 
     lease_ttl_ms: int = Field(default=15_000, ge=200)
     """How long a run's writer lease lives without renewal (``RUNLOG_LEASE_TTL_MS``)."""
@@ -127,14 +130,17 @@ class Settings(BaseSettings):
     """Extra librdkafka properties as JSON (``RUNLOG_KAFKA_EXTRA='{"k": "v"}'``).
 
     Values are secrets (OAuth client secrets, keystore passwords often go here), so they
-    never print; the property names do.
+    never print; the property names do. A producer tunable set here wins over runlog's
+    default; one that would break a guarantee (idempotence off, ``acks`` other than all,
+    more than 5 requests in flight, another partitioner) is refused with ``ConfigError``.
     """
 
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
-    """Fields shown as ``[redacted]`` wherever tool arguments, results, evidence or errors
-    are printed (``runlog show``, the console, ``runlog uncertain|audit|state``, ``runlog
-    replay --state``), matched by key in any case, in JSON, in JSON held in string values
-    and, in text that is not JSON (a cut result), by ``"field": value`` / ``field=value``:
+    """Comma-separated field names shown as ``[redacted]`` wherever tool arguments,
+    results, evidence or errors are printed (``runlog show``, the console, ``runlog
+    uncertain|audit|state``, ``runlog replay --state``), matched by key in any case: in JSON
+    at any depth, in JSON held in string values (8 levels) and, in text that is not JSON
+    (a cut result), by ``"field": value`` / ``field=value``:
     ``RUNLOG_REDACT_FIELDS=password,card_number``. The log itself keeps what was written."""
 
     @field_validator("redact_fields", mode="before")

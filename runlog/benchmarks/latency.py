@@ -11,7 +11,7 @@ what it is built from and what it replaces:
   (autocommit: one transaction, one WAL fsync per event).
 
 Kafka's single embedded node acknowledges from the page cache (no fsync per message) while
-the two local stores fsync; the README says what each promises.
+the two local stores fsync; docs/performance.md says what each promises.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The results as a text table (printed, and the README's source) and PNG plots."""
+"""The results as a text table (printed, and the source of docs/performance.md) and PNG plots."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runlog",
         description="Durable, fenced, replayable event logs for AI-agent runs on Kafka and "
-        "Redis. `runlog COMMAND --help` for each command; README.md has the guide.",
+        "Redis. `runlog COMMAND --help` for each command; the guide is in docs/ (make docs).",
     )
     parser.add_argument(
         "-v",

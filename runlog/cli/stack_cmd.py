@@ -30,7 +30,10 @@ def register(subparsers: Any) -> None:
     p_up.add_argument(
         "--registry",
         action="store_true",
-        help="also start a Confluent-compatible schema registry (Apicurio; fetched once)",
+        help="also start a Confluent-compatible schema registry (Apicurio; fetched once) on "
+        f"127.0.0.1:RUNLOG_STACK_REGISTRY_PORT ({registry.DEFAULT_REGISTRY_PORT}); `stack env` "
+        "then prints "
+        "RUNLOG_SCHEMA_REGISTRY_URL",
     )
     _cluster_option(p_up, "also start a local Redis Cluster of three masters")
     _nodes_option(p_up)

@@ -51,7 +51,7 @@ def _finish(report: TopicsReport) -> int:
         "runlog topics: drift found; runlog never alters existing topics. Fix a config with "
         "kafka-configs; never add partitions to a live events topic (runs are located by "
         "hashing their id over the count they started with): grow a fleet on new topics "
-        "(RUNLOG_TOPIC_PREFIX) instead, README 'Growing a fleet'",
+        "(RUNLOG_TOPIC_PREFIX) instead, docs/howto/production.md, 'Growing a fleet'",
         file=sys.stderr,
     )
     return 1

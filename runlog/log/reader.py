@@ -103,7 +103,7 @@ class LogReader:
                     f"topic {self.topic} has {count} partitions but RUNLOG_PARTITIONS is "
                     f"{self.settings.partitions}: runs are located by hashing their id over "
                     "the count they were started with, so runlog refuses to read or write "
-                    "until they agree (README: growing a fleet)"
+                    "until they agree (docs/howto/production.md: growing a fleet)"
                 )
             self._partitions = count
         return self._partitions
