@@ -26,6 +26,9 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # v2 adds the optional ``response_json`` (default null): the whole response a
         # framework returned, beside the text, proposals and usage v1 already recorded.
         (EventType.MODEL_TURN, 1),
+        # v2 adds the optional ``due_at`` (default null): when the decision is due; a v1
+        # request had no deadline, which is exactly what null says.
+        (EventType.APPROVAL_REQUESTED, 1),
     }
 )
 
