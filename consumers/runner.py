@@ -77,7 +77,9 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
+from runlog.consumers.notify import Hook, Notifier
 from runlog.consumers.store import (
+    NOTIFY,
     Batch,
     Decoded,
     Handler,
@@ -247,9 +249,14 @@ class ProjectionRunner:
         group: str | None = None,
         batch_size: int = BATCH_SIZE,
         consumer_extra: dict[str, Any] | None = None,
+        notify: Hook | None = None,
     ) -> None:
+        """``notify``: a hook (a Python callable, or ``notify.Webhook``) that ``run`` hands
+        each notification the notify projection queues (``consumers.notify``)."""
         if not projections:
             raise ValueError("at least one projection")
+        if notify is not None and NOTIFY not in projections:
+            raise ValueError(f"a notification hook needs the {NOTIFY!r} projection")
         self.settings = settings
         self.topic = settings.events_topic
         self._ids = ids_for(settings)
@@ -278,6 +285,9 @@ class ProjectionRunner:
         self._waiting = False
         """A rebuild fenced this runner: its partitions are paused until it ends."""
         self._checked_at = 0.0
+        self.notify = notify
+        self.notifier: Notifier | None = None
+        """Delivers the notifications while ``run`` runs (with a ``notify`` hook)."""
 
     # Control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -813,6 +823,8 @@ class ProjectionRunner:
             on_lost=self._on_revoke,
         )
         behind = False
+        if self.notify is not None:
+            self.notifier = Notifier(self.redis, self.settings, self.notify).start()
         try:
             while not self._stop.is_set():
                 if self._waiting:
@@ -840,6 +852,8 @@ class ProjectionRunner:
         except Stopped:
             log.info("stopped while retrying; the unfinished batch was not applied")
         finally:
+            if self.notifier is not None:
+                self.notifier.stop()
             self.close()
 
     def catch_up(

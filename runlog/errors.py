@@ -170,3 +170,13 @@ class UpcastFailed(SchemaError):
 
 class UnknownApproval(RunError):
     """The run never issued the approval id a decision names."""
+
+
+class NotificationFailed(RunlogError):
+    """A notification hook did not take a notification. ``retryable``: a later attempt may
+    succeed (a 5xx, a timeout, a refused connection); False: it never will (a 4xx)."""
+
+    def __init__(self, message: str, *, retryable: bool = True, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
