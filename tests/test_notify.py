@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -18,9 +19,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from projections_support import env_for, stop
+from ui_support import TOKEN_ADMIN, console, projecting, wait_for
 
 import runlog
 from runlog.cli import main as cli_main
@@ -408,3 +411,30 @@ def test_runlog_approvals_lists_exactly_the_overdue_ones(
     assert late in text.out and other_late in text.out
     assert soon not in text.out and never not in text.out and done not in text.out
     assert "2 overdue approval request(s)" in text.err
+
+
+def test_the_console_shows_when_each_decision_is_due(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    s = test_settings
+    with runlog.open_run(tenant="acme", settings=s) as run:
+        late = run.request_approval("past due", deadline_s=0.5)
+        soon = run.request_approval("due in an hour", deadline_s=3600)
+        never = run.request_approval("no deadline")
+    time.sleep(0.6)
+    with projecting(s, redis_client), console(s) as base:
+        web = httpx.Client(base_url=base, timeout=30)
+        auth = {"Authorization": f"Bearer {TOKEN_ADMIN}"}
+
+        def rows() -> dict[str, str]:
+            page = web.get("/approvals", headers=auth).text
+            row = r'<td class="mono">(ap-[0-9a-f]+)</td>.*?<td class="due">([^<]*)<'
+            found = re.findall(row, page, flags=re.S)
+            return dict(found)
+
+        due = wait_for("the three requests listed", lambda: len(rows()) == 3 and rows())
+        assert due[late].startswith("OVERDUE ")
+        assert due[soon] in ("in 59m", "in 60m")
+        assert due[never] == "-"
+        run_page = web.get(f"/runs/{run.run_id}", headers=auth).text
+        assert run_page.count('class="due"') == 2 and "due OVERDUE" in run_page
