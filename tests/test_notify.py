@@ -46,10 +46,18 @@ class Receiver:
     """A webhook receiver on 127.0.0.1: answers each POST with the next scripted status
     (then 200) and keeps every request it was sent."""
 
-    def __init__(self, port: int = 0, statuses: list[int] | None = None) -> None:
+    def __init__(
+        self, port: int = 0, statuses: list[int] | None = None, *, hold_first: bool = False
+    ) -> None:
         self.requests: list[dict[str, Any]] = []
         self.statuses = list(statuses or [])
         self.lock = threading.Lock()
+        self.arrived = threading.Event()
+        """Set when the first request came in."""
+        self.release = threading.Event()
+        """With ``hold_first``: the first request is answered only once this is set."""
+        if not hold_first:
+            self.release.set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,6 +72,10 @@ class Receiver:
                         }
                     )
                     status = outer.statuses.pop(0) if outer.statuses else 200
+                    first = not outer.arrived.is_set()
+                    outer.arrived.set()
+                if first:
+                    outer.release.wait(10)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -82,6 +94,7 @@ class Receiver:
             return [r["headers"]["idempotency-key"] for r in self.requests]
 
     def close(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -363,6 +376,42 @@ def test_one_notification_per_request_through_sigkill_redelivery_and_rebuild(
     finally:
         stop(proc, signal.SIGKILL)
     assert "Traceback" not in log_path.read_text()
+
+
+def test_a_delivery_killed_in_flight_is_sent_again_with_the_same_key(
+    test_settings: Settings, redis_client: redis.Redis, unique_group: Any, tmp_path: Path
+) -> None:
+    """At least once: the hook took it, the process died before recording that; after the
+    claim times out a new process delivers it again, and the receiver sees the same key."""
+    s = test_settings
+    rec = Receiver(hold_first=True)
+    log_path = tmp_path / "runner.log"
+    group = unique_group("inflight")
+    try:
+        with runlog.open_run(tenant="t1", settings=s) as run:
+            ident = identity("t1", run.run_id, run.request_approval("approve the refund?"))
+        proc = _runner(s, group, rec.url, log_path)
+        try:
+            assert rec.arrived.wait(60), log_path.read_text()[-2000:]
+            proc.send_signal(signal.SIGKILL)  # while its request waits for an answer
+            proc.wait(timeout=10)
+            rec.release.set()
+            assert _deliveries(redis_client, s)[ident]["status"] == "queued"  # claimed
+            proc = _runner(s, group, rec.url, log_path)
+            _wait(
+                "the notification delivered by the new process",
+                lambda: _deliveries(redis_client, s)[ident]["status"] == "delivered",
+            )
+            assert stop(proc) == 0
+        finally:
+            stop(proc, signal.SIGKILL)
+    finally:
+        rec.close()
+    assert rec.keys() == [ident, ident]
+    assert rec.requests[0]["body"] == rec.requests[1]["body"]
+    d = _deliveries(redis_client, s)[ident]
+    assert d["attempts"] == 1  # the killed attempt's outcome was never known, so not counted
+    assert [a["outcome"] for a in _attempts(redis_client, s, ident)] == ["delivered"]
 
 
 # --------------------------------------------------------------------------- the list
