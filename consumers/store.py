@@ -925,12 +925,12 @@ class NotifyHandler(Handler[notify.NotifyRun]):
         for op, ident, data in batch.extra.get("ops", []):
             if op == "asked":
                 pipe.hset(k.pending(p), ident, dumps(data))
-                pipe.eval(
-                    ENQUEUE_LUA, 2, k.deliveries(p), k.outbox(p), ident, dumps(new_delivery(data))
-                )
+                script, arg = ENQUEUE_LUA, dumps(new_delivery(data))
             else:
                 pipe.hdel(k.pending(p), ident)
-                pipe.eval(DECIDED_LUA, 2, k.deliveries(p), k.outbox(p), ident, dumps(data))
+                script, arg = DECIDED_LUA, dumps(data)
+            # EVAL by name: a Redis Cluster pipeline has no eval() of its own.
+            pipe.execute_command("EVAL", script, 2, k.deliveries(p), k.outbox(p), ident, arg)
 
 
 def make_handler(name: str, prefix: str, topic: str) -> Handler[Any]:
