@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -181,6 +181,11 @@ class Notifier:
 
     ``claim_s``: how long a claimed notification is this loop's alone (default: twice the
     webhook timeout, plus a second); a Python hook that takes longer may be called again.
+    ``partitions``: which partitions to serve, asked before each pass (default: all). A
+    ``ProjectionRunner`` with a hook gives the partitions it holds and has folded to
+    within a batch of the end of the log, so the members of a group share the work and a
+    notify projection catching up on an old log does not notify requests whose decision it
+    has not reached yet.
     """
 
     def __init__(
@@ -193,6 +198,7 @@ class Notifier:
         poll_s: float = 0.25,
         batch: int = 20,
         owner: str | None = None,
+        partitions: Callable[[], Iterable[int]] | None = None,
     ) -> None:
         self.redis = client
         self.settings = settings
@@ -202,6 +208,8 @@ class Notifier:
         self.poll_s = poll_s
         self.batch = batch
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.partitions = partitions or (lambda: range(settings.partitions))
+        """The partitions to serve now (a runner gives those it holds and has caught up)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -235,7 +243,7 @@ class Notifier:
     def deliver_due(self, now: float | None = None) -> int:
         """Claim and deliver what is due in every partition; how many attempts it made."""
         made = 0
-        for p in range(self.settings.partitions):
+        for p in sorted(self.partitions()):
             if self._stop.is_set():
                 break
             for raw in self._claim(p, time.time() if now is None else now):

@@ -288,6 +288,10 @@ class ProjectionRunner:
         self.notify = notify
         self.notifier: Notifier | None = None
         """Delivers the notifications while ``run`` runs (with a ``notify`` hook)."""
+        self.deliverable: frozenset[int] = frozenset()
+        """Partitions whose notifications this runner's notifier delivers: those assigned
+        to it and folded to within a batch of the end of the log. While a partition
+        catches up, a decision further on drops its notification instead of racing it."""
 
     # Control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -436,11 +440,20 @@ class ProjectionRunner:
         if self._waiting or self._rebuild_running():
             self._wait_for_rebuild(consumer)
 
+    def _caught_up(self) -> None:
+        """``deliverable`` from the lag measured after the last batch (or poll)."""
+        self.deliverable = frozenset(
+            p
+            for p in self._assigned
+            if not self._waiting and self.stats.lag.get(p, self.batch_size) < self.batch_size
+        )
+
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         # Batches are applied between polls, so none is in flight here; a batch whose
         # partition was revoked during the poll that returned it is dropped (below) and
         # the new owner applies it from the stored position.
         self._assigned -= {tp.partition for tp in partitions}
+        self.deliverable -= {tp.partition for tp in partitions}
         for tp in partitions:
             self.stats.lag.pop(tp.partition, None)
             self._forget(tp.partition)
@@ -824,7 +837,9 @@ class ProjectionRunner:
         )
         behind = False
         if self.notify is not None:
-            self.notifier = Notifier(self.redis, self.settings, self.notify).start()
+            self.notifier = Notifier(
+                self.redis, self.settings, self.notify, partitions=lambda: self.deliverable
+            ).start()
         try:
             while not self._stop.is_set():
                 if self._waiting:
@@ -847,6 +862,7 @@ class ProjectionRunner:
                 if time.monotonic() - self._checked_at > POSITION_CHECK_S:
                     self._checked_at = time.monotonic()
                     self._check_positions()
+                self._caught_up()
                 if on_batch is not None:
                     on_batch(self)
         except Stopped:

@@ -33,6 +33,7 @@ from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.store import NOTIFY, ProjectionKeys
 from runlog.errors import Escalated
 from runlog.projections.notify import identity
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 FAST = {
@@ -412,6 +413,42 @@ def test_a_delivery_killed_in_flight_is_sent_again_with_the_same_key(
     d = _deliveries(redis_client, s)[ident]
     assert d["attempts"] == 1  # the killed attempt's outcome was never known, so not counted
     assert [a["outcome"] for a in _attempts(redis_client, s, ident)] == ["delivered"]
+
+
+def test_a_projection_catching_up_does_not_notify_what_was_decided_further_on(
+    test_settings: Settings, redis_client: redis.Redis, unique_group: Any
+) -> None:
+    """A notify projection started on a log that already holds requests: one decided many
+    batches later is never notified; one still waiting is, once the runner caught up."""
+    s = test_settings.model_copy(update=FAST)
+    with runlog.open_run(tenant="t1", settings=s) as run:
+        decided = run.request_approval("decided long ago")
+        waiting = run.request_approval("still waiting")
+        for i in range(3000):
+            run.emit(EventType.USER_MESSAGE, content=f"message {i}")
+        run.barrier()
+        run.decide(decided, approved=True, decided_by="carol")
+    got: list[str] = []
+    runner = ProjectionRunner(
+        s,
+        redis_client,
+        [NOTIFY],
+        group=unique_group("backlog"),
+        batch_size=5,
+        notify=lambda n: got.append(n["approval_id"]),
+    )
+    runner.catch_up_batch = 5  # a long backlog: many transactions before the decision
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        _wait("the waiting request notified", lambda: waiting in got)
+        time.sleep(0.5)
+    finally:
+        runner.stop()
+        thread.join(timeout=30)
+    assert got == [waiting]
+    d = _deliveries(redis_client, s)[identity("t1", run.run_id, decided)]
+    assert d["status"] == "dropped" and d["attempts"] == 0
 
 
 # --------------------------------------------------------------------------- the list
