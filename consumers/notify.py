@@ -109,12 +109,23 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not a delivery: urllib would follow a 302 to a POST with a
+    GET without the body, and a 200 there would count as delivered."""
+
+    def redirect_request(self, *args: Any, **kw: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class Webhook:
     """A hook that POSTs each notification as JSON to ``url`` (standard library only).
 
     Headers: ``Content-Type: application/json`` and ``Idempotency-Key`` (the request's
-    identity, the same on every attempt). A 2xx answer delivers it; see the module for
-    what is retried.
+    identity, the same on every attempt). A 2xx answer delivers it; a redirect is not
+    followed (it fails the delivery); see the module for what is retried.
     """
 
     def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
@@ -141,7 +152,7 @@ class Webhook:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
                 response.read()
                 status = int(response.status)
         except urllib.error.HTTPError as exc:

@@ -51,6 +51,7 @@ class Receiver:
         self, port: int = 0, statuses: list[int] | None = None, *, hold_first: bool = False
     ) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.gets = 0
         self.statuses = list(statuses or [])
         self.lock = threading.Lock()
         self.arrived = threading.Event()
@@ -78,6 +79,15 @@ class Receiver:
                 if first:
                     outer.release.wait(10)
                 self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", "/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                with outer.lock:
+                    outer.gets += 1
+                self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -262,6 +272,19 @@ def test_a_refusal_is_not_retried_and_a_python_hook_is_retried(
         rec.close()
     assert len(rec.requests) == 1  # a 404 will not change by asking again
     assert _deliveries(redis_client, s)[ident]["attempts"] == 1
+
+    # A redirect is not followed (urllib would turn the POST into a bodiless GET).
+    rec = Receiver(statuses=[302])
+    try:
+        with runlog.open_run(tenant="t1", settings=s) as run:
+            moved = identity("t1", run.run_id, run.request_approval("moved?"))
+        _catch_up(s, redis_client)
+        notifier = Notifier(redis_client, s, Webhook(rec.url, timeout_s=1.0))
+        _deliver_until(notifier, lambda: _deliveries(redis_client, s)[moved]["status"] == "failed")
+    finally:
+        rec.close()
+    assert len(rec.requests) == 1 and rec.gets == 0
+    assert "302" in _deliveries(redis_client, s)[moved]["last_error"]
 
     got: list[dict[str, Any]] = []
 
