@@ -50,10 +50,13 @@ with ``retryable=False`` for a refusal that no retry can change)."""
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 """4xx answers that mean "later", not "never"; every 5xx is retried too."""
 
+# ARGV: now, claimed until, owner, how many to claim. Entries settled meanwhile (a
+# decision dropped them) leave the queue on the way.
 CLAIM_LUA = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[4]))
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 100)
 local out = {}
 for _, id in ipairs(ids) do
+  if #out >= tonumber(ARGV[4]) then break end
   local raw = redis.call('HGET', KEYS[1], id)
   local r = raw and cjson.decode(raw)
   if not r or (r['status'] ~= 'queued' and r['status'] ~= 'retrying') then
@@ -247,6 +250,10 @@ class Notifier:
                 log.warning("notifications: Redis: %s (retrying in %.1fs)", exc, delay)
                 done = 0
                 delay = min(delay * 2, 5.0)
+            except Exception:  # a bug must not end delivery for good: say it, go on
+                log.exception("notifications: delivery pass failed (retrying in %.1fs)", delay)
+                done = 0
+                delay = min(delay * 2, 5.0)
             if not done:
                 self._stop.wait(delay)
 
@@ -255,10 +262,15 @@ class Notifier:
         """Claim and deliver what is due in every partition; how many attempts it made."""
         made = 0
         for p in sorted(self.partitions()):
-            if self._stop.is_set():
-                break
-            for raw in self._claim(p, time.time() if now is None else now):
-                self._deliver(p, json.loads(raw))
+            # One claim per delivery: a claim made now covers this attempt alone, however
+            # long the ones before it took. At most ``batch`` per partition and pass.
+            for _ in range(self.batch):
+                if self._stop.is_set():
+                    return made
+                claimed = self._claim(p, time.time() if now is None else now)
+                if not claimed:
+                    break
+                self._deliver(p, json.loads(claimed[0]))
                 made += 1
         return made
 
@@ -272,7 +284,7 @@ class Notifier:
             repr(now),
             repr(now + self.claim_s),
             self.owner,
-            self.batch,
+            1,
         )
         return claimed
 

@@ -303,6 +303,35 @@ def test_a_refusal_is_not_retried_and_a_python_hook_is_retried(
     assert "ConnectionError" in _deliveries(redis_client, s)[ident2]["last_error"]
 
 
+def test_loops_sharing_the_queue_deliver_each_notification_once(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """Two loops, a slow hook, short claims: a claim covers one delivery, so a loop never
+    holds a notification it will not reach before its claim runs out."""
+    s = test_settings.model_copy(update=FAST)
+    with runlog.open_run(tenant="t1", settings=s) as run:
+        asked = [run.request_approval(f"ask {i}") for i in range(4)]
+    _catch_up(s, redis_client)
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def slow(notification: dict[str, Any]) -> None:
+        time.sleep(0.6)
+        with lock:
+            got.append(notification["approval_id"])
+
+    loops = [Notifier(redis_client, s, slow, claim_s=1.0, poll_s=0.05) for _ in range(2)]
+    for loop in loops:
+        loop.start()
+    try:
+        _wait("every request notified", lambda: len(set(got)) == len(asked))
+        time.sleep(1.5)  # past every claim: a second delivery would have started by now
+    finally:
+        for loop in loops:
+            loop.stop()
+    assert sorted(got) == sorted(asked)
+
+
 def _runner(settings: Settings, group: str, url: str, log_path: Path) -> subprocess.Popen[bytes]:
     out = log_path.open("ab")
     return subprocess.Popen(
