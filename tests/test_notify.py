@@ -404,7 +404,8 @@ def test_one_notification_per_request_through_sigkill_redelivery_and_rebuild(
             # and positions gone back): the runs' stored offsets say each one is applied.
             k = _keys(s)
             for p in range(s.partitions):
-                redis_client.set(k.pos(p), -1)
+                if redis_client.exists(k.pos(p)):
+                    redis_client.set(k.pos(p), -1)
             proc = _runner(s, unique_group("again"), url, log_path)
             with runlog.open_run(tenant="t3", settings=s) as late:
                 fresh = identity("t3", late.run_id, late.request_approval("after restarts"))
@@ -418,7 +419,9 @@ def test_one_notification_per_request_through_sigkill_redelivery_and_rebuild(
             # A rebuild refolds every request from offset zero and queues nothing.
             now = datetime.now(UTC)
             pending_before = queries.approvals_report(redis_client, s, now=now).pending
+            stored_before = queries.dump_projection(redis_client, s, NOTIFY)
             rebuild(redis_client, s, [NOTIFY])
+            assert queries.dump_projection(redis_client, s, NOTIFY) == stored_before
             proc = _runner(s, group, url, log_path)
             time.sleep(2.0)  # long enough for several delivery passes
             assert stop(proc) == 0
