@@ -52,6 +52,15 @@ def test_current_versions() -> None:
     assert FOLD_VERSION == 3
 
 
+def test_the_fixture_of_each_release_holds_its_versions() -> None:
+    """v3: the release of model_turn v2 (approval_requested v1); v4: approval_requested v2."""
+    written = {v: set(load_fixture(v).meta["written_versions"]) for v in ("v3", "v4")}
+    assert {"model_turn v2", "approval_requested v1"} <= written["v3"]
+    assert {"model_turn v2", "approval_requested v2"} <= written["v4"]
+    ev = codec.decode(next(r.value for r in load_fixture("v3").records if r.type == "model_turn"))
+    assert isinstance(ev.payload, ModelTurn) and ev.payload.text
+
+
 def test_v1_approval_request_resolves_without_a_deadline() -> None:
     ev = codec.decode(_v1("approval_requested"))
     assert isinstance(ev.payload, ApprovalRequested)
@@ -66,7 +75,7 @@ def test_v1_approval_request_resolves_without_a_deadline() -> None:
 
 
 def test_v2_approval_request_keeps_its_deadline_through_fold_and_snapshot() -> None:
-    fx = load_fixture("v3")
+    fx = load_fixture("v4")
     raw = next(r for r in fx.records if r.type == "approval_requested")
     assert raw.schema_version == 2 and codec.writer_schema_of(raw.value).version == 2
     ev = codec.decode(raw.value)

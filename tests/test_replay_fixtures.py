@@ -23,7 +23,7 @@ RESUME_FIELDS = {"seq", "epoch", "max_epoch_seen", "resumptions", "last_event_at
 
 
 def test_fixtures_exist_for_every_released_version() -> None:
-    assert {"v1", "v2", "v3"} <= set(FIXTURE_VERSIONS)
+    assert {"v1", "v2", "v3", "v4"} <= set(FIXTURE_VERSIONS)
 
 
 @pytest.mark.parametrize("version", FIXTURE_VERSIONS)
