@@ -299,3 +299,79 @@ def dump_projection(client: redis.Redis, settings: Settings, name: str) -> dict[
         else:  # pragma: no cover - the store writes only these types
             out[key.decode()] = kind
     return out
+
+
+@dataclass
+class ApprovalsReport:
+    """The approval requests no one has decided yet (``runlog approvals``)."""
+
+    pending: list[dict[str, Any]]
+    """Oldest request first: who asked, when, why, by when, and its notification."""
+    tracked: bool
+    """The notify projection has folded at least one partition (else nothing is known)."""
+
+    @property
+    def overdue(self) -> list[dict[str, Any]]:
+        return [a for a in self.pending if a["overdue"]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pending": self.pending, "overdue": len(self.overdue), "tracked": self.tracked}
+
+
+def _delivery(raw: bytes | str | None) -> dict[str, Any]:
+    """A notification's delivery as ``runlog approvals`` shows it."""
+    if raw is None:
+        return {"status": "none", "attempts": 0, "last_error": None, "delivered_at": None}
+    rec = json.loads(raw)
+    return {
+        "status": rec.get("status"),
+        "attempts": int(rec.get("attempts") or 0),
+        "last_error": rec.get("last_error") or None,
+        "delivered_at": rec.get("delivered_at") or None,
+    }
+
+
+def approvals_report(
+    client: redis.Redis,
+    settings: Settings,
+    *,
+    tenant: str | None = None,
+    now: datetime | None = None,
+) -> ApprovalsReport:
+    """Pending approval requests from the notify projection, with the delivery of each
+    one's notification; ``overdue`` (and ``overdue_s``) against ``now``, which only this
+    query reads, never the projection. ``tenant``: that tenant's requests only."""
+    now = now or datetime.now(UTC)
+    keys = _keys(settings, "notify")
+    found: list[dict[str, Any]] = []
+    tracked = False
+    try:
+        for p in _partitions(settings):
+            with client.pipeline(transaction=False) as pipe:
+                pipe.exists(keys.pos(p))
+                pipe.hgetall(keys.pending(p))
+                has_pos, pending = pipe.execute()
+            tracked = tracked or bool(has_pos)
+            rows = [json.loads(v) for _, v in sorted(pending.items())]
+            rows = [r for r in rows if tenant is None or r["tenant"] == tenant]
+            if not rows:
+                continue
+            deliveries = client.hmget(keys.deliveries(p), [r["id"] for r in rows])
+            for row, raw in zip(rows, deliveries, strict=True):
+                asked = datetime.fromisoformat(row["requested_at"])
+                due = None if row.get("due_at") is None else datetime.fromisoformat(row["due_at"])
+                found.append(
+                    {
+                        **row,
+                        "waiting_s": round((now - asked).total_seconds(), 3),
+                        "overdue": due is not None and due <= now,
+                        "overdue_s": (
+                            None if due is None else round((now - due).total_seconds(), 3)
+                        ),
+                        "notification": _delivery(raw),
+                    }
+                )
+    except redis.RedisError as exc:
+        raise _wrap(exc, "pending approvals") from exc
+    found.sort(key=lambda a: (a["requested_at"], a["id"]))
+    return ApprovalsReport(found, tracked)

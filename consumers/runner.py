@@ -80,8 +80,10 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
+from runlog.consumers.notify import Hook, Notifier
 from runlog.consumers.queries import incomplete
 from runlog.consumers.store import (
+    NOTIFY,
     Batch,
     Decoded,
     Handler,
@@ -259,9 +261,14 @@ class ProjectionRunner:
         group: str | None = None,
         batch_size: int = BATCH_SIZE,
         consumer_extra: dict[str, Any] | None = None,
+        notify: Hook | None = None,
     ) -> None:
+        """``notify``: a hook (a Python callable, or ``notify.Webhook``) that ``run`` hands
+        each notification the notify projection queues (``consumers.notify``)."""
         if not projections:
             raise ValueError("at least one projection")
+        if notify is not None and NOTIFY not in projections:
+            raise ValueError(f"a notification hook needs the {NOTIFY!r} projection")
         self.settings = settings
         self.topic = settings.events_topic
         self._ids = ids_for(settings)
@@ -293,6 +300,13 @@ class ProjectionRunner:
         self._finisher: threading.Thread | None = None
         """Completing a rebuild that died (``_while_waiting``), beside the paused consumer."""
         self._finish_after = 0.0
+        self.notify = notify
+        self.notifier: Notifier | None = None
+        """Delivers the notifications while ``run`` runs (with a ``notify`` hook)."""
+        self.deliverable: frozenset[int] = frozenset()
+        """Partitions whose notifications this runner's notifier delivers: those assigned
+        to it and folded to within a batch of the end of the log. While a partition
+        catches up, a decision further on drops its notification instead of racing it."""
 
     # Control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -503,11 +517,20 @@ class ProjectionRunner:
         if self._waiting or self._rebuild_blocks():
             self._wait_for_rebuild(consumer)
 
+    def _caught_up(self) -> None:
+        """``deliverable`` from the lag measured after the last batch (or poll)."""
+        self.deliverable = frozenset(
+            p
+            for p in self._assigned
+            if not self._waiting and self.stats.lag.get(p, self.batch_size) < self.batch_size
+        )
+
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         # Batches are applied between polls, so none is in flight here; a batch whose
         # partition was revoked during the poll that returned it is dropped (below) and
         # the new owner applies it from the stored position.
         self._assigned -= {tp.partition for tp in partitions}
+        self.deliverable -= {tp.partition for tp in partitions}
         for tp in partitions:
             self.stats.lag.pop(tp.partition, None)
             self._forget(tp.partition)
@@ -901,6 +924,10 @@ class ProjectionRunner:
             on_lost=self._on_revoke,
         )
         behind = False
+        if self.notify is not None:
+            self.notifier = Notifier(
+                self.redis, self.settings, self.notify, partitions=lambda: self.deliverable
+            ).start()
         try:
             while not self._stop.is_set():
                 if self._waiting:
@@ -922,6 +949,7 @@ class ProjectionRunner:
                 if time.monotonic() - self._checked_at > POSITION_CHECK_S:
                     self._checked_at = time.monotonic()
                     self._check_positions()
+                self._caught_up()
                 if on_batch is not None:
                     on_batch(self)
         except Stopped:
@@ -930,6 +958,8 @@ class ProjectionRunner:
             if self._finisher is not None:
                 # It sees the same stop; what it had not refolded stays marked incomplete.
                 self._finisher.join(timeout=30)
+            if self.notifier is not None:
+                self.notifier.stop()
             self.close()
 
     def catch_up(

@@ -23,6 +23,8 @@ Per (projection, topic, partition):
 ``open``            uncertain only: hash ``<run>\\x1f<key>`` -> JSON of an open uncertain call
 ``counters``        uncertain only: hash of queue counters (opened, reconciled, ...)
 ``log:<id>``        audit only: list of JSON entries, append-only
+``pending``         notify only: hash, approval identity -> JSON of a request no one
+                    decided yet (``projections.notify``)
 ==================  =======================================================================
 
 Beside them, outside the key pattern a rebuild deletes:
@@ -36,6 +38,14 @@ while a rebuild runs: live runners wait instead of folding alongside it
 rebuild may start deleting until its refold reached the end: a rebuild that died left the
 projection half deleted or half refolded; runners do not write on it, and the next rebuild
 or the first runner to see it (with no rebuild marker left) refolds it from zero
+``<prefix>:proj:notify:dlv:{<topic>:<partition>}``  notify only: hash, approval identity ->
+JSON of its notification's delivery (status, attempts, last error, delivered_at). Kept by
+a rebuild, so a rebuild never notifies again: the notification is owed once per request,
+and whether it was delivered is a fact about the world, not a fold of the log
+``<prefix>:proj:notify:out:{<topic>:<partition>}``  notify only: sorted set, the
+notifications to deliver, scored by when their next attempt is due
+``<prefix>:proj:notify:att:{<topic>:<partition>}:<identity>``  notify only: list, one JSON
+per delivery attempt
 
 One event writes what it changed: the open calls and the approval it touched (the run
 state's rules say which, ``run_state.Step``), a message appended, a stored result, an
@@ -64,7 +74,7 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from runlog.consumers import index
-from runlog.projections import audit, state_view, uncertain
+from runlog.projections import audit, notify, state_view, uncertain
 from runlog.projections.run_state import (
     Approval,
     Message,
@@ -78,6 +88,10 @@ from runlog.schemas.models import Event, ToolCallCompleted
 S = TypeVar("S")
 
 PROJECTIONS = ("state", "uncertain", "audit")
+"""The projections ``runlog project all`` runs."""
+NOTIFY = "notify"
+"""The notification projection: runs on its own (``runlog project notify``), with a hook."""
+KNOWN = (*PROJECTIONS, NOTIFY)
 SEP = "\x1f"
 APPLIED = "applied_offset"
 """Field of a run's stored JSON: offset of the last record of the run folded into it."""
@@ -140,6 +154,21 @@ class ProjectionKeys:
 
     def log(self, partition: int, run_id: str) -> str:
         return f"{self.part(partition)}:log:{run_id}"
+
+    def pending(self, partition: int) -> str:
+        return f"{self.part(partition)}:pending"
+
+    def deliveries(self, partition: int) -> str:
+        """Notification deliveries; outside ``pattern()``, so a rebuild keeps them."""
+        return f"{self.root}:dlv:{{{self.topic}:{partition}}}"
+
+    def outbox(self, partition: int) -> str:
+        """Notifications to deliver, by due time; outside ``pattern()``."""
+        return f"{self.root}:out:{{{self.topic}:{partition}}}"
+
+    def attempts(self, partition: int, ident: str) -> str:
+        """One notification's delivery attempts; outside ``pattern()``."""
+        return f"{self.root}:att:{{{self.topic}:{partition}}}:{ident}"
 
     def gen(self, partition: int) -> str:
         """The partition's generation; outside ``pattern()``, so a rebuild keeps it."""
@@ -825,6 +854,97 @@ class AuditHandler(Handler[audit.AuditRun]):
             pipe.rpush(self.keys.log(batch.partition, run_id), *[dumps(e) for e in entries])
 
 
+# A notification owed: created once per request (HSETNX), so a rebuild that folds the
+# request again finds its delivery and queues nothing.
+ENQUEUE_LUA = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('ZADD', KEYS[2], 0, ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# A request was decided: a notification not delivered yet is dropped; the first decision
+# is the one recorded.
+DECIDED_LUA = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local r = cjson.decode(raw)
+if r['decision'] ~= nil then return 0 end
+r['decision'] = cjson.decode(ARGV[2])
+if r['status'] == 'queued' or r['status'] == 'retrying' then
+  r['status'] = 'dropped'
+  r['dropped_because'] = 'decided before delivery'
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(r))
+return 1
+"""
+
+
+def new_delivery(notification: notify.Notification) -> dict[str, Any]:
+    """The delivery record of a notification just owed."""
+    return {
+        "id": notification["id"],
+        "notification": notification,
+        "status": "queued",
+        "attempts": 0,
+        "last_error": None,
+        "delivered_at": None,
+    }
+
+
+class NotifyHandler(Handler[notify.NotifyRun]):
+    """Keeps the requests waiting for a person (``pending``, rebuilt from the log like any
+    projection) and owes one notification per valid APPROVAL_REQUESTED: queued in the
+    same MULTI/EXEC as the position, so a redelivered record queues nothing, and created
+    at most once per request, so a rebuild queues nothing either. A decision drops a
+    notification not delivered yet. ``consumers.notify`` delivers the queue."""
+
+    name = NOTIFY
+
+    def empty(self) -> notify.NotifyRun:
+        return notify.NotifyRun()
+
+    def validator(self, state: notify.NotifyRun) -> RunState:
+        return state.validator
+
+    def share(self, state: notify.NotifyRun, validator: RunState) -> None:
+        state.validator = validator
+
+    def own(self, state: notify.NotifyRun) -> dict[str, Any]:
+        return {}
+
+    def restore(self, own: dict[str, Any], validator: RunState) -> notify.NotifyRun:
+        return notify.NotifyRun(validator=validator)
+
+    def on_step(
+        self, batch: Batch[notify.NotifyRun], state: notify.NotifyRun, rec: Decoded, step: Step
+    ) -> None:
+        if not step.accepted or step.approval is None:
+            return
+        ops: list[tuple[str, str, dict[str, Any]]] = batch.extra.setdefault("ops", [])
+        asked = notify.requested(state.validator, rec.event)
+        if asked is not None:
+            ops.append(("asked", asked["id"], asked))
+            return
+        settled = notify.decided(state.validator, rec.event)
+        if settled is not None:
+            ops.append(("decided", *settled))
+
+    def write_batch(self, pipe: Any, batch: Batch[notify.NotifyRun]) -> None:
+        p, k = batch.partition, self.keys
+        for op, ident, data in batch.extra.get("ops", []):
+            if op == "asked":
+                pipe.hset(k.pending(p), ident, dumps(data))
+                script, arg = ENQUEUE_LUA, dumps(new_delivery(data))
+            else:
+                pipe.hdel(k.pending(p), ident)
+                script, arg = DECIDED_LUA, dumps(data)
+            # EVAL by name: a Redis Cluster pipeline has no eval() of its own.
+            pipe.execute_command("EVAL", script, 2, k.deliveries(p), k.outbox(p), ident, arg)
+
+
 def make_handler(name: str, prefix: str, topic: str) -> Handler[Any]:
     keys = ProjectionKeys(prefix, name, topic)
     if name == "state":
@@ -833,4 +953,6 @@ def make_handler(name: str, prefix: str, topic: str) -> Handler[Any]:
         return UncertainHandler(keys)
     if name == "audit":
         return AuditHandler(keys)
-    raise ValueError(f"unknown projection {name!r}; expected one of {', '.join(PROJECTIONS)}")
+    if name == NOTIFY:
+        return NotifyHandler(keys)
+    raise ValueError(f"unknown projection {name!r}; expected one of {', '.join(KNOWN)}")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -25,6 +27,7 @@ from runlog.errors import (
 )
 from runlog.producers.ops import Steps, append, blocking
 from runlog.projections.run_state import Approval, decision_text, standing_decision
+from runlog.schemas.codec import now_utc
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -33,8 +36,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def request_approval(run: Run, reason: str, *, kind: str = "action", **fields: Any) -> Steps[str]:
+def request_approval(
+    run: Run,
+    reason: str,
+    *,
+    kind: str = "action",
+    deadline_s: float | None = None,
+    **fields: Any,
+) -> Steps[str]:
+    """Append APPROVAL_REQUESTED; its id. ``deadline_s``: the decision is due that many
+    seconds from now, recorded as an absolute time (``due_at``, UTC) on the request."""
     approval_id = f"ap-{uuid.uuid4().hex[:12]}"
+    if deadline_s is not None:
+        fields["due_at"] = due_at(deadline_s)
     yield from append(
         EventType.APPROVAL_REQUESTED,
         approval_id=approval_id,
@@ -43,6 +57,15 @@ def request_approval(run: Run, reason: str, *, kind: str = "action", **fields: A
         **fields,
     )
     return approval_id
+
+
+def due_at(deadline_s: float) -> datetime:
+    """``deadline_s`` from now, in UTC; ``ValueError`` unless it is a positive number."""
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float):
+        raise ValueError(f"deadline_s must be a number of seconds, not {deadline_s!r}")
+    if not math.isfinite(deadline_s) or deadline_s <= 0:
+        raise ValueError(f"deadline_s must be a positive number of seconds, not {deadline_s!r}")
+    return now_utc() + timedelta(seconds=deadline_s)
 
 
 def record_decision(

@@ -318,8 +318,20 @@ class AsyncRun(Owned):
             calls.call_tool(self._run, name, args, operation_id=operation_id, call_id=call_id)
         )
 
-    async def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:
-        return await self._drive(approvals.request_approval(self._run, reason, kind=kind, **fields))
+    async def request_approval(
+        self,
+        reason: str,
+        *,
+        kind: str = "action",
+        deadline_s: float | None = None,
+        **fields: Any,
+    ) -> str:
+        """``Run.request_approval``: ask a person, optionally by a deadline."""
+        return await self._drive(
+            approvals.request_approval(
+                self._run, reason, kind=kind, deadline_s=deadline_s, **fields
+            )
+        )
 
     async def decide(
         self, approval_id: str, *, approved: bool, decided_by: str, note: str = ""

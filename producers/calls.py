@@ -415,6 +415,7 @@ def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | No
         run,
         reason,
         kind=kind,
+        deadline_s=run.deps.settings.approval_deadline_s,
         name=call.name,
         args_json=call.args_json,
         idempotency_key=call.idempotency_key,

@@ -531,9 +531,22 @@ class Run(Owned):
         )
 
     # Approvals and the end ---------------------------------------------------------------
-    def request_approval(self, reason: str, *, kind: str = "action", **fields: Any) -> str:
-        """Ask a person; returns the approval id that ``runlog approve``/``reject`` names."""
-        return drive(self, approvals.request_approval(self, reason, kind=kind, **fields))
+    def request_approval(
+        self,
+        reason: str,
+        *,
+        kind: str = "action",
+        deadline_s: float | None = None,
+        **fields: Any,
+    ) -> str:
+        """Ask a person; returns the approval id that ``runlog approve``/``reject`` names.
+
+        ``deadline_s``: the decision is due that many seconds from now (recorded as the
+        request's ``due_at``; ``runlog approvals --overdue`` names it once it passed)."""
+        return drive(
+            self,
+            approvals.request_approval(self, reason, kind=kind, deadline_s=deadline_s, **fields),
+        )
 
     def decide(self, approval_id: str, *, approved: bool, decided_by: str, note: str = "") -> None:
         """Record a person's decision; settles the call it concerns when the tool is here."""

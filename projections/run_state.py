@@ -111,6 +111,9 @@ class Approval:
     approved: bool | None = None
     decided_by: str | None = None
     note: str = ""
+    due_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
+    """When the decision is due (APPROVAL_REQUESTED v2); None: no deadline. Omitted from
+    ``to_dict`` when None, so states of logs written before deadlines are unchanged."""
 
 
 @dataclass
@@ -192,7 +195,9 @@ class RunState:
             for k, v in d.get("open_calls", {}).items()
         }
         d["approvals"] = {
-            k: Approval(**{**v, "requested_at": _dt(v["requested_at"])})
+            k: Approval(
+                **{**v, "requested_at": _dt(v["requested_at"]), "due_at": _dt(v.get("due_at"))}
+            )
             for k, v in d.get("approvals", {}).items()
         }
         return cls(**d)
@@ -415,6 +420,7 @@ def _approval_requested(st: RunState, ev: Event) -> None:
         requested_seq=ev.seq,
         requested_at=ev.occurred_at,
         idempotency_key=p.idempotency_key,
+        due_at=p.due_at,
     )
     if p.kind in ("uncertain_call", "conflict") and p.idempotency_key in st.open_calls:
         call = st.open_calls[p.idempotency_key]

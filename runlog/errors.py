@@ -204,3 +204,13 @@ class DecisionConflict(RunError):
         super().__init__(message, run_id=run_id, seq=decided_seq)
         self.approval_id, self.decided_by, self.approved = approval_id, decided_by, approved
         self.note, self.decided_at, self.decided_seq = note, decided_at, decided_seq
+
+
+class NotificationFailed(RunlogError):
+    """A notification hook did not take a notification. ``retryable``: a later attempt may
+    succeed (a 5xx, a timeout, a refused connection); False: it never will (a 4xx)."""
+
+    def __init__(self, message: str, *, retryable: bool = True, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status

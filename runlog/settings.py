@@ -135,6 +135,33 @@ class Settings(BaseSettings):
     more than 5 requests in flight, another partitioner) is refused with ``ConfigError``.
     """
 
+    approval_deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Deadline of the approval an escalated call asks for, in seconds from the request
+    (``RUNLOG_APPROVAL_DEADLINE_S``); unset: no deadline. ``run.request_approval`` takes
+    its own ``deadline_s``."""
+
+    notify_webhook_url: str | None = None
+    """Where ``runlog project notify`` POSTs a notification per approval requested
+    (``RUNLOG_NOTIFY_WEBHOOK_URL``); ``--webhook`` overrides it."""
+
+    notify_max_attempts: int = Field(default=10, ge=1)
+    """Delivery attempts of one notification before it is recorded as failed
+    (``RUNLOG_NOTIFY_MAX_ATTEMPTS``)."""
+
+    notify_backoff_s: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    """Wait after a notification's first failed attempt, doubled after each one up to
+    ``notify_backoff_cap_s`` (``RUNLOG_NOTIFY_BACKOFF_S``)."""
+
+    notify_backoff_cap_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    """Longest wait between two attempts (``RUNLOG_NOTIFY_BACKOFF_CAP_S``)."""
+
+    notify_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    """How long one webhook request may take (``RUNLOG_NOTIFY_TIMEOUT_S``)."""
+
+    ui_url: str | None = None
+    """Where the console is served (``RUNLOG_UI_URL``): notifications then link to the
+    run's page."""
+
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated field names shown as ``[redacted]`` wherever tool arguments,
     results, evidence or errors are printed (``runlog show``, the console, ``runlog

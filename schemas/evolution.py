@@ -30,6 +30,9 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # the tool declared about a retry, so a reader without the tools (the CLI, the
         # console) can say what a person's decision does; null in v1 is "not recorded".
         (EventType.TOOL_CALL_STARTED, 1),
+        # v2 adds the optional ``due_at`` (default null): when the decision is due; a v1
+        # request had no deadline, which is exactly what null says.
+        (EventType.APPROVAL_REQUESTED, 1),
     }
 )
 

@@ -140,6 +140,9 @@ class ApprovalRequested(Payload):
     started_at: datetime | None = None
     last_error: str | None = None
     detail: str | None = None
+    due_at: datetime | None = None
+    """v2: when the person's decision is due (UTC); None in v1 records and without a
+    deadline. ``runlog approvals --overdue`` names the requests past it."""
 
 
 class ApprovalDecided(Payload):

@@ -14,7 +14,13 @@ from replay_support import load_fixture, synthetic_log
 from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprint
 from runlog.projections.run_state import FOLD_VERSION, RunState, apply
 from runlog.schemas import codec, evolution
-from runlog.schemas.models import ContextCompacted, ModelTurn, ToolCallCompleted, ToolCallStarted
+from runlog.schemas.models import (
+    ApprovalRequested,
+    ContextCompacted,
+    ModelTurn,
+    ToolCallCompleted,
+    ToolCallStarted,
+)
 from runlog.schemas.registry import fingerprint_of, registry
 from runlog.schemas.vocabulary import EventType
 
@@ -22,6 +28,7 @@ CC = EventType.CONTEXT_COMPACTED
 TCC = EventType.TOOL_CALL_COMPLETED
 MT = EventType.MODEL_TURN
 TCS = EventType.TOOL_CALL_STARTED
+AR = EventType.APPROVAL_REQUESTED
 
 
 def _v1(fx_type: str) -> bytes:
@@ -44,6 +51,7 @@ def test_current_versions() -> None:
     assert registry().current[TCC] == 2
     assert registry().current[MT] == 2
     assert registry().current[TCS] == 2
+    assert registry().current[AR] == 2
     assert FOLD_VERSION == 3
 
 
@@ -67,6 +75,45 @@ def test_v2_tool_call_started_keeps_its_declarations() -> None:
     apply(state_v1, ev.model_copy(update={"seq": 1}))
     apply(state_v2, back.model_copy(update={"seq": 1}))
     assert state_v1.to_dict() == state_v2.to_dict()  # the fold reads what v1 had, unchanged
+
+
+def test_the_fixture_of_each_release_holds_its_versions() -> None:
+    """v3: the release of model_turn v2 (tool_call_started and approval_requested v1); v4:
+    tool_call_started v2 (a tool's retry declarations) and approval_requested v2 (a deadline).
+    """
+    written = {v: set(load_fixture(v).meta["written_versions"]) for v in ("v3", "v4")}
+    assert {"model_turn v2", "tool_call_started v1", "approval_requested v1"} <= written["v3"]
+    assert {"model_turn v2", "tool_call_started v2", "approval_requested v2"} <= written["v4"]
+    ev = codec.decode(next(r.value for r in load_fixture("v3").records if r.type == "model_turn"))
+    assert isinstance(ev.payload, ModelTurn) and ev.payload.text
+
+
+def test_v1_approval_request_resolves_without_a_deadline() -> None:
+    ev = codec.decode(_v1("approval_requested"))
+    assert isinstance(ev.payload, ApprovalRequested)
+    assert ev.schema_version == 2 and ev.payload.due_at is None
+    state = RunState()
+    for e in load_fixture("v1").events():
+        apply(state, e)
+    approval = state.approvals[ev.payload.approval_id]
+    assert approval.due_at is None
+    # A state without deadlines serialises exactly as before the field existed.
+    assert "due_at" not in state.to_dict()["approvals"][approval.approval_id]
+
+
+def test_v2_approval_request_keeps_its_deadline_through_fold_and_snapshot() -> None:
+    fx = load_fixture("v4")
+    raw = next(r for r in fx.records if r.type == "approval_requested")
+    assert raw.schema_version == 2 and codec.writer_schema_of(raw.value).version == 2
+    ev = codec.decode(raw.value)
+    assert isinstance(ev.payload, ApprovalRequested) and ev.payload.due_at is not None
+    assert ev.payload.due_at > ev.occurred_at  # written as an absolute time after the request
+    state = RunState()
+    for e in fx.events():
+        apply(state, e)
+    approval = state.approvals[ev.payload.approval_id]
+    assert approval.due_at == ev.payload.due_at
+    assert RunState.from_dict(state.to_dict()) == state
 
 
 def test_v1_model_turn_resolves_without_a_recorded_response() -> None:

@@ -185,3 +185,32 @@ def test_the_asyncio_client_on_the_cluster(on_cluster: Settings) -> None:
             await client.aclose()
 
     assert asyncio.run(roundtrip()) == [k.encode() for k in keys]
+
+
+def test_notifications_on_the_cluster(on_cluster: Settings) -> None:
+    """The notify projection queues in its position's transaction and the delivery loop
+    claims with scripts: every key of one partition in one slot, partitions over masters."""
+    from runlog.consumers.notify import Notifier
+    from runlog.consumers.store import NOTIFY
+
+    client = make_client(on_cluster)
+    asked = set()
+    for i in range(6):
+        with runlog.open_run(None, tenant="t", settings=on_cluster) as run:
+            asked.add(run.request_approval(f"ask {i}", deadline_s=3600))
+    ProjectionRunner(on_cluster, client, [NOTIFY]).catch_up(timeout_s=120)
+    got: list[str] = []
+    notifier = Notifier(client, on_cluster, lambda n: got.append(n["approval_id"]))
+    deadline = time.monotonic() + 30
+    while len(got) < len(asked):
+        assert time.monotonic() < deadline, got
+        notifier.deliver_due()
+    rebuild(client, on_cluster, [NOTIFY])
+    notifier.deliver_due()
+    assert sorted(got) == sorted(asked)
+    rep = queries.approvals_report(client, on_cluster)
+    assert {a["approval_id"] for a in rep.pending} == asked
+    assert {a["notification"]["status"] for a in rep.pending} == {"delivered"}
+    handler = ProjectionRunner(on_cluster, client, [NOTIFY]).handlers[0]
+    outboxes = [handler.keys.outbox(p) for p in range(on_cluster.partitions)]
+    assert len(_masters(client, outboxes)) > 1

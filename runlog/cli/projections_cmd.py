@@ -1,6 +1,6 @@
 """Projection services and their queries.
 
-``runlog project state|uncertain|audit|all`` runs the services; ``runlog state RUN_ID``,
+``runlog project state|uncertain|audit|all|notify`` runs the services; ``runlog state RUN_ID``,
 ``runlog uncertain``, ``runlog audit RUN_ID``, ``runlog quarantine`` and ``runlog metrics``
 read them; ``runlog rebuild PROJECTION`` refolds one from offset zero.
 """
@@ -16,13 +16,14 @@ from typing import Any
 
 from runlog.cli.groups import print_json
 from runlog.consumers import projection_metrics, queries
+from runlog.consumers.notify import hook_from_settings
 from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
 from runlog.errors import ConfigError
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
 from runlog.settings import Settings
 
-_CHOICES = ("state", "uncertain", "audit", "all")
+_CHOICES = ("state", "uncertain", "audit", "all", "notify")
 _ALL = ("state", "uncertain", "audit")
 
 
@@ -37,10 +38,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Consume the events topic as a consumer-group member and keep a projection in "
             "Redis, exactly once per record. `all` runs the three projections off one "
-            "consumer (one fetch and one decode per record, a separate position each)."
+            "consumer (one fetch and one decode per record, a separate position each). "
+            "`notify` keeps the approvals waiting for a person and delivers one "
+            "notification per approval requested to --webhook."
         ),
     )
     p.add_argument("projection", choices=_CHOICES)
+    p.add_argument(
+        "--webhook",
+        default=None,
+        metavar="URL",
+        help="notify only: POST a notification per approval requested to URL (default "
+        "RUNLOG_NOTIFY_WEBHOOK_URL; neither: they are queued and listed, not delivered)",
+    )
     p.add_argument("--group", default=None, help="consumer group (default: derived)")
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument(
@@ -117,7 +127,19 @@ def _project(args: argparse.Namespace) -> int:
     settings = Settings()
     client = _redis(settings)
     names = _names(args.projection)
-    runner = ProjectionRunner(settings, client, names, group=args.group, batch_size=args.batch_size)
+    hook = None
+    if args.webhook is not None and args.projection != "notify":
+        raise ConfigError("--webhook goes with `runlog project notify`")
+    if args.projection == "notify":
+        hook = hook_from_settings(settings, args.webhook)
+        if hook is None:
+            logging.getLogger("runlog.project").warning(
+                "no webhook (--webhook or RUNLOG_NOTIFY_WEBHOOK_URL): notifications are "
+                "queued and listed by `runlog approvals`, not delivered"
+            )
+    runner = ProjectionRunner(
+        settings, client, names, group=args.group, batch_size=args.batch_size, notify=hook
+    )
 
     def on_signal(signum: int, _frame: Any) -> None:
         logging.getLogger("runlog.project").info("signal %s: stopping after this batch", signum)

@@ -1,5 +1,6 @@
 """``runlog explain`` / ``runlog approve`` / ``runlog reject``: the question a run's approval
-request puts to a person, and the person's decision."""
+request puts to a person, and the person's decision; ``runlog approvals``: the requests
+waiting for one."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import argparse
 import getpass
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from runlog.api import decide, question
 from runlog.cli.groups import print_json
+from runlog.consumers.index import age_text
+from runlog.consumers.queries import approvals_report
 from runlog.errors import DecisionConflict
+from runlog.log.clients import redis_client
+from runlog.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,6 +58,62 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--by", default=None, help="who decides (default: the OS user)")
         p.add_argument("--note", default="", help="the evidence or reason")
         p.set_defaults(func=_handler(approved))
+
+    p = sub.add_parser(
+        "approvals",
+        help="approval requests waiting for a person, with deadlines and notifications",
+        description="Read from the notify projection (`runlog project notify`): who asked, "
+        "when and why, by when the decision is due, and the delivery of the request's "
+        "notification. --overdue: only the requests whose deadline has passed.",
+    )
+    p.add_argument("--tenant", default=None, help="only this tenant's requests")
+    p.add_argument("--overdue", action="store_true", help="only those past their deadline")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_approvals)
+
+
+def _approvals(args: argparse.Namespace) -> int:
+    settings = Settings()
+    client = redis_client(settings)
+    try:
+        rep = approvals_report(client, settings, tenant=args.tenant)
+    finally:
+        client.close()
+    rows = rep.overdue if args.overdue else rep.pending
+    if not rep.tracked:
+        print(
+            "runlog: the notify projection has folded nothing yet (`runlog project notify`)",
+            file=sys.stderr,
+        )
+    if args.json:
+        print_json({**rep.to_dict(), "pending": rows})
+        return 0
+    for a in rows:
+        print(_line(a))
+    what = "overdue" if args.overdue else "pending"
+    print(f"{len(rows)} {what} approval request(s)", file=sys.stderr)
+    return 0
+
+
+def _line(a: dict[str, Any]) -> str:
+    n = a["notification"]
+    if a["due_at"] is None:
+        due = "no deadline"
+    elif a["overdue"]:
+        due = f"OVERDUE by {age_text(a['overdue_s'])} (due {a['due_at']})"
+    else:
+        due = f"due in {age_text(-a['overdue_s'])} ({a['due_at']})"
+    tool = f" {a['tool']} key={a['idempotency_key']}" if a.get("tool") else ""
+    sent = f"notification {n['status']} ({n['attempts']} attempt(s))"
+    if n["delivered_at"]:
+        sent += f" at {n['delivered_at']}"
+    elif n["last_error"]:
+        sent += f": {n['last_error']}"
+    return (
+        f"{a['tenant']}/{a['run_id']} {a['approval_id']} {a['kind']}{tool}: {a['reason']}\n"
+        f"    asked {a['requested_at']} by {a['requested_by']} (waiting "
+        f"{age_text(a['waiting_s'])}); {due}; {sent}"
+    )
 
 
 def _handler(approved: bool) -> Callable[[argparse.Namespace], int]:

@@ -335,6 +335,7 @@ def create_app(
                 "requested_at": a.requested_at.isoformat(timespec="seconds"),
                 "idempotency_key": a.idempotency_key,
                 "about_a_call": a.kind in CALL_KINDS,
+                "due": _due_text(a.due_at, datetime.now(UTC)),
             }
             for a in tl.state.pending_approvals.values()
         ]
@@ -370,6 +371,7 @@ def create_app(
                         if a["approved"] is not None:
                             continue
                         asked = datetime.fromisoformat(a["requested_at"])
+                        due = a.get("due_at")
                         out.append(
                             {
                                 "tenant": row.tenant,
@@ -380,6 +382,9 @@ def create_app(
                                 "reason": a["reason"],
                                 "age": age_text((now - asked).total_seconds()),
                                 "asked": asked,
+                                "due": _due_text(
+                                    None if due is None else datetime.fromisoformat(due), now
+                                ),
                             }
                         )
             out.sort(key=lambda a: a["asked"])
@@ -569,3 +574,11 @@ def _audit_row(entry: dict[str, Any]) -> dict[str, Any]:
         "kind": entry["kind"],
         "detail": " ".join(detail),
     }
+
+
+def _due_text(due: datetime | None, now: datetime) -> str:
+    """When a request's decision is due, for people: ``-``, ``in 17m``, ``OVERDUE 5h``."""
+    if due is None:
+        return "-"
+    left = (due - now).total_seconds()
+    return f"in {age_text(left)}" if left > 0 else f"OVERDUE {age_text(-left)}"

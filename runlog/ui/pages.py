@@ -135,6 +135,7 @@ _RUN = (
 {% if pending %}<h2>Waiting for a person</h2>
 {% for a in pending %}<div class="card approval" data-approval="{{ a.approval_id }}">
 <b>{{ a.approval_id }}</b> ({{ a.kind }}) asked {{ a.requested_at }}: {{ a.reason }}
+{% if a.due != "-" %}<br><span class="due">due {{ a.due }}</span>{% endif %}
 {% if a.idempotency_key %}<br><span class="muted">call key {{ a.idempotency_key }}</span>{% endif %}
 {% if a.about_a_call %}<br><a class="question" href="/runs/{{ run_id }}/approvals/{{ a.approval_id }}">What
 may have happened, and what each answer does</a>{% endif %}
@@ -171,16 +172,16 @@ _APPROVALS = (
 {% block content %}<h1>Approvals waiting for a person</h1>
 {% if flash %}<p class="flash">{{ flash }}</p>{% endif %}
 <table id="approvals"><thead><tr><th>Tenant</th><th>Run</th><th>Approval</th><th>Kind</th>
-<th>Reason</th><th>Waiting</th><th>Decide</th></tr></thead><tbody>
+<th>Reason</th><th>Waiting</th><th>Due</th><th>Decide</th></tr></thead><tbody>
 {% for a in approvals %}<tr><td>{{ a.tenant }}</td>
 <td><a class="mono" href="/runs/{{ a.run_id }}">{{ a.run_id }}</a></td>
 <td class="mono">{% if a.about_a_call %}<a class="question"
  href="/runs/{{ a.run_id }}/approvals/{{ a.approval_id }}">{{ a.approval_id }}</a>{% else %}{{
  a.approval_id }}{% endif %}</td><td>{{ a.kind }}</td><td>{{ a.reason }}</td>
-<td class="num">{{ a.age }}</td><td>{% with run_id=a.run_id %}"""
+<td class="num">{{ a.age }}</td><td class="due">{{ a.due }}</td><td>{% with run_id=a.run_id %}"""
     + _DECIDE
     + """{% endwith %}</td></tr>
-{% else %}<tr><td colspan="7" class="muted">Nothing is waiting for a person.</td></tr>
+{% else %}<tr><td colspan="8" class="muted">Nothing is waiting for a person.</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
 )
 
