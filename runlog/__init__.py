@@ -4,6 +4,13 @@ Users import ``runlog`` only. Every subpackage lives inside this package, so imp
 of them (``runlog.projections.run_state``, say) runs this file first: it therefore loads
 nothing but the errors, and each public name below loads on first use. That keeps the
 pure fold importable without Kafka, Redis, fastavro or pydantic-settings.
+
+The public API is written once, in ``_PUBLIC`` (name -> the module that defines it):
+``__all__`` and the lazy loading both come from it, and ``tests/test_public_api.py`` pins
+it (adding or removing a public name fails that test until its list is updated). The
+``TYPE_CHECKING`` imports below repeat it for type checkers; the same test checks they
+agree. The public modules are ``_PUBLIC_MODULES``: each declares its ``__all__``; every
+other module of the package is internal and may change in any release.
 """
 
 from __future__ import annotations
@@ -13,25 +20,61 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import (
-    AppendOutcomeUnknown,
-    CallRejected,
-    CallUncertain,
-    ConfigError,
-    DecisionConflict,
-    Escalated,
-    Fenced,
-    KafkaUnavailable,
-    RedisUnavailable,
-    RunError,
-    RunFinished,
-    RunLocked,
-    RunlogError,
-    SchemaError,
-    TenantMismatch,
-    ToolArgumentsError,
-    ToolFailed,
-    UnknownRun,
-    UnknownTool,
+    AppendOutcomeUnknown as AppendOutcomeUnknown,
+)
+from runlog.errors import (
+    CallRejected as CallRejected,
+)
+from runlog.errors import (
+    CallUncertain as CallUncertain,
+)
+from runlog.errors import (
+    ConfigError as ConfigError,
+)
+from runlog.errors import (
+    DecisionConflict as DecisionConflict,
+)
+from runlog.errors import (
+    Escalated as Escalated,
+)
+from runlog.errors import (
+    Fenced as Fenced,
+)
+from runlog.errors import (
+    KafkaUnavailable as KafkaUnavailable,
+)
+from runlog.errors import (
+    RedisUnavailable as RedisUnavailable,
+)
+from runlog.errors import (
+    RunError as RunError,
+)
+from runlog.errors import (
+    RunFinished as RunFinished,
+)
+from runlog.errors import (
+    RunLocked as RunLocked,
+)
+from runlog.errors import (
+    RunlogError as RunlogError,
+)
+from runlog.errors import (
+    SchemaError as SchemaError,
+)
+from runlog.errors import (
+    TenantMismatch as TenantMismatch,
+)
+from runlog.errors import (
+    ToolArgumentsError as ToolArgumentsError,
+)
+from runlog.errors import (
+    ToolFailed as ToolFailed,
+)
+from runlog.errors import (
+    UnknownRun as UnknownRun,
+)
+from runlog.errors import (
+    UnknownTool as UnknownTool,
 )
 
 # A library's loggers are the application's to show: without a handler of its own there,
@@ -39,53 +82,43 @@ from runlog.errors import (
 logging.getLogger("runlog").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
-    from runlog.api import (
-        append_metrics,
-        decide,
-        lease_metrics,
-        open_run,
-        question,
-        serve_metrics,
-    )
-    from runlog.consumers.question import Question
-    from runlog.producers.agent import (
-        AgentLoop,
-        ApprovalStep,
-        Call,
-        CompactStep,
-        FinishStep,
-        ModelStep,
-        ScriptedModel,
-    )
-    from runlog.producers.context import CallContext, current_call
-    from runlog.producers.run import Run
-    from runlog.producers.tools import Absent, Conflict, Match, Tool, ToolError, Unavailable, tool
-    from runlog.schemas.codec import decode, encode
-    from runlog.schemas.models import Event
-    from runlog.schemas.vocabulary import EventType
-    from runlog.settings import Settings
+    from runlog import aio as aio
+    from runlog import testing as testing
+    from runlog.api import append_metrics as append_metrics
+    from runlog.api import decide as decide
+    from runlog.api import lease_metrics as lease_metrics
+    from runlog.api import open_run as open_run
+    from runlog.api import question as question
+    from runlog.api import serve_metrics as serve_metrics
+    from runlog.consumers.question import Question as Question
+    from runlog.producers.context import CallContext as CallContext
+    from runlog.producers.context import current_call as current_call
+    from runlog.producers.run import Run as Run
+    from runlog.producers.tools import Absent as Absent
+    from runlog.producers.tools import Conflict as Conflict
+    from runlog.producers.tools import Match as Match
+    from runlog.producers.tools import Tool as Tool
+    from runlog.producers.tools import ToolError as ToolError
+    from runlog.producers.tools import Unavailable as Unavailable
+    from runlog.producers.tools import tool as tool
+    from runlog.schemas.codec import decode as decode
+    from runlog.schemas.codec import encode as encode
+    from runlog.schemas.models import Event as Event
+    from runlog.schemas.vocabulary import EventType as EventType
+    from runlog.settings import Settings as Settings
 
-_LAZY = {
-    "Settings": "runlog.settings",
+_ERRORS = "runlog.errors"
+
+# THE list of public names: name -> the module it is loaded from on first use. A module
+# listed under its own name (``aio``, ``testing``) is a public submodule.
+_PUBLIC: dict[str, str] = {
+    # runs, decisions, the question a person answers
     "open_run": "runlog.api",
-    "current_call": "runlog.producers.context",
-    "decode": "runlog.schemas.codec",
-    "encode": "runlog.schemas.codec",
-    "lease_metrics": "runlog.api",
-    "append_metrics": "runlog.api",
-    "serve_metrics": "runlog.api",
-    "CallContext": "runlog.producers.context",
+    "Run": "runlog.producers.run",
     "decide": "runlog.api",
     "question": "runlog.api",
     "Question": "runlog.consumers.question",
-    "AgentLoop": "runlog.producers.agent",
-    "ScriptedModel": "runlog.producers.agent",
-    "ModelStep": "runlog.producers.agent",
-    "Call": "runlog.producers.agent",
-    "CompactStep": "runlog.producers.agent",
-    "ApprovalStep": "runlog.producers.agent",
-    "FinishStep": "runlog.producers.agent",
-    "Run": "runlog.producers.run",
+    # tools
     "tool": "runlog.producers.tools",
     "Tool": "runlog.producers.tools",
     "ToolError": "runlog.producers.tools",
@@ -93,69 +126,62 @@ _LAZY = {
     "Absent": "runlog.producers.tools",
     "Conflict": "runlog.producers.tools",
     "Unavailable": "runlog.producers.tools",
+    "current_call": "runlog.producers.context",
+    "CallContext": "runlog.producers.context",
+    # events and settings
     "Event": "runlog.schemas.models",
     "EventType": "runlog.schemas.vocabulary",
+    "encode": "runlog.schemas.codec",
+    "decode": "runlog.schemas.codec",
+    "Settings": "runlog.settings",
+    # telemetry
+    "lease_metrics": "runlog.api",
+    "append_metrics": "runlog.api",
+    "serve_metrics": "runlog.api",
+    # public submodules
+    "aio": "runlog.aio",
+    "testing": "runlog.testing",
+    # errors (loaded with this file: they are light and every caller catches them)
+    "RunlogError": _ERRORS,
+    "ConfigError": _ERRORS,
+    "SchemaError": _ERRORS,
+    "RunError": _ERRORS,
+    "Fenced": _ERRORS,
+    "RunLocked": _ERRORS,
+    "AppendOutcomeUnknown": _ERRORS,
+    "TenantMismatch": _ERRORS,
+    "UnknownRun": _ERRORS,
+    "RunFinished": _ERRORS,
+    "Escalated": _ERRORS,
+    "CallUncertain": _ERRORS,
+    "CallRejected": _ERRORS,
+    "ToolFailed": _ERRORS,
+    "ToolArgumentsError": _ERRORS,
+    "UnknownTool": _ERRORS,
+    "DecisionConflict": _ERRORS,
+    "KafkaUnavailable": _ERRORS,
+    "RedisUnavailable": _ERRORS,
 }
+
+# The public modules: each declares ``__all__`` (tests/test_public_api.py checks it), and
+# the code examples in README.md and docs/ import from these only (tests/test_docs.py).
+_PUBLIC_MODULES = (
+    "runlog",
+    "runlog.aio",
+    "runlog.testing",
+    "runlog.errors",
+    "runlog.integrations.pydantic_ai",
+)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "aio":  # the asyncio API, a module of its own
-        return importlib.import_module("runlog.aio")
-    module = _LAZY.get(name)
+    module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'runlog' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    loaded = importlib.import_module(module)
+    value = loaded if module == f"runlog.{name}" else getattr(loaded, name)
     globals()[name] = value
     return value
 
 
-__all__ = [
-    "Absent",
-    "AgentLoop",
-    "AppendOutcomeUnknown",
-    "ApprovalStep",
-    "Call",
-    "CallContext",
-    "CallRejected",
-    "CallUncertain",
-    "CompactStep",
-    "ConfigError",
-    "Conflict",
-    "DecisionConflict",
-    "Escalated",
-    "Event",
-    "EventType",
-    "Fenced",
-    "FinishStep",
-    "KafkaUnavailable",
-    "Match",
-    "ModelStep",
-    "Question",
-    "RedisUnavailable",
-    "Run",
-    "RunError",
-    "RunFinished",
-    "RunLocked",
-    "RunlogError",
-    "SchemaError",
-    "ScriptedModel",
-    "Settings",
-    "TenantMismatch",
-    "Tool",
-    "ToolArgumentsError",
-    "ToolError",
-    "ToolFailed",
-    "Unavailable",
-    "UnknownRun",
-    "UnknownTool",
-    "append_metrics",
-    "current_call",
-    "decide",
-    "decode",
-    "encode",
-    "lease_metrics",
-    "open_run",
-    "question",
-    "serve_metrics",
-    "tool",
-]
+__all__ = sorted(_PUBLIC)

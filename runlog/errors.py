@@ -8,6 +8,44 @@ from __future__ import annotations
 
 from datetime import datetime
 
+__all__ = [
+    "AppendOutcomeUnknown",
+    "CallRejected",
+    "CallUncertain",
+    "ConfigError",
+    "CorruptRecord",
+    "DecisionConflict",
+    "Escalated",
+    "Fenced",
+    "InvalidRecordKey",
+    "InvalidRunId",
+    "InvalidTenant",
+    "KafkaUnavailable",
+    "MissingUpcaster",
+    "NewerSchemaVersion",
+    "NotificationFailed",
+    "RedisUnavailable",
+    "RegistryUnavailable",
+    "RunError",
+    "RunFinished",
+    "RunLocked",
+    "RunlogError",
+    "SchemaError",
+    "StackError",
+    "TenantMismatch",
+    "ToolArgumentsError",
+    "ToolFailed",
+    "UnknownApproval",
+    "UnknownEventType",
+    "UnknownFingerprint",
+    "UnknownRun",
+    "UnknownSchemaId",
+    "UnknownTool",
+    "UnreadableRecord",
+    "UpcastFailed",
+    "ValidationFailed",
+]
+
 
 class RunlogError(Exception):
     """Root of every error runlog raises on purpose."""
@@ -103,12 +141,17 @@ class AppendOutcomeUnknown(RunError):
     """
 
 
-class TenantMismatch(RunError):
-    """The run id already belongs to another tenant; this tenant may not open it."""
-
-
 class UnknownRun(RunError):
-    """The run has no events in the log."""
+    """The run has no events in the log (or, as ``TenantMismatch``, none of this tenant)."""
+
+
+class TenantMismatch(UnknownRun):
+    """The run id already belongs to another tenant; this tenant may not open it.
+
+    A subclass of ``UnknownRun``: to a tenant, another tenant's run does not exist, so a
+    caller that catches ``UnknownRun`` is covered; the message never names the owner, and
+    the CLI answers it exactly as an unknown run (exit 4).
+    """
 
 
 class RunFinished(RunError):

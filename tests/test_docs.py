@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+import runlog
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -25,8 +29,14 @@ DOCS = ROOT / "docs"
 MAX_README_LINES = 320
 
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-FENCE = re.compile(r"^(\s*)```(\w*)[^\n]*\n(.*?)^\1```", re.M | re.S)
-PUBLIC = re.compile(r"^runlog(\.aio|\.integrations(\.\w+)*|\.testing)?$")
+# Indented fences too (in a list item); [ \t], not \s: \s would take the blank lines before a
+# fence into its indent and pair one block's closing fence with the next one's opening.
+FENCE = re.compile(r"^([ \t]*)```(\w*)[^\n]*\n(.*?)^\1```", re.M | re.S)
+# The public modules, as runlog/__init__.py lists them (tests/test_public_api.py pins them).
+PUBLIC_MODULES = frozenset(runlog._PUBLIC_MODULES)
+PUBLIC = re.compile("^(" + "|".join(re.escape(m) for m in sorted(PUBLIC_MODULES)) + ")$")
+# ``runlog.integrations.pydantic_ai`` is reached through its package.
+PUBLIC_PACKAGES = frozenset({"runlog.integrations"})
 IMPORT = re.compile(r"^\s*(?:from\s+(runlog[\w.]*)\s+import|import\s+(runlog[\w.]*))", re.M)
 # Internal packages named in an example even without an import (runlog.log.fold.read_run(...)).
 INTERNAL = re.compile(r"\brunlog\.(producers|consumers|schemas|projections|log|stack)\b")
@@ -75,6 +85,32 @@ def test_examples_import_public_names_only() -> None:
                     internal.append(f"{page.relative_to(ROOT)}: {module}")
             internal += [f"{page.relative_to(ROOT)}: runlog.{m}" for m in INTERNAL.findall(block)]
     assert not internal, f"examples import internal modules: {internal}"
+
+
+def _runlog_attributes(block: str) -> list[str]:
+    """X of every ``runlog.X`` in the code (not in its strings or comments)."""
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(block).readline)]
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        toks = []
+    code = [t for t in toks if t.type in (tokenize.NAME, tokenize.OP)]
+    return [
+        c.string
+        for a, b, c in zip(code, code[1:], code[2:], strict=False)
+        if a.string == "runlog" and b.string == "." and c.type == tokenize.NAME and a.end == b.start
+    ]
+
+
+def test_examples_use_public_names_of_runlog_only() -> None:
+    """``runlog.X`` in an example is a name of ``runlog.__all__`` (the test doubles are
+    ``runlog.testing.X``, not ``runlog.X``)."""
+    unknown = []
+    for page in _pages():
+        for block in _python_blocks(page):
+            for name in _runlog_attributes(block):
+                if name not in runlog.__all__ and f"runlog.{name}" not in PUBLIC_PACKAGES:
+                    unknown.append(f"{page.relative_to(ROOT)}: runlog.{name}")
+    assert not unknown, f"examples use names runlog does not export: {sorted(set(unknown))}"
 
 
 def test_internal_import_check_catches_one() -> None:

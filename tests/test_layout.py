@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
     ("log access", ("runlog.log", "runlog.topics", "runlog.security")),
     ("writer and services", ("runlog.producers", "runlog.consumers")),
-    ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap")),
+    ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap", "runlog.testing")),
     ("framework integrations", ("runlog.integrations",)),
     (
         "shell: CLI, stack, demo, benchmarks",

@@ -2,12 +2,13 @@
 
     python -m runlog.demo worker --run-id R --ledger-url http://127.0.0.1:P
 
-The quarterly reconciliation from the specification's opening story, driven by runlog's
-``ScriptedModel`` + ``AgentLoop``: read 14 ledgers, compact the context, ask a person before
-posting, post 9 corrections (five through the ledger's idempotent endpoint, four through
-its plain endpoint with an authoritative lookup), file 2 exception tickets (irreversible,
-no lookup), draft the summary, finish. The worker keeps nothing between processes: each
-start is the same ``open_run(run_id)``, and the loop derives where it is from the log.
+The quarterly reconciliation from the specification's opening story, driven by
+``runlog.testing``'s ``ScriptedModel`` + ``AgentLoop``: read 14 ledgers, compact the
+context, ask a person before posting, post 9 corrections (five through the ledger's
+idempotent endpoint, four through its plain endpoint with an authoritative lookup), file 2
+exception tickets (irreversible, no lookup), draft the summary, finish. The worker keeps
+nothing between processes: each start is the same ``open_run(run_id)``, and the loop derives
+where it is from the log.
 
 Exit codes tell the supervisor what happened (a SIGKILL shows as -9).
 """
@@ -36,9 +37,17 @@ from runlog.errors import (
     RunLocked,
     RunlogError,
 )
-from runlog.producers.agent import ApprovalStep, Call, CompactStep, FinishStep, ModelStep
 from runlog.producers.tools import Absent, Conflict, Match, ToolError, Unavailable, tool
 from runlog.settings import Settings
+from runlog.testing import (
+    AgentLoop,
+    ApprovalStep,
+    Call,
+    CompactStep,
+    FinishStep,
+    ModelStep,
+    ScriptedModel,
+)
 
 EXIT_FINISHED = 0
 EXIT_ERROR = 1
@@ -390,8 +399,8 @@ def run(args: argparse.Namespace) -> int:
             f"opened run {opened.run_id} as epoch {opened.epoch} at seq {st.seq} "
             f"({st.status}, {len(st.open_calls)} open calls)"
         )
-        loop = runlog.AgentLoop(
-            runlog.ScriptedModel(script(args.think)),
+        loop = AgentLoop(
+            ScriptedModel(script(args.think)),
             approval_wait_s=args.approval_wait,
             on_event=say,
         )

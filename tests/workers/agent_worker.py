@@ -24,7 +24,11 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers.agent import (  # noqa: E402
+from runlog.projections.run_state import RunState  # noqa: E402
+from runlog.schemas.canonical import canonical_json  # noqa: E402
+from runlog.schemas.vocabulary import EventType  # noqa: E402
+from runlog.settings import Settings  # noqa: E402
+from runlog.testing import (  # noqa: E402
     AgentLoop,
     ApprovalStep,
     Call,
@@ -33,10 +37,6 @@ from runlog.producers.agent import (  # noqa: E402
     ScriptedModel,
     Step,
 )
-from runlog.projections.run_state import RunState  # noqa: E402
-from runlog.schemas.canonical import canonical_json  # noqa: E402
-from runlog.schemas.vocabulary import EventType  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
 from workers.common import Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
 
 

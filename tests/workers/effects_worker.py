@@ -20,8 +20,8 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers.agent import AgentLoop, FinishStep, ModelStep, ScriptedModel  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
+from runlog.testing import AgentLoop, FinishStep, ModelStep, ScriptedModel  # noqa: E402
 from workers.common import STOPPED_BY_FINISHING, Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
 
 LARGE_BYTES = 2 * 1024 * 1024
