@@ -67,6 +67,8 @@ class Report:
     seq: int = 0
     checks: list[Check] = field(default_factory=list)
     error: str | None = None
+    missing: bool = False
+    """No records of the run, or the run is another tenant's: to this tenant, not found."""
 
     @property
     def ok(self) -> bool:
@@ -292,9 +294,11 @@ def verify_run(
         report.records, report.seq = len(records), folded.state.seq
         if not records:
             report.error = f"no records of run {run_id} in {settings.events_topic}[{partition}]"
+            report.missing = True
             return report
         if events[0].tenant != tenant:
             report.error = f"run {run_id} belongs to another tenant, not to {tenant!r}"
+            report.missing = True  # to this tenant, the run does not exist
             return report
         report.checks.extend(verify_events(events))
         if snapshots is not None:

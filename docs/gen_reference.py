@@ -282,13 +282,28 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
 
 def cli_markdown() -> str:
     """Every command and subcommand of ``runlog``, as its ``--help`` prints it."""
-    from runlog.cli import build_parser
+    from runlog.cli import EXIT_CODES, build_parser
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: make the page stable
     try:
         parser = build_parser()
-        lines = ["## `runlog`", "", "```text", parser.format_help().rstrip(), "```", ""]
+        lines = [
+            "## Exit codes",
+            "",
+            "The same for every command (`runlog.cli.EXIT_CODES`):",
+            "",
+            "| Code | Meaning |",
+            "| ---: | --- |",
+            *(f"| {code} | {meaning} |" for code, meaning in EXIT_CODES),
+            "",
+            "## `runlog`",
+            "",
+            "```text",
+            parser.format_help().rstrip(),
+            "```",
+            "",
+        ]
 
         def walk(prefix: str, p: argparse.ArgumentParser, depth: int) -> None:
             for name, sub in _subcommands(p):

@@ -79,6 +79,21 @@ class TopicReport:
             return "\n".join([f"{head}  DRIFT", *(f"    {d}" for d in self.drift)])
         return f"{head}  ok"
 
+    def to_dict(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "name": s.name,
+            "partitions": s.partitions,
+            "replication_factor": s.replication_factor,
+            "configs": dict(s.configs),
+            "exists": self.exists,
+            "created": self.created,
+            "ok": self.ok,
+            "drift": [
+                {"key": d.key, "expected": d.expected, "actual": d.actual} for d in self.drift
+            ],
+        }
+
 
 @dataclass(frozen=True)
 class TopicsReport:
@@ -114,6 +129,16 @@ class TopicsReport:
             lines.append(f"ACLs ({len(self.acls)}, ALLOW, any host; nothing else is allowed):")
             lines.extend(f"  {a}" for a in self.acls)
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``runlog topics check --json``: stable keys."""
+        return {
+            "ok": self.ok,
+            "topics": [t.to_dict() for t in self.topics],
+            "missing": list(self.missing),
+            "created": list(self.created),
+            "acls": [str(a) for a in self.acls],
+        }
 
     def raise_for_drift(self) -> None:
         if not self.ok:

@@ -200,7 +200,7 @@ def test_show_tells_the_story_with_secrets_redacted(
     # Another tenant's run is refused exactly like a run that does not exist.
     rc, _, theirs = _cli(capsys, "show", rid, "--tenant", "globex")
     rc2, _, unknown = _cli(capsys, "show", "r-no-such-run", "--tenant", "globex")
-    assert rc == rc2 == 2
+    assert rc == rc2 == 4
     assert theirs.replace(rid, "ID") == unknown.replace("r-no-such-run", "ID")
 
 

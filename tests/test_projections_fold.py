@@ -116,10 +116,11 @@ def test_cli_queries(
     assert view["state"]["run_id"] == run_ids[0]
     assert main(["state", run_ids[0], "--tenant", "load"]) == 0
     assert f"run        {run_ids[0]}" in capsys.readouterr().out
-    assert main(["state", run_ids[0]]) == 2
-    assert "belongs to another tenant" in capsys.readouterr().err
-    assert main(["state", "no-such-run"]) == 1
-    assert main(["audit", run_ids[0], "--json"]) == 2
+    assert main(["state", run_ids[0]]) == 4  # another tenant's run: not found
+    theirs = capsys.readouterr().err
+    assert main(["state", "no-such-run"]) == 4
+    assert capsys.readouterr().err == theirs.replace(run_ids[0], "no-such-run")
+    assert main(["audit", run_ids[0], "--json"]) == 4
     capsys.readouterr()
     assert main(["audit", run_ids[0], "--json", "--tenant", "load"]) == 0
     entries = json.loads(capsys.readouterr().out)

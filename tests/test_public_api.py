@@ -150,4 +150,3 @@ def _type_checking_imports() -> dict[str, str]:
 
 def test_type_checking_imports_agree_with_the_table() -> None:
     assert _type_checking_imports() == runlog._PUBLIC
-

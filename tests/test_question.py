@@ -72,9 +72,9 @@ def test_question_of_an_uncertain_payment_says_a_retry_may_pay_twice(
     rc, out, err = _cli(capsys, "show", rid, "--tenant", "acme")
     assert rc == 0, err
     assert "waiting for a person:" in out and q.approve in out
-    # Another tenant is refused, as `runlog approve` refuses it (TenantMismatch).
+    # Another tenant's run is not found, as `runlog approve` answers it (exit 4).
     rc, theirs, _ = _cli(capsys, "explain", rid, ap, "--tenant", "globex")
-    assert rc == 2 and theirs == ""
+    assert rc == 4 and theirs == ""
 
     runlog.decide(
         rid, ap, approved=False, decided_by="ann", note="paid by hand", tenant="acme", settings=s

@@ -160,4 +160,4 @@ def test_time_travel_and_cli(
 
     report = verify_run(test_settings, redis_client, fx.run_id, tenant="wrong-tenant")
     assert not report.ok
-    assert cli_main(["verify", fx.run_id, "--tenant", "wrong-tenant"]) == 1
+    assert cli_main(["verify", fx.run_id, "--tenant", "wrong-tenant"]) == 4  # not found

@@ -2,8 +2,8 @@
 
 * ``TenantMismatch`` says that a run belongs to another tenant, never which one.
 * Every per-run command (``state``, ``audit``, ``replay``, ``verify``, ``snapshot write``,
-  ``approve``/``reject``) takes ``--tenant`` (default ``default``) and refuses a run of
-  another tenant.
+  ``approve``/``reject``) takes ``--tenant`` (default ``default``) and answers a run of
+  another tenant exactly as an unknown run (exit 4).
 * ``approve``/``reject`` read the run first: an approval id the run never issued is
   refused, naming it, instead of being queued or appended.
 * ``RUNLOG_KAFKA_EXTRA`` values never print; a user's producer tunables win over runlog's
@@ -139,15 +139,15 @@ def test_per_run_commands_refuse_another_tenants_run(
         for tenant_args in (["--tenant", "intruder"], []):  # default: "default"
             rc = main([*cmd, owned_run, *tenant_args])
             out, err = capsys.readouterr()
-            assert rc == 2, (cmd, tenant_args, out, err)
-            assert "TenantMismatch" in err and "another tenant" in err, (cmd, err)
+            assert rc == 4, (cmd, tenant_args, out, err)  # answered as an unknown run
+            assert f"UnknownRun: no run {owned_run}" in err, (cmd, err)
             assert OWNER not in out + err and "secret plan" not in out, (cmd, out, err)
         assert main([*cmd, owned_run, "--tenant", OWNER]) == 0, cmd
         capsys.readouterr()
-    # verify reports a failed check rather than raising, and names no owner either.
-    assert main(["verify", owned_run, "--tenant", "intruder"]) == 1
+    # verify too: not found (4), naming no owner; a check that fails would exit 1.
+    assert main(["verify", owned_run, "--tenant", "intruder"]) == 4
     out, err = capsys.readouterr()
-    assert "another tenant" in out and OWNER not in out + err
+    assert f"no run {owned_run}" in err and OWNER not in out + err
     assert main(["verify", owned_run, "--tenant", OWNER]) == 0
 
 
@@ -161,14 +161,14 @@ def test_approve_refuses_an_approval_id_the_run_never_issued(
         aid = run.request_approval("pay 7 USD", kind="action")
         inbox = decisions_key(deps, OWNER, run.run_id)
 
-        assert main(["approve", run.run_id, "ap-bogus", "--tenant", OWNER]) == 2
+        assert main(["approve", run.run_id, "ap-bogus", "--tenant", OWNER]) == 4
         err = capsys.readouterr().err
         assert "UnknownApproval" in err and "ap-bogus" in err and aid in err
         assert deps.redis.llen(inbox) == 0
 
-        assert main(["approve", run.run_id, aid, "--tenant", "intruder"]) == 2
+        assert main(["approve", run.run_id, aid, "--tenant", "intruder"]) == 4
         err = capsys.readouterr().err
-        assert "TenantMismatch" in err and OWNER not in err
+        assert f"UnknownRun: no run {run.run_id}" in err and OWNER not in err
         assert deps.redis.llen(inbox) == 0
 
         assert main(["approve", run.run_id, aid, "--tenant", OWNER]) == 0
@@ -179,7 +179,7 @@ def test_approve_refuses_an_approval_id_the_run_never_issued(
 
     # A free run: refused before anything is appended (no takeover, no decision).
     before = _count_records(test_settings, run.run_id)
-    assert main(["reject", run.run_id, "ap-bogus", "--tenant", OWNER]) == 2
+    assert main(["reject", run.run_id, "ap-bogus", "--tenant", OWNER]) == 4
     assert "ap-bogus" in capsys.readouterr().err
     assert _count_records(test_settings, run.run_id) == before
 

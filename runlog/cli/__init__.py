@@ -6,11 +6,27 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
-from runlog.errors import KafkaUnavailable, RunlogError
+from runlog.cli.groups import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CODES,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_STACK_DOWN,
+    EXIT_USAGE,
+)
+from runlog.errors import (
+    InvalidRunId,
+    InvalidTenant,
+    KafkaUnavailable,
+    RunlogError,
+    UnknownApproval,
+    UnknownRun,
+)
 from runlog.log import kafka
 from runlog.settings import Settings
 
@@ -57,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error argparse printed (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     _configure_logging(verbose=args.verbose)
     try:
         if args.command in _NEEDS_KAFKA:
@@ -66,12 +85,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # inside the try: a closed pipe may only show at this flush
     except BrokenPipeError:
         return _reader_went_away()
+    except UnknownRun as exc:
+        # TenantMismatch is an UnknownRun: another tenant's run is answered exactly as a
+        # run that does not exist, so the answer tells nothing about who owns the id.
+        print(f"runlog: {_unknown_run(exc, args)}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except UnknownApproval as exc:
+        print(f"runlog: UnknownApproval: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except (InvalidRunId, InvalidTenant) as exc:
+        print(f"runlog: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RunlogError as exc:
         print(f"runlog: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILURE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return rc
+
+
+def _unknown_run(exc: UnknownRun, args: argparse.Namespace) -> str:
+    """One message for an unknown run and for another tenant's: the run id and the tenant
+    asked for, never the exception's own text (which may differ between the two)."""
+    run_id = exc.run_id or getattr(args, "run_id", None) or "?"
+    tenant = getattr(args, "tenant", None)
+    where = f" for tenant {tenant!r}" if isinstance(tenant, str) else ""
+    return f"UnknownRun: no run {run_id}{where}"
+
+
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_CODES",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_STACK_DOWN",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+]
 
 
 def _reader_went_away() -> int:
@@ -81,7 +134,7 @@ def _reader_went_away() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return 128 + signal.SIGPIPE
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

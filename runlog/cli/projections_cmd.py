@@ -18,7 +18,7 @@ from runlog.cli.groups import print_json
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.notify import hook_from_settings
 from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
-from runlog.errors import ConfigError
+from runlog.errors import ConfigError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
 from runlog.settings import Settings
@@ -67,7 +67,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         p = sub.add_parser(name, help=help_)
         p.add_argument("run_id")
-        p.add_argument("--tenant", default="default", help="the run's tenant (refused otherwise)")
+        p.add_argument(
+            "--tenant",
+            default="default",
+            help="the run's tenant (another tenant's run is not found, exit 4)",
+        )
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)
 
@@ -77,6 +81,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--deadline",
         action="append",
         default=[],
+        type=_deadline,
         metavar="RISK=SECONDS",
         help="overdue deadline per risk class (default irreversible=900 reversible=3600 "
         "safe=14400)",
@@ -176,9 +181,8 @@ def _state(args: argparse.Namespace) -> int:
     client = _redis(settings)
     _warn_incomplete(client, settings, ("state",))
     view = queries.get_state(client, settings, args.run_id, tenant=args.tenant)
-    if view is None:
-        print(f"runlog: run {args.run_id} is not in the state projection", file=sys.stderr)
-        return 1
+    if view is None:  # not in the state projection: not found, as another tenant's run
+        raise UnknownRun(f"run {args.run_id} is not in the state projection", run_id=args.run_id)
     if args.json:
         print_json(view)
         return 0
@@ -203,17 +207,15 @@ def _state(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deadlines(items: list[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for item in items:
-        risk, sep, secs = item.partition("=")
-        if not sep or risk not in ("safe", "reversible", "irreversible"):
-            raise ConfigError(f"--deadline wants RISK=SECONDS with a risk class, not {item!r}")
-        try:
-            out[risk] = float(secs)
-        except ValueError as exc:
-            raise ConfigError(f"--deadline {item!r}: {secs!r} is not a number") from exc
-    return out
+def _deadline(item: str) -> tuple[str, float]:
+    """``--deadline RISK=SECONDS``; argparse reports a malformed one as a usage error."""
+    risk, sep, secs = item.partition("=")
+    if not sep or risk not in ("safe", "reversible", "irreversible"):
+        raise argparse.ArgumentTypeError(f"wants RISK=SECONDS with a risk class, not {item!r}")
+    try:
+        return risk, float(secs)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{item!r}: {secs!r} is not a number") from exc
 
 
 def _uncertain(args: argparse.Namespace) -> int:
@@ -221,7 +223,7 @@ def _uncertain(args: argparse.Namespace) -> int:
     settings = Settings()
     client = _redis(settings)
     _warn_incomplete(client, settings, ("uncertain",))
-    rep = queries.uncertain_report(client, settings, deadlines_s=_deadlines(args.deadline))
+    rep = queries.uncertain_report(client, settings, deadlines_s=dict(args.deadline))
     if args.json:
         print_json(rep.to_dict())
         return 0
@@ -250,12 +252,11 @@ def _audit(args: argparse.Namespace) -> int:
     client = _redis(settings)
     _warn_incomplete(client, settings, ("audit",))
     entries = queries.get_audit(client, settings, args.run_id, tenant=args.tenant)
+    if not entries:  # not in the audit projection: not found, as another tenant's run
+        raise UnknownRun(f"no audit entries for run {args.run_id}", run_id=args.run_id)
     if args.json:
         print_json(entries)
         return 0
-    if not entries:
-        print(f"runlog: no audit entries for run {args.run_id}", file=sys.stderr)
-        return 1
     for e in entries:
         rest = {
             k: v

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from runlog.benchmarks.synthetic import write_synthetic_run
-from runlog.cli.groups import print_json
+from runlog.cli.groups import EXIT_USAGE, print_json
 from runlog.consumers import metrics
 from runlog.consumers import snapshot_plan as sp
 from runlog.consumers.queries import refuse_other_tenant
@@ -15,6 +15,7 @@ from runlog.consumers.redaction import redact_entry, secret_fields
 from runlog.consumers.replay import replay
 from runlog.consumers.snapshots import SnapshotStore
 from runlog.consumers.verify import run_starts, verify_run
+from runlog.errors import UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.fold import progress_bar
 from runlog.log.reader import LogReader
@@ -38,7 +39,8 @@ def register(subparsers: Any) -> None:
     p_verify = subparsers.add_parser(
         "verify",
         help="check determinism, vocabulary, fenced-write explanations and snapshot "
-        "equivalence of a run (or --all); exit 1 on any mismatch",
+        "equivalence of a run (or --all); exit 1 on any mismatch, 4 if the run is not "
+        "found (or is another tenant's)",
     )
     p_verify.add_argument("run_id", nargs="?")
     p_verify.add_argument("--all", action="store_true", help="every run in the events topic")
@@ -101,8 +103,7 @@ def _replay(args: argparse.Namespace) -> int:
     finally:
         client.close()
     if result.records == 0 and result.snapshot_seq is None:
-        print(f"runlog replay: no records of run {args.run_id}", file=sys.stderr)
-        return 1
+        raise UnknownRun(f"no records of run {args.run_id}", run_id=args.run_id)
     refuse_other_tenant(result.state.tenant, args.tenant, args.run_id)
     out = result.summary()
     if args.state:
@@ -131,7 +132,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     if bool(args.all) == bool(args.run_id):
         print("runlog verify: give a RUN_ID or --all", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.run_id:
         check_run_id(args.run_id)
     settings = Settings()
@@ -148,6 +149,10 @@ def _verify(args: argparse.Namespace) -> int:
         ]
     finally:
         client.close()
+    if not args.all and reports[0].missing:
+        # One run asked for by id: an unknown run and another tenant's are not found (4),
+        # answered alike; a run that is there and fails a check is a failure (1).
+        raise UnknownRun(reports[0].error or "", run_id=args.run_id)
     failed = [r for r in reports if not r.ok]
     if args.json:
         print_json(
@@ -244,8 +249,7 @@ def _write(args: argparse.Namespace) -> int:
             end = reader.high_watermark(partition)
         state = store.fold_log(args.tenant, args.run_id, partition, end)
         if state.seq == 0:
-            print(f"runlog snapshot: no records of run {args.run_id}", file=sys.stderr)
-            return 1
+            raise UnknownRun(f"no records of run {args.run_id}", run_id=args.run_id)
         refuse_other_tenant(state.tenant, args.tenant, args.run_id)
         snap = store.put(args.tenant, args.run_id, state, partition=partition, offset=end)
     finally:

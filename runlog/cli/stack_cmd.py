@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from runlog import stack
-from runlog.cli.groups import command_group
+from runlog.cli.groups import EXIT_OK, EXIT_STACK_DOWN, command_group, print_json
 from runlog.stack import redis_cluster, registry, secure
 
 
@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
 
     p_status = sub.add_parser("status", help="running or not, ports, pids, logs, data")
     _nodes_option(p_status)
+    p_status.add_argument("--json", action="store_true")
     p_status.set_defaults(func=_status)
 
     p_env = sub.add_parser("env", help='print export lines: eval "$(runlog stack env)"')
@@ -61,6 +62,7 @@ def register(subparsers: Any) -> None:
         help="secure stack: the principal to connect as (default admin: it creates topics "
         "and ACLs); passwords are never printed, see the comment lines",
     )
+    p_env.add_argument("--json", action="store_true", help="the variables as one JSON object")
     p_env.set_defaults(func=_env)
 
     p_init = sub.add_parser(
@@ -151,12 +153,37 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     cfg = _config(args)
     st = stack.status(cfg)
-    print(st.describe())
     url = registry.url_if_running(cfg)
+    if args.json:
+        print_json(
+            {
+                "running": st.running,
+                "services": [
+                    {
+                        "name": s.name,
+                        "running": s.running,
+                        "managed": s.managed,
+                        "address": s.address,
+                        "pid": s.pid,
+                        "log_file": s.log_file,
+                        "data_dir": s.data_dir,
+                    }
+                    for s in st.services
+                ],
+                "bootstrap_servers": st.bootstrap_servers,
+                "redis_url": st.redis_url,
+                "state_dir": st.state_dir,
+                "kafka_version": st.kafka_version,
+                "schema_registry": url,
+                "notes": list(st.notes),
+            }
+        )
+        return EXIT_OK if st.running else EXIT_STACK_DOWN
+    print(st.describe())
     if url is not None and registry.advertised_url(cfg) is None:
         url += " (not exported by `stack env`: started without `stack up --registry`)"
     print(f"  schema registry: {url or 'not running'}")
-    return 0 if st.running else 3
+    return EXIT_OK if st.running else EXIT_STACK_DOWN
 
 
 def _env(args: argparse.Namespace) -> int:
@@ -168,6 +195,9 @@ def _env(args: argparse.Namespace) -> int:
     if args.redis_cluster:
         variables["RUNLOG_REDIS_URL"] = redis_cluster.url()
         variables["RUNLOG_REDIS_CLUSTER"] = "1"
+    if args.json:
+        print_json(variables)  # passwords are never in it, as in the export lines
+        return EXIT_OK
     for key, value in variables.items():
         print(f"export {key}={shlex.quote(value)}")
     if cfg.secure:

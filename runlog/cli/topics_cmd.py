@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from runlog.cli.groups import command_group
+from runlog.cli.groups import EXIT_FAILURE, EXIT_OK, command_group, print_json
 from runlog.errors import ConfigError
 from runlog.security import ROLES, clients_authenticate
 from runlog.settings import Settings
@@ -35,18 +35,23 @@ def register(subparsers: Any) -> None:
         metavar="ROLE=PRINCIPAL",
         help="the principal of a role, e.g. worker=User:agents (default User:runlog-ROLE)",
     )
+    p_create.add_argument("--json", action="store_true")
     p_create.set_defaults(func=_create)
     p_check = sub.add_parser(
         "check", help="report missing topics and drifted configs/partitions (exit 1 if any)"
     )
     p_check.add_argument("--timeout", type=float, default=30.0)
+    p_check.add_argument("--json", action="store_true")
     p_check.set_defaults(func=_check)
 
 
-def _finish(report: TopicsReport) -> int:
-    print(report.describe())
+def _finish(report: TopicsReport, *, as_json: bool) -> int:
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        print(report.describe())
     if report.ok:
-        return 0
+        return EXIT_OK
     print(
         "runlog topics: drift found; runlog never alters existing topics. Fix a config with "
         "kafka-configs; never add partitions to a live events topic (runs are located by "
@@ -54,7 +59,7 @@ def _finish(report: TopicsReport) -> int:
         "(RUNLOG_TOPIC_PREFIX) instead, docs/howto/production.md, 'Growing a fleet'",
         file=sys.stderr,
     )
-    return 1
+    return EXIT_FAILURE
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -69,8 +74,8 @@ def _create(args: argparse.Namespace) -> int:
         principals[role] = principal
     acls = args.acls == "yes" or (args.acls == "auto" and clients_authenticate(settings))
     report = ensure_topics(settings, timeout=args.timeout, acls=acls, principals=principals)
-    return _finish(report)
+    return _finish(report, as_json=args.json)
 
 
 def _check(args: argparse.Namespace) -> int:
-    return _finish(check_topics(Settings(), timeout=args.timeout))
+    return _finish(check_topics(Settings(), timeout=args.timeout), as_json=args.json)
