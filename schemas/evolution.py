@@ -26,6 +26,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # v2 adds the optional ``response_json`` (default null): the whole response a
         # framework returned, beside the text, proposals and usage v1 already recorded.
         (EventType.MODEL_TURN, 1),
+        # v2 adds the optional ``decided_at``, ``key_id`` and ``signature`` (default null): a
+        # decider's signature (schemas.signing). A v1 decision resolves as unsigned: what it
+        # was, and what a reader that trusts decider keys refuses.
+        (EventType.APPROVAL_DECIDED, 1),
     }
 )
 
