@@ -87,6 +87,7 @@ from runlog.consumers.store import (
     make_handler,
 )
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
+from runlog.log.authority import authority_for
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
 from runlog.projections.run_state import advance
@@ -255,7 +256,8 @@ class ProjectionRunner:
         self._ids = ids_for(settings)
         self.redis = client
         self.handlers: list[Handler[Any]] = [
-            make_handler(n, settings.redis_key_prefix, self.topic) for n in projections
+            make_handler(n, settings.redis_key_prefix, self.topic, authority_for(settings))
+            for n in projections
         ]
         self.group = group or default_group(settings, projections)
         self.batch_size = batch_size
@@ -932,7 +934,9 @@ def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int
 
     The generations and the rebuild marker are outside the pattern and stay.
     """
-    handler = make_handler(name, settings.redis_key_prefix, settings.events_topic)
+    handler = make_handler(
+        name, settings.redis_key_prefix, settings.events_topic, authority_for(settings)
+    )
     deleted = 0
     batch: list[Any] = []
     # SCAN visits every master of a Redis Cluster; the keys found span many slots, so
@@ -1011,7 +1015,10 @@ def rebuild(
     position), deletes the keys and folds. Fenced runners pause until the marker is gone,
     then continue from the rebuilt positions.
     """
-    handlers = [make_handler(n, settings.redis_key_prefix, settings.events_topic) for n in names]
+    handlers = [
+        make_handler(n, settings.redis_key_prefix, settings.events_topic, authority_for(settings))
+        for n in names
+    ]
     parts = range(settings.partitions)
     try:
         with _RebuildMarker(client, [h.keys.rebuild_marker() for h in handlers]):

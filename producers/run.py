@@ -45,6 +45,7 @@ from runlog.schemas.keys import (
     start_key,
 )
 from runlog.schemas.models import Event, Payload
+from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
 
@@ -377,6 +378,7 @@ class Run(Owned):
             seq=st.seq,
             epoch=st.epoch,
             max_epoch_seen=st.max_epoch_seen,
+            authority=st.authority,
         )
 
     def confirm_in_log(self, ev: Event) -> None:
@@ -535,11 +537,31 @@ class Run(Owned):
         """Ask a person; returns the approval id that ``runlog approve``/``reject`` names."""
         return drive(self, approvals.request_approval(self, reason, kind=kind, **fields))
 
-    def decide(self, approval_id: str, *, approved: bool, decided_by: str, note: str = "") -> None:
-        """Record a person's decision; settles the call it concerns when the tool is here."""
+    def decide(
+        self,
+        approval_id: str,
+        *,
+        approved: bool,
+        decided_by: str,
+        note: str = "",
+        signature: Signature | None = None,
+    ) -> None:
+        """Record a person's decision; settles the call it concerns when the tool is here.
+
+        Signed with this process' decider key (``RUNLOG_DECIDER_KEY_FILE``) unless
+        ``signature`` (a decider's, made elsewhere) is given. When the readers trust
+        decider keys, an unsigned or untrusted decision raises ``NotADecider``.
+        """
         drive(
             self,
-            calls.decide(self, approval_id, approved=approved, decided_by=decided_by, note=note),
+            calls.decide(
+                self,
+                approval_id,
+                approved=approved,
+                decided_by=decided_by,
+                note=note,
+                signature=signature,
+            ),
         )
 
     def poll_decisions(self) -> int:

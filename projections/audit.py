@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState, Step, advance, decision_text
+from runlog.projections.run_state import (
+    RunState,
+    Step,
+    advance,
+    decision_text,
+    decision_verdict,
+)
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -103,6 +109,11 @@ def entries(
     if not step.accepted:
         e = _base("fenced_write", ev, partition, offset)
         e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
+        if step.rejected == "forged_decision" and isinstance(p, m.ApprovalDecided):
+            # A decision no trusted decider signed: kept, excluded, and said so.
+            e.update(kind="forged_decision", approval_id=p.approval_id, approved=p.approved)
+            e.update(decided_by=p.decided_by, key_id=p.key_id)
+            e["text"] = decision_verdict(st, ev).why
         return [e]
     if not _has_entry(p):
         return []

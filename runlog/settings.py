@@ -126,6 +126,15 @@ class Settings(BaseSettings):
     never print; the property names do.
     """
 
+    decider_public_keys: str | None = None
+    """File of the trusted deciders' Ed25519 public keys, one ``NAME BASE64-KEY`` a line
+    (``RUNLOG_DECIDER_PUBLIC_KEYS``). Set: every reader accepts a decision only if one of
+    these keys signed it; an unsigned or badly signed one is a forged decision, kept in the
+    log and excluded from state. Unset: decisions are accepted unsigned, as before."""
+    decider_key_file: str | None = None
+    """A decider's private key (``RUNLOG_DECIDER_KEY_FILE``, mode 0600): the CLI's
+    approve/reject, the console and ``runlog.decide`` sign with it. Workers never hold it."""
+
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
     """Fields shown as ``[redacted]`` wherever tool arguments, results, evidence or errors
     are printed (``runlog show``, the console, ``runlog uncertain|audit|state``, ``runlog

@@ -14,13 +14,14 @@ from replay_support import load_fixture, synthetic_log
 from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprint
 from runlog.projections.run_state import FOLD_VERSION, RunState, apply
 from runlog.schemas import codec, evolution
-from runlog.schemas.models import ContextCompacted, ModelTurn, ToolCallCompleted
+from runlog.schemas.models import ApprovalDecided, ContextCompacted, ModelTurn, ToolCallCompleted
 from runlog.schemas.registry import fingerprint_of, registry
 from runlog.schemas.vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
 TCC = EventType.TOOL_CALL_COMPLETED
 MT = EventType.MODEL_TURN
+AD = EventType.APPROVAL_DECIDED
 
 
 def _v1(fx_type: str) -> bytes:
@@ -42,7 +43,32 @@ def test_current_versions() -> None:
     assert registry().current[CC] == 2
     assert registry().current[TCC] == 2
     assert registry().current[MT] == 2
-    assert FOLD_VERSION == 3
+    assert registry().current[AD] == 2
+    assert FOLD_VERSION == 4
+
+
+def test_v1_decision_resolves_as_unsigned() -> None:
+    ev = codec.decode(_v1("approval_decided"))
+    assert isinstance(ev.payload, ApprovalDecided) and ev.schema_version == 2
+    assert (ev.payload.decided_at, ev.payload.key_id, ev.payload.signature) == (None, None, None)
+    assert ev.payload.decided_by  # the v1 fields are kept as written
+
+
+def test_v2_decision_keeps_its_signature() -> None:
+    ev = codec.decode(_v1("approval_decided"))
+    signed = {
+        "decided_at": "2026-12-01T21:00:00.000001+00:00",
+        "key_id": "ops",
+        "signature": "c2ln",
+    }
+    v2 = ev.model_copy(update={"payload": ev.payload.model_copy(update=signed)})
+    back = codec.decode(codec.encode(v2))
+    assert isinstance(back.payload, ApprovalDecided)
+    assert (back.payload.decided_at, back.payload.key_id, back.payload.signature) == (
+        signed["decided_at"],
+        "ops",
+        "c2ln",
+    )
 
 
 def test_v1_model_turn_resolves_without_a_recorded_response() -> None:

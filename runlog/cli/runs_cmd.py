@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 
 from runlog.api import decide
-from runlog.errors import DecisionConflict
+from runlog.errors import DecisionConflict, NotADecider
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,8 +44,8 @@ def _handler(approved: bool) -> Callable[[argparse.Namespace], int]:
                 note=args.note,
                 tenant=args.tenant,
             )
-        except DecisionConflict as exc:
-            # A person's decision is final: this one was not recorded.
+        except (DecisionConflict, NotADecider) as exc:
+            # A person's decision is final, and only a decider's signed one counts.
             print(f"runlog: refused: {exc}; this decision was not recorded", file=sys.stderr)
             return 1
         verb = "approved" if approved else "rejected"

@@ -30,7 +30,7 @@ from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
 from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.timeline import Timeline, run_timeline
-from runlog.errors import DecisionConflict, InvalidRunId, RunlogError, UnknownRun
+from runlog.errors import DecisionConflict, InvalidRunId, NotADecider, RunlogError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.schemas.keys import check_run_id
@@ -468,6 +468,9 @@ def create_app(
             )
         except DecisionConflict as exc:
             return refused(exc)
+        except NotADecider as exc:
+            # The console's settings hold no trusted decider key: nothing was recorded.
+            return PlainTextResponse(f"not recorded: {exc}", status_code=403)
         log.info("console: %s %s %s of %s (%s)", grant.name, choice, approval_id, run_id, how)
         nxt_raw = form.get("next")
         target = _local(nxt_raw if isinstance(nxt_raw, str) else "", f"/runs/{run_id}")
