@@ -87,12 +87,13 @@ from runlog.consumers.store import (
     make_handler,
 )
 from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
-from runlog.log.authority import authority_for
+from runlog.log.authority import authority_for, tenant_keys_for
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
+from runlog.schemas.tenant_mac import NO_TENANT_KEYS, TenantKeys
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,9 @@ def _run_key(raw: Any) -> str:
     return run_id
 
 
-def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
+def _record_of(
+    msg: Any, ids: SchemaIds | None, tenants: TenantKeys = NO_TENANT_KEYS
+) -> Decoded | Rejected:
     partition, offset = msg.partition(), msg.offset()
     try:
         run_key: str | None = _run_key(msg.key())
@@ -222,7 +225,8 @@ def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
-    return Decoded(ev, partition, offset)
+    value = msg.value() or b""
+    return Decoded(ev, partition, offset, tenants.check(ev.tenant, msg.key(), value, msg.headers()))
 
 
 def _run_of(rec: Decoded | Rejected) -> str | None:
@@ -523,7 +527,8 @@ class ProjectionRunner:
     def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
         """Apply one partition's batch; False if it was not written and must be refetched
         (the stored position went back) or held back (a rebuild fenced this runner)."""
-        recs = [_record_of(m, self._ids) for m in msgs]
+        tenants = tenant_keys_for(self.settings)
+        recs = [_record_of(m, self._ids, tenants) for m in msgs]
         rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
         if rejected:
             low = self.positions([partition])[partition]
@@ -663,7 +668,7 @@ class ProjectionRunner:
                 h0, _, b0 = active[0]
                 if offset <= b0.offsets.get(ev.run_id, -1):
                     continue
-                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                step = advance(h0.validator(b0.states[ev.run_id]), ev, rec.forged)
                 for i, (h, _, b) in enumerate(active):
                     h.step(b, rec, step)
                     took[i].append(rec)
@@ -690,7 +695,7 @@ class ProjectionRunner:
                 if len(takers) != len(active):  # pragma: no cover - equal offsets, same records
                     raise RuntimeError(f"projections sharing run {ev.run_id} disagree at {offset}")
                 h0, _, b0 = active[takers[0]]
-                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                step = advance(h0.validator(b0.states[ev.run_id]), ev, rec.forged)
                 for i in takers:
                     h, _, b = active[i]
                     h.step(b, rec, step)
@@ -698,7 +703,7 @@ class ProjectionRunner:
             else:
                 for i in takers:
                     h, _, b = active[i]
-                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev))
+                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev, rec.forged))
                     took[i].append(rec)
         out: list[tuple[Batch[Any] | None, list[Decoded | Rejected]]] = []
         it = iter(took)

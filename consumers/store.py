@@ -158,6 +158,8 @@ class Decoded:
     event: Event
     partition: int
     offset: int
+    forged: str | None = None
+    """Why its tenant's MAC does not authenticate it (``schemas.tenant_mac``), else None."""
 
 
 @dataclass(frozen=True)
@@ -495,7 +497,7 @@ class Handler(ABC, Generic[S]):
             return False
         if isinstance(rec, Decoded):
             state = batch.states[rec.event.run_id]
-            self.step(batch, rec, advance(self.validator(state), rec.event))
+            self.step(batch, rec, advance(self.validator(state), rec.event, rec.forged))
         else:
             self.reject(batch, rec)
         return True

@@ -245,12 +245,17 @@ def build(
     """Approval id -> the entry of the decision that stands on it."""
     for rec in records:
         ev = rec.event
-        why = rejection(st, ev)
+        why = rejection(st, ev, rec.forged)
         e = _entry(rec, why is None, why)
         if why is not None:
             # A fenced write is told but changes nothing: it is not part of the run.
             e["text"] = f"FENCED {ev.type.value} (epoch {ev.epoch}, seq {ev.seq}): {why}"
-            if why == "forged_decision":
+            if rec.forged is not None:
+                e["text"] = (
+                    f"FORGED {ev.type.value} (epoch {ev.epoch}, seq {ev.seq}, writer "
+                    f"{ev.writer_id}): {rec.forged}; ignored"
+                )
+            elif why == "forged_decision":
                 # Kept in the log, never part of the run: say what it claimed and why not.
                 p = ev.payload
                 assert isinstance(p, m.ApprovalDecided)
@@ -261,7 +266,7 @@ def build(
                     f"{p.approval_id} {verb} as {p.decided_by!r}: "
                     f"{decision_verdict(st, ev).why}; ignored"
                 )
-            accept(st, ev)
+            accept(st, ev, rec.forged)
             entries.append(e)
             continue
         e["text"] = _describe(e, ev, st, calls, secret)

@@ -9,6 +9,9 @@ Checks:
   is explained: a stale epoch after a takeover (``stale_epoch``, with or without a
   duplicate seq) or a lost ownership claim (``lost_claim``). Anything else is unexplained;
 * ``started_once``: the run has one RUN_STARTED, besides claims that lost a start race;
+* ``tenants``: every record of a tenant that has a MAC key (``RUNLOG_TENANT_KEYS``) is
+  authenticated by it; a record another tenant's writer forged fails it, named (the other
+  checks see the log as readers do, without it);
 * ``decisions``: every decision the ownership rule accepts is signed by a trusted decider
   (``RUNLOG_DECIDER_PUBLIC_KEYS``); a forged one (unsigned, an unknown key, a signature
   of another decision) fails it, named. With no keys trusted it passes and says how many
@@ -174,6 +177,18 @@ def check_gaps(events: Sequence[Event], authority: DecisionAuthority = NO_AUTHOR
         else "; ".join(where)
     )
     return Check("gaps", ok, detail, dict(sorted(reasons.items())))
+
+
+def check_tenants(forged: Sequence[LogRecord]) -> Check:
+    """Records the readers rejected as not authenticated by their tenant's writers."""
+    if not forged:
+        return Check("tenants", True, "no record fails its tenant's MAC")
+    where = [
+        f"offset {r.offset} seq {r.event.seq} {r.event.type.value} by writer "
+        f"{r.event.writer_id}: {r.forged}"
+        for r in forged
+    ]
+    return Check("tenants", False, "; ".join(where), {"forged_tenant": len(forged)})
 
 
 def check_decisions(events: Sequence[Event], authority: DecisionAuthority = NO_AUTHORITY) -> Check:
@@ -365,7 +380,10 @@ def verify_run(
         if events[0].tenant != tenant:
             report.error = f"run {run_id} belongs to another tenant, not to {tenant!r}"
             return report
-        report.checks.extend(verify_events(events, authority_for(settings)))
+        forged = [r for r in records if r.forged is not None]
+        report.checks.append(check_tenants(forged))
+        authentic = [r.event for r in records if r.forged is None]
+        report.checks.extend(verify_events(authentic, authority_for(settings)))
         if snapshots is not None:
             report.checks.append(
                 check_stored_snapshots(records, folded.state, snapshots, tenant, run_id)

@@ -27,6 +27,7 @@ from runlog.errors import (
     RunFinished,
     ValidationFailed,
 )
+from runlog.log.authority import tenant_keys_for
 from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
 from runlog.log.tail import LogTail
@@ -252,11 +253,15 @@ class Run(Owned):
             )
         self._guard()
         ack = self._acks.new()
+        headers = codec.headers(ev)
+        mac = tenant_keys_for(self.deps.settings).header(ev.tenant, self.run_id.encode(), value)
+        if mac is not None:
+            headers.append(mac)
         self.deps.writer.submit(
             self.deps.settings.events_topic,
             self.run_id.encode(),
             value,
-            codec.headers(ev),
+            headers,
             ack,
             self.partition,
         )
@@ -403,7 +408,7 @@ class Run(Owned):
             for rec in self._confirm_reader.read(
                 self.run_id, partition=self.partition, start=self.position, end=end
             ):
-                if accept(view, rec.event) and rec.event.event_id == ev.event_id:
+                if accept(view, rec.event, rec.forged) and rec.event.event_id == ev.event_id:
                     accepted = True
                 _clear_folded(view)
         except KafkaUnavailable as exc:
@@ -593,7 +598,7 @@ class Run(Owned):
         """Fold this run's records up to ``end``; returns the ids of the events accepted."""
         accepted: set[str] = set()
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
-            if accept(self.state, rec.event):
+            if accept(self.state, rec.event, rec.forged):
                 accepted.add(rec.event.event_id)
                 self._note(rec.event)
         self.position = max(self.position, end)

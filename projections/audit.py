@@ -109,7 +109,11 @@ def entries(
     if not step.accepted:
         e = _base("fenced_write", ev, partition, offset)
         e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
-        if step.rejected == "forged_decision" and isinstance(p, m.ApprovalDecided):
+        if step.rejected == "forged_tenant":
+            # A record its tenant's writers did not authenticate (schemas.tenant_mac).
+            e.update(kind="forged_tenant_record", tenant=ev.tenant)
+            e["text"] = f"forged tenant record: not authenticated by {ev.tenant!r}'s writers"
+        elif step.rejected == "forged_decision" and isinstance(p, m.ApprovalDecided):
             # A decision no trusted decider signed: kept, excluded, and said so.
             e.update(kind="forged_decision", approval_id=p.approval_id, approved=p.approved)
             e.update(decided_by=p.decided_by, key_id=p.key_id)

@@ -294,12 +294,16 @@ def _owner_rule(state: RunState, ev: Event) -> bool:
     return ev.epoch == state.epoch
 
 
-def rejection(state: RunState, ev: Event) -> str | None:
+def rejection(state: RunState, ev: Event, forged: str | None = None) -> str | None:
     """None if ``is_valid``; otherwise why the rule rejects ``ev`` on top of ``state``.
 
     The reasons name what happened in the writers' terms, so verify and the audit can tell
     the expected fenced writes (a stale owner, a claim that lost a race) from a bug.
+    ``forged``: the reader found the record not authenticated by its tenant's writers
+    (``schemas.tenant_mac``): "forged_tenant", whatever else holds.
     """
+    if forged is not None:
+        return "forged_tenant"
     if is_valid(state, ev):
         return None
     if _owner_rule(state, ev):
@@ -597,12 +601,17 @@ if (
     raise RuntimeError("run-state fold rules disagree with the vocabulary classification")
 
 
-def accept(state: RunState, ev: Event) -> bool:
-    """Fold one event into ``state`` (mutated); True iff the ownership rule accepted it.
+def accept(state: RunState, ev: Event, forged: str | None = None) -> bool:
+    """Fold one event into ``state`` (mutated); True iff the acceptance rule accepted it.
 
     A rejected event is a fenced write: counted, otherwise excluded. Every reader asks
-    this one function whether a record counts.
+    this one function whether a record counts. ``forged`` is the reader's verdict on the
+    record's tenant MAC (``schemas.tenant_mac``; None: authentic or unchecked): a forged
+    record is rejected without touching anything else, not even the epoch floor.
     """
+    if forged is not None:
+        state.fenced_writes += 1
+        return False
     if ev.epoch > state.max_epoch_seen:
         state.max_epoch_seen = ev.epoch
     et = ev.type
@@ -680,7 +689,7 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
     return frozenset(keys)
 
 
-def advance(state: RunState, ev: Event) -> Step:
+def advance(state: RunState, ev: Event, forged: str | None = None) -> Step:
     """``accept`` plus what the projections read of the state before ``ev``."""
     p = ev.payload
     asked_at: datetime | None = None
@@ -699,8 +708,8 @@ def advance(state: RunState, ev: Event) -> Step:
     standing = superseded(state, ev)
     if standing is not None:
         standing = dataclasses.replace(standing)  # as it stood before ``ev``
-    accepted = accept(state, ev)
-    why = None if accepted else rejection(state, ev)  # accept changed no rule's input
+    accepted = accept(state, ev, forged)
+    why = None if accepted else rejection(state, ev, forged)  # accept changed no rule input
     return Step(accepted, touched, approval, asked_at, undone, standing if accepted else None, why)
 
 

@@ -147,20 +147,24 @@ def _forge(worker: Settings, run_id: str, approval_id: str, **signed: Any) -> m.
     return payload
 
 
-def _cli(cfg: stack.StackConfig, prefix: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    cfg: stack.StackConfig, prefix: str, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``runlog ARGV`` as the operator (``runlog stack env --secure --role operator``)."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLOG_")}
-    env.update(secure.client_env(cfg, "operator"))
-    env.update(secure.credentials(cfg, "operator"))
-    env.update(
+    child = {k: v for k, v in os.environ.items() if not k.startswith("RUNLOG_")}
+    child.update(secure.client_env(cfg, "operator"))
+    child.update(secure.credentials(cfg, "operator"))
+    child.update(
         RUNLOG_TOPIC_PREFIX=prefix,
         RUNLOG_PARTITIONS=str(PARTITIONS),
         RUNLOG_REDIS_KEY_PREFIX=cfg.redis_key_prefix,
     )
+    child.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "runlog.cli", *argv],
-        env=env,
+        env=child,
         capture_output=True,
         text=True,
         timeout=120,
@@ -351,3 +355,103 @@ def test_the_stack_gives_the_private_key_to_the_operator_only(
     public = secure.decider_public_keys(secure_stack).read_text()
     assert "PRIVATE" not in public and base64.b64decode(public.split()[-1])
     assert json.dumps(secure.client_env(secure_stack, "worker")).count("decider.key") == 0
+
+
+# ------------------------------------------------------------------ tenants' writers apart
+
+
+def _tenant_files(tmp: Any) -> dict[str, Any]:
+    """Per-tenant MAC keys: each tenant's workers get their own line, readers every line."""
+    import os
+
+    lines = {t: f"{t} {t}-1 {base64.b64encode(os.urandom(32)).decode()}\n" for t in ("a", "b")}
+    out = {}
+    for name, text in (("a", lines["a"]), ("b", lines["b"]), ("readers", "".join(lines.values()))):
+        path = tmp / f"tenant-keys-{name}"
+        path.write_text(text)
+        path.chmod(0o600)
+        out[name] = path
+    return out
+
+
+def test_a_worker_of_tenant_a_cannot_write_into_a_run_of_tenant_b(
+    secure_stack: stack.StackConfig, prefix: str, tmp_path: Any
+) -> None:
+    cfg = secure_stack
+    files = _tenant_files(tmp_path)
+
+    def as_(role: str, keys: str) -> Settings:
+        return _settings(cfg, role, prefix).model_copy(update={"tenant_keys": str(files[keys])})
+
+    worker_a, worker_b = as_("worker", "a"), as_("worker", "b")
+    operator, projections = as_("operator", "readers"), as_("projections", "readers")
+    bsvc, asvc = Services(worker_b, writer_id="wb"), Services(worker_a, writer_id="wa")
+    try:
+        with open_run_with(bsvc.run_deps(), None, tenant="b", tools=[]) as run:
+            rid = run.run_id
+            run.append(EventType.USER_MESSAGE, content="tenant b's own work")
+        with open_run_with(asvc.run_deps(), None, tenant="a", tools=[]) as own:
+            own.append(EventType.USER_MESSAGE, content="tenant a's own work")
+            a_rid = own.run_id
+
+        # The attacker: worker A's Kafka credentials (the broker lets it write the topic)
+        # and A's MAC key; it claims tenant B and B's run at the next seq, current epoch.
+        with LogReader(operator) as reader, redis_client(operator) as client:
+            st = read_run(reader, client, operator, "b", rid).state
+        assert st.status == "running" and st.seq == 2 and st.fenced_writes == 0
+        from runlog.log.authority import tenant_keys_for
+
+        a_keys = tenant_keys_for(worker_a)
+        producer = Producer({**worker_a.kafka_common(), "partitioner": "murmur2_random"})
+        for mac_with_a in (False, True):
+            ev = m.Event(
+                event_id=uuid.uuid4().hex,
+                run_id=rid,
+                tenant="b",
+                seq=st.seq + 1,
+                epoch=st.epoch,
+                type=EventType.RUN_FINISHED,
+                schema_version=codec.registry().current[EventType.RUN_FINISHED],
+                occurred_at=datetime.now(UTC),
+                writer_id="attacker-of-a",
+                payload=m.RunFinished(outcome="cancelled", summary="forged by tenant a"),
+            )
+            value = codec.encode(ev)
+            headers = codec.headers(ev)
+            if mac_with_a:  # A's valid MAC, presented as if it were B's
+                mac = a_keys.header("a", rid.encode(), value)
+                assert mac is not None
+                headers.append(mac)
+            producer.produce(worker_a.events_topic, value, key=rid.encode(), headers=headers)
+        assert producer.flush(30) == 0
+
+        # Every reader: the fold (the operator's read, and worker B's open_run)...
+        with LogReader(operator) as reader, redis_client(operator) as client:
+            st = read_run(reader, client, operator, "b", rid).state
+        assert st.status == "running" and st.fenced_writes == 2 and st.outcome is None
+        with open_run_with(bsvc.run_deps(), rid, tenant="b", tools=[]) as run:
+            assert run.state.status == "running"
+            run.append(EventType.USER_MESSAGE, content="still mine")
+        # ...the projections...
+        with redis_client(projections) as pclient:
+            ProjectionRunner(projections, pclient, PROJECTIONS).catch_up(timeout_s=60)
+        with redis_client(operator) as oclient:
+            view = queries.get_state(oclient, operator, rid, tenant="b")
+            assert view is not None and view["state"]["status"] == "running"
+            audit = queries.get_audit(oclient, operator, rid, tenant="b")
+        assert [e["kind"] for e in audit].count("forged_tenant_record") == 2
+        # ...verify (fails, naming both) and show.
+        report = verify_run(operator, redis_client(operator), rid, tenant="b")
+        (tenants,) = [c for c in report.checks if c.name == "tenants"]
+        assert not report.ok and tenants.counts == {"forged_tenant": 2}
+        assert "no MAC of tenant 'b'" in tenants.detail
+        assert "key 'a-1' is not one of tenant 'b'" in tenants.detail
+        assert all(c.ok for c in report.checks if c.name != "tenants"), report.text()
+        env_keys = {"RUNLOG_TENANT_KEYS": str(files["readers"])}
+        shown = _cli(cfg, prefix, "show", rid, "--tenant", "b", env=env_keys)
+        assert shown.stdout.count("FORGED run_finished") == 2, shown.stdout + shown.stderr
+        # Tenant A's own run is authentic for every reader.
+        assert verify_run(operator, redis_client(operator), a_rid, tenant="a").ok
+    finally:
+        asvc.close()
+        bsvc.close()

@@ -19,12 +19,36 @@ from runlog.schemas.signing import (
     load_authority,
     load_signer,
 )
+from runlog.schemas.tenant_mac import NO_TENANT_KEYS, TenantKeys, parse_tenant_keys
 from runlog.settings import Settings
 
-__all__ = ["authority_for", "signer_for"]
+__all__ = ["authority_for", "signer_for", "tenant_keys_for"]
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, int, int], DecisionAuthority] = {}
+_tenant_cache: dict[tuple[str, int, int], TenantKeys] = {}
+
+
+def tenant_keys_for(settings: Settings) -> TenantKeys:
+    """The per-tenant MAC keys of ``settings`` (``RUNLOG_TENANT_KEYS``; unset: none)."""
+    path = settings.tenant_keys
+    if not path:
+        return NO_TENANT_KEYS
+    try:
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+        with _lock:
+            found = _tenant_cache.get(key)
+        if found is None:
+            with open(path) as fh:
+                found = parse_tenant_keys(fh.read(), where=path)
+            if not found.enforcing:
+                raise ValueError("names no tenant: unset RUNLOG_TENANT_KEYS instead")
+            with _lock:
+                _tenant_cache[key] = found
+        return found
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"RUNLOG_TENANT_KEYS={path}: {exc}") from exc
 
 
 def authority_for(settings: Settings) -> DecisionAuthority:

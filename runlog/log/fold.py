@@ -154,9 +154,9 @@ def fold_range(
         for rec in records:
             if out.first_offset is None:
                 out.first_offset = rec.offset
-                if base is not None and not is_valid(out.state, rec.event):
+                if base is not None and (rec.forged or not is_valid(out.state, rec.event)):
                     return None
-            if not accept(out.state, rec.event):
+            if not accept(out.state, rec.event, rec.forged):
                 out.fenced.append(rec)
             if keep:
                 out.kept.append(rec)
