@@ -58,6 +58,15 @@ class TenantKeys:
     def enforcing(self) -> bool:
         return bool(self.keys)
 
+    def fingerprint(self, tenant: str) -> str:
+        """Names the keys ``tenant``'s records are checked with ("none": unchecked), so a
+        snapshot folded under other keys is a cache miss; secrets never leave as such."""
+        held = self.keys.get(tenant)
+        if not held:
+            return "none"
+        text = "|".join(f"{kid}:{secret.hex()}" for kid, secret in held)
+        return hashlib.sha256(b"runlog tenant keys\n" + text.encode()).hexdigest()[:16]
+
     def header(self, tenant: str, key: bytes, value: bytes) -> tuple[str, bytes] | None:
         """The ``runlog.mac`` header a writer of ``tenant`` adds (None: it holds no key)."""
         held = self.keys.get(tenant)

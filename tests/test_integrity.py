@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,24 @@ def test_tenant_key_files_are_checked(tmp_path: Path) -> None:
         tenant_keys_for(Settings(tenant_keys=str(short)))
     with pytest.raises(ConfigError):
         tenant_keys_for(Settings(tenant_keys=str(tmp_path / "absent")))
+
+
+def test_a_snapshot_folded_under_other_keys_is_a_cache_miss(tmp_path: Path) -> None:
+    """Which decisions and records a state counts depends on the keys it was folded under:
+    a snapshot is continued only by a reader that trusts the same ones."""
+    from runlog.consumers.snapshots import SnapshotInvalid, decode_body, encode_body
+
+    signer, public = _signer(tmp_path)
+    keys = parse_public_keys(public)
+    st = fold(_log(_signed(signer)), RunState(authority=keys))
+    macs = parse_tenant_keys(_keys("t")).fingerprint("t")
+    body = encode_body(st, tenant="t", run_id=RID, partition=0, offset=3, tenant_macs=macs)
+    load = functools.partial(decode_body, body, key="k", tenant="t", run_id=RID, partition=0)
+    back = load(authority=keys, tenant_macs=macs)
+    assert back.state == st and back.state.authority is keys
+    with pytest.raises(SnapshotInvalid) as miss:
+        load(tenant_macs=macs)
+    assert miss.value.reason == "deciders"
+    with pytest.raises(SnapshotInvalid) as miss:
+        load(authority=keys)
+    assert miss.value.reason == "tenant_macs"
