@@ -278,19 +278,19 @@ def test_a_worker_cannot_decide_an_escalated_call_only_the_operator_can(
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.count("FORGED DECISION") == 3, shown.stdout
 
-        # The operator's real decision (signed with its key) works end to end.
-        assert (
-            submit_decision(
-                osvc.run_deps(),
-                rid,
-                ap,
-                approved=True,
-                decided_by="ops",
-                tenant=VICTIM,
-                tools=[charge.tool()],
-            )
-            == "recorded"
+        # The operator's real decision (`runlog approve`, signed with its key) works end to
+        # end: the worker's next open_run retries the call with the same key, once.
+        keyless = _cli(
+            cfg,
+            prefix,
+            *("approve", rid, ap, "--tenant", VICTIM, "--by", "ops"),
+            env={"RUNLOG_DECIDER_KEY_FILE": ""},  # the operator's env without its key
         )
+        assert keyless.returncode == 1 and "not signed by a decider" in keyless.stderr, keyless
+        approved = _cli(cfg, prefix, "approve", rid, ap, "--tenant", VICTIM, "--by", "ops")
+        assert approved.returncode == 0 and "recorded" in approved.stdout, approved.stderr
+        with open_run_with(wsvc.run_deps(), rid, tenant=VICTIM, tools=[charge.tool()]) as run:
+            assert run.call_tool("charge", {"amount": 7}) == "charged 7"
         assert charge.invocations == 2  # the retry with the same key ran, once
         st = _state(worker, rid)
         assert st.approvals[ap].approved is True and st.approvals[ap].key_id == genuine.key_id
