@@ -257,6 +257,9 @@ def test_a_worker_cannot_decide_an_escalated_call_only_the_operator_can(
             assert view["state"]["approvals"][ap]["approved"] is None
             assert view["state"]["fenced_writes"] == 3
             audit = queries.get_audit(oclient, operator, rid, tenant=VICTIM)
+            queue = queries.uncertain_report(oclient, operator)
+        (waiting,) = [c for c in queue.open if c["run_id"] == rid]
+        assert waiting["status"] == "escalated"  # still waiting for a person
         forged = [e for e in audit if e["kind"] == "forged_decision"]
         assert len(forged) == 3 and all(e["approval_id"] == ap for e in forged)
         assert [e["text"].split(" (")[1] for e in forged] == [
