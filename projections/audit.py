@@ -134,6 +134,9 @@ def entries(
         e.update(kind="approval_decided", approval_id=p.approval_id, approved=p.approved)
         e.update(decided_by=p.decided_by, note=p.note, latency_ms=latency)
         e["requested_at"] = None if at is None else at.isoformat()
+        signed = st.approvals.get(p.approval_id)
+        if step.superseded is None and signed is not None and signed.key_id is not None:
+            e["key_id"] = signed.key_id  # the trusted decider key that signed it
         standing = step.superseded
         known = {} if decided_at is None else decided_at
         if standing is not None:

@@ -204,3 +204,30 @@ def test_a_snapshot_folded_under_other_keys_is_a_cache_miss(tmp_path: Path) -> N
     with pytest.raises(SnapshotInvalid) as miss:
         load(authority=keys)
     assert miss.value.reason == "tenant_macs"
+
+
+def test_show_says_who_signed_a_decision_and_names_a_forgery(tmp_path: Path) -> None:
+    """``runlog show``'s story (``timeline.build``) and the audit entries, from the log."""
+    from runlog.consumers.timeline import build
+    from runlog.log.reader import LogRecord
+    from runlog.projections import audit
+
+    signer, public = _signer(tmp_path)
+    keys = parse_public_keys(public)
+    unsigned = {"approval_id": "ap-1", "approved": True, "decided_by": "alice", "note": "ok"}
+
+    def told(decision: dict[str, Any], authority: Any) -> str:
+        records = [LogRecord(ev, 0, i) for i, ev in enumerate(_log(decision))]
+        _, entries, _, _ = build(records, frozenset(), authority)
+        return str(entries[-1]["text"])
+
+    assert told(unsigned, parse_public_keys("")).endswith("(unsigned)")
+    assert told(_signed(signer), keys).endswith("(signed by decider key ops)")
+    forged = told(unsigned, keys)
+    assert forged.startswith("FORGED DECISION") and "not signed by a decider" in forged
+    run = audit.AuditRun(validator=RunState(authority=keys))
+    got = [e for ev in _log(_signed(signer)) for e in audit.apply_event(run, ev, 0, ev.seq)]
+    assert got[-1]["kind"] == "approval_decided" and got[-1]["key_id"] == "ops"
+    run = audit.AuditRun(validator=RunState(authority=keys))
+    got = [e for ev in _log(unsigned) for e in audit.apply_event(run, ev, 0, ev.seq)]
+    assert got[-1]["kind"] == "forged_decision" and got[-1]["decided_by"] == "alice"
