@@ -99,11 +99,13 @@ from runlog.errors import (
     RunlogError,
     SchemaError,
 )
+from runlog.log.authority import authority_for, tenant_keys_for
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
+from runlog.schemas.tenant_mac import NO_TENANT_KEYS, TenantKeys
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -222,7 +224,9 @@ def _run_key(raw: Any) -> str:
     return run_id
 
 
-def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
+def _record_of(
+    msg: Any, ids: SchemaIds | None, tenants: TenantKeys = NO_TENANT_KEYS
+) -> Decoded | Rejected:
     partition, offset = msg.partition(), msg.offset()
     try:
         run_key: str | None = _run_key(msg.key())
@@ -235,7 +239,8 @@ def _record_of(msg: Any, ids: SchemaIds | None) -> Decoded | Rejected:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
-    return Decoded(ev, partition, offset)
+    value = msg.value() or b""
+    return Decoded(ev, partition, offset, tenants.check(ev.tenant, msg.key(), value, msg.headers()))
 
 
 def _run_of(rec: Decoded | Rejected) -> str | None:
@@ -274,7 +279,8 @@ class ProjectionRunner:
         self._ids = ids_for(settings)
         self.redis = client
         self.handlers: list[Handler[Any]] = [
-            make_handler(n, settings.redis_key_prefix, self.topic) for n in projections
+            make_handler(n, settings.redis_key_prefix, self.topic, authority_for(settings))
+            for n in projections
         ]
         self.group = group or default_group(settings, projections)
         self.batch_size = batch_size
@@ -621,14 +627,15 @@ class ProjectionRunner:
     def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
         """Apply one partition's batch; False if it was not written and must be refetched
         (the stored position went back) or held back (a rebuild fenced this runner)."""
+        tenants = tenant_keys_for(self.settings)
         if self._ids is None:
-            recs = [_record_of(m, None) for m in msgs]
+            recs = [_record_of(m, None, tenants) for m in msgs]
         else:
             # Decoding may ask the schema registry for an id this process has not seen;
             # while it does not answer, the batch waits (capped backoff), never skipped.
             recs = self._retry(
                 f"decoding {self.topic}[{partition}] (schema registry {self._ids.url})",
-                functools.partial(self._decode_all, msgs),
+                functools.partial(self._decode_all, msgs, tenants),
             )
         rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
         if rejected:
@@ -650,8 +657,8 @@ class ProjectionRunner:
             return False
         return True
 
-    def _decode_all(self, msgs: list[Any]) -> list[Decoded | Rejected]:
-        return [_record_of(m, self._ids) for m in msgs]
+    def _decode_all(self, msgs: list[Any], tenants: TenantKeys) -> list[Decoded | Rejected]:
+        return [_record_of(m, self._ids, tenants) for m in msgs]
 
     def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
         """Every projection's effects and position for one partition batch, in one
@@ -772,7 +779,7 @@ class ProjectionRunner:
                 h0, _, b0 = active[0]
                 if offset <= b0.offsets.get(ev.run_id, -1):
                     continue
-                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                step = advance(h0.validator(b0.states[ev.run_id]), ev, rec.forged)
                 for i, (h, _, b) in enumerate(active):
                     h.step(b, rec, step)
                     took[i].append(rec)
@@ -799,7 +806,7 @@ class ProjectionRunner:
                 if len(takers) != len(active):  # pragma: no cover - equal offsets, same records
                     raise RuntimeError(f"projections sharing run {ev.run_id} disagree at {offset}")
                 h0, _, b0 = active[takers[0]]
-                step = advance(h0.validator(b0.states[ev.run_id]), ev)
+                step = advance(h0.validator(b0.states[ev.run_id]), ev, rec.forged)
                 for i in takers:
                     h, _, b = active[i]
                     h.step(b, rec, step)
@@ -807,7 +814,7 @@ class ProjectionRunner:
             else:
                 for i in takers:
                     h, _, b = active[i]
-                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev))
+                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev, rec.forged))
                     took[i].append(rec)
         out: list[tuple[Batch[Any] | None, list[Decoded | Rejected]]] = []
         it = iter(took)
@@ -1066,7 +1073,9 @@ def delete_projection(client: redis.Redis, settings: Settings, name: str) -> int
 
     The generations and the rebuild marker are outside the pattern and stay.
     """
-    handler = make_handler(name, settings.redis_key_prefix, settings.events_topic)
+    handler = make_handler(
+        name, settings.redis_key_prefix, settings.events_topic, authority_for(settings)
+    )
     deleted = 0
     batch: list[Any] = []
     # SCAN visits every master of a Redis Cluster; the keys found span many slots, so
@@ -1229,7 +1238,10 @@ def rebuild(
     a rebuild would hold two copies of the projection. Readers of an incomplete projection
     are told so (``incomplete``); they are never shown it as current by a runner resuming.
     """
-    handlers = [make_handler(n, settings.redis_key_prefix, settings.events_topic) for n in names]
+    handlers = [
+        make_handler(n, settings.redis_key_prefix, settings.events_topic, authority_for(settings))
+        for n in names
+    ]
     parts = range(settings.partitions)
     try:
         with _RebuildMarker(

@@ -52,11 +52,13 @@ import redis
 
 from runlog.consumers import metrics
 from runlog.errors import RedisUnavailable, RunlogError
+from runlog.log.authority import authority_for, tenant_keys_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import FOLD_VERSION, RunState
 from runlog.schemas.codec import registry
 from runlog.schemas.keys import run_tag
+from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 from runlog.settings import Settings
 
 
@@ -151,7 +153,17 @@ def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def encode_body(state: RunState, *, tenant: str, run_id: str, partition: int, offset: int) -> bytes:
+def encode_body(
+    state: RunState,
+    *,
+    tenant: str,
+    run_id: str,
+    partition: int,
+    offset: int,
+    tenant_macs: str = "none",
+) -> bytes:
+    """``tenant_macs``: ``TenantKeys.fingerprint`` of the keys the fold checked the run's
+    records with (which records it counts depends on them, like ``deciders``)."""
     body: dict[str, Any] = {
         "format": FORMAT,
         "fold_version": FOLD_VERSION,
@@ -164,13 +176,24 @@ def encode_body(state: RunState, *, tenant: str, run_id: str, partition: int, of
         "offset": offset,
         "written_at": datetime.now(UTC).isoformat(),
         "state": state.to_dict(),
+        # The decider keys the state was folded under: which decisions it counts depends on
+        # them, so a reader that trusts other keys must not continue it (a cache miss).
+        "deciders": state.authority.fingerprint(),
+        "tenant_macs": tenant_macs,
     }
     body["digest"] = _digest(body)
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode_body(
-    raw: bytes | None, *, key: str, tenant: str, run_id: str, partition: int | None
+    raw: bytes | None,
+    *,
+    key: str,
+    tenant: str,
+    run_id: str,
+    partition: int | None,
+    authority: DecisionAuthority = NO_AUTHORITY,
+    tenant_macs: str = "none",
 ) -> Snapshot:
     """A validated snapshot, or ``SnapshotInvalid`` naming the reason."""
     if raw is None:
@@ -197,8 +220,18 @@ def decode_body(
         raise SnapshotInvalid(
             "partition", f"written for partition {body.get('partition')}, run is in {partition}"
         )
+    if body.get("deciders", "none") != authority.fingerprint():
+        raise SnapshotInvalid(
+            "deciders",
+            f"folded trusting decider keys {body.get('deciders', 'none')}, this reader trusts "
+            f"{authority.fingerprint()}",
+        )
+    if body.get("tenant_macs", "none") != tenant_macs:
+        raise SnapshotInvalid(
+            "tenant_macs", "folded checking other tenant MAC keys than this reader's"
+        )
     try:
-        state = RunState.from_dict(body["state"])
+        state = RunState.from_dict(body["state"], authority)
     except (KeyError, TypeError, ValueError) as exc:
         raise SnapshotInvalid("state", f"{type(exc).__name__}: {exc}") from exc
     if state.seq != body.get("seq") or state.run_id != run_id:
@@ -355,7 +388,14 @@ class SnapshotStore:
         """Store ``state`` as the run's current snapshot, tail starting at ``offset``."""
         if state.run_id != run_id or state.tenant != tenant:
             raise ValueError(f"state of {state.tenant}/{state.run_id} is not {tenant}/{run_id}")
-        body = encode_body(state, tenant=tenant, run_id=run_id, partition=partition, offset=offset)
+        body = encode_body(
+            state,
+            tenant=tenant,
+            run_id=run_id,
+            partition=partition,
+            offset=offset,
+            tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
+        )
         key = self._body_key(tenant, run_id, state.seq)
         t0 = time.perf_counter()
         try:
@@ -368,7 +408,15 @@ class SnapshotStore:
         metrics.timing("snapshot_put_ms", (time.perf_counter() - t0) * 1000)
         with self._lock:
             self._last_seq[(tenant, run_id)] = state.seq
-        return decode_body(body, key=key, tenant=tenant, run_id=run_id, partition=partition)
+        return decode_body(
+            body,
+            key=key,
+            tenant=tenant,
+            run_id=run_id,
+            partition=partition,
+            authority=authority_for(self.settings),
+            tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
+        )
 
     def _wait_durable(self) -> None:
         """fsync the body to the AOF before the pointer moves, where Redis can (7.2+)."""
@@ -417,6 +465,8 @@ class SnapshotStore:
                         tenant=tenant,
                         run_id=run_id,
                         partition=partition,
+                        authority=authority_for(self.settings),
+                        tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
                     )
                 )
             except SnapshotInvalid as exc:

@@ -84,6 +84,7 @@ from runlog.projections.run_state import (
     advance,
 )
 from runlog.schemas.models import Event, ToolCallCompleted
+from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 
 S = TypeVar("S")
 
@@ -195,6 +196,8 @@ class Decoded:
     event: Event
     partition: int
     offset: int
+    forged: str | None = None
+    """Why its tenant's MAC does not authenticate it (``schemas.tenant_mac``), else None."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,11 @@ MAX_CACHED_RUNS = 10_000
 
 _SPLIT = ("messages", "completed_calls", "open_calls", "approvals")
 """Run-state fields stored under their own keys, written per entry, never whole."""
-_SCALARS = tuple(f.name for f in dataclasses.fields(RunState) if f.name not in _SPLIT)
+_SCALARS = tuple(
+    f.name
+    for f in dataclasses.fields(RunState)
+    if f.name not in _SPLIT and not f.metadata.get("transient")
+)
 
 
 def _iso(value: Any) -> Any:
@@ -345,8 +352,10 @@ class Handler(ABC, Generic[S]):
     validator_key = "validator"
     """Field of a run JSON of an earlier store holding the whole run state."""
 
-    def __init__(self, keys: ProjectionKeys) -> None:
+    def __init__(self, keys: ProjectionKeys, authority: DecisionAuthority = NO_AUTHORITY) -> None:
         self.keys = keys
+        self.authority = authority
+        """The decider keys the fold trusts: set on every run state this handler loads."""
         self._cache: dict[int, dict[str, tuple[S, int]]] = {}
         """Partition -> run id -> (state, applied offset), as committed."""
         self._whole: set[tuple[int, str]] = set()
@@ -422,7 +431,9 @@ class Handler(ABC, Generic[S]):
         present = [(rid, raw) for rid, raw in zip(run_ids, raws, strict=True) if raw is not None]
         for rid, raw in zip(run_ids, raws, strict=True):
             if raw is None:
-                out[rid] = (self.empty(), -1)
+                fresh = self.empty()
+                self.validator(fresh).authority = self.authority
+                out[rid] = (fresh, -1)
         if not present:
             return out
         counts = []
@@ -453,7 +464,7 @@ class Handler(ABC, Generic[S]):
             else:
                 data = load_run_state(own.pop(RUN_STATE, {}), calls, approvals)
                 self.restore_extra(partition, rid, data, extra)
-            state = self.restore(own, RunState.from_dict(data))
+            state = self.restore(own, RunState.from_dict(data, self.authority))
             self.loaded(partition, rid, state, extra)
             out[rid] = (state, offset)
         return out
@@ -524,7 +535,7 @@ class Handler(ABC, Generic[S]):
             return False
         if isinstance(rec, Decoded):
             state = batch.states[rec.event.run_id]
-            self.step(batch, rec, advance(self.validator(state), rec.event))
+            self.step(batch, rec, advance(self.validator(state), rec.event, rec.forged))
         else:
             self.reject(batch, rec)
         return True
@@ -945,14 +956,17 @@ class NotifyHandler(Handler[notify.NotifyRun]):
             pipe.execute_command("EVAL", script, 2, k.deliveries(p), k.outbox(p), ident, arg)
 
 
-def make_handler(name: str, prefix: str, topic: str) -> Handler[Any]:
+def make_handler(
+    name: str, prefix: str, topic: str, authority: DecisionAuthority = NO_AUTHORITY
+) -> Handler[Any]:
     keys = ProjectionKeys(prefix, name, topic)
     if name == "state":
-        return StateHandler(keys)
+        return StateHandler(keys, authority)
     if name == "uncertain":
-        return UncertainHandler(keys)
+        return UncertainHandler(keys, authority)
     if name == "audit":
-        return AuditHandler(keys)
+        return AuditHandler(keys, authority)
     if name == NOTIFY:
-        return NotifyHandler(keys)
+        # A forged decision must not drop a notification owed: the same trusted keys.
+        return NotifyHandler(keys, authority)
     raise ValueError(f"unknown projection {name!r}; expected one of {', '.join(KNOWN)}")

@@ -20,12 +20,14 @@ import redis
 
 from runlog.consumers.redaction import redact_json, secret_fields
 from runlog.errors import DecisionConflict, UnknownRun
+from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import (
     RunState,
     accept,
     decision_text,
+    decision_verdict,
     rejection,
     standing_decision,
     superseded,
@@ -34,6 +36,7 @@ from runlog.projections.state_view import facts
 from runlog.schemas import models as m
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.models import Event
+from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 from runlog.settings import Settings
 
 
@@ -206,9 +209,11 @@ def _describe(
             latency = round((ev.occurred_at - asked.requested_at).total_seconds() * 1000)
         e.update(approval_id=p.approval_id, approved=p.approved, decided_by=p.decided_by)
         e.update(note=p.note, latency_ms=latency)
+        signed = decision_verdict(st, ev)
+        e.update(signature=signed.label, key_id=signed.key_id)
         verb = "approved" if p.approved else "rejected"
         why = f": {p.note}" if p.note else ""
-        return f"{p.approval_id} {verb} by {p.decided_by}{why}"
+        return f"{p.approval_id} {verb} by {p.decided_by}{why} ({signed.label})"
     if isinstance(p, m.GuardrailTriggered):
         e.update(guardrail=p.guardrail, severity=p.severity, action=p.action, detail=p.detail)
         return f"guardrail {p.guardrail} ({p.severity}): {p.action}"
@@ -229,22 +234,40 @@ def _describe(
 
 
 def build(
-    records: Iterable[LogRecord], secret: frozenset[str]
+    records: Iterable[LogRecord],
+    secret: frozenset[str],
+    authority: DecisionAuthority = NO_AUTHORITY,
 ) -> tuple[RunState, list[dict[str, Any]], list[Call], dict[str, dict[str, Any]]]:
-    """Fold ``records`` with the fold's rule and tell each one."""
-    st = RunState()
+    """Fold ``records`` with the fold's rule (trusting ``authority``) and tell each one."""
+    st = RunState(authority=authority)
     entries: list[dict[str, Any]] = []
     calls: dict[str, Call] = {}
     decided: dict[str, dict[str, Any]] = {}
     """Approval id -> the entry of the decision that stands on it."""
     for rec in records:
         ev = rec.event
-        why = rejection(st, ev)
+        why = rejection(st, ev, rec.forged)
         e = _entry(rec, why is None, why)
         if why is not None:
             # A fenced write is told but changes nothing: it is not part of the run.
             e["text"] = f"FENCED {ev.type.value} (epoch {ev.epoch}, seq {ev.seq}): {why}"
-            accept(st, ev)
+            if rec.forged is not None:
+                e["text"] = (
+                    f"FORGED {ev.type.value} (epoch {ev.epoch}, seq {ev.seq}, writer "
+                    f"{ev.writer_id}): {rec.forged}; ignored"
+                )
+            elif why == "forged_decision":
+                # Kept in the log, never part of the run: say what it claimed and why not.
+                p = ev.payload
+                assert isinstance(p, m.ApprovalDecided)
+                verb = "approved" if p.approved else "rejected"
+                e.update(approval_id=p.approval_id, approved=p.approved, decided_by=p.decided_by)
+                e["text"] = (
+                    f"FORGED DECISION (epoch {ev.epoch}, seq {ev.seq}, writer {ev.writer_id}): "
+                    f"{p.approval_id} {verb} as {p.decided_by!r}: "
+                    f"{decision_verdict(st, ev).why}; ignored"
+                )
+            accept(st, ev, rec.forged)
             entries.append(e)
             continue
         e["text"] = _describe(e, ev, st, calls, secret)
@@ -289,5 +312,5 @@ def run_timeline(
         raise UnknownRun(f"no run {run_id} for tenant {tenant}", run_id=run_id)
     # Another tenant's records under this id are fenced for it; their content is theirs.
     mine = [r for r in read.folded.kept if r.event.tenant == tenant]
-    state, entries, calls, decided = build(mine, secret_fields(settings))
+    state, entries, calls, decided = build(mine, secret_fields(settings), authority_for(settings))
     return Timeline(run_id, tenant, state, entries, calls, read.source, decided)

@@ -9,6 +9,13 @@ Checks:
   is explained: a stale epoch after a takeover (``stale_epoch``, with or without a
   duplicate seq) or a lost ownership claim (``lost_claim``). Anything else is unexplained;
 * ``started_once``: the run has one RUN_STARTED, besides claims that lost a start race;
+* ``tenants``: every record of a tenant that has a MAC key (``RUNLOG_TENANT_KEYS``) is
+  authenticated by it; a record another tenant's writer forged fails it, named (the other
+  checks see the log as readers do, without it);
+* ``decisions``: every decision the ownership rule accepts is signed by a trusted decider
+  (``RUNLOG_DECIDER_PUBLIC_KEYS``); a forged one (unsigned, an unknown key, a signature
+  of another decision) fails it, named. With no keys trusted it passes and says how many
+  decisions are unsigned;
 * ``snapshot_equivalence``: every stored snapshot plus its tail equals the full replay,
   and so does an in-memory snapshot (``to_dict``/``from_dict`` round trip) at sampled cut
   points of the log. A mismatch counts ``full_replay_equivalence_failures``.
@@ -30,15 +37,25 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from runlog.consumers import metrics
 from runlog.consumers.snapshots import SnapshotInvalid
 from runlog.errors import InvalidRunId, KafkaUnavailable, SchemaError, UnreadableRecord
+from runlog.log.authority import authority_for
 from runlog.log.fold import fold_range
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
-from runlog.projections.run_state import RULES, RunState, accept, fold, is_valid, rejection
+from runlog.projections.run_state import (
+    RULES,
+    RunState,
+    accept,
+    decision_verdict,
+    fold,
+    is_valid,
+    rejection,
+)
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import check_run_id
-from runlog.schemas.models import Event
+from runlog.schemas.models import ApprovalDecided, Event
+from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
 from runlog.settings import Settings
 
@@ -46,6 +63,8 @@ if TYPE_CHECKING:
     from runlog.consumers.snapshots import SnapshotStore
 
 EXPLAINED = frozenset({"stale_epoch", "stale_epoch_duplicate_seq", "lost_claim"})
+FORGED = "forged_decision"
+"""Rejected by the decision check, which names it (``check_decisions``), not by ``gaps``."""
 
 
 @dataclass
@@ -100,8 +119,18 @@ class Report:
 # ------------------------------------------------------------------------- pure checks
 
 
-def check_determinism(events: Sequence[Event]) -> Check:
-    a, b = fold(events), fold(events)
+def _fold(
+    events: Iterable[Event], authority: DecisionAuthority, state: RunState | None = None
+) -> RunState:
+    st = RunState(authority=authority) if state is None else state
+    st.authority = authority
+    return fold(events, st)
+
+
+def check_determinism(
+    events: Sequence[Event], authority: DecisionAuthority = NO_AUTHORITY
+) -> Check:
+    a, b = _fold(events, authority), _fold(events, authority)
     same = a.digest() == b.digest() and a.to_dict() == b.to_dict()
     return Check("determinism", same, f"digest {a.digest()[:16]}" if same else "two folds differ")
 
@@ -126,8 +155,8 @@ def check_vocabulary(events: Iterable[Event] = ()) -> Check:
     return Check("vocabulary", not problems, detail, dict(sorted(seen.items())))
 
 
-def check_gaps(events: Sequence[Event]) -> Check:
-    st = RunState()
+def check_gaps(events: Sequence[Event], authority: DecisionAuthority = NO_AUTHORITY) -> Check:
+    st = RunState(authority=authority)
     reasons: Counter[str] = Counter()
     valid_seqs: list[int] = []
     where: list[str] = []
@@ -137,7 +166,7 @@ def check_gaps(events: Sequence[Event]) -> Check:
             valid_seqs.append(ev.seq)
         else:
             reasons[why] += 1
-            if why not in EXPLAINED:
+            if why not in EXPLAINED and why != FORGED:
                 where.append(f"seq {ev.seq} epoch {ev.epoch} {ev.type.value}: {why}")
         accept(st, ev)
     contiguous = valid_seqs == list(range(1, len(valid_seqs) + 1))
@@ -152,13 +181,63 @@ def check_gaps(events: Sequence[Event]) -> Check:
     return Check("gaps", ok, detail, dict(sorted(reasons.items())))
 
 
-def check_started_once(events: Sequence[Event]) -> Check:
+def check_tenants(forged: Sequence[LogRecord]) -> Check:
+    """Records the readers rejected as not authenticated by their tenant's writers."""
+    if not forged:
+        return Check("tenants", True, "no record fails its tenant's MAC")
+    where = [
+        f"offset {r.offset} seq {r.event.seq} {r.event.type.value} by writer "
+        f"{r.event.writer_id}: {r.forged}"
+        for r in forged
+    ]
+    return Check("tenants", False, "; ".join(where), {"forged_tenant": len(forged)})
+
+
+def check_decisions(events: Sequence[Event], authority: DecisionAuthority = NO_AUTHORITY) -> Check:
+    """Every decision the ownership rule lets in is a trusted decider's (see module doc)."""
+    st = RunState(authority=authority)
+    counts: Counter[str] = Counter()
+    forged: list[str] = []
+    for ev in events:
+        if ev.type is EventType.APPROVAL_DECIDED:
+            why = rejection(st, ev)
+            if why is None or why == FORGED:
+                verdict = decision_verdict(st, ev)
+                p = ev.payload
+                assert isinstance(p, ApprovalDecided)
+                if not verdict.accepted:
+                    counts["forged"] += 1
+                    forged.append(
+                        f"seq {ev.seq} epoch {ev.epoch} by writer {ev.writer_id}: approval "
+                        f"{p.approval_id} {'approved' if p.approved else 'rejected'} as "
+                        f"{p.decided_by!r}: {verdict.why}"
+                    )
+                elif verdict.key_id:
+                    counts["signed"] += 1
+                else:
+                    counts["unsigned"] += 1
+        accept(st, ev)
+    if forged:
+        return Check("decisions", False, "; ".join(forged), dict(sorted(counts.items())))
+    if not authority.enforcing:
+        detail = (
+            f"{counts['unsigned']} decision(s) unsigned: no decider keys trusted "
+            "(RUNLOG_DECIDER_PUBLIC_KEYS)"
+        )
+    else:
+        detail = f"{counts['signed']} decision(s) signed by trusted deciders"
+    return Check("decisions", True, detail, dict(sorted(counts.items())))
+
+
+def check_started_once(
+    events: Sequence[Event], authority: DecisionAuthority = NO_AUTHORITY
+) -> Check:
     """The run was started once: every RUN_STARTED after the valid one lost a start race.
 
     A second RUN_STARTED that is not a lost claim means a writer took a run with history
     for a new one (it located the run wrongly) and may have repeated its effects.
     """
-    st = RunState()
+    st = RunState(authority=authority)
     starts = 0
     again: list[str] = []
     for ev in events:
@@ -183,12 +262,14 @@ def cut_points(n: int, samples: int = 16) -> list[int]:
     return sorted({0, n, *(int(i * step) for i in range(samples))})
 
 
-def check_cut_points(events: Sequence[Event], samples: int = 16) -> Check:
+def check_cut_points(
+    events: Sequence[Event], samples: int = 16, authority: DecisionAuthority = NO_AUTHORITY
+) -> Check:
     """Snapshot (to_dict -> from_dict) at cut points + fold of the tail == full fold."""
-    full = fold(events).digest()
+    full = _fold(events, authority).digest()
     bad: list[int] = []
     for cut in cut_points(len(events), samples):
-        snap = RunState.from_dict(fold(events[:cut]).to_dict())
+        snap = RunState.from_dict(_fold(events[:cut], authority).to_dict(), authority)
         if fold(events[cut:], snap).digest() != full:
             bad.append(cut)
     if bad:
@@ -219,7 +300,7 @@ def check_stored_snapshots(
             notes.append(f"unusable ({cand})")
             continue
         tail = [r.event for r in records if r.offset >= cand.offset]
-        state = RunState.from_dict(cand.state.to_dict())
+        state = RunState.from_dict(cand.state.to_dict(), full.authority)
         if tail and not is_valid(state, tail[0]):
             results["discontinuous"] += 1
             notes.append(f"seq {cand.seq}: tail starts at seq {tail[0].seq} (cache miss)")
@@ -237,14 +318,17 @@ def check_stored_snapshots(
     return Check("stored_snapshots", ok, detail, dict(results))
 
 
-def verify_events(events: Sequence[Event]) -> list[Check]:
-    """The log-only checks (no snapshot store)."""
+def verify_events(
+    events: Sequence[Event], authority: DecisionAuthority = NO_AUTHORITY
+) -> list[Check]:
+    """The log-only checks (no snapshot store), trusting ``authority``'s decider keys."""
     return [
-        check_determinism(events),
+        check_determinism(events, authority),
         check_vocabulary(events),
-        check_gaps(events),
-        check_started_once(events),
-        check_cut_points(events),
+        check_gaps(events, authority),
+        check_decisions(events, authority),
+        check_started_once(events, authority),
+        check_cut_points(events, authority=authority),
     ]
 
 
@@ -300,7 +384,10 @@ def verify_run(
             report.error = f"run {run_id} belongs to another tenant, not to {tenant!r}"
             report.missing = True  # to this tenant, the run does not exist
             return report
-        report.checks.extend(verify_events(events))
+        forged = [r for r in records if r.forged is not None]
+        report.checks.append(check_tenants(forged))
+        authentic = [r.event for r in records if r.forged is None]
+        report.checks.extend(verify_events(authentic, authority_for(settings)))
         if snapshots is not None:
             report.checks.append(
                 check_stored_snapshots(records, folded.state, snapshots, tenant, run_id)

@@ -13,7 +13,7 @@ import logging
 import math
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -22,12 +22,15 @@ from runlog.errors import (
     CallUncertain,
     DecisionConflict,
     Escalated,
+    NotADecider,
     RedisUnavailable,
     ToolFailed,
 )
+from runlog.log.authority import signer_for
 from runlog.producers.ops import Steps, append, blocking
 from runlog.projections.run_state import Approval, decision_text, standing_decision
 from runlog.schemas.codec import now_utc
+from runlog.schemas.signing import DecisionAuthority, Signature, decision_message
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -68,8 +71,83 @@ def due_at(deadline_s: float) -> datetime:
     return now_utc() + timedelta(seconds=deadline_s)
 
 
+def sign_decision(
+    deps: RunDeps,
+    tenant: str,
+    run_id: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str,
+) -> Signature | None:
+    """This process' signature of a decision, when it holds a decider key (else None).
+
+    Called where a person decides (the CLI, the console, ``runlog.decide``, ``Run.decide``
+    by a decider's code); a worker applying a queued decision passes the signature it
+    received instead and never signs.
+    """
+    signer = signer_for(deps.settings)
+    if signer is None:
+        return None
+    return signer.sign_decision(
+        run_id=run_id,
+        tenant=tenant,
+        approval_id=approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        decided_at=datetime.now(UTC).isoformat(timespec="microseconds"),
+    )
+
+
+def refuse_forged(
+    authority: DecisionAuthority,
+    tenant: str,
+    run_id: str,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str,
+    signature: Signature | None,
+) -> None:
+    """Raise ``NotADecider`` if readers trusting ``authority`` would reject this decision:
+    it is refused where it is made rather than appended as a forgery."""
+    if not authority.enforcing:
+        return
+    message = decision_message(
+        run_id=run_id,
+        tenant=tenant,
+        approval_id=approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        decided_at=None if signature is None else signature.decided_at,
+    )
+    verdict = authority.verdict(
+        message,
+        None if signature is None else signature.key_id,
+        None if signature is None else signature.signature,
+    )
+    if not verdict.accepted:
+        raise NotADecider(
+            f"decision on {approval_id} of run {run_id} by {decided_by}: {verdict.why}; "
+            "decisions are signed with a decider's key (RUNLOG_DECIDER_KEY_FILE), which "
+            "workers never hold",
+            run_id=run_id,
+        )
+
+
 def record_decision(
-    run: Run, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
+    run: Run,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str = "",
+    signature: Signature | None = None,
+    sign: bool = True,
 ) -> Steps[str | None]:
     """Append a person's decision; the key of the call it concerns, if any (the caller
     settles that call: ``calls.decide``).
@@ -85,12 +163,34 @@ def record_decision(
     standing = standing_decision(run.state, approval_id)
     if standing is not None:
         raise conflict(run.run_id, standing)
+    if signature is None and sign:
+        signature = sign_decision(
+            run.deps,
+            run.tenant,
+            run.run_id,
+            approval_id,
+            approved=approved,
+            decided_by=decided_by,
+            note=note,
+        )
+    refuse_forged(
+        run.state.authority,
+        run.tenant,
+        run.run_id,
+        approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        signature=signature,
+    )
+    signed = signature.fields() if signature is not None else {}
     ev = yield from append(
         EventType.APPROVAL_DECIDED,
         approval_id=approval_id,
         approved=approved,
         decided_by=decided_by,
         note=note,
+        **signed,
     )
     if not run.confirmed_locally(ev):
         yield from blocking(functools.partial(run.confirm_in_log, ev))
@@ -126,7 +226,8 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
             d = json.loads(raw)
             approval_id, approved = str(d["approval_id"]), bool(d["approved"])
             decided_by, note = str(d["decided_by"]), str(d.get("note", ""))
-        except (ValueError, KeyError, TypeError) as exc:
+            signature = Signature.from_fields(d)  # the decider's; a worker never signs
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # Never lose it, never let it block the run: keep it aside for a person.
             log.warning("malformed decision for %s set aside: %r (%s)", run.run_id, raw, exc)
             yield from blocking(functools.partial(_set_aside, run, key, raw))
@@ -151,8 +252,19 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
         if approval is not None and standing is None:
             try:
                 yield from decide(
-                    run, approval_id, approved=approved, decided_by=decided_by, note=note
+                    run,
+                    approval_id,
+                    approved=approved,
+                    decided_by=decided_by,
+                    note=note,
+                    signature=signature,
+                    queued=True,
                 )
+            except NotADecider as exc:
+                # Forged or unsigned while the readers trust decider keys: never recorded.
+                log.warning("decision on %s of %s set aside: %s", approval_id, run.run_id, exc)
+                yield from blocking(functools.partial(_set_aside, run, key, raw))
+                continue
             except (ToolFailed, CallUncertain, Escalated) as exc:
                 # The decision is durable; what its retry led to is in the log too.
                 log.info("decision %s on %s settled as %s", approval_id, run.run_id, exc)

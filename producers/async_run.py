@@ -39,6 +39,7 @@ from runlog.producers.tools import is_async
 from runlog.producers.writer import Ack, AckGroup, EventWriter
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
+from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import EventType
 
 T = TypeVar("T")
@@ -334,11 +335,22 @@ class AsyncRun(Owned):
         )
 
     async def decide(
-        self, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
+        self,
+        approval_id: str,
+        *,
+        approved: bool,
+        decided_by: str,
+        note: str = "",
+        signature: Signature | None = None,
     ) -> None:
         await self._drive(
             calls.decide(
-                self._run, approval_id, approved=approved, decided_by=decided_by, note=note
+                self._run,
+                approval_id,
+                approved=approved,
+                decided_by=decided_by,
+                note=note,
+                signature=signature,
             )
         )
 

@@ -62,6 +62,7 @@ from runlog.schemas import models as m
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
 from runlog.schemas.models import Event
+from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
@@ -130,11 +131,28 @@ def execute(
 
 
 def decide(
-    run: Run, approval_id: str, *, approved: bool, decided_by: str, note: str = ""
+    run: Run,
+    approval_id: str,
+    *,
+    approved: bool,
+    decided_by: str,
+    note: str = "",
+    signature: Signature | None = None,
+    queued: bool = False,
 ) -> Steps[None]:
-    """Record a person's decision; settle the call it concerns when it is open here."""
+    """Record a person's decision; settle the call it concerns when it is open here.
+
+    ``signature``: the decider's, for a decision that came through the inbox (``queued``:
+    then this worker records it as received and never signs it itself).
+    """
     key = yield from record_decision(
-        run, approval_id, approved=approved, decided_by=decided_by, note=note
+        run,
+        approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        signature=signature,
+        sign=not queued,
     )
     if key is not None and key in run.state.open_calls:
         yield from recover_call(run, run.state.open_calls[key])

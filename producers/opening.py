@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable
 import redis
 
 from runlog.errors import Fenced, RedisUnavailable, RunLocked, TenantMismatch, UnknownRun
+from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.producers.approvals import conflict as approvals_conflict
-from runlog.producers.approvals import decisions_key
+from runlog.producers.approvals import decisions_key, refuse_forged, sign_decision
 from runlog.producers.lease import METRICS, Held, Lease
 from runlog.producers.run import Run, RunDeps, _valid_kept
 from runlog.producers.tools import Tool
@@ -120,7 +121,7 @@ def _start_fresh(
         run = Run(
             deps=deps,
             lease=lease,
-            state=RunState(),
+            state=RunState(authority=authority_for(deps.settings)),
             tools=toolset(tools),
             partition=partition,
             position=0,
@@ -281,10 +282,30 @@ def submit_decision(
     when the run becomes free meanwhile this caller takes it and records what the inbox
     holds (``"recorded"``).
     """
-    entry = json.dumps(
-        {"approval_id": approval_id, "approved": approved, "decided_by": decided_by, "note": note},
-        sort_keys=True,
+    # Signed here, by the decider, once: the same signature is recorded whether this call
+    # appends the decision or the run's owner does from the inbox (it never signs).
+    signature = sign_decision(
+        deps, tenant, run_id, approval_id, approved=approved, decided_by=decided_by, note=note
     )
+    fields: dict[str, object] = {
+        "approval_id": approval_id,
+        "approved": approved,
+        "decided_by": decided_by,
+        "note": note,
+    }
+    if signature is not None:
+        fields.update(signature.fields())
+    refuse_forged(
+        authority_for(deps.settings),
+        tenant,
+        run_id,
+        approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        signature=signature,
+    )
+    entry = json.dumps(fields, sort_keys=True)
     reason = f"decision by {decided_by}"
     key = decisions_key(deps, tenant, run_id)
     try:
@@ -302,7 +323,13 @@ def submit_decision(
         pass
     else:
         with run:
-            run.decide(approval_id, approved=approved, decided_by=decided_by, note=note)
+            run.decide(
+                approval_id,
+                approved=approved,
+                decided_by=decided_by,
+                note=note,
+                signature=signature,
+            )
         return "recorded"
     _inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
     how = "queued"

@@ -27,6 +27,7 @@ from runlog.errors import (
     RunFinished,
     ValidationFailed,
 )
+from runlog.log.authority import tenant_keys_for
 from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
 from runlog.log.tail import LogTail
@@ -45,6 +46,7 @@ from runlog.schemas.keys import (
     start_key,
 )
 from runlog.schemas.models import Event, Payload
+from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
 
@@ -251,11 +253,15 @@ class Run(Owned):
             )
         self._guard()
         ack = self._acks.new()
+        headers = codec.headers(ev)
+        mac = tenant_keys_for(self.deps.settings).header(ev.tenant, self.run_id.encode(), value)
+        if mac is not None:
+            headers.append(mac)
         self.deps.writer.submit(
             self.deps.settings.events_topic,
             self.run_id.encode(),
             value,
-            codec.headers(ev),
+            headers,
             ack,
             self.partition,
         )
@@ -377,6 +383,7 @@ class Run(Owned):
             seq=st.seq,
             epoch=st.epoch,
             max_epoch_seen=st.max_epoch_seen,
+            authority=st.authority,
         )
 
     def confirm_in_log(self, ev: Event) -> None:
@@ -401,7 +408,7 @@ class Run(Owned):
             for rec in self._confirm_reader.read(
                 self.run_id, partition=self.partition, start=self.position, end=end
             ):
-                if accept(view, rec.event) and rec.event.event_id == ev.event_id:
+                if accept(view, rec.event, rec.forged) and rec.event.event_id == ev.event_id:
                     accepted = True
                 _clear_folded(view)
         except KafkaUnavailable as exc:
@@ -548,11 +555,31 @@ class Run(Owned):
             approvals.request_approval(self, reason, kind=kind, deadline_s=deadline_s, **fields),
         )
 
-    def decide(self, approval_id: str, *, approved: bool, decided_by: str, note: str = "") -> None:
-        """Record a person's decision; settles the call it concerns when the tool is here."""
+    def decide(
+        self,
+        approval_id: str,
+        *,
+        approved: bool,
+        decided_by: str,
+        note: str = "",
+        signature: Signature | None = None,
+    ) -> None:
+        """Record a person's decision; settles the call it concerns when the tool is here.
+
+        Signed with this process' decider key (``RUNLOG_DECIDER_KEY_FILE``) unless
+        ``signature`` (a decider's, made elsewhere) is given. When the readers trust
+        decider keys, an unsigned or untrusted decision raises ``NotADecider``.
+        """
         drive(
             self,
-            calls.decide(self, approval_id, approved=approved, decided_by=decided_by, note=note),
+            calls.decide(
+                self,
+                approval_id,
+                approved=approved,
+                decided_by=decided_by,
+                note=note,
+                signature=signature,
+            ),
         )
 
     def poll_decisions(self) -> int:
@@ -584,7 +611,7 @@ class Run(Owned):
         """Fold this run's records up to ``end``; returns the ids of the events accepted."""
         accepted: set[str] = set()
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
-            if accept(self.state, rec.event):
+            if accept(self.state, rec.event, rec.forged):
                 accepted.add(rec.event.event_id)
                 self._note(rec.event)
         self.position = max(self.position, end)

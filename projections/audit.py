@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runlog.projections.run_state import RunState, Step, advance, decision_text
+from runlog.projections.run_state import (
+    RunState,
+    Step,
+    advance,
+    decision_text,
+    decision_verdict,
+)
 from runlog.projections.verdict import slim_dict
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
@@ -103,6 +109,15 @@ def entries(
     if not step.accepted:
         e = _base("fenced_write", ev, partition, offset)
         e.update(type=ev.type.value, event_id=ev.event_id, valid_seq=st.seq, valid_epoch=st.epoch)
+        if step.rejected == "forged_tenant":
+            # A record its tenant's writers did not authenticate (schemas.tenant_mac).
+            e.update(kind="forged_tenant_record", tenant=ev.tenant)
+            e["text"] = f"forged tenant record: not authenticated by {ev.tenant!r}'s writers"
+        elif step.rejected == "forged_decision" and isinstance(p, m.ApprovalDecided):
+            # A decision no trusted decider signed: kept, excluded, and said so.
+            e.update(kind="forged_decision", approval_id=p.approval_id, approved=p.approved)
+            e.update(decided_by=p.decided_by, key_id=p.key_id)
+            e["text"] = decision_verdict(st, ev).why
         return [e]
     if not _has_entry(p):
         return []
@@ -119,6 +134,9 @@ def entries(
         e.update(kind="approval_decided", approval_id=p.approval_id, approved=p.approved)
         e.update(decided_by=p.decided_by, note=p.note, latency_ms=latency)
         e["requested_at"] = None if at is None else at.isoformat()
+        signed = st.approvals.get(p.approval_id)
+        if step.superseded is None and signed is not None and signed.key_id is not None:
+            e["key_id"] = signed.key_id  # the trusted decider key that signed it
         standing = step.superseded
         known = {} if decided_at is None else decided_at
         if standing is not None:

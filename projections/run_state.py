@@ -30,14 +30,17 @@ from runlog.errors import UnknownEventType
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
+from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
 pins the exact message count). 3: an open call keeps its STARTED's ``operation_id`` (so a
-retry records it too); a v2 snapshot lacks it, hence a miss.
+retry records it too); a v2 snapshot lacks it, hence a miss. 4: a decision counts only if
+the state's ``authority`` accepts its signature (a forged one is rejected like a fenced
+write), and a decided approval names the key that signed it.
 
 States of logs that never use a field added later compare equal to the states recorded
 before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out
@@ -46,6 +49,10 @@ while it holds its default (the permanent fixtures rely on this rule).
 
 OMIT_DEFAULT = {"omit_default": True}
 """Field metadata: ``to_dict`` omits the field while it equals its default."""
+
+TRANSIENT = {"transient": True}
+"""Field metadata: not part of the state (never in ``to_dict``, never compared): an input
+of the fold that the reader sets, like the decider keys it trusts."""
 
 Status = Literal["new", "running", "escalated", "finished"]
 CallStatus = Literal["started", "uncertain", "escalated", "conflict", "decided"]
@@ -114,6 +121,9 @@ class Approval:
     due_at: datetime | None = field(default=None, metadata=OMIT_DEFAULT)
     """When the decision is due (APPROVAL_REQUESTED v2); None: no deadline. Omitted from
     ``to_dict`` when None, so states of logs written before deadlines are unchanged."""
+    key_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The trusted decider key that signed the standing decision (None: unsigned, accepted
+    because the reader trusts no keys)."""
 
 
 @dataclass
@@ -146,6 +156,12 @@ class RunState:
     fenced_writes: int = 0
     outcome: str | None = None
     summary: str = ""
+    authority: DecisionAuthority = field(
+        default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
+    )
+    """The decider keys this reader trusts (``schemas.signing``): data the reader passes in
+    (``runlog.log.authority.authority_for``), so the fold stays pure. Not state: a snapshot
+    records which key set it was folded under instead (``authority.fingerprint``)."""
 
     @property
     def uncertain_calls(self) -> dict[str, OpenCall]:
@@ -176,9 +192,12 @@ class RunState:
         return hashlib.sha256(text.encode()).hexdigest()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunState:
-        """Inverse of ``to_dict`` (used by snapshots)."""
+    def from_dict(
+        cls, data: dict[str, Any], authority: DecisionAuthority = NO_AUTHORITY
+    ) -> RunState:
+        """Inverse of ``to_dict`` (used by snapshots), folding on under ``authority``."""
         d = dict(data)
+        d["authority"] = authority
         d["started_at"] = _dt(d.get("started_at"))
         d["last_event_at"] = _dt(d.get("last_event_at"))
         d["messages"] = [
@@ -217,7 +236,8 @@ def jsonable(value: Any) -> Any:
         return {
             f.name: jsonable(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            if not (f.metadata.get("omit_default") and getattr(value, f.name) == f.default)
+            if not f.metadata.get("transient")
+            and not (f.metadata.get("omit_default") and getattr(value, f.name) == f.default)
         }
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
@@ -232,7 +252,36 @@ def jsonable(value: Any) -> Any:
 
 
 def is_valid(state: RunState, ev: Event) -> bool:
-    """The ownership rule every reader applies; see the module docstring."""
+    """The acceptance rule every reader applies: the ownership rule (see the module
+    docstring) and, for a decision, a decider's signature (``decision_verdict``)."""
+    if not _owner_rule(state, ev):
+        return False
+    return ev.type is not EventType.APPROVAL_DECIDED or decision_verdict(state, ev).accepted
+
+
+def decision_verdict(state: RunState, ev: Event) -> Verdict:
+    """Whether the trusted deciders (``state.authority``) signed this APPROVAL_DECIDED.
+
+    The signed bytes are rebuilt from the event itself (its run, tenant, approval and
+    answer), so a signature copied onto another run, tenant, approval or answer fails.
+    """
+    p = ev.payload
+    assert isinstance(p, m.ApprovalDecided)
+    if not state.authority.enforcing:
+        return state.authority.verdict(b"", p.key_id, p.signature)
+    message = decision_message(
+        run_id=ev.run_id,
+        tenant=ev.tenant,
+        approval_id=p.approval_id,
+        approved=p.approved,
+        decided_by=p.decided_by,
+        note=p.note,
+        decided_at=p.decided_at,
+    )
+    return state.authority.verdict(message, p.key_id, p.signature)
+
+
+def _owner_rule(state: RunState, ev: Event) -> bool:
     if state.status == "finished":
         return False
     if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
@@ -250,14 +299,20 @@ def is_valid(state: RunState, ev: Event) -> bool:
     return ev.epoch == state.epoch
 
 
-def rejection(state: RunState, ev: Event) -> str | None:
+def rejection(state: RunState, ev: Event, forged: str | None = None) -> str | None:
     """None if ``is_valid``; otherwise why the rule rejects ``ev`` on top of ``state``.
 
     The reasons name what happened in the writers' terms, so verify and the audit can tell
     the expected fenced writes (a stale owner, a claim that lost a race) from a bug.
+    ``forged``: the reader found the record not authenticated by its tenant's writers
+    (``schemas.tenant_mac``): "forged_tenant", whatever else holds.
     """
+    if forged is not None:
+        return "forged_tenant"
     if is_valid(state, ev):
         return None
+    if _owner_rule(state, ev):
+        return "forged_decision"  # the owner's rule holds: only the signature failed
     if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
         return "foreign_record"
     if ev.epoch < state.epoch:
@@ -470,6 +525,7 @@ def _approval_decided(st: RunState, ev: Event) -> None:
     if approval is None or superseded(st, ev) is not None:
         return  # an unknown request, or a decision after the one that stands: record-only
     approval.approved, approval.decided_by, approval.note = p.approved, p.decided_by, p.note
+    approval.key_id = decision_verdict(st, ev).key_id
     key = approval.idempotency_key
     if key is not None and key in st.open_calls:
         call = st.open_calls[key]
@@ -551,12 +607,17 @@ if (
     raise RuntimeError("run-state fold rules disagree with the vocabulary classification")
 
 
-def accept(state: RunState, ev: Event) -> bool:
-    """Fold one event into ``state`` (mutated); True iff the ownership rule accepted it.
+def accept(state: RunState, ev: Event, forged: str | None = None) -> bool:
+    """Fold one event into ``state`` (mutated); True iff the acceptance rule accepted it.
 
     A rejected event is a fenced write: counted, otherwise excluded. Every reader asks
-    this one function whether a record counts.
+    this one function whether a record counts. ``forged`` is the reader's verdict on the
+    record's tenant MAC (``schemas.tenant_mac``; None: authentic or unchecked): a forged
+    record is rejected without touching anything else, not even the epoch floor.
     """
+    if forged is not None:
+        state.fenced_writes += 1
+        return False
     if ev.epoch > state.max_epoch_seen:
         state.max_epoch_seen = ev.epoch
     et = ev.type
@@ -571,6 +632,7 @@ def accept(state: RunState, ev: Event) -> bool:
         and ev.epoch == state.epoch
         and et is not EventType.RUN_STARTED
         and et is not EventType.RUN_RESUMED
+        and et is not EventType.APPROVAL_DECIDED
         and ev.run_id == state.run_id
         and ev.tenant == state.tenant
     ) and not is_valid(state, ev):
@@ -604,6 +666,8 @@ class Step:
     """For a compensation's completion: the key of the call it undoes."""
     superseded: Approval | None = None
     """For a valid decision that came after the one that stands: the standing one."""
+    rejected: str | None = None
+    """For a rejected record: why (``rejection``)."""
 
 
 def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
@@ -631,7 +695,7 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
     return frozenset(keys)
 
 
-def advance(state: RunState, ev: Event) -> Step:
+def advance(state: RunState, ev: Event, forged: str | None = None) -> Step:
     """``accept`` plus what the projections read of the state before ``ev``."""
     p = ev.payload
     asked_at: datetime | None = None
@@ -650,8 +714,9 @@ def advance(state: RunState, ev: Event) -> Step:
     standing = superseded(state, ev)
     if standing is not None:
         standing = dataclasses.replace(standing)  # as it stood before ``ev``
-    accepted = accept(state, ev)
-    return Step(accepted, touched, approval, asked_at, undone, standing if accepted else None)
+    accepted = accept(state, ev, forged)
+    why = None if accepted else rejection(state, ev, forged)  # accept changed no rule input
+    return Step(accepted, touched, approval, asked_at, undone, standing if accepted else None, why)
 
 
 def apply(state: RunState, ev: Event) -> RunState:

@@ -44,6 +44,9 @@ from runlog.errors import (
     KafkaUnavailable as KafkaUnavailable,
 )
 from runlog.errors import (
+    NotADecider as NotADecider,
+)
+from runlog.errors import (
     RedisUnavailable as RedisUnavailable,
 )
 from runlog.errors import (
@@ -159,6 +162,7 @@ _PUBLIC: dict[str, str] = {
     "ToolArgumentsError": _ERRORS,
     "UnknownTool": _ERRORS,
     "DecisionConflict": _ERRORS,
+    "NotADecider": _ERRORS,
     "KafkaUnavailable": _ERRORS,
     "RedisUnavailable": _ERRORS,
 }

@@ -106,6 +106,10 @@ def decide(
     A person's decision is final: the first valid decision in the log stands. A decision on
     an approval that already has one is refused with ``DecisionConflict``, which names the
     standing decision (who, when, approve or reject, note); nothing is appended or queued.
+
+    The decision is signed with the decider key of ``settings`` (``RUNLOG_DECIDER_KEY_FILE``).
+    When the readers trust decider keys (``RUNLOG_DECIDER_PUBLIC_KEYS``), a decision without
+    a trusted signature is refused with ``NotADecider``: nothing is appended or queued.
     """
 
     check_run_id(run_id)

@@ -23,6 +23,7 @@ __all__ = [
     "KafkaUnavailable",
     "MissingUpcaster",
     "NewerSchemaVersion",
+    "NotADecider",
     "NotificationFailed",
     "RedisUnavailable",
     "RegistryUnavailable",
@@ -223,6 +224,12 @@ class UpcastFailed(SchemaError):
 
 class UnknownApproval(RunError):
     """The run never issued the approval id a decision names."""
+
+
+class NotADecider(RunError):
+    """A decision this process cannot make: the readers trust decider keys, and it holds
+    none of them (``RUNLOG_DECIDER_KEY_FILE``) or its key is not one they trust. Every
+    reader would reject the decision as forged, so nothing is appended."""
 
 
 class DecisionConflict(RunError):

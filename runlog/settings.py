@@ -162,6 +162,21 @@ class Settings(BaseSettings):
     """Where the console is served (``RUNLOG_UI_URL``): notifications then link to the
     run's page."""
 
+    decider_public_keys: str | None = None
+    """File of the trusted deciders' Ed25519 public keys, one ``NAME BASE64-KEY`` a line
+    (``RUNLOG_DECIDER_PUBLIC_KEYS``). Set: every reader accepts a decision only if one of
+    these keys signed it; an unsigned or badly signed one is a forged decision, kept in the
+    log and excluded from state. Unset: decisions are accepted unsigned, as before."""
+    tenant_keys: str | None = None
+    """Per-tenant record MACs (``RUNLOG_TENANT_KEYS``): a file of ``TENANT KEY_ID
+    BASE64-SECRET`` lines (``runlog.schemas.tenant_mac``). A writer adds the MAC of its
+    event's tenant; a reader rejects, like a fenced write, a record of a listed tenant
+    without a valid one. Give a tenant's workers its line only, readers every line. Unset
+    (or a tenant not listed): not checked."""
+    decider_key_file: str | None = None
+    """A decider's private key (``RUNLOG_DECIDER_KEY_FILE``, mode 0600): the CLI's
+    approve/reject, the console and ``runlog.decide`` sign with it. Workers never hold it."""
+
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated field names shown as ``[redacted]`` wherever tool arguments,
     results, evidence or errors are printed (``runlog show``, the console, ``runlog

@@ -33,6 +33,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # v2 adds the optional ``due_at`` (default null): when the decision is due; a v1
         # request had no deadline, which is exactly what null says.
         (EventType.APPROVAL_REQUESTED, 1),
+        # v2 adds the optional ``decided_at``, ``key_id`` and ``signature`` (default null): a
+        # decider's signature (schemas.signing). A v1 decision resolves as unsigned: what it
+        # was, and what a reader that trusts decider keys refuses.
+        (EventType.APPROVAL_DECIDED, 1),
     }
 )
 

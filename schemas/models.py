@@ -150,6 +150,12 @@ class ApprovalDecided(Payload):
     approved: bool
     decided_by: str
     note: str = ""
+    decided_at: str | None = None
+    """v2: when the decider decided (ISO-8601 UTC), as signed (None: unsigned, and v1)."""
+    key_id: str | None = None
+    """v2: the decider's key that signed it (``runlog.schemas.signing``; None: unsigned)."""
+    signature: str | None = None
+    """v2: base64 Ed25519 signature of ``signing.decision_message`` (None: unsigned)."""
 
 
 class GuardrailTriggered(Payload):

@@ -14,7 +14,9 @@ from codec_support import make_event
 
 from runlog.schemas import codec
 from runlog.schemas.models import Event
+from runlog.schemas.signing import DecisionAuthority, load_authority
 from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_VERSIONS = sorted(p.name for p in FIXTURES.iterdir() if (p / "log.jsonl").exists())
@@ -39,6 +41,18 @@ class Fixture:
     records: list[FixtureRecord]
     states: dict[int, dict[str, Any]]
     meta: dict[str, Any]
+    deciders: Path | None = None
+    """The decider keys its writer trusted (from v4): ``states`` is the fold under them."""
+
+    @property
+    def authority(self) -> DecisionAuthority:
+        return load_authority(self.deciders)
+
+    def settings(self, base: Settings) -> Settings:
+        """``base`` trusting the fixture's decider keys, as its writer did."""
+        if self.deciders is None:
+            return base
+        return base.model_copy(update={"decider_public_keys": str(self.deciders)})
 
     def events(self) -> list[Event]:
         """Decoded with the CURRENT code (upcasters and Avro resolution included)."""
@@ -69,6 +83,7 @@ def load_fixture(version: str) -> Fixture:
         records=records,
         states={int(k): v for k, v in states["states"].items()},
         meta=json.loads((d / "meta.json").read_text()),
+        deciders=d / "deciders.pub" if (d / "deciders.pub").exists() else None,
     )
 
 

@@ -15,6 +15,7 @@ from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprin
 from runlog.projections.run_state import FOLD_VERSION, RunState, apply
 from runlog.schemas import codec, evolution
 from runlog.schemas.models import (
+    ApprovalDecided,
     ApprovalRequested,
     ContextCompacted,
     ModelTurn,
@@ -29,6 +30,7 @@ TCC = EventType.TOOL_CALL_COMPLETED
 MT = EventType.MODEL_TURN
 TCS = EventType.TOOL_CALL_STARTED
 AR = EventType.APPROVAL_REQUESTED
+AD = EventType.APPROVAL_DECIDED
 
 
 def _v1(fx_type: str) -> bytes:
@@ -52,7 +54,32 @@ def test_current_versions() -> None:
     assert registry().current[MT] == 2
     assert registry().current[TCS] == 2
     assert registry().current[AR] == 2
-    assert FOLD_VERSION == 3
+    assert registry().current[AD] == 2
+    assert FOLD_VERSION == 4
+
+
+def test_v1_decision_resolves_as_unsigned() -> None:
+    ev = codec.decode(_v1("approval_decided"))
+    assert isinstance(ev.payload, ApprovalDecided) and ev.schema_version == 2
+    assert (ev.payload.decided_at, ev.payload.key_id, ev.payload.signature) == (None, None, None)
+    assert ev.payload.decided_by  # the v1 fields are kept as written
+
+
+def test_v2_decision_keeps_its_signature() -> None:
+    ev = codec.decode(_v1("approval_decided"))
+    signed = {
+        "decided_at": "2026-12-01T21:00:00.000001+00:00",
+        "key_id": "ops",
+        "signature": "c2ln",
+    }
+    v2 = ev.model_copy(update={"payload": ev.payload.model_copy(update=signed)})
+    back = codec.decode(codec.encode(v2))
+    assert isinstance(back.payload, ApprovalDecided)
+    assert (back.payload.decided_at, back.payload.key_id, back.payload.signature) == (
+        signed["decided_at"],
+        "ops",
+        "c2ln",
+    )
 
 
 def test_v1_tool_call_started_resolves_with_its_declarations_not_recorded() -> None:
@@ -78,12 +105,14 @@ def test_v2_tool_call_started_keeps_its_declarations() -> None:
 
 
 def test_the_fixture_of_each_release_holds_its_versions() -> None:
-    """v3: the release of model_turn v2 (tool_call_started and approval_requested v1); v4:
-    tool_call_started v2 (a tool's retry declarations) and approval_requested v2 (a deadline).
-    """
+    """v3: the release of model_turn v2 (tool_call_started, approval_requested and
+    approval_decided v1); v4: tool_call_started v2 (a tool's retry declarations),
+    approval_requested v2 (a deadline) and approval_decided v2 (a decider's signature)."""
     written = {v: set(load_fixture(v).meta["written_versions"]) for v in ("v3", "v4")}
-    assert {"model_turn v2", "tool_call_started v1", "approval_requested v1"} <= written["v3"]
-    assert {"model_turn v2", "tool_call_started v2", "approval_requested v2"} <= written["v4"]
+    old = {"tool_call_started v1", "approval_requested v1", "approval_decided v1"}
+    new = {"tool_call_started v2", "approval_requested v2", "approval_decided v2"}
+    assert {"model_turn v2"} | old <= written["v3"]
+    assert {"model_turn v2"} | new <= written["v4"]
     ev = codec.decode(next(r.value for r in load_fixture("v3").records if r.type == "model_turn"))
     assert isinstance(ev.payload, ModelTurn) and ev.payload.text
 

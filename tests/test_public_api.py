@@ -33,6 +33,7 @@ EXPECTED_RUNLOG = [
     "Fenced",
     "KafkaUnavailable",
     "Match",
+    "NotADecider",
     "Question",
     "RedisUnavailable",
     "Run",

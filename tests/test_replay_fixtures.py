@@ -14,7 +14,9 @@ from runlog.cli import main as cli_main
 from runlog.consumers.replay import replay
 from runlog.consumers.verify import check_gaps, verify_events, verify_run
 from runlog.producers.tools import tool
-from runlog.projections.run_state import RunState, apply
+from runlog.projections.run_state import RunState, apply, fold
+from runlog.schemas.models import ApprovalDecided
+from runlog.schemas.signing import generate_key_pair, parse_public_keys
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -29,7 +31,7 @@ def test_fixtures_exist_for_every_released_version() -> None:
 @pytest.mark.parametrize("version", FIXTURE_VERSIONS)
 def test_every_prefix_folds_to_the_live_state(version: str) -> None:
     fx = load_fixture(version)
-    state = RunState()
+    state = RunState(authority=fx.authority)
     compared = 0
     for i, ev in enumerate(fx.events()):
         before = state.seq
@@ -46,11 +48,35 @@ def test_every_prefix_folds_to_the_live_state(version: str) -> None:
 
 @pytest.mark.parametrize("version", FIXTURE_VERSIONS)
 def test_fixture_passes_verification(version: str) -> None:
-    events = load_fixture(version).events()
-    checks = {c.name: c for c in verify_events(events)}
+    fx = load_fixture(version)
+    events = fx.events()
+    checks = {c.name: c for c in verify_events(events, fx.authority)}
     assert all(c.ok for c in checks.values()), checks
     assert checks["gaps"].counts == {"stale_epoch_duplicate_seq": 1}
     assert set(checks["vocabulary"].counts) == {et.value for et in EventType}
+
+
+def test_a_signed_fixture_decision_counts_only_under_its_deciders_key() -> None:
+    """v4's decision is signed (approval_decided v2): trusted keys accept it; other keys make
+    it a forgery; no keys accept it unchecked. v1's unsigned decision is a forgery wherever
+    keys are trusted."""
+    fx = load_fixture("v4")
+    events = fx.events()
+    (decided,) = [e for e in events if e.type is EventType.APPROVAL_DECIDED]
+    assert isinstance(decided.payload, ApprovalDecided)
+    assert decided.payload.key_id == "fixture-decider" and decided.payload.signature
+    signed = {c.name: c for c in verify_events(events, fx.authority)}["decisions"]
+    assert signed.ok and signed.counts == {"signed": 1}
+    _, other = generate_key_pair("fixture-decider")  # the same name, another key
+    strangers = parse_public_keys(other)
+    check = {c.name: c for c in verify_events(events, strangers)}["decisions"]
+    assert not check.ok and "not signed by a decider" in check.detail
+    st = fold(events, RunState(authority=strangers))
+    assert all(a.approved is None for a in st.approvals.values())
+    unchecked = {c.name: c for c in verify_events(events)}["decisions"]
+    assert unchecked.ok and unchecked.counts == {"unsigned": 1}
+    v1 = load_fixture("v1").events()
+    assert not {c.name: c for c in verify_events(v1, fx.authority)}["decisions"].ok
 
 
 def test_verification_can_fail_on_an_unexplained_gap() -> None:
@@ -79,7 +105,7 @@ def _tools() -> list[Any]:
 def _prefix(fx: Fixture, seq: int) -> list[FixtureRecord]:
     """Records up to the valid event with ``seq`` (fenced ones before it included)."""
     out: list[FixtureRecord] = []
-    state = RunState()
+    state = RunState(authority=fx.authority)
     for r, ev in zip(fx.records, fx.events(), strict=True):
         out.append(r)
         apply(state, ev)
@@ -97,6 +123,7 @@ def test_old_runs_resume_under_current_code(
     version: str, test_settings: Settings, redis_client: redis.Redis
 ) -> None:
     fx = load_fixture(version)
+    test_settings = fx.settings(test_settings)
     last = max(fx.states)
     before_finish = last - 1  # the fixture ends with RUN_FINISHED
     _produce(test_settings, _prefix(fx, before_finish))

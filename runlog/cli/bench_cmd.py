@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from runlog.benchmarks import steady_lag
+from runlog.benchmarks import integrity, steady_lag
 from runlog.benchmarks.run import run_all
 from runlog.settings import Settings
 
@@ -27,9 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag", "pydantic-ai"],
+        choices=["lag", "pydantic-ai", "integrity"],
         help=(
             "lag: only projection lag under a steady load, and drain rate by run length; "
+            "integrity: only the CPU cost per record of tenant MACs and decider signatures "
+            "(no stack needed); "
             "pydantic-ai: only section 9, a Pydantic AI agent step bare and as a runlog run"
         ),
     )
@@ -45,6 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.what == "integrity":
+        print(integrity.report(integrity.measure(200 if args.quick else 2000)))
+        return 0
     if args.what == "lag":
         res = steady_lag.run(
             Settings(),

@@ -14,7 +14,7 @@ from runlog.api import decide, question
 from runlog.cli.groups import print_json
 from runlog.consumers.index import age_text
 from runlog.consumers.queries import approvals_report
-from runlog.errors import DecisionConflict
+from runlog.errors import DecisionConflict, NotADecider
 from runlog.log.clients import redis_client
 from runlog.settings import Settings
 
@@ -127,8 +127,8 @@ def _handler(approved: bool) -> Callable[[argparse.Namespace], int]:
                 note=args.note,
                 tenant=args.tenant,
             )
-        except DecisionConflict as exc:
-            # A person's decision is final: this one was not recorded.
+        except (DecisionConflict, NotADecider) as exc:
+            # A person's decision is final, and only a decider's signed one counts.
             print(f"runlog: refused: {exc}; this decision was not recorded", file=sys.stderr)
             return 1
         verb = "approved" if approved else "rejected"

@@ -36,6 +36,7 @@ from rich.progress import BarColumn, TaskID, TaskProgressColumn, TextColumn, Tim
 from rich.progress import Progress as RichProgress
 
 from runlog.errors import ConfigError, RedisUnavailable
+from runlog.log.authority import authority_for
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import RunState, accept, is_valid
 from runlog.schemas.keys import run_id_time_ms, start_key
@@ -140,7 +141,12 @@ def fold_range(
     """
     if base is not None and start is not None and start > end:
         return None
-    out = Folded(state=base if base is not None else RunState())
+    # The decider keys this reader trusts are an input of the fold (never stored in it):
+    # a snapshot's state folds on under this reader's keys too.
+    authority = authority_for(reader.settings)
+    if base is not None:
+        base.authority = authority
+    out = Folded(state=base if base is not None else RunState(authority=authority))
     if to_seq is not None and out.state.seq >= to_seq:
         return out
     records = reader.read(run_id, partition=partition, start=start, end=end)
@@ -148,9 +154,9 @@ def fold_range(
         for rec in records:
             if out.first_offset is None:
                 out.first_offset = rec.offset
-                if base is not None and not is_valid(out.state, rec.event):
+                if base is not None and (rec.forged or not is_valid(out.state, rec.event)):
                     return None
-            if not accept(out.state, rec.event):
+            if not accept(out.state, rec.event, rec.forged):
                 out.fenced.append(rec)
             if keep:
                 out.kept.append(rec)

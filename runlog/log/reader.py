@@ -12,11 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any, cast
 
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runlog.errors import ConfigError, KafkaUnavailable, SchemaError, UnreadableRecord
+from runlog.log.authority import tenant_keys_for
 from runlog.log.clients import redis_client
 from runlog.log.kafka import (
     RETRY_FOR_S,
@@ -47,6 +49,9 @@ class LogRecord:
     event: Event
     partition: int
     offset: int
+    forged: str | None = None
+    """Why its tenant's MAC does not authenticate it (``schemas.tenant_mac``), else None:
+    the fold rejects a forged record (``accept(..., forged)``)."""
 
 
 class LogReader:
@@ -59,6 +64,7 @@ class LogReader:
         self._partitions: int | None = None
         self._ids = ids_for(settings)
         self._redis: redis.Redis | None = None
+        self._tenants = tenant_keys_for(settings)
 
     def close(self) -> None:
         self._consumer.close()
@@ -216,8 +222,16 @@ class LogReader:
                             if off in self._set_aside(part):
                                 continue  # a person decided it does not count: skip it
                             raise self._unreadable(run_id, part, off, exc) from exc
-                        yield LogRecord(ev, part, off)
+                        forged = self._tenants.check(
+                            ev.tenant, key, msg.value() or b"", _headers(msg)
+                        )
+                        yield LogRecord(ev, part, off, forged)
                     if nxt >= stop:
                         return
         finally:
             self._consumer.unassign()
+
+
+def _headers(msg: Any) -> list[tuple[str, str | bytes | None]]:
+    """A consumed message's headers as confluent_kafka returns them (a list of pairs)."""
+    return cast(list[tuple[str, str | bytes | None]], msg.headers() or [])

@@ -20,6 +20,7 @@ tree): ``tls/`` (a local CA, the broker's and Redis' keys and certificates; keys
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import secrets
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 
 from runlog.errors import StackError
+from runlog.schemas.signing import DecisionSigner, generate_key_pair, load_signer
 from runlog.security import ROLES, redis_acl_rules
 from runlog.settings import Settings
 
@@ -45,6 +47,9 @@ __all__ = [
     "admin_redis_kwargs",
     "client_env",
     "credentials",
+    "decider_key_file",
+    "decider_key_id",
+    "decider_public_keys",
     "ensure_material",
     "issue_cert",
     "kafka_properties",
@@ -226,11 +231,50 @@ def _ensure_credentials(cfg: StackConfig) -> None:
         _write_private(secrets_file(cfg, role), "\n".join(lines) + "\n")
 
 
+DECIDER_ROLES = ("operator",)
+"""Roles that decide approvals: they hold a decider's private key. Every role holds the
+public keys (readers check decisions with them); workers never hold a private key."""
+
+
+def decider_key_file(cfg: StackConfig, role: str) -> Path:
+    return secrets_dir(cfg) / f"{role}-decider.key"
+
+
+def decider_key_id(cfg: StackConfig, role: str) -> str:
+    """The name of ``role``'s decider key (what a signed decision's ``key_id`` says)."""
+    return f"{role}@{cfg.state_dir.name}"
+
+
+def decider_public_keys(cfg: StackConfig) -> Path:
+    """The trusted deciders' public keys (not secret: readable by every role's process)."""
+    return cfg.state_dir / "deciders.pub"
+
+
+def _ensure_deciders(cfg: StackConfig) -> None:
+    """A decider key pair per deciding role: private key 0600 in ``secrets/``, public key
+    in ``deciders.pub``. Made once; a missing public file is rebuilt from the keys."""
+    lines: list[str] = []
+    for role in DECIDER_ROLES:
+        path = decider_key_file(cfg, role)
+        if not path.is_file():
+            private, _ = generate_key_pair(decider_key_id(cfg, role))
+            _write_private(path, private)
+        signer: DecisionSigner = load_signer(path)
+        lines.append(f"{signer.key_id} {base64.b64encode(signer.public_bytes()).decode()}")
+    text = "# runlog secure stack: trusted deciders (NAME BASE64-ED25519-PUBLIC-KEY)\n"
+    text += "\n".join(lines) + "\n"
+    pub = decider_public_keys(cfg)
+    if not pub.is_file() or pub.read_text() != text:
+        pub.write_text(text)
+        os.chmod(pub, 0o644)
+
+
 def ensure_material(cfg: StackConfig) -> None:
-    """Certificates and credentials, made once (the first ``up --secure``) and kept."""
+    """Certificates, credentials and decider keys, made once (the first ``up --secure``)."""
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     _ensure_tls(cfg)
     _ensure_credentials(cfg)
+    _ensure_deciders(cfg)
 
 
 def credentials(cfg: StackConfig, role: str) -> dict[str, str]:
@@ -267,6 +311,9 @@ def client_env(cfg: StackConfig, role: str) -> dict[str, str]:
     }
     if role not in _NO_REDIS:
         out["RUNLOG_REDIS_USERNAME"] = user
+    out["RUNLOG_DECIDER_PUBLIC_KEYS"] = str(decider_public_keys(cfg))
+    if role in DECIDER_ROLES:
+        out["RUNLOG_DECIDER_KEY_FILE"] = str(decider_key_file(cfg, role))
     return out
 
 
@@ -290,6 +337,8 @@ def role_settings(cfg: StackConfig, role: str, **update: Any) -> Settings:
         "redis_username": None if role in _NO_REDIS else username(role),
         "redis_password": SecretStr(redis_password) if redis_password else None,
         "redis_key_prefix": cfg.redis_key_prefix,
+        "decider_public_keys": str(decider_public_keys(cfg)),
+        "decider_key_file": str(decider_key_file(cfg, role)) if role in DECIDER_ROLES else None,
     }
     fields.update(update)
     return Settings(**fields)

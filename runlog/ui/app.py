@@ -34,6 +34,7 @@ from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import (
     DecisionConflict,
     InvalidRunId,
+    NotADecider,
     RunlogError,
     UnknownApproval,
     UnknownRun,
@@ -525,6 +526,9 @@ def create_app(
             )
         except DecisionConflict as exc:
             return refused(exc)
+        except NotADecider as exc:
+            # The console's settings hold no trusted decider key: nothing was recorded.
+            return PlainTextResponse(f"not recorded: {exc}", status_code=403)
         log.info("console: %s %s %s of %s (%s)", grant.name, choice, approval_id, run_id, how)
         nxt_raw = form.get("next")
         target = _local(nxt_raw if isinstance(nxt_raw, str) else "", f"/runs/{run_id}")
