@@ -14,6 +14,7 @@ import redis
 from workers.common import services_for
 
 import runlog
+from runlog.cli import EXIT_FAILURE, EXIT_OK
 from runlog.cli import main as cli_main
 from runlog.consumers.replay import replay
 from runlog.consumers.verify import verify_run
@@ -84,9 +85,10 @@ def test_a_set_aside_record_is_skipped_the_same_way_by_every_reader(
     fast: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rid, partition, offset = _run_with_garbage(fast)
-    # A record that decodes cannot be set aside: the decision is only for unreadable ones.
-    assert _set_aside(partition, offset - 1, reason="test") == 2
-    assert _set_aside(partition, offset, reason="stray bytes from a bad deploy") == 0
+    # A record that decodes cannot be set aside: the decision is only for unreadable ones
+    # (a refusal: exit 1, as every refusal of the CLI).
+    assert _set_aside(partition, offset - 1, reason="test") == EXIT_FAILURE
+    assert _set_aside(partition, offset, reason="stray bytes from a bad deploy") == EXIT_OK
     assert "set aside" in capsys.readouterr().out
 
     client = redis.Redis.from_url(fast.redis_url)
