@@ -83,6 +83,8 @@ MODES = (
 MAX_RUNS = 5
 MAX_WORKERS_PER_RUN = 2
 MAX_RUNNERS = 2
+PAD_RUNS = 1200
+"""Finished runs a history's first rebuild kill adds to the log (``Explorer.pad``)."""
 LEASE_TTL_MS = 2000
 PARTITIONS = 3
 # Step kinds that act on one of the runs (chosen by the step's ``a``): skipped while none exists.
@@ -503,6 +505,7 @@ class Explorer:
         self.step_problems: list[str] = []
         """Violations a step saw itself (a contradicting decision accepted)."""
         self.rebuilds: list[Proc] = []
+        self.padded = 0
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -858,8 +861,28 @@ class Explorer:
         return f"{what}: ACCEPTED ({got})"
 
     def rebuild_kill(self, b: int) -> str:
-        """``runlog rebuild all`` SIGKILLed after up to 5 s: at start-up, while it deletes,
-        folds or hands the projections back to their runners, or after it is done."""
+        """``runlog rebuild all`` SIGKILLed part way, at a point it is seen to reach: up to
+        3 s after it was started (its start-up, or done already); as soon as its deletes
+        began (a key of the projections it found gone: the next batches not deleted yet);
+        or up to 1.5 s after it fenced the runners (a partition's generation moved: it
+        deletes, then refolds from offset zero)."""
+        from runlog.consumers.runner import make_handler
+        from runlog.consumers.store import PROJECTIONS
+
+        handlers = [
+            make_handler(n, self.s.redis_key_prefix, self.s.events_topic) for n in PROJECTIONS
+        ]
+        gens = [h.keys.gen(p) for h in handlers for p in range(PARTITIONS)]
+        padded = self.pad()
+        point = ("start", "deletes", "refold", "refold")[b % 4]
+        before: list[Any] = []
+        sample: list[bytes] = []
+        found: list[bytes] = []
+        with contextlib.closing(self.r()) as r, contextlib.suppress(redis.RedisError):
+            before = r.mget(gens)
+            if point == "deletes":
+                found = list(r.scan_iter(match=handlers[0].keys.pattern(), count=1000))
+                sample = random.Random(b).sample(found, min(40, len(found)))
         name = f"rb{len(self.rebuilds) + 1}"
         log = self.dir / f"{name}.log"
         cmd = [sys.executable, "-m", "runlog.cli", "rebuild", "all"]
@@ -867,15 +890,76 @@ class Explorer:
             proc = subprocess.Popen(cmd, env=self.env, cwd=str(ROOT), stdout=fh, stderr=fh)
         p = Proc(name, proc, log=log)
         self.rebuilds.append(p)
-        delay_ms = (b * 13) % 5000
-        time.sleep(delay_ms / 1000)
+        t0 = time.monotonic()
+
+        def until(seen: Any) -> float:
+            with contextlib.closing(self.r()) as r:
+                while proc.poll() is None and time.monotonic() - t0 < 30:
+                    with contextlib.suppress(redis.RedisError):
+                        if seen(r):
+                            break
+                    time.sleep(0.001)
+            return time.monotonic() - t0
+
+        if point == "start":
+            delay_ms = (b * 7) % 3000
+            time.sleep(delay_ms / 1000)
+            when = f"{delay_ms} ms after its start"
+        elif point == "deletes" and sample:
+            at = until(lambda r: r.exists(*sample) < len(sample))
+            when = f"as its deletes began (at {at:.2f} s; {len(found)} keys were there)"
+        else:
+            delay_ms = (b * 7) % 1500
+            at = until(lambda r: r.mget(gens) != before)
+            time.sleep(delay_ms / 1000)
+            when = f"{delay_ms} ms after it fenced the runners (at {at:.2f} s)"
         if proc.poll() is not None:
-            return f"rebuild {name} ended ({proc.returncode}) within {delay_ms} ms"
+            took = time.monotonic() - t0
+            return (
+                f"{padded}rebuild {name} ended ({proc.returncode}) before its kill, {when}, "
+                f"{took:.2f} s"
+            )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert self.out is not None
         self.out.faults["SIGKILL rebuild"] += 1
-        return f"SIGKILL rebuild {name} after {delay_ms} ms"
+        return f"{padded}SIGKILL rebuild {name} {when}"
+
+    def pad(self) -> str:
+        """Once per history: ``PAD_RUNS`` finished runs produced straight into the log, so
+        the projections hold more keys than a rebuild deletes in one batch (500) and a
+        rebuild takes long enough to be killed in the middle of each of its phases."""
+        if self.padded:
+            return ""
+        from confluent_kafka import Producer
+
+        from runlog.schemas import codec
+
+        producer = Producer({**self.s.kafka_common(), "linger.ms": 20})
+        for i in range(PAD_RUNS):
+            rid = f"{self.ns}-pad{i}"
+            part = partition_for(rid, PARTITIONS)
+            for seq, (et, payload) in enumerate(
+                (
+                    (EventType.RUN_STARTED, {"agent": "explorer-pad"}),
+                    (EventType.RUN_FINISHED, {"outcome": "succeeded"}),
+                ),
+                start=1,
+            ):
+                ev = codec.build_event(
+                    et, payload, run_id=rid, tenant="pad", seq=seq, epoch=1, writer_id="pad"
+                )
+                producer.produce(
+                    self.s.events_topic,
+                    codec.encode(ev),
+                    rid,
+                    partition=part,
+                    headers=codec.headers(ev),
+                )
+            producer.poll(0)
+        left = producer.flush(30)
+        self.padded = PAD_RUNS - left
+        return f"padded the log with {PAD_RUNS} finished runs; "
 
     def _ghost_delivered(self, err: Any, msg: Any) -> None:
         if err is None:
