@@ -826,7 +826,9 @@ class Explorer:
 
     def decide_again(self, rid: str, b: int, channel: str) -> str:
         """A second decision, contradicting the one that stands on one of the run's decided
-        approvals: it must be refused, and the first must go on standing."""
+        approvals: it must be refused, and the first must go on standing. With none decided
+        but one pending, the first is taken here (``runlog.decide``) and, once it is in the
+        log, contradicted."""
         from runlog.errors import DecisionConflict
 
         try:
@@ -834,15 +836,24 @@ class Explorer:
         except Exception as exc:  # noqa: BLE001 - a person cannot read it now either
             return f"skip: cannot read {rid}: {type(exc).__name__}"
         decided = sorted(a for a, ap in st.approvals.items() if ap.approved is not None)
+        pending = sorted(a for a in st.pending_approvals if (rid, a) not in self.decided)
+        done = ""
+        if not decided and pending:
+            done = self.decide(rid, approve=b % 2 == 0) + "; then "
+            try:
+                st = fold_valid(self.read(rid))
+            except Exception as exc:  # noqa: BLE001 - a person cannot read it now either
+                return f"{done}skip: cannot read {rid}: {type(exc).__name__}"
+            decided = sorted(a for a, ap in st.approvals.items() if ap.approved is not None)
         if not decided:
-            return f"skip: nothing decided in {rid}"
+            return f"{done}skip: nothing decided in {rid}"
         aid = decided[b % len(decided)]
         first = bool(st.approvals[aid].approved)
         again = not first
         verb = "approve" if again else "reject"
         self.agains.append((rid, aid, first))
         note = "a second, contradicting decision"
-        what = f"{channel} {verb} {aid} of {rid} (first: {'approve' if first else 'reject'})"
+        what = f"{done}{channel} {verb} {aid} of {rid} (first: {'approve' if first else 'reject'})"
         if channel == "owner":
             p = self.spawn_worker(rid, extra=("--decide-again", f"{aid}:{verb}"))
             return f"{what}: by owner {p.name if p else '-'}"
