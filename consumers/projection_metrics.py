@@ -59,6 +59,7 @@ def collect(
     """A JSON-ready snapshot of every projection's progress and of the uncertain queue."""
     highs = {p: watermarks(p) for p in range(settings.partitions)}
     out: dict[str, Any] = {"topic": settings.events_topic, "projections": {}}
+    broken = set(queries.incomplete(client, settings, projections))
     for name in projections:
         parts = queries.positions(client, settings, name)
         per: dict[str, Any] = {}
@@ -71,6 +72,7 @@ def collect(
             "lag": sum(v["lag"] for v in per.values()),
             "applied": sum(int(v["applied"] or 0) for v in per.values()),
             "quarantined": sum(int(v["quarantined"] or 0) for v in per.values()),
+            "rebuild_incomplete": name in broken,
         }
     if "uncertain" in projections:
         rep = queries.uncertain_report(client, settings)
@@ -119,7 +121,14 @@ def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> 
             applied.add_metric(labels, row["applied"])
             quarantined.add_metric(labels, row["quarantined"])
             position.add_metric(labels, -1 if row["position"] is None else row["position"])
-    out: Families = [lag, position, applied, quarantined]
+    incomplete = gauge(
+        "runlog_projection_rebuild_incomplete",
+        "1 while a rebuild that died has left the projection half done (not to be trusted).",
+        ["projection"],
+    )
+    for proj, body in snapshot["projections"].items():
+        incomplete.add_metric([proj], 1 if body.get("rebuild_incomplete") else 0)
+    out: Families = [lag, position, applied, quarantined, incomplete]
     unc = snapshot.get("uncertain")
     if unc is not None:
         open_ = gauge(

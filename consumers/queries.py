@@ -9,7 +9,7 @@ return is what printers show: fields named by ``RUNLOG_REDACT_FIELDS`` come back
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -34,6 +34,17 @@ T = TypeVar("T")
 
 def _keys(settings: Settings, name: str) -> ProjectionKeys:
     return ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
+
+
+def incomplete(client: redis.Redis, settings: Settings, names: Sequence[str]) -> list[str]:
+    """The projections among ``names`` a rebuild left incomplete: it died after it may
+    have started deleting, before its refold reached the end (``runner.rebuild``)."""
+    with client.pipeline(transaction=False) as pipe:
+        # One EXISTS per marker: the markers of several projections share no slot.
+        for name in names:
+            pipe.exists(_keys(settings, name).incomplete_marker())
+        found = pipe.execute()
+    return [n for n, e in zip(names, found, strict=True) if int(e)]
 
 
 def _partitions(settings: Settings) -> range:

@@ -35,7 +35,10 @@ a partition is idle.
 A rebuild fences live runners: it increments each partition's generation, and a runner
 writes only while the generation it read at assignment is still current (checked in the
 same transaction as the position). A fenced runner pauses its partitions until the
-rebuild's marker is gone, then reads the rebuilt positions and continues from them.
+rebuild's marker is gone, then reads the rebuilt positions and continues from them. A
+rebuild that died leaves a second marker, *incomplete* (no TTL): a runner never resumes
+on that projection; the first to see it with the rebuild's own marker expired completes
+the rebuild from zero (``rebuild``, in a thread beside the paused consumer).
 
 A record that cannot be decoded, or whose key is not its event's run id, is quarantined:
 produced (original key, value and headers) to the quarantine topic and acknowledged
@@ -77,6 +80,7 @@ from confluent_kafka import (
 )
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
+from runlog.consumers.queries import incomplete
 from runlog.consumers.store import (
     Batch,
     Decoded,
@@ -86,7 +90,13 @@ from runlog.consumers.store import (
     dumps,
     make_handler,
 )
-from runlog.errors import KafkaUnavailable, RedisUnavailable, RunlogError, SchemaError
+from runlog.errors import (
+    KafkaUnavailable,
+    RedisUnavailable,
+    RegistryUnavailable,
+    RunlogError,
+    SchemaError,
+)
 from runlog.log.kafka import group_config, high_watermark, partitions_of
 from runlog.log.registry import ids_for
 from runlog.projections.run_state import advance
@@ -108,6 +118,8 @@ POSITION_CHECK_S = 2.0
 """How often a live runner compares the stored positions with what it applied."""
 REBUILD_MARKER_TTL_S = 30
 """Lifetime of a rebuild's marker unless renewed: a crashed rebuild frees live runners."""
+TAKEOVER_RETRY_S = 5.0
+"""A runner's attempt to complete a dead rebuild failed: when it tries again."""
 
 _TRANSIENT_REDIS = (redis.ConnectionError, redis.TimeoutError)
 # Replies of a Redis that is up but cannot take this write now. redis-py maps some codes
@@ -278,6 +290,9 @@ class ProjectionRunner:
         self._waiting = False
         """A rebuild fenced this runner: its partitions are paused until it ends."""
         self._checked_at = 0.0
+        self._finisher: threading.Thread | None = None
+        """Completing a rebuild that died (``_while_waiting``), beside the paused consumer."""
+        self._finish_after = 0.0
 
     # Control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -297,7 +312,10 @@ class ProjectionRunner:
                 if not transient_redis_error(exc):
                     raise
                 err: Exception = exc
-            except KafkaUnavailable as exc:
+            except (KafkaUnavailable, RegistryUnavailable) as exc:
+                # A schema registry that does not answer is an outage, not a verdict on the
+                # record: wait for it. A registry that answers "no such id" is the verdict
+                # (``UnknownSchemaId``, a ``SchemaError``): the record is quarantined.
                 err = exc
             self.stats.retries += 1
             log.warning("%s failed (%s); retrying in %.2fs", what, err, delay)
@@ -354,17 +372,70 @@ class ProjectionRunner:
             self._gens[key] = gen
         return {p: min(got[(h.name, p)][0] for h in self.handlers) for p in parts}
 
-    def _rebuild_running(self) -> bool:
-        keys = [h.keys.rebuild_marker() for h in self.handlers]
+    def _rebuild_status(self) -> tuple[bool, list[str]]:
+        """(a rebuild's marker is present, the projections a dead rebuild left incomplete)."""
+        running = [h.keys.rebuild_marker() for h in self.handlers]
+        left = [h.keys.incomplete_marker() for h in self.handlers]
 
-        def read() -> int:
+        def read() -> list[int]:
             # One EXISTS per marker: the markers of several projections share no slot.
             with self.redis.pipeline(transaction=False) as pipe:
-                for key in keys:
+                for key in running + left:
                     pipe.exists(key)
-                return sum(int(n) for n in pipe.execute())
+                return [int(n) for n in pipe.execute()]
 
-        return self._retry("reading rebuild markers", read) > 0
+        found = self._retry("reading rebuild markers", read)
+        names = [h.name for h, n in zip(self.handlers, found[len(running) :], strict=True) if n]
+        return any(found[: len(running)]), names
+
+    def _rebuild_blocks(self) -> bool:
+        running, left = self._rebuild_status()
+        return running or bool(left)
+
+    def _while_waiting(self) -> None:
+        """Paused for a rebuild: resume once it is over and complete, or complete it.
+
+        A rebuild that died leaves its incomplete marker (``rebuild``): once its own marker
+        has expired, this runner refolds those projections from zero (in a thread, so the
+        paused consumer keeps its group membership), unless another rebuild took them.
+        """
+        if self._finisher is not None:
+            if self._finisher.is_alive():
+                return
+            self._finisher = None
+        running, left = self._rebuild_status()
+        if running:
+            return
+        if not left:
+            self._resume_after_rebuild()
+            return
+        if time.monotonic() < self._finish_after:
+            return
+        self._finish_after = time.monotonic() + TAKEOVER_RETRY_S
+        log.warning(
+            "a rebuild of %s died before it finished: completing it from offset zero",
+            "+".join(left),
+        )
+        self._finisher = threading.Thread(
+            target=self._finish_rebuild, args=(left,), name="runlog-finish-rebuild", daemon=True
+        )
+        self._finisher.start()
+
+    def _finish_rebuild(self, names: list[str]) -> None:
+        try:
+            rebuild(self.redis, self.settings, names, takeover=True, stop=self._stop)
+            log.info("completed the rebuild of %s", "+".join(names))
+        except (RebuildBusy, ProjectionRebuilt):
+            log.info("another process is rebuilding %s: waiting for it", "+".join(names))
+        except Stopped:
+            pass
+        except Exception as exc:  # noqa: BLE001 - retried later; the marker keeps everyone out
+            log.warning(
+                "completing the rebuild of %s failed (%s); trying again in %.0fs",
+                "+".join(names),
+                exc,
+                TAKEOVER_RETRY_S,
+            )
 
     def _seek(self, partition: int, pos: int) -> None:
         """Make the consumer fetch ``partition`` from ``pos + 1`` (its beginning if -1)."""
@@ -401,6 +472,12 @@ class ProjectionRunner:
         if not parts or self._waiting:
             return
         got = self.stored(parts)
+        if incomplete_left := self._rebuild_status()[1]:
+            # A rebuild died before its generations moved: nothing deleted yet, but what
+            # the next rebuild or runner refolds must not be written meanwhile.
+            log.warning("%s marked incomplete by a dead rebuild: pausing", incomplete_left)
+            self._wait_for_rebuild(self._consumer)
+            return
         for p in parts:
             for h in self.handlers:
                 key = (h.name, p)
@@ -423,7 +500,7 @@ class ProjectionRunner:
         consumer.assign(partitions)
         self._assigned |= {tp.partition for tp in partitions}
         log.info("assigned %s", {tp.partition: tp.offset for tp in partitions})
-        if self._waiting or self._rebuild_running():
+        if self._waiting or self._rebuild_blocks():
             self._wait_for_rebuild(consumer)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
@@ -521,7 +598,15 @@ class ProjectionRunner:
     def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
         """Apply one partition's batch; False if it was not written and must be refetched
         (the stored position went back) or held back (a rebuild fenced this runner)."""
-        recs = [_record_of(m, self._ids) for m in msgs]
+        if self._ids is None:
+            recs = [_record_of(m, None) for m in msgs]
+        else:
+            # Decoding may ask the schema registry for an id this process has not seen;
+            # while it does not answer, the batch waits (capped backoff), never skipped.
+            recs = self._retry(
+                f"decoding {self.topic}[{partition}] (schema registry {self._ids.url})",
+                functools.partial(self._decode_all, msgs),
+            )
         rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
         if rejected:
             low = self.positions([partition])[partition]
@@ -541,6 +626,9 @@ class ProjectionRunner:
             self._fenced(partition)
             return False
         return True
+
+    def _decode_all(self, msgs: list[Any]) -> list[Decoded | Rejected]:
+        return [_record_of(m, self._ids) for m in msgs]
 
     def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
         """Every projection's effects and position for one partition batch, in one
@@ -818,8 +906,7 @@ class ProjectionRunner:
                 if self._waiting:
                     # Paused partitions return nothing; polling keeps the group membership.
                     self._consumer.consume(self.batch_size, timeout=0.2)
-                    if not self._rebuild_running():
-                        self._resume_after_rebuild()
+                    self._while_waiting()
                     continue
                 # A full batch means a backlog: then take catch-up sized ones, fewer
                 # transactions each.
@@ -840,6 +927,9 @@ class ProjectionRunner:
         except Stopped:
             log.info("stopped while retrying; the unfinished batch was not applied")
         finally:
+            if self._finisher is not None:
+                # It sees the same stop; what it had not refolded stays marked incomplete.
+                self._finisher.join(timeout=30)
             self.close()
 
     def catch_up(
@@ -860,6 +950,20 @@ class ProjectionRunner:
             **{"enable.partition.eof": True},
         )
         try:
+            names = [h.name for h in self.handlers]
+            broken = (
+                []
+                if generations is not None
+                else self._retry(
+                    "reading rebuild markers",
+                    functools.partial(incomplete, self.redis, self.settings, names),
+                )
+            )
+            if broken:
+                raise RebuildIncomplete(
+                    f"a rebuild of {'+'.join(broken)} died before it finished: the projection is "
+                    f"half deleted or half refolded; run `runlog rebuild` (or start a runner)"
+                )
             md = self._retry("reading topic metadata", self._metadata)
             parts = sorted(md)
             targets: dict[int, int] = {}
@@ -954,18 +1058,71 @@ def _delete(client: redis.Redis, keys: list[Any]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
+def _ours(raw: Any, value: str) -> bool:
+    return (raw.decode() if isinstance(raw, bytes) else raw) == value
+
+
+def _delete_if_ours(client: redis.Redis, key: str, value: str) -> None:
+    """Delete a marker only if it still holds this rebuild's value.
+
+    WATCH and MULTI, not a script: projection services may not run scripts (their Redis
+    ACL, ``runlog.security``), and they complete dead rebuilds. One key: any slot.
+    """
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)  # type: ignore[no-untyped-call]
+            if not _ours(pipe.get(key), value):
+                return
+            pipe.multi()
+            pipe.delete(key)
+            pipe.execute()
+        except redis.WatchError:
+            pass  # changed meanwhile: another rebuild's now
+
+
+def _renew_if_ours(client: redis.Redis, key: str, value: str) -> None:
+    """Renew a marker unless another rebuild has taken it over since."""
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)  # type: ignore[no-untyped-call]
+            raw = pipe.get(key)
+            if raw is not None and not _ours(raw, value):
+                return
+            pipe.multi()
+            pipe.set(key, value, ex=REBUILD_MARKER_TTL_S)
+            pipe.execute()
+        except redis.WatchError:
+            pass
+
+
+class RebuildBusy(RunlogError):
+    """Another process is rebuilding the projection (a runner's takeover stands aside)."""
+
+
+class RebuildIncomplete(RunlogError):
+    """A rebuild of the projection died before it finished: rebuild it (or start a runner)."""
+
+
 class _RebuildMarker:
     """The rebuild's marker on each projection, renewed while it runs.
 
-    Live runners wait while it exists; its TTL frees them if the rebuild dies, and they
-    then continue from the positions it reached (each of its batches is atomic).
+    Live runners wait while it exists; its TTL frees them if the rebuild dies. Whether they
+    then continue or refold is the incomplete marker's to say (``rebuild``). ``exclusive``:
+    take the markers only if no other rebuild holds one (a runner completing a dead
+    rebuild), else ``RebuildBusy``; an operator's rebuild takes them regardless.
     """
 
-    def __init__(self, client: redis.Redis, keys: list[str]) -> None:
+    def __init__(self, client: redis.Redis, keys: list[str], *, exclusive: bool = False) -> None:
         self.client = client
         self.keys = keys
+        self.exclusive = exclusive
         self.value = json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": time.time(),
+                "id": uuid.uuid4().hex,
+            }
         )
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._renew, name="runlog-rebuild", daemon=True)
@@ -977,15 +1134,28 @@ class _RebuildMarker:
                 pipe.set(key, self.value, ex=REBUILD_MARKER_TTL_S)
             pipe.execute()
 
+    def _take(self) -> None:
+        taken: list[str] = []
+        for key in self.keys:
+            if not self.client.set(key, self.value, ex=REBUILD_MARKER_TTL_S, nx=True):
+                for k in taken:
+                    _delete_if_ours(self.client, k, self.value)
+                raise RebuildBusy(f"another rebuild holds {key}")
+            taken.append(key)
+
     def _renew(self) -> None:
         while not self._done.wait(REBUILD_MARKER_TTL_S / 6):
             try:
-                self._set()
+                for key in self.keys:
+                    _renew_if_ours(self.client, key, self.value)
             except redis.RedisError as exc:  # the next renewal may pass; the TTL is long
                 log.warning("renewing the rebuild marker failed: %s", exc)
 
     def __enter__(self) -> _RebuildMarker:
-        self._set()
+        if self.exclusive:
+            self._take()
+        else:
+            self._set()
         self._thread.start()
         return self
 
@@ -993,7 +1163,8 @@ class _RebuildMarker:
         self._done.set()
         self._thread.join(timeout=5)
         for key in self.keys:
-            self.client.delete(key)
+            # A later rebuild may have taken the marker over: it is its own to remove.
+            _delete_if_ours(self.client, key, self.value)
 
 
 def rebuild(
@@ -1002,6 +1173,8 @@ def rebuild(
     names: Sequence[str],
     *,
     progress: Callable[[int, int], None] | None = None,
+    takeover: bool = False,
+    stop: threading.Event | None = None,
 ) -> dict[int, int]:
     """Delete the projections and fold the log from offset zero up to today's watermarks.
 
@@ -1010,11 +1183,36 @@ def rebuild(
     runner's next write fails its generation check, in the same transaction as its
     position), deletes the keys and folds. Fenced runners pause until the marker is gone,
     then continue from the rebuilt positions.
+
+    A rebuild can die anywhere (SIGKILL, ^C, a lost host), and deleting thousands of keys
+    and refolding them cannot be one atomic write. So, before its first delete, it sets a
+    second marker per projection, *incomplete*, with no TTL, and removes it only once the
+    refold reached the watermarks. While it exists no runner writes the projection and a
+    plain catch-up refuses it (``RebuildIncomplete``); once the rebuild's own marker has
+    expired, the first runner that sees it completes the rebuild from zero (``takeover``:
+    only if no other rebuild holds the marker), as does the operator's next rebuild.
+
+    Why a durable marker and not a new generation of keys switched by a pointer at the
+    end: every reader (``runlog state``, the run index, the UI, dashboards reading the
+    documented layout) reads a projection's keys where they are, and a Redis Cluster
+    cannot switch many slots' keys at once, so a pointer would be read by every query and
+    a rebuild would hold two copies of the projection. Readers of an incomplete projection
+    are told so (``incomplete``); they are never shown it as current by a runner resuming.
     """
     handlers = [make_handler(n, settings.redis_key_prefix, settings.events_topic) for n in names]
     parts = range(settings.partitions)
     try:
-        with _RebuildMarker(client, [h.keys.rebuild_marker() for h in handlers]):
+        with _RebuildMarker(
+            client, [h.keys.rebuild_marker() for h in handlers], exclusive=takeover
+        ) as marker:
+            # Durable before anything is deleted: from here on, a death leaves the
+            # projection marked incomplete, never silently half deleted. One SET per key
+            # (several projections share no slot); a death between them leaves the rest
+            # intact, their generations not moved yet.
+            with client.pipeline(transaction=False) as pipe:
+                for h in handlers:
+                    pipe.set(h.keys.incomplete_marker(), marker.value)
+                pipe.execute()
             # Each generation fences its own partition (checked in that partition's
             # transactions), so they need not move together: one INCR per key, not one
             # MULTI (which a Redis Cluster refuses across slots).
@@ -1027,6 +1225,13 @@ def rebuild(
             for name in names:
                 delete_projection(client, settings, name)
             runner = ProjectionRunner(settings, client, names)
-            return runner.catch_up(progress=progress, generations=generations)
+            if stop is not None:
+                runner._stop = stop
+            targets = runner.catch_up(progress=progress, generations=generations)
+            # Complete: only now may runners trust and write the projection again. Only
+            # our own mark: one set by a rebuild that started since is that one's to clear.
+            for h in handlers:
+                _delete_if_ours(client, h.keys.incomplete_marker(), marker.value)
+            return targets
     except redis.RedisError as exc:
         raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc

@@ -32,6 +32,10 @@ increments it, and a runner writes only while it holds the current one (checked 
 same MULTI/EXEC as its position, hence the same hash tag)
 ``<prefix>:proj:<name>:rebuild:<topic>``  present (with a TTL the rebuild keeps renewing)
 while a rebuild runs: live runners wait instead of folding alongside it
+``<prefix>:proj:<name>:incomplete:<topic>``  present, with no TTL, from the moment a
+rebuild may start deleting until its refold reached the end: a rebuild that died left the
+projection half deleted or half refolded; runners do not write on it, and the next rebuild
+or the first runner to see it (with no rebuild marker left) refolds it from zero
 
 One event writes what it changed: the open calls and the approval it touched (the run
 state's rules say which, ``run_state.Step``), a message appended, a stored result, an
@@ -144,6 +148,11 @@ class ProjectionKeys:
     def rebuild_marker(self) -> str:
         """Present while a rebuild of this projection runs (outside ``pattern()``)."""
         return f"{self.root}:rebuild:{self.topic}"
+
+    def incomplete_marker(self) -> str:
+        """Present, without a TTL, from a rebuild's first delete until its refold is
+        complete (outside ``pattern()``): a projection not to be trusted or written."""
+        return f"{self.root}:incomplete:{self.topic}"
 
     def pattern(self) -> str:
         """Matches every key of this projection on this topic (for rebuild and tests)."""

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     emit Confluent's wire format. Unset: single-object encoding. Readers accept both."""
     schema_registry_auth: SecretStr | None = None
     """``user:password`` for the registry's basic auth (``RUNLOG_SCHEMA_REGISTRY_AUTH``)."""
+    schema_registry_timeout_ms: int = Field(default=10_000, ge=100)
+    """How long one request may wait for the registry's answer
+    (``RUNLOG_SCHEMA_REGISTRY_TIMEOUT_MS``): a registry that accepts connections but does
+    not answer is then unavailable (readers retry, writers stop), not a hang."""
 
     # SASL/TLS passthrough. Secrets are SecretStr so they never print or serialise.
     security_protocol: str | None = None

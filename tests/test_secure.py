@@ -42,8 +42,8 @@ import runlog
 from runlog import stack
 from runlog.bootstrap import Services
 from runlog.consumers import queries
-from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.runner import ProjectionRunner, rebuild
+from runlog.consumers.store import PROJECTIONS, ProjectionKeys
 from runlog.errors import ConfigError, RedisUnavailable
 from runlog.log.clients import async_redis_client, loop_get, redis_client
 from runlog.producers.lease import Lease, LeaseManager
@@ -422,6 +422,20 @@ def test_projection_service_cannot_touch_a_lease(
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.flushall()
         leases.close()
+
+
+def test_a_projection_service_completes_a_dead_rebuild_as_its_role(
+    secure_stack: stack.StackConfig, prefix: str
+) -> None:
+    """A projection service completes a rebuild that died with its own Redis user: one
+    that may not run scripts (above), so the rebuild's markers must not need one."""
+    projections = _settings(secure_stack, "projections", prefix)
+    with redis_client(projections) as client:
+        keys = ProjectionKeys(projections.redis_key_prefix, "state", projections.events_topic)
+        client.set(keys.incomplete_marker(), "{}")  # what a rebuild that died leaves
+        rebuild(client, projections, ["state"], takeover=True)
+        assert not client.exists(keys.incomplete_marker())
+        assert not client.exists(keys.rebuild_marker())
 
 
 def test_the_asyncio_ownership_check_asks_over_tls_as_its_role(

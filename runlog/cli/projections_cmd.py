@@ -81,7 +81,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "rebuild",
         help="delete a projection and refold it from offset zero to today's end of the log",
         description="Running services of the projection are fenced: they pause while the "
-        "rebuild runs and continue from the rebuilt positions when it is done.",
+        "rebuild runs and continue from the rebuilt positions when it is done. A rebuild "
+        "that dies leaves the projection marked incomplete: the services do not resume on "
+        "it, the first one to see it completes the rebuild from zero (as does this command).",
     )
     p.add_argument("projection", choices=_CHOICES)
     p.set_defaults(func=_rebuild)
@@ -95,6 +97,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _redis(settings: Settings) -> Any:
 
     return redis_client(settings)
+
+
+def _warn_incomplete(client: Any, settings: Settings, names: tuple[str, ...]) -> None:
+    """Say so on stderr when what is about to be shown is a dead rebuild's half-work."""
+    for name in queries.incomplete(client, settings, names):
+        print(
+            f"runlog: WARNING: the {name} projection is incomplete (a rebuild died before it "
+            "finished); a running `runlog project` completes it, or run `runlog rebuild "
+            f"{name}`",
+            file=sys.stderr,
+        )
 
 
 def _project(args: argparse.Namespace) -> int:
@@ -138,7 +151,9 @@ def _project(args: argparse.Namespace) -> int:
 def _state(args: argparse.Namespace) -> int:
 
     settings = Settings()
-    view = queries.get_state(_redis(settings), settings, args.run_id, tenant=args.tenant)
+    client = _redis(settings)
+    _warn_incomplete(client, settings, ("state",))
+    view = queries.get_state(client, settings, args.run_id, tenant=args.tenant)
     if view is None:
         print(f"runlog: run {args.run_id} is not in the state projection", file=sys.stderr)
         return 1
@@ -182,9 +197,9 @@ def _deadlines(items: list[str]) -> dict[str, float]:
 def _uncertain(args: argparse.Namespace) -> int:
 
     settings = Settings()
-    rep = queries.uncertain_report(
-        _redis(settings), settings, deadlines_s=_deadlines(args.deadline)
-    )
+    client = _redis(settings)
+    _warn_incomplete(client, settings, ("uncertain",))
+    rep = queries.uncertain_report(client, settings, deadlines_s=_deadlines(args.deadline))
     if args.json:
         print_json(rep.to_dict())
         return 0
@@ -210,7 +225,9 @@ def _uncertain(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
 
     settings = Settings()
-    entries = queries.get_audit(_redis(settings), settings, args.run_id, tenant=args.tenant)
+    client = _redis(settings)
+    _warn_incomplete(client, settings, ("audit",))
+    entries = queries.get_audit(client, settings, args.run_id, tenant=args.tenant)
     if args.json:
         print_json(entries)
         return 0

@@ -36,7 +36,7 @@ def subject_for(topic: str, event_type: EventType) -> str:
     return f"{topic}-{name}"
 
 
-def _client(url: str, auth: str | None) -> Any:
+def _client(url: str, auth: str | None, timeout_s: float) -> Any:
     # The registry client is an optional dependency (extra ``registry``): import it here.
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -45,7 +45,9 @@ def _client(url: str, auth: str | None) -> Any:
             "a schema registry is configured but its client is not installed: "
             "pip install 'runlog[registry]'"
         ) from exc
-    conf: dict[str, Any] = {"url": url}
+    # The client's default is no timeout at all: a registry that accepted the connection
+    # and never answers would hold its caller forever, with nothing logged.
+    conf: dict[str, Any] = {"url": url, "timeout": timeout_s}
     if auth:
         conf["basic.auth.user.info"] = auth
     return SchemaRegistryClient(conf)
@@ -60,9 +62,11 @@ def _schema(raw: Any) -> Any:
 class RegistryIds:
     """``SchemaIds`` backed by a registry; thread-safe, one per process and topic."""
 
-    def __init__(self, url: str, topic: str, *, auth: str | None = None) -> None:
+    def __init__(
+        self, url: str, topic: str, *, auth: str | None = None, timeout_ms: int = 10_000
+    ) -> None:
         self.url, self.topic = url, topic
-        self._client = _client(url, auth)
+        self._client = _client(url, auth, timeout_ms / 1000)
         self._lock = threading.Lock()
         self._ids: dict[tuple[EventType, int], int] = {}
         self._schemas: dict[int, WriterSchema] = {}
@@ -177,6 +181,7 @@ def ids_for(settings: Settings) -> RegistryIds | None:
     if not settings.schema_registry_url:
         return None
     key = (settings.schema_registry_url, settings.events_topic)
+    # One per (url, topic): the first settings' auth and timeout stand for the process.
     with _shared_lock:
         ids = _shared.get(key)
         if ids is None:
@@ -185,5 +190,6 @@ def ids_for(settings: Settings) -> RegistryIds | None:
                 settings.schema_registry_url,
                 settings.events_topic,
                 auth=auth.get_secret_value() if auth else None,
+                timeout_ms=settings.schema_registry_timeout_ms,
             )
         return ids
