@@ -83,7 +83,7 @@ MODES = (
 MAX_RUNS = 5
 MAX_WORKERS_PER_RUN = 2
 MAX_RUNNERS = 2
-PAD_RUNS = 1200
+PAD_RUNS = 500
 """Finished runs a history's first rebuild kill adds to the log (``Explorer.pad``)."""
 LEASE_TTL_MS = 2000
 PARTITIONS = 3
