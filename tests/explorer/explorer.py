@@ -526,9 +526,13 @@ class Explorer:
         self.n_workers += 1
         name = f"w{self.n_workers}"
         cmd = [sys.executable, str(WORKER), "--run-id", run_id, "--name", name]
-        cmd += ["--plan", json.dumps(plan_for(self.seed, self.plans[run_id]))]
-        cmd += ["--journal", str(self.journal), "--tenant", self.tenants[run_id]]
-        if self.modes[run_id] == "async":
+        # A run the caller added to ``runs`` itself (the soak does) is plain: the default
+        # tenant, sync, the plan of its index.
+        plan = self.plans.setdefault(run_id, self.runs.index(run_id) if run_id in self.runs else 0)
+        tenant = self.tenants.setdefault(run_id, "default")
+        cmd += ["--plan", json.dumps(plan_for(self.seed, plan))]
+        cmd += ["--journal", str(self.journal), "--tenant", tenant]
+        if self.modes.setdefault(run_id, "sync") == "async":
             cmd.append("--async")
         if takeover:
             cmd.append("--takeover")
@@ -811,7 +815,7 @@ class Explorer:
             approved=approve,
             decided_by=by,
             note=note,
-            tenant=self.tenants[rid],
+            tenant=self.tenants.get(rid, "default"),
             settings=self.s,
         )
 
@@ -819,7 +823,7 @@ class Explorer:
         self, rid: str, aid: str, *, approve: bool, by: str, note: str
     ) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "runlog.cli", "approve" if approve else "reject", rid, aid]
-        cmd += ["--tenant", self.tenants[rid], "--by", by, "--note", note]
+        cmd += ["--tenant", self.tenants.get(rid, "default"), "--by", by, "--note", note]
         return subprocess.run(
             cmd, env=self.env, cwd=str(ROOT), capture_output=True, text=True, timeout=120
         )
@@ -1353,10 +1357,9 @@ class Checker:
         ex = self.ex
         problems = []
         for rid, st in states.items():
-            if st.tenant and st.tenant != ex.tenants[rid]:
-                problems.append(
-                    f"{rid}: tenant {st.tenant!a} in the log, started as {ex.tenants[rid]!a}"
-                )
+            began = ex.tenants.get(rid, "default")
+            if st.tenant and st.tenant != began:
+                problems.append(f"{rid}: tenant {st.tenant!a} in the log, started as {began!a}")
         _, _, _, runs = self.ledger()
         for rid in ex.refused:
             events = ex.read(rid)
