@@ -1140,7 +1140,8 @@ class Checker:
        leaves no event and no effect.
     11. A decision is final: a second, contradicting decision (API, CLI or the owner) is
        refused and never reaches the log, the first stands in the fold, and effects follow
-       the first only (an approved retry is counted from standing decisions).
+       the first only (an approved retry is counted from standing decisions; a rejected
+       ``refund`` whose effect happened is undone by its compensation).
     """
 
     def __init__(self, ex: Explorer) -> None:
@@ -1383,6 +1384,17 @@ class Checker:
                 problems.append(
                     f"{rid}: approval {aid} first decided approved={first} reads {got} now"
                 )
+        counts, tools, undone, _ = self.ledger()
+        for rid, st in states.items():
+            for aid, ap in st.approvals.items():
+                key = ap.idempotency_key
+                if ap.approved is not False or key is None or tools.get(key) != "refund":
+                    continue
+                if counts.get(key, 0) > 0 and not undone.get(key):
+                    problems.append(
+                        f"{rid}: {aid} rejected a refund whose effect {key} happened, "
+                        "and nothing undid it (a reversible call's rejection is compensated)"
+                    )
         for rid in self.ex.runs:
             for ev in self.ex.read(rid):
                 if (
