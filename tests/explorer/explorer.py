@@ -525,13 +525,14 @@ class Explorer:
             return None
         self.n_workers += 1
         name = f"w{self.n_workers}"
-        cmd = [sys.executable, str(WORKER), "--run-id", run_id, "--name", name]
+        # ``--run-id=``: a run id may begin with "-", which argparse would take for an option.
+        cmd = [sys.executable, str(WORKER), f"--run-id={run_id}", "--name", name]
         # A run the caller added to ``runs`` itself (the soak does) is plain: the default
         # tenant, sync, the plan of its index.
         plan = self.plans.setdefault(run_id, self.runs.index(run_id) if run_id in self.runs else 0)
         tenant = self.tenants.setdefault(run_id, "default")
         cmd += ["--plan", json.dumps(plan_for(self.seed, plan))]
-        cmd += ["--journal", str(self.journal), "--tenant", tenant]
+        cmd += ["--journal", str(self.journal), f"--tenant={tenant}"]
         if self.modes.setdefault(run_id, "sync") == "async":
             cmd.append("--async")
         if takeover:
@@ -822,8 +823,9 @@ class Explorer:
     def cli_decide(
         self, rid: str, aid: str, *, approve: bool, by: str, note: str
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "runlog.cli", "approve" if approve else "reject", rid, aid]
-        cmd += ["--tenant", self.tenants.get(rid, "default"), "--by", by, "--note", note]
+        cmd = [sys.executable, "-m", "runlog.cli", "approve" if approve else "reject"]
+        cmd += [f"--tenant={self.tenants.get(rid, 'default')}", f"--by={by}", f"--note={note}"]
+        cmd += ["--", rid, aid]  # a run id may begin with "-"
         return subprocess.run(
             cmd, env=self.env, cwd=str(ROOT), capture_output=True, text=True, timeout=120
         )
@@ -1178,7 +1180,11 @@ class Checker:
             self.seen_exits.add(p.name)
             kind = "worker" if p.run_id else "rebuild" if p.name.startswith("rb") else "runner"
             self.ex.out.exits[f"{kind} {EXIT_NAMES.get(code, str(code))}"] += 1
-            unclear = code == 1 or (kind == "runner" and code not in (0, -9, -15))
+            unclear = (
+                code == 1
+                or (kind == "runner" and code not in (0, -9, -15))
+                or (kind == "worker" and code not in EXIT_NAMES)
+            )
             if kind == "worker" and p.refusal and code not in (11, -9):
                 problems.append(
                     f"worker {p.name} of {p.run_id} (tenant {self.ex.tenants[p.run_id]!a}, "
