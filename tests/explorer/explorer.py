@@ -635,11 +635,46 @@ class Explorer:
             self.ledger.rpush(self.lk(f"recon:{rid}:{step.arg}"), "unavailable")
             self.out.faults["reconciler unavailable"] += 1
             return f"next lookup of {step.arg} in {rid}: unavailable"
+        # A decision goes to the first run from ``rid`` on that has something to decide;
+        # with none, it asks for something: the run's next ticket call fails after its
+        # effect, so the run waits for a person (a later decision step finds it).
         if k == "decide_again":
-            return self.decide_again(rid, step.b, step.arg or "api")
+            found = self.run_with(
+                rid,
+                lambda r, st: (
+                    any(ap.approved is not None for ap in st.approvals.values())
+                    or any((r, a) not in self.decided for a in st.pending_approvals)
+                ),
+            )
+            if found is None:
+                return self.provoke(rid)
+            return self.decide_again(found, step.b, step.arg or "api")
         assert k == "decide", k
+        found = self.run_with(
+            rid, lambda r, st: any((r, a) not in self.decided for a in st.pending_approvals)
+        )
+        if found is None:
+            return self.provoke(rid)
         channel, owner = (step.arg or "api as-is").split()
-        return self.decide(rid, approve=step.b % 3 != 0, channel=channel, owner=owner)
+        return self.decide(found, approve=step.b % 3 != 0, channel=channel, owner=owner)
+
+    def run_with(self, rid: str, want: Any) -> str | None:
+        """The first run from ``rid`` on (in start order, wrapping) whose state ``want``s."""
+        i = self.runs.index(rid)
+        for r in self.runs[i:] + self.runs[:i]:
+            try:
+                st = fold_valid(self.read(r))
+            except Exception:  # noqa: BLE001 - a person cannot read it now either
+                continue
+            if want(r, st):
+                return r
+        return None
+
+    def provoke(self, rid: str) -> str:
+        assert self.out is not None
+        self.ledger.rpush(self.lk(f"fault:{rid}:ticket"), "fail-after")
+        self.out.faults["receiver fail-after (so a person is asked)"] += 1
+        return f"nothing to decide: next ticket of {rid}: fail-after (a person will be asked)"
 
     def do(self, step: Step) -> str:
         """Execute one step; return what it did (for the printed history)."""
