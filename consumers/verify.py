@@ -8,7 +8,8 @@ Checks:
 * ``gaps``: valid events have seqs 1..N without a hole, and every record the fold rejected
   is explained: a stale epoch after a takeover (``stale_epoch``, with or without a
   duplicate seq) or a lost ownership claim (``lost_claim``). Anything else is unexplained;
-* ``started_once``: the run has one RUN_STARTED, besides claims that lost a start race;
+* ``started_once``: the run has one RUN_STARTED, besides starts that lost a start race
+  (a claim on an outdated view, or a writer taken over before its start landed);
 * ``tenants``: every record of a tenant that has a MAC key (``RUNLOG_TENANT_KEYS``) is
   authenticated by it; a record another tenant's writer forged fails it, named (the other
   checks see the log as readers do, without it);
@@ -234,17 +235,29 @@ def check_started_once(
 ) -> Check:
     """The run was started once: every RUN_STARTED after the valid one lost a start race.
 
-    A second RUN_STARTED that is not a lost claim means a writer took a run with history
-    for a new one (it located the run wrongly) and may have repeated its effects.
+    A start race is lost two ways: a claim on an outdated view (``lost_claim``, a higher
+    epoch), or a writer whose lease was taken over before its start landed (an epoch below
+    the valid start's: it held the run before the winner did, when the log had no start;
+    the takeover fenced it). Any other RUN_STARTED after the valid one (at or above the
+    valid start's epoch: a writer that counted epochs again or took a run with history
+    for a new one) means it located the run wrongly and may have repeated its effects.
     """
     st = RunState(authority=authority)
     starts = 0
+    started_at_epoch: int | None = None
     again: list[str] = []
     for ev in events:
         why = rejection(st, ev)
         if ev.type is EventType.RUN_STARTED:
             starts += 1
-            if starts > 1 and why != "lost_claim":
+            if why is None and started_at_epoch is None:
+                started_at_epoch = ev.epoch
+            fenced_before = (
+                why == "stale_epoch_duplicate_seq"
+                and started_at_epoch is not None
+                and ev.epoch < started_at_epoch
+            )
+            if starts > 1 and why != "lost_claim" and not fenced_before:
                 verdict = why or "accepted"
                 again.append(f"seq {ev.seq} epoch {ev.epoch} by {ev.writer_id} ({verdict})")
         accept(st, ev)

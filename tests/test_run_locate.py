@@ -204,3 +204,33 @@ def test_verify_fails_a_run_started_twice(
     assert report.records == 4
     (once,) = [c for c in report.checks if c.name == "started_once"]
     assert not once.ok and once.counts == {"run_started": 2}, report.text()
+
+
+def test_verify_passes_a_start_that_lost_a_takeover_race(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A writer took the lease at epoch 1 and appended RUN_STARTED; before that record
+    landed, a supervisor took the run over (epoch 2), saw no history and started it. The
+    epoch-1 start lands after the epoch-2 one: a stale writer fenced by the takeover, as
+    the fold says, not a second start of a run with history (found by the fault explorer,
+    seed 4 of 40 steps). Verify passes it; the same start at the winner's epoch (a writer
+    that counted epochs from 1 again) still fails ``test_verify_fails_a_run_started_twice``.
+    """
+    s = test_settings
+    rid = f"job-{secrets.token_hex(4)}"
+    records = [
+        make_event(EventType.RUN_STARTED, {"agent": "", "goal": ""}, run_id=rid, seq=1, epoch=2),
+        make_event(EventType.USER_MESSAGE, {"content": "one"}, run_id=rid, seq=2, epoch=2),
+        make_event(EventType.RUN_STARTED, {"agent": "", "goal": ""}, run_id=rid, seq=1, epoch=1),
+        make_event(EventType.RUN_FINISHED, {"outcome": "ok"}, run_id=rid, seq=3, epoch=2),
+    ]
+    producer = Producer(s.kafka_common())
+    part = partition_for(rid, s.partitions)
+    for ev in records:
+        producer.produce(s.events_topic, codec.encode(ev), key=rid.encode(), partition=part)
+    assert producer.flush(10) == 0
+
+    report = verify_run(s, redis_client, rid, tenant="t")
+    assert report.ok, report.text()
+    (once,) = [c for c in report.checks if c.name == "started_once"]
+    assert once.counts == {"run_started": 2}, report.text()

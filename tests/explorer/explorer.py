@@ -4,15 +4,18 @@
     python tests/explorer/explorer.py forever [--steps 40]      # random seeds until one fails
 
 A seed deterministically generates a history of steps: operations (start, resume and
-take over real worker processes; queue receiver and reconciler faults for a tool call;
-approve or reject what a run asks a person; start, stop, kill and pause projection
-runners) interleaved with faults (SIGKILL and SIGSTOP/SIGCONT of workers and runners,
-Redis restarted with its data, without it or rolled back to an older copy, a partition
-leader killed or a broker restarted, partitions added to the events topic, hostile
-records produced into it). Steps name their targets by index ("the 2nd live worker"), so
-a history still means something with any of its steps dropped: that is what shrinking
-relies on. Timing is real (processes, brokers), so a replay is the same history, not the
-same interleaving to the microsecond.
+take over real worker processes, sync or asyncio with every call at once, under run ids
+of every shape a caller may choose and tenants from hostile alphabets; queue receiver
+and reconciler faults for a tool call; approve or reject what a run asks a person,
+through the API, the CLI or the run's owner, with its worker killed first or one running,
+and contradict a decision already taken; start, stop, kill and pause projection runners)
+interleaved with faults (SIGKILL and SIGSTOP/SIGCONT of workers and runners, a
+``runlog rebuild`` killed part way, Redis restarted with its data, without it or rolled
+back to an older copy, a partition leader killed or a broker restarted, partitions added
+to the events topic, hostile records produced into it). Steps name their targets by
+index ("the 2nd live worker"), so a history still means something with any of its steps
+dropped: that is what shrinking relies on. Timing is real (processes, brokers), so a
+replay is the same history, not the same interleaving to the microsecond.
 
 After every step the checker looks at what can be checked cheaply (no effect doubled,
 no worker stopped with an unclear error, every run's log sound); at the end it heals
@@ -56,9 +59,9 @@ import redis  # noqa: E402
 from workers.common import FAST_TAKEOVER, worker_env  # noqa: E402
 
 from runlog import stack  # noqa: E402
-from runlog.log.reader import LogReader  # noqa: E402
+from runlog.log.reader import START_SKEW_MS, LogReader  # noqa: E402
 from runlog.projections.run_state import RunState, accept, apply  # noqa: E402
-from runlog.schemas.keys import partition_for  # noqa: E402
+from runlog.schemas.keys import MAX_RUN_ID_LEN, partition_for, tenant_problem  # noqa: E402
 from runlog.schemas.models import Event  # noqa: E402
 from runlog.schemas.vocabulary import EventType  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
@@ -80,10 +83,19 @@ MODES = (
 MAX_RUNS = 5
 MAX_WORKERS_PER_RUN = 2
 MAX_RUNNERS = 2
+PAD_RUNS = 500
+"""Finished runs a history's first rebuild kill adds to the log (``Explorer.pad``)."""
 LEASE_TTL_MS = 2000
 PARTITIONS = 3
 # Step kinds that act on one of the runs (chosen by the step's ``a``): skipped while none exists.
-STEPS_ON_A_RUN = ("resume", "takeover", "receiver_fault", "recon_unavailable", "decide")
+STEPS_ON_A_RUN = (
+    "resume",
+    "takeover",
+    "receiver_fault",
+    "recon_unavailable",
+    "decide",
+    "decide_again",
+)
 EXIT_NAMES = {
     0: "ok",
     1: "UNCLEAR",
@@ -94,6 +106,7 @@ EXIT_NAMES = {
     7: "ToolFailed",
     9: "ConfigError",
     10: "Unavailable",
+    11: "InvalidTenant",
     -9: "SIGKILL",
 }
 
@@ -125,6 +138,62 @@ WEIGHTS: dict[str, int] = {
 }
 CLUSTER_KINDS = {"leader_kill", "broker_restart"}
 
+# Kinds added after seeds were first recorded. They are drawn from a second stream of the
+# seed (``generate``), inserted after a step of the first stream, so an old seed keeps its
+# sequence of the kinds above (with their a and b) and gains some of these in between; its
+# last steps move past ``steps`` when these are inserted.
+NEW_WEIGHTS: dict[str, int] = {
+    "decide_again": 3,
+    # A rebuild SIGKILLed part way (``runlog rebuild all``): the projections must still
+    # equal a rebuild from zero at the end.
+    "rebuild_kill": 2,
+}
+NEW_RATE = 0.12
+"""Chance that a step of the first stream is followed by one of ``NEW_WEIGHTS``."""
+
+# How a ``start`` names its run: each shape a caller may choose. Minted-looking ids
+# ("r" + 12 hex digits of ms + 16) whose time is far ahead, just past the reader's skew
+# (it becomes "reachable" during the history), behind, now, or not hex at all.
+RUN_ID_SHAPES: dict[str, int] = {
+    "plain": 8,
+    "minted-future-far": 2,
+    "minted-future-near": 2,
+    "minted-past": 2,
+    "minted-now": 2,
+    "minted-odd": 1,
+    "uuid": 2,
+    "long": 1,
+    "odd-chars": 2,
+}
+# Tenant names a run is started under: valid ones from several alphabets, and ones
+# runlog must refuse (InvalidTenant): the worker exits EXIT_INVALID_TENANT, nothing else.
+TENANTS: tuple[str, ...] = (
+    "default",
+    "acme",
+    "Zürich-Ωmega",
+    "東京支店",
+    "big corp inc",
+    "o'neil & sons, ltd. (#1) / \\ ~!",
+    "日本語 und Deutsch 🙂",
+    "a:b",
+    "{hash",
+    "tag}",
+    "}lead",
+    "*",
+    "evil\u202eacme",
+    "zero\u200bwidth",
+    "nbsp\u00a0name",
+    "tab\tname",
+    "",
+)
+TENANT_WEIGHTS = (20, 3, 2, 2, 2, 2, 2, *(0.5,) * 10)
+MODES_OF_A_RUN = {"sync": 4, "async": 1}
+DECIDE_CHANNELS = ("api", "cli", "owner")
+# Who holds the run when a person decides: whatever the history left, its worker killed
+# first (nobody: the decision is appended at once), or a worker started just before.
+OWNER_STATES = ("as-is", "kill-first", "owner-live")
+TOOL_SET = "|".join(TOOLS)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -138,12 +207,41 @@ class Step:
         return f"{self.kind}(a={self.a}, b={self.b}{extra})"
 
 
+def _pick(rng: random.Random, table: dict[str, int]) -> str:
+    return rng.choices(list(table), list(table.values()))[0]
+
+
+def start_arg(rng: random.Random) -> str:
+    shape = _pick(rng, RUN_ID_SHAPES)
+    tenant = rng.choices(range(len(TENANTS)), TENANT_WEIGHTS)[0]
+    return f"{shape} t{tenant} {_pick(rng, MODES_OF_A_RUN)}"
+
+
+def decide_arg(rng: random.Random) -> str:
+    return f"{rng.choice(DECIDE_CHANNELS)} {rng.choice(OWNER_STATES)}"
+
+
+def new_step(rng: random.Random) -> Step:
+    kind = _pick(rng, NEW_WEIGHTS)
+    a, b = rng.randrange(1000), rng.randrange(1000)
+    arg = rng.choice(DECIDE_CHANNELS) if kind == "decide_again" else ""
+    return Step(kind, a, b, arg)
+
+
 def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
-    """The history a seed stands for: the same seed always gives the same steps."""
+    """The history a seed stands for: the same seed always gives the same steps.
+
+    The first stream (``random.Random(seed)``) draws the kinds of ``WEIGHTS`` with their
+    a and b, as it always did; a second stream of the seed draws what came later: the
+    kinds of ``NEW_WEIGHTS`` inserted between them, and the variants of a step (a start's
+    run id shape, tenant and mode; a decision's channel and who holds the run).
+    """
     rng = random.Random(seed)
+    extra = random.Random(f"extra:{seed}")
     kinds = [k for k in WEIGHTS if cluster or k not in CLUSTER_KINDS]
     weights = [WEIGHTS[k] for k in kinds]
-    out: list[Step] = [Step("runner_start"), Step("start")]
+    # The first run is plain, of the default tenant and sync: the core of every history.
+    out: list[Step] = [Step("runner_start"), Step("start", arg="plain t0 sync")]
     grown = False
     while len(out) < steps:
         kind = rng.choices(kinds, weights)[0]
@@ -157,8 +255,70 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
             arg = f"{rng.choice(TOOLS)}:{rng.choice(MODES)}"
         elif kind == "recon_unavailable":
             arg = rng.choice(("refund", "charge"))
+        elif kind == "start":
+            arg = start_arg(extra)
+        elif kind == "decide":
+            arg = decide_arg(extra)
         out.append(Step(kind, a, b, arg))
+        if extra.random() < NEW_RATE:
+            out.append(new_step(extra))
     return out[:steps]
+
+
+def make_run_id(step: Step, ns: str, index: int) -> str:
+    """The run id a ``start`` step names, in the shape its arg says (hex digits from the
+    step's a and b, so a replay has the same shape; minted times are relative to now)."""
+    shape = step.arg.split()[0] if step.arg else "plain"
+    rng = random.Random(f"run-id:{step.a}:{step.b}:{index}")
+    now_ms = int(time.time() * 1000)
+    tail = rng.randbytes(8).hex()
+    if shape.startswith("minted-") and shape != "minted-odd":
+        offset_ms = {
+            "minted-future-far": rng.randrange(86_400_000, 10 * 365 * 86_400_000),
+            # Past the reader's skew by a few seconds: during the history the id's "time"
+            # goes from ahead of the clock to reachable while the run is mid-way.
+            "minted-future-near": START_SKEW_MS + rng.randrange(1_000, 8_000),
+            "minted-past": -rng.randrange(60_000, 5 * 365 * 86_400_000),
+            "minted-now": 0,
+        }[shape]
+        return f"r{now_ms + offset_ms:012x}{tail}"
+    if shape == "minted-odd":
+        # 29 characters starting with r, but what int(_, 16) makes of the "time" varies:
+        # negative, underscores, upper case, not hex at all.
+        head = rng.choice(
+            ("-" + f"{now_ms:011x}"[-11:], "0_000_0000_0", f"{now_ms:012X}", "zzzzzzzzzzzz")
+        )
+        return f"r{head}{tail}"
+    if shape == "uuid":
+        return str(uuid.UUID(bytes=rng.randbytes(16), version=4))
+    if shape == "long":
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:@-"
+        head = f"{ns}-r{index}-"
+        length = MAX_RUN_ID_LEN - rng.randrange(0, 4)
+        return head + "".join(rng.choice(alphabet) for _ in range(length - len(head)))
+    if shape == "odd-chars":
+        pattern = rng.choice(
+            (
+                "{ns}.r{i}",
+                ":{ns}:r{i}:",
+                "@{ns}@r{i}",
+                "..{ns}..r{i}",
+                "-_{ns}_-r{i}",
+                "{i}.{ns}@x:y",
+            )
+        )
+        return pattern.format(ns=ns, i=index)
+    return f"{ns}-r{index}"
+
+
+def tenant_of(step: Step) -> str:
+    parts = step.arg.split()
+    return TENANTS[int(parts[1][1:])] if len(parts) > 1 else "default"
+
+
+def mode_of(step: Step) -> str:
+    parts = step.arg.split()
+    return parts[2] if len(parts) > 2 else "sync"
 
 
 def plan_for(seed: int, index: int) -> list[list[Any]]:
@@ -282,6 +442,8 @@ class Proc:
     run_id: str = ""
     paused_until: float = 0.0
     log: Path | None = None
+    refusal: bool = False
+    """A worker whose tenant runlog must refuse: InvalidTenant (or SIGKILL) is its only exit."""
 
 
 @dataclass
@@ -333,6 +495,17 @@ class Explorer:
         self._producer: Any = None
         self.ghosts: list[tuple[int, int]] = []
         self.kinds_done: set[str] = set()
+        self.tenants: dict[str, str] = {}
+        self.modes: dict[str, str] = {}
+        self.plans: dict[str, int] = {}
+        self.refused: list[str] = []
+        """Runs started under a tenant name runlog refuses: nothing of them may exist."""
+        self.agains: list[tuple[str, str, bool]] = []
+        """(run, approval, the first decision) of every contradicting decision tried."""
+        self.step_problems: list[str] = []
+        """Violations a step saw itself (a contradicting decision accepted)."""
+        self.rebuilds: list[Proc] = []
+        self.padded = 0
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -344,26 +517,48 @@ class Explorer:
     def alive(self, procs: list[Proc]) -> list[Proc]:
         return [p for p in procs if p.proc.poll() is None]
 
-    def spawn_worker(self, run_id: str, *, takeover: bool = False) -> Proc | None:
-        if self.grown:
-            # Every open is refused on a grown topic; one worker per run shows it.
-            pass
+    def spawn_worker(
+        self, run_id: str, *, takeover: bool = False, extra: tuple[str, ...] = ()
+    ) -> Proc | None:
         live = [w for w in self.alive(self.workers) if w.run_id == run_id]
         if len(live) >= MAX_WORKERS_PER_RUN:
             return None
         self.n_workers += 1
         name = f"w{self.n_workers}"
-        idx = self.runs.index(run_id)
-        cmd = [sys.executable, str(WORKER), "--run-id", run_id, "--name", name]
-        cmd += ["--plan", json.dumps(plan_for(self.seed, idx)), "--journal", str(self.journal)]
+        # ``--run-id=``: a run id may begin with "-", which argparse would take for an option.
+        cmd = [sys.executable, str(WORKER), f"--run-id={run_id}", "--name", name]
+        # A run the caller added to ``runs`` itself (the soak does) is plain: the default
+        # tenant, sync, the plan of its index.
+        plan = self.plans.setdefault(run_id, self.runs.index(run_id) if run_id in self.runs else 0)
+        tenant = self.tenants.setdefault(run_id, "default")
+        cmd += ["--plan", json.dumps(plan_for(self.seed, plan))]
+        cmd += ["--journal", str(self.journal), f"--tenant={tenant}"]
+        if self.modes.setdefault(run_id, "sync") == "async":
+            cmd.append("--async")
         if takeover:
             cmd.append("--takeover")
+        cmd += extra
         log = self.dir / f"{name}.log"
         with open(log, "wb") as fh:
             proc = subprocess.Popen(cmd, env=self.env, cwd=str(ROOT), stdout=fh, stderr=fh)
-        p = Proc(name, proc, run_id, log=log)
+        p = Proc(name, proc, run_id, log=log, refusal=run_id in self.refused)
         self.workers.append(p)
         return p
+
+    def kill_workers_of(self, rid: str) -> int:
+        n = 0
+        for w in self.alive(self.workers):
+            if w.run_id == rid:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(signal.SIGCONT)
+                    w.proc.send_signal(signal.SIGKILL)
+                w.proc.wait(timeout=10)
+                w.paused_until = 0.0
+                n += 1
+        if n:
+            assert self.out is not None
+            self.out.faults["SIGKILL worker (before a decision)"] += n
+        return n
 
     def spawn_runner(self) -> None:
         if len(self.alive(self.runners)) >= MAX_RUNNERS:
@@ -440,20 +635,65 @@ class Explorer:
             self.ledger.rpush(self.lk(f"recon:{rid}:{step.arg}"), "unavailable")
             self.out.faults["reconciler unavailable"] += 1
             return f"next lookup of {step.arg} in {rid}: unavailable"
+        # A decision goes to the first run from ``rid`` on that has something to decide;
+        # with none, it asks for something: the run's next ticket call fails after its
+        # effect, so the run waits for a person (a later decision step finds it).
+        if k == "decide_again":
+            found = self.run_with(
+                rid,
+                lambda r, st: (
+                    any(ap.approved is not None for ap in st.approvals.values())
+                    or any((r, a) not in self.decided for a in st.pending_approvals)
+                ),
+            )
+            if found is None:
+                return self.provoke(rid)
+            return self.decide_again(found, step.b, step.arg or "api")
         assert k == "decide", k
-        return self.decide(rid, approve=step.b % 3 != 0)
+        found = self.run_with(
+            rid, lambda r, st: any((r, a) not in self.decided for a in st.pending_approvals)
+        )
+        if found is None:
+            return self.provoke(rid)
+        channel, owner = (step.arg or "api as-is").split()
+        return self.decide(found, approve=step.b % 3 != 0, channel=channel, owner=owner)
+
+    def run_with(self, rid: str, want: Any) -> str | None:
+        """The first run from ``rid`` on (in start order, wrapping) whose state ``want``s."""
+        i = self.runs.index(rid)
+        for r in self.runs[i:] + self.runs[:i]:
+            try:
+                st = fold_valid(self.read(r))
+            except Exception:  # noqa: BLE001 - a person cannot read it now either
+                continue
+            if want(r, st):
+                return r
+        return None
+
+    def provoke(self, rid: str) -> str:
+        assert self.out is not None
+        self.ledger.rpush(self.lk(f"fault:{rid}:ticket"), "fail-after")
+        self.out.faults["receiver fail-after (so a person is asked)"] += 1
+        return f"nothing to decide: next ticket of {rid}: fail-after (a person will be asked)"
 
     def do(self, step: Step) -> str:
         """Execute one step; return what it did (for the printed history)."""
         assert self.out is not None
         k = step.kind
         if k == "start":
-            if len(self.runs) >= MAX_RUNS:
+            if len(self.runs) + len(self.refused) >= MAX_RUNS:
                 return "skip: enough runs"
-            rid = f"{self.ns}-r{len(self.runs)}"
-            self.runs.append(rid)
+            index = len(self.runs) + len(self.refused)
+            rid = make_run_id(step, self.ns, index)
+            tenant = tenant_of(step)
+            self.tenants[rid], self.modes[rid], self.plans[rid] = tenant, mode_of(step), index
+            if tenant_problem(tenant) is None:
+                self.runs.append(rid)
+            else:
+                self.refused.append(rid)
+                self.out.faults["tenant name runlog must refuse"] += 1
             p = self.spawn_worker(rid)
-            return f"start {rid} as {p.name if p else '-'}"
+            return f"start {rid} of tenant {tenant!a} ({self.modes[rid]}) as {p.name if p else '-'}"
         if k in STEPS_ON_A_RUN:
             rid = self.run_of(step.a)
             return "skip: no run" if rid is None else self.do_on_run(step, rid)
@@ -544,6 +784,8 @@ class Explorer:
             stack.start_node(self.cfg, node)
             self.out.faults["broker restart"] += 1
             return f"restart node {node}"
+        if k == "rebuild_kill":
+            return self.rebuild_kill(step.b)
         if k == "hostile":
             n = self.hostile(step.b)
             self.out.faults["hostile records"] += n
@@ -560,9 +802,10 @@ class Explorer:
             return f"events topic grown to {PARTITIONS + 3} partitions"
         raise ValueError(f"unknown step {k}")
 
-    def decide(self, rid: str, *, approve: bool) -> str:
-        import runlog
-
+    def decide(self, rid: str, *, approve: bool, channel: str = "api", owner: str = "as-is") -> str:
+        """A person's decision on the run's first pending approval, through ``channel``
+        (``runlog.decide``, ``runlog approve|reject``, or the owner's ``Run.decide``), with
+        the run's workers killed first, a worker started just before, or as it is."""
         try:
             events = self.read(rid)
         except Exception as exc:  # noqa: BLE001 - a person cannot read it now either
@@ -572,19 +815,203 @@ class Explorer:
         if not pending:
             return f"skip: nothing pending in {rid}"
         aid = sorted(pending)[0]
+        verb = "approve" if approve else "reject"
+        how = ""
+        if owner == "kill-first":
+            how = f"killed {self.kill_workers_of(rid)} workers first; "
+        if channel == "owner":
+            p = self.spawn_worker(rid, takeover=owner == "kill-first", extra=("--decide", verb))
+            return f"{how}owner {p.name if p else '-'} of {rid} to {verb} its first pending"
+        if owner == "owner-live":
+            p = self.spawn_worker(rid)
+            time.sleep(1.0)  # its start-up: the decision finds it holding the run (or gone)
+            how = f"with {p.name if p else 'its workers'} running; "
+        note = "" if approve else "rejected by the explorer"
+        if channel == "cli":
+            done = self.cli_decide(rid, aid, approve=approve, by="explorer", note=note)
+            if done.returncode != 0:
+                return (
+                    f"{how}cli {verb} {aid} of {rid}: exit {done.returncode}: {done.stderr[-160:]}"
+                )
+            self.decided.add((rid, aid))
+            return f"{how}cli {verb} {aid} of {rid}: {done.stdout.strip()[-80:]}"
         try:
-            how = runlog.decide(
-                rid,
-                aid,
-                approved=approve,
-                decided_by="explorer",
-                note="" if approve else "rejected by the explorer",
-                settings=self.s,
-            )
+            got = self.api_decide(rid, aid, approve=approve, by="explorer", note=note)
         except Exception as exc:  # noqa: BLE001 - refused or unavailable: recorded as such
-            return f"decide {aid} of {rid}: {type(exc).__name__}: {exc}"[:200]
+            return f"{how}decide {aid} of {rid}: {type(exc).__name__}: {exc}"[:240]
         self.decided.add((rid, aid))
-        return f"{'approve' if approve else 'reject'} {aid} of {rid}: {how}"
+        return f"{how}{verb} {aid} of {rid}: {got}"
+
+    def api_decide(self, rid: str, aid: str, *, approve: bool, by: str, note: str) -> str:
+        import runlog
+
+        return runlog.decide(
+            rid,
+            aid,
+            approved=approve,
+            decided_by=by,
+            note=note,
+            tenant=self.tenants.get(rid, "default"),
+            settings=self.s,
+        )
+
+    def cli_decide(
+        self, rid: str, aid: str, *, approve: bool, by: str, note: str
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "runlog.cli", "approve" if approve else "reject"]
+        cmd += [f"--tenant={self.tenants.get(rid, 'default')}", f"--by={by}", f"--note={note}"]
+        cmd += ["--", rid, aid]  # a run id may begin with "-"
+        return subprocess.run(
+            cmd, env=self.env, cwd=str(ROOT), capture_output=True, text=True, timeout=120
+        )
+
+    def decide_again(self, rid: str, b: int, channel: str) -> str:
+        """A second decision, contradicting the one that stands on one of the run's decided
+        approvals: it must be refused, and the first must go on standing. With none decided
+        but one pending, the first is taken here (``runlog.decide``) and, once it is in the
+        log, contradicted."""
+        from runlog.errors import DecisionConflict
+
+        try:
+            st = fold_valid(self.read(rid))
+        except Exception as exc:  # noqa: BLE001 - a person cannot read it now either
+            return f"skip: cannot read {rid}: {type(exc).__name__}"
+        decided = sorted(a for a, ap in st.approvals.items() if ap.approved is not None)
+        pending = sorted(a for a in st.pending_approvals if (rid, a) not in self.decided)
+        done = ""
+        if not decided and pending:
+            done = self.decide(rid, approve=b % 2 == 0) + "; then "
+            try:
+                st = fold_valid(self.read(rid))
+            except Exception as exc:  # noqa: BLE001 - a person cannot read it now either
+                return f"{done}skip: cannot read {rid}: {type(exc).__name__}"
+            decided = sorted(a for a, ap in st.approvals.items() if ap.approved is not None)
+        if not decided:
+            return f"{done}skip: nothing decided in {rid}"
+        aid = decided[b % len(decided)]
+        first = bool(st.approvals[aid].approved)
+        again = not first
+        verb = "approve" if again else "reject"
+        self.agains.append((rid, aid, first))
+        note = "a second, contradicting decision"
+        what = f"{done}{channel} {verb} {aid} of {rid} (first: {'approve' if first else 'reject'})"
+        if channel == "owner":
+            p = self.spawn_worker(rid, extra=("--decide-again", f"{aid}:{verb}"))
+            return f"{what}: by owner {p.name if p else '-'}"
+        if channel == "cli":
+            done = self.cli_decide(rid, aid, approve=again, by="explorer-again", note=note)
+            if done.returncode == 0:
+                self.step_problems.append(f"{what} was accepted by the CLI: {done.stdout!r:.200}")
+            return f"{what}: exit {done.returncode}"
+        try:
+            got = self.api_decide(rid, aid, approve=again, by="explorer-again", note=note)
+        except DecisionConflict:
+            return f"{what}: refused (DecisionConflict)"
+        except Exception as exc:  # noqa: BLE001 - unavailable: recorded as such
+            return f"{what}: {type(exc).__name__}: {exc}"[:240]
+        self.step_problems.append(f"{what} was accepted by runlog.decide: {got}")
+        return f"{what}: ACCEPTED ({got})"
+
+    def rebuild_kill(self, b: int) -> str:
+        """``runlog rebuild all`` SIGKILLed part way, at a point it is seen to reach: up to
+        3 s after it was started (its start-up, or done already); as soon as its deletes
+        began (a key of the projections it found gone: the next batches not deleted yet);
+        or up to 1.5 s after it fenced the runners (a partition's generation moved: it
+        deletes, then refolds from offset zero)."""
+        from runlog.consumers.runner import make_handler
+        from runlog.consumers.store import PROJECTIONS
+
+        handlers = [
+            make_handler(n, self.s.redis_key_prefix, self.s.events_topic) for n in PROJECTIONS
+        ]
+        gens = [h.keys.gen(p) for h in handlers for p in range(PARTITIONS)]
+        padded = self.pad()
+        point = ("start", "deletes", "refold", "refold")[b % 4]
+        before: list[Any] = []
+        sample: list[bytes] = []
+        found: list[bytes] = []
+        with contextlib.closing(self.r()) as r, contextlib.suppress(redis.RedisError):
+            before = r.mget(gens)
+            if point == "deletes":
+                found = list(r.scan_iter(match=handlers[0].keys.pattern(), count=1000))
+                sample = random.Random(b).sample(found, min(40, len(found)))
+        name = f"rb{len(self.rebuilds) + 1}"
+        log = self.dir / f"{name}.log"
+        cmd = [sys.executable, "-m", "runlog.cli", "rebuild", "all"]
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, env=self.env, cwd=str(ROOT), stdout=fh, stderr=fh)
+        p = Proc(name, proc, log=log)
+        self.rebuilds.append(p)
+        t0 = time.monotonic()
+
+        def until(seen: Any) -> float:
+            with contextlib.closing(self.r()) as r:
+                while proc.poll() is None and time.monotonic() - t0 < 30:
+                    with contextlib.suppress(redis.RedisError):
+                        if seen(r):
+                            break
+                    time.sleep(0.001)
+            return time.monotonic() - t0
+
+        if point == "start":
+            delay_ms = (b * 7) % 3000
+            time.sleep(delay_ms / 1000)
+            when = f"{delay_ms} ms after its start"
+        elif point == "deletes" and sample:
+            at = until(lambda r: r.exists(*sample) < len(sample))
+            when = f"as its deletes began (at {at:.2f} s; {len(found)} keys were there)"
+        else:
+            delay_ms = (b * 7) % 1500
+            at = until(lambda r: r.mget(gens) != before)
+            time.sleep(delay_ms / 1000)
+            when = f"{delay_ms} ms after it fenced the runners (at {at:.2f} s)"
+        if proc.poll() is not None:
+            took = time.monotonic() - t0
+            return (
+                f"{padded}rebuild {name} ended ({proc.returncode}) before its kill, {when}, "
+                f"{took:.2f} s"
+            )
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert self.out is not None
+        self.out.faults["SIGKILL rebuild"] += 1
+        return f"{padded}SIGKILL rebuild {name} {when}"
+
+    def pad(self) -> str:
+        """Once per history: ``PAD_RUNS`` finished runs produced straight into the log, so
+        the projections hold more keys than a rebuild deletes in one batch (500) and a
+        rebuild takes long enough to be killed in the middle of each of its phases."""
+        if self.padded:
+            return ""
+        from confluent_kafka import Producer
+
+        from runlog.schemas import codec
+
+        producer = Producer({**self.s.kafka_common(), "linger.ms": 20})
+        for i in range(PAD_RUNS):
+            rid = f"{self.ns}-pad{i}"
+            part = partition_for(rid, PARTITIONS)
+            for seq, (et, payload) in enumerate(
+                (
+                    (EventType.RUN_STARTED, {"agent": "explorer-pad"}),
+                    (EventType.RUN_FINISHED, {"outcome": "succeeded"}),
+                ),
+                start=1,
+            ):
+                ev = codec.build_event(
+                    et, payload, run_id=rid, tenant="pad", seq=seq, epoch=1, writer_id="pad"
+                )
+                producer.produce(
+                    self.s.events_topic,
+                    codec.encode(ev),
+                    rid,
+                    partition=part,
+                    headers=codec.headers(ev),
+                )
+            producer.poll(0)
+        left = producer.flush(30)
+        self.padded = PAD_RUNS - left
+        return f"padded the log with {PAD_RUNS} finished runs; "
 
     def _ghost_delivered(self, err: Any, msg: Any) -> None:
         if err is None:
@@ -699,7 +1126,7 @@ class Explorer:
 
     def teardown(self) -> None:
         self.cont_paused(all_of_them=True)
-        for p in self.workers + self.runners:
+        for p in self.workers + self.runners + self.rebuilds:
             if p.proc.poll() is None:
                 p.proc.kill()
             with contextlib.suppress(Exception):
@@ -742,7 +1169,16 @@ class Checker:
     7. Nothing waits forever without being named: a run that is not finished has a
        pending approval or an open call in the uncertain-call queue (or its topic was
        grown, and every open of it is refused by design).
-    8. No worker or runner stopped with an unclear error (a traceback).
+    8. No worker, runner or rebuild stopped with an unclear error (a traceback).
+    9. One start per run: one valid RUN_STARTED, and at most one worker ever opened the
+       run as new (whatever its id's shape and whatever Redis lost).
+    10. Tenants: a run of a valid tenant name carries it in every event, end to end; a
+       name runlog refuses stops its worker with ``InvalidTenant`` and nothing else, and
+       leaves no event and no effect.
+    11. A decision is final: a second, contradicting decision (API, CLI or the owner) is
+       refused and never reaches the log, the first stands in the fold, and effects follow
+       the first only (an approved retry is counted from standing decisions; a rejected
+       ``refund`` whose effect happened is undone by its compensation).
     """
 
     def __init__(self, ex: Explorer) -> None:
@@ -752,6 +1188,9 @@ class Checker:
     # ------------------------------------------------------------- cheap, every step
     def after_step(self) -> list[str]:
         problems = self.exits()
+        problems += self.ex.step_problems
+        self.ex.step_problems = []
+        problems += self.owners_accepted_again()
         planted = os.environ.get("EXPLORER_PLANT")
         if planted and self.ex.kinds_done >= set(planted.split(",")):
             # A planted failure (tests of the shrinker): fails once these kinds all ran.
@@ -769,17 +1208,43 @@ class Checker:
     def exits(self) -> list[str]:
         assert self.ex.out is not None
         problems: list[str] = []
-        for p in self.ex.workers + self.ex.runners:
+        for p in self.ex.workers + self.ex.runners + self.ex.rebuilds:
             code = p.proc.poll()
             if code is None or p.name in self.seen_exits:
                 continue
             self.seen_exits.add(p.name)
-            kind = "worker" if p.run_id else "runner"
+            kind = "worker" if p.run_id else "rebuild" if p.name.startswith("rb") else "runner"
             self.ex.out.exits[f"{kind} {EXIT_NAMES.get(code, str(code))}"] += 1
-            unclear = code == 1 or (kind == "runner" and code not in (0, -9, -15))
-            if unclear:
+            unclear = (
+                code == 1
+                or (kind == "runner" and code not in (0, -9, -15))
+                or (kind == "worker" and code not in EXIT_NAMES)
+            )
+            if kind == "worker" and p.refusal and code not in (11, -9):
+                problems.append(
+                    f"worker {p.name} of {p.run_id} (tenant {self.ex.tenants[p.run_id]!a}, "
+                    f"which runlog must refuse) exited {code}, not InvalidTenant"
+                )
+            elif kind == "worker" and not p.refusal and code == 11:
+                problems.append(
+                    f"worker {p.name} of {p.run_id}: valid tenant "
+                    f"{self.ex.tenants[p.run_id]!a} refused as invalid"
+                )
+            elif unclear:
                 tail = p.log.read_text(errors="replace")[-1500:] if p.log else ""
                 problems.append(f"{kind} {p.name} {p.run_id} exited {code}:\n{tail}")
+        return problems
+
+    def owners_accepted_again(self) -> list[str]:
+        """An owner that recorded a second, contradicting decision (``--decide-again``)."""
+        problems = []
+        for line in self.ex.journal.read_text().splitlines():
+            j = json.loads(line)
+            if j["kind"] == "decide-accepted" and j.get("by") == "explorer-again":
+                problems.append(
+                    f"owner {j['worker']} of {j['run']} recorded a second, contradicting "
+                    f"decision on {j['approval_id']}"
+                )
         return problems
 
     def ledger(self) -> tuple[dict[str, int], dict[str, str], dict[str, int], dict[str, str]]:
@@ -869,6 +1334,8 @@ class Checker:
             problems += [f"{rid}: {p}" for p in self.acks(rid, events)]
         problems += self.doubles(approved)
         problems += self.forgotten(states)
+        problems += self.tenants(states)
+        problems += self.decisions_final(states)
         problems += self.projections()
         ex.set_aside_ghosts()
         problems += self.verify_all()
@@ -886,6 +1353,7 @@ class Checker:
         epochs_used = {ev.epoch for ev in valid_at.values()}
         problems = []
         opens: list[int] = []
+        starters: list[str] = []
         for line in self.ex.journal.read_text().splitlines():
             j = json.loads(line)
             if j["run"] != rid:
@@ -894,6 +1362,8 @@ class Checker:
                 if any(e >= j["epoch"] and e in epochs_used for e in opens):
                     problems.append(f"{j['worker']} opened at epoch {j['epoch']} after {opens}")
                 opens.append(j["epoch"])
+                if j["seq"] == 1:
+                    starters.append(f"{j['worker']} at epoch {j['epoch']}")
             if j["kind"] != "ack":
                 continue
             self.ex.out.acks += 1
@@ -905,6 +1375,8 @@ class Checker:
                 )
             elif j["event_id"] and ev.event_id != j["event_id"]:
                 problems.append(f"acked seq {j['seq']} ({j['worker']}) is another event")
+        if len(starters) > 1:
+            problems.append(f"started as a new run by {len(starters)} workers: {starters}")
         return problems
 
     def forgotten(self, states: dict[str, RunState]) -> list[str]:
@@ -921,6 +1393,59 @@ class Checker:
                 f"effect {key} ({tools.get(key)}) of {runs.get(key)} is neither completed, "
                 "open nor compensated in the log: forgotten"
             )
+        return problems
+
+    def tenants(self, states: dict[str, RunState]) -> list[str]:
+        ex = self.ex
+        problems = []
+        for rid, st in states.items():
+            began = ex.tenants.get(rid, "default")
+            if st.tenant and st.tenant != began:
+                problems.append(f"{rid}: tenant {st.tenant!a} in the log, started as {began!a}")
+        _, _, _, runs = self.ledger()
+        for rid in ex.refused:
+            events = ex.read(rid)
+            if events:
+                problems.append(
+                    f"{rid} of refused tenant {ex.tenants[rid]!a} has {len(events)} events"
+                )
+            effects = [k for k, r in runs.items() if r == rid]
+            if effects:
+                problems.append(f"{rid} of refused tenant has effects {effects[:3]}")
+        return problems
+
+    def decisions_final(self, states: dict[str, RunState]) -> list[str]:
+        """Every contradicting decision tried: refused, so the first still stands."""
+        problems = []
+        for rid, aid, first in self.ex.agains:
+            st = states.get(rid)
+            ap = None if st is None else st.approvals.get(aid)
+            if ap is None or ap.approved is not first:
+                got = None if ap is None else ap.approved
+                problems.append(
+                    f"{rid}: approval {aid} first decided approved={first} reads {got} now"
+                )
+        counts, tools, undone, _ = self.ledger()
+        for rid, st in states.items():
+            for aid, ap in st.approvals.items():
+                key = ap.idempotency_key
+                if ap.approved is not False or key is None or tools.get(key) != "refund":
+                    continue
+                if counts.get(key, 0) > 0 and not undone.get(key):
+                    problems.append(
+                        f"{rid}: {aid} rejected a refund whose effect {key} happened, "
+                        "and nothing undid it (a reversible call's rejection is compensated)"
+                    )
+        for rid in self.ex.runs:
+            for ev in self.ex.read(rid):
+                if (
+                    ev.type is EventType.APPROVAL_DECIDED
+                    and getattr(ev.payload, "decided_by", "") == "explorer-again"
+                ):
+                    problems.append(
+                        f"{rid}: a refused, contradicting decision on {ev.payload.approval_id} "
+                        f"is in the log at seq {ev.seq}"
+                    )
         return problems
 
     def projections(self) -> list[str]:
@@ -1001,8 +1526,12 @@ class Checker:
 
 
 def approvals_of(events: list[Event]) -> Counter[str]:
-    """Keys a person approved to retry (each approval may add one effect)."""
+    """Keys a person approved to retry (each approval may add one effect).
+
+    Only the decision that stands counts (the first valid one of its approval): a later,
+    superseded approval must not let an effect happen again."""
     requested: dict[str, str] = {}
+    decided: set[str] = set()
     out: Counter[str] = Counter()
     for ev, ok in verdicts(events):
         if not ok:
@@ -1010,9 +1539,10 @@ def approvals_of(events: list[Event]) -> Counter[str]:
         p = ev.payload
         if ev.type is EventType.APPROVAL_REQUESTED and getattr(p, "idempotency_key", None):
             requested[p.approval_id] = p.idempotency_key
-        elif ev.type is EventType.APPROVAL_DECIDED and p.approved:
+        elif ev.type is EventType.APPROVAL_DECIDED and p.approval_id not in decided:
+            decided.add(p.approval_id)
             key = requested.get(p.approval_id)
-            if key is not None:
+            if p.approved and key is not None:
                 out[key] += 1
     return out
 
@@ -1026,6 +1556,9 @@ def log_problems(events: list[Event]) -> list[str]:
         problems.append("valid seqs not contiguous from 1")
     if good[0].type is not EventType.RUN_STARTED:
         problems.append(f"first valid event is {good[0].type.value}")
+    started = [ev.seq for ev in good if ev.type is EventType.RUN_STARTED]
+    if len(started) > 1:
+        problems.append(f"{len(started)} valid RUN_STARTED (seqs {started})")
     owners: dict[int, set[str]] = {}
     for ev in good:
         owners.setdefault(ev.epoch, set()).add(ev.writer_id)

@@ -1,6 +1,7 @@
 """An agent worker process the explorer starts, kills, pauses and takes over.
 
     python tests/explorer/worker.py --run-id R --plan JSON --journal FILE [--takeover]
+        [--tenant T] [--async] [--decide approve|reject] [--decide-again AID:approve|reject]
 
 The plan is the run's script: a list of ``[tool, args]`` calls, each followed by a user
 message, then ``finish``. A worker re-executed from the top recomputes the same keys, so
@@ -24,11 +25,19 @@ Receiver and reconciler faults are queued in the ledger by the explorer (``fault
 ``recon:<run>:<tool>``) and taken one per call, so a fault hits the next call of that tool
 whichever worker makes it. Every append the worker was told is durable goes to the
 journal (one O_APPEND line), so the checker can look for it in the log afterwards.
+
+``--async`` drives the run through ``runlog.aio``: every call of the plan is issued at
+once (``asyncio.gather``) on one ``AsyncRun``. ``--decide`` makes the owner decide its
+own first pending approval (``Run.decide``) before it goes on; ``--decide-again`` makes it
+contradict a decision already in the log, which must be refused (``DecisionConflict``,
+journaled as ``decide-refused``; an accepted one is ``decide-accepted``, a finding). A
+tenant name runlog refuses exits ``EXIT_INVALID_TENANT``: an expected refusal.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -45,10 +54,13 @@ import redis  # noqa: E402
 from workers.common import EXIT_OK, stopped_by  # noqa: E402
 
 import runlog  # noqa: E402
+import runlog.aio  # noqa: E402
 from runlog.bootstrap import Services  # noqa: E402
 from runlog.errors import (  # noqa: E402
     AppendOutcomeUnknown,
     ConfigError,
+    DecisionConflict,
+    InvalidTenant,
     KafkaUnavailable,
     RedisUnavailable,
 )
@@ -60,6 +72,7 @@ from runlog.settings import Settings  # noqa: E402
 EXIT_UNCLEAR = 1
 EXIT_CONFIG = 9
 EXIT_UNAVAILABLE = 10
+EXIT_INVALID_TENANT = 11
 HUGE_BYTES = 2 * 1024 * 1024
 ODD_RESULT = "odd \ud800 result \x00 with NUL, \u202e RTL and \x1b[31m escapes"
 
@@ -218,7 +231,7 @@ class Journal:
         finally:
             os.close(fd)
 
-    def ack(self, run: runlog.Run, event_id: str | None = None) -> None:
+    def ack(self, run: runlog.Run | runlog.aio.AsyncRun, event_id: str | None = None) -> None:
         self.write("ack", seq=run.state.seq, epoch=run.epoch, event_id=event_id)
 
 
@@ -252,6 +265,9 @@ def _exit_code(exc: Exception, journal: Journal) -> int:
         if isinstance(exc, runlog.Escalated):
             journal.write("escalated", approval_id=exc.approval_id)
         return stopped[1]
+    if isinstance(exc, InvalidTenant):
+        journal.write("invalid-tenant", error=str(exc)[:300])
+        return EXIT_INVALID_TENANT
     if isinstance(exc, ConfigError):
         journal.write("config", error=str(exc)[:300])
         return EXIT_CONFIG
@@ -262,6 +278,122 @@ def _exit_code(exc: Exception, journal: Journal) -> int:
     return EXIT_UNCLEAR
 
 
+Decision = tuple[str, bool, str, str]
+"""What the owner decides: approval id ("" for its first pending one), approve, by, note."""
+
+
+def owner_decisions(opts: argparse.Namespace) -> list[Decision]:
+    out: list[Decision] = []
+    if opts.decide:
+        out.append(("", opts.decide == "approve", "explorer-owner", "decided by its owner"))
+    if opts.decide_again:
+        aid, verdict = opts.decide_again.rsplit(":", 1)
+        out.append((aid, verdict == "approve", "explorer-again", "a second, contradicting one"))
+    return out
+
+
+def _which(run: runlog.Run | runlog.aio.AsyncRun, aid: str) -> str | None:
+    if aid:
+        return aid if aid in run.state.approvals else None
+    pending = sorted(run.state.pending_approvals)
+    return pending[0] if pending else None
+
+
+def decide_as_owner(run: runlog.Run, decisions: list[Decision], journal: Journal) -> None:
+    for want, approved, by, note in decisions:
+        aid = _which(run, want)
+        if aid is None:
+            continue
+        try:
+            run.decide(aid, approved=approved, decided_by=by, note=note)
+        except DecisionConflict:
+            journal.write("decide-refused", approval_id=aid, approved=approved, by=by)
+            continue
+        journal.write("decide-accepted", approval_id=aid, approved=approved, by=by)
+        journal.ack(run)
+
+
+async def decide_as_async_owner(
+    run: runlog.aio.AsyncRun, decisions: list[Decision], journal: Journal
+) -> None:
+    for want, approved, by, note in decisions:
+        aid = _which(run, want)
+        if aid is None:
+            continue
+        try:
+            await run.decide(aid, approved=approved, decided_by=by, note=note)
+        except DecisionConflict:
+            journal.write("decide-refused", approval_id=aid, approved=approved, by=by)
+            continue
+        journal.write("decide-accepted", approval_id=aid, approved=approved, by=by)
+        journal.ack(run)
+
+
+async def drive_async(
+    run: runlog.aio.AsyncRun, plan: list[list[Any]], journal: Journal, pace_s: float
+) -> None:
+    """Every call of the plan at once on one run (``asyncio.gather``): runlog serves them
+    one after another; each effect still happens once per key. A proven failure is asked
+    again (the same key) after the others, as the sync worker does at once."""
+    await asyncio.sleep(pace_s)
+    got = await asyncio.gather(
+        *(run.call_tool(tool, args) for tool, args in plan), return_exceptions=True
+    )
+    journal.ack(run)
+    for (tool, args), result in zip(plan, got, strict=True):
+        if isinstance(result, runlog.ToolFailed):
+            for attempt in range(2):
+                try:
+                    await run.call_tool(tool, args)
+                    break
+                except runlog.ToolFailed:
+                    journal.ack(run)
+                    if attempt == 1:
+                        raise
+            journal.ack(run)
+        elif isinstance(result, BaseException):
+            raise result
+    for i in range(len(plan)):
+        content = f"after call {i}"
+        if not any(m.content == content for m in run.state.messages):
+            ev = await run.append(runlog.EventType.USER_MESSAGE, content=content)
+            journal.ack(run, ev.event_id)
+    if run.state.status != "finished":
+        ev = await run.finish("succeeded", f"{len(plan)} calls")
+        journal.ack(run, ev.event_id)
+
+
+async def main_async(
+    opts: argparse.Namespace, settings: Settings, rx: Receiver, journal: Journal
+) -> int:
+    plan = json.loads(opts.plan)
+    code = EXIT_OK
+    run: runlog.aio.AsyncRun | None = None
+    try:
+        run = await runlog.aio.open_run(
+            opts.run_id,
+            tenant=opts.tenant,
+            tools=make_tools(rx),
+            settings=settings,
+            agent="explorer",
+            takeover=opts.takeover,
+        )
+        journal.write("open", epoch=run.epoch, seq=run.state.seq, pid=os.getpid(), mode="async")
+        if run.state.status != "finished":
+            journal.ack(run)
+            await decide_as_async_owner(run, owner_decisions(opts), journal)
+            await drive_async(run, plan, journal, float(os.environ.get("EXPLORER_PACE_S", "0.3")))
+    except Exception as exc:  # noqa: BLE001 - anything not named here is a finding: exit 1
+        code = _exit_code(exc, journal)
+    finally:
+        if run is not None:
+            try:
+                await run.close()
+            except runlog.RunlogError as exc:
+                print(f"close: {exc}", file=sys.stderr)
+    return code
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-id", required=True)
@@ -269,25 +401,42 @@ def main() -> int:
     ap.add_argument("--plan", required=True)
     ap.add_argument("--journal", required=True)
     ap.add_argument("--takeover", action="store_true")
+    ap.add_argument("--tenant", default="default")
+    ap.add_argument("--async", dest="use_async", action="store_true")
+    ap.add_argument("--decide", choices=("approve", "reject"), default=None)
+    ap.add_argument("--decide-again", default=None, metavar="AID:approve|reject")
     opts = ap.parse_args()
     settings = Settings()
     rx = Receiver(os.environ["EXPLORER_LEDGER_URL"], os.environ["EXPLORER_LEDGER_NS"], opts.run_id)
     journal = Journal(opts.journal, opts.run_id, opts.name)
+    if opts.use_async:
+        code = asyncio.run(main_async(opts, settings, rx, journal))
+    else:
+        code = main_sync(opts, settings, rx, journal)
+    with contextlib.suppress(Exception):  # closing a broken worker's clients: best effort
+        Services.shared(settings).close()
+    journal.write("exit", code=code)
+    return code
+
+
+def main_sync(opts: argparse.Namespace, settings: Settings, rx: Receiver, journal: Journal) -> int:
     plan = json.loads(opts.plan)
     code = EXIT_OK
     run: runlog.Run | None = None
     try:
         run = runlog.open_run(
             opts.run_id,
+            tenant=opts.tenant,
             tools=make_tools(rx),
             settings=settings,
             agent="explorer",
             takeover=opts.takeover,
         )
-        journal.write("open", epoch=run.epoch, seq=run.state.seq, pid=os.getpid())
+        journal.write("open", epoch=run.epoch, seq=run.state.seq, pid=os.getpid(), mode="sync")
         if run.state.status != "finished":
             # A finished run is opened without an append: its last event is an older epoch's.
             journal.ack(run)
+            decide_as_owner(run, owner_decisions(opts), journal)
             drive(run, plan, journal, float(os.environ.get("EXPLORER_PACE_S", "0.3")))
     except Exception as exc:  # noqa: BLE001 - anything not named here is a finding: exit 1
         code = _exit_code(exc, journal)
@@ -297,9 +446,6 @@ def main() -> int:
                 run.close()
             except runlog.RunlogError as exc:
                 print(f"close: {exc}", file=sys.stderr)
-    with contextlib.suppress(Exception):  # closing a broken worker's clients: best effort
-        Services.shared(settings).close()
-    journal.write("exit", code=code)
     return code
 
 
