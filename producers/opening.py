@@ -308,20 +308,25 @@ def submit_decision(
     entry = json.dumps(fields, sort_keys=True)
     reason = f"decision by {decided_by}"
     key = decisions_key(deps, tenant, run_id)
-    try:
-        run = open_run_with(
-            deps,
-            run_id,
-            tenant=tenant,
-            tools=tools,
-            wait_s=0,
-            recover=False,
-            create=False,
-            reason=reason,
-        )
-    except RunLocked:
-        pass
-    else:
+
+    def take_if_free() -> Run | None:
+        """The run, if no one holds it (a decider records in the log itself), else None."""
+        try:
+            return open_run_with(
+                deps,
+                run_id,
+                tenant=tenant,
+                tools=tools,
+                wait_s=0,
+                recover=False,
+                create=False,
+                reason=reason,
+            )
+        except RunLocked:
+            return None
+
+    run = take_if_free()
+    if run is not None:
         with run:
             run.decide(
                 approval_id,
@@ -337,20 +342,8 @@ def submit_decision(
     while True:
         state = _run_state(deps, tenant, run_id)
         if standing_decision(state, approval_id) is None:
-            try:
-                run = open_run_with(
-                    deps,
-                    run_id,
-                    tenant=tenant,
-                    tools=tools,
-                    wait_s=0,
-                    recover=False,
-                    create=False,
-                    reason=reason,
-                )
-            except RunLocked:
-                pass
-            else:
+            run = take_if_free()
+            if run is not None:
                 with run:  # the run is free now: record what its inbox holds, ours included
                     run.poll_decisions()
                     state, how = run.state, "recorded"
