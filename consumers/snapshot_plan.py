@@ -27,9 +27,9 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.snapshots import SnapshotStore
 from runlog.log.fold import fold_range, locate
 from runlog.log.reader import LogReader
+from runlog.log.snapshots import SnapshotStore
 from runlog.settings import Settings
 from runlog.topics import delete_topics
 

@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 import redis
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from runlog.consumers import metrics
-from runlog.consumers.snapshots import SnapshotInvalid
 from runlog.errors import InvalidRunId, KafkaUnavailable, SchemaError, UnreadableRecord
+from runlog.log import metrics
 from runlog.log.authority import authority_for
 from runlog.log.fold import fold_range
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
+from runlog.log.snapshots import SnapshotInvalid
 from runlog.projections.run_state import (
     RULES,
     RunState,
@@ -61,7 +61,7 @@ from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, cl
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
-    from runlog.consumers.snapshots import SnapshotStore
+    from runlog.log.snapshots import SnapshotStore
 
 EXPLAINED = frozenset({"stale_epoch", "stale_epoch_duplicate_seq", "lost_claim"})
 FORGED = "forged_decision"

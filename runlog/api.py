@@ -10,10 +10,10 @@ from runlog.consumers.projection_metrics import serve
 from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.question import Question
 from runlog.consumers.question import question as ask
-from runlog.consumers.replay import replay
 from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import DecisionConflict, UnknownApproval, UnknownRun
 from runlog.log.reader import LogReader
+from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision

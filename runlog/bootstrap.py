@@ -14,10 +14,10 @@ from typing import ClassVar, Generic, TypeVar
 
 import redis
 
-from runlog.consumers.snapshots import SnapshotStore
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.log.registry import ids_for
+from runlog.log.snapshots import SnapshotStore
 from runlog.log.tail import LogTail
 from runlog.producers.lease import LeaseManager
 from runlog.producers.run import RunDeps

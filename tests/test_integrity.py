@@ -188,7 +188,7 @@ def test_tenant_key_files_are_checked(tmp_path: Path) -> None:
 def test_a_snapshot_folded_under_other_keys_is_a_cache_miss(tmp_path: Path) -> None:
     """Which decisions and records a state counts depends on the keys it was folded under:
     a snapshot is continued only by a reader that trusts the same ones."""
-    from runlog.consumers.snapshots import SnapshotInvalid, decode_body, encode_body
+    from runlog.log.snapshots import SnapshotInvalid, decode_body, encode_body
 
     signer, public = _signer(tmp_path)
     keys = parse_public_keys(public)

@@ -26,12 +26,12 @@ from workers.common import services_for
 import runlog
 from runlog import stack
 from runlog.consumers.queries import get_state
-from runlog.consumers.replay import replay
 from runlog.consumers.runner import rebuild
 from runlog.errors import RegistryUnavailable, SchemaError, UnknownSchemaId
 from runlog.log import registry as regmod
 from runlog.log.reader import LogReader
 from runlog.log.registry import RegistryIds, ids_for, subject_for
+from runlog.log.replay import replay
 from runlog.producers.writer import EventWriter
 from runlog.projections.run_state import RunState
 from runlog.schemas import codec

@@ -11,8 +11,8 @@ from replay_support import FIXTURE_VERSIONS, Fixture, FixtureRecord, load_fixtur
 
 import runlog
 from runlog.cli import main as cli_main
-from runlog.consumers.replay import replay
 from runlog.consumers.verify import check_gaps, verify_events, verify_run
+from runlog.log.replay import replay
 from runlog.producers.tools import tool
 from runlog.projections.run_state import RunState, apply, fold
 from runlog.schemas.models import ApprovalDecided

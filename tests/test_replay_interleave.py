@@ -12,7 +12,7 @@ import time
 import redis
 from replay_support import OPS, synthetic_log
 
-from runlog.consumers.replay import replay
+from runlog.log.replay import replay
 from runlog.producers.writer import EventWriter
 from runlog.schemas import codec
 from runlog.schemas.keys import new_run_id, partition_for, start_key

@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replay_support import OPS, synthetic_log
 
-import runlog.consumers.snapshots as snapshots_mod
+import runlog.log.snapshots as snapshots_mod
 from runlog.bootstrap import Services
-from runlog.consumers import metrics
-from runlog.consumers.replay import replay
-from runlog.consumers.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
 from runlog.consumers.verify import verify_run
+from runlog.log import metrics
+from runlog.log.replay import replay
+from runlog.log.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
 from runlog.producers.opening import open_run_with
 from runlog.projections.run_state import RunState, fold
 from runlog.schemas.vocabulary import EventType

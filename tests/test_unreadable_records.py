@@ -16,9 +16,9 @@ from workers.common import services_for
 import runlog
 from runlog.cli import EXIT_FAILURE, EXIT_OK
 from runlog.cli import main as cli_main
-from runlog.consumers.replay import replay
 from runlog.consumers.verify import verify_run
 from runlog.errors import UnreadableRecord
+from runlog.log.replay import replay
 from runlog.log.setaside import list_set_aside
 from runlog.producers.writer import EventWriter
 from runlog.schemas.keys import new_run_id

@@ -12,7 +12,7 @@ A worker subprocess (``benchmarks.worker append``) owns a run and appends every 
 All are timed from the signal to the successor's first acknowledged append.
 
 Then the cost of resuming a long run: ``open_run`` of a closed N-event run (replay from
-its first offset, or from a snapshot plus the tail when ``consumers.snapshots`` exists),
+its first offset, or from a snapshot plus the tail when ``runlog.log.snapshots`` exists),
 against ``open_run`` of a new run (the fixed cost every open pays).
 """
 

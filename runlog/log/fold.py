@@ -47,7 +47,7 @@ Progress = Callable[[int, int], None]
 
 
 class SnapshotSource(Protocol):
-    """What a reader needs of a snapshot store (``runlog.consumers.snapshots`` is one)."""
+    """What a reader needs of a snapshot store (``runlog.log.snapshots`` is one)."""
 
     def load(
         self, tenant: str, run_id: str, *, partition: int, max_seq: int | None = None

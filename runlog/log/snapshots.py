@@ -50,8 +50,8 @@ from typing import Any, Protocol
 
 import redis
 
-from runlog.consumers import metrics
 from runlog.errors import RedisUnavailable, RunlogError
+from runlog.log import metrics
 from runlog.log.authority import authority_for, tenant_keys_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from runlog.consumers import metrics
+from runlog.log import metrics
 from runlog.log.fold import Progress, SnapshotSource, Source, read_run
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
