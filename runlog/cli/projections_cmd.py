@@ -15,12 +15,12 @@ import sys
 from typing import Any
 
 from runlog.cli.groups import print_json
+from runlog.cli.progress import progress_bar
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.notify import hook_from_settings
 from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
 from runlog.errors import ConfigError, UnknownRun
 from runlog.log.clients import redis_client
-from runlog.log.fold import progress_bar
 from runlog.settings import Settings
 
 _CHOICES = ("state", "uncertain", "audit", "all", "notify")

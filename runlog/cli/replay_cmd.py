@@ -8,6 +8,7 @@ from typing import Any
 
 from runlog.benchmarks.synthetic import write_synthetic_run
 from runlog.cli.groups import EXIT_USAGE, print_json
+from runlog.cli.progress import progress_bar
 from runlog.consumers import snapshot_plan as sp
 from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.redaction import redact_entry, secret_fields
@@ -15,7 +16,6 @@ from runlog.consumers.verify import run_starts, verify_run
 from runlog.errors import UnknownRun
 from runlog.log import metrics
 from runlog.log.clients import redis_client
-from runlog.log.fold import progress_bar
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.log.snapshots import SnapshotStore
