@@ -6,11 +6,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
-from runlog.consumers.projection_metrics import serve
-from runlog.consumers.queries import refuse_other_tenant
-from runlog.consumers.question import Question
-from runlog.consumers.question import question as ask
-from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import DecisionConflict, UnknownApproval, UnknownRun
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
@@ -21,7 +16,13 @@ from runlog.producers.writer import APPENDS, BARRIERS
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.settings import Settings
 
+# Opening and using a run loads the writer and log access only: the read side that decide,
+# question and serve_metrics share with the projection services (the run's timeline, the
+# question put to a person, the metrics server) is imported when one of them is called.
+# tests/test_layout.py checks that importing this module loads no ``runlog.consumers``.
 if TYPE_CHECKING:
+    from runlog.consumers.question import Question
+    from runlog.consumers.timeline import Timeline
     from runlog.producers.run import Run
     from runlog.producers.tools import Tool
 
@@ -174,6 +175,8 @@ def question(
     ``UnknownApproval``). A decided approval's question names the decision that stands.
     """
 
+    from runlog.consumers.question import question as ask
+
     check_run_id(run_id)
     check_tenant(tenant)
     services = Services.shared(settings or Settings())
@@ -182,6 +185,9 @@ def question(
 
 def _timeline(services: Services, tenant: str, run_id: str) -> Timeline:
     """The run's story as ``tenant`` sees it; another tenant's run is ``TenantMismatch``."""
+    from runlog.consumers.queries import refuse_other_tenant
+    from runlog.consumers.timeline import run_timeline
+
     state = replay(services.settings, services.redis, run_id, tenant=tenant).state
     if state.status == "new":
         raise UnknownRun(f"run {run_id} has no events", run_id=run_id)
@@ -209,6 +215,8 @@ def append_metrics() -> dict[str, float]:
 def serve_metrics(port: int, host: str = "127.0.0.1") -> Callable[[], None]:
     """Serve this worker's lease and append metrics (and its CPU and memory) for
     Prometheus at ``http://host:port/metrics``; returns a function that stops the server."""
+
+    from runlog.consumers.projection_metrics import serve
 
     server, _ = serve(port, telemetry.families, host)
     return server.shutdown

@@ -103,6 +103,93 @@ def _imports(module: str, path: Path) -> list[tuple[str, int]]:
     return [(t, n) for t, n in found if t == "runlog" or t.startswith("runlog.")]
 
 
+def _loaded_imports(module: str, path: Path) -> list[str]:
+    """The runlog modules importing ``module`` loads: its top-level imports (in ``if`` and
+    ``try`` blocks too), not those inside functions or under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    found: list[str] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                for part in (
+                    node.body,
+                    node.orelse,
+                    node.finalbody,
+                    *(h.body for h in node.handlers),
+                ):
+                    walk(part)
+            elif isinstance(node, ast.Import):
+                found.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".")
+                    base = base if is_pkg else base[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                subs = [f"{target}.{a.name}" for a in node.names]
+                found.extend([t for t in subs if t in MODULES] or [target])
+
+    walk(tree.body)
+    out = []
+    for name in found:
+        parts = name.split(".")
+        # Importing a.b.c runs a/__init__ and a/b/__init__ first.
+        out += [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return [t for t in out if t in MODULES]
+
+
+def _import_closure(roots: tuple[str, ...]) -> dict[str, str]:
+    """Every runlog module importing ``roots`` loads -> the module that first imported it."""
+    seen: dict[str, str] = {r: r for r in roots}
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        for target in _loaded_imports(module, MODULES[module]):
+            if target not in seen:
+                seen[target] = module
+                todo.append(target)
+    return seen
+
+
+# The worker facade: what a worker imports to open and use a run.
+WORKER_FACADE = ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap", "runlog.producers.run")
+
+
+def test_the_worker_facade_loads_no_projection_service() -> None:
+    """Opening a run reads its log (snapshot cache, replay, fold) through log access; the
+    projection services (runners, stores, queries, timelines) are never loaded by it."""
+    closure = _import_closure(WORKER_FACADE)
+    services = sorted(
+        f"{m} (imported by {by})" for m, by in closure.items() if m.startswith("runlog.consumers")
+    )
+    assert not services, "the worker facade loads projection services:\n" + "\n".join(services)
+    # It does load the log access the writer reads through.
+    assert {"runlog.log.snapshots", "runlog.log.replay", "runlog.log.fold"} <= closure.keys()
+
+
+def test_the_facade_check_would_catch_a_service_import(tmp_path: Path) -> None:
+    """The checker itself: a top-level service import is found, a call-time one is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from runlog.consumers import queries\n"
+        "if TYPE_CHECKING:\n    from runlog.consumers.store import RUN_STATE\n"
+        "def later() -> None:\n    from runlog.consumers.timeline import Timeline\n"
+    )
+    got = _loaded_imports("runlog.bad", bad)
+    assert "runlog.consumers.queries" in got
+    assert "runlog.consumers.store" not in got
+    assert "runlog.consumers.timeline" not in got
+
+
 def test_every_import_points_down_and_peers_stay_apart() -> None:
     problems: list[str] = []
     for module, path in MODULES.items():
