@@ -1,6 +1,6 @@
 """Delivering the notifications the notify projection owes: a person learns a decision waits.
 
-The projection (``store.NotifyHandler``) queues one notification per approval requested,
+The projection (``stores.notify``) queues one notification per approval requested,
 atomically with its position. This loop delivers them to a hook: a Python callable that
 takes the notification (a JSON-ready dict) and raises if it did not take it, or a
 ``Webhook`` that POSTs it as JSON with an ``Idempotency-Key`` header equal to the
@@ -37,7 +37,8 @@ from urllib.parse import quote, urlsplit
 
 import redis
 
-from runlog.consumers.store import NOTIFY, ProjectionKeys, dumps
+from runlog.consumers.store import ProjectionKeys, dumps
+from runlog.consumers.stores import NOTIFY
 from runlog.errors import ConfigError, NotificationFailed, RedisUnavailable
 from runlog.settings import Settings
 

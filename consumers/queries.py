@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import redis
 
 from runlog.consumers.redaction import redact_entry, secret_fields
-from runlog.consumers.store import PROJECTIONS, RUN_STATE, ProjectionKeys, load_state_view
+from runlog.consumers.store import RUN_STATE, ProjectionKeys, load_state_view
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import RedisUnavailable, TenantMismatch
 from runlog.schemas.keys import check_run_id, partition_for
 from runlog.settings import Settings

@@ -83,15 +83,14 @@ from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, T
 from runlog.consumers.notify import Hook, Notifier
 from runlog.consumers.queries import incomplete
 from runlog.consumers.store import (
-    NOTIFY,
     Batch,
     Decoded,
     Handler,
     Rejected,
     Writes,
     dumps,
-    make_handler,
 )
+from runlog.consumers.stores import NOTIFY, make_handler
 from runlog.errors import (
     KafkaUnavailable,
     RedisUnavailable,

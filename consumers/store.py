@@ -69,12 +69,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import redis
 
-from runlog.consumers import index
-from runlog.projections import audit, notify, state_view, uncertain
 from runlog.projections.run_state import (
     Approval,
     Message,
@@ -83,16 +82,11 @@ from runlog.projections.run_state import (
     Step,
     advance,
 )
-from runlog.schemas.models import Event, ToolCallCompleted
+from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 
 S = TypeVar("S")
 
-PROJECTIONS = ("state", "uncertain", "audit")
-"""The projections ``runlog project all`` runs."""
-NOTIFY = "notify"
-"""The notification projection: runs on its own (``runlog project notify``), with a hook."""
-KNOWN = (*PROJECTIONS, NOTIFY)
 SEP = "\x1f"
 APPLIED = "applied_offset"
 """Field of a run's stored JSON: offset of the last record of the run folded into it."""
@@ -333,9 +327,10 @@ class Handler(ABC, Generic[S]):
     """The store half of a projection: load per-run states, fold a batch, queue writes.
 
     A projection is its pure fold (``projections/``) plus this declaration of how it is
-    stored. Every projection folds the run state (the validator); the runner folds it once
-    per record (``run_state.advance``) and hands the same ``Step`` to every projection
-    whose copy is at the same point (``share``), so a record is validated once.
+    stored, both named in its one module of ``consumers/stores`` (``Projection``). Every
+    projection folds the run state (the validator); the runner folds it once per record
+    (``run_state.advance``) and hands the same ``Step`` to every projection whose copy is
+    at the same point (``share``), so a record is validated once.
 
     The states of the runs a runner folded stay in memory between batches (``_cache``),
     so a batch loads only runs it has not seen and writes only what its records changed:
@@ -586,18 +581,6 @@ class Handler(ABC, Generic[S]):
         self.write_batch(pipe, batch)
 
 
-@dataclass(frozen=True)
-class _Loaded:
-    """What the state projection's ``remember`` keeps of a run as loaded."""
-
-    status: str | None
-    """Its run-index status (``index.remember``)."""
-    messages: int
-    """Messages already in its ``msgs`` list."""
-    compactions: int
-    """A compaction since rewrites the list instead of appending to it."""
-
-
 def load_state_view(
     client: redis.Redis, keys: ProjectionKeys, partition: int, run_id: str
 ) -> dict[str, Any] | None:
@@ -628,345 +611,29 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class StateHandler(Handler[state_view.StateView]):
-    """Stores a run's view apart: its own fields (where the run lives in the log), the run
-    state's scalars, open calls and approvals (as every projection does), and the two parts
-    that grow with every event: the conversation (``msgs:<id>``, a list appended to) and
-    the stored results of completed calls (``done:<id>``, a hash written per completion)."""
+@dataclass(frozen=True)
+class Projection:
+    """One projection, declared whole in its module of ``consumers/stores``: its name, its
+    pure fold and its store half. ``consumers/stores/__init__.py`` registers it with one
+    line; the runner, rebuild and queries iterate that registry."""
 
-    name = "state"
-    full = True
-    validator_key = "state"
-
-    def empty(self) -> state_view.StateView:
-        return state_view.StateView()
-
-    def validator(self, state: state_view.StateView) -> RunState:
-        return state.state
-
-    def share(self, state: state_view.StateView, validator: RunState) -> None:
-        state.state = validator
-
-    def own(self, state: state_view.StateView) -> dict[str, Any]:
-        return state.location_dict()
-
-    def restore(self, own: dict[str, Any], validator: RunState) -> state_view.StateView:
-        view = state_view.StateView.from_dict({**own, "state": {}})
-        view.state = validator
-        return view
-
-    def load_extra(self, pipe: Any, partition: int, run_id: str) -> int:
-        pipe.lrange(self.keys.messages(partition, run_id), 0, -1)
-        pipe.hgetall(self.keys.completed(partition, run_id))
-        return 2
-
-    def restore_extra(
-        self, partition: int, run_id: str, data: dict[str, Any], replies: list[Any]
-    ) -> None:
-        msgs, done = replies
-        data["messages"] = [json.loads(m) for m in msgs]
-        data["completed_calls"] = {_text(k): _text(v) for k, v in sorted(done.items())}
-
-    def done(self, state: state_view.StateView) -> bool:
-        return state.state.status == "finished"
-
-    def remember(self, state: state_view.StateView) -> Any:
-        st = state.state
-        return _Loaded(index.remember(state), len(st.messages), st.compactions)
-
-    def on_step(
-        self,
-        batch: Batch[state_view.StateView],
-        state: state_view.StateView,
-        rec: Decoded,
-        step: Step,
-    ) -> None:
-        state_view.place(state, rec.partition, rec.offset)
-        if not step.accepted:
-            return
-        ev = rec.event
-        index.observe(batch.extra, state, ev)
-        p = ev.payload
-        if isinstance(p, ToolCallCompleted) and p.idempotency_key is not None:
-            # Only this key's stored result changed; the others are already in Redis.
-            batch.extra.setdefault("done", {}).setdefault(ev.run_id, set()).add(p.idempotency_key)
-
-    def on_rejected(
-        self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Rejected
-    ) -> None:
-        state_view.apply_quarantined(state, rec.partition, rec.offset, rec.error)
-
-    def write_run(
-        self, pipe: Any, batch: Batch[state_view.StateView], run_id: str, state: Any
-    ) -> None:
-        p, st = batch.partition, state.state
-        was: _Loaded = batch.before[run_id]
-        msgs = self.keys.messages(p, run_id)
-        whole = (p, run_id) in self._whole
-        if whole or st.compactions != was.compactions:
-            # A view stored whole by an earlier store is split on its first write; a
-            # compaction replaced the conversation (rare, and bounded by what it kept).
-            # Should the EXEC fail, the runner forgets the partition and reloads.
-            pipe.delete(msgs)
-            new = st.messages
-        else:
-            new = st.messages[was.messages :]
-        if new:
-            pipe.rpush(msgs, *[dumps(message_json(m)) for m in new])
-        keys_done = sorted(
-            st.completed_calls if whole else batch.extra.get("done", {}).get(run_id, ())
-        )
-        if keys_done:
-            pipe.hset(
-                self.keys.completed(p, run_id),
-                mapping={k: st.completed_calls[k] for k in keys_done},
-            )
-        changed = (
-            whole
-            or run_id in batch.fresh
-            or bool(batch.calls.get(run_id))
-            or bool(batch.approvals.get(run_id))
-        )
-        # The run index commits with the view and the position (same MULTI, same slot);
-        # its fields go into the summary hash with the summary, one HSET.
-        keys = index.IndexKeys(self.keys.part(p))
-        index.write(
-            pipe,
-            keys,
-            run_id,
-            state,
-            was.status,
-            batch.extra,
-            calls_changed=changed,
-            fresh=whole or run_id in batch.fresh,
-            summary=state.summary(),
-        )
+    name: str
+    fold: ModuleType
+    """Its pure fold (a module of ``projections/``: no Kafka, Redis, clock or I/O)."""
+    handler: type[Handler[Any]]
+    """Its store half: how its per-run states are loaded, folded and written."""
+    in_all: bool = True
+    """Run by ``runlog project all`` (notify runs on its own, with a hook)."""
 
 
-class UncertainHandler(Handler[uncertain.UncertainRun]):
-    """The open uncertain calls live in the partition's ``open`` hash (the queue the
-    queries read); a run's tracked calls are loaded back from it."""
-
-    name = "uncertain"
-
-    def empty(self) -> uncertain.UncertainRun:
-        return uncertain.UncertainRun()
-
-    def validator(self, state: uncertain.UncertainRun) -> RunState:
-        return state.validator
-
-    def share(self, state: uncertain.UncertainRun, validator: RunState) -> None:
-        state.validator = validator
-
-    def own(self, state: uncertain.UncertainRun) -> dict[str, Any]:
-        return {"counters": dict(state.counters)}
-
-    def restore(self, own: dict[str, Any], validator: RunState) -> uncertain.UncertainRun:
-        run = uncertain.UncertainRun(validator=validator)
-        run.counters.update(own.get("counters", {}))
-        return run
-
-    def load_runs(
-        self, client: redis.Redis, partition: int, run_ids: list[str]
-    ) -> dict[str, tuple[uncertain.UncertainRun, int]]:
-        out = super().load_runs(client, partition, run_ids)
-        # Tracked calls are open calls of the run state: ask the queue for exactly those.
-        wanted = [
-            (rid, key) for rid, (run, _) in out.items() for key in sorted(run.validator.open_calls)
-        ]
-        if wanted:
-            raws = client.hmget(self.keys.open(partition), [f"{r}{SEP}{k}" for r, k in wanted])
-            for (rid, key), raw in zip(wanted, raws, strict=True):
-                if raw is not None:
-                    out[rid][0].calls[key] = uncertain.UncertainCall(**json.loads(raw))
-        return out
-
-    def on_step(
-        self,
-        batch: Batch[uncertain.UncertainRun],
-        state: uncertain.UncertainRun,
-        rec: Decoded,
-        step: Step,
-    ) -> None:
-        changed: dict[str, set[str]] = batch.extra.setdefault("changed", {})
-        ev = rec.event
-        delta = uncertain.apply_step(
-            state, state.validator, ev, step, changed.setdefault(ev.run_id, set())
-        )
-        totals: dict[str, int] = batch.extra.setdefault("counters", {})
-        for name, n in delta.items():
-            totals[name] = totals.get(name, 0) + n
-
-    def write_run(
-        self, pipe: Any, batch: Batch[uncertain.UncertainRun], run_id: str, state: Any
-    ) -> None:
-        # Only the calls this batch's events touched: the others are already in Redis.
-        changed = batch.extra.get("changed", {}).get(run_id, set())
-        key = self.keys.open(batch.partition)
-        gone = sorted(f"{run_id}{SEP}{k}" for k in changed if k not in state.calls)
-        if gone:
-            pipe.hdel(key, *gone)
-        kept = {
-            f"{run_id}{SEP}{k}": dumps(state.calls[k].to_dict())
-            for k in sorted(changed)
-            if k in state.calls
-        }
-        if kept:
-            pipe.hset(key, mapping=kept)
-
-    def write_batch(self, pipe: Any, batch: Batch[uncertain.UncertainRun]) -> None:
-        for name, n in sorted(batch.extra.get("counters", {}).items()):
-            if n:
-                pipe.hincrby(self.keys.counters(batch.partition), name, n)
+_REGISTERED = ("PROJECTIONS", "KNOWN", "NOTIFY", "make_handler")
 
 
-class AuditHandler(Handler[audit.AuditRun]):
-    name = "audit"
+def __getattr__(name: str) -> Any:
+    # The registry's names, where callers have long imported them from. Lazily: the
+    # registry imports the projections' modules, and they import this one.
+    if name in _REGISTERED:
+        from runlog.consumers import stores
 
-    def empty(self) -> audit.AuditRun:
-        return audit.AuditRun()
-
-    def validator(self, state: audit.AuditRun) -> RunState:
-        return state.validator
-
-    def share(self, state: audit.AuditRun, validator: RunState) -> None:
-        state.validator = validator
-
-    def own(self, state: audit.AuditRun) -> dict[str, Any]:
-        # Only once a run has a decision: the views of other runs stay as they were.
-        return {"decided_at": dict(sorted(state.decided_at.items()))} if state.decided_at else {}
-
-    def restore(self, own: dict[str, Any], validator: RunState) -> audit.AuditRun:
-        return audit.AuditRun(validator=validator, decided_at=dict(own.get("decided_at", {})))
-
-    def _entries(self, batch: Batch[audit.AuditRun], run_id: str) -> list[audit.Entry]:
-        per_run: dict[str, list[audit.Entry]] = batch.extra.setdefault("entries", {})
-        return per_run.setdefault(run_id, [])
-
-    def on_step(
-        self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Decoded, step: Step
-    ) -> None:
-        found = audit.entries(
-            state.validator, rec.event, step, rec.partition, rec.offset, state.decided_at
-        )
-        if found:
-            self._entries(batch, rec.event.run_id).extend(found)
-
-    def on_rejected(
-        self, batch: Batch[audit.AuditRun], state: audit.AuditRun, rec: Rejected
-    ) -> None:
-        assert rec.run_id is not None
-        entry = audit.quarantined_entry(rec.partition, rec.offset, rec.error, rec.message)
-        self._entries(batch, rec.run_id).append(entry)
-
-    def write_run(self, pipe: Any, batch: Batch[audit.AuditRun], run_id: str, state: Any) -> None:
-        entries = batch.extra.get("entries", {}).get(run_id, [])
-        if entries:
-            pipe.rpush(self.keys.log(batch.partition, run_id), *[dumps(e) for e in entries])
-
-
-# A notification owed: created once per request (HSETNX), so a rebuild that folds the
-# request again finds its delivery and queues nothing.
-ENQUEUE_LUA = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('ZADD', KEYS[2], 0, ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# A request was decided: a notification not delivered yet is dropped; the first decision
-# is the one recorded.
-DECIDED_LUA = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return 0 end
-local r = cjson.decode(raw)
-if r['decision'] ~= nil then return 0 end
-r['decision'] = cjson.decode(ARGV[2])
-if r['status'] == 'queued' or r['status'] == 'retrying' then
-  r['status'] = 'dropped'
-  r['dropped_because'] = 'decided before delivery'
-  redis.call('ZREM', KEYS[2], ARGV[1])
-end
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(r))
-return 1
-"""
-
-
-def new_delivery(notification: notify.Notification) -> dict[str, Any]:
-    """The delivery record of a notification just owed."""
-    return {
-        "id": notification["id"],
-        "notification": notification,
-        "status": "queued",
-        "attempts": 0,
-        "last_error": None,
-        "delivered_at": None,
-    }
-
-
-class NotifyHandler(Handler[notify.NotifyRun]):
-    """Keeps the requests waiting for a person (``pending``, rebuilt from the log like any
-    projection) and owes one notification per valid APPROVAL_REQUESTED: queued in the
-    same MULTI/EXEC as the position, so a redelivered record queues nothing, and created
-    at most once per request, so a rebuild queues nothing either. A decision drops a
-    notification not delivered yet. ``consumers.notify`` delivers the queue."""
-
-    name = NOTIFY
-
-    def empty(self) -> notify.NotifyRun:
-        return notify.NotifyRun()
-
-    def validator(self, state: notify.NotifyRun) -> RunState:
-        return state.validator
-
-    def share(self, state: notify.NotifyRun, validator: RunState) -> None:
-        state.validator = validator
-
-    def own(self, state: notify.NotifyRun) -> dict[str, Any]:
-        return {}
-
-    def restore(self, own: dict[str, Any], validator: RunState) -> notify.NotifyRun:
-        return notify.NotifyRun(validator=validator)
-
-    def on_step(
-        self, batch: Batch[notify.NotifyRun], state: notify.NotifyRun, rec: Decoded, step: Step
-    ) -> None:
-        if not step.accepted or step.approval is None:
-            return
-        ops: list[tuple[str, str, dict[str, Any]]] = batch.extra.setdefault("ops", [])
-        asked = notify.requested(state.validator, rec.event)
-        if asked is not None:
-            ops.append(("asked", asked["id"], asked))
-            return
-        settled = notify.decided(state.validator, rec.event)
-        if settled is not None:
-            ops.append(("decided", *settled))
-
-    def write_batch(self, pipe: Any, batch: Batch[notify.NotifyRun]) -> None:
-        p, k = batch.partition, self.keys
-        for op, ident, data in batch.extra.get("ops", []):
-            if op == "asked":
-                pipe.hset(k.pending(p), ident, dumps(data))
-                script, arg = ENQUEUE_LUA, dumps(new_delivery(data))
-            else:
-                pipe.hdel(k.pending(p), ident)
-                script, arg = DECIDED_LUA, dumps(data)
-            # EVAL by name: a Redis Cluster pipeline has no eval() of its own.
-            pipe.execute_command("EVAL", script, 2, k.deliveries(p), k.outbox(p), ident, arg)
-
-
-def make_handler(
-    name: str, prefix: str, topic: str, authority: DecisionAuthority = NO_AUTHORITY
-) -> Handler[Any]:
-    keys = ProjectionKeys(prefix, name, topic)
-    if name == "state":
-        return StateHandler(keys, authority)
-    if name == "uncertain":
-        return UncertainHandler(keys, authority)
-    if name == "audit":
-        return AuditHandler(keys, authority)
-    if name == NOTIFY:
-        # A forged decision must not drop a notification owed: the same trusted keys.
-        return NotifyHandler(keys, authority)
-    raise ValueError(f"unknown projection {name!r}; expected one of {', '.join(KNOWN)}")
+        return getattr(stores, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@ them needs the stack. README "Architecture" describes the layers this file enfor
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import shutil
 import subprocess
@@ -281,3 +282,26 @@ def test_install_adds_one_import_name(tmp_path: Path) -> None:
     for sub in ("producers", "consumers", "schemas", "projections"):
         assert (target / "runlog" / sub / "__init__.py").is_file()
     assert list((target / "runlog" / "schemas" / "avro").rglob("v1.avsc"))
+
+
+def test_a_projection_is_one_module_registered_once() -> None:
+    """Each module of consumers/stores declares one projection whole (name, pure fold,
+    store half) and the registry holds exactly those: the store iterates it, nothing else
+    names the projections."""
+    from runlog.consumers import stores
+
+    declared = {}
+    for path in sorted((PACKAGE / "consumers" / "stores").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = importlib.import_module(f"runlog.consumers.stores.{path.stem}")
+        assert hasattr(module, "PROJECTION"), f"{path} declares no PROJECTION"
+        declared[module.PROJECTION.name] = module.PROJECTION
+    assert declared == stores.REGISTRY, "a module of consumers/stores is not registered"
+    for name, projection in stores.REGISTRY.items():
+        assert projection.handler.name == name
+        assert projection.fold.__name__.startswith("runlog.projections."), projection.fold
+        handler = stores.make_handler(name, "p", "t")
+        assert isinstance(handler, projection.handler)
+        assert handler.keys.projection == name
+    assert set(stores.PROJECTIONS) | {stores.NOTIFY} == set(stores.KNOWN)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("events_per_run", type=int)
     p.add_argument("--batch", type=int, default=None, help="records per catch-up batch")
     args = p.parse_args(argv)
-    from runlog.consumers.store import PROJECTIONS
+    from runlog.consumers.stores import PROJECTIONS
 
     wall, cpu = drain(Settings(), args.runs, args.events_per_run, PROJECTIONS, batch=args.batch)
     print(f"drain {wall:.0f} events/s, {cpu:.0f} events/cpu-s")

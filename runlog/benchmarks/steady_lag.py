@@ -32,7 +32,8 @@ from typing import Any
 from runlog.benchmarks.common import percentile, worker_env
 from runlog.benchmarks.drain import drain_rate, fresh_settings
 from runlog.benchmarks.lag import _Sampler
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.consumers.store import ProjectionKeys
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.clients import redis_client
 from runlog.settings import Settings
 from runlog.topics import ensure_topics

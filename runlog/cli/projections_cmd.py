@@ -19,12 +19,14 @@ from runlog.cli.progress import progress_bar
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.notify import hook_from_settings
 from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
+from runlog.consumers.stores import KNOWN, PROJECTIONS
 from runlog.errors import ConfigError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.settings import Settings
 
-_CHOICES = ("state", "uncertain", "audit", "all", "notify")
-_ALL = ("state", "uncertain", "audit")
+_ALL = PROJECTIONS
+# Each registered projection (those ``all`` runs first, then the ones that run on their own).
+_CHOICES = (*_ALL, "all", *(name for name in KNOWN if name not in _ALL))
 
 
 def _names(choice: str) -> tuple[str, ...]:

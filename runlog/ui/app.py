@@ -29,7 +29,7 @@ from runlog.api import decide
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
 from runlog.consumers.question import CALL_KINDS, question
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import (
     DecisionConflict,
