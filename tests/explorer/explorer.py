@@ -918,8 +918,8 @@ class Explorer:
         began (a key of the projections it found gone: the next batches not deleted yet);
         or up to 1.5 s after it fenced the runners (a partition's generation moved: it
         deletes, then refolds from offset zero)."""
-        from runlog.consumers.runner import make_handler
         from runlog.consumers.store import PROJECTIONS
+        from runlog.consumers.stores import make_handler
 
         handlers = [
             make_handler(n, self.s.redis_key_prefix, self.s.events_topic) for n in PROJECTIONS

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runlog.consumers import runner
+from runlog.consumers.runner import loop as runner
 
 POINT = os.environ["RUNLOG_TEST_REBUILD_HALT_AT"]
 FLAG = Path(os.environ["RUNLOG_TEST_REBUILD_FLAG"])
