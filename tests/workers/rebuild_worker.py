@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runlog.consumers.runner import core, fencing, rebuilding
 from runlog.consumers.runner import loop as runner
 
 POINT = os.environ["RUNLOG_TEST_REBUILD_HALT_AT"]
 FLAG = Path(os.environ["RUNLOG_TEST_REBUILD_FLAG"])
-runner.REBUILD_MARKER_TTL_S = 2
-runner.CATCH_UP_BATCH = 200  # many refold transactions, so one can be the middle
+fencing.REBUILD_MARKER_TTL_S = 2
+core.CATCH_UP_BATCH = 200  # many refold transactions, so one can be the middle
 
 
 def halt() -> None:
@@ -32,14 +33,14 @@ def halt() -> None:
 
 
 if POINT == "after-first-delete":
-    real_delete = runner._delete
+    real_delete = rebuilding._delete
 
     def _delete(client: Any, keys: list[Any]) -> int:
         real_delete(client, keys)
         halt()
         raise AssertionError("not reached")
 
-    runner._delete = _delete
+    rebuilding._delete = _delete
 elif POINT == "mid-replay":
     real_commit = runner.ProjectionRunner._commit
     commits = [0]
