@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runlog.errors import StackError
-from runlog.stack import (
+from runlog.stack.lifecycle import (
     HOST,
     StackConfig,
     _java,
