@@ -167,10 +167,10 @@ def settings_fields(path: str, cls_name: str) -> list[Field]:
 
 def stack_variables() -> dict[str, tuple[str, str]]:
     """Ports and heaps of the local stacks, from runlog.stack's own defaults."""
-    from runlog.stack import lifecycle, redis_cluster, registry
+    from runlog.stack import config, redis_cluster, registry
 
     out: dict[str, tuple[str, str]] = {}
-    ports = lifecycle._DEFAULT_PORTS
+    ports = config._DEFAULT_PORTS
     for kind, services in ports.items():
         for service, port in services.items():
             what = {

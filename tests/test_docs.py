@@ -127,10 +127,10 @@ def test_settings_page_names_every_variable() -> None:
     assert "UNDOCUMENTED" not in page, [ln for ln in page.splitlines() if "UNDOCUMENTED" in ln]
     # Independently of the generator: every literal RUNLOG_* name in the package's code,
     # and every stack variable the stack composes from its port table.
-    from runlog.stack import lifecycle
+    from runlog.stack import config
 
     names = set(gen.names_in(gen.PACKAGE_DIRS)) | set(gen.names_in(("tests",)))
-    for kind, services in lifecycle._DEFAULT_PORTS.items():
+    for kind, services in config._DEFAULT_PORTS.items():
         names |= {f"RUNLOG_{kind}_{service}_PORT" for service in services}
         names.add(f"RUNLOG_{kind}_KAFKA_HEAP")
     missing = sorted(n for n in names if f"`{n}`" not in page)

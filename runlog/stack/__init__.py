@@ -36,30 +36,26 @@ the StandardAuthorizer denying what no ACL allows, and a TLS-only Redis with ACL
 ``RUNLOG_SECURE_INTERNAL_PORT`` (19194), ``RUNLOG_SECURE_REDIS_PORT`` (16479),
 ``RUNLOG_SECURE_KAFKA_HEAP`` (384m); ``RUNLOG_REDIS_KEY_PREFIX`` at start sets the key
 patterns of its Redis users. ``RUNLOG_REDIS_URL`` never applies to it.
+
+The package, by reason to change: ``config`` (ports, dirs, nodes, status), ``processes``
+(pid files, spawn, stop, lock), ``jars`` (Java and Kafka's jars), ``kafka`` (its nodes),
+``redis_server``, ``lifecycle`` (``up``/``down``/``status``/``env``) and ``faults``.
 """
 
 from __future__ import annotations
 
-from runlog.stack.lifecycle import (
-    KAFKA_VERSION,
-    NodeSpec,
-    ServiceStatus,
-    StackConfig,
-    StackStatus,
-    down,
-    env,
-    init_secure,
+from runlog.stack.config import KAFKA_VERSION, NodeSpec, ServiceStatus, StackConfig, StackStatus
+from runlog.stack.faults import (
     kill_node,
     kill_redis,
     node_pid,
     redis_pid,
-    resolve_jars,
     start_node,
     start_redis,
-    status,
     stop_node,
-    up,
 )
+from runlog.stack.jars import resolve_jars
+from runlog.stack.lifecycle import down, env, init_secure, status, up
 
 __all__ = [
     "KAFKA_VERSION",

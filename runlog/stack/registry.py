@@ -30,17 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runlog.errors import StackError
-from runlog.stack.lifecycle import (
-    HOST,
-    StackConfig,
-    _java,
-    _live_pid,
-    _locked,
-    _port_answers,
-    _spawn,
-    _stop_pid,
-    _tail,
-)
+from runlog.stack.config import HOST, StackConfig
+from runlog.stack.jars import _java
+from runlog.stack.processes import _live_pid, _locked, _port_answers, _spawn, _stop_pid, _tail
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"

@@ -37,7 +37,7 @@ from runlog.security import ROLES, redis_acl_rules
 from runlog.settings import Settings
 
 if TYPE_CHECKING:  # the stack package imports this module: no cycle at run time
-    from runlog.stack.lifecycle import NodeSpec, StackConfig
+    from runlog.stack.config import NodeSpec, StackConfig
 
 __all__ = [
     "ALL_ROLES",
