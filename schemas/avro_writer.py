@@ -10,7 +10,7 @@ with null); a schema with anything else gets no encoder, and ``codec.encode`` us
 
 A compiled encoder raises on any value it does not take exactly as its schema says (a
 wrong type, an int out of range, a missing attribute); ``codec.encode`` then encodes the
-event's dict with fastavro, whose error (or output) stands. ``tests/test_avro_writer.py``
+event's dict with fastavro, whose error (or output) stands. ``tests/schemas/test_avro_writer.py``
 checks the two write the same bytes for events of every released schema.
 """
 

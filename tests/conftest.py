@@ -171,7 +171,7 @@ def settings(stack_source: str) -> Iterator[Settings]:
         s = Settings(bootstrap_servers=st.bootstrap_servers, redis_url=st.redis_url)
     _verify(s, stack_source)
     # Tests choose their encoding: a registry exported by `runlog stack env` would switch
-    # every writer, and every subprocess, to Confluent's format (tests/test_registry.py
+    # every writer, and every subprocess, to Confluent's format (tests/log/test_registry.py
     # opts in with its own settings).
     os.environ.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
     s = s.model_copy(update={"schema_registry_url": None})

@@ -1,4 +1,4 @@
-"""Helpers shared by tests/test_projections_*.py (real Kafka, real Redis, real processes)."""
+"""Helpers shared by tests/projections/ (real Kafka, real Redis, real processes)."""
 
 from __future__ import annotations
 

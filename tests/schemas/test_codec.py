@@ -186,7 +186,7 @@ def _valid_bytes() -> bytes:
 @pytest.mark.parametrize(
     "mangle",
     [
-        # 00 starts Confluent's framing (tests/test_registry.py); any other byte is bad.
+        # 00 starts Confluent's framing (tests/log/test_registry.py); any other byte is bad.
         pytest.param(lambda b: b"\x01\x01" + b[2:], id="bad-magic"),
         pytest.param(lambda b: b[:7], id="truncated-header"),
         pytest.param(lambda b: b[: len(b) // 2], id="truncated-body"),

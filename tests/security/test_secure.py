@@ -56,7 +56,7 @@ from runlog.settings import Settings
 from runlog.stack import secure
 from runlog.topics import ensure_topics
 
-WORKER = Path(__file__).resolve().parent / "workers" / "secure_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "workers" / "secure_worker.py"
 PARTITIONS = 3
 
 

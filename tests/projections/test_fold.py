@@ -18,7 +18,7 @@ from runlog.schemas import codec
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 class Log:

@@ -41,7 +41,7 @@ from runlog.schemas.models import Event, ModelTurn, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
-PAI_WORKER = Path(__file__).resolve().parent / "workers" / "pai_worker.py"
+PAI_WORKER = Path(__file__).resolve().parents[1] / "workers" / "pai_worker.py"
 STEPS = 12
 PACE = ("--steps", str(STEPS), "--think-s", "0.15", "--tool-s", "0.06")
 MAX_ATTEMPTS = 60

@@ -32,7 +32,7 @@ from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OWNER = "acme-owner"
 INTRUDER = "intruder"
 SECRET = "the owner's secret plan"

@@ -35,7 +35,7 @@ from runlog.schemas.registry import registry
 from runlog.settings import Settings
 from runlog.topics import ensure_topics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CRASHING_WORKER = r"""
 import os, signal, sys
