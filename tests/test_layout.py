@@ -305,3 +305,53 @@ def test_a_projection_is_one_module_registered_once() -> None:
         assert isinstance(handler, projection.handler)
         assert handler.keys.projection == name
     assert set(stores.PROJECTIONS) | {stores.NOTIFY} == set(stores.KNOWN)
+
+
+# The tests of each part of runlog live in one folder (docs/development.md, "The tests are
+# grouped"); only the checks of the package as a whole stay at the top.
+TESTS = ROOT / "tests"
+TEST_FOLDERS = {
+    "writer",
+    "projections",
+    "log",
+    "schemas",
+    "security",
+    "cli",
+    "stack",
+    "ui",
+    "integrations",
+    "faults",
+    "explorer",
+}
+PACKAGE_WIDE_TESTS = {"test_layout.py", "test_public_api.py", "test_docs.py"}
+
+
+def test_tests_are_grouped_by_what_they_test() -> None:
+    top = {p.name for p in TESTS.glob("test_*.py")}
+    assert top == PACKAGE_WIDE_TESTS, f"put {sorted(top - PACKAGE_WIDE_TESTS)} in a folder"
+    folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
+    assert folders <= TEST_FOLDERS, f"a test folder not in TEST_FOLDERS: {folders - TEST_FOLDERS}"
+    # pytest imports test files by basename (no __init__.py): two equal names would clash.
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_only_the_shell_imports_the_console_renderer() -> None:
+    """rich draws terminals: the CLI and the demo may import it, never a layer a worker or a
+    projection service loads (opening a run must not pay for it)."""
+    shell = _layer("runlog.cli")
+    problems = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            rich = any(n == "rich" or n.startswith("rich.") for n in names)
+            if rich and _layer(_unit(module)) < shell:
+                problems.append(f"{path}:{node.lineno}: {module} imports rich")
+    assert not problems, "\n".join(problems)
