@@ -5,7 +5,9 @@
   names (``runlog``, ``runlog.aio``, ``runlog.integrations.*``) only;
 - the generated settings page names every ``RUNLOG_*`` variable the package's code mentions,
   and documents each (nothing rendered as UNDOCUMENTED);
-- the generated CLI page holds every subcommand of ``runlog.cli.build_parser()``.
+- the generated CLI page holds every subcommand of ``runlog.cli.build_parser()``;
+- every source or test file a page names (``consumers/store.py``, ``tests/writer/...``)
+  exists, so a page cannot go on naming a module after it moved.
 """
 
 from __future__ import annotations
@@ -53,6 +55,25 @@ def _gen() -> ModuleType:
 
 def _pages() -> list[Path]:
     return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+# A file of the tree named in a page's text: `consumers/store.py`, `tests/cli/test_x.py`.
+NAMED_FILE = re.compile(
+    r"`((?:runlog|producers|consumers|schemas|projections|tests|docs)/[\w./-]*\w)`"
+)
+
+
+def test_pages_name_files_that_exist() -> None:
+    """Paths in backticks name files or folders of this tree (globs and placeholders aside:
+    ``tests/test_x.py`` in the development guide stands for any test)."""
+    missing = []
+    for page in _pages():
+        for path in NAMED_FILE.findall(page.read_text()):
+            if path.endswith("test_x.py") or any(c in path for c in "*<"):
+                continue
+            if not (ROOT / path).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, "pages name files that do not exist:\n" + "\n".join(missing)
 
 
 def test_readme_is_short() -> None:
