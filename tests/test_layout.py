@@ -355,3 +355,22 @@ def test_only_the_shell_imports_the_console_renderer() -> None:
             if rich and _layer(_unit(module)) < shell:
                 problems.append(f"{path}:{node.lineno}: {module} imports rich")
     assert not problems, "\n".join(problems)
+
+
+# Where a module's reason to change puts it (issue 31): the writer's snapshot cache and a
+# run's replay are log access; a projection's store is a module of consumers/stores.
+HOMES = {
+    "runlog.log.snapshots": "log access",
+    "runlog.log.replay": "log access",
+    "runlog.log.metrics": "log access",
+    "runlog.consumers.stores": "writer and services",
+    "runlog.consumers.runner.loop": "writer and services",
+    "runlog.cli.progress": "shell: CLI, stack, demo, benchmarks",
+    "runlog.stack.faults": "shell: CLI, stack, demo, benchmarks",
+}
+
+
+def test_modules_live_in_their_layers() -> None:
+    for module, layer in HOMES.items():
+        assert module in MODULES, f"{module} moved: update HOMES and the docs that name it"
+        assert LAYERS[_layer(_unit(module))][0] == layer, module
