@@ -17,18 +17,20 @@ from rich.progress import Progress as RichProgress
 from runlog.log.fold import Progress
 
 
-def progress_bar(label: str = "scanning", stream: TextIO = sys.stderr) -> Progress:
+def progress_bar(label: str = "scanning", stream: TextIO | None = None) -> Progress:
     """A progress bar (rich's), ``show(done, total)``, redrawn at most 10 times a second.
 
     No refresh thread: it draws when it is called, and stops itself at the end. On a
     stream that is not a terminal rich prints the final state once instead of animating.
+    ``stream`` defaults to ``sys.stderr`` as it is when the bar is made (this module is
+    imported when the CLI is, which may be before the caller redirected stderr).
     """
     bar = RichProgress(
         TextColumn("{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
         TimeRemainingColumn(),
-        console=Console(file=stream),
+        console=Console(file=sys.stderr if stream is None else stream),
         auto_refresh=False,
     )
     task: list[TaskID] = []
