@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from workers.common import (
     EXIT_FENCED,
     Ledger,
@@ -299,3 +300,78 @@ def test_a_cancel_and_a_terminate_racing_end_the_run_one_way(
         assert len(asked) <= 1
         if outcome["cancel"] == "recorded":
             assert len(asked) == 1
+
+
+def test_every_status_is_told_the_same_by_runs_show_state_and_the_console(
+    test_settings: Settings,
+    redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One run in each status of the vocabulary; ``runs --json``, ``show --json``,
+    ``state --json`` and the console's run page say the same status for each."""
+    import re
+
+    import httpx
+    from ui_support import TOKEN_A, console, wait_for
+    from workers.common import services_for
+
+    from runlog.consumers.runner import ProjectionRunner
+
+    s = test_settings
+    _env(monkeypatch, s)
+    runs: dict[str, str] = {}
+    with services_for(s):
+
+        def opened(name: str) -> runlog.Run:
+            run = runlog.open_run(f"r-st-{name}", tenant="acme", settings=s)
+            run.append("user_message", content=name)
+            runs[name] = run.run_id
+            return run
+
+        held = opened("running")  # held to the end: its lease is live
+        try:
+            with opened("waiting") as run:
+                run.request_approval("refund?")
+            opened("orphaned").close()
+            opened("cancelling").close()
+            runlog.cancel(runs["cancelling"], reason="r", by="ann", tenant="acme", settings=s)
+            opened("finished").finish("succeeded")
+            opened("failed").finish("failed", "boom")
+            opened("cancelled").close()
+            runlog.cancel(runs["cancelled"], reason="r", by="ann", tenant="acme", settings=s)
+            with (
+                runlog.open_run(runs["cancelled"], tenant="acme", settings=s) as run,
+                pytest.raises(runlog.Cancelled),
+            ):
+                run.check_cancelled()
+            opened("terminated").close()
+            runlog.terminate(runs["terminated"], reason="r", by="ops", tenant="acme", settings=s)
+            ProjectionRunner(s, redis_client, ("state",)).catch_up(timeout_s=60)
+
+            rc, out, err = _cli(capsys, "runs", "--json", "--tenant", "acme")
+            assert rc == 0, err
+            listed = {r["run_id"]: r for r in json.loads(out)["runs"]}
+            with console(s) as base:
+                web = httpx.Client(
+                    base_url=base, headers={"Authorization": f"Bearer {TOKEN_A}"}, timeout=30
+                )
+                for name, rid in runs.items():
+                    shown = _show(capsys, rid)
+                    rc, out, err = _cli(capsys, "state", rid, "--tenant", "acme", "--json")
+                    assert rc == 0, err
+                    page = wait_for("the run page", lambda rid=rid: web.get(f"/runs/{rid}"))
+                    found = re.search(r'id="status">([a-z]+)<', page.text)
+                    told = {
+                        "runs": listed[rid]["status"],
+                        "show": shown["status"],
+                        "state": json.loads(out)["status"],
+                        "console": found.group(1) if found else None,
+                    }
+                    assert set(told.values()) == {name}, (name, told)
+                    if name == "running":
+                        assert listed[rid]["owner"] == shown["owner"] is not None
+                    if name in ("orphaned", "cancelling"):
+                        assert shown["since"] and listed[rid]["since"]
+        finally:
+            held.close()
