@@ -333,7 +333,12 @@ def check_cancel(run: Run) -> Steps[None]:
     if st.status == "finished" or run.cancel_raised:
         return
     if st.cancel is None:
-        flag = yield from peek(cancel_flag_key(run.deps, run.tenant, run.run_id))
+        try:
+            flag = yield from peek(cancel_flag_key(run.deps, run.tenant, run.run_id))
+        except RedisUnavailable:
+            # Not a reason to stop: the ownership check after the step's next append asks
+            # Redis too, and fences the run if it cannot. The request waits in the inbox.
+            return
         if flag is None:
             return
         yield from poll_cancel(run)
