@@ -375,3 +375,84 @@ def test_every_status_is_told_the_same_by_runs_show_state_and_the_console(
                         assert shown["since"] and listed[rid]["since"]
         finally:
             held.close()
+
+
+def test_cancel_during_a_call_that_turns_uncertain_leaves_it_to_the_recovery_rules(
+    fast: Settings,
+    ledger: Ledger,
+    redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The receiver applies the effect, then the answer is lost (a timeout), while a person
+    cancels: the call is uncertain, and without evidence an irreversible call waits for a
+    person; the run ends cancelled with the call still open, honest, listed, never closed."""
+    from runlog.consumers import queries
+    from runlog.consumers.runner import ProjectionRunner
+
+    _env(monkeypatch, fast)
+    asked: list[str] = []
+
+    @runlog.tool("wire", risk="irreversible")
+    def wire(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args))
+        # A person cancels while the receiver has it; the owner holds the run: queued.
+        asked.append(
+            runlog.cancel(
+                "r-uncertain", reason="stop", by="ann", tenant="acme", settings=fast, wait_s=0
+            )
+        )
+        raise TimeoutError("no answer after the request was sent")
+
+    with runlog.open_run("r-uncertain", tenant="acme", tools=[wire], settings=fast) as run:
+        with pytest.raises(runlog.Escalated):
+            run.call_tool("wire", {"eur": 5})
+        key = next(iter(run.state.open_calls))
+        with pytest.raises(runlog.Cancelled):
+            run.call_tool("wire", {"eur": 6})
+    assert asked == ["queued"]
+    assert ledger.per_key() == {key: 1}  # one effect, and the second call never ran
+    shown = _show(capsys, "r-uncertain")
+    assert shown["status"] == "cancelled"
+    (left,) = shown["left_open"]
+    assert left["idempotency_key"] == key and left["status"] == "escalated"
+    valid = _valid(_events(fast, "r-uncertain"))
+    closed = [ev for ev in valid if ev.type is EventType.TOOL_CALL_COMPLETED]
+    assert closed == []  # nothing closed the call without evidence or a person
+    ProjectionRunner(fast, redis_client, ("uncertain",)).catch_up(timeout_s=60)
+    queue = queries.uncertain_report(redis_client, fast).open
+    assert [c["idempotency_key"] for c in queue] == [key]  # still in the queue
+
+
+def test_an_awaiting_async_run_sees_a_cancel_at_its_next_await(
+    fast: Settings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    _env(monkeypatch, fast)
+    calls: list[int] = []
+
+    @runlog.tool("step", risk="safe")
+    async def step(args: dict[str, Any], *, idempotency_key: str) -> str:
+        calls.append(int(args["n"]))
+        return "ok"
+
+    async def main() -> str:
+        async with runlog.aio.open_run(
+            "r-async", tenant="acme", tools=[step], settings=fast
+        ) as run:
+            await run.call_tool("step", {"n": 1})
+            how = await runlog.aio.cancel(
+                "r-async", reason="enough", by="ann", tenant="acme", settings=fast, wait_s=0
+            )
+            try:
+                await run.call_tool("step", {"n": 2})
+            except runlog.Cancelled as exc:
+                await run.call_tool("step", {"n": 3})  # clean-up
+                return f"{how}: {exc.requested_by}"
+        return "not cancelled"
+
+    assert asyncio.run(main()) == "queued: ann"
+    assert calls == [1, 3]
+    shown = _show(capsys, "r-async")
+    assert shown["status"] == "cancelled" and shown["cancel"]["reason"] == "enough"

@@ -12,7 +12,7 @@ from runlog.cli.groups import print_json
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.question import question
 from runlog.consumers.timeline import run_timeline
-from runlog.errors import ConfigError
+from runlog.errors import ConfigError, KafkaUnavailable
 from runlog.log.clients import redis_client
 from runlog.log.holders import status_now
 from runlog.log.kafka import live_groups
@@ -146,7 +146,13 @@ def _runs(args: argparse.Namespace) -> int:
     elif header:
         # Nothing listed: say whether anything keeps the index, not an empty table.
         live = _services(settings)
-        if not live:
+        if live is None:
+            print(
+                "no runs listed, and Kafka cannot say whether a projection service "
+                "(`runlog project state`) keeps the run index",
+                file=sys.stderr,
+            )
+        elif not live:
             print(
                 "no runs listed, and no projection service is running: the run index is "
                 "kept by `runlog project state` (or `runlog project all`); start one, and "
@@ -161,11 +167,15 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _services(settings: Settings) -> dict[str, int]:
+def _services(settings: Settings) -> dict[str, int] | None:
     """Live consumer groups of state projection services (``runlog project``): id ->
-    members. The state projection keeps the run index, alone or among others."""
+    members (None: Kafka did not answer). The state projection keeps the run index, alone
+    or among others."""
     prefix = f"{settings.topic_prefix}.projection."
-    found = live_groups(settings, prefix)
+    try:
+        found = live_groups(settings, prefix)
+    except KafkaUnavailable:
+        return None
     return {g: n for g, n in found.items() if "state" in g[len(prefix) :].split("+")}
 
 
