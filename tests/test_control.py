@@ -241,6 +241,10 @@ def test_terminate_fences_a_sigstopped_owner(
     shown = _show(capsys, rid)
     assert shown["status"] == "terminated"
     assert [c["idempotency_key"] for c in shown["left_open"]] == left
+    rc, text, err = _cli(capsys, "show", rid, "--tenant", "acme")
+    assert rc == 0 and "status terminated" in text and "terminated by ops: runaway" in text
+    assert ("open calls left for reconciliation" in text) == bool(left)
+    assert all(key in text for key in left)
     assert shown["resumptions"] == 0  # the terminating takeover is an operator's act
 
 
