@@ -184,6 +184,7 @@ def test_terminate_fences_a_sigstopped_owner(
     where: str,
     fast: Settings,
     ledger: Ledger,
+    redis_client: redis.Redis,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -245,6 +246,17 @@ def test_terminate_fences_a_sigstopped_owner(
     assert rc == 0 and "status terminated" in text and "terminated by ops: runaway" in text
     assert ("open calls left for reconciliation" in text) == bool(left)
     assert all(key in text for key in left)
+    if left:
+        # The console lists them too, on the run's page.
+        import httpx
+        from ui_support import TOKEN_A, console, projecting, wait_for
+
+        with projecting(fast, redis_client), console(fast) as base:
+            web = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN_A}"})
+            page = wait_for(
+                "the run page", lambda: (r := web.get(f"/runs/{rid}")).status_code == 200 and r
+            )
+            assert 'id="left-open"' in page.text and left[0] in page.text
     assert shown["resumptions"] == 0  # the terminating takeover is an operator's act
 
 
