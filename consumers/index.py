@@ -26,6 +26,7 @@ Reading merges the per-partition sorted sets of the wanted tenants with a keyset
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import re
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,8 @@ from typing import Any
 import redis
 
 from runlog.errors import ConfigError, RedisUnavailable
+from runlog.log.holders import holders
+from runlog.projections import lifecycle
 from runlog.projections.run_state import RunState
 from runlog.projections.state_view import StateView
 from runlog.schemas.models import Event
@@ -43,30 +46,28 @@ from runlog.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
-STATUSES = ("running", "waiting", "uncertain", "stopped", "finished")
-"""``running``: a writer may be acting; ``waiting``: an approval waits for a person;
-``uncertain``: calls whose outcome nobody knows are open (recovery settles them before the
-model acts); ``stopped``: a conflict stopped the run, no tool runs until a person decides;
-``finished``: RUN_FINISHED is in the log (its outcome says how it ended)."""
+STATUSES = lifecycle.STATUSES
+"""The one status vocabulary (``runlog.projections.lifecycle``): what a row says. The index
+stores each run's phase (the log's part of it) and a reader adds who holds the lease."""
 
 # Fields the index adds to the state summary hash. Their names start apart from the
 # summary's own so neither side can overwrite the other.
-FIELDS = ("ix_status", "started_at", "last_type", "pending_approvals", "uncertain_calls")
+FIELDS = (
+    "ix_status",
+    "ix_since",
+    "started_at",
+    "last_type",
+    "pending_approvals",
+    "uncertain_calls",
+)
 LAST_TYPES = "ix_last_types"
 """``Batch.extra`` entry: run id -> type of the last valid event folded in this batch."""
 
 
 def status_of(st: RunState) -> str:
-    """The index status of a run state (one of ``STATUSES``); the first that holds wins."""
-    if st.status == "finished":
-        return "finished"
-    if st.status == "escalated":
-        return "stopped"
-    if st.pending_approvals:
-        return "waiting"
-    if any(c.status != "started" for c in st.open_calls.values()):
-        return "uncertain"
-    return "running"
+    """The phase the index keeps a run under (``lifecycle.PHASES``): the log's part of its
+    status, which ``lifecycle.status_from`` completes with the lease's holder."""
+    return lifecycle.phase_of(st)
 
 
 def _score(at: datetime | None) -> float | None:
@@ -140,9 +141,11 @@ def write(
     if before is not None and before != status:
         pipe.zrem(keys.status(before, st.tenant), run_id)
     pipe.zadd(keys.status(status, st.tenant), {run_id: score})
+    since = lifecycle.since_of(st)
     fields = {
         **(summary or {}),
         "ix_status": status,
+        "ix_since": since.isoformat() if since else "",
         "started_at": st.started_at.isoformat() if st.started_at else "",
     }
     if calls_changed:
@@ -194,6 +197,7 @@ class RunRow:
     tenant: str
     run_id: str
     status: str
+    """The run's status (``lifecycle.STATUSES``), with the lease's holder as read."""
     outcome: str
     seq: int
     epoch: int
@@ -205,6 +209,12 @@ class RunRow:
     uncertain_calls: int
     fenced_writes: int
     quarantined: int
+    phase: str = ""
+    """The log's part of the status, as the index stores it (``lifecycle.PHASES``)."""
+    since: str = ""
+    owner: str | None = None
+    lease_expires_at: str | None = None
+    waiting_for: str | None = None
 
     def age_s(self, now: datetime) -> float | None:
         if not self.started_at:
@@ -228,7 +238,24 @@ class RunRow:
             "uncertain_calls": self.uncertain_calls,
             "fenced_writes": self.fenced_writes,
             "quarantined": self.quarantined,
+            "since": self.since or None,
+            "owner": self.owner,
+            "lease_expires_at": self.lease_expires_at,
+            "waiting_for": self.waiting_for,
         }
+
+    def live(self, holder: lifecycle.Holder | None) -> RunRow:
+        """This row with its status told by the one rule, given the lease's holder now."""
+        since = datetime.fromisoformat(self.since) if self.since else None
+        told = lifecycle.status_from(self.phase, holder, since)
+        d = told.to_dict()
+        return dataclasses.replace(
+            self,
+            status=told.status,
+            owner=d["owner"],
+            lease_expires_at=d["lease_expires_at"],
+            waiting_for=d["waiting_for"],
+        )
 
 
 @dataclass(frozen=True)
@@ -255,6 +282,8 @@ def _row(raw: Mapping[Any, Any]) -> RunRow | None:
         tenant=h.get("tenant", ""),
         run_id=h["run_id"],
         status=h.get("ix_status", ""),
+        phase=h.get("ix_status", ""),
+        since=h.get("ix_since", "") or h.get("last_event_at", ""),
         outcome=h.get("outcome", ""),
         seq=num("seq"),
         epoch=num("epoch"),
@@ -333,7 +362,8 @@ class RunIndex:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         wanted = self.tenants() if tenants is None else sorted(set(tenants))
-        sources = self._sources(wanted, status)
+        phase = None if status is None else lifecycle.phases_for(status)[0]
+        sources = self._sources(wanted, phase)
         low: float | str = "-inf" if since is None else _score(since.astimezone(UTC)) or 0
         top: float | str = "+inf"
         after: tuple[float, str] | None = None
@@ -374,11 +404,22 @@ class RunIndex:
             raws = pipe.execute()
         except redis.RedisError as exc:
             raise RedisUnavailable(f"run index summaries: {exc}") from exc
-        rows = [r for r in (_row(raw) for raw in raws) if r is not None]
+        rows = self._live([r for r in (_row(raw) for raw in raws) if r is not None])
+        if status is not None:
+            # running and orphaned share a phase: the lease tells them apart (a page of
+            # either may hold fewer rows than ``limit``; its cursor still goes on).
+            rows = [r for r in rows if r.status == status]
         nxt = None
         if len(best) > limit and chosen:
             nxt = encode_cursor(chosen[-1][0], chosen[-1][1])
         return Page(rows, nxt)
+
+    def _live(self, rows: list[RunRow]) -> list[RunRow]:
+        """Each row's status by the one rule, with its lease's holder read now (one
+        pipelined read for the runs that have not ended)."""
+        open_ = [(r.tenant, r.run_id) for r in rows if r.phase in _OPEN_PHASES]
+        held = holders(self.redis, self.settings, open_)
+        return [r.live(held.get((r.tenant, r.run_id))) for r in rows]
 
     def find(self, run_id: str) -> RunRow | None:
         """The index row of ``run_id`` (whatever its tenant), or None if it is not indexed."""
@@ -393,7 +434,7 @@ class RunIndex:
             if raw:
                 row = _row(raw)
                 if row is not None and row.status:
-                    return row
+                    return self._live([row])[0]
         return None
 
     def counts(self, tenants: Iterable[str] | None = None) -> dict[str, int]:
@@ -401,13 +442,34 @@ class RunIndex:
         wanted = self.tenants() if tenants is None else sorted(set(tenants))
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for status in STATUSES:
-                for key in self._sources(wanted, status):
-                    pipe.zcard(key)
+            for phase in lifecycle.PHASES:
+                for key in self._sources(wanted, phase):
+                    if phase == "active":
+                        pipe.zrange(key, 0, -1)
+                    else:
+                        pipe.zcard(key)
             replies = pipe.execute()
         except redis.RedisError as exc:
             raise RedisUnavailable(f"run index: {exc}") from exc
         n = len(self.parts) * len(wanted)
-        return {
-            s: sum(int(x) for x in replies[i * n : (i + 1) * n]) for i, s in enumerate(STATUSES)
-        }
+        out: dict[str, int] = {s: 0 for s in STATUSES}
+        for i, phase in enumerate(lifecycle.PHASES):
+            chunk = replies[i * n : (i + 1) * n]
+            if phase != "active":
+                out[phase] = sum(int(x) for x in chunk)
+                continue
+            # running or orphaned: whoever holds each active run's lease now
+            runs = [
+                (t, _s(m))
+                for j, members in enumerate(chunk)
+                for m in members
+                for t in [wanted[j % len(wanted)]]
+            ]
+            held = holders(self.redis, self.settings, runs)
+            out["running"] = sum(1 for r in runs if held.get(r) is not None)
+            out["orphaned"] = len(runs) - out["running"]
+        return out
+
+
+_OPEN_PHASES = frozenset({"active", "waiting", "cancelling"})
+"""Phases of runs that have not ended: their rows name the lease's holder."""

@@ -81,6 +81,7 @@ from runlog.projections.run_state import (
     RunState,
     Step,
     advance,
+    jsonable,
 )
 from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
@@ -241,11 +242,25 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+_NESTED = tuple(
+    f.name
+    for f in dataclasses.fields(RunState)
+    if f.name in _SCALARS and f.metadata.get("omit_default")
+)
+"""Scalar fields that ``to_dict`` omits at their default (a cancellation): left out here
+too, and walked by ``jsonable`` when set."""
+
+
 def scalars(st: RunState) -> dict[str, Any]:
     """The run state without what grows with the run (stored in ``run:<id>``): every
     field left is a number, a string, None or a datetime, so this is ``jsonable``'s
-    result without its walk."""
-    return {name: _iso(getattr(st, name)) for name in _SCALARS}
+    result without its walk (but for the rare ``_NESTED`` ones, as ``to_dict`` has them)."""
+    out = {name: _iso(getattr(st, name)) for name in _SCALARS if name not in _NESTED}
+    for name in _NESTED:
+        value = getattr(st, name)
+        if value is not None:
+            out[name] = jsonable(value)
+    return out
 
 
 def _flat(cls: type) -> Callable[[Any], dict[str, Any]]:

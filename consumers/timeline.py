@@ -136,7 +136,13 @@ def _describe(
         e.update(previous_epoch=p.previous_epoch, gap_ms=p.gap_ms, reason=p.reason)
         gap = "" if p.gap_ms is None else f" after {p.gap_ms / 1000:.1f}s"
         why = f" ({p.reason})" if p.reason else ""
+        if p.operator is not None:
+            e["operator"] = p.operator
+            return f"taken by {p.operator}: epoch {p.previous_epoch} -> {e['epoch']}{gap}{why}"
         return f"resumed: epoch {p.previous_epoch} -> {e['epoch']}{gap}{why}"
+    if isinstance(p, m.RunCancelRequested):
+        e.update(requested_by=p.requested_by, reason=p.reason)
+        return f"cancel requested by {p.requested_by}: {p.reason}"
     if isinstance(p, m.UserMessage):
         e["content"] = p.content
         return f"user: {p.content}"

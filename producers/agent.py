@@ -114,6 +114,7 @@ class AgentLoop:
         if user_message is not None and not any(m.role == "user" for m in st.messages):
             run.append(EventType.USER_MESSAGE, content=user_message)
         while run.state.status == "running":
+            run.check_cancelled()  # before the next model turn: a person's cancellation
             self._finish_pending_calls(run)
             step = self.model.next_step(run.state)
             if step is None:
@@ -292,6 +293,7 @@ class AgentLoop:
             if approval.approved is not None:
                 return approval.approved
             run.poll_decisions()
+            run.check_cancelled()  # a cancellation ends the wait too
             if run.state.approvals[approval_id].approved is not None:
                 continue
             if time.monotonic() >= deadline:

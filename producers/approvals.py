@@ -3,6 +3,10 @@
 A decision is recorded by whoever holds the run: directly when it is free (taking it is an
 ownership change like any other), else through the owner's inbox in Redis, which the owner
 reads before it acts (``open_run`` and the agent loop's waits).
+
+A person's cancellation (``runlog cancel``) travels the same way, through the same inbox:
+an entry of kind ``cancel``, plus a flag key the owner reads at each step (one GET), so it
+learns of the request before its next model turn or tool call (``check_cancel``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import redis
 
 from runlog.errors import (
     CallUncertain,
+    Cancelled,
     DecisionConflict,
     Escalated,
     NotADecider,
@@ -27,7 +32,7 @@ from runlog.errors import (
     ToolFailed,
 )
 from runlog.log.authority import signer_for
-from runlog.producers.ops import Steps, append, blocking
+from runlog.producers.ops import Steps, append, blocking, peek
 from runlog.projections.run_state import Approval, decision_text, standing_decision
 from runlog.schemas.codec import now_utc
 from runlog.schemas.signing import DecisionAuthority, Signature, decision_message
@@ -222,6 +227,11 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
     entries = yield from blocking(functools.partial(_entries, run, key))
     recorded = 0
     for raw in entries:
+        cancel = cancel_of(raw)
+        if cancel is not None:
+            yield from record_cancel(run, *cancel)
+            yield from blocking(functools.partial(_done, run, key, raw))
+            continue
         try:
             d = json.loads(raw)
             approval_id, approved = str(d["approval_id"]), bool(d["approved"])
@@ -271,6 +281,99 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
             recorded += 1
         yield from blocking(functools.partial(_done, run, key, raw))
     return recorded
+
+
+# ---------------------------------------------------------------------------- cancellation
+
+CANCEL = "cancel"
+"""The ``kind`` of an inbox entry that asks the run to stop (a decision has none)."""
+
+
+def cancel_entry(requested_by: str, reason: str) -> str:
+    """The inbox entry of a person's cancellation."""
+    return json.dumps(
+        {"kind": CANCEL, "requested_by": requested_by, "reason": reason}, sort_keys=True
+    )
+
+
+def cancel_of(raw: bytes | str) -> tuple[str, str] | None:
+    """``(requested_by, reason)`` of a cancellation entry; None for anything else."""
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or d.get("kind") != CANCEL:
+        return None
+    return str(d.get("requested_by", "")), str(d.get("reason", ""))
+
+
+def record_cancel(run: Run, requested_by: str, reason: str) -> Steps[bool]:
+    """Append RUN_CANCEL_REQUESTED unless a cancellation stands or the run ended; True if
+    this call appended it. It counts once the log's order says so (read back to it), like
+    a decision: a stale owner's record is fenced there (``Fenced``)."""
+    if run.state.cancel is not None or run.state.status == "finished":
+        return False
+    ev = yield from append(EventType.RUN_CANCEL_REQUESTED, requested_by=requested_by, reason=reason)
+    if not run.confirmed_locally(ev):
+        yield from blocking(functools.partial(run.confirm_in_log, ev))
+    log.info("run %s: cancellation by %s recorded (%s)", run.run_id, requested_by, reason)
+    return True
+
+
+def check_cancel(run: Run) -> Steps[None]:
+    """A step's check (before a model turn or a tool call): raise ``Cancelled`` into the
+    agent, once, when a person cancelled the run.
+
+    One GET of the run's cancel flag while no cancellation is in the state; when it is set,
+    the inbox's cancellation is recorded first (``record_cancel``). After ``Cancelled`` was
+    raised the agent's steps run again (its clean-up), and the run ends cancelled when it
+    is finished or closed (``Run.finish``, ``Run.close``).
+    """
+    st = run.state
+    if st.status == "finished" or run.cancel_raised:
+        return
+    if st.cancel is None:
+        try:
+            flag = yield from peek(cancel_flag_key(run.deps, run.tenant, run.run_id))
+        except RedisUnavailable:
+            # Not a reason to stop: the ownership check after the step's next append asks
+            # Redis too, and fences the run if it cannot. The request waits in the inbox.
+            return
+        if flag is None:
+            return
+        yield from poll_cancel(run)
+    cancel = run.state.cancel
+    if cancel is None:
+        return
+    run.cancel_raised = True
+    raise Cancelled(
+        f"run {run.run_id} was cancelled by {cancel.requested_by}: {cancel.reason}",
+        requested_by=cancel.requested_by,
+        reason=cancel.reason,
+        run_id=run.run_id,
+        seq=cancel.requested_seq,
+    )
+
+
+def poll_cancel(run: Run) -> Steps[None]:
+    """Record the cancellation waiting in the inbox (decisions there are left for
+    ``poll_decisions``), then clear the flag."""
+    key = inbox_key(run)
+    entries = yield from blocking(functools.partial(_entries, run, key))
+    for raw in entries:
+        cancel = cancel_of(raw)
+        if cancel is not None:
+            yield from record_cancel(run, *cancel)
+            yield from blocking(functools.partial(_done, run, key, raw))
+    flag = cancel_flag_key(run.deps, run.tenant, run.run_id)
+    yield from blocking(
+        functools.partial(_redis, run, functools.partial(run.deps.redis.delete, flag))
+    )
+
+
+def cancel_flag_key(deps: RunDeps, tenant: str, run_id: str) -> str:
+    """Set beside a cancellation entry in the inbox: what a step's one GET looks at."""
+    return f"{deps.leases.run_tag(tenant, run_id)}:cancel"
 
 
 def inbox_key(run: Run) -> str:

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,12 +30,13 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aioredis
 
+from runlog.errors import RedisUnavailable, RunlogError
 from runlog.log.clients import loop_get
 from runlog.producers import approvals, calls
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
-from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Steps, advance
-from runlog.producers.run import Owned, Run, RunDeps
+from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Peek, Steps, advance
+from runlog.producers.run import CANCELLED, Owned, Run, RunDeps
 from runlog.producers.tools import is_async
 from runlog.producers.writer import Ack, AckGroup, EventWriter
 from runlog.projections.run_state import RunState
@@ -43,6 +45,7 @@ from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import EventType
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 _POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="runlog-aio")
@@ -208,6 +211,11 @@ class AsyncRun(Owned):
             return await _call(op.tool, op.args, op.ctx.idempotency_key, op, self._turn)
         if isinstance(op, Lookup):
             return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op, self._turn)
+        if isinstance(op, Peek):
+            try:
+                return await self._get(op.key)
+            except redis.RedisError as exc:
+                raise RedisUnavailable(f"GET {op.key}: {exc}") from exc
         assert isinstance(op, Blocking)
         return await _thread_to_its_end(op.fn)
 
@@ -273,9 +281,18 @@ class AsyncRun(Owned):
         payload: Payload | dict[str, Any] | None = None,
         **kw: Any,
     ) -> Event:
-        """Append one event; returns once acknowledged and ownership re-checked."""
+        """Append one event; returns once acknowledged and ownership re-checked.
+
+        A step of the agent's: a person's cancellation is raised here first (``Cancelled``,
+        once), as at ``call_tool``."""
         async with self._turn():
+            if EventType(event_type) is not EventType.RUN_FINISHED:
+                await self._drive(approvals.check_cancel(self._run))
             return await self._append(event_type, payload, **kw)
+
+    async def check_cancelled(self) -> None:
+        """``Run.check_cancelled``: raise ``Cancelled`` (once) if a person cancelled the run."""
+        await self._drive(approvals.check_cancel(self._run))
 
     async def _append(
         self,
@@ -369,6 +386,7 @@ class AsyncRun(Owned):
     async def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED (durable) and release the lease; see ``Run.finish``."""
         run = self._run
+        outcome, summary = run.final_outcome(outcome, summary)
         async with self._turn():
             try:
                 if run.state.status == "finished" and run.state.outcome == outcome:
@@ -383,6 +401,12 @@ class AsyncRun(Owned):
     async def close(self) -> None:
         """Await pipelined appends (best effort) and release the lease."""
         run = self._run
+        if run.ends_cancelled():
+            try:
+                await self.finish(CANCELLED)
+            except RunlogError as exc:
+                # The request stays in the log: the next owner ends the run.
+                log.warning("run %s: could not end cancelled: %s", run.run_id, exc)
         async with self._turn():
             try:
                 if run._pending and run._poisoned is None:

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
-from runlog.producers.approvals import record_decision, request_approval
+from runlog.producers.approvals import check_cancel, record_decision, request_approval
 from runlog.producers.bounds import bound_result
 from runlog.producers.context import CallContext
 from runlog.producers.ops import Steps, append, blocking, emit, invoke, lookup
@@ -83,6 +83,7 @@ def call_tool(
     tool = run.tools.get(name)
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
+    yield from check_cancel(run)  # a person's cancellation stops the run before this call
     occurrence, args_json, key = run._next_call(name, args, operation_id)  # before STARTED
     run._occurrences[occurrence] += 1
     try:

@@ -22,7 +22,7 @@ import redis
 
 from runlog.errors import RedisUnavailable
 from runlog.log.clients import ThreadGet
-from runlog.schemas.keys import run_tag
+from runlog.schemas.keys import lease_key, run_tag
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class LeaseManager:
         return run_tag(self.prefix, tenant, run_id)
 
     def lease_key(self, tenant: str, run_id: str) -> str:
-        return f"{self.run_tag(tenant, run_id)}:lease"
+        return lease_key(self.prefix, tenant, run_id)
 
     def epoch_key(self, tenant: str, run_id: str) -> str:
         return f"{self.run_tag(tenant, run_id)}:epoch"
@@ -175,6 +175,14 @@ class LeaseManager:
         return [self.lease_key(tenant, run_id), self.epoch_key(tenant, run_id)]
 
     # Operations ---------------------------------------------------------------------------
+    def peek(self, key: str) -> bytes | None:
+        """``GET key`` over this thread's own connection: a step's check on the hot path."""
+        try:
+            raw: bytes | None = self._get(key)
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"GET {key}: {exc}") from exc
+        return raw
+
     def current(self, tenant: str, run_id: str) -> str | None:
         try:
             raw = self._get(self.lease_key(tenant, run_id))

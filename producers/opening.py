@@ -70,8 +70,12 @@ def open_run_with(
     recover: bool = True,
     create: bool = True,
     takeover: bool = False,
+    operator: str | None = None,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
+
+    ``operator``: the person whose act (a decision, a cancellation, a termination) this
+    opening is for; the RUN_RESUMED names them and is not counted as a resumption.
 
     ``create=False`` refuses to start a run that has no events (``UnknownRun``).
     ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
@@ -91,7 +95,7 @@ def open_run_with(
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
             if run.state.status != "finished":
-                _claim(run, reader, agent=agent, goal=goal, reason=reason)
+                _claim(run, reader, agent=agent, goal=goal, reason=reason, operator=operator)
         finally:
             reader.close()
         if recover and run.state.status != "finished":
@@ -175,7 +179,9 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
     return run
 
 
-def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -> None:
+def _claim(
+    run: Run, reader: LogReader, *, agent: str, goal: str, reason: str, operator: str | None
+) -> None:
     """Append the ownership event and confirm, by reading the log back, that it counts.
 
     A previous owner's append can land between our replay and our claim; the log then
@@ -195,6 +201,7 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
                 "expected_prev_seq": st.seq,
                 "gap_ms": gap,
                 "reason": reason or "resumed by a new owner",
+                "operator": operator,
             }
             ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
         (delivered,) = run.barrier()
@@ -309,23 +316,10 @@ def submit_decision(
     reason = f"decision by {decided_by}"
     key = decisions_key(deps, tenant, run_id)
 
-    def take_if_free() -> Run | None:
-        """The run, if no one holds it (a decider records in the log itself), else None."""
-        try:
-            return open_run_with(
-                deps,
-                run_id,
-                tenant=tenant,
-                tools=tools,
-                wait_s=0,
-                recover=False,
-                create=False,
-                reason=reason,
-            )
-        except RunLocked:
-            return None
+    def take() -> Run | None:
+        return take_if_free(deps, run_id, tenant=tenant, tools=tools, reason=reason, by=decided_by)
 
-    run = take_if_free()
+    run = take()
     if run is not None:
         with run:
             run.decide(
@@ -342,7 +336,7 @@ def submit_decision(
     while True:
         state = _run_state(deps, tenant, run_id)
         if standing_decision(state, approval_id) is None:
-            run = take_if_free()
+            run = take()
             if run is not None:
                 with run:  # the run is free now: record what its inbox holds, ours included
                     run.poll_decisions()
@@ -361,6 +355,37 @@ def submit_decision(
         if time.monotonic() >= deadline:
             return "queued"
         time.sleep(0.1)
+
+
+def take_if_free(
+    deps: RunDeps,
+    run_id: str,
+    *,
+    tenant: str,
+    tools: Iterable[Tool] = (),
+    reason: str,
+    by: str,
+) -> Run | None:
+    """The run, if no one holds it, taken by person ``by`` to record their act in its log
+    (a decision, a cancellation): else None, and the act goes to the owner's inbox.
+
+    Taking it is an ownership change like any other (a RUN_RESUMED with ``reason``), named
+    as ``by``'s, so it is not counted as a resumption; nothing is recovered.
+    """
+    try:
+        return open_run_with(
+            deps,
+            run_id,
+            tenant=tenant,
+            tools=tools,
+            wait_s=0,
+            recover=False,
+            create=False,
+            reason=reason,
+            operator=by,
+        )
+    except RunLocked:
+        return None
 
 
 def _inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:

@@ -63,7 +63,15 @@ class Blocking:
     fn: Callable[[], Any]
 
 
-Op = Append | Invoke | Lookup | Blocking
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """One Redis ``GET`` a step asks on the hot path (is a cancellation waiting?): the sync
+    driver asks over its thread's connection, the async one awaits its loop's client."""
+
+    key: str
+
+
+Op = Append | Invoke | Lookup | Blocking | Peek
 Steps = Generator[Op, Any, T]
 """A rule: yields the I/O it needs, returns its result."""
 
@@ -92,6 +100,11 @@ def invoke(tool: Tool, args: dict[str, Any], ctx: CallContext) -> Steps[str]:
 def lookup(tool: Tool, args: dict[str, Any], ctx: CallContext) -> Steps[Evidence]:
     out = yield Lookup(tool, args, ctx)
     return cast(Evidence, out)
+
+
+def peek(key: str) -> Steps[bytes | None]:
+    out = yield Peek(key)
+    return cast("bytes | None", out)
 
 
 def blocking(fn: Callable[[], T]) -> Steps[T]:
@@ -137,6 +150,8 @@ def perform(run: Run, op: Op) -> Any:
                 op.tool.reconcile(op.args, idempotency_key=op.ctx.idempotency_key),
                 f"the reconciler of {op.tool.name}",
             )
+    if isinstance(op, Peek):
+        return run.deps.leases.peek(op.key)
     return op.fn()
 
 

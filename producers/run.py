@@ -25,6 +25,7 @@ from runlog.errors import (
     KafkaUnavailable,
     RedisUnavailable,
     RunFinished,
+    RunlogError,
     ValidationFailed,
 )
 from runlog.log.authority import tenant_keys_for
@@ -51,6 +52,11 @@ from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
+
+CANCELLED = "cancelled"
+"""The outcome of a run a person cancelled (``runlog cancel``)."""
+TERMINATED = "terminated"
+"""The outcome of a run a person terminated (``runlog terminate``)."""
 
 OWN_KEPT = 10_000
 """Own records kept for a confirmation by the log tail; past it, confirmations read."""
@@ -162,6 +168,9 @@ class Run(Owned):
     _since_turn: list[Event] | None = field(default_factory=list)
     """Valid events after the last MODEL_TURN; None when the replay did not see that far
     back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
+    cancel_raised: bool = False
+    """``Cancelled`` was raised into this owner's agent (once); its clean-up steps run,
+    and the run ends cancelled when finished or closed."""
 
     def __enter__(self) -> Run:
         return self
@@ -170,9 +179,17 @@ class Run(Owned):
         self.close()
 
     def close(self) -> None:
-        """Wait for pipelined appends (best effort) and release the lease."""
+        """Wait for pipelined appends (best effort) and release the lease.
+
+        A run whose agent was told it is cancelled (``Cancelled``) ends cancelled here."""
         try:
-            if self._pending and self._poisoned is None:
+            if self.ends_cancelled():
+                try:
+                    self.finish(CANCELLED)
+                except RunlogError as exc:
+                    # The request stays in the log: the next owner ends the run.
+                    log.warning("run %s: could not end cancelled: %s", self.run_id, exc)
+            elif self._pending and self._poisoned is None:
                 self.barrier()
         finally:
             self.lease.release()
@@ -596,7 +613,11 @@ class Run(Owned):
         On a run that already finished with ``outcome``, returns the recorded RUN_FINISHED:
         a worker killed just after its finish was acknowledged and re-executed from the
         top reaches the same call again. A different outcome raises ``RunFinished``.
+
+        A run a person cancelled ends ``cancelled`` whatever ``outcome`` says (the
+        summary names the request); ``summary`` is kept after it.
         """
+        outcome, summary = self.final_outcome(outcome, summary)
         try:
             if self.state.status == "finished" and self.state.outcome == outcome:
                 for ev in reversed(self.since_last_turn()):
@@ -605,6 +626,30 @@ class Run(Owned):
             return self.append(EventType.RUN_FINISHED, outcome=outcome, summary=summary)
         finally:
             self.lease.release()
+
+    # Cancellation ----------------------------------------------------------------------
+    def check_cancelled(self) -> None:
+        """Raise ``Cancelled`` (once) if a person cancelled the run: call before a step of
+        your own (``call_tool`` and the agent loop's model turns already check)."""
+        drive(self, approvals.check_cancel(self))
+
+    def ends_cancelled(self) -> bool:
+        """Closing must end the run cancelled: its agent was told, and it has not ended."""
+        return (
+            self.cancel_raised
+            and self.state.cancel is not None
+            and self.state.status != "finished"
+            and self._poisoned is None
+            and not self.lease.released
+        )
+
+    def final_outcome(self, outcome: str, summary: str) -> tuple[str, str]:
+        """The outcome and summary a finish records: ``cancelled`` once a person cancelled."""
+        c = self.state.cancel
+        if c is None or self.state.status == "finished":
+            return outcome, summary
+        why = f"cancelled by {c.requested_by}: {c.reason}"
+        return CANCELLED, why if not summary or outcome == CANCELLED else f"{why}; {summary}"
 
     # Reading back ----------------------------------------------------------------------
     def _read_back(self, reader: LogReader, end: int) -> set[str]:

@@ -73,6 +73,7 @@ _ENTRY_TYPES = (
     m.ReconciliationAttempted,
     m.ToolCallUncertain,
     m.RunFinished,
+    m.RunCancelRequested,
 )
 
 
@@ -169,8 +170,14 @@ def entries(
         e.update(kind="compaction", dropped=p.dropped, summary=p.summary)
         e.update(kept_turns=p.kept_turns, kept_messages=p.kept_messages)
     elif isinstance(p, m.RunResumed):
-        e.update(kind="resumption", previous_epoch=p.previous_epoch, gap_ms=p.gap_ms)
+        # A person taking the run to record their act is not the run resuming.
+        kind = "resumption" if p.operator is None else "operator_takeover"
+        e.update(kind=kind, previous_epoch=p.previous_epoch, gap_ms=p.gap_ms)
         e["reason"] = p.reason
+        if p.operator is not None:
+            e["operator"] = p.operator
+    elif isinstance(p, m.RunCancelRequested):
+        e.update(kind="cancel_requested", requested_by=p.requested_by, reason=p.reason)
     elif isinstance(p, m.ReconciliationAttempted):
         e.update(kind="reconciliation", tool=p.name, idempotency_key=p.idempotency_key)
         e.update(outcome=p.outcome, rule=p.rule, action=p.action, evidence=p.evidence)
@@ -179,6 +186,8 @@ def entries(
         e.update(error=p.error, detected_by=p.detected_by)
     elif isinstance(p, m.RunFinished):
         e.update(kind="finished", outcome=p.outcome)
+        if p.summary:
+            e["summary"] = p.summary
     else:
         return []
     return [e]

@@ -33,7 +33,7 @@ from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
-FOLD_VERSION = 4
+FOLD_VERSION = 5
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
@@ -127,6 +127,16 @@ class Approval:
 
 
 @dataclass
+class Cancellation:
+    """A person's request that the run stop (RUN_CANCEL_REQUESTED): the first one stands."""
+
+    requested_by: str
+    reason: str
+    requested_seq: int
+    requested_at: datetime
+
+
+@dataclass
 class RunState:
     run_id: str = ""
     tenant: str = ""
@@ -156,6 +166,9 @@ class RunState:
     fenced_writes: int = 0
     outcome: str | None = None
     summary: str = ""
+    cancel: Cancellation | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The cancellation requested (None: none). Omitted from ``to_dict`` when None, so the
+    states of logs written before cancellation existed are unchanged."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -213,6 +226,9 @@ class RunState:
             k: OpenCall(**{**v, "started_at": _dt(v["started_at"])})
             for k, v in d.get("open_calls", {}).items()
         }
+        if d.get("cancel") is not None:
+            c = d["cancel"]
+            d["cancel"] = Cancellation(**{**c, "requested_at": _dt(c["requested_at"])})
         d["approvals"] = {
             k: Approval(
                 **{**v, "requested_at": _dt(v["requested_at"]), "due_at": _dt(v.get("due_at"))}
@@ -343,8 +359,12 @@ def _run_started(st: RunState, ev: Event) -> None:
 
 
 def _run_resumed(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.RunResumed)
     st.epoch = ev.epoch
-    st.resumptions += 1
+    if p.operator is None:
+        # A person taking the run to record their act is not the run resuming.
+        st.resumptions += 1
     # Anything started by the previous owner without a completion is now uncertain:
     # that owner can no longer report it, so only evidence can settle it.
     for call in st.open_calls.values():
@@ -575,6 +595,13 @@ def _run_finished(st: RunState, ev: Event) -> None:
     st.status, st.outcome, st.summary = "finished", p.outcome, p.summary
 
 
+def _run_cancel_requested(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.RunCancelRequested)
+    if st.cancel is None:  # the first request stands; a later one is told, changes nothing
+        st.cancel = Cancellation(p.requested_by, p.reason, ev.seq, ev.occurred_at)
+
+
 def _record_only(st: RunState, ev: Event) -> None:
     """Deliberately nothing: audit reads these; run state does not depend on them."""
 
@@ -593,6 +620,7 @@ RULES: dict[EventType, Rule] = {
     EventType.APPROVAL_DECIDED: _approval_decided,
     EventType.CONTEXT_COMPACTED: _context_compacted,
     EventType.RUN_FINISHED: _run_finished,
+    EventType.RUN_CANCEL_REQUESTED: _run_cancel_requested,
     EventType.GUARDRAIL_TRIGGERED: _record_only,
     EventType.MEMORY_WRITTEN: _record_only,
 }

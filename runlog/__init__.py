@@ -29,6 +29,9 @@ from runlog.errors import (
     CallUncertain as CallUncertain,
 )
 from runlog.errors import (
+    Cancelled as Cancelled,
+)
+from runlog.errors import (
     ConfigError as ConfigError,
 )
 from runlog.errors import (
@@ -88,11 +91,13 @@ if TYPE_CHECKING:
     from runlog import aio as aio
     from runlog import testing as testing
     from runlog.api import append_metrics as append_metrics
+    from runlog.api import cancel as cancel
     from runlog.api import decide as decide
     from runlog.api import lease_metrics as lease_metrics
     from runlog.api import open_run as open_run
     from runlog.api import question as question
     from runlog.api import serve_metrics as serve_metrics
+    from runlog.api import terminate as terminate
     from runlog.consumers.question import Question as Question
     from runlog.producers.context import CallContext as CallContext
     from runlog.producers.context import current_call as current_call
@@ -119,6 +124,8 @@ _PUBLIC: dict[str, str] = {
     "open_run": "runlog.api",
     "Run": "runlog.producers.run",
     "decide": "runlog.api",
+    "cancel": "runlog.api",
+    "terminate": "runlog.api",
     "question": "runlog.api",
     "Question": "runlog.consumers.question",
     # tools
@@ -156,6 +163,7 @@ _PUBLIC: dict[str, str] = {
     "UnknownRun": _ERRORS,
     "RunFinished": _ERRORS,
     "Escalated": _ERRORS,
+    "Cancelled": _ERRORS,
     "CallUncertain": _ERRORS,
     "CallRejected": _ERRORS,
     "ToolFailed": _ERRORS,

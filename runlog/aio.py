@@ -28,7 +28,7 @@ from runlog.producers.run import Run
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 
-__all__ = ["AsyncRun", "decide", "open_run", "question"]
+__all__ = ["AsyncRun", "cancel", "decide", "open_run", "question", "terminate"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -106,3 +106,7 @@ decide = _awaitable(api.decide)
 """``runlog.decide``, run in a worker thread."""
 question = _awaitable(api.question)
 """``runlog.question``, run in a worker thread."""
+cancel = _awaitable(api.cancel)
+"""``runlog.cancel``, run in a worker thread."""
+terminate = _awaitable(api.terminate)
+"""``runlog.terminate``, run in a worker thread."""

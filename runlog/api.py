@@ -10,6 +10,8 @@ from runlog.errors import DecisionConflict, UnknownApproval, UnknownRun
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
+from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
+from runlog.producers.control import terminate as terminate_run
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
 from runlog.producers.writer import APPENDS, BARRIERS
@@ -153,6 +155,57 @@ def decide(
             raise fresh from exc
         tracing.annotate(span, outcome=how)
         return how
+
+
+def cancel(
+    run_id: str,
+    *,
+    reason: str,
+    by: str,
+    tenant: str = "default",
+    settings: Settings | None = None,
+    wait_s: float = CANCEL_WAIT_S,
+) -> str:
+    """Ask ``run_id`` to stop, cooperatively; the request is recorded in its log (who, when,
+    why).
+
+    The run's owner sees it at its next step (before its next model turn or tool call; an
+    ``AsyncRun`` at its next await of runlog's) and raises ``runlog.Cancelled`` into the
+    agent, which may clean up; the run then ends ``cancelled``. A run nobody holds is
+    recorded as cancelling and cancelled when next opened. Open calls are not closed: the
+    recovery rules still settle them.
+
+    Returns ``"recorded"`` (in the log), ``"queued"`` (in the owner's inbox after
+    ``wait_s``) or ``"already"`` (an earlier cancellation stands). Raises ``RunFinished``
+    if the run has ended, ``UnknownRun`` if this tenant has no such run, ``ValueError``
+    without a reason or a ``by``.
+    """
+    services = Services.shared(settings or Settings())
+    with tracing.span("cancel", run_id=run_id, tenant=tenant) as span:
+        how = request_cancel(
+            services.run_deps(), run_id, tenant=tenant, reason=reason, by=by, wait_s=wait_s
+        )
+        tracing.annotate(span, outcome=how)
+        return how
+
+
+def terminate(
+    run_id: str,
+    *,
+    reason: str,
+    by: str,
+    tenant: str = "default",
+    settings: Settings | None = None,
+) -> Termination:
+    """End ``run_id`` now, without its owner: a takeover with a higher epoch fences the
+    owner (its next append is refused, it invokes no further tool) and the run is recorded
+    as ended ``terminated`` (who, why). Its open calls are returned and stay open, for
+    reconciliation. Raises ``RunFinished`` if the run has already ended."""
+    services = Services.shared(settings or Settings())
+    with tracing.span("terminate", run_id=run_id, tenant=tenant) as span:
+        done = terminate_run(services.run_deps(), run_id, tenant=tenant, reason=reason, by=by)
+        tracing.annotate(span, epoch=done.epoch, open_calls=len(done.open_calls))
+        return done
 
 
 def question(

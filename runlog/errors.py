@@ -12,6 +12,7 @@ __all__ = [
     "AppendOutcomeUnknown",
     "CallRejected",
     "CallUncertain",
+    "Cancelled",
     "ConfigError",
     "CorruptRecord",
     "DecisionConflict",
@@ -157,6 +158,17 @@ class TenantMismatch(UnknownRun):
 
 class RunFinished(RunError):
     """The run has a terminal outcome; nothing more may be appended."""
+
+
+class Cancelled(RunError):
+    """A person cancelled the run (``runlog cancel``): raised into the agent at its next
+    step, once. The agent may clean up (its steps run again after this); the run ends
+    cancelled when it is closed or finished. ``requested_by`` and ``reason`` say who
+    asked and why."""
+
+    def __init__(self, message: str, *, requested_by: str = "", reason: str = "", **kw: object):
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.requested_by, self.reason = requested_by, reason
 
 
 class Escalated(RunError):

@@ -37,6 +37,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # decider's signature (schemas.signing). A v1 decision resolves as unsigned: what it
         # was, and what a reader that trusts decider keys refuses.
         (EventType.APPROVAL_DECIDED, 1),
+        # v2 adds the optional ``operator`` (default null): the person whose act the
+        # ownership move records. A v1 resumption resolves as a worker's, which is what
+        # every v1 writer but the decision path meant (its decisions stay counted).
+        (EventType.RUN_RESUMED, 1),
     }
 )
 

@@ -156,6 +156,11 @@ def run_tag(key_prefix: str, tenant: str, run_id: str) -> str:
     return f"{key_prefix}:{{{check_tenant(tenant)}:{run_id}}}"
 
 
+def lease_key(key_prefix: str, tenant: str, run_id: str) -> str:
+    """The run's lease: ``owner|epoch`` with a TTL (``producers.lease``)."""
+    return f"{run_tag(key_prefix, tenant, run_id)}:lease"
+
+
 def start_key(key_prefix: str, tenant: str, run_id: str) -> str:
     """The run's start index: ``partition:offset`` of its acknowledged RUN_STARTED."""
     return f"{run_tag(key_prefix, tenant, run_id)}:start"

@@ -30,6 +30,9 @@ class RunResumed(Payload):
     expected_prev_seq: int
     gap_ms: int | None = None
     reason: str = ""
+    operator: str | None = None
+    """v2: the person whose act (a decision, a cancellation, a termination) this ownership
+    move records; None (and in v1 records): a worker resuming the run to run it."""
 
 
 class UserMessage(Payload):
@@ -213,6 +216,13 @@ class RunFinished(Payload):
     summary: str = ""
 
 
+class RunCancelRequested(Payload):
+    """A person asked the run to stop (cooperatively): who and why."""
+
+    requested_by: str
+    reason: str
+
+
 PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.RUN_STARTED: RunStarted,
     EventType.RUN_RESUMED: RunResumed,
@@ -229,6 +239,7 @@ PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.CONTEXT_COMPACTED: ContextCompacted,
     EventType.MEMORY_WRITTEN: MemoryWritten,
     EventType.RUN_FINISHED: RunFinished,
+    EventType.RUN_CANCEL_REQUESTED: RunCancelRequested,
 }
 
 

@@ -24,6 +24,7 @@ EXPECTED_RUNLOG = [
     "CallContext",
     "CallRejected",
     "CallUncertain",
+    "Cancelled",
     "ConfigError",
     "Conflict",
     "DecisionConflict",
@@ -53,6 +54,7 @@ EXPECTED_RUNLOG = [
     "UnknownTool",
     "aio",
     "append_metrics",
+    "cancel",
     "current_call",
     "decide",
     "decode",
@@ -61,6 +63,7 @@ EXPECTED_RUNLOG = [
     "open_run",
     "question",
     "serve_metrics",
+    "terminate",
     "testing",
     "tool",
 ]

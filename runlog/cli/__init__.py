@@ -35,6 +35,7 @@ _COMMAND_MODULES = (
     "runlog.cli.stack_cmd",
     "runlog.cli.topics_cmd",
     "runlog.cli.runs_cmd",
+    "runlog.cli.control_cmd",
     "runlog.cli.projections_cmd",
     "runlog.cli.operator_cmd",
     "runlog.cli.replay_cmd",
@@ -48,7 +49,19 @@ _COMMAND_MODULES = (
 # Commands that read or write the log: before anything else, they check that a broker
 # answers at all, so a wrong address is one line at once, not librdkafka's retries first.
 _NEEDS_KAFKA = frozenset(
-    {"approve", "explain", "reject", "replay", "show", "snapshot", "verify", "rebuild", "topics"}
+    {
+        "approve",
+        "cancel",
+        "explain",
+        "reject",
+        "replay",
+        "show",
+        "snapshot",
+        "terminate",
+        "verify",
+        "rebuild",
+        "topics",
+    }
 )
 
 

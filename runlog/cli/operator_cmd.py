@@ -12,9 +12,12 @@ from runlog.cli.groups import print_json
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.question import question
 from runlog.consumers.timeline import run_timeline
-from runlog.errors import ConfigError
+from runlog.errors import ConfigError, KafkaUnavailable
 from runlog.log.clients import redis_client
+from runlog.log.holders import status_now
+from runlog.log.kafka import live_groups
 from runlog.log.reader import LogReader
+from runlog.projections.run_state import RunState
 from runlog.settings import Settings
 
 
@@ -73,9 +76,26 @@ def _line(row: RunRow, now: datetime) -> str:
         ago = (now - datetime.fromisoformat(row.last_event_at)).total_seconds()
         last = f"{row.last_type or '?'} {age_text(ago)} ago"
     return (
-        f"{row.tenant:<12} {row.run_id:<30} {row.status:<9} {row.outcome or '-':<10} "
+        f"{row.tenant:<12} {row.run_id:<30} {row.status:<10} {_detail(row, now):<34} "
         f"{row.seq:>6} {row.epoch:>5} {row.resumptions:>4} {age_text(row.age_s(now)):>6}  {last}"
     )
+
+
+def _detail(row: RunRow, now: datetime) -> str:
+    """What the status says beside its name: the owner and lease, what it waits for, since
+    when it is orphaned or cancelling, how it ended."""
+    if row.owner is not None:
+        left = ""
+        if row.lease_expires_at:
+            secs = (datetime.fromisoformat(row.lease_expires_at) - now).total_seconds()
+            left = f" lease {max(0.0, secs):.0f}s"
+        who = f"{row.owner}{left}"
+        return f"for a {row.waiting_for}; {who}" if row.waiting_for else who
+    if row.waiting_for:
+        return f"for a {row.waiting_for}"
+    if row.status in ("orphaned", "cancelling") and row.since:
+        return f"since {age_text((now - datetime.fromisoformat(row.since)).total_seconds())}"
+    return row.outcome or "-"
 
 
 def _runs(args: argparse.Namespace) -> int:
@@ -102,9 +122,9 @@ def _runs(args: argparse.Namespace) -> int:
             if args.json:
                 rows.extend(page.rows)
             else:
-                if header:
+                if header and page.rows:
                     print(
-                        f"{'TENANT':<12} {'RUN':<30} {'STATUS':<9} {'OUTCOME':<10} "
+                        f"{'TENANT':<12} {'RUN':<30} {'STATUS':<10} {'OWNER / DETAIL':<34} "
                         f"{'SEQ':>6} {'EPOCH':>5} {'RES':>4} {'AGE':>6}  LAST EVENT"
                     )
                     header = False
@@ -120,10 +140,43 @@ def _runs(args: argparse.Namespace) -> int:
             "runs": [r.to_dict(now) for r in rows],
             "next_cursor": cursor,
         }
+        if not rows:
+            out["projection_services"] = _services(settings)
         print_json(out)
+    elif header:
+        # Nothing listed: say whether anything keeps the index, not an empty table.
+        live = _services(settings)
+        if live is None:
+            print(
+                "no runs listed, and Kafka cannot say whether a projection service "
+                "(`runlog project state`) keeps the run index",
+                file=sys.stderr,
+            )
+        elif not live:
+            print(
+                "no runs listed, and no projection service is running: the run index is "
+                "kept by `runlog project state` (or `runlog project all`); start one, and "
+                "it folds the log from where it stopped",
+                file=sys.stderr,
+            )
+        else:
+            groups = ", ".join(f"{g} ({n} member(s))" for g, n in sorted(live.items()))
+            print(f"no runs match (the state projection is running: {groups})", file=sys.stderr)
     elif cursor is not None:
         print(f"more: runlog runs ... --cursor '{cursor}'", file=sys.stderr)
     return 0
+
+
+def _services(settings: Settings) -> dict[str, int] | None:
+    """Live consumer groups of state projection services (``runlog project``): id ->
+    members (None: Kafka did not answer). The state projection keeps the run index, alone
+    or among others."""
+    prefix = f"{settings.topic_prefix}.projection."
+    try:
+        found = live_groups(settings, prefix)
+    except KafkaUnavailable:
+        return None
+    return {g: n for g, n in found.items() if "state" in g[len(prefix) :].split("+")}
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -132,14 +185,24 @@ def _show(args: argparse.Namespace) -> int:
     try:
         with LogReader(settings) as reader:
             tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
+        told = status_now(client, settings, tl.state)
     finally:
         client.close()
     questions = [question(tl, ap) for ap in tl.state.pending_approvals]
+    left = _left_open(tl.state) if told.ended else []
     if args.json:
-        print_json({**tl.to_dict(), "questions": [q.to_dict() for q in questions]})
+        print_json(
+            {
+                **tl.to_dict(),
+                **told.to_dict(),
+                "cancel": _cancel_dict(tl.state),
+                "left_open": left,
+                "questions": [q.to_dict() for q in questions],
+            }
+        )
         return 0
     st = tl.state
-    print(f"run {tl.run_id}  tenant {tl.tenant}  status {st.status}  outcome {st.outcome or '-'}")
+    print(f"run {tl.run_id}  tenant {tl.tenant}  status {told.text()}  outcome {st.outcome or '-'}")
     print(
         f"seq {st.seq}  epoch {st.epoch}  resumptions {st.resumptions}  "
         f"fenced writes {st.fenced_writes}  turns {st.turns}  cost ${st.cost_usd:.6f}"
@@ -158,12 +221,57 @@ def _show(args: argparse.Namespace) -> int:
                 f"  {c.tool:<14} key={c.idempotency_key} risk={c.risk or '-'} "
                 f"attempts={c.attempts} -> {c.outcome}{recon}"
             )
+    if st.cancel is not None:
+        asked = st.cancel
+        print()
+        print(
+            f"cancel requested by {asked.requested_by} at {asked.requested_at.isoformat()} "
+            f"(seq {asked.requested_seq}): {asked.reason}"
+        )
+    if left:
+        print()
+        print(f"open calls left for reconciliation when the run ended {st.outcome}:")
+        for call in left:
+            print(
+                f"  {call['tool']:<14} key={call['idempotency_key']} risk={call['risk']} "
+                f"{call['status']} since {call['started_at']}"
+            )
     if questions:
         print()
         print("waiting for a person:")
         for q in questions:
             print("\n".join(f"  {line}" for line in q.lines()))
     return 0
+
+
+def _cancel_dict(st: RunState) -> dict[str, Any] | None:
+    c = st.cancel
+    if c is None:
+        return None
+    return {
+        "requested_by": c.requested_by,
+        "reason": c.reason,
+        "requested_at": c.requested_at.isoformat(),
+        "requested_seq": c.requested_seq,
+    }
+
+
+def _left_open(st: RunState) -> list[dict[str, Any]]:
+    """The calls an ended run left open (a terminate, a cancel during an uncertain call):
+    what a person reconciles, with the evidence the log holds."""
+    return [
+        {
+            "idempotency_key": c.idempotency_key,
+            "tool": c.name,
+            "risk": c.risk,
+            "status": c.status,
+            "attempt": c.attempt,
+            "started_at": c.started_at.isoformat(),
+            "last_error": c.last_error,
+            "last_evidence": c.last_evidence,
+        }
+        for c in sorted(st.open_calls.values(), key=lambda c: c.started_seq)
+    ]
 
 
 def _ui(args: argparse.Namespace) -> int:

@@ -22,6 +22,8 @@ from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
 from runlog.consumers.stores import KNOWN, PROJECTIONS
 from runlog.errors import ConfigError, UnknownRun
 from runlog.log.clients import redis_client
+from runlog.log.holders import status_now
+from runlog.projections.run_state import RunState
 from runlog.settings import Settings
 
 _ALL = PROJECTIONS
@@ -185,12 +187,13 @@ def _state(args: argparse.Namespace) -> int:
     view = queries.get_state(client, settings, args.run_id, tenant=args.tenant)
     if view is None:  # not in the state projection: not found, as another tenant's run
         raise UnknownRun(f"run {args.run_id} is not in the state projection", run_id=args.run_id)
+    told = status_now(client, settings, RunState.from_dict(view["state"]))
     if args.json:
-        print_json(view)
+        print_json({**view, **told.to_dict()})
         return 0
     st = view["state"]
     print(f"run        {st['run_id']}  (tenant {st['tenant']})")
-    print(f"status     {st['status']}  outcome={st['outcome']}")
+    print(f"status     {told.text()}  outcome={st['outcome']}")
     print(f"seq/epoch  {st['seq']} / {st['epoch']}  (max epoch seen {st['max_epoch_seen']})")
     print(f"turns      {st['turns']}  tokens in/out {st['input_tokens']}/{st['output_tokens']}")
     print(f"cost       ${st['cost_usd']:.6f}")

@@ -129,7 +129,8 @@ def build_report(
                         "evidence": p.evidence,
                     }
                 )
-        elif isinstance(p, m.RunResumed):
+        elif isinstance(p, m.RunResumed) and p.operator is None:
+            # A person taking the run to record a decision is not a resumption (the fold's rule).
             resumptions.append(
                 {"seq": ev.seq, "epoch": ev.epoch, "gap_ms": p.gap_ms, "reason": p.reason}
             )

@@ -178,6 +178,7 @@ class RunlogModel(WrapperModel):
             # The previous turn (and what the agent did with it) is durable before the model
             # is asked again: at most the latest answer can be lost, never a recorded one.
             await ex.run.barrier()
+            await ex.run.check_cancelled()  # a person's cancellation, before the model
             response = await self.wrapped.request(
                 messages, model_settings, model_request_parameters
             )

@@ -154,3 +154,25 @@ def unreachable(bootstrap_servers: str, *, timeout: float = 2.0) -> str | None:
         except OSError as exc:
             said.append(f"{server}: {exc.strerror or type(exc).__name__}")
     return "; ".join(said) if said else "no bootstrap server given"
+
+
+def live_groups(settings: Settings, prefix: str, *, timeout: float = 5.0) -> dict[str, int]:
+    """Consumer groups whose id starts with ``prefix`` and that have members now: id ->
+    member count. Asks the broker (the group coordinator); never reads a topic."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_common(), logger=KAFKA_LOG)
+    try:
+        listed = admin.list_consumer_groups(request_timeout=timeout).result()
+        ids = [g.group_id for g in listed.valid if g.group_id.startswith(prefix)]
+        if not ids:
+            return {}
+        described = admin.describe_consumer_groups(ids, request_timeout=timeout)
+        out: dict[str, int] = {}
+        for gid, fut in described.items():
+            members = len(fut.result().members)
+            if members:
+                out[gid] = members
+        return out
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"consumer groups: {exc}") from exc

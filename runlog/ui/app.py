@@ -25,21 +25,24 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runlog.api import decide
+from runlog.api import cancel, decide, terminate
 from runlog.consumers import projection_metrics, queries
-from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
+from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.question import CALL_KINDS, question
 from runlog.consumers.stores import PROJECTIONS
 from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import (
     DecisionConflict,
+    Fenced,
     InvalidRunId,
     NotADecider,
+    RunFinished,
     RunlogError,
     UnknownApproval,
     UnknownRun,
 )
 from runlog.log.clients import redis_client
+from runlog.log.holders import status_now
 from runlog.log.reader import LogReader
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
@@ -72,6 +75,10 @@ _FLASH = {
     "approved-queued": "Approved: queued for the worker that holds the run.",
     "rejected-recorded": "Rejected: recorded in the run's log.",
     "rejected-queued": "Rejected: queued for the worker that holds the run.",
+    "cancel-recorded": "Cancel requested: recorded in the run's log.",
+    "cancel-queued": "Cancel requested: queued for the worker that holds the run.",
+    "cancel-already": "An earlier cancel request stands.",
+    "terminate-done": "Terminated: the run's owner is fenced and the run ended terminated.",
 }
 
 
@@ -340,6 +347,10 @@ def create_app(
             }
             for a in tl.state.pending_approvals.values()
         ]
+        told = await run_in_threadpool(status_now, c.redis, c.settings, tl.state)
+        left_open = (
+            sorted(tl.state.open_calls.values(), key=lambda x: x.started_seq) if told.ended else []
+        )
         return c.page(
             request,
             "run.html",
@@ -348,7 +359,9 @@ def create_app(
             entries=entries_shown,
             hidden=len(tl.entries) - len(entries_shown),
             st=tl.state,
-            status=status_of(tl.state),
+            status=told.status,
+            told=told,
+            left_open=left_open,
             pending=pending,
             audit=audit,
             next=f"/runs/{run_id}",
@@ -363,7 +376,7 @@ def create_app(
 
         def waiting() -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []
-            for status in ("waiting", "stopped"):
+            for status in ("waiting", "cancelling"):
                 for row in index.page(tenants=visible, status=status, limit=200).rows:
                     view = queries.get_state(c.redis, c.settings, row.run_id)
                     if view is None:
@@ -536,6 +549,63 @@ def create_app(
         sep = "&" if "?" in target else "?"
         return RedirectResponse(f"{target}{sep}done={verb}-{how}", status_code=303)
 
+    async def stop_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        """Cancel or terminate a run: a page that restates what it does and asks why (GET),
+        then the act itself with the reason and the token's name (POST)."""
+        run_id, action = request.path_params["run_id"], request.path_params["action"]
+        if action not in ("cancel", "terminate"):
+            return PlainTextResponse("action must be cancel or terminate", status_code=404)
+        ctx = {**c.context(request, grant, token), "refresh_s": 0}
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        try:
+            tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        told = await run_in_threadpool(status_now, c.redis, c.settings, tl.state)
+
+        def confirm(code: int = 200, reason: str = "", error: str = "") -> Response:
+            return c.page(
+                request,
+                "stop.html",
+                code,
+                run_id=run_id,
+                action=action,
+                verb=action.capitalize(),
+                status=told.status,
+                open_calls=len(tl.state.open_calls),
+                reason=reason,
+                error=error,
+                **ctx,
+            )
+
+        if request.method == "GET":
+            return confirm()
+        form = await request.form()
+        raw = form.get("reason")
+        reason = raw.strip()[:MAX_NOTE] if isinstance(raw, str) else ""
+        if not reason:
+            return confirm(400, error="A reason is required: it is recorded with your name.")
+        if told.ended:
+            return confirm(409, reason, f"The run has already ended ({told.status}).")
+
+        def act() -> str:
+            if action == "cancel":
+                how = cancel(
+                    run_id, reason=reason, by=grant.name, tenant=row.tenant, settings=c.settings
+                )
+                return f"cancel-{how}"
+            terminate(run_id, reason=reason, by=grant.name, tenant=row.tenant, settings=c.settings)
+            return "terminate-done"
+
+        try:
+            done = await run_in_threadpool(act)
+        except (RunFinished, Fenced) as exc:
+            return confirm(409, reason, f"Not recorded: the run ended meanwhile ({exc}).")
+        log.info("console: %s %s %s: %s (%s)", grant.name, action, run_id, reason, done)
+        return RedirectResponse(f"/runs/{run_id}?done={done}", status_code=303)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -555,6 +625,7 @@ def create_app(
                 "/runs/{run_id}/approvals/{approval_id}", guarded(question_view), methods=["GET"]
             ),
             Route("/runs/{run_id}/approvals/{approval_id}", guarded(decide_view), methods=["POST"]),
+            Route("/runs/{run_id}/stop/{action}", guarded(stop_view), methods=["GET", "POST"]),
             Route("/approvals", guarded(approvals), methods=["GET"]),
             Route("/uncertain", guarded(uncertain), methods=["GET"]),
             Route("/lag", guarded(lag), methods=["GET"]),

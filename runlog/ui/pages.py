@@ -49,6 +49,8 @@ code,.mono{font-family:ui-monospace,monospace;font-size:12px}
 .st{padding:1px 6px;border-radius:8px;font-size:12px;color:#fff;white-space:nowrap}
 .st-running{background:#2563eb}.st-waiting{background:#d97706}.st-uncertain{background:#9333ea}
 .st-stopped{background:#dc2626}.st-finished{background:#059669}
+.st-orphaned{background:#6b7280}.st-cancelling{background:#b45309}.st-failed{background:#dc2626}
+.st-cancelled{background:#4b5563}.st-terminated{background:#7f1d1d}
 tr.fenced td{color:#9ca3af;text-decoration:line-through}tr.fenced td.why{text-decoration:none;color:#dc2626}
 tr.superseded td{color:#9ca3af}
 .overdue{color:#dc2626;font-weight:600}.muted{color:#6b7280}
@@ -128,6 +130,17 @@ _RUN = (
 {% block content %}<h1>Run <span class="mono">{{ run_id }}</span>
 <span class="st st-{{ status }}" id="status">{{ status }}</span></h1>
 {% if flash %}<p class="flash">{{ flash }}</p>{% endif %}
+<p class="card" id="status-detail">{{ told.text() }}</p>
+{% if st.cancel %}<p class="card" id="cancel-request">Cancel requested by <b>{{ st.cancel.requested_by }}</b>
+at {{ st.cancel.requested_at.isoformat() }} (seq {{ st.cancel.requested_seq }}): {{ st.cancel.reason }}</p>{% endif %}
+{% if not told.ended %}<div class="card" id="stop">
+<a href="/runs/{{ run_id }}/stop/cancel" id="cancel-run">Cancel this run&hellip;</a> &middot;
+<a href="/runs/{{ run_id }}/stop/terminate" id="terminate-run">Terminate this run&hellip;</a></div>{% endif %}
+{% if left_open %}<h2>Open calls left for reconciliation</h2><table id="left-open"><thead><tr>
+<th>Tool</th><th>Key</th><th>Risk</th><th>Status</th><th>Started</th><th>Last error / evidence</th>
+</tr></thead><tbody>{% for c in left_open %}<tr><td>{{ c.name }}</td><td class="mono">{{ c.idempotency_key }}</td>
+<td>{{ c.risk }}</td><td>{{ c.status }}</td><td class="mono">{{ c.started_at.isoformat() }}</td>
+<td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>{% endfor %}</tbody></table>{% endif %}
 <div class="card">tenant <b>{{ tl.tenant }}</b> &middot; outcome <b id="outcome">{{ st.outcome or "-" }}</b>
 &middot; seq {{ st.seq }} &middot; epoch {{ st.epoch }} &middot; resumptions {{ st.resumptions }}
 &middot; fenced writes {{ st.fenced_writes }} &middot; turns {{ st.turns }}
@@ -242,6 +255,27 @@ _CONFIRM = (
     + """{% endblock %}"""
 )
 
+_STOP = """{% extends "base.html" %}{% block title %}{{ verb }} run {{ run_id }}{% endblock %}
+{% block content %}<h1>{{ verb }} run <span class="mono">{{ run_id }}</span>?</h1>
+<p class="card overdue" id="what">{% if action == "cancel" %}Cancelling asks the run to stop: the
+request is recorded in its log with your name ({{ grant.name }}), the time and your reason. The
+worker that holds it sees the request before its next model turn or tool call, the agent is told
+(it may clean up) and the run ends <b>cancelled</b>. A call already under way finishes or stays
+uncertain under the recovery rules: nothing is closed without evidence. A run no one holds shows
+as cancelling and is cancelled when next opened.{% else %}Terminating ends the run now, without its
+worker: the run is taken with a higher epoch, so the worker that holds it is fenced (its next append
+is refused and it calls no further tool), and the run is recorded as <b>terminated</b> with your
+name ({{ grant.name }}), the time and your reason. Nothing is recovered: a call under way is left
+open and listed for reconciliation ({{ open_calls }} open now). This cannot be undone.{% endif %}</p>
+<p>The run is <b id="stop-status">{{ status }}</b> now.</p>
+<form method="post" action="/runs/{{ run_id }}/stop/{{ action }}" class="card">
+<input type="hidden" name="csrf" value="{{ csrf }}">
+<label>Reason (required, recorded) <input type="text" name="reason" id="reason" required
+ maxlength="2000" value="{{ reason }}"></label>
+{% if error %}<p class="overdue" id="error">{{ error }}</p>{% endif %}
+<button type="submit" id="confirm-stop">Confirm: {{ verb|lower }}</button>
+<a href="/runs/{{ run_id }}" id="back">Back</a></form>{% endblock %}"""
+
 _UNCERTAIN = """{% extends "base.html" %}{% block title %}Uncertain calls{% endblock %}
 {% block content %}<h1>Uncertain calls</h1>
 <p>{{ calls|length }} open{% for risk, age in oldest.items() %} &middot; oldest {{ risk }}
@@ -296,6 +330,7 @@ _TEMPLATES = {
     "login.html": _LOGIN,
     "runs.html": _RUNS,
     "run.html": _RUN,
+    "stop.html": _STOP,
     "approvals.html": _APPROVALS,
     "uncertain.html": _UNCERTAIN,
     "lag.html": _LAG,

@@ -23,6 +23,7 @@ from runlog.consumers import index
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
 from runlog.log.reader import LogReader
+from runlog.projections import lifecycle
 from runlog.projections.run_state import RunState
 from runlog.projections.state_view import StateView
 from runlog.settings import Settings
@@ -75,10 +76,22 @@ def _make_runs(s: Settings) -> dict[str, str]:
         with pytest.raises(runlog.Escalated):
             run.call_tool("book", {"seat": "1A"})
         out["stopped"] = run.run_id
-    with runlog.open_run(tenant="globex", settings=s) as run:
-        run.append("user_message", content="still going")
-        out["running"] = run.run_id
+    run = runlog.open_run(tenant="globex", settings=s)  # held open: its lease is live
+    run.append("user_message", content="still going")
+    out["running"] = run.run_id
+    HELD.append(run)
     return out
+
+
+HELD: list[runlog.Run] = []
+EXPECTED = {
+    "finished": "finished",
+    "waiting": "waiting",
+    "uncertain": "orphaned",  # open calls but nobody holds it: nothing settles them
+    "stopped": "waiting",  # a conflict waits for a person
+    "running": "running",
+}
+"""Each scenario's status in the one vocabulary (``runlog.projections.lifecycle``)."""
 
 
 def test_runs_lists_each_status_from_the_index(
@@ -91,10 +104,29 @@ def test_runs_lists_each_status_from_the_index(
     for k, v in env_for(s).items():
         monkeypatch.setenv(k, v)
     by_status = _make_runs(s)
+    try:
+        _each_status_listed(s, redis_client, capsys, by_status)
+    finally:
+        while HELD:
+            HELD.pop().close()
+
+
+def _each_status_listed(
+    s: Settings,
+    redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+    by_status: dict[str, str],
+) -> None:
     ProjectionRunner(s, redis_client, ("state",)).catch_up(timeout_s=60)
 
     listed = _runs(capsys)["runs"]
-    assert {r["run_id"]: r["status"] for r in listed} == {v: k for k, v in by_status.items()}
+    assert {r["run_id"]: r["status"] for r in listed} == {
+        v: EXPECTED[k] for k, v in by_status.items()
+    }
+    held = next(r for r in listed if r["status"] == "running")
+    assert held["owner"] and held["lease_expires_at"]
+    orphan = next(r for r in listed if r["status"] == "orphaned")
+    assert orphan["since"] == orphan["last_event_at"] and orphan["owner"] is None
     # Most recently active first: the globex run was the last to write.
     assert listed[0]["run_id"] == by_status["running"]
     stamps = [r["last_event_at"] for r in listed]
@@ -102,13 +134,18 @@ def test_runs_lists_each_status_from_the_index(
     done = next(r for r in listed if r["status"] == "finished")
     assert done["outcome"] == "succeeded" and done["last_type"] == "run_finished"
     assert done["tenant"] == "acme" and done["seq"] == 3 and done["epoch"] >= 1
-    assert next(r for r in listed if r["status"] == "waiting")["pending_approvals"] == 1
-    assert next(r for r in listed if r["status"] == "uncertain")["uncertain_calls"] == 1
+    rows = {r["run_id"]: r for r in listed}
+    assert rows[by_status["waiting"]]["pending_approvals"] == 1
+    assert rows[by_status["waiting"]]["waiting_for"] == "person"
+    assert rows[by_status["uncertain"]]["uncertain_calls"] == 1
 
     only = _runs(capsys, "--tenant", "globex")["runs"]
     assert [r["run_id"] for r in only] == [by_status["running"]]
     waiting = _runs(capsys, "--status", "waiting")["runs"]
-    assert [r["run_id"] for r in waiting] == [by_status["waiting"]]
+    assert {r["run_id"] for r in waiting} == {by_status["waiting"], by_status["stopped"]}
+    assert [r["run_id"] for r in _runs(capsys, "--status", "orphaned")["runs"]] == [
+        by_status["uncertain"]
+    ]
     assert len(_runs(capsys, "--since", "1h")["runs"]) == 5
     future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     assert _runs(capsys, "--since", future)["runs"] == []
@@ -133,10 +170,14 @@ def test_runs_lists_each_status_from_the_index(
         by_status["waiting"], approval, approved=True, decided_by="ann", tenant="acme", settings=s
     )
     ProjectionRunner(s, redis_client, ("state",)).catch_up(timeout_s=60)
-    assert _runs(capsys, "--status", "waiting")["runs"] == []
-    assert by_status["waiting"] in [
-        r["run_id"] for r in _runs(capsys, "--status", "running")["runs"]
+    assert [r["run_id"] for r in _runs(capsys, "--status", "waiting")["runs"]] == [
+        by_status["stopped"]
     ]
+    # Decided, and nobody holds it (the decider took it only to record the decision).
+    orphaned = [r for r in _runs(capsys, "--status", "orphaned")["runs"]]
+    assert by_status["waiting"] in [r["run_id"] for r in orphaned]
+    decided = next(r for r in orphaned if r["run_id"] == by_status["waiting"])
+    assert decided["resumptions"] == 0  # a person's decision is not a resumption
 
 
 def _pending(s: Settings, tenant: str, run_id: str) -> list[str]:
@@ -269,7 +310,8 @@ def test_index_pages_100k_runs_at_constant_cost(
         if cursor is None:
             break
     assert seen == [f"r{i:06d}" for i in reversed(range(n))]
-    running = idx.page(tenants=["acme"], status="running", limit=10)
+    # Nobody holds these runs' leases: not finished and unowned is orphaned.
+    running = idx.page(tenants=["acme"], status="orphaned", limit=10)
     assert [r.run_id for r in running.rows] == [f"r{i:06d}" for i in range(99_996, 99_900, -6)][:10]
     # The last pages cost what the first ones do (keyset paging, no offset to skip).
     early, late = sorted(timings[:10])[5], sorted(timings[-10:])[5]
@@ -279,7 +321,7 @@ def test_index_pages_100k_runs_at_constant_cost(
         int(redis_client.memory_usage(k) or 0)
         for keys in parts
         for k in [keys.tenant("acme"), keys.tenant("globex")]
-        + [keys.status(st, t) for st in index.STATUSES for t in ("acme", "globex")]
+        + [keys.status(st, t) for st in lifecycle.PHASES for t in ("acme", "globex")]
     )
     sample = [parts[i % s.partitions].summary(f"r{i:06d}") for i in range(0, n, 997)]
     per_hash = sum(int(redis_client.memory_usage(k) or 0) for k in sample) / len(sample)
@@ -360,3 +402,34 @@ def test_a_wrong_broker_address_is_one_line_and_librdkafka_speaks_only_when_aske
     assert quiet.stderr.strip().count("\n") == 0, quiet.stderr
     assert "rdkafka" not in quiet.stderr, quiet.stderr
     assert loud.returncode != 0 and "rdkafka" in loud.stderr, loud.stderr
+
+
+def test_an_empty_runs_list_says_whether_a_projection_service_keeps_the_index(
+    test_settings: Settings,
+    redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = test_settings
+    for k, v in env_for(s).items():
+        monkeypatch.setenv(k, v)
+    rc, out, err = _cli(capsys, "runs")
+    assert rc == 0 and out == ""  # no empty table
+    assert "no projection service is running" in err and "runlog project state" in err
+    assert _runs(capsys)["projection_services"] == {}
+
+    runner = ProjectionRunner(s, redis_client, ("state",))  # `runlog project state`'s group
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            rc, out, err = _cli(capsys, "runs")
+            if "the state projection is running" in err:
+                break
+            assert time.monotonic() < deadline, err
+            time.sleep(0.5)
+        assert rc == 0 and out == "" and f"{s.topic_prefix}.projection.state" in err
+    finally:
+        runner.stop()
+        thread.join(timeout=30)

@@ -153,7 +153,8 @@ def rich_log() -> Log:
     log.add(EventType.CONTEXT_COMPACTED, summary="refund pending", kept_messages=2, dropped=3)
     log.add(EventType.MEMORY_WRITTEN, key="k", value="v")
     log.user("stale", epoch=1, seq=log.seq + 1)  # the old owner's late write
-    log.add(EventType.RUN_FINISHED, outcome="succeeded", summary="done")
+    log.add(EventType.RUN_CANCEL_REQUESTED, requested_by="ops", reason="refund done by hand")
+    log.add(EventType.RUN_FINISHED, outcome="cancelled", summary="cancelled by ops")
     return log
 
 
@@ -170,7 +171,8 @@ def test_folding_the_same_log_twice_gives_identical_state() -> None:
     c = fold([codec.decode(codec.encode(ev)) for ev in events])
     assert c.digest() == a.digest()
     # And the fold means something: the facts the log states are in the state.
-    assert a.status == "finished" and a.outcome == "succeeded" and a.epoch == 2
+    assert a.status == "finished" and a.outcome == "cancelled" and a.epoch == 2
+    assert a.cancel is not None and a.cancel.requested_by == "ops"
     assert a.completed_calls == {"k1": "charged 7", "k2": "resolved by ops"}
     assert not a.open_calls and a.fenced_writes == 1 and a.resumptions == 1
     assert a.turns == 1 and a.compactions == 1 and a.denials == 1

@@ -51,6 +51,8 @@ FIELD_VALUES: dict[str, Any] = {
     "expected_prev_seq": 7,
     "gap_ms": 1234,
     "reason": "resumed after a crash",
+    "operator": "ann",
+    "requested_by": "ann",
     "content": "charged 7 to A-1 — ünïcode ✓",
     "text": "I will charge the card.",
     "tool_calls": [

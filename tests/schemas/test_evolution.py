@@ -19,6 +19,7 @@ from runlog.schemas.models import (
     ApprovalRequested,
     ContextCompacted,
     ModelTurn,
+    RunResumed,
     ToolCallCompleted,
     ToolCallStarted,
 )
@@ -31,6 +32,7 @@ MT = EventType.MODEL_TURN
 TCS = EventType.TOOL_CALL_STARTED
 AR = EventType.APPROVAL_REQUESTED
 AD = EventType.APPROVAL_DECIDED
+RR = EventType.RUN_RESUMED
 
 
 def _v1(fx_type: str) -> bytes:
@@ -55,7 +57,61 @@ def test_current_versions() -> None:
     assert registry().current[TCS] == 2
     assert registry().current[AR] == 2
     assert registry().current[AD] == 2
-    assert FOLD_VERSION == 4
+    assert registry().current[RR] == 2
+    assert registry().current[EventType.RUN_CANCEL_REQUESTED] == 1
+    assert FOLD_VERSION == 5
+
+
+def test_v1_resumption_resolves_as_a_workers_and_counts() -> None:
+    """RUN_RESUMED v2 adds ``operator`` (default null): a v1 record resolves as a worker's
+    resumption, counted as every v1 reader counted it."""
+    ev = codec.decode(_v1("run_resumed"))
+    assert isinstance(ev.payload, RunResumed) and ev.schema_version == 2
+    assert ev.payload.operator is None
+    state = RunState()
+    for e in load_fixture("v1").events():
+        apply(state, e)
+    fx = load_fixture("v1")
+    assert state.resumptions == fx.states[max(fx.states)]["resumptions"] > 0
+
+
+def test_an_operators_takeover_is_not_a_resumption_and_a_cancel_is_kept() -> None:
+    """v2 names the person whose act took the run: the fold does not count it; a
+    RUN_CANCEL_REQUESTED is kept (the first stands) and survives a snapshot's round trip."""
+    events = [e for e in load_fixture("v1").events()]
+    state = RunState()
+    for e in events:
+        if e.type is EventType.RUN_FINISHED:
+            break
+        apply(state, e)
+    before = state.resumptions
+    seq, epoch = state.seq, state.epoch
+    resumed = codec.build_event(
+        RR,
+        {"previous_epoch": epoch, "expected_prev_seq": seq, "operator": "ann", "reason": "x"},
+        run_id=state.run_id,
+        tenant=state.tenant,
+        seq=seq + 1,
+        epoch=epoch + 1,
+        writer_id="op",
+    )
+    back = codec.decode(codec.encode(resumed))
+    assert isinstance(back.payload, RunResumed) and back.payload.operator == "ann"
+    assert apply(state, back).resumptions == before
+    for n, who in ((2, "ann"), (3, "bob")):
+        asked = codec.build_event(
+            EventType.RUN_CANCEL_REQUESTED,
+            {"requested_by": who, "reason": f"stop {who}"},
+            run_id=state.run_id,
+            tenant=state.tenant,
+            seq=seq + n,
+            epoch=epoch + 1,
+            writer_id="op",
+        )
+        apply(state, codec.decode(codec.encode(asked)))
+    assert state.seq == seq + 3 and state.cancel is not None
+    assert (state.cancel.requested_by, state.cancel.requested_seq) == ("ann", seq + 2)
+    assert RunState.from_dict(state.to_dict()).to_dict() == state.to_dict()
 
 
 def test_v1_decision_resolves_as_unsigned() -> None:

@@ -1,0 +1,65 @@
+"""Who holds which run's lease now: the live half of a run's status.
+
+Read straight from the leases in Redis (one pipelined GET + PTTL per run), never from a
+projection: ownership is the lease's, and a projection cannot know that an owner died.
+``runlog.projections.lifecycle`` turns this and the log's part into the one status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+import redis
+
+from runlog.errors import RedisUnavailable
+from runlog.projections.lifecycle import Holder, RunStatus, run_status
+from runlog.projections.run_state import RunState
+from runlog.schemas.keys import lease_key
+from runlog.settings import Settings
+
+
+def holders(
+    client: redis.Redis, settings: Settings, runs: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], Holder | None]:
+    """``(tenant, run_id)`` -> its lease's holder, or None when nobody holds it."""
+    wanted = list(dict.fromkeys(runs))
+    if not wanted:
+        return {}
+    now = datetime.now(UTC)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for tenant, run_id in wanted:
+            key = lease_key(settings.redis_key_prefix, tenant, run_id)
+            pipe.get(key)
+            pipe.pttl(key)
+        replies = pipe.execute()
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"run leases: {exc}") from exc
+    out: dict[tuple[str, str], Holder | None] = {}
+    for i, run in enumerate(wanted):
+        raw, pttl = replies[2 * i], replies[2 * i + 1]
+        if raw is None or int(pttl) < 0:
+            out[run] = None
+            continue
+        value = raw.decode() if isinstance(raw, bytes) else str(raw)
+        owner, _, epoch = value.rpartition("|")
+        out[run] = Holder(
+            owner=owner,
+            epoch=int(epoch) if epoch.isdigit() else 0,
+            expires_at=now + timedelta(milliseconds=int(pttl)),
+        )
+    return out
+
+
+def holder(client: redis.Redis, settings: Settings, tenant: str, run_id: str) -> Holder | None:
+    """The holder of one run's lease (None: nobody)."""
+    return holders(client, settings, [(tenant, run_id)])[(tenant, run_id)]
+
+
+def status_now(client: redis.Redis, settings: Settings, st: RunState) -> RunStatus:
+    """``lifecycle.run_status`` of the run folded into ``st``, with its lease read now."""
+    held = None
+    if st.status != "finished" and st.run_id:
+        held = holder(client, settings, st.tenant, st.run_id)
+    return run_status(st, held)
