@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
+from runlog.producers import timelines
 from runlog.producers.approvals import record_decision, request_approval
 from runlog.producers.bounds import bound_result
 from runlog.producers.context import CallContext
@@ -84,15 +85,23 @@ def call_tool(
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
     occurrence, args_json, key = run._next_call(name, args, operation_id)  # before STARTED
+    call_id = call_id or f"call-{random.getrandbits(48):012x}"
     run._occurrences[occurrence] += 1
     try:
+        if run.state.lineage is not None:
+            # A fork: the logical key may name an effect of another timeline (inherit,
+            # ask or repeat it, as the fork was made to) or a new action under its own key.
+            got = yield from timelines.resolve(run, tool, args_json, key, call_id=call_id)
+            if isinstance(got, timelines.Inherited):
+                return got.content
+            key = got.key
         return (
             yield from execute(
                 run,
                 tool,
                 args_json,
                 key,
-                call_id=call_id or f"call-{random.getrandbits(48):012x}",
+                call_id=call_id,
                 operation_id=operation_id,
             )
         )

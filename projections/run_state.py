@@ -7,7 +7,7 @@ so from the outside replay is a pure function of the events.
 
 Validation (deterministic, identical in every reader, because partition order is total):
 
-* the first valid event is RUN_STARTED with seq 1;
+* the first valid event is RUN_STARTED (or a fork's RUN_FORKED) with seq 1;
 * RUN_RESUMED is valid iff its epoch is above the current epoch, its seq is the next one
   and its ``expected_prev_seq`` is the current seq: it moves ownership to its epoch;
 * any other event is valid iff its epoch is the current epoch and its seq the next one;
@@ -27,11 +27,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
+from runlog.projections.lineage import Lineage, fork_effect_resolved, run_forked
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
-from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
+from runlog.schemas.vocabulary import OWNERSHIP, RECORD_ONLY, STARTS, STATE_CHANGING, EventType
 
 FOLD_VERSION = 4
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
@@ -156,6 +157,9 @@ class RunState:
     fenced_writes: int = 0
     outcome: str | None = None
     summary: str = ""
+    lineage: Lineage | None = field(default=None, metadata=OMIT_DEFAULT)
+    """A fork's parent, fork point and the other timeline's effects (``projections.lineage``);
+    None for a run that was started, not forked."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -219,6 +223,8 @@ class RunState:
             )
             for k, v in d.get("approvals", {}).items()
         }
+        if d.get("lineage") is not None:
+            d["lineage"] = Lineage.from_dict(d["lineage"])
         return cls(**d)
 
 
@@ -288,7 +294,7 @@ def _owner_rule(state: RunState, ev: Event) -> bool:
         return False
     if ev.seq != state.seq + 1:
         return False
-    if ev.type is EventType.RUN_STARTED:
+    if ev.type in STARTS:
         return state.status == "new"
     if state.status == "new":
         return False
@@ -317,7 +323,7 @@ def rejection(state: RunState, ev: Event, forged: str | None = None) -> str | No
         return "foreign_record"
     if ev.epoch < state.epoch:
         return "stale_epoch_duplicate_seq" if ev.seq <= state.seq else "stale_epoch"
-    if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED) and ev.epoch > state.epoch:
+    if ev.type in OWNERSHIP and ev.epoch > state.epoch:
         # A would-be owner claimed on an outdated view; it re-reads and claims again.
         return "lost_claim"
     if state.status == "finished":
@@ -595,6 +601,8 @@ RULES: dict[EventType, Rule] = {
     EventType.RUN_FINISHED: _run_finished,
     EventType.GUARDRAIL_TRIGGERED: _record_only,
     EventType.MEMORY_WRITTEN: _record_only,
+    EventType.RUN_FORKED: run_forked,
+    EventType.FORK_EFFECT_RESOLVED: fork_effect_resolved,
 }
 
 # The rule table must mirror the classification exactly (checked by tests, and here so a
@@ -630,8 +638,7 @@ def accept(state: RunState, ev: Event, forged: str | None = None) -> bool:
         state.status == "running"
         and ev.seq == state.seq + 1
         and ev.epoch == state.epoch
-        and et is not EventType.RUN_STARTED
-        and et is not EventType.RUN_RESUMED
+        and et not in OWNERSHIP
         and et is not EventType.APPROVAL_DECIDED
         and ev.run_id == state.run_id
         and ev.tenant == state.tenant

@@ -92,6 +92,35 @@ FIELD_VALUES: dict[str, Any] = {
     "dropped": 4,
     "key": "preferred_name",
     "value": "Ada",
+    # a fork's records
+    "parent_run_id": "r-parent",
+    "at_seq": 4,
+    "parent_digest": "ab" * 32,
+    "forked_by": "ops@example",
+    "key_scope": "r-parent",
+    "ancestry": ["r-root"],
+    "state_json": '{"seq":4}',
+    "parent_effects": [
+        {
+            "logical_key": "k1",
+            "key": "k1@r-parent",
+            "run_id": "r-parent",
+            "seq": 6,
+            "name": "charge",
+            "args_json": "{}",
+            "risk": "irreversible",
+            "status": "completed",
+            "content": "charged",
+            "compensable": True,
+        }
+    ],
+    "input_json": '{"prompt":"again"}',
+    "logical_key": "k1",
+    "resolution": "repeated",
+    "source_run_id": "r-parent",
+    "source_seq": 6,
+    "source_key": "k1",
+    "repeat_key": "k1@r-fork",
 }
 
 

@@ -37,6 +37,7 @@ _COMMAND_MODULES = (
     "runlog.cli.runs_cmd",
     "runlog.cli.projections_cmd",
     "runlog.cli.operator_cmd",
+    "runlog.cli.fork_cmd",
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
     "runlog.cli.schemas_cmd",
@@ -48,7 +49,18 @@ _COMMAND_MODULES = (
 # Commands that read or write the log: before anything else, they check that a broker
 # answers at all, so a wrong address is one line at once, not librdkafka's retries first.
 _NEEDS_KAFKA = frozenset(
-    {"approve", "explain", "reject", "replay", "show", "snapshot", "verify", "rebuild", "topics"}
+    {
+        "approve",
+        "explain",
+        "fork",
+        "reject",
+        "replay",
+        "show",
+        "snapshot",
+        "verify",
+        "rebuild",
+        "topics",
+    }
 )
 
 

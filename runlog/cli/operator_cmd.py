@@ -144,6 +144,19 @@ def _show(args: argparse.Namespace) -> int:
         f"seq {st.seq}  epoch {st.epoch}  resumptions {st.resumptions}  "
         f"fenced writes {st.fenced_writes}  turns {st.turns}  cost ${st.cost_usd:.6f}"
     )
+    lin = st.lineage
+    if lin is not None:
+        print(
+            f"forked from {lin.parent_run_id} at seq {lin.at_seq} by {lin.forked_by} "
+            f"(effects {lin.effects_mode}; parent state digest {lin.parent_digest[:16]})"
+            + (f": {lin.reason}" if lin.reason else "")
+        )
+        for fx in lin.not_inherited():
+            undo = "  (has an inverse)" if fx.compensable else ""
+            print(
+                f"  other timeline: {fx.name} {fx.args_json} in {fx.run_id} #{fx.seq} "
+                f"{fx.status} key={fx.key} -> {fx.resolution or 'not met'}{undo}"
+            )
     print()
     for e in tl.entries:
         mark = "x " if not e["valid"] else "s " if e.get("superseded") else "  "
