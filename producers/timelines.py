@@ -36,15 +36,14 @@ from runlog.errors import Escalated
 from runlog.producers.approvals import request_approval
 from runlog.producers.ops import Steps, append
 from runlog.producers.tools import Tool
-from runlog.projections.lineage import ForkedEffect, fork_key
+from runlog.projections.lineage import FORK_QUESTION, ForkedEffect, fork_key
 from runlog.projections.run_state import Approval, RunState
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
     from runlog.producers.run import Run
 
-QUESTION = "fork: repeat what the other timeline did?"
-"""The reason of a fork's approval request (``--effects ask``): how it is found again."""
+QUESTION = FORK_QUESTION
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,10 @@ receiver never deduplicates it against another timeline's effect, and the logica
 (what every timeline of the lineage agrees on) is the part before the separator."""
 
 
+FORK_QUESTION = "fork: repeat what the other timeline did?"
+"""The reason of a fork's approval request (``--effects ask``): how it is found again."""
+
+
 def fork_key(logical_key: str, run_id: str) -> str:
     """The key a fork executes the action ``logical_key`` under (a new action or a repeat)."""
     return f"{logical_key}{FORK_KEY_SEPARATOR}{run_id}"

@@ -19,7 +19,11 @@ def _parent() -> tuple[list[Event], RunState]:
     log = Log("parent-1").start()
     log.user("refund")
     s1 = log.add(
-        EventType.TOOL_CALL_STARTED, call_id="c1", name="charge", args_json="{}", idempotency_key="k1"
+        EventType.TOOL_CALL_STARTED,
+        call_id="c1",
+        name="charge",
+        args_json="{}",
+        idempotency_key="k1",
     )
     log.completed(s1, "charged", idempotency_key="k1")
     log.add(
