@@ -82,9 +82,11 @@ from runlog.projections.run_state import (
     RunState,
     Step,
     advance,
+    jsonable,
 )
-from runlog.schemas.models import Event, ToolCallCompleted
+from runlog.schemas.models import Event, ForkEffectResolved, ToolCallCompleted
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
+from runlog.schemas.vocabulary import EventType
 
 S = TypeVar("S")
 
@@ -249,9 +251,12 @@ def _iso(value: Any) -> Any:
 
 def scalars(st: RunState) -> dict[str, Any]:
     """The run state without what grows with the run (stored in ``run:<id>``): every
-    field left is a number, a string, None or a datetime, so this is ``jsonable``'s
-    result without its walk."""
-    return {name: _iso(getattr(st, name)) for name in _SCALARS}
+    field left is a number, a string, None or a datetime (and a fork's lineage), so this
+    is ``jsonable``'s result without its walk."""
+    out = {name: _iso(getattr(st, name)) for name in _SCALARS if name != "lineage"}
+    if st.lineage is not None:  # a fork's: small beside the run, kept with its scalars
+        out["lineage"] = jsonable(st.lineage)
+    return out
 
 
 def _flat(cls: type) -> Callable[[Any], dict[str, Any]]:
@@ -520,6 +525,9 @@ class Handler(ABC, Generic[S]):
         """Apply a record whose ``step`` the runner already took on this run's state."""
         rid = rec.event.run_id
         self.on_step(batch, batch.states[rid], rec, step)
+        if step.accepted and rec.event.type is EventType.RUN_FORKED:
+            # A fork's first record carries a whole state (its parent's): written whole.
+            self._whole.add((batch.partition, rid))
         if step.accepted:
             if step.touched:
                 batch.calls.setdefault(rid, set()).update(step.touched)
@@ -690,6 +698,9 @@ class StateHandler(Handler[state_view.StateView]):
         if isinstance(p, ToolCallCompleted) and p.idempotency_key is not None:
             # Only this key's stored result changed; the others are already in Redis.
             batch.extra.setdefault("done", {}).setdefault(ev.run_id, set()).add(p.idempotency_key)
+        elif isinstance(p, ForkEffectResolved) and p.resolution != "repeated":
+            # A fork took another timeline's result (or a refusal) as this key's.
+            batch.extra.setdefault("done", {}).setdefault(ev.run_id, set()).add(p.logical_key)
 
     def on_rejected(
         self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Rejected

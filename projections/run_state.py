@@ -687,6 +687,9 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
     if isinstance(p, m.RunResumed):
         # The takeover makes the calls still in flight uncertain; the others stay as they are.
         return frozenset(k for k, c in st.open_calls.items() if c.status == "started")
+    if isinstance(p, m.RunForked):
+        # A fork begins with its parent's open calls (uncertain to it): all of them.
+        return frozenset(json.loads(p.state_json).get("open_calls", {}))
     keys: set[str] = set()
     if isinstance(p, m.ToolCallCompleted):
         closed = find_open(st, p.started_seq, p.idempotency_key)

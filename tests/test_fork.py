@@ -19,10 +19,14 @@ from typing import Any
 
 import pytest
 import redis
+from projections_support import replayed_states
 from workers.common import ROOT, read_log, worker_env
 from workers.fork_worker import charge_tool
 
 import runlog
+from runlog.consumers import queries
+from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.verify import verify_run
 from runlog.projections.lineage import fork_key
 from runlog.schemas.vocabulary import EventType
@@ -164,6 +168,18 @@ def test_a_fork_of_a_fork_repeats_nothing_of_either_timeline(fast: Settings, wor
     assert report.ok, report
     lineage = next(c for c in report.checks if c.name == "lineage")
     assert "matches the parent's log" in lineage.detail
+    # The projections fold forks like any run: state equals the log's fold, and the audit
+    # names each fork and what the other timeline did.
+    runner = ProjectionRunner(fast, runlog_redis(fast), PROJECTIONS)
+    runner.catch_up(timeout_s=60)
+    expected = replayed_states(fast, [f1.run_id, f2.run_id])
+    for rid in (f1.run_id, f2.run_id):
+        view = queries.get_state(runlog_redis(fast), fast, rid)
+        assert view is not None and view["state"] == expected[rid], rid
+    audit = queries.get_audit(runlog_redis(fast), fast, f2.run_id)
+    forked = [e for e in audit if e["kind"] == "forked"]
+    assert forked[0]["parent_run_id"] == f1.run_id
+    assert [x["args_json"] for x in forked[0]["other_timeline"]] == ['{"n":3}']
 
 
 def test_a_fork_inside_an_open_call_settles_it_by_the_parents_evidence(
@@ -203,6 +219,10 @@ def test_a_fork_inside_an_open_call_settles_it_by_the_parents_evidence(
     # Forked while the call is still uncertain in the parent: the fork recovers it itself.
     open_fork = runlog.fork(run.run_id, at_seq=started, settings=fast)
     assert [e.status for e in open_fork.other_timeline] == []  # the call is the fork's own
+    # The uncertain-call queue shows it in the fork too, before anyone recovers it there.
+    ProjectionRunner(fast, runlog_redis(fast), PROJECTIONS).catch_up(timeout_s=60)
+    queue = queries.uncertain_report(runlog_redis(fast), fast).open
+    assert {c["run_id"] for c in queue} >= {run.run_id, open_fork.run_id}
     # The parent settles it (the ledger is back): a match, completed by reconciliation.
     available["yes"] = True
     with runlog.open_run(run.run_id, tools=[tool], settings=fast) as again:

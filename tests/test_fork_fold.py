@@ -134,3 +134,43 @@ def test_an_inherited_effect_completes_the_logical_key() -> None:
 def test_a_forks_own_key_names_its_logical_action() -> None:
     key = fork_key("k2-abc", "r-fork")
     assert key != "k2-abc" and logical_of(key) == "k2-abc" and logical_of("k2-abc") == "k2-abc"
+
+
+def test_the_audit_names_the_fork_and_what_the_other_timeline_did() -> None:
+    from runlog.projections.audit import AuditRun, apply_event
+
+    _, at = _parent()
+    effect = {
+        "logical_key": "k9",
+        "key": "k9",
+        "run_id": "parent-1",
+        "seq": 9,
+        "name": "charge",
+        "args_json": '{"n":2}',
+        "risk": "irreversible",
+        "status": "completed",
+        "content": "charged again",
+        "compensable": True,
+    }
+    fork = _fork(at, parent_effects=[effect])
+    fork.add(
+        EventType.FORK_EFFECT_RESOLVED,
+        logical_key="k9",
+        call_id="c9",
+        name="charge",
+        args_json='{"n":2}',
+        resolution="repeated",
+        source_run_id="parent-1",
+        source_seq=9,
+        source_key="k9",
+        repeat_key=fork_key("k9", "fork-1"),
+        decided_by="effects=execute",
+    )
+    audit = AuditRun()
+    got = [e for ev in fork.events for e in apply_event(audit, ev, 0, ev.seq)]
+    assert [e["kind"] for e in got] == ["forked", "fork_effect"]
+    assert got[0]["parent_run_id"] == "parent-1" and got[0]["forked_by"] == "ops"
+    assert got[0]["other_timeline"][0]["compensable"] is True
+    assert got[1]["resolution"] == "repeated" and got[1]["repeat_key"] == "k9@fork-1"
+    # The projection's own state survives its store's round trip.
+    assert AuditRun.from_dict(audit.to_dict()).to_dict() == audit.to_dict()
