@@ -5,8 +5,8 @@ decision after the one that stands is an ``approval_superseded`` entry naming it
 guardrail trips, retries (STARTED with attempt > 1), compensations (started, completed or
 failed, with the key they undo), compactions (what was dropped),
 resumptions (crash gap), forks (parent, seq, who, and the other timeline's effects after
-the fork point) and what a fork did with each it met, fenced writes (what the ownership rule rejected), reconciliation
-decisions, the run's end, and records that were quarantined.
+the fork point) and what a fork did with each it met, fenced writes (what the ownership
+rule rejected), reconciliation decisions, the run's end, and records that were quarantined.
 
 Pure: entries carry the event's own time, never a clock; a rebuild yields the same list.
 """
