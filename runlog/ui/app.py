@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runlog.api import decide
+from runlog.api import decide, fork
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since, status_of
 from runlog.consumers.question import CALL_KINDS, question
@@ -33,6 +33,7 @@ from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import (
     DecisionConflict,
+    ForkRefused,
     InvalidRunId,
     NotADecider,
     RunlogError,
@@ -41,6 +42,7 @@ from runlog.errors import (
 )
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
+from runlog.producers.forks import EFFECTS_MODES
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 from runlog.ui.auth import ALL_TENANTS, COOKIE, Gate, Grant, UiSettings, parse_grants
@@ -353,6 +355,7 @@ def create_app(
             audit=audit,
             next=f"/runs/{run_id}",
             flash=_FLASH.get(request.query_params.get("done", ""), ""),
+            forked=_run_id_or_none(request.query_params.get("forked")),
             **ctx,
         )
 
@@ -536,6 +539,45 @@ def create_app(
         sep = "&" if "?" in target else "?"
         return RedirectResponse(f"{target}{sep}done={verb}-{how}", status_code=303)
 
+    async def fork_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        """ "fork from here" on a timeline event: restated, confirmed, then recorded (the
+        fork's lineage names the console user as who forked, and why)."""
+        run_id = request.path_params["run_id"]
+        ctx = c.context(request, grant, token)
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        form = await request.form()
+        raw_seq = form.get("seq")
+        if not isinstance(raw_seq, str) or not raw_seq.isdigit():
+            return PlainTextResponse("seq must be a number", status_code=400)
+        seq = int(raw_seq)
+        if form.get("confirm") != "yes":
+            return c.page(request, "fork.html", run_id=run_id, seq=seq, **{**ctx, "refresh_s": 0})
+        effects = form.get("effects")
+        if effects not in EFFECTS_MODES:
+            return PlainTextResponse("effects must be inherit, ask or execute", status_code=400)
+        reason_raw = form.get("reason")
+        reason = reason_raw[:MAX_NOTE] if isinstance(reason_raw, str) else ""
+        try:
+            made = await run_in_threadpool(
+                lambda: fork(
+                    run_id,
+                    at_seq=seq,
+                    tenant=row.tenant,
+                    effects=str(effects),
+                    forked_by=grant.name,
+                    reason=reason,
+                    settings=c.settings,
+                )
+            )
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        except ForkRefused:
+            return PlainTextResponse(f"cannot fork {run_id} at seq {seq}", status_code=409)
+        log.info("console: %s forked %s at seq %s into %s", grant.name, run_id, seq, made.run_id)
+        return RedirectResponse(f"/runs/{run_id}?forked={made.run_id}", status_code=303)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -555,6 +597,7 @@ def create_app(
                 "/runs/{run_id}/approvals/{approval_id}", guarded(question_view), methods=["GET"]
             ),
             Route("/runs/{run_id}/approvals/{approval_id}", guarded(decide_view), methods=["POST"]),
+            Route("/runs/{run_id}/fork", guarded(fork_view), methods=["POST"]),
             Route("/approvals", guarded(approvals), methods=["GET"]),
             Route("/uncertain", guarded(uncertain), methods=["GET"]),
             Route("/lag", guarded(lag), methods=["GET"]),
@@ -563,6 +606,15 @@ def create_app(
     )
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _run_id_or_none(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return check_run_id(value)
+    except InvalidRunId:
+        return None
 
 
 def _audit_row(entry: dict[str, Any]) -> dict[str, Any]:
