@@ -122,6 +122,18 @@ def run_forked(st: RunState, ev: Event) -> None:
     for call in st.open_calls.values():
         if call.status == "started":
             call.status = "uncertain"  # its writer was the parent's: only evidence settles it
+    if st.authority.enforcing:
+        # A decision on a call still open is signed for the parent's run, and its signature
+        # is not carried: under trusted deciders it does not count in the fork (a writer
+        # could otherwise carry in a "decision" nobody signed). A person decides again.
+        for call in st.open_calls.values():
+            if call.status == "decided":
+                call.status, call.decision = "escalated", None
+                call.decided_by, call.decision_note = "", ""
+                approval = st.approvals.get(call.approval_id or "")
+                if approval is not None:
+                    approval.approved, approval.decided_by = None, None
+                    approval.note, approval.key_id = "", None
     lineage = Lineage(
         parent_run_id=p.parent_run_id,
         at_seq=p.at_seq,

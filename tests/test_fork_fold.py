@@ -174,3 +174,34 @@ def test_the_audit_names_the_fork_and_what_the_other_timeline_did() -> None:
     assert got[1]["resolution"] == "repeated" and got[1]["repeat_key"] == "k9@fork-1"
     # The projection's own state survives its store's round trip.
     assert AuditRun.from_dict(audit.to_dict()).to_dict() == audit.to_dict()
+
+
+def test_a_carried_decision_on_an_open_call_is_asked_again_under_trusted_deciders() -> None:
+    """The parent decided an escalated call but nobody acted on it before the fork point:
+    the decision was signed for the parent's run, and the fork does not carry signatures,
+    so under trusted deciders the fork asks a person again (without: it is carried)."""
+    from runlog.schemas.signing import generate_key_pair, parse_public_keys
+
+    log = Log("parent-1").start()
+    s1 = log.add(
+        EventType.TOOL_CALL_STARTED, call_id="c1", name="pay", args_json="{}", idempotency_key="k1"
+    )
+    log.add(
+        EventType.APPROVAL_REQUESTED,
+        approval_id="ap1",
+        kind="uncertain_call",
+        reason="pay may have happened",
+        idempotency_key="k1",
+        started_seq=s1.seq,
+    )
+    at = fold(log.events)
+    at.approvals["ap1"].approved, at.approvals["ap1"].decided_by = True, "ops"
+    call = at.open_calls["k1"]
+    call.status, call.decision, call.decided_by = "decided", True, "ops"
+    fork = _fork(at)
+    assert fold(fork.events).open_calls["k1"].status == "decided"
+    _, public = generate_key_pair("ops-key")
+    trusted = RunState(authority=parse_public_keys(public))
+    st = fold(fork.events, trusted)
+    assert st.open_calls["k1"].status == "escalated" and st.open_calls["k1"].decision is None
+    assert "ap1" in st.pending_approvals
