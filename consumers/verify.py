@@ -28,7 +28,6 @@ Pure functions take decoded records; ``verify_run`` reads them from Kafka.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -47,6 +46,7 @@ from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
+from runlog.projections.lineage import unpack_state
 from runlog.projections.run_state import (
     RULES,
     RunState,
@@ -283,7 +283,7 @@ def check_lineage(
     if first is None or not isinstance(first.payload, RunForked):
         return Check("lineage", True, "not a fork")
     p = first.payload
-    carried = RunState.from_dict(json.loads(p.state_json), authority).digest()
+    carried = RunState.from_dict(unpack_state(p.state), authority).digest()
     if carried != p.parent_digest:
         detail = f"the state the fork carries has digest {carried[:16]}, not {p.parent_digest[:16]}"
         return Check("lineage", False, detail, {"digest_mismatch": 1})

@@ -28,7 +28,7 @@ from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
 from runlog.producers.opening import _acquire, _index_start
 from runlog.producers.run import Run, RunDeps, _valid_kept
-from runlog.projections.lineage import ForkedEffect, logical_of
+from runlog.projections.lineage import ForkedEffect, logical_of, pack_state
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import models as m
 from runlog.schemas.keys import check_run_id, new_run_id
@@ -207,7 +207,7 @@ def fork_run_with(
         effects=effects,  # type: ignore[arg-type]
         key_scope=lineage.key_scope if lineage is not None else parent_id,
         ancestry=tuple(lineage.chain) if lineage is not None else (),
-        state_json=json.dumps(parent.state.to_dict(), sort_keys=True, separators=(",", ":")),
+        state=pack_state(parent.state.to_dict()),
         parent_effects=tuple(parent.effects),
         input_json=input_json,
         agent=parent.start.agent,

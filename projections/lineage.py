@@ -18,7 +18,9 @@ Pure, like every fold: no Kafka, Redis, clock or I/O.
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,19 @@ receiver never deduplicates it against another timeline's effect, and the logica
 
 FORK_QUESTION = "fork: repeat what the other timeline did?"
 """The reason of a fork's approval request (``--effects ask``): how it is found again."""
+
+
+def pack_state(state: dict[str, Any]) -> str:
+    """A state dict as RUN_FORKED carries it: canonical JSON, zlib-compressed, base64 (a
+    conversation compresses several times over, so a longer parent fits the record)."""
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    return base64.b64encode(zlib.compress(text.encode(), 6)).decode()
+
+
+def unpack_state(packed: str) -> dict[str, Any]:
+    """Inverse of ``pack_state``."""
+    out: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(packed)))
+    return out
 
 
 def fork_key(logical_key: str, run_id: str) -> str:
@@ -108,7 +123,7 @@ def run_forked(st: RunState, ev: Event) -> None:
 
     p = ev.payload
     assert isinstance(p, m.RunForked)
-    parent = RunState.from_dict(json.loads(p.state_json), st.authority)
+    parent = RunState.from_dict(unpack_state(p.state), st.authority)
     for name in ("messages", "turns", "input_tokens", "output_tokens", "cost_usd"):
         setattr(st, name, getattr(parent, name))
     for name in ("completed_calls", "open_calls", "approvals", "compactions", "denials"):

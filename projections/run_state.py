@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
-from runlog.projections.lineage import Lineage, fork_effect_resolved, run_forked
+from runlog.projections.lineage import Lineage, fork_effect_resolved, run_forked, unpack_state
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
@@ -689,7 +689,7 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
         return frozenset(k for k, c in st.open_calls.items() if c.status == "started")
     if isinstance(p, m.RunForked):
         # A fork begins with its parent's open calls (uncertain to it): all of them.
-        return frozenset(json.loads(p.state_json).get("open_calls", {}))
+        return frozenset(unpack_state(p.state).get("open_calls", {}))
     keys: set[str] = set()
     if isinstance(p, m.ToolCallCompleted):
         closed = find_open(st, p.started_seq, p.idempotency_key)

@@ -242,7 +242,8 @@ class RunForked(Payload):
     effects: ForkEffects = "inherit"
     key_scope: str
     ancestry: tuple[str, ...] = ()
-    state_json: str
+    state: str
+    """The parent's state at ``at_seq``: ``projections.lineage.pack_state``."""
     parent_effects: tuple[ParentEffect, ...] = ()
     input_json: str | None = None
     agent: str = ""

@@ -27,6 +27,7 @@ from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.producers.writer import EventWriter
 from runlog.projections import run_state
+from runlog.projections.lineage import pack_state
 from runlog.schemas import codec
 from runlog.schemas.canonical import MAX_ARGS_BYTES, canonical_json
 from runlog.schemas.keys import idempotency_key, new_run_id, partition_for
@@ -99,7 +100,7 @@ FIELD_VALUES: dict[str, Any] = {
     "forked_by": "ops@example",
     "key_scope": "r-parent",
     "ancestry": ["r-root"],
-    "state_json": '{"seq":4}',
+    "state": pack_state({"seq": 4}),
     "parent_effects": [
         {
             "logical_key": "k1",

@@ -346,3 +346,19 @@ def test_sigkill_of_the_forks_worker_mid_fork_resumes_each_effect_once(
     assert world.seen() == {1: 1, 2: 1, 4: 1, 5: 1}
     report = verify_run(fast, runlog_redis(fast), fork.run_id)
     assert report.ok, report
+
+
+def test_aio_fork_and_a_fork_while_the_parent_still_runs(fast: Settings, world: World) -> None:
+    """``await runlog.aio.fork(...)`` forks a run its owner still holds (the fork reads the
+    log, never takes the parent's lease); the fork knows the parent's effects as of then."""
+    import asyncio
+
+    with runlog.open_run(tools=[world.tool()], settings=fast) as parent:
+        parent.call_tool("charge", {"n": 1})
+        at = parent.state.seq
+        parent.call_tool("charge", {"n": 2})
+        made = asyncio.run(runlog.aio.fork(parent.run_id, at_seq=at, settings=fast))
+        assert made.created and [e.args_json for e in made.other_timeline] == ['{"n":2}']
+        parent.call_tool("charge", {"n": 3})  # the parent goes on: its own new action
+    _calls(fast, world, made.run_id, [1, 2])
+    assert world.seen() == {1: 1, 2: 1, 3: 1}

@@ -3,11 +3,9 @@ FORK_EFFECT_RESOLVED completes an inherited action; no stack needed."""
 
 from __future__ import annotations
 
-import json
-
 from test_fold import Log, rich_log
 
-from runlog.projections.lineage import fork_key, logical_of
+from runlog.projections.lineage import fork_key, logical_of, pack_state
 from runlog.projections.run_state import RunState, fold, is_valid
 from runlog.schemas import codec
 from runlog.schemas.models import Event
@@ -43,7 +41,7 @@ def _fork(at: RunState, **extra: object) -> Log:
         forked_by="ops",
         reason="try again",
         key_scope="parent-1",
-        state_json=json.dumps(at.to_dict(), sort_keys=True),
+        state=pack_state(at.to_dict()),
         **extra,
     )
     return fork
