@@ -267,6 +267,7 @@ def test_refusals_another_tenant_and_seqs_outside_the_log(fast: Settings, world:
     assert beyond.returncode == 1, beyond.stderr
     zero = cli(parent, "--at-seq", "0")
     assert zero.returncode == 1
+    assert cli(parent, "--at-seq", "1", "--input", "{not json").returncode == 2
     made = cli(parent, "--at-seq", "2", "--run-id", f"{parent}-cli", "--json")
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["created"] is True

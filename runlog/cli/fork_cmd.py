@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from runlog.api import fork
-from runlog.cli.groups import print_json
+from runlog.cli.groups import EXIT_USAGE, print_json
 from runlog.producers.forks import EFFECTS_MODES
 
 
@@ -35,6 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _fork(args: argparse.Namespace) -> int:
+    if args.input is not None:
+        try:
+            json.loads(args.input)
+        except ValueError as exc:
+            print(f"runlog: --input is not JSON: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     made = fork(
         args.run_id,
         tenant=args.tenant,
