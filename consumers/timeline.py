@@ -163,6 +163,7 @@ def _describe(
     if isinstance(p, m.ForkEffectResolved):
         content = redact_json(p.content, secret)
         e.update(tool=p.name, idempotency_key=p.logical_key, resolution=p.resolution)
+        e["args_json"] = redact_json(p.args_json, secret)
         e.update(source_run_id=p.source_run_id, source_seq=p.source_seq, result=content)
         e.update(repeat_key=p.repeat_key, decided_by=p.decided_by)
         where = f"{p.source_run_id} #{p.source_seq}"

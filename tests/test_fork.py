@@ -363,3 +363,42 @@ def test_aio_fork_and_a_fork_while_the_parent_still_runs(fast: Settings, world: 
         parent.call_tool("charge", {"n": 3})  # the parent goes on: its own new action
     _calls(fast, world, made.run_id, [1, 2])
     assert world.seen() == {1: 1, 2: 1, 3: 1}
+
+
+def test_lineage_you_can_see_runs_forked_from_show_and_diff(fast: Settings, world: World) -> None:
+    parent, done = _parent(fast, world, [1, 2, 3])
+    fork = runlog.fork(parent, at_seq=done[1], effects="execute", settings=fast)
+    _calls(fast, world, fork.run_id, [1, 2, 4])
+    assert world.seen() == {1: 1, 2: 2, 3: 1, 4: 1}
+    ProjectionRunner(fast, runlog_redis(fast), PROJECTIONS).catch_up(timeout_s=60)
+    env = {**worker_env(fast), "PYTHONPATH": str(ROOT)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "runlog.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    listed = cli("runs", "--forked-from", parent, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["run_id"] for r in json.loads(listed.stdout)["runs"]] == [fork.run_id]
+    assert json.loads(cli("runs", "--forked-from", fork.run_id, "--json").stdout)["runs"] == []
+    shown = cli("show", parent, "--json")
+    assert json.loads(shown.stdout)["forks"] == [fork.run_id]
+    shown = cli("show", fork.run_id)
+    assert f"forked from {parent} at seq {done[1]}" in shown.stdout
+    got = cli("diff", parent, fork.run_id, "--json")
+    assert got.returncode == 0, got.stderr
+    d = json.loads(got.stdout)
+    # They share the history up to the fork point; then the parent charged 2 and the fork
+    # decided to repeat it.
+    assert d["first_a"]["run_id"] == parent and d["first_a"]["seq"] == done[1] + 1
+    assert d["first_b"]["run_id"] == fork.run_id and d["first_b"]["type"] == "fork_effect_resolved"
+    assert sorted(e["args_json"] for e in d["only_a"]) == ['{"n":2}', '{"n":3}']
+    assert sorted(e["args_json"] for e in d["only_b"]) == ['{"n":2}', '{"n":4}']
+    assert all(e["key"].endswith(f"@{fork.run_id}") for e in d["only_b"])
+    other = cli("diff", parent, fork.run_id, "--tenant", "other")
+    assert other.returncode == 4

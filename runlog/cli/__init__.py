@@ -38,6 +38,7 @@ _COMMAND_MODULES = (
     "runlog.cli.projections_cmd",
     "runlog.cli.operator_cmd",
     "runlog.cli.fork_cmd",
+    "runlog.cli.diff_cmd",
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
     "runlog.cli.schemas_cmd",
@@ -51,6 +52,7 @@ _COMMAND_MODULES = (
 _NEEDS_KAFKA = frozenset(
     {
         "approve",
+        "diff",
         "explain",
         "fork",
         "reject",

@@ -15,6 +15,7 @@ from runlog.consumers.timeline import run_timeline
 from runlog.errors import ConfigError
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
+from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 
 
@@ -36,6 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--limit", type=int, default=50, help="runs per page (default 50)")
     p.add_argument("--cursor", default=None, help="continue after the page that printed it")
     p.add_argument("--all", action="store_true", help="every page, not just the first")
+    p.add_argument(
+        "--forked-from",
+        default=None,
+        metavar="RUN",
+        help="only the forks of RUN (of the --tenant given, default 'default')",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_runs)
 
@@ -83,6 +90,8 @@ def _runs(args: argparse.Namespace) -> int:
     client = redis_client(settings)
     now = datetime.now(UTC)
     since = parse_since(args.since, now) if args.since else None
+    if args.forked_from is not None:
+        return _forks(args, client, settings, now)
     try:
         index = RunIndex(client, settings)
         cursor = args.cursor
@@ -126,17 +135,34 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forks(args: argparse.Namespace, client: Any, settings: Settings, now: datetime) -> int:
+    """``runs --forked-from RUN``: the run's forks, from the index (one tenant's)."""
+    tenant = (args.tenant or ["default"])[0]
+    try:
+        rows = RunIndex(client, settings).children(tenant, check_run_id(args.forked_from))
+    finally:
+        client.close()
+    if args.json:
+        print_json({"runs": [r.to_dict(now) for r in rows], "next_cursor": None})
+        return 0
+    for row in rows:
+        print(_line(row, now))
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     settings = Settings()
     client = redis_client(settings)
     try:
         with LogReader(settings) as reader:
             tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
+        children = RunIndex(client, settings).children(tl.tenant, tl.run_id)
     finally:
         client.close()
     questions = [question(tl, ap) for ap in tl.state.pending_approvals]
     if args.json:
-        print_json({**tl.to_dict(), "questions": [q.to_dict() for q in questions]})
+        forks = [c.run_id for c in children]
+        print_json({**tl.to_dict(), "questions": [q.to_dict() for q in questions], "forks": forks})
         return 0
     st = tl.state
     print(f"run {tl.run_id}  tenant {tl.tenant}  status {st.status}  outcome {st.outcome or '-'}")
@@ -144,6 +170,8 @@ def _show(args: argparse.Namespace) -> int:
         f"seq {st.seq}  epoch {st.epoch}  resumptions {st.resumptions}  "
         f"fenced writes {st.fenced_writes}  turns {st.turns}  cost ${st.cost_usd:.6f}"
     )
+    for child in children:
+        print(f"forked into {child.run_id} (status {child.status}, seq {child.seq})")
     lin = st.lineage
     if lin is not None:
         print(
