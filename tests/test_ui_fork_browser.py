@@ -63,7 +63,9 @@ def test_browser_forks_a_run_from_a_timeline_event(
             wait_for("the fork's link", lambda: web.find_elements(By.CSS_SELECTOR, "#forked a"))
             fork_id = _text(web, "#forked a")
             wait_for("the fork indexed", lambda: index.find(fork_id), timeout=30)
-            web.find_element(By.CSS_SELECTOR, "#forked a").click()
+            web.get(f"{base}/runs/{parent}")  # the parent names its fork now
+            assert fork_id in _text(web, "#forks")
+            web.find_element(By.CSS_SELECTOR, "#forks a").click()
             wait_for("the lineage", lambda: web.find_elements(By.ID, "lineage"))
             lineage = _text(web, "#lineage")
             assert parent in lineage and f"at seq {after_first}" in lineage and "ann" in lineage

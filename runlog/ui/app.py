@@ -330,6 +330,7 @@ def create_app(
         entries_shown = tl.entries if everything else tl.entries[-TIMELINE_TAIL:]
         entries = await run_in_threadpool(queries.get_audit, c.redis, c.settings, run_id)
         audit = [_audit_row(e) for e in entries]
+        forks = await run_in_threadpool(RunIndex(c.redis, c.settings).children, row.tenant, run_id)
         pending = [
             {
                 "approval_id": a.approval_id,
@@ -356,6 +357,7 @@ def create_app(
             next=f"/runs/{run_id}",
             flash=_FLASH.get(request.query_params.get("done", ""), ""),
             forked=_run_id_or_none(request.query_params.get("forked")),
+            forks=forks,
             **ctx,
         )
 

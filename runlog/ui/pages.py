@@ -143,6 +143,8 @@ _RUN = (
 <td class="num">{{ e.seq }}</td><td>{{ e.status }}</td><td>{{ e.resolution or "not met" }}</td>
 <td>{{ "its tool has an inverse" if e.compensable else "" }}</td></tr>{% endfor %}
 </tbody></table>{% endif %}</div>{% endif %}
+{% if forks %}<div class="card" id="forks">Forks of this run: {% for f in forks %}<a class="mono"
+ href="/runs/{{ f.run_id }}">{{ f.run_id }}</a> ({{ f.status }}){{ ", " if not loop.last }}{% endfor %}</div>{% endif %}
 <div class="card">tenant <b>{{ tl.tenant }}</b> &middot; outcome <b id="outcome">{{ st.outcome or "-" }}</b>
 &middot; seq {{ st.seq }} &middot; epoch {{ st.epoch }} &middot; resumptions {{ st.resumptions }}
 &middot; fenced writes {{ st.fenced_writes }} &middot; turns {{ st.turns }}
