@@ -88,21 +88,9 @@ def call_tool(
     call_id = call_id or f"call-{random.getrandbits(48):012x}"
     run._occurrences[occurrence] += 1
     try:
-        if run.state.lineage is not None:
-            # A fork: the logical key may name an effect of another timeline (inherit,
-            # ask or repeat it, as the fork was made to) or a new action under its own key.
-            got = yield from timelines.resolve(run, tool, args_json, key, call_id=call_id)
-            if isinstance(got, timelines.Inherited):
-                return got.content
-            key = got.key
         return (
-            yield from execute(
-                run,
-                tool,
-                args_json,
-                key,
-                call_id=call_id,
-                operation_id=operation_id,
+            yield from execute_logical(
+                run, tool, args_json, key, call_id=call_id, operation_id=operation_id
             )
         )
     except BaseException:
@@ -112,6 +100,30 @@ def call_tool(
         # would then recompute the failed key and run the effect a second time.
         run._occurrences[occurrence] -= 1
         raise
+
+
+def execute_logical(
+    run: Run,
+    tool: Tool,
+    args_json: str,
+    key: str,
+    *,
+    call_id: str,
+    operation_id: str | None = None,
+) -> Steps[str]:
+    """``execute`` the call whose logical key is ``key`` (the key in the run's own scope).
+
+    In a fork the logical key may name an effect of another timeline: inherited, asked
+    about or repeated, as the fork was made to (``producers.timelines``), or a new action
+    under the fork's own key. Elsewhere it is the key itself."""
+    if run.state.lineage is not None:
+        got = yield from timelines.resolve(run, tool, args_json, key, call_id=call_id)
+        if isinstance(got, timelines.Inherited):
+            return got.content
+        key = got.key
+    return (
+        yield from execute(run, tool, args_json, key, call_id=call_id, operation_id=operation_id)
+    )
 
 
 def execute(

@@ -25,6 +25,7 @@ from workers.fork_worker import charge_tool
 
 import runlog
 from runlog.consumers import queries
+from runlog.consumers.replay import replay
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.verify import verify_run
@@ -402,3 +403,39 @@ def test_lineage_you_can_see_runs_forked_from_show_and_diff(fast: Settings, worl
     assert all(e["key"].endswith(f"@{fork.run_id}") for e in d["only_b"])
     other = cli("diff", parent, fork.run_id, "--tenant", "other")
     assert other.returncode == 4
+
+
+def test_an_agent_forked_at_every_seq_never_applies_an_effect_twice(
+    fast: Settings, world: World
+) -> None:
+    """A scripted agent (three charges, the same charge twice on purpose, a compaction)
+    forked after each of its events with ``inherit``: each fork finishes the script, sees
+    exactly its parent's conversation up to the fork point, and across the parent and all
+    its forks the world took each charge exactly as often as the parent did."""
+    from runlog.testing import AgentLoop, Call, CompactStep, FinishStep, ModelStep, ScriptedModel
+
+    script = [
+        ModelStep("charge 1", calls=(Call("charge", {"n": 1}),)),
+        ModelStep("charge 2", calls=(Call("charge", {"n": 2}),)),
+        CompactStep("charged 1 and 2", kept_turns=1),
+        ModelStep("charge 2 again, on purpose", calls=(Call("charge", {"n": 2}),)),
+        ModelStep("charge 3", calls=(Call("charge", {"n": 3}),)),
+        FinishStep("succeeded"),
+    ]
+
+    def loop() -> AgentLoop:
+        return AgentLoop(ScriptedModel(script))
+
+    with runlog.open_run(tools=[world.tool()], settings=fast) as run:
+        loop().run(run, user_message="charge the customer")
+        parent, head = run.run_id, run.state.seq
+    assert world.seen() == {1: 1, 2: 2, 3: 1}
+    for at in range(1, head):  # every seq but the finish
+        made = runlog.fork(parent, at_seq=at, settings=fast)
+        with runlog.open_run(made.run_id, tools=[world.tool()], settings=fast) as fork:
+            at_n = replay(fast, runlog_redis(fast), parent, to_seq=at).state
+            assert fork.state.messages == at_n.messages, at
+            assert fork.state.compactions == at_n.compactions
+            loop().run(fork, user_message="charge the customer")
+            assert fork.state.status == "finished" and fork.state.outcome == "succeeded", at
+        assert world.seen() == {1: 1, 2: 2, 3: 1}, at
