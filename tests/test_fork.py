@@ -439,3 +439,55 @@ def test_an_agent_forked_at_every_seq_never_applies_an_effect_twice(
             loop().run(fork, user_message="charge the customer")
             assert fork.state.status == "finished" and fork.state.outcome == "succeeded", at
         assert world.seen() == {1: 1, 2: 2, 3: 1}, at
+
+
+def test_an_effect_the_parent_left_uncertain_is_a_persons_to_repeat_and_safe_tools_run(
+    fast: Settings, world: World
+) -> None:
+    """After N the parent started a charge whose outcome nobody knows (its worker died):
+    ``inherit`` has no result to take, so the fork asks; rejected, the call returns the
+    refusal and nothing runs. A safe tool the parent also ran after N simply runs again."""
+    peeks: list[str] = []
+
+    def peek(args: dict[str, Any], *, idempotency_key: str) -> str:
+        peeks.append(idempotency_key)
+        return "balance 10"
+
+    safe = runlog.tool("peek", risk="safe")(peek)
+    with runlog.open_run(tools=[world.tool(), safe], settings=fast) as run:
+        run.call_tool("charge", {"n": 1})
+        at = run.state.seq
+        run.call_tool("peek", {})
+        parent = run.run_id
+    # The parent's worker dies inside charge 2: a STARTED without an outcome.
+    with runlog.open_run(parent, settings=fast, recover=False) as run:
+        run.append(
+            EventType.TOOL_CALL_STARTED,
+            call_id="c-lost",
+            name="charge",
+            args_json='{"n":2}',
+            idempotency_key=run.key_for("charge", {"n": 2}),
+            risk="irreversible",
+        )
+    fork = runlog.fork(parent, at_seq=at, settings=fast)
+    assert {(e.args_json, e.status) for e in fork.other_timeline} == {
+        ('{"n":2}', "uncertain"),
+        ("{}", "completed"),
+    }
+    with runlog.open_run(fork.run_id, tools=[world.tool(), safe], settings=fast) as f:
+        assert f.call_tool("peek", {}) == "balance 10"
+        with pytest.raises(runlog.Escalated) as asked:
+            f.call_tool("charge", {"n": 2})
+    assert len(peeks) == 2 and peeks[1].endswith(f"@{fork.run_id}")
+    assert asked.value.approval_id is not None
+    runlog.decide(
+        fork.run_id,
+        asked.value.approval_id,
+        approved=False,
+        decided_by="ops",
+        note="the bank has it",
+        settings=fast,
+    )
+    with runlog.open_run(fork.run_id, tools=[world.tool(), safe], settings=fast) as f:
+        assert f.call_tool("charge", {"n": 2}).startswith("not repeated: ops declined")
+    assert world.seen() == {1: 1}
