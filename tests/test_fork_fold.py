@@ -203,3 +203,22 @@ def test_a_carried_decision_on_an_open_call_is_asked_again_under_trusted_decider
     st = fold(fork.events, trusted)
     assert st.open_calls["k1"].status == "escalated" and st.open_calls["k1"].decision is None
     assert "ap1" in st.pending_approvals
+
+
+def test_verify_refuses_a_fork_whose_state_is_not_the_one_its_digest_names() -> None:
+    from runlog.consumers.verify import check_lineage, verify_events
+
+    _, at = _parent()
+    good = _fork(at).events
+    assert check_lineage(good).ok and check_lineage(good).detail.startswith("forked from")
+    assert all(c.ok for c in verify_events(good))
+    other = RunState.from_dict(at.to_dict())
+    other.completed_calls["k-forged"] = "a result nobody produced"
+    forged = good[0].model_copy(
+        update={
+            "payload": good[0].payload.model_copy(update={"state": pack_state(other.to_dict())})
+        }
+    )
+    check = check_lineage([forged])
+    assert not check.ok and check.counts == {"digest_mismatch": 1}
+    assert check_lineage(rich_log().events).detail == "not a fork"
