@@ -108,6 +108,11 @@ def test_inherit_returns_the_parents_results_and_repeats_nothing(
     ]
     assert [(p.resolution, p.source_run_id) for p in resolved] == [("inherited", parent)]  # type: ignore[attr-defined]
     assert _types(fast, fork.run_id)[0] is EventType.RUN_FORKED
+    # It replays on its own: only its own records are folded, and they give its state.
+    own = read_log(fast, fork.run_id)
+    replayed = replay(fast, runlog_redis(fast), fork.run_id)
+    assert replayed.records == len(own) and replayed.state.lineage is not None
+    assert replayed.state.completed_calls.keys() >= {r["key"] for r in world.requests()[:1]}
 
 
 def test_execute_repeats_once_under_the_forks_own_key(fast: Settings, world: World) -> None:
