@@ -93,6 +93,11 @@ class IndexKeys:
     def summary(self, run_id: str) -> str:
         return f"{self.part}:sum:{run_id}"
 
+    def children(self, tenant: str, parent: str) -> str:
+        """The forks of ``parent`` indexed in this partition (a fork lives where its own
+        id hashes, so a parent's children are spread over the partitions)."""
+        return f"{self.part}:ix:forks:{tenant}:{parent}"
+
 
 # ------------------------------------------------------------------------ writing (store)
 
@@ -137,6 +142,8 @@ def write(
     status = status_of(st)
     if fresh:
         pipe.sadd(keys.tenants, st.tenant)
+        if st.lineage is not None:
+            pipe.sadd(keys.children(st.tenant, st.lineage.parent_run_id), run_id)
     pipe.zadd(keys.tenant(st.tenant), {run_id: score})
     if before is not None and before != status:
         pipe.zrem(keys.status(before, st.tenant), run_id)
@@ -436,6 +443,18 @@ class RunIndex:
                 if row is not None and row.status:
                     return self._live([row])[0]
         return None
+
+    def children(self, tenant: str, parent: str) -> list[RunRow]:
+        """The indexed forks of ``parent`` (runs of ``tenant`` only), oldest first."""
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for keys in self.parts:
+                pipe.smembers(keys.children(tenant, parent))
+            found = sorted({_s(m) for got in pipe.execute() for m in got})
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index: {exc}") from exc
+        rows = [row for rid in found if (row := self.find(rid)) is not None]
+        return sorted((r for r in rows if r.tenant == tenant), key=lambda r: r.started_at)
 
     def counts(self, tenants: Iterable[str] | None = None) -> dict[str, int]:
         """Runs per status over ``tenants`` (None: every tenant)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from runlog.consumers.timeline import Timeline
 from runlog.errors import UnknownApproval
+from runlog.projections.lineage import FORK_QUESTION
 from runlog.projections.run_state import decision_text, standing_decision
 
 CALL_KINDS = frozenset({"uncertain_call", "conflict"})
@@ -183,6 +184,19 @@ def question(tl: Timeline, approval_id: str) -> Question:
         "requested_at": request["at"],
         "decided": decided,
     }
+    if asked.reason == FORK_QUESTION:
+        tool = request.get("tool") or "?"
+        return Question(
+            **base,
+            approve=f"approve = repeat {tool} in this fork under a key of its own: the world "
+            "sees it once more",
+            reject="reject = do not repeat it: the fork takes the other timeline's result "
+            "(if that outcome is unknown, the call returns the refusal)",
+            tool=tool,
+            args_json=request.get("args_json"),
+            idempotency_key=key,
+            detail=request.get("detail"),
+        )
     if asked.kind not in CALL_KINDS or key is None:
         return Question(
             **base,

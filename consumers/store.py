@@ -85,6 +85,7 @@ from runlog.projections.run_state import (
 )
 from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
+from runlog.schemas.vocabulary import EventType
 
 S = TypeVar("S")
 
@@ -530,6 +531,9 @@ class Handler(ABC, Generic[S]):
         """Apply a record whose ``step`` the runner already took on this run's state."""
         rid = rec.event.run_id
         self.on_step(batch, batch.states[rid], rec, step)
+        if step.accepted and rec.event.type is EventType.RUN_FORKED:
+            # A fork's first record carries a whole state (its parent's): written whole.
+            self._whole.add((batch.partition, rid))
         if step.accepted:
             if step.touched:
                 batch.calls.setdefault(rid, set()).update(step.touched)

@@ -98,7 +98,27 @@ class Timeline:
             "read_from": self.source,
             "events": self.entries,
             "calls": [c.to_dict() for c in self.calls],
+            "lineage": lineage_dict(st),
         }
+
+
+def lineage_dict(st: RunState) -> dict[str, Any] | None:
+    """A fork's parent and fork point, and the other timeline's effects it did not inherit
+    (None for a run that was not forked)."""
+    lin = st.lineage
+    if lin is None:
+        return None
+    return {
+        "parent_run_id": lin.parent_run_id,
+        "at_seq": lin.at_seq,
+        "parent_digest": lin.parent_digest,
+        "forked_by": lin.forked_by,
+        "reason": lin.reason,
+        "effects": lin.effects_mode,
+        "ancestry": lin.ancestry,
+        "input_json": lin.input_json,
+        "other_timeline": [dict(vars(e)) for e in lin.not_inherited()],
+    }
 
 
 def _entry(rec: LogRecord, valid: bool, why: str | None) -> dict[str, Any]:
@@ -132,6 +152,24 @@ def _describe(
     if isinstance(p, m.RunStarted):
         e.update(agent=p.agent, goal=p.goal)
         return f"run started by {p.agent or 'a worker'}" + (f": {p.goal}" if p.goal else "")
+    if isinstance(p, m.RunForked):
+        e.update(parent_run_id=p.parent_run_id, at_seq=p.at_seq, parent_digest=p.parent_digest)
+        e.update(forked_by=p.forked_by, reason=p.reason, effects=p.effects)
+        why = f": {p.reason}" if p.reason else ""
+        return (
+            f"forked from {p.parent_run_id} at seq {p.at_seq} by {p.forked_by} "
+            f"(effects {p.effects}){why}"
+        )
+    if isinstance(p, m.ForkEffectResolved):
+        content = redact_json(p.content, secret)
+        e.update(tool=p.name, idempotency_key=p.logical_key, resolution=p.resolution)
+        e["args_json"] = redact_json(p.args_json, secret)
+        e.update(source_run_id=p.source_run_id, source_seq=p.source_seq, result=content)
+        e.update(repeat_key=p.repeat_key, decided_by=p.decided_by)
+        where = f"{p.source_run_id} #{p.source_seq}"
+        if p.resolution == "repeated":
+            return f"{p.name}: repeat of {where} under {p.repeat_key} ({p.decided_by})"
+        return f"{p.name} {p.resolution} from {where} ({p.decided_by}): {content}"
     if isinstance(p, m.RunResumed):
         e.update(previous_epoch=p.previous_epoch, gap_ms=p.gap_ms, reason=p.reason)
         gap = "" if p.gap_ms is None else f" after {p.gap_ms / 1000:.1f}s"

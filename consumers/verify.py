@@ -17,6 +17,8 @@ Checks:
   (``RUNLOG_DECIDER_PUBLIC_KEYS``); a forged one (unsigned, an unknown key, a signature
   of another decision) fails it, named. With no keys trusted it passes and says how many
   decisions are unsigned;
+* ``lineage``: a fork's first record carries the state its ``parent_digest`` names, and
+  the parent's log, where it can be read, folds to that digest at the fork point;
 * ``snapshot_equivalence``: every stored snapshot plus its tail equals the full replay,
   and so does an in-memory snapshot (``to_dict``/``from_dict`` round trip) at sampled cut
   points of the log. A mismatch counts ``full_replay_equivalence_failures``.
@@ -44,6 +46,7 @@ from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
 from runlog.log.snapshots import SnapshotInvalid
+from runlog.projections.lineage import unpack_state
 from runlog.projections.run_state import (
     RULES,
     RunState,
@@ -55,9 +58,9 @@ from runlog.projections.run_state import (
 )
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import check_run_id
-from runlog.schemas.models import ApprovalDecided, Event
+from runlog.schemas.models import ApprovalDecided, Event, RunForked
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
-from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType, classify
+from runlog.schemas.vocabulary import RECORD_ONLY, STARTS, STATE_CHANGING, EventType, classify
 from runlog.settings import Settings
 
 if TYPE_CHECKING:
@@ -248,7 +251,7 @@ def check_started_once(
     again: list[str] = []
     for ev in events:
         why = rejection(st, ev)
-        if ev.type is EventType.RUN_STARTED:
+        if ev.type in STARTS:
             starts += 1
             if why is None and started_at_epoch is None:
                 started_at_epoch = ev.epoch
@@ -266,6 +269,43 @@ def check_started_once(
     else:
         detail = f"{starts} run_started, {max(starts - 1, 0)} lost start race(s)"
     return Check("started_once", not again, detail, {"run_started": starts})
+
+
+def check_lineage(
+    events: Sequence[Event],
+    authority: DecisionAuthority = NO_AUTHORITY,
+    reader: LogReader | None = None,
+) -> Check:
+    """A fork's lineage holds: the state it begins with is the one its digest names, and
+    (with a reader, when the parent's records are still in the log) the parent's own log
+    folds to that digest at the fork point. A started run passes ("not a fork")."""
+    first = next((ev for ev in events if ev.seq == 1 and ev.type in STARTS), None)
+    if first is None or not isinstance(first.payload, RunForked):
+        return Check("lineage", True, "not a fork")
+    p = first.payload
+    carried = RunState.from_dict(unpack_state(p.state), authority).digest()
+    if carried != p.parent_digest:
+        detail = f"the state the fork carries has digest {carried[:16]}, not {p.parent_digest[:16]}"
+        return Check("lineage", False, detail, {"digest_mismatch": 1})
+    where = f"{p.parent_run_id} at seq {p.at_seq}"
+    if reader is None:
+        return Check("lineage", True, f"forked from {where}; carried state matches its digest")
+    partition = reader.partition_of(p.parent_run_id)
+    parent = fold_range(
+        reader,
+        p.parent_run_id,
+        partition,
+        None,
+        reader.high_watermark(partition),
+        to_seq=p.at_seq,
+    )
+    if parent is None or parent.state.seq < p.at_seq or parent.state.tenant != first.tenant:
+        detail = f"forked from {where}; the parent's log is not readable here (self-contained)"
+        return Check("lineage", True, detail)
+    if parent.state.digest() != p.parent_digest:
+        detail = f"the parent's log folds to {parent.state.digest()[:16]} at seq {p.at_seq}"
+        return Check("lineage", False, detail, {"parent_mismatch": 1})
+    return Check("lineage", True, f"forked from {where}; digest matches the parent's log")
 
 
 def cut_points(n: int, samples: int = 16) -> list[int]:
@@ -401,6 +441,7 @@ def verify_run(
         report.checks.append(check_tenants(forged))
         authentic = [r.event for r in records if r.forged is None]
         report.checks.extend(verify_events(authentic, authority_for(settings)))
+        report.checks.append(check_lineage(authentic, authority_for(settings), rd))
         if snapshots is not None:
             report.checks.append(
                 check_stored_snapshots(records, folded.state, snapshots, tenant, run_id)

@@ -23,12 +23,19 @@ from runlog.producers import calls
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.ops import drive
 from runlog.producers.run import Run
-from runlog.projections.run_state import RunState, messages_in_last_turns
+from runlog.projections.lineage import FORK_QUESTION, logical_of
+from runlog.projections.run_state import Approval, RunState, messages_in_last_turns
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.models import GuardrailTriggered
 from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
+
+
+def _scripted(approval: Approval) -> bool:
+    """An action approval the script asked for (a fork's question about another
+    timeline's effect is the fork's, not a step of the script)."""
+    return approval.kind == "action" and approval.reason != FORK_QUESTION
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class ScriptedModel:
     script: Sequence[Step]
 
     def position(self, state: RunState) -> int:
-        actions = sum(1 for a in state.approvals.values() if a.kind == "action")
+        actions = sum(1 for a in state.approvals.values() if _scripted(a))
         return state.turns + state.compactions + actions
 
     def next_step(self, state: RunState) -> Step | None:
@@ -192,8 +199,9 @@ class AgentLoop:
         so an intentional repeat is a new action and a retried proposal of a proven
         failure (which records no key) reuses its key.
         """
-        scope = call.operation_id or run.run_id
-        used = set(run.state.completed_calls) | set(run.state.open_calls) | taken
+        scope = call.operation_id or run.key_scope  # a fork: the lineage's logical keys
+        done = [*run.state.completed_calls, *run.state.open_calls]
+        used = {logical_of(k) for k in done} | taken
         ordinal = 0
         while True:
             key = run.idempotency_key(scope, call.name, args_json, ordinal)
@@ -228,7 +236,7 @@ class AgentLoop:
             isinstance(script[pos - 1], ModelStep) and isinstance(script[pos - 2], ApprovalStep)
         ):
             return None
-        actions = [a for a in run.state.approvals.values() if a.kind == "action"]
+        actions = [a for a in run.state.approvals.values() if _scripted(a)]
         return actions[-1].approval_id if actions else None
 
     def _finish_pending_calls(self, run: Run) -> None:
@@ -266,7 +274,9 @@ class AgentLoop:
         try:
             result = drive(
                 run,
-                calls.execute(run, tool, args_json, proposal["idempotency_key"], call_id=call_id),
+                calls.execute_logical(
+                    run, tool, args_json, proposal["idempotency_key"], call_id=call_id
+                ),
             )
             self.on_event(f"{name} -> {result[:60]}")
         except ToolFailed as exc:

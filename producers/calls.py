@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
+from runlog.producers import timelines
 from runlog.producers.approvals import check_cancel, record_decision, request_approval
 from runlog.producers.bounds import bound_result
 from runlog.producers.context import CallContext
@@ -85,16 +86,12 @@ def call_tool(
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
     yield from check_cancel(run)  # a person's cancellation stops the run before this call
     occurrence, args_json, key = run._next_call(name, args, operation_id)  # before STARTED
+    call_id = call_id or f"call-{random.getrandbits(48):012x}"
     run._occurrences[occurrence] += 1
     try:
         return (
-            yield from execute(
-                run,
-                tool,
-                args_json,
-                key,
-                call_id=call_id or f"call-{random.getrandbits(48):012x}",
-                operation_id=operation_id,
+            yield from execute_logical(
+                run, tool, args_json, key, call_id=call_id, operation_id=operation_id
             )
         )
     except BaseException:
@@ -104,6 +101,30 @@ def call_tool(
         # would then recompute the failed key and run the effect a second time.
         run._occurrences[occurrence] -= 1
         raise
+
+
+def execute_logical(
+    run: Run,
+    tool: Tool,
+    args_json: str,
+    key: str,
+    *,
+    call_id: str,
+    operation_id: str | None = None,
+) -> Steps[str]:
+    """``execute`` the call whose logical key is ``key`` (the key in the run's own scope).
+
+    In a fork the logical key may name an effect of another timeline: inherited, asked
+    about or repeated, as the fork was made to (``producers.timelines``), or a new action
+    under the fork's own key. Elsewhere it is the key itself."""
+    if run.state.lineage is not None:
+        got = yield from timelines.resolve(run, tool, args_json, key, call_id=call_id)
+        if isinstance(got, timelines.Inherited):
+            return got.content
+        key = got.key
+    return (
+        yield from execute(run, tool, args_json, key, call_id=call_id, operation_id=operation_id)
+    )
 
 
 def execute(

@@ -526,6 +526,13 @@ class Run(Owned):
         """The key of occurrence ``ordinal`` of (scope, tool, args) in this run's scheme."""
         return idempotency_key(self.tenant, scope, name, args_json, ordinal, scheme=self.key_scheme)
 
+    @property
+    def key_scope(self) -> str:
+        """The default scope of this run's keys: the run, or for a fork its lineage's root
+        (so an action is the same logical action in every timeline; ``producers.forks``)."""
+        lineage = self.state.lineage
+        return self.run_id if lineage is None else lineage.key_scope
+
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
         """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
         return self._next_call(name, args, operation_id)[2]
@@ -537,7 +544,7 @@ class Run(Owned):
         key names the occurrence's ordinal among the same (scope, tool, arguments), so a
         re-executed loop reaches the same keys. Raises on arguments JSON cannot carry."""
         args_json = canonical_json(args)
-        occurrence = (operation_id or self.run_id, name, args_json)
+        occurrence = (operation_id or self.key_scope, name, args_json)
         ordinal = self._occurrences[occurrence]
         return occurrence, args_json, self.idempotency_key(*occurrence, ordinal)
 

@@ -4,8 +4,9 @@ Entries: denials, approvals (requested; decided, by whom, latency to the person;
 decision after the one that stands is an ``approval_superseded`` entry naming it),
 guardrail trips, retries (STARTED with attempt > 1), compensations (started, completed or
 failed, with the key they undo), compactions (what was dropped),
-resumptions (crash gap), fenced writes (what the ownership rule rejected), reconciliation
-decisions, the run's end, and records that were quarantined.
+resumptions (crash gap), forks (parent, seq, who, and the other timeline's effects after
+the fork point) and what a fork did with each it met, fenced writes (what the ownership
+rule rejected), reconciliation decisions, the run's end, and records that were quarantined.
 
 Pure: entries carry the event's own time, never a clock; a rebuild yields the same list.
 """
@@ -74,6 +75,8 @@ _ENTRY_TYPES = (
     m.ToolCallUncertain,
     m.RunFinished,
     m.RunCancelRequested,
+    m.RunForked,
+    m.ForkEffectResolved,
 )
 
 
@@ -188,6 +191,29 @@ def entries(
         e.update(kind="finished", outcome=p.outcome)
         if p.summary:
             e["summary"] = p.summary
+    elif isinstance(p, m.RunForked):
+        # Who forked, from where, and what the other timeline did after the fork point:
+        # the effects an operator may have to undo (``compensable``: the tool has an inverse).
+        e.update(kind="forked", parent_run_id=p.parent_run_id, at_seq=p.at_seq)
+        e.update(parent_digest=p.parent_digest, forked_by=p.forked_by, reason=p.reason)
+        e.update(effects=p.effects)
+        e["other_timeline"] = [
+            {
+                "tool": fx.name,
+                "args_json": fx.args_json,
+                "run_id": fx.run_id,
+                "seq": fx.seq,
+                "key": fx.key,
+                "status": fx.status,
+                "compensable": fx.compensable,
+            }
+            for fx in p.parent_effects
+            if fx.key not in st.completed_calls  # not settled: an open call of the prefix
+        ]
+    elif isinstance(p, m.ForkEffectResolved):
+        e.update(kind="fork_effect", tool=p.name, resolution=p.resolution)
+        e.update(source_run_id=p.source_run_id, source_seq=p.source_seq, key=p.logical_key)
+        e.update(repeat_key=p.repeat_key, decided_by=p.decided_by, approval_id=p.approval_id)
     else:
         return []
     return [e]

@@ -7,7 +7,7 @@ so from the outside replay is a pure function of the events.
 
 Validation (deterministic, identical in every reader, because partition order is total):
 
-* the first valid event is RUN_STARTED with seq 1;
+* the first valid event is RUN_STARTED (or a fork's RUN_FORKED) with seq 1;
 * RUN_RESUMED is valid iff its epoch is above the current epoch, its seq is the next one
   and its ``expected_prev_seq`` is the current seq: it moves ownership to its epoch;
 * any other event is valid iff its epoch is the current epoch and its seq the next one;
@@ -27,11 +27,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
+from runlog.projections.lineage import Lineage, fork_effect_resolved, run_forked, unpack_state
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
-from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
+from runlog.schemas.vocabulary import OWNERSHIP, RECORD_ONLY, STARTS, STATE_CHANGING, EventType
 
 FOLD_VERSION = 5
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
@@ -169,6 +170,9 @@ class RunState:
     cancel: Cancellation | None = field(default=None, metadata=OMIT_DEFAULT)
     """The cancellation requested (None: none). Omitted from ``to_dict`` when None, so the
     states of logs written before cancellation existed are unchanged."""
+    lineage: Lineage | None = field(default=None, metadata=OMIT_DEFAULT)
+    """A fork's parent, fork point and the other timeline's effects (``projections.lineage``);
+    None for a run that was started, not forked."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -235,6 +239,8 @@ class RunState:
             )
             for k, v in d.get("approvals", {}).items()
         }
+        if d.get("lineage") is not None:
+            d["lineage"] = Lineage.from_dict(d["lineage"])
         return cls(**d)
 
 
@@ -304,7 +310,7 @@ def _owner_rule(state: RunState, ev: Event) -> bool:
         return False
     if ev.seq != state.seq + 1:
         return False
-    if ev.type is EventType.RUN_STARTED:
+    if ev.type in STARTS:
         return state.status == "new"
     if state.status == "new":
         return False
@@ -333,7 +339,7 @@ def rejection(state: RunState, ev: Event, forged: str | None = None) -> str | No
         return "foreign_record"
     if ev.epoch < state.epoch:
         return "stale_epoch_duplicate_seq" if ev.seq <= state.seq else "stale_epoch"
-    if ev.type in (EventType.RUN_STARTED, EventType.RUN_RESUMED) and ev.epoch > state.epoch:
+    if ev.type in OWNERSHIP and ev.epoch > state.epoch:
         # A would-be owner claimed on an outdated view; it re-reads and claims again.
         return "lost_claim"
     if state.status == "finished":
@@ -623,6 +629,8 @@ RULES: dict[EventType, Rule] = {
     EventType.RUN_CANCEL_REQUESTED: _run_cancel_requested,
     EventType.GUARDRAIL_TRIGGERED: _record_only,
     EventType.MEMORY_WRITTEN: _record_only,
+    EventType.RUN_FORKED: run_forked,
+    EventType.FORK_EFFECT_RESOLVED: fork_effect_resolved,
 }
 
 # The rule table must mirror the classification exactly (checked by tests, and here so a
@@ -658,8 +666,7 @@ def accept(state: RunState, ev: Event, forged: str | None = None) -> bool:
         state.status == "running"
         and ev.seq == state.seq + 1
         and ev.epoch == state.epoch
-        and et is not EventType.RUN_STARTED
-        and et is not EventType.RUN_RESUMED
+        and et not in OWNERSHIP
         and et is not EventType.APPROVAL_DECIDED
         and ev.run_id == state.run_id
         and ev.tenant == state.tenant
@@ -708,6 +715,9 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
     if isinstance(p, m.RunResumed):
         # The takeover makes the calls still in flight uncertain; the others stay as they are.
         return frozenset(k for k, c in st.open_calls.items() if c.status == "started")
+    if isinstance(p, m.RunForked):
+        # A fork begins with its parent's open calls (uncertain to it): all of them.
+        return frozenset(unpack_state(p.state).get("open_calls", {}))
     keys: set[str] = set()
     if isinstance(p, m.ToolCallCompleted):
         closed = find_open(st, p.started_seq, p.idempotency_key)

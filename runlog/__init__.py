@@ -44,6 +44,9 @@ from runlog.errors import (
     Fenced as Fenced,
 )
 from runlog.errors import (
+    ForkRefused as ForkRefused,
+)
+from runlog.errors import (
     KafkaUnavailable as KafkaUnavailable,
 )
 from runlog.errors import (
@@ -93,6 +96,7 @@ if TYPE_CHECKING:
     from runlog.api import append_metrics as append_metrics
     from runlog.api import cancel as cancel
     from runlog.api import decide as decide
+    from runlog.api import fork as fork
     from runlog.api import lease_metrics as lease_metrics
     from runlog.api import open_run as open_run
     from runlog.api import question as question
@@ -101,6 +105,7 @@ if TYPE_CHECKING:
     from runlog.consumers.question import Question as Question
     from runlog.producers.context import CallContext as CallContext
     from runlog.producers.context import current_call as current_call
+    from runlog.producers.forks import Fork as Fork
     from runlog.producers.run import Run as Run
     from runlog.producers.tools import Absent as Absent
     from runlog.producers.tools import Conflict as Conflict
@@ -126,6 +131,8 @@ _PUBLIC: dict[str, str] = {
     "decide": "runlog.api",
     "cancel": "runlog.api",
     "terminate": "runlog.api",
+    "fork": "runlog.api",
+    "Fork": "runlog.producers.forks",
     "question": "runlog.api",
     "Question": "runlog.consumers.question",
     # tools
@@ -157,6 +164,7 @@ _PUBLIC: dict[str, str] = {
     "SchemaError": _ERRORS,
     "RunError": _ERRORS,
     "Fenced": _ERRORS,
+    "ForkRefused": _ERRORS,
     "RunLocked": _ERRORS,
     "AppendOutcomeUnknown": _ERRORS,
     "TenantMismatch": _ERRORS,

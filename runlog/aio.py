@@ -28,7 +28,7 @@ from runlog.producers.run import Run
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 
-__all__ = ["AsyncRun", "cancel", "decide", "open_run", "question", "terminate"]
+__all__ = ["AsyncRun", "cancel", "decide", "fork", "open_run", "question", "terminate"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -104,6 +104,8 @@ def _awaitable(sync: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
 open_run = _opening(api.open_run)
 decide = _awaitable(api.decide)
 """``runlog.decide``, run in a worker thread."""
+fork = _awaitable(api.fork)
+"""``runlog.fork``, run in a worker thread."""
 question = _awaitable(api.question)
 """``runlog.question``, run in a worker thread."""
 cancel = _awaitable(api.cancel)

@@ -12,6 +12,7 @@ from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
+from runlog.producers.forks import Fork, fork_run_with
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
 from runlog.producers.writer import APPENDS, BARRIERS
@@ -79,6 +80,52 @@ def open_run(
             resumed=run.state.resumptions > 0,
         )
         return run
+
+
+def fork(
+    run_id: str,
+    *,
+    at_seq: int,
+    tenant: str = "default",
+    new_run_id: str | None = None,
+    input: str | None = None,
+    effects: str = "inherit",
+    forked_by: str = "",
+    reason: str = "",
+    settings: Settings | None = None,
+) -> Fork:
+    """Fork ``run_id`` after its ``at_seq``-th valid event into a new run; returns the fork.
+
+    The fork begins with one record, RUN_FORKED: the parent, ``at_seq``, the digest of the
+    parent's state there, who forked (``forked_by``) and why, and that state itself, so the
+    fork replays from its own log alone. Open it like any run (``open_run(fork.run_id,
+    tools=...)``) to go on from there. ``effects`` says what a call the fork makes does when
+    the parent's timeline already completed the same logical action after ``at_seq``:
+    ``inherit`` returns the parent's result, ``ask`` stops for a person, ``execute`` repeats
+    it under a key bound to the fork. ``input``: JSON for the fork's agent (recorded).
+
+    Asked again with the same ``new_run_id`` (after a crash), returns the fork already made
+    (``created`` False). Refused: another tenant's run or an unknown run (``UnknownRun``),
+    a seq outside the parent's valid log or a run id already used (``ForkRefused``).
+    """
+
+    check_run_id(run_id)
+    check_tenant(tenant)
+    services = Services.shared(settings or Settings())
+    with tracing.span("fork", run_id=run_id, tenant=tenant, at_seq=at_seq) as span:
+        made = fork_run_with(
+            services.run_deps(),
+            run_id,
+            tenant=tenant,
+            at_seq=at_seq,
+            run_id=new_run_id,
+            input_json=input,
+            effects=effects,
+            forked_by=forked_by,
+            reason=reason,
+        )
+        tracing.annotate(span, fork_run_id=made.run_id, created=made.created)
+        return made
 
 
 def decide(

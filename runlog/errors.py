@@ -18,6 +18,7 @@ __all__ = [
     "DecisionConflict",
     "Escalated",
     "Fenced",
+    "ForkRefused",
     "InvalidRecordKey",
     "InvalidRunId",
     "InvalidTenant",
@@ -154,6 +155,11 @@ class TenantMismatch(UnknownRun):
     caller that catches ``UnknownRun`` is covered; the message never names the owner, and
     the CLI answers it exactly as an unknown run (exit 4).
     """
+
+
+class ForkRefused(RunError):
+    """A fork cannot be made as asked: a seq outside the parent's valid log, or a run id
+    already used by another run (or another fork). Nothing was written."""
 
 
 class RunFinished(RunError):

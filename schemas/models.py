@@ -223,6 +223,61 @@ class RunCancelRequested(Payload):
     reason: str
 
 
+ForkEffects = Literal["inherit", "ask", "execute"]
+
+
+class ParentEffect(Payload):
+    """An effect another timeline made after a fork point (``RunForked.parent_effects``)."""
+
+    logical_key: str
+    key: str
+    run_id: str
+    seq: int
+    name: str
+    args_json: str
+    risk: Risk = "safe"
+    status: Literal["completed", "uncertain"]
+    content: str | None = None
+    compensable: bool | None = None
+
+
+class RunForked(Payload):
+    """A fork's first event: its lineage and the parent's state at ``at_seq``."""
+
+    parent_run_id: str
+    at_seq: int = Field(ge=1)
+    parent_digest: str
+    forked_by: str
+    reason: str = ""
+    effects: ForkEffects = "inherit"
+    key_scope: str
+    ancestry: tuple[str, ...] = ()
+    state: str
+    """The parent's state at ``at_seq``: ``projections.lineage.pack_state``."""
+    parent_effects: tuple[ParentEffect, ...] = ()
+    input_json: str | None = None
+    agent: str = ""
+    goal: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ForkEffectResolved(Payload):
+    """A fork met an action another timeline completed after the fork point."""
+
+    logical_key: str
+    call_id: str
+    name: str
+    args_json: str
+    resolution: Literal["inherited", "repeated", "declined"]
+    source_run_id: str
+    source_seq: int
+    source_key: str
+    content: str = ""
+    repeat_key: str | None = None
+    decided_by: str = ""
+    approval_id: str | None = None
+
+
 PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.RUN_STARTED: RunStarted,
     EventType.RUN_RESUMED: RunResumed,
@@ -240,6 +295,8 @@ PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.MEMORY_WRITTEN: MemoryWritten,
     EventType.RUN_FINISHED: RunFinished,
     EventType.RUN_CANCEL_REQUESTED: RunCancelRequested,
+    EventType.RUN_FORKED: RunForked,
+    EventType.FORK_EFFECT_RESOLVED: ForkEffectResolved,
 }
 
 

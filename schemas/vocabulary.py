@@ -29,6 +29,8 @@ class EventType(StrEnum):
     MEMORY_WRITTEN = "memory_written"
     RUN_FINISHED = "run_finished"
     RUN_CANCEL_REQUESTED = "run_cancel_requested"
+    RUN_FORKED = "run_forked"
+    FORK_EFFECT_RESOLVED = "fork_effect_resolved"
 
 
 STATE_CHANGING: frozenset[EventType] = frozenset(
@@ -47,6 +49,8 @@ STATE_CHANGING: frozenset[EventType] = frozenset(
         EventType.CONTEXT_COMPACTED,
         EventType.RUN_FINISHED,
         EventType.RUN_CANCEL_REQUESTED,
+        EventType.RUN_FORKED,
+        EventType.FORK_EFFECT_RESOLVED,
     }
 )
 
@@ -58,8 +62,11 @@ RECORD_ONLY: frozenset[EventType] = frozenset(
     }
 )
 
+# The first event of a run: a start, or a fork's lineage record (runlog.producers.forks).
+STARTS: frozenset[EventType] = frozenset({EventType.RUN_STARTED, EventType.RUN_FORKED})
+
 # Events that move ownership: the first event of a run, and a takeover.
-OWNERSHIP: frozenset[EventType] = frozenset({EventType.RUN_STARTED, EventType.RUN_RESUMED})
+OWNERSHIP: frozenset[EventType] = STARTS | {EventType.RUN_RESUMED}
 
 
 def parse_event_type(value: str) -> EventType:

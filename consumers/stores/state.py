@@ -21,7 +21,7 @@ from runlog.consumers.store import (
 )
 from runlog.projections import state_view
 from runlog.projections.run_state import RunState, Step
-from runlog.schemas.models import ToolCallCompleted
+from runlog.schemas.models import ForkEffectResolved, ToolCallCompleted
 
 NAME = "state"
 
@@ -100,6 +100,9 @@ class StateHandler(Handler[state_view.StateView]):
         if isinstance(p, ToolCallCompleted) and p.idempotency_key is not None:
             # Only this key's stored result changed; the others are already in Redis.
             batch.extra.setdefault("done", {}).setdefault(ev.run_id, set()).add(p.idempotency_key)
+        elif isinstance(p, ForkEffectResolved) and p.resolution != "repeated":
+            # A fork took another timeline's result (or a refusal) as this key's.
+            batch.extra.setdefault("done", {}).setdefault(ev.run_id, set()).add(p.logical_key)
 
     def on_rejected(
         self, batch: Batch[state_view.StateView], state: state_view.StateView, rec: Rejected

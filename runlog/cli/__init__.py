@@ -38,6 +38,8 @@ _COMMAND_MODULES = (
     "runlog.cli.control_cmd",
     "runlog.cli.projections_cmd",
     "runlog.cli.operator_cmd",
+    "runlog.cli.fork_cmd",
+    "runlog.cli.diff_cmd",
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
     "runlog.cli.schemas_cmd",
@@ -52,7 +54,9 @@ _NEEDS_KAFKA = frozenset(
     {
         "approve",
         "cancel",
+        "diff",
         "explain",
+        "fork",
         "reject",
         "replay",
         "show",

@@ -18,6 +18,7 @@ from runlog.log.holders import status_now
 from runlog.log.kafka import live_groups
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
+from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 
 
@@ -39,6 +40,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--limit", type=int, default=50, help="runs per page (default 50)")
     p.add_argument("--cursor", default=None, help="continue after the page that printed it")
     p.add_argument("--all", action="store_true", help="every page, not just the first")
+    p.add_argument(
+        "--forked-from",
+        default=None,
+        metavar="RUN",
+        help="only the forks of RUN (of the --tenant given, default 'default')",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_runs)
 
@@ -103,6 +110,8 @@ def _runs(args: argparse.Namespace) -> int:
     client = redis_client(settings)
     now = datetime.now(UTC)
     since = parse_since(args.since, now) if args.since else None
+    if args.forked_from is not None:
+        return _forks(args, client, settings, now)
     try:
         index = RunIndex(client, settings)
         cursor = args.cursor
@@ -179,6 +188,21 @@ def _services(settings: Settings) -> dict[str, int] | None:
     return {g: n for g, n in found.items() if "state" in g[len(prefix) :].split("+")}
 
 
+def _forks(args: argparse.Namespace, client: Any, settings: Settings, now: datetime) -> int:
+    """``runs --forked-from RUN``: the run's forks, from the index (one tenant's)."""
+    tenant = (args.tenant or ["default"])[0]
+    try:
+        rows = RunIndex(client, settings).children(tenant, check_run_id(args.forked_from))
+    finally:
+        client.close()
+    if args.json:
+        print_json({"runs": [r.to_dict(now) for r in rows], "next_cursor": None})
+        return 0
+    for row in rows:
+        print(_line(row, now))
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     settings = Settings()
     client = redis_client(settings)
@@ -186,6 +210,7 @@ def _show(args: argparse.Namespace) -> int:
         with LogReader(settings) as reader:
             tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
         told = status_now(client, settings, tl.state)
+        children = RunIndex(client, settings).children(tl.tenant, tl.run_id)
     finally:
         client.close()
     questions = [question(tl, ap) for ap in tl.state.pending_approvals]
@@ -198,6 +223,7 @@ def _show(args: argparse.Namespace) -> int:
                 "cancel": _cancel_dict(tl.state),
                 "left_open": left,
                 "questions": [q.to_dict() for q in questions],
+                "forks": [c.run_id for c in children],
             }
         )
         return 0
@@ -207,6 +233,21 @@ def _show(args: argparse.Namespace) -> int:
         f"seq {st.seq}  epoch {st.epoch}  resumptions {st.resumptions}  "
         f"fenced writes {st.fenced_writes}  turns {st.turns}  cost ${st.cost_usd:.6f}"
     )
+    for child in children:
+        print(f"forked into {child.run_id} (status {child.status}, seq {child.seq})")
+    lin = st.lineage
+    if lin is not None:
+        print(
+            f"forked from {lin.parent_run_id} at seq {lin.at_seq} by {lin.forked_by} "
+            f"(effects {lin.effects_mode}; parent state digest {lin.parent_digest[:16]})"
+            + (f": {lin.reason}" if lin.reason else "")
+        )
+        for fx in lin.not_inherited():
+            undo = "  (has an inverse)" if fx.compensable else ""
+            print(
+                f"  other timeline: {fx.name} {fx.args_json} in {fx.run_id} #{fx.seq} "
+                f"{fx.status} key={fx.key} -> {fx.resolution or 'not met'}{undo}"
+            )
     print()
     for e in tl.entries:
         mark = "x " if not e["valid"] else "s " if e.get("superseded") else "  "

@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runlog.api import cancel, decide, terminate
+from runlog.api import cancel, decide, fork, terminate
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.question import CALL_KINDS, question
@@ -34,6 +34,7 @@ from runlog.consumers.timeline import Timeline, run_timeline
 from runlog.errors import (
     DecisionConflict,
     Fenced,
+    ForkRefused,
     InvalidRunId,
     NotADecider,
     RunFinished,
@@ -44,6 +45,7 @@ from runlog.errors import (
 from runlog.log.clients import redis_client
 from runlog.log.holders import status_now
 from runlog.log.reader import LogReader
+from runlog.producers.forks import EFFECTS_MODES
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 from runlog.ui.auth import ALL_TENANTS, COOKIE, Gate, Grant, UiSettings, parse_grants
@@ -335,6 +337,7 @@ def create_app(
         entries_shown = tl.entries if everything else tl.entries[-TIMELINE_TAIL:]
         entries = await run_in_threadpool(queries.get_audit, c.redis, c.settings, run_id)
         audit = [_audit_row(e) for e in entries]
+        forks = await run_in_threadpool(RunIndex(c.redis, c.settings).children, row.tenant, run_id)
         pending = [
             {
                 "approval_id": a.approval_id,
@@ -366,6 +369,8 @@ def create_app(
             audit=audit,
             next=f"/runs/{run_id}",
             flash=_FLASH.get(request.query_params.get("done", ""), ""),
+            forked=_run_id_or_none(request.query_params.get("forked")),
+            forks=forks,
             **ctx,
         )
 
@@ -606,6 +611,45 @@ def create_app(
         log.info("console: %s %s %s: %s (%s)", grant.name, action, run_id, reason, done)
         return RedirectResponse(f"/runs/{run_id}?done={done}", status_code=303)
 
+    async def fork_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        """ "fork from here" on a timeline event: restated, confirmed, then recorded (the
+        fork's lineage names the console user as who forked, and why)."""
+        run_id = request.path_params["run_id"]
+        ctx = c.context(request, grant, token)
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        form = await request.form()
+        raw_seq = form.get("seq")
+        if not isinstance(raw_seq, str) or not raw_seq.isdigit():
+            return PlainTextResponse("seq must be a number", status_code=400)
+        seq = int(raw_seq)
+        if form.get("confirm") != "yes":
+            return c.page(request, "fork.html", run_id=run_id, seq=seq, **{**ctx, "refresh_s": 0})
+        effects = form.get("effects")
+        if effects not in EFFECTS_MODES:
+            return PlainTextResponse("effects must be inherit, ask or execute", status_code=400)
+        reason_raw = form.get("reason")
+        reason = reason_raw[:MAX_NOTE] if isinstance(reason_raw, str) else ""
+        try:
+            made = await run_in_threadpool(
+                lambda: fork(
+                    run_id,
+                    at_seq=seq,
+                    tenant=row.tenant,
+                    effects=str(effects),
+                    forked_by=grant.name,
+                    reason=reason,
+                    settings=c.settings,
+                )
+            )
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        except ForkRefused:
+            return PlainTextResponse(f"cannot fork {run_id} at seq {seq}", status_code=409)
+        log.info("console: %s forked %s at seq %s into %s", grant.name, run_id, seq, made.run_id)
+        return RedirectResponse(f"/runs/{run_id}?forked={made.run_id}", status_code=303)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
@@ -626,6 +670,7 @@ def create_app(
             ),
             Route("/runs/{run_id}/approvals/{approval_id}", guarded(decide_view), methods=["POST"]),
             Route("/runs/{run_id}/stop/{action}", guarded(stop_view), methods=["GET", "POST"]),
+            Route("/runs/{run_id}/fork", guarded(fork_view), methods=["POST"]),
             Route("/approvals", guarded(approvals), methods=["GET"]),
             Route("/uncertain", guarded(uncertain), methods=["GET"]),
             Route("/lag", guarded(lag), methods=["GET"]),
@@ -634,6 +679,15 @@ def create_app(
     )
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _run_id_or_none(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return check_run_id(value)
+    except InvalidRunId:
+        return None
 
 
 def _audit_row(entry: dict[str, Any]) -> dict[str, Any]:

@@ -141,6 +141,23 @@ at {{ st.cancel.requested_at.isoformat() }} (seq {{ st.cancel.requested_seq }}):
 </tr></thead><tbody>{% for c in left_open %}<tr><td>{{ c.name }}</td><td class="mono">{{ c.idempotency_key }}</td>
 <td>{{ c.risk }}</td><td>{{ c.status }}</td><td class="mono">{{ c.started_at.isoformat() }}</td>
 <td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>{% endfor %}</tbody></table>{% endif %}
+{% if forked %}<p class="flash" id="forked">Forked into <a class="mono" href="/runs/{{ forked }}">{{
+ forked }}</a> (it appears here once the state projection has it).</p>{% endif %}
+{% if st.lineage %}<div class="card" id="lineage">forked from <a class="mono" id="parent"
+ href="/runs/{{ st.lineage.parent_run_id }}">{{ st.lineage.parent_run_id }}</a> at seq
+ {{ st.lineage.at_seq }} by {{ st.lineage.forked_by }} (effects {{ st.lineage.effects_mode }})
+{% if st.lineage.reason %}: {{ st.lineage.reason }}{% endif %}
+<br><span class="muted">parent state digest {{ st.lineage.parent_digest[:16] }}</span>
+{% set others = st.lineage.not_inherited() %}{% if others %}
+<h3>What the other timeline did (not inherited)</h3><table id="other-timeline"><thead><tr>
+<th>Tool</th><th>Arguments</th><th>Run</th><th>Seq</th><th>Status</th><th>This fork</th>
+<th>Undo</th></tr></thead><tbody>{% for e in others %}<tr><td>{{ e.name }}</td>
+<td class="mono">{{ e.args_json }}</td><td class="mono">{{ e.run_id }}</td>
+<td class="num">{{ e.seq }}</td><td>{{ e.status }}</td><td>{{ e.resolution or "not met" }}</td>
+<td>{{ "its tool has an inverse" if e.compensable else "" }}</td></tr>{% endfor %}
+</tbody></table>{% endif %}</div>{% endif %}
+{% if forks %}<div class="card" id="forks">Forks of this run: {% for f in forks %}<a class="mono"
+ href="/runs/{{ f.run_id }}">{{ f.run_id }}</a> ({{ f.status }}){{ ", " if not loop.last }}{% endfor %}</div>{% endif %}
 <div class="card">tenant <b>{{ tl.tenant }}</b> &middot; outcome <b id="outcome">{{ st.outcome or "-" }}</b>
 &middot; seq {{ st.seq }} &middot; epoch {{ st.epoch }} &middot; resumptions {{ st.resumptions }}
 &middot; fenced writes {{ st.fenced_writes }} &middot; turns {{ st.turns }}
@@ -157,12 +174,15 @@ may have happened, and what each answer does</a>{% endif %}
     + """</div>{% endfor %}{% endif %}
 <h2>Timeline</h2>
 <table id="timeline"><thead><tr><th>Seq</th><th>Epoch</th><th>At (UTC)</th><th>Event</th>
-<th>What happened</th></tr></thead><tbody>
+<th>What happened</th><th></th></tr></thead><tbody>
 {% if hidden %}<tr><td colspan="5" class="muted">{{ hidden }} earlier record(s) not shown:
 <a href="/runs/{{ run_id }}?all=1" id="all">show the whole run</a></td></tr>{% endif %}
 {% for e in entries %}<tr class="{{ 'fenced' if not e.valid else 'superseded' if e.superseded else '' }}"><td class="num">{{ e.seq }}</td>
 <td class="num">{{ e.epoch }}</td><td class="mono">{{ e.at|clock }}</td><td>{{ e.type }}</td>
-<td class="{{ 'why' if not e.valid else '' }}">{{ e.text }}</td></tr>{% endfor %}</tbody></table>
+<td class="{{ 'why' if not e.valid else '' }}">{{ e.text }}</td><td>{% if e.valid %}<form
+ method="post" action="/runs/{{ run_id }}/fork" class="fork"><input type="hidden" name="csrf"
+ value="{{ csrf }}"><input type="hidden" name="seq" value="{{ e.seq }}"><button type="submit"
+ class="fork" data-seq="{{ e.seq }}">fork from here</button></form>{% endif %}</td></tr>{% endfor %}</tbody></table>
 {% if tl.calls %}<h2>Tool calls</h2><table id="calls"><thead><tr><th>Tool</th><th>Key</th><th>Risk</th>
 <th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th></tr></thead><tbody>
 {% for c in tl.calls %}<tr><td>{{ c.tool }}</td><td class="mono">{{ c.idempotency_key }}</td>
@@ -322,7 +342,28 @@ decision is final, and the first one in the run's log stands.</p>
 <p><a href="/runs/{{ run_id }}">Back to the run</a> &middot; <a href="/approvals">Approvals</a></p>
 {% endblock %}"""
 
+_FORK_CONFIRM = """{% extends "base.html" %}{% block title %}Fork {{ run_id }}{% endblock %}
+{% block content %}<h1>Fork run <span class="mono">{{ run_id }}</span> after seq {{ seq }}</h1>
+<p class="card" id="fork-means">A new run begins with this run's state after seq {{ seq }}
+(this run is not changed). Calls completed up to there are the fork's own: asking again
+returns their recorded results. A call this run also completed after seq {{ seq }} (the same
+tool, arguments and occurrence) does what you choose below; any other call is a new action
+of the fork.</p>
+<form method="post" action="/runs/{{ run_id }}/fork" class="card">
+<input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="seq" value="{{ seq }}">
+<input type="hidden" name="confirm" value="yes">
+<label>Effects <select name="effects" id="fork-effects">
+<option value="inherit" selected>inherit: return this run's result, never repeat it</option>
+<option value="ask">ask: stop for a person before repeating it</option>
+<option value="execute">execute: repeat it under the fork's own key (the world sees it again)</option>
+</select></label><br>
+<label>Why <input name="reason" id="fork-reason" maxlength="500"></label><br>
+<button type="submit" id="confirm-fork">Confirm: fork after seq {{ seq }}</button>
+<a href="/runs/{{ run_id }}" id="cancel">Cancel</a></form>
+{% endblock %}"""
+
 _TEMPLATES = {
+    "fork.html": _FORK_CONFIRM,
     "decided.html": _DECIDED,
     "question.html": _QUESTION,
     "confirm.html": _CONFIRM,

@@ -27,6 +27,7 @@ from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.producers.writer import EventWriter
 from runlog.projections import run_state
+from runlog.projections.lineage import pack_state
 from runlog.schemas import codec
 from runlog.schemas.canonical import MAX_ARGS_BYTES, canonical_json
 from runlog.schemas.keys import idempotency_key, new_run_id, partition_for
@@ -94,6 +95,35 @@ FIELD_VALUES: dict[str, Any] = {
     "dropped": 4,
     "key": "preferred_name",
     "value": "Ada",
+    # a fork's records
+    "parent_run_id": "r-parent",
+    "at_seq": 4,
+    "parent_digest": "ab" * 32,
+    "forked_by": "ops@example",
+    "key_scope": "r-parent",
+    "ancestry": ["r-root"],
+    "state": pack_state({"seq": 4}),
+    "parent_effects": [
+        {
+            "logical_key": "k1",
+            "key": "k1@r-parent",
+            "run_id": "r-parent",
+            "seq": 6,
+            "name": "charge",
+            "args_json": "{}",
+            "risk": "irreversible",
+            "status": "completed",
+            "content": "charged",
+            "compensable": True,
+        }
+    ],
+    "input_json": '{"prompt":"again"}',
+    "logical_key": "k1",
+    "resolution": "repeated",
+    "source_run_id": "r-parent",
+    "source_seq": 6,
+    "source_key": "k1",
+    "repeat_key": "k1@r-fork",
 }
 
 
