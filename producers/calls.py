@@ -57,7 +57,7 @@ from runlog.producers.tools import (
     ToolError,
     Unavailable,
 )
-from runlog.projections.run_state import OpenCall
+from runlog.projections.run_state import OpenCall, inverse_completed
 from runlog.schemas import models as m
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
@@ -461,7 +461,7 @@ def _compensable(run: Run, call: OpenCall) -> bool:
     if tool is None or tool.compensate is None:
         return False
     return not any(
-        _compensation_key(run, call, attempt) in run.state.completed_calls
+        inverse_completed(run.state, _compensation_key(run, call, attempt))
         for attempt in range(1, call.attempt + 1)
     )
 
@@ -492,7 +492,8 @@ def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
     inverse = run.tools[compensation_name(call.name)]
     key = _compensation_key(run, call)
     if key in run.state.completed_calls:
-        return key
+        # Settled: undone, or closed unrun by a person (never run again, undid nothing).
+        return key if inverse_completed(run.state, key) else None
     try:
         if key in run.state.open_calls:
             yield from recover_call(run, run.state.open_calls[key])
@@ -510,7 +511,18 @@ def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
         # Recorded already (a failed inverse closes with no key; an uncertain one is
         # escalated as its own call): the call it was to undo goes to a person.
         log.warning("compensation of %s did not complete: %s", call.idempotency_key, exc)
-    return key if key in run.state.completed_calls else None
+    return key if inverse_completed(run.state, key) else None
+
+
+def _not_undone(run: Run, call: OpenCall) -> str:
+    """Why the effect of ``call`` is not known to be undone, for the person asked next."""
+    key = _compensation_key(run, call)
+    if key in run.state.completed_calls:
+        return (
+            f"the compensation of {call.name} ({key}) was closed by a person's rejection "
+            "without evidence that it ran: nothing shows the effect was undone"
+        )
+    return f"the compensation of {call.name} did not complete"
 
 
 def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> Steps[None]:
@@ -635,7 +647,7 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
                 run,
                 run.state.open_calls[key],
                 "uncertain_call",
-                f"the compensation of {call.name} did not complete",
+                _not_undone(run, run.state.open_calls[key]),
                 None,
             )
             return

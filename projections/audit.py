@@ -158,7 +158,9 @@ def entries(
         e.update(idempotency_key=p.idempotency_key, compensates=p.operation_id)
         e["attempt"] = p.attempt
     elif isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
-        e.update(kind="compensation_failed" if p.is_error else "compensation_completed")
+        # A lost inverse closed by a person's rejection undid nothing the log can show.
+        done = "compensation_closed_unproven" if step.unproven else "compensation_completed"
+        e.update(kind="compensation_failed" if p.is_error else done)
         e.update(tool=compensated_tool(p.name), compensates=undone, content=p.content)
         e["idempotency_key"] = p.idempotency_key
     elif isinstance(p, m.ToolCallStarted):

@@ -508,6 +508,21 @@ def superseded(st: RunState, ev: Event) -> Approval | None:
     return standing_decision(st, p.approval_id)
 
 
+def ruled_out(st: RunState, key: str) -> bool:
+    """A person rejected an escalation of the call with ``key`` (the standing decision of
+    an approval about it): its completion, if any, closes it unrun by that ruling, which
+    settles the key (it never runs again) and is no evidence of its effect."""
+    return any(a.idempotency_key == key and a.approved is False for a in st.approvals.values())
+
+
+def inverse_completed(st: RunState, inverse_key: str) -> bool:
+    """The compensation with key ``inverse_key`` undid its effect, as far as the log shows:
+    it completed, and not by a person's rejection of its own escalation (a lost inverse
+    closed unrun). The one rule for "compensated by": the writer's retry and close, a
+    person's "undo and retry", and the audit all ask it."""
+    return inverse_key in st.completed_calls and not ruled_out(st, inverse_key)
+
+
 def decision_text(
     approval_id: str, decided_by: str | None, approved: bool | None, note: str, at: str | None
 ) -> str:
@@ -664,6 +679,9 @@ class Step:
     """For a decision: when the request it answers was made."""
     undone: str | None
     """For a compensation's completion: the key of the call it undoes."""
+    unproven: bool = False
+    """For a compensation's completion: it closes the inverse by a person's rejection
+    (``ruled_out``), so it is no evidence that ``undone``'s effect was undone."""
     superseded: Approval | None = None
     """For a valid decision that came after the one that stands: the standing one."""
     rejected: str | None = None
@@ -700,6 +718,7 @@ def advance(state: RunState, ev: Event, forged: str | None = None) -> Step:
     p = ev.payload
     asked_at: datetime | None = None
     undone: str | None = None
+    unproven = False
     approval: str | None = None
     if isinstance(p, m.ApprovalDecided | m.ApprovalRequested):
         approval = p.approval_id
@@ -710,13 +729,23 @@ def advance(state: RunState, ev: Event, forged: str | None = None) -> Step:
         # completion closes the call.
         started = find_open(state, p.started_seq, p.idempotency_key)
         undone = started.operation_id if started is not None else None
+        unproven = p.idempotency_key is not None and ruled_out(state, p.idempotency_key)
     touched = touched_calls(state, ev)
     standing = superseded(state, ev)
     if standing is not None:
         standing = dataclasses.replace(standing)  # as it stood before ``ev``
     accepted = accept(state, ev, forged)
     why = None if accepted else rejection(state, ev, forged)  # accept changed no rule input
-    return Step(accepted, touched, approval, asked_at, undone, standing if accepted else None, why)
+    return Step(
+        accepted,
+        touched,
+        approval,
+        asked_at,
+        undone,
+        unproven,
+        standing if accepted else None,
+        why,
+    )
 
 
 def apply(state: RunState, ev: Event) -> RunState:
