@@ -146,7 +146,12 @@ def entries(
             e.update(standing_approved=standing.approved, standing_note=standing.note)
             e["standing_at"] = first
             e["text"] = "superseded: " + decision_text(
-                p.approval_id, standing.decided_by, standing.approved, standing.note, first
+                p.approval_id,
+                standing.decided_by,
+                standing.approved,
+                standing.note,
+                first,
+                standing.answer,
             )
         elif decided_at is not None and p.approval_id in st.approvals:
             decided_at.setdefault(p.approval_id, ev.occurred_at.isoformat())

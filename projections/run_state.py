@@ -98,6 +98,10 @@ class OpenCall:
     """A person's decision on its escalation: True retry with the same key, False do not."""
     decision_note: str = ""
     decided_by: str = ""
+    undo_first: bool = field(default=False, metadata=OMIT_DEFAULT)
+    """The approved retry is "undo and retry" (APPROVAL_DECIDED v3 ``answer``): the inverse
+    of what may have happened runs first, and only once it completed the call runs again
+    under a fresh key (``producers.calls``)."""
     operation_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """The caller-given scope of its key (None: the run); every attempt records it."""
 
@@ -124,6 +128,8 @@ class Approval:
     key_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """The trusted decider key that signed the standing decision (None: unsigned, accepted
     because the reader trusts no keys)."""
+    answer: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The standing decision's answer beyond approve/reject (``UNDO_AND_RETRY``), else None."""
 
 
 @dataclass
@@ -277,6 +283,7 @@ def decision_verdict(state: RunState, ev: Event) -> Verdict:
         decided_by=p.decided_by,
         note=p.note,
         decided_at=p.decided_at,
+        answer=p.answer,
     )
     return state.authority.verdict(message, p.key_id, p.signature)
 
@@ -524,10 +531,17 @@ def inverse_completed(st: RunState, inverse_key: str) -> bool:
 
 
 def decision_text(
-    approval_id: str, decided_by: str | None, approved: bool | None, note: str, at: str | None
+    approval_id: str,
+    decided_by: str | None,
+    approved: bool | None,
+    note: str,
+    at: str | None,
+    answer: str | None = None,
 ) -> str:
     """How a standing decision is named wherever one is refused or superseded."""
     verb = "approved" if approved else "rejected"
+    if approved and answer == m.UNDO_AND_RETRY:
+        verb = "undo and retry"
     when = f" at {at}" if at else ""
     why = f" (note: {note})" if note else ""
     return f"approval {approval_id} already decided by {decided_by}{when}: {verb}{why}"
@@ -541,11 +555,13 @@ def _approval_decided(st: RunState, ev: Event) -> None:
         return  # an unknown request, or a decision after the one that stands: record-only
     approval.approved, approval.decided_by, approval.note = p.approved, p.decided_by, p.note
     approval.key_id = decision_verdict(st, ev).key_id
+    approval.answer = p.answer
     key = approval.idempotency_key
     if key is not None and key in st.open_calls:
         call = st.open_calls[key]
         call.status, call.decision = "decided", p.approved
         call.decision_note, call.decided_by = p.note, p.decided_by
+        call.undo_first = p.approved and p.answer == m.UNDO_AND_RETRY
     if (
         approval.kind == "conflict"
         and st.status == "escalated"

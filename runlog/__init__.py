@@ -47,6 +47,9 @@ from runlog.errors import (
     NotADecider as NotADecider,
 )
 from runlog.errors import (
+    NotUndoable as NotUndoable,
+)
+from runlog.errors import (
     RedisUnavailable as RedisUnavailable,
 )
 from runlog.errors import (
@@ -163,6 +166,7 @@ _PUBLIC: dict[str, str] = {
     "UnknownTool": _ERRORS,
     "DecisionConflict": _ERRORS,
     "NotADecider": _ERRORS,
+    "NotUndoable": _ERRORS,
     "KafkaUnavailable": _ERRORS,
     "RedisUnavailable": _ERRORS,
 }

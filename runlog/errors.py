@@ -232,6 +232,12 @@ class NotADecider(RunError):
     reader would reject the decision as forged, so nothing is appended."""
 
 
+class NotUndoable(RunError, ValueError):
+    """ "Undo and retry" was asked of an approval it cannot answer: not about a call, or
+    about a call whose tool declared no inverse (``compensate=``) on its STARTED. Nothing
+    is appended or queued."""
+
+
 class DecisionConflict(RunError):
     """The approval already has a decision, and the first valid decision in the log stands.
 

@@ -37,6 +37,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # decider's signature (schemas.signing). A v1 decision resolves as unsigned: what it
         # was, and what a reader that trusts decider keys refuses.
         (EventType.APPROVAL_DECIDED, 1),
+        # v3 adds the optional ``answer`` (default null): a third answer, "undo and retry",
+        # beside approve and reject. A v2 decision resolves with null: approved or rejected,
+        # exactly what it said.
+        (EventType.APPROVAL_DECIDED, 2),
     }
 )
 

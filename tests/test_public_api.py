@@ -34,6 +34,7 @@ EXPECTED_RUNLOG = [
     "KafkaUnavailable",
     "Match",
     "NotADecider",
+    "NotUndoable",
     "Question",
     "RedisUnavailable",
     "Run",
