@@ -94,6 +94,7 @@ class Timeline:
             decided_at=datetime.fromisoformat(at) if at else None,
             decided_seq=entry.get("seq"),
             run_id=self.run_id,
+            answer=standing.answer,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -233,6 +233,7 @@ def conflict(run_id: str, standing: Approval) -> DecisionConflict:
         approved=bool(standing.approved),
         note=standing.note,
         run_id=run_id,
+        answer=standing.answer,
     )
 
 

@@ -256,10 +256,13 @@ class DecisionConflict(RunError):
         decided_at: datetime | None = None,
         decided_seq: int | None = None,
         run_id: str | None = None,
+        answer: str | None = None,
     ) -> None:
         super().__init__(message, run_id=run_id, seq=decided_seq)
         self.approval_id, self.decided_by, self.approved = approval_id, decided_by, approved
         self.note, self.decided_at, self.decided_seq = note, decided_at, decided_seq
+        self.answer = answer
+        """The standing decision's answer beyond approve/reject ("undo_and_retry"), else None."""
 
 
 class NotificationFailed(RunlogError):

@@ -132,7 +132,40 @@ def test_undo_and_retry_is_refused_where_it_cannot_be_answered(
     assert "not recorded" in done.stderr
     explained = _cli(fast, "explain", rid, ap)
     assert explained.returncode == 0 and "--undo-and-retry" not in explained.stdout
+    _console_refuses_undo(fast, rid, ap)
     assert valid_events(fast, rid)[-1].seq == seq, "a refused answer appended something"
+
+
+def _console_refuses_undo(fast: Settings, rid: str, ap: str) -> None:
+    """The console offers no "undo and retry" button here, and a forged form asking for it
+    gets a page in the console's layout that says why, with nothing recorded."""
+    import re
+
+    import httpx
+    from ui_support import TOKEN_ADMIN, console, projecting, wait_for
+
+    from runlog.log.clients import redis_client
+
+    client = redis_client(fast)
+    try:
+        with projecting(fast, client), console(fast) as base:
+            web = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
+            assert web.post("/login", data={"token": TOKEN_ADMIN}).status_code == 303
+
+            def page() -> str | None:
+                got = web.get(f"/runs/{rid}/approvals/{ap}")
+                return got.text if got.status_code == 200 else None
+
+            text = wait_for("the question", page)
+            assert 'id="undo-and-retry"' not in text and 'id="undo-means"' not in text
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', text)
+            assert csrf is not None
+            form = {"decision": "undo_and_retry", "csrf": csrf.group(1), "confirm": "yes"}
+            r = web.post(f"/runs/{rid}/approvals/{ap}", data=form)
+            assert r.status_code == 409 and 'id="refused"' in r.text
+            assert "declared no inverse" in r.text and "<header" in r.text  # its own layout
+    finally:
+        client.close()
 
 
 def test_the_cli_offers_undo_and_retry_and_the_next_owner_with_the_tools_does_it(
