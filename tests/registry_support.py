@@ -22,6 +22,8 @@ class Gate:
         self._sock.listen(64)
         self.port = self._sock.getsockname()[1]
         self._done = False
+        self._live: set[socket.socket] = set()
+        self._lock = threading.Lock()
         threading.Thread(target=self._serve, daemon=True).start()
 
     def url(self, path: str) -> str:
@@ -41,8 +43,20 @@ class Gate:
             except OSError:
                 client.close()  # the registry is down: the same as refusing
                 continue
+            with self._lock:
+                self._live |= {client, up}
             for a, b in ((client, up), (up, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def shut(self) -> None:
+        """Refuse every new connection and cut the ones open (a client's kept-alive
+        connection must meet the outage too), as a registry that went down does."""
+        self.open = False
+        with self._lock:
+            live, self._live = self._live, set()
+        for s in live:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket) -> None:

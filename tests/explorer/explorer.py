@@ -602,7 +602,7 @@ class RegistryServer:
         self.paused = True
 
     def refuse(self) -> None:
-        self.gate.open = False
+        self.gate.shut()
 
     def heal(self) -> None:
         if self.paused and self.proc is not None:
