@@ -502,7 +502,15 @@ class ConsoleServer:
         self.proc = None
 
     def decide(
-        self, tenant: str, rid: str, aid: str, *, approve: bool, by: str, note: str
+        self,
+        tenant: str,
+        rid: str,
+        aid: str,
+        *,
+        approve: bool,
+        by: str,
+        note: str,
+        wait_s: float = 10.0,
     ) -> tuple[str, str]:
         """Decide as a person does: log in with the tenant's token, open the approval's
         question page, answer, and confirm the restated consequence. ``(outcome, detail)``:
@@ -520,7 +528,7 @@ class ConsoleServer:
             r = web.post("/login", data={"token": self.tokens[(tenant, by)]})
             if r.status_code != 303:
                 return "failed", f"login: HTTP {r.status_code}"
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + wait_s
             while (page := web.get(path)).status_code == 404 and time.monotonic() < deadline:
                 time.sleep(0.5)  # the index follows the log (a runner may be down or behind)
             if page.status_code == 404:
@@ -1122,7 +1130,15 @@ class Explorer:
             return f"events topic grown to {PARTITIONS + 3} partitions"
         raise ValueError(f"unknown step {k}")
 
-    def decide(self, rid: str, *, approve: bool, channel: str = "api", owner: str = "as-is") -> str:
+    def decide(
+        self,
+        rid: str,
+        *,
+        approve: bool,
+        channel: str = "api",
+        owner: str = "as-is",
+        console_wait_s: float = 10.0,
+    ) -> str:
         """A person's decision on the run's first pending approval, through ``channel``
         (``runlog.decide``, ``runlog approve|reject``, or the owner's ``Run.decide``), with
         the run's workers killed first, a worker started just before, or as it is."""
@@ -1150,7 +1166,7 @@ class Explorer:
         if channel == "console":
             tenant = self.tenants.get(rid, "default")
             outcome, detail = self.console.decide(
-                tenant, rid, aid, approve=approve, by="explorer", note=note
+                tenant, rid, aid, approve=approve, by="explorer", note=note, wait_s=console_wait_s
             )
             assert self.out is not None
             self.out.faults[f"console decision {outcome}"] += 1
@@ -1686,6 +1702,9 @@ class Checker:
             w.proc.wait(timeout=10)
         problems = self.exits()
         # Drive every run until it finishes or waits for a person who already decided all.
+        # Every other decision here is taken in the console (the API takes the rest, and
+        # any the console could not take), so most histories decide there at least once.
+        end_decisions = 0
         for _round in range(6):
             open_runs = []
             for rid in ex.runs:
@@ -1695,7 +1714,15 @@ class Checker:
                 open_runs.append(rid)
                 for aid in sorted(st.pending_approvals):
                     if (rid, aid) not in ex.decided:
-                        ex.out.history.append(f"[end] {ex.decide(rid, approve=True)}")
+                        channel = "console" if end_decisions % 2 == 0 else "api"
+                        end_decisions += 1
+                        if channel == "console" and not ex.alive(ex.runners):
+                            ex.spawn_runner()  # the console lists what the runners index
+                        # The index may be refolding after a rebuild: a person would wait.
+                        what = ex.decide(rid, approve=True, channel=channel, console_wait_s=30)
+                        if (rid, aid) not in ex.decided:
+                            what += f"; then {ex.decide(rid, approve=True)}"
+                        ex.out.history.append(f"[end] {what}")
             if not open_runs or ex.grown:
                 break
             procs = [ex.spawn_worker(rid, takeover=True) for rid in open_runs]
