@@ -164,7 +164,7 @@ NEW_RATE = 0.12
 REGISTRY_SHARE = 0.3
 REGISTRY_OUTAGE_RATE = 0.08
 """In a registry history: chance that a step is followed by an outage (one at least)."""
-REGISTRY_OUTAGE_S = 4.0
+REGISTRY_OUTAGE_S = 3.0
 """How long an outage lasts: the steps that start within it meet it too."""
 REGISTRY_TIMEOUT_MS = 1500
 """Every client's registry timeout in a registry history (a paused registry is a timeout)."""
@@ -1111,7 +1111,7 @@ class Explorer:
                 self._producer.produce(self.s.events_topic, value, rid, partition=part)
                 self._producer.flush(30)
                 fresh = f"; an uncached-id record of {zombie[0]} sent into it"
-            time.sleep(1.0 + step.a % 3)
+            time.sleep(1.0)  # readers meet it meanwhile; the next steps too, within it
             state = "paused (SIGSTOP)" if how == "SIGSTOP" else "refusing connections"
             return f"schema registry {state} for {REGISTRY_OUTAGE_S:.0f} s{fresh}"
         if k == "hostile":
