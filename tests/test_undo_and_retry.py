@@ -211,3 +211,30 @@ def test_a_decider_killed_during_undo_and_retry_leaves_one_effect(
     with runlog.open_run(rid, settings=fast, tools=tools, wait_s=10) as run:
         assert run.state.completed_calls[key] == "booked R-7"
     _one_booking_stands(fast, ledger, rid, key)
+
+
+def test_undo_and_retry_whose_inverse_is_lost_retries_nothing_and_asks_again(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """The inverse's answer is lost: it is escalated as a call of its own, the original goes
+    back to a person, and nothing is made again (no call under a fresh key)."""
+    svc, rid, esc = wc._escalated_booking(fast, ledger, "refuse-once")
+    (key,) = set(svc.booked)
+    assert esc.approval_id is not None
+    svc.inverse = "timeout"  # the cancel takes effect, and its answer is lost
+    runlog.decide(
+        rid,
+        esc.approval_id,
+        approved=True,
+        undo_and_retry=True,
+        decided_by="ops",
+        tools=svc.tools(),
+        settings=fast,
+    )
+    assert svc.booked == [key], "retried although the undo is not known to have happened"
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()) as run:
+        original = run.state.open_calls[key]
+        assert original.status == "escalated" and original.approval_id != esc.approval_id
+        (inverse,) = [c for c in run.state.open_calls.values() if c.name == "book/compensate"]
+        assert inverse.status == "escalated"
+    assert svc.booked == [key] and len(svc.cancels) == 2
