@@ -238,3 +238,28 @@ def test_undo_and_retry_whose_inverse_is_lost_retries_nothing_and_asks_again(
         (inverse,) = [c for c in run.state.open_calls.values() if c.name == "book/compensate"]
         assert inverse.status == "escalated"
     assert svc.booked == [key] and len(svc.cancels) == 2
+
+
+def test_undo_and_retry_queued_for_a_live_owner_is_carried_whole(
+    fast: Settings, ledger: Ledger
+) -> None:
+    """While a worker holds the run the answer waits in its inbox; the owner records it as
+    the decider signed it, answer included, and undoes and retries with its tools."""
+    svc, rid, esc = wc._escalated_booking(fast, ledger, "refuse-once")
+    (key,) = set(svc.booked)
+    assert esc.approval_id is not None
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()) as run:
+        got = runlog.decide(
+            rid,
+            esc.approval_id,
+            approved=True,
+            undo_and_retry=True,
+            decided_by="ops",
+            settings=fast,
+            wait_s=0.5,
+        )
+        assert got == "queued" and ledger.per_key() == {key: 1}
+        assert run.poll_decisions() == 1
+        assert run.state.approvals[esc.approval_id].answer == m.UNDO_AND_RETRY
+        assert run.state.completed_calls[key] == "booked R-7"
+    _one_booking_stands(fast, ledger, rid, key)
