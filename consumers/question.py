@@ -83,10 +83,27 @@ class Question:
     compensable: bool | None = None
     decided: str | None = None
     """The decision that stands, if one does (a decision is final)."""
+    undo_and_retry: str | None = None
+    """What the third answer does, where the tool declared an inverse (``undoable``):
+    undo what may have happened, then run the call again under a fresh key. None: not
+    offered (``runlog.decide(undo_and_retry=True)`` is refused with ``NotUndoable``)."""
 
     @property
     def about_a_call(self) -> bool:
         return self.kind in CALL_KINDS and self.idempotency_key is not None
+
+    @property
+    def undoable(self) -> bool:
+        """ "Undo and retry" is an answer: an uncertain or conflicting call of a reversible
+        tool that declared an inverse (``compensate=``) on its STARTED."""
+        return self.about_a_call and self.risk == "reversible" and self.compensable is True
+
+    def undo_confirmation(self) -> str:
+        """The sentence a person confirms before "undo and retry" is recorded."""
+        return (
+            f"Undo and retry {self.tool} ({self.idempotency_key}): {_undo_effect(self.tool)}. "
+            "Confirm?"
+        )
 
     def confirmation(self, approved: bool) -> str:
         """The sentence a person confirms before the decision is recorded: the
@@ -114,6 +131,8 @@ class Question:
         out = asdict(self)
         out["confirm_approve"] = self.confirmation(True)
         out["confirm_reject"] = self.confirmation(False)
+        out["undoable"] = self.undoable
+        out["confirm_undo_and_retry"] = self.undo_confirmation() if self.undoable else None
         return out
 
     def lines(self) -> list[str]:
@@ -145,6 +164,8 @@ class Question:
             out.append(f"  found:           {self.detail}")
         out.append(f"  {self.approve}")
         out.append(f"  {self.reject}")
+        if self.undo_and_retry:
+            out.append(f"  {self.undo_and_retry}")
         return out
 
 
@@ -172,7 +193,7 @@ def question(tl: Timeline, approval_id: str) -> Question:
     if standing is not None:
         at = tl.decided.get(approval_id, {}).get("at")
         decided = decision_text(
-            approval_id, standing.decided_by, standing.approved, standing.note, at
+            approval_id, standing.decided_by, standing.approved, standing.note, at, standing.answer
         )
     key = request.get("idempotency_key")
     base: dict[str, Any] = {
@@ -255,6 +276,9 @@ def question(tl: Timeline, approval_id: str) -> Question:
         detail=request.get("detail"),
         dedupes_by_key=dedupes,
         compensable=compensable,
+        undo_and_retry=f"undo and retry = {_undo_effect(tool)}"
+        if risk == "reversible" and compensable is True
+        else None,
     )
 
 
@@ -283,6 +307,17 @@ def _landed(attempts: int) -> str:
 
 def _declared(flag: bool | None) -> str:
     return {True: "declared", False: "not declared", None: "not recorded"}[flag]
+
+
+def _undo_effect(tool: str | None) -> str:
+    """What "undo and retry" does, by ``producers.calls._undo_and_retry``."""
+    return (
+        f"undo what may have happened with {tool}'s inverse (a call with its own key), and "
+        f"only once the inverse is recorded completed run {tool} again under a FRESH key "
+        "(a receiver that deduplicates by key makes it anew): one effect stands in the end; "
+        "if the inverse fails or its outcome is lost, nothing is retried and a person is "
+        "asked again"
+    )
 
 
 def _reject_effect(risk: str | None, compensable: bool | None, tool: str, landed: str) -> str:

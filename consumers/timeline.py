@@ -79,7 +79,14 @@ class Timeline:
         entry = self.decided.get(approval_id, {})
         at = entry.get("at")
         return DecisionConflict(
-            decision_text(approval_id, standing.decided_by, standing.approved, standing.note, at),
+            decision_text(
+                approval_id,
+                standing.decided_by,
+                standing.approved,
+                standing.note,
+                at,
+                standing.answer,
+            ),
             approval_id=approval_id,
             decided_by=standing.decided_by or "",
             approved=bool(standing.approved),
@@ -87,6 +94,7 @@ class Timeline:
             decided_at=datetime.fromisoformat(at) if at else None,
             decided_seq=entry.get("seq"),
             run_id=self.run_id,
+            answer=standing.answer,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -252,10 +260,12 @@ def _describe(
         if asked is not None:
             latency = round((ev.occurred_at - asked.requested_at).total_seconds() * 1000)
         e.update(approval_id=p.approval_id, approved=p.approved, decided_by=p.decided_by)
-        e.update(note=p.note, latency_ms=latency)
+        e.update(note=p.note, latency_ms=latency, answer=p.answer)
         signed = decision_verdict(st, ev)
         e.update(signature=signed.label, key_id=signed.key_id)
         verb = "approved" if p.approved else "rejected"
+        if p.approved and p.answer == m.UNDO_AND_RETRY:
+            verb = "chose undo and retry"
         why = f": {p.note}" if p.note else ""
         return f"{p.approval_id} {verb} by {p.decided_by}{why} ({signed.label})"
     if isinstance(p, m.GuardrailTriggered):
@@ -326,6 +336,7 @@ def build(
                 standing.approved,
                 standing.note,
                 first,
+                standing.answer,
             )
         elif isinstance(ev.payload, m.ApprovalDecided) and ev.payload.approval_id in st.approvals:
             decided.setdefault(ev.payload.approval_id, e)

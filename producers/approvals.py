@@ -35,6 +35,7 @@ from runlog.log.authority import signer_for
 from runlog.producers.ops import Steps, append, blocking, peek
 from runlog.projections.run_state import Approval, decision_text, standing_decision
 from runlog.schemas.codec import now_utc
+from runlog.schemas.models import ANSWERS
 from runlog.schemas.signing import DecisionAuthority, Signature, decision_message
 from runlog.schemas.vocabulary import EventType
 
@@ -85,6 +86,7 @@ def sign_decision(
     approved: bool,
     decided_by: str,
     note: str,
+    answer: str | None = None,
 ) -> Signature | None:
     """This process' signature of a decision, when it holds a decider key (else None).
 
@@ -103,6 +105,7 @@ def sign_decision(
         decided_by=decided_by,
         note=note,
         decided_at=datetime.now(UTC).isoformat(timespec="microseconds"),
+        answer=answer,
     )
 
 
@@ -116,6 +119,7 @@ def refuse_forged(
     decided_by: str,
     note: str,
     signature: Signature | None,
+    answer: str | None = None,
 ) -> None:
     """Raise ``NotADecider`` if readers trusting ``authority`` would reject this decision:
     it is refused where it is made rather than appended as a forgery."""
@@ -129,6 +133,7 @@ def refuse_forged(
         decided_by=decided_by,
         note=note,
         decided_at=None if signature is None else signature.decided_at,
+        answer=answer,
     )
     verdict = authority.verdict(
         message,
@@ -153,6 +158,7 @@ def record_decision(
     note: str = "",
     signature: Signature | None = None,
     sign: bool = True,
+    answer: str | None = None,
 ) -> Steps[str | None]:
     """Append a person's decision; the key of the call it concerns, if any (the caller
     settles that call: ``calls.decide``).
@@ -165,6 +171,7 @@ def record_decision(
     """
     if approval_id not in run.state.approvals:
         raise KeyError(f"run {run.run_id} has no approval request {approval_id!r}")
+    check_answer(approved, answer)
     standing = standing_decision(run.state, approval_id)
     if standing is not None:
         raise conflict(run.run_id, standing)
@@ -177,6 +184,7 @@ def record_decision(
             approved=approved,
             decided_by=decided_by,
             note=note,
+            answer=answer,
         )
     refuse_forged(
         run.state.authority,
@@ -187,6 +195,7 @@ def record_decision(
         decided_by=decided_by,
         note=note,
         signature=signature,
+        answer=answer,
     )
     signed = signature.fields() if signature is not None else {}
     ev = yield from append(
@@ -195,6 +204,7 @@ def record_decision(
         approved=approved,
         decided_by=decided_by,
         note=note,
+        answer=answer,
         **signed,
     )
     if not run.confirmed_locally(ev):
@@ -202,16 +212,33 @@ def record_decision(
     return run.state.approvals[approval_id].idempotency_key
 
 
+def check_answer(approved: bool, answer: str | None) -> None:
+    """``ValueError`` unless ``answer`` is one a reader knows, with the ``approved`` it
+    goes with ("undo and retry" is an approval: the call runs again, after its undo)."""
+    if answer is None:
+        return
+    if answer not in ANSWERS:
+        raise ValueError(f"unknown answer {answer!r}; known: {sorted(ANSWERS)}")
+    if not approved:
+        raise ValueError(f"answer {answer!r} approves a retry: approved must be true")
+
+
 def conflict(run_id: str, standing: Approval) -> DecisionConflict:
     return DecisionConflict(
         decision_text(
-            standing.approval_id, standing.decided_by, standing.approved, standing.note, None
+            standing.approval_id,
+            standing.decided_by,
+            standing.approved,
+            standing.note,
+            None,
+            standing.answer,
         ),
         approval_id=standing.approval_id,
         decided_by=standing.decided_by or "",
         approved=bool(standing.approved),
         note=standing.note,
         run_id=run_id,
+        answer=standing.answer,
     )
 
 
@@ -236,6 +263,8 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
             d = json.loads(raw)
             approval_id, approved = str(d["approval_id"]), bool(d["approved"])
             decided_by, note = str(d["decided_by"]), str(d.get("note", ""))
+            answer = None if d.get("answer") is None else str(d["answer"])
+            check_answer(approved, answer)
             signature = Signature.from_fields(d)  # the decider's; a worker never signs
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # Never lose it, never let it block the run: keep it aside for a person.
@@ -244,11 +273,12 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
             continue
         approval = run.state.approvals.get(approval_id)
         standing = standing_decision(run.state, approval_id)
-        if standing is not None and (standing.decided_by, standing.approved, standing.note) != (
-            decided_by,
-            approved,
-            note,
-        ):
+        if standing is not None and (
+            standing.decided_by,
+            standing.approved,
+            standing.note,
+            standing.answer,
+        ) != (decided_by, approved, note, answer):
             # The first valid decision stands; this one's decider was told if it waited.
             log.warning(
                 "decision by %s on %s of %s dropped: %s",
@@ -269,6 +299,7 @@ def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
                     note=note,
                     signature=signature,
                     queued=True,
+                    answer=answer,
                 )
             except NotADecider as exc:
                 # Forged or unsigned while the readers trust decider keys: never recorded.

@@ -359,6 +359,7 @@ class AsyncRun(Owned):
         decided_by: str,
         note: str = "",
         signature: Signature | None = None,
+        answer: str | None = None,
     ) -> None:
         await self._drive(
             calls.decide(
@@ -368,6 +369,7 @@ class AsyncRun(Owned):
                 decided_by=decided_by,
                 note=note,
                 signature=signature,
+                answer=answer,
             )
         )
 

@@ -58,7 +58,7 @@ from runlog.producers.tools import (
     ToolError,
     Unavailable,
 )
-from runlog.projections.run_state import OpenCall
+from runlog.projections.run_state import OpenCall, inverse_completed
 from runlog.schemas import models as m
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import COMPENSATION_SUFFIX, compensation_name
@@ -161,6 +161,7 @@ def decide(
     note: str = "",
     signature: Signature | None = None,
     queued: bool = False,
+    answer: str | None = None,
 ) -> Steps[None]:
     """Record a person's decision; settle the call it concerns when it is open here.
 
@@ -175,6 +176,7 @@ def decide(
         note=note,
         signature=signature,
         sign=not queued,
+        answer=answer,
     )
     if key is not None and key in run.state.open_calls:
         yield from recover_call(run, run.state.open_calls[key])
@@ -483,7 +485,7 @@ def _compensable(run: Run, call: OpenCall) -> bool:
     if tool is None or tool.compensate is None:
         return False
     return not any(
-        _compensation_key(run, call, attempt) in run.state.completed_calls
+        inverse_completed(run.state, _compensation_key(run, call, attempt))
         for attempt in range(1, call.attempt + 1)
     )
 
@@ -514,7 +516,8 @@ def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
     inverse = run.tools[compensation_name(call.name)]
     key = _compensation_key(run, call)
     if key in run.state.completed_calls:
-        return key
+        # Settled: undone, or closed unrun by a person (never run again, undid nothing).
+        return key if inverse_completed(run.state, key) else None
     try:
         if key in run.state.open_calls:
             yield from recover_call(run, run.state.open_calls[key])
@@ -532,7 +535,18 @@ def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
         # Recorded already (a failed inverse closes with no key; an uncertain one is
         # escalated as its own call): the call it was to undo goes to a person.
         log.warning("compensation of %s did not complete: %s", call.idempotency_key, exc)
-    return key if key in run.state.completed_calls else None
+    return key if inverse_completed(run.state, key) else None
+
+
+def _not_undone(run: Run, call: OpenCall) -> str:
+    """Why the effect of ``call`` is not known to be undone, for the person asked next."""
+    key = _compensation_key(run, call)
+    if key in run.state.completed_calls:
+        return (
+            f"the compensation of {call.name} ({key}) was closed by a person's rejection "
+            "without evidence that it ran: nothing shows the effect was undone"
+        )
+    return f"the compensation of {call.name} did not complete"
 
 
 def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> Steps[None]:
@@ -616,7 +630,11 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
     """A person decided: approved retries with the same key; rejected closes the call
     (after undoing what may have happened, when the tool has an inverse)."""
     key = call.idempotency_key
-    if call.decision:
+    if call.decision and call.undo_first:
+        if tool is not None:
+            yield from _undo_and_retry(run, call, tool)
+        # else: the inverse and the retry need the tools; the next owner with them does it
+    elif call.decision:
         if tool is None:
             return  # the retry needs the tool; a worker that has it will do it
         yield from _reconciliation(
@@ -657,7 +675,7 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
                 run,
                 run.state.open_calls[key],
                 "uncertain_call",
-                f"the compensation of {call.name} did not complete",
+                _not_undone(run, run.state.open_calls[key]),
                 None,
             )
             return
@@ -678,6 +696,109 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
         yield from _complete(
             run, run.state.open_calls[key], f"resolved by {call.decided_by}: {call.decision_note}"
         )
+
+
+def _retry_key(run: Run, call: OpenCall) -> str:
+    """The fresh key the call runs under after "undo and retry" undid its latest attempt:
+    bound to the call's key and to that attempt, so a receiver that deduplicates by key
+    makes the effect anew (the same key would return the undone one), and every retry
+    of it (a crash, its own recovery) keeps it."""
+    return run.idempotency_key(call.idempotency_key, call.name, call.args_json, call.attempt)
+
+
+def _undo_and_retry(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
+    """A person chose "undo and retry": the inverse of what the latest attempt may have done
+    runs as a call of its own (its own key, like any compensation); only once the log says
+    it completed (``inverse_completed``) does the call run again, as a call of its own under
+    a fresh key (``_retry_key``), whose completion then closes this one with its result.
+    An inverse that fails or whose outcome is lost goes back to a person, as compensation
+    does. Each step is an event, so a crash anywhere resumes at the step that is next."""
+    key = call.idempotency_key
+    if tool.compensate is None:
+        # The decision was taken from the log's declaration; the tool given here has no
+        # inverse now, so nothing can be undone: back to a person.
+        yield from _reconciliation(
+            run,
+            call,
+            "decided",
+            f"{call.decided_by} chose undo and retry, but {call.name} declares no inverse "
+            "here: a person must decide again",
+            "escalate",
+            call.decision_note,
+        )
+        yield from _escalate(
+            run, run.state.open_calls[key], "uncertain_call", f"{call.name} has no inverse", None
+        )
+        return
+    inverse, fresh = _compensation_key(run, call), _retry_key(run, call)
+    if not inverse_completed(run.state, inverse):
+        if inverse not in run.state.open_calls:
+            yield from _reconciliation(
+                run,
+                call,
+                "decided",
+                f"{call.decided_by} chose undo and retry: run the inverse, then the call "
+                f"again under the fresh key {fresh}",
+                "retry_compensate",
+                call.decision_note,
+            )
+        if (yield from _compensate(run, run.state.open_calls[key])) is None:
+            yield from _reconciliation(
+                run,
+                run.state.open_calls[key],
+                "decided",
+                "its compensation did not complete: nothing is retried; a person must decide again",
+                "escalate",
+            )
+            yield from _escalate(
+                run,
+                run.state.open_calls[key],
+                "uncertain_call",
+                _not_undone(run, run.state.open_calls[key]),
+                None,
+            )
+            return
+    # The inverse is recorded completed: now, and only now, the call again.
+    try:
+        if fresh in run.state.open_calls:
+            yield from recover_call(run, run.state.open_calls[fresh])
+        elif fresh not in run.state.completed_calls:
+            yield from attempt(
+                run,
+                tool,
+                call.args_json,
+                fresh,
+                call_id=f"{call.call_id}-retry",
+                attempt=1,
+                operation_id=call.operation_id,
+            )
+    except ToolFailed as exc:
+        # A proven failure of the retry: the effect is undone and not made again. The call
+        # stays open for a person (asking again under its key could reach a receiver that
+        # still remembers the undone effect by it).
+        yield from _reconciliation(
+            run,
+            run.state.open_calls[key],
+            "decided",
+            f"the retry under {fresh} failed after the undo: a person must decide again",
+            "escalate",
+            str(exc),
+        )
+        yield from _escalate(
+            run,
+            run.state.open_calls[key],
+            "uncertain_call",
+            f"{call.name} was undone; its retry under {fresh} failed",
+            None,
+        )
+        return
+    except (CallUncertain, Escalated) as exc:
+        # The retry is an uncertain call of its own, settled by its own rules; this call
+        # closes once it completed.
+        log.info("retry %s of %s is unsettled: %s", fresh, key, exc)
+        return
+    if fresh in run.state.completed_calls and key in run.state.open_calls:
+        yield from _complete(run, run.state.open_calls[key], run.state.completed_calls[fresh])
 
 
 def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:

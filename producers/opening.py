@@ -19,8 +19,13 @@ from runlog.errors import Fenced, RedisUnavailable, RunLocked, TenantMismatch, U
 from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
+from runlog.producers.approvals import (
+    check_answer,
+    decisions_key,
+    refuse_forged,
+    sign_decision,
+)
 from runlog.producers.approvals import conflict as approvals_conflict
-from runlog.producers.approvals import decisions_key, refuse_forged, sign_decision
 from runlog.producers.lease import METRICS, Held, Lease
 from runlog.producers.run import Run, RunDeps, _valid_kept
 from runlog.producers.tools import Tool
@@ -275,6 +280,7 @@ def submit_decision(
     tenant: str = "default",
     tools: Iterable[Tool] = (),
     wait_s: float = DECISION_WAIT_S,
+    answer: str | None = None,
 ) -> str:
     """Record a person's decision: directly if the run is free, else via its owner's inbox.
 
@@ -291,8 +297,16 @@ def submit_decision(
     """
     # Signed here, by the decider, once: the same signature is recorded whether this call
     # appends the decision or the run's owner does from the inbox (it never signs).
+    check_answer(approved, answer)
     signature = sign_decision(
-        deps, tenant, run_id, approval_id, approved=approved, decided_by=decided_by, note=note
+        deps,
+        tenant,
+        run_id,
+        approval_id,
+        approved=approved,
+        decided_by=decided_by,
+        note=note,
+        answer=answer,
     )
     fields: dict[str, object] = {
         "approval_id": approval_id,
@@ -300,6 +314,8 @@ def submit_decision(
         "decided_by": decided_by,
         "note": note,
     }
+    if answer is not None:
+        fields["answer"] = answer
     if signature is not None:
         fields.update(signature.fields())
     refuse_forged(
@@ -311,6 +327,7 @@ def submit_decision(
         decided_by=decided_by,
         note=note,
         signature=signature,
+        answer=answer,
     )
     entry = json.dumps(fields, sort_keys=True)
     reason = f"decision by {decided_by}"
@@ -328,6 +345,7 @@ def submit_decision(
                 decided_by=decided_by,
                 note=note,
                 signature=signature,
+                answer=answer,
             )
         return "recorded"
     _inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
@@ -343,10 +361,11 @@ def submit_decision(
                     state, how = run.state, "recorded"
         standing = standing_decision(state, approval_id)
         if standing is not None:
-            if (standing.decided_by, standing.approved, standing.note) == (
+            if (standing.decided_by, standing.approved, standing.note, standing.answer) == (
                 decided_by,
                 approved,
                 note,
+                answer,
             ):
                 return how
             # Another decision stands: ours must not wait for an owner to drop it.

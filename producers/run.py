@@ -587,6 +587,7 @@ class Run(Owned):
         decided_by: str,
         note: str = "",
         signature: Signature | None = None,
+        answer: str | None = None,
     ) -> None:
         """Record a person's decision; settles the call it concerns when the tool is here.
 
@@ -603,6 +604,7 @@ class Run(Owned):
                 decided_by=decided_by,
                 note=note,
                 signature=signature,
+                answer=answer,
             ),
         )
 

@@ -150,7 +150,12 @@ def entries(
             e.update(standing_approved=standing.approved, standing_note=standing.note)
             e["standing_at"] = first
             e["text"] = "superseded: " + decision_text(
-                p.approval_id, standing.decided_by, standing.approved, standing.note, first
+                p.approval_id,
+                standing.decided_by,
+                standing.approved,
+                standing.note,
+                first,
+                standing.answer,
             )
         elif decided_at is not None and p.approval_id in st.approvals:
             decided_at.setdefault(p.approval_id, ev.occurred_at.isoformat())
@@ -162,7 +167,9 @@ def entries(
         e.update(idempotency_key=p.idempotency_key, compensates=p.operation_id)
         e["attempt"] = p.attempt
     elif isinstance(p, m.ToolCallCompleted) and compensated_tool(p.name) is not None:
-        e.update(kind="compensation_failed" if p.is_error else "compensation_completed")
+        # A lost inverse closed by a person's rejection undid nothing the log can show.
+        done = "compensation_closed_unproven" if step.unproven else "compensation_completed"
+        e.update(kind="compensation_failed" if p.is_error else done)
         e.update(tool=compensated_tool(p.name), compensates=undone, content=p.content)
         e["idempotency_key"] = p.idempotency_key
     elif isinstance(p, m.ToolCallStarted):

@@ -99,6 +99,10 @@ class OpenCall:
     """A person's decision on its escalation: True retry with the same key, False do not."""
     decision_note: str = ""
     decided_by: str = ""
+    undo_first: bool = field(default=False, metadata=OMIT_DEFAULT)
+    """The approved retry is "undo and retry" (APPROVAL_DECIDED v3 ``answer``): the inverse
+    of what may have happened runs first, and only once it completed the call runs again
+    under a fresh key (``producers.calls``)."""
     operation_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """The caller-given scope of its key (None: the run); every attempt records it."""
 
@@ -125,6 +129,8 @@ class Approval:
     key_id: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """The trusted decider key that signed the standing decision (None: unsigned, accepted
     because the reader trusts no keys)."""
+    answer: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The standing decision's answer beyond approve/reject (``UNDO_AND_RETRY``), else None."""
 
 
 @dataclass
@@ -299,6 +305,7 @@ def decision_verdict(state: RunState, ev: Event) -> Verdict:
         decided_by=p.decided_by,
         note=p.note,
         decided_at=p.decided_at,
+        answer=p.answer,
     )
     return state.authority.verdict(message, p.key_id, p.signature)
 
@@ -534,11 +541,33 @@ def superseded(st: RunState, ev: Event) -> Approval | None:
     return standing_decision(st, p.approval_id)
 
 
+def ruled_out(st: RunState, key: str) -> bool:
+    """A person rejected an escalation of the call with ``key`` (the standing decision of
+    an approval about it): its completion, if any, closes it unrun by that ruling, which
+    settles the key (it never runs again) and is no evidence of its effect."""
+    return any(a.idempotency_key == key and a.approved is False for a in st.approvals.values())
+
+
+def inverse_completed(st: RunState, inverse_key: str) -> bool:
+    """The compensation with key ``inverse_key`` undid its effect, as far as the log shows:
+    it completed, and not by a person's rejection of its own escalation (a lost inverse
+    closed unrun). The one rule for "compensated by": the writer's retry and close, a
+    person's "undo and retry", and the audit all ask it."""
+    return inverse_key in st.completed_calls and not ruled_out(st, inverse_key)
+
+
 def decision_text(
-    approval_id: str, decided_by: str | None, approved: bool | None, note: str, at: str | None
+    approval_id: str,
+    decided_by: str | None,
+    approved: bool | None,
+    note: str,
+    at: str | None,
+    answer: str | None = None,
 ) -> str:
     """How a standing decision is named wherever one is refused or superseded."""
     verb = "approved" if approved else "rejected"
+    if approved and answer == m.UNDO_AND_RETRY:
+        verb = "undo and retry"
     when = f" at {at}" if at else ""
     why = f" (note: {note})" if note else ""
     return f"approval {approval_id} already decided by {decided_by}{when}: {verb}{why}"
@@ -552,11 +581,13 @@ def _approval_decided(st: RunState, ev: Event) -> None:
         return  # an unknown request, or a decision after the one that stands: record-only
     approval.approved, approval.decided_by, approval.note = p.approved, p.decided_by, p.note
     approval.key_id = decision_verdict(st, ev).key_id
+    approval.answer = p.answer
     key = approval.idempotency_key
     if key is not None and key in st.open_calls:
         call = st.open_calls[key]
         call.status, call.decision = "decided", p.approved
         call.decision_note, call.decided_by = p.note, p.decided_by
+        call.undo_first = p.approved and p.answer == m.UNDO_AND_RETRY
     if (
         approval.kind == "conflict"
         and st.status == "escalated"
@@ -699,6 +730,9 @@ class Step:
     """For a decision: when the request it answers was made."""
     undone: str | None
     """For a compensation's completion: the key of the call it undoes."""
+    unproven: bool = False
+    """For a compensation's completion: it closes the inverse by a person's rejection
+    (``ruled_out``), so it is no evidence that ``undone``'s effect was undone."""
     superseded: Approval | None = None
     """For a valid decision that came after the one that stands: the standing one."""
     rejected: str | None = None
@@ -738,6 +772,7 @@ def advance(state: RunState, ev: Event, forged: str | None = None) -> Step:
     p = ev.payload
     asked_at: datetime | None = None
     undone: str | None = None
+    unproven = False
     approval: str | None = None
     if isinstance(p, m.ApprovalDecided | m.ApprovalRequested):
         approval = p.approval_id
@@ -748,13 +783,23 @@ def advance(state: RunState, ev: Event, forged: str | None = None) -> Step:
         # completion closes the call.
         started = find_open(state, p.started_seq, p.idempotency_key)
         undone = started.operation_id if started is not None else None
+        unproven = p.idempotency_key is not None and ruled_out(state, p.idempotency_key)
     touched = touched_calls(state, ev)
     standing = superseded(state, ev)
     if standing is not None:
         standing = dataclasses.replace(standing)  # as it stood before ``ev``
     accepted = accept(state, ev, forged)
     why = None if accepted else rejection(state, ev, forged)  # accept changed no rule input
-    return Step(accepted, touched, approval, asked_at, undone, standing if accepted else None, why)
+    return Step(
+        accepted,
+        touched,
+        approval,
+        asked_at,
+        undone,
+        unproven,
+        standing if accepted else None,
+        why,
+    )
 
 
 def apply(state: RunState, ev: Event) -> RunState:

@@ -53,6 +53,9 @@ from runlog.errors import (
     NotADecider as NotADecider,
 )
 from runlog.errors import (
+    NotUndoable as NotUndoable,
+)
+from runlog.errors import (
     RedisUnavailable as RedisUnavailable,
 )
 from runlog.errors import (
@@ -179,6 +182,7 @@ _PUBLIC: dict[str, str] = {
     "UnknownTool": _ERRORS,
     "DecisionConflict": _ERRORS,
     "NotADecider": _ERRORS,
+    "NotUndoable": _ERRORS,
     "KafkaUnavailable": _ERRORS,
     "RedisUnavailable": _ERRORS,
 }

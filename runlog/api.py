@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from runlog.bootstrap import Services
-from runlog.errors import DecisionConflict, UnknownApproval, UnknownRun
+from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
@@ -17,6 +17,7 @@ from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
 from runlog.producers.writer import APPENDS, BARRIERS
 from runlog.schemas.keys import check_run_id, check_tenant
+from runlog.schemas.models import UNDO_AND_RETRY
 from runlog.settings import Settings
 
 # Opening and using a run loads the writer and log access only: the read side that decide,
@@ -139,8 +140,15 @@ def decide(
     tools: Iterable[Tool] = (),
     settings: Settings | None = None,
     wait_s: float = DECISION_WAIT_S,
+    undo_and_retry: bool = False,
 ) -> str:
     """Record a person's decision on an approval request of ``run_id``.
+
+    ``undo_and_retry`` (with ``approved=True``): the third answer about an uncertain or
+    conflicting call of a tool that declared an inverse (``compensate=``): the inverse runs
+    first (its own key), and only once it is recorded completed the call runs again under a
+    fresh key; an inverse that fails or is lost goes back to a person. Elsewhere it is
+    refused with ``NotUndoable`` (``question(...).undoable`` says where it is offered).
 
     If no worker holds the run, the decision is appended at once (``"recorded"``);
     otherwise it waits in the run's inbox for its owner (``"queued"``), and this call
@@ -181,6 +189,28 @@ def decide(
         if standing is not None:
             tracing.annotate(span, outcome="refused")
             raise standing
+        answer = None
+        if undo_and_retry:
+            if not approved:
+                raise NotUndoable(
+                    "undo and retry approves a retry (after the undo): pass approved=True",
+                    run_id=run_id,
+                )
+            from runlog.consumers.question import question as ask
+
+            q = ask(tl, approval_id)
+            if not q.undoable:
+                what = (
+                    f"{q.tool} declared no inverse (compensate=)"
+                    if q.about_a_call
+                    else ("it is not about a call")
+                )
+                raise NotUndoable(
+                    f"approval {approval_id} of run {run_id} cannot be answered with undo "
+                    f"and retry: {what}; approve retries with the same key, reject closes",
+                    run_id=run_id,
+                )
+            answer = UNDO_AND_RETRY
         try:
             how = submit_decision(
                 services.run_deps(),
@@ -192,6 +222,7 @@ def decide(
                 tenant=tenant,
                 tools=tools,
                 wait_s=wait_s,
+                answer=answer,
             )
         except DecisionConflict as exc:
             # Another decision won the race: name it with its time, read from the log.

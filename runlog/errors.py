@@ -250,6 +250,12 @@ class NotADecider(RunError):
     reader would reject the decision as forged, so nothing is appended."""
 
 
+class NotUndoable(RunError, ValueError):
+    """ "Undo and retry" was asked of an approval it cannot answer: not about a call, or
+    about a call whose tool declared no inverse (``compensate=``) on its STARTED. Nothing
+    is appended or queued."""
+
+
 class DecisionConflict(RunError):
     """The approval already has a decision, and the first valid decision in the log stands.
 
@@ -268,10 +274,13 @@ class DecisionConflict(RunError):
         decided_at: datetime | None = None,
         decided_seq: int | None = None,
         run_id: str | None = None,
+        answer: str | None = None,
     ) -> None:
         super().__init__(message, run_id=run_id, seq=decided_seq)
         self.approval_id, self.decided_by, self.approved = approval_id, decided_by, approved
         self.note, self.decided_at, self.decided_seq = note, decided_at, decided_seq
+        self.answer = answer
+        """The standing decision's answer beyond approve/reject ("undo_and_retry"), else None."""
 
 
 class NotificationFailed(RunlogError):

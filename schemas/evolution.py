@@ -41,6 +41,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # ownership move records. A v1 resumption resolves as a worker's, which is what
         # every v1 writer but the decision path meant (its decisions stay counted).
         (EventType.RUN_RESUMED, 1),
+        # v3 adds the optional ``answer`` (default null): a third answer, "undo and retry",
+        # beside approve and reject. A v2 decision resolves with null: approved or rejected,
+        # exactly what it said.
+        (EventType.APPROVAL_DECIDED, 2),
     }
 )
 

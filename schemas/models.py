@@ -159,6 +159,18 @@ class ApprovalDecided(Payload):
     """v2: the decider's key that signed it (``runlog.schemas.signing``; None: unsigned)."""
     signature: str | None = None
     """v2: base64 Ed25519 signature of ``signing.decision_message`` (None: unsigned)."""
+    answer: str | None = None
+    """v3: the answer when approve/reject does not say it all (``UNDO_AND_RETRY``, with
+    ``approved`` true); None: ``approved`` says it (every v1 and v2 decision)."""
+
+
+UNDO_AND_RETRY = "undo_and_retry"
+"""A person's third answer about an uncertain call of a tool with an inverse: run the
+inverse of what may have happened (its own key), and only once it completed run the call
+again under a fresh key. Recorded as ``ApprovalDecided.answer`` with ``approved`` true."""
+
+ANSWERS = frozenset({UNDO_AND_RETRY})
+"""Every ``ApprovalDecided.answer`` a reader knows; any other is refused where it is made."""
 
 
 class GuardrailTriggered(Payload):

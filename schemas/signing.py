@@ -67,9 +67,13 @@ def decision_message(
     decided_by: str,
     note: str,
     decided_at: str | None,
+    answer: str | None = None,
 ) -> bytes:
-    """The exact bytes a decider signs: canonical JSON of the decision's identity and content."""
-    body = {
+    """The exact bytes a decider signs: canonical JSON of the decision's identity and content.
+
+    ``answer`` (APPROVAL_DECIDED v3) is signed when set, so an approval cannot be turned
+    into "undo and retry" or back; unset, the bytes are those a v2 decision signed."""
+    body: dict[str, object] = {
         "approval_id": approval_id,
         "approved": approved,
         "decided_at": decided_at,
@@ -78,6 +82,8 @@ def decision_message(
         "run_id": run_id,
         "tenant": tenant,
     }
+    if answer is not None:
+        body["answer"] = answer
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return DOMAIN + text.encode()
 
@@ -193,6 +199,7 @@ class DecisionSigner:
         decided_by: str,
         note: str,
         decided_at: str,
+        answer: str | None = None,
     ) -> Signature:
         message = decision_message(
             run_id=run_id,
@@ -202,6 +209,7 @@ class DecisionSigner:
             decided_by=decided_by,
             note=note,
             decided_at=decided_at,
+            answer=answer,
         )
         return Signature(decided_at, self.key_id, self.sign(message))
 

@@ -37,6 +37,7 @@ EXPECTED_RUNLOG = [
     "KafkaUnavailable",
     "Match",
     "NotADecider",
+    "NotUndoable",
     "Question",
     "RedisUnavailable",
     "Run",

@@ -14,7 +14,7 @@ from runlog.api import decide, question
 from runlog.cli.groups import print_json
 from runlog.consumers.index import age_text
 from runlog.consumers.queries import approvals_report
-from runlog.errors import DecisionConflict, NotADecider
+from runlog.errors import DecisionConflict, NotADecider, NotUndoable
 from runlog.log.clients import redis_client
 from runlog.settings import Settings
 
@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "evidence, and what each answer does: approve retries with the same key (which "
             "REPEATS an effect that landed unless the tool declared that its receiver "
             "deduplicates by the key), reject closes it without retrying (undoing it first "
-            "when the tool declared an inverse). Read from the log."
+            "when the tool declared an inverse), and, where the tool declared an inverse, "
+            "undo and retry (`runlog approve RUN AP --undo-and-retry`) runs the inverse and "
+            "then the call again under a fresh key. Read from the log."
         ),
     )
     p.add_argument("run_id")
@@ -57,6 +59,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--tenant", default="default")
         p.add_argument("--by", default=None, help="who decides (default: the OS user)")
         p.add_argument("--note", default="", help="the evidence or reason")
+        if approved:
+            p.add_argument(
+                "--undo-and-retry",
+                action="store_true",
+                help="for a call whose tool declared an inverse (compensate=): run the "
+                "inverse of what may have happened, and only once it completed the call "
+                "again under a fresh key (refused, exit 1, where the tool has no inverse)",
+            )
         p.set_defaults(func=_handler(approved))
 
     p = sub.add_parser(
@@ -118,6 +128,7 @@ def _line(a: dict[str, Any]) -> str:
 
 def _handler(approved: bool) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        undo = bool(getattr(args, "undo_and_retry", False))
         try:
             how = decide(
                 args.run_id,
@@ -126,12 +137,16 @@ def _handler(approved: bool) -> Callable[[argparse.Namespace], int]:
                 decided_by=args.by or getpass.getuser(),
                 note=args.note,
                 tenant=args.tenant,
+                undo_and_retry=undo,
             )
-        except (DecisionConflict, NotADecider) as exc:
-            # A person's decision is final, and only a decider's signed one counts.
+        except (DecisionConflict, NotADecider, NotUndoable) as exc:
+            # A person's decision is final, only a decider's signed one counts, and "undo"
+            # needs an inverse.
             print(f"runlog: refused: {exc}; this decision was not recorded", file=sys.stderr)
             return 1
         verb = "approved" if approved else "rejected"
+        if undo:
+            verb = "undo and retry of"
         if how == "queued":
             print(f"{verb} {args.approval_id}: queued for the run's current owner")
         else:
@@ -150,4 +165,6 @@ def _explain(args: argparse.Namespace) -> int:
         if q.decided is None:
             where = f"{args.run_id} {args.approval_id} --tenant {args.tenant}"
             print(f"decide: runlog approve {where} --note WHY  |  runlog reject {where} --note WHY")
+            if q.undoable:
+                print(f"    or: runlog approve {where} --undo-and-retry --note WHY")
     return 0

@@ -37,6 +37,7 @@ from runlog.errors import (
     ForkRefused,
     InvalidRunId,
     NotADecider,
+    NotUndoable,
     RunFinished,
     RunlogError,
     UnknownApproval,
@@ -47,6 +48,7 @@ from runlog.log.holders import status_now
 from runlog.log.reader import LogReader
 from runlog.producers.forks import EFFECTS_MODES
 from runlog.schemas.keys import check_run_id
+from runlog.schemas.models import UNDO_AND_RETRY
 from runlog.settings import Settings
 from runlog.ui.auth import ALL_TENANTS, COOKIE, Gate, Grant, UiSettings, parse_grants
 from runlog.ui.pages import CONSOLE_JS, render
@@ -81,6 +83,8 @@ _FLASH = {
     "cancel-queued": "Cancel requested: queued for the worker that holds the run.",
     "cancel-already": "An earlier cancel request stands.",
     "terminate-done": "Terminated: the run's owner is fenced and the run ended terminated.",
+    "undo_and_retry-recorded": "Undo and retry: recorded in the run's log.",
+    "undo_and_retry-queued": "Undo and retry: queued for the worker that holds the run.",
 }
 
 
@@ -485,18 +489,19 @@ def create_app(
             return _not_found(request, c, ctx, run_id)
         form = await request.form()
         choice = form.get("decision")
-        if choice not in ("approve", "reject"):
-            return PlainTextResponse("decision must be approve or reject", status_code=400)
+        if choice not in ("approve", "reject", "undo_and_retry"):
+            return PlainTextResponse(
+                "decision must be approve, reject or undo_and_retry", status_code=400
+            )
         note_raw = form.get("note")
         note = note_raw[:MAX_NOTE] if isinstance(note_raw, str) else ""
         try:
             tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
         except UnknownRun:
             return _not_found(request, c, ctx, run_id)
-        approved = choice == "approve"
+        approved, undo = choice != "reject", choice == "undo_and_retry"
 
         def refused(standing: DecisionConflict) -> Response:
-            yours = "approve" if approved else "reject"
             return c.page(
                 request,
                 "decided.html",
@@ -504,7 +509,19 @@ def create_app(
                 run_id=run_id,
                 approval_id=approval_id,
                 standing=standing,
-                yours=yours,
+                standing_verb=_verb(standing),
+                yours=choice.replace("_", " "),
+                **ctx,
+            )
+
+        def cannot_undo(why: str) -> Response:
+            return c.page(
+                request,
+                "not_undoable.html",
+                409,
+                run_id=run_id,
+                approval_id=approval_id,
+                why=why,
                 **ctx,
             )
 
@@ -516,6 +533,12 @@ def create_app(
                 f"{approval_id} is not waiting for a decision in this run", status_code=409
             )
         q = question(tl, approval_id)
+        if undo and not q.undoable:
+            return cannot_undo(
+                f"{q.tool} declared no inverse (compensate=), so nothing can be undone"
+                if q.about_a_call
+                else "it is not about a call"
+            )
         if q.about_a_call and form.get("confirm") != "yes":
             # Nobody answers "try again?" about an effect that may have happened: the
             # consequence is restated, and only its confirmation records the decision.
@@ -525,7 +548,7 @@ def create_app(
                 run_id=run_id,
                 q=q,
                 decision=choice,
-                sentence=q.confirmation(approved),
+                sentence=q.undo_confirmation() if undo else q.confirmation(approved),
                 note=note,
                 next=nxt if isinstance(nxt := form.get("next"), str) and nxt else f"/runs/{run_id}",
                 **{**ctx, "refresh_s": 0},
@@ -540,17 +563,20 @@ def create_app(
                     note=note,
                     tenant=row.tenant,
                     settings=c.settings,
+                    undo_and_retry=undo,
                 )
             )
         except DecisionConflict as exc:
             return refused(exc)
+        except NotUndoable as exc:
+            return cannot_undo(str(exc))
         except NotADecider as exc:
             # The console's settings hold no trusted decider key: nothing was recorded.
             return PlainTextResponse(f"not recorded: {exc}", status_code=403)
         log.info("console: %s %s %s of %s (%s)", grant.name, choice, approval_id, run_id, how)
         nxt_raw = form.get("next")
         target = _local(nxt_raw if isinstance(nxt_raw, str) else "", f"/runs/{run_id}")
-        verb = "approved" if approved else "rejected"
+        verb = "undo_and_retry" if undo else "approved" if approved else "rejected"
         sep = "&" if "?" in target else "?"
         return RedirectResponse(f"{target}{sep}done={verb}-{how}", status_code=303)
 
@@ -703,6 +729,13 @@ def _audit_row(entry: dict[str, Any]) -> dict[str, Any]:
         "kind": entry["kind"],
         "detail": " ".join(detail),
     }
+
+
+def _verb(standing: DecisionConflict) -> str:
+    """The standing decision's answer, as the console names it."""
+    if standing.approved and standing.answer == UNDO_AND_RETRY:
+        return "undo and retry"
+    return "approved" if standing.approved else "rejected"
 
 
 def _due_text(due: datetime | None, now: datetime) -> str:

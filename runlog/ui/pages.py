@@ -123,7 +123,9 @@ _DECIDE = """<form class="decide" method="post"
 <input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="next" value="{{ next }}">
 <input type="text" name="note" placeholder="why (recorded with your name)" maxlength="2000">
 <button type="submit" name="decision" value="approve" class="approve">Approve</button>
-<button type="submit" name="decision" value="reject" class="reject">Reject</button></form>"""
+<button type="submit" name="decision" value="reject" class="reject">Reject</button>
+{% if q is defined and q.undoable and not q.decided %}<button type="submit" name="decision"
+ value="undo_and_retry" class="undo" id="undo-and-retry">Undo and retry</button>{% endif %}</form>"""
 
 _RUN = (
     """{% extends "base.html" %}{% block title %}Run {{ run_id }}{% endblock %}
@@ -251,7 +253,8 @@ _QUESTION = (
 """
     + _QUESTION_FACTS
     + """<h2>What each answer does</h2><ul id="choices">
-<li id="approve-means">{{ q.approve }}</li><li id="reject-means">{{ q.reject }}</li></ul>
+<li id="approve-means">{{ q.approve }}</li><li id="reject-means">{{ q.reject }}</li>
+{% if q.undo_and_retry %}<li id="undo-means">{{ q.undo_and_retry }}</li>{% endif %}</ul>
 {% if q.decided %}<p class="card" id="decided">Decided: {{ q.decided }}</p>
 {% else %}<div class="card approval" data-approval="{{ q.approval_id }}">"""
     + _DECIDE
@@ -329,13 +332,20 @@ _NOT_FOUND = """{% extends "base.html" %}{% block title %}Not found{% endblock %
 {% block content %}<h1>Not found</h1><p id="notfound">{{ message }}</p>
 <p><a href="/">Back to the runs</a></p>{% endblock %}"""
 
+_NOT_UNDOABLE = """{% extends "base.html" %}{% block title %}Cannot undo{% endblock %}
+{% block content %}<h1>Cannot undo and retry</h1>
+<p id="refused">Your decision (undo and retry) on approval <code>{{ approval_id }}</code> of run
+<a class="mono" href="/runs/{{ run_id }}">{{ run_id }}</a> was not recorded: {{ why }}</p>
+<p><a href="/runs/{{ run_id }}/approvals/{{ approval_id }}">Back to the question</a></p>
+{% endblock %}"""
+
 _DECIDED = """{% extends "base.html" %}{% block title %}Already decided{% endblock %}
 {% block content %}<h1>Already decided</h1>
 <p id="refused">Your decision ({{ yours }}) on approval <code>{{ approval_id }}</code> of run
 <a class="mono" href="/runs/{{ run_id }}">{{ run_id }}</a> was not recorded: a person's
 decision is final, and the first one in the run's log stands.</p>
 <table id="standing" class="card"><tbody>
-<tr><th>Decision</th><td>{{ "approved" if standing.approved else "rejected" }}</td></tr>
+<tr><th>Decision</th><td>{{ standing_verb }}</td></tr>
 <tr><th>By</th><td>{{ standing.decided_by }}</td></tr>
 <tr><th>At</th><td>{{ standing.decided_at.isoformat() if standing.decided_at else "" }}</td></tr>
 <tr><th>Note</th><td>{{ standing.note }}</td></tr></tbody></table>
@@ -365,6 +375,7 @@ of the fork.</p>
 _TEMPLATES = {
     "fork.html": _FORK_CONFIRM,
     "decided.html": _DECIDED,
+    "not_undoable.html": _NOT_UNDOABLE,
     "question.html": _QUESTION,
     "confirm.html": _CONFIRM,
     "base.html": _BASE,

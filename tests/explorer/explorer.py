@@ -7,11 +7,14 @@ A seed deterministically generates a history of steps: operations (start, resume
 take over real worker processes, sync or asyncio with every call at once, under run ids
 of every shape a caller may choose and tenants from hostile alphabets; queue receiver
 and reconciler faults for a tool call; approve or reject what a run asks a person,
-through the API, the CLI or the run's owner, with its worker killed first or one running,
-and contradict a decision already taken; start, stop, kill and pause projection runners)
-interleaved with faults (SIGKILL and SIGSTOP/SIGCONT of workers and runners, a
-``runlog rebuild`` killed part way, Redis restarted with its data, without it or rolled
-back to an older copy, a partition leader killed or a broker restarted, partitions added
+through the API, the CLI, the console (a real ``runlog ui`` process, over HTTP with a
+token of the run's tenant, as a person) or the run's owner, with its worker killed first
+or one running, and contradict a decision already taken; start, stop, kill and pause
+projection runners) interleaved with faults (SIGKILL and SIGSTOP/SIGCONT of workers and
+runners, a ``runlog rebuild`` killed part way, the schema registry paused or refusing
+connections in the histories that write Confluent's wire format through one
+(``REGISTRY_SHARE``), Redis restarted with its data, without it or rolled back to an older
+copy, a partition leader killed or a broker restarted, partitions added
 to the events topic, hostile records produced into it). Steps name their targets by
 index ("the 2nd live worker"), so a history still means something with any of its steps
 dropped: that is what shrinking relies on. Timing is real (processes, brokers), so a
@@ -151,6 +154,21 @@ NEW_WEIGHTS: dict[str, int] = {
 NEW_RATE = 0.12
 """Chance that a step of the first stream is followed by one of ``NEW_WEIGHTS``."""
 
+# A share of the histories write Confluent's wire format through a schema registry (a real
+# Apicurio, started once per session, behind a gate) and have registry outages inserted
+# between their steps, drawn from a stream of their own (``with_registry_outages``): the
+# registry SIGSTOPped (it accepts, never answers: clients time out) or its gate refusing
+# connections (it is down), until the next step. Apicurio keeps its ids in memory, so it is
+# paused or shut out, never killed: a restarted one would have forgotten every id, which no
+# durable registry does.
+REGISTRY_SHARE = 0.3
+REGISTRY_OUTAGE_RATE = 0.08
+"""In a registry history: chance that a step is followed by an outage (one at least)."""
+REGISTRY_OUTAGE_S = 3.0
+"""How long an outage lasts: the steps that start within it meet it too."""
+REGISTRY_TIMEOUT_MS = 1500
+"""Every client's registry timeout in a registry history (a paused registry is a timeout)."""
+
 # How a ``start`` names its run: each shape a caller may choose. Minted-looking ids
 # ("r" + 12 hex digits of ms + 16) whose time is far ahead, just past the reader's skew
 # (it becomes "reachable" during the history), behind, now, or not hex at all.
@@ -189,6 +207,9 @@ TENANTS: tuple[str, ...] = (
 TENANT_WEIGHTS = (20, 3, 2, 2, 2, 2, 2, *(0.5,) * 10)
 MODES_OF_A_RUN = {"sync": 4, "async": 1}
 DECIDE_CHANNELS = ("api", "cli", "owner")
+CONSOLE_SHARE = 0.5
+"""Of the decisions drawn for the API, the share taken in the console instead (drawn from a
+stream of its own, ``through_the_console``, so the older streams of a seed are unchanged)."""
 # Who holds the run when a person decides: whatever the history left, its worker killed
 # first (nobody: the decision is appended at once), or a worker started just before.
 OWNER_STATES = ("as-is", "kill-first", "owner-live")
@@ -262,7 +283,44 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
         out.append(Step(kind, a, b, arg))
         if extra.random() < NEW_RATE:
             out.append(new_step(extra))
-    return out[:steps]
+    return with_registry_outages(seed, through_the_console(seed, out[:steps]))[:steps]
+
+
+def uses_registry(seed: int) -> bool:
+    """Whether the seed's history writes through a schema registry (its own stream)."""
+    return random.Random(f"registry:{seed}").random() < REGISTRY_SHARE
+
+
+def with_registry_outages(seed: int, history: list[Step]) -> list[Step]:
+    """In a registry history, registry outages inserted after some steps (after the first
+    run started, at least one), from a stream of the seed's own; others are unchanged."""
+    if not uses_registry(seed):
+        return history
+    rng = random.Random(f"registry-outages:{seed}")
+    out: list[Step] = []
+    for i, s in enumerate(history):
+        out.append(s)
+        if i >= 2 and rng.random() < REGISTRY_OUTAGE_RATE:
+            out.append(Step("registry_outage", rng.randrange(1000), rng.randrange(1000)))
+    if not any(s.kind == "registry_outage" for s in out):
+        at = rng.randrange(2, max(3, len(out) // 2))
+        out.insert(at, Step("registry_outage", rng.randrange(1000), rng.randrange(1000)))
+    return out
+
+
+def through_the_console(seed: int, history: list[Step]) -> list[Step]:
+    """The console, the fourth channel of a decision: a third stream of the seed moves
+    ``CONSOLE_SHARE`` of the decisions (first or contradicting) drawn for the API to the
+    console. Drawn apart, so a seed recorded before the console keeps every other step."""
+    rng = random.Random(f"console:{seed}")
+    out = []
+    for s in history:
+        parts = s.arg.split()
+        api = s.kind in ("decide", "decide_again") and parts[:1] == ["api"]
+        if api and rng.random() < CONSOLE_SHARE:
+            s = Step(s.kind, s.a, s.b, " ".join(["console", *parts[1:]]))
+        out.append(s)
+    return out
 
 
 def make_run_id(step: Step, ns: str, index: int) -> str:
@@ -394,7 +452,225 @@ class LedgerServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def cluster_settings(cfg: stack.StackConfig, prefix: str) -> Settings:
+class ConsoleServer:
+    """The operator console as a person reaches it: ``runlog ui`` in a process of its own
+    on a free port, over the explorer's deployment (its topics, its Redis prefix, the run
+    index its projection runners keep). Every valid tenant of ``TENANTS`` has tokens that
+    grant that tenant only (as a tenant's person holds), one per name a decision is
+    recorded under. Started at the first console decision; stopped with the history."""
+
+    NAMES = ("explorer", "explorer-again")
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.tokens: dict[tuple[str, str], str] = {
+            (t, name): f"tok-{i}-{name}-{uuid.uuid4().hex}"
+            for i, t in enumerate(TENANTS)
+            if tenant_problem(t) is None
+            for name in self.NAMES
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def up(self) -> str:
+        if self.proc is not None and self.proc.poll() is None:
+            return self.url
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        grants = {tok: {"tenants": [t], "name": name} for (t, name), tok in self.tokens.items()}
+        env = {**self.env, "RUNLOG_UI_TOKENS": json.dumps(grants), "RUNLOG_UI_REFRESH_S": "0"}
+        cmd = [sys.executable, "-m", "runlog.cli", "ui", "--port", str(port)]
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=fh, stderr=fh)
+        deadline = time.monotonic() + 30
+        while not _answers(port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the console did not start (see {self.log})")
+            time.sleep(0.1)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def down(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def decide(
+        self,
+        tenant: str,
+        rid: str,
+        aid: str,
+        *,
+        approve: bool,
+        by: str,
+        note: str,
+        wait_s: float = 10.0,
+    ) -> tuple[str, str]:
+        """Decide as a person does: log in with the tenant's token, open the approval's
+        question page, answer, and confirm the restated consequence. ``(outcome, detail)``:
+        outcome ``recorded`` or ``queued`` (its flash), ``refused`` (the console's page
+        naming the decision that stands), ``unseen`` (the run is not in the console's
+        index yet: a person cannot decide it there either) or ``failed``."""
+        import re
+        from urllib.parse import quote
+
+        import httpx
+
+        base = self.up()
+        path = f"/runs/{quote(rid, safe='')}/approvals/{quote(aid, safe='')}"
+        with httpx.Client(base_url=base, follow_redirects=False, timeout=120) as web:
+            r = web.post("/login", data={"token": self.tokens[(tenant, by)]})
+            if r.status_code != 303:
+                return "failed", f"login: HTTP {r.status_code}"
+            deadline = time.monotonic() + wait_s
+            while (page := web.get(path)).status_code == 404 and time.monotonic() < deadline:
+                time.sleep(0.5)  # the index follows the log (a runner may be down or behind)
+            if page.status_code == 404:
+                return "unseen", "not in the console's index"
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+            if page.status_code != 200 or csrf is None:
+                return "failed", f"question page: HTTP {page.status_code}"
+            form = {"decision": "approve" if approve else "reject", "note": note}
+            form |= {"csrf": csrf.group(1), "next": f"/runs/{quote(rid, safe='')}"}
+            r = web.post(path, data=form)
+            if r.status_code == 200 and 'id="confirmation"' in r.text:
+                r = web.post(path, data={**form, "confirm": "yes"})
+            if r.status_code == 303:
+                done = re.search(r"done=\w+?-(recorded|queued)", r.headers.get("location", ""))
+                if done is None:
+                    return "failed", f"redirected to {r.headers.get('location')}"
+                return done.group(1), ""
+            if r.status_code == 409 and 'id="refused"' in r.text:
+                return "refused", "the console named the decision that stands"
+            return "failed", f"HTTP {r.status_code}: {r.text[:160]!r}"
+
+
+class RegistryServer:
+    """A schema registry (Apicurio, as ``runlog stack up --registry`` runs it) for the
+    explorer's histories, started at the first history that uses one and kept for the
+    session; clients reach it through a ``Gate`` that an outage closes. Its port:
+    ``EXPLORER_REGISTRY_PORT`` (default the cluster's Redis port + 3; management port next)."""
+
+    def __init__(self, cfg: stack.StackConfig) -> None:
+        from runlog.stack import registry as stack_registry
+
+        port = int(os.environ.get("EXPLORER_REGISTRY_PORT") or cfg.redis_port + 3)
+        self.paths = stack_registry.RegistryPaths(
+            cfg.cache_dir / f"apicurio-{stack_registry.APICURIO_VERSION}",
+            Path(tempfile.mkdtemp(prefix="explorer-registry-")),
+            port,
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.gate: Any = None
+        self.paused = False
+
+    @property
+    def url(self) -> str:
+        assert self.gate is not None
+        return f"http://127.0.0.1:{self.gate.port}/apis/ccompat/v7"
+
+    def up(self) -> str:
+        from registry_support import Gate
+
+        from runlog.stack import _java
+        from runlog.stack import registry as stack_registry
+
+        if self.proc is None or self.proc.poll() is not None:
+            jar = stack_registry.fetch(self.paths)
+            argv = [_java(), "-Xmx256m", "-Dquarkus.http.host=127.0.0.1"]
+            argv += [
+                f"-Dquarkus.http.port={self.paths.port}",
+                "-Dquarkus.management.host=127.0.0.1",
+            ]
+            argv += [f"-Dquarkus.management.port={self.paths.port + 1}", "-jar", str(jar)]
+            with open(self.paths.state / "registry.log", "ab") as fh:
+                self.proc = subprocess.Popen(
+                    argv, cwd=self.paths.state, stdout=fh, stderr=fh, start_new_session=True
+                )
+            deadline = time.monotonic() + 120
+            while not stack_registry.answers(self.paths.url):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the schema registry did not start ({self.paths.state})")
+                time.sleep(0.25)
+            if self.gate is not None:
+                self.gate.close()
+            self.gate = Gate(self.paths.port)
+        self.heal()
+        return self.url
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def refuse(self) -> None:
+        self.gate.shut()
+
+    def heal(self) -> None:
+        if self.paused and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)
+            self.paused = False
+        if self.gate is not None:
+            self.gate.open = True
+
+    def down(self) -> None:
+        self.heal()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+        if self.gate is not None:
+            self.gate.close()
+            self.gate = None
+        shutil.rmtree(self.paths.state, ignore_errors=True)
+
+
+_REGISTRY: RegistryServer | None = None
+
+
+def registry_for(cfg: stack.StackConfig) -> RegistryServer:
+    """The session's registry (started once, at the first history that uses one)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = RegistryServer(cfg)
+    _REGISTRY.up()
+    return _REGISTRY
+
+
+def stop_registry() -> None:
+    """Stop the session's registry, if a history started one."""
+    global _REGISTRY
+    if _REGISTRY is not None:
+        _REGISTRY.down()
+        _REGISTRY = None
+
+
+def cluster_settings(
+    cfg: stack.StackConfig, prefix: str, registry_url: str | None = None
+) -> Settings:
+    if registry_url is not None:
+        return Settings(
+            bootstrap_servers=cfg.bootstrap_servers,
+            redis_url=cfg.redis_url,
+            replication_factor=min(3, len(cfg.nodes())),
+            lease_ttl_ms=LEASE_TTL_MS,
+            topic_prefix=prefix,
+            redis_key_prefix=prefix,
+            partitions=PARTITIONS,
+            schema_registry_url=registry_url,
+            schema_registry_timeout_ms=REGISTRY_TIMEOUT_MS,
+        )
     return Settings(
         bootstrap_servers=cfg.bootstrap_servers,
         redis_url=cfg.redis_url,
@@ -415,6 +691,9 @@ def env_for(settings: Settings, ledger_url: str, ns: str) -> dict[str, str]:
         EXPLORER_LEDGER_NS=ns,
     )
     env.pop("RUNLOG_SCHEMA_REGISTRY_URL", None)
+    if settings.schema_registry_url is not None:
+        env["RUNLOG_SCHEMA_REGISTRY_URL"] = settings.schema_registry_url
+        env["RUNLOG_SCHEMA_REGISTRY_TIMEOUT_MS"] = str(settings.schema_registry_timeout_ms)
     return env
 
 
@@ -472,11 +751,19 @@ class Outcome:
 class Explorer:
     """Executes one history on the real stack and checks it."""
 
-    def __init__(self, cfg: stack.StackConfig, ledger: LedgerServer, seed: int) -> None:
+    def __init__(
+        self,
+        cfg: stack.StackConfig,
+        ledger: LedgerServer,
+        seed: int,
+        registry: RegistryServer | None = None,
+    ) -> None:
         self.cfg = cfg
         self.seed = seed
         self.ns = f"x{seed}-{uuid.uuid4().hex[:6]}"
-        self.s = cluster_settings(cfg, self.ns)
+        self.registry = registry
+        self.registry_until = 0.0
+        self.s = cluster_settings(cfg, self.ns, None if registry is None else registry.url)
         self.ledger_url = ledger.url
         self.ledger = redis.Redis.from_url(ledger.url)
         self.env = env_for(self.s, ledger.url, self.ns)
@@ -506,6 +793,7 @@ class Explorer:
         """Violations a step saw itself (a contradicting decision accepted)."""
         self.rebuilds: list[Proc] = []
         self.padded = 0
+        self.console = ConsoleServer(self.env, self.dir / "console.log")
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -579,6 +867,11 @@ class Explorer:
 
     def cont_paused(self, *, all_of_them: bool = False) -> None:
         now = time.monotonic()
+        if self.registry_until and (all_of_them or now >= self.registry_until):
+            # An outage lasts REGISTRY_OUTAGE_S: the steps that follow meet it too.
+            assert self.registry is not None
+            self.registry.heal()
+            self.registry_until = 0.0
         for p in self.workers + self.runners:
             if p.paused_until and (all_of_them or now >= p.paused_until):
                 with contextlib.suppress(ProcessLookupError):
@@ -604,6 +897,14 @@ class Explorer:
         while True:
             try:
                 ensure_topics(self.s).raise_for_drift()
+                if self.registry is not None:
+                    # This history's subjects (one per event type, named by its topic).
+                    from runlog.log.registry import RegistryIds
+
+                    self.registry.heal()
+                    RegistryIds(
+                        self.s.schema_registry_url or "", self.s.events_topic
+                    ).register_all()
                 return
             except Exception:
                 if time.monotonic() > deadline:
@@ -786,6 +1087,33 @@ class Explorer:
             return f"restart node {node}"
         if k == "rebuild_kill":
             return self.rebuild_kill(step.b)
+        if k == "registry_outage":
+            if self.registry is None:
+                return "skip: no registry in this history"
+            how = "SIGSTOP" if step.b % 2 == 0 else "refuse"
+            zombie = self.zombie_unseen(step.a)  # encoded while the registry answers
+            if how == "SIGSTOP":
+                self.registry.pause()
+            else:
+                self.registry.refuse()
+            self.registry_until = time.monotonic() + REGISTRY_OUTAGE_S
+            self.out.faults[f"schema registry {how}"] += 1
+            # The live runners meet it: a record whose schema id none of them has cached
+            # yet arrives during it (a stale writer's GUARDRAIL_TRIGGERED, which no worker
+            # writes, so it is fenced by every reader), and they must wait the outage out,
+            # retrying, never exiting and quarantining nothing. Workers that start, or
+            # write a type they have not looked up yet, stop with RegistryUnavailable.
+            fresh = ""
+            if zombie is not None:
+                assert self._producer is not None
+                rid, value = zombie
+                part = partition_for(rid, PARTITIONS)
+                self._producer.produce(self.s.events_topic, value, rid, partition=part)
+                self._producer.flush(30)
+                fresh = f"; an uncached-id record of {zombie[0]} sent into it"
+            time.sleep(1.0)  # readers meet it meanwhile; the next steps too, within it
+            state = "paused (SIGSTOP)" if how == "SIGSTOP" else "refusing connections"
+            return f"schema registry {state} for {REGISTRY_OUTAGE_S:.0f} s{fresh}"
         if k == "hostile":
             n = self.hostile(step.b)
             self.out.faults["hostile records"] += n
@@ -802,7 +1130,15 @@ class Explorer:
             return f"events topic grown to {PARTITIONS + 3} partitions"
         raise ValueError(f"unknown step {k}")
 
-    def decide(self, rid: str, *, approve: bool, channel: str = "api", owner: str = "as-is") -> str:
+    def decide(
+        self,
+        rid: str,
+        *,
+        approve: bool,
+        channel: str = "api",
+        owner: str = "as-is",
+        console_wait_s: float = 10.0,
+    ) -> str:
         """A person's decision on the run's first pending approval, through ``channel``
         (``runlog.decide``, ``runlog approve|reject``, or the owner's ``Run.decide``), with
         the run's workers killed first, a worker started just before, or as it is."""
@@ -827,6 +1163,16 @@ class Explorer:
             time.sleep(1.0)  # its start-up: the decision finds it holding the run (or gone)
             how = f"with {p.name if p else 'its workers'} running; "
         note = "" if approve else "rejected by the explorer"
+        if channel == "console":
+            tenant = self.tenants.get(rid, "default")
+            outcome, detail = self.console.decide(
+                tenant, rid, aid, approve=approve, by="explorer", note=note, wait_s=console_wait_s
+            )
+            assert self.out is not None
+            self.out.faults[f"console decision {outcome}"] += 1
+            if outcome in ("recorded", "queued"):
+                self.decided.add((rid, aid))
+            return f"{how}console {verb} {aid} of {rid}: {outcome} {detail}".rstrip()
         if channel == "cli":
             done = self.cli_decide(rid, aid, approve=approve, by="explorer", note=note)
             if done.returncode != 0:
@@ -898,6 +1244,20 @@ class Explorer:
         if channel == "owner":
             p = self.spawn_worker(rid, extra=("--decide-again", f"{aid}:{verb}"))
             return f"{what}: by owner {p.name if p else '-'}"
+        if channel == "console":
+            outcome, detail = self.console.decide(
+                self.tenants.get(rid, "default"),
+                rid,
+                aid,
+                approve=again,
+                by="explorer-again",
+                note=note,
+            )
+            assert self.out is not None
+            self.out.faults[f"console contradicting decision {outcome}"] += 1
+            if outcome in ("recorded", "queued"):
+                self.step_problems.append(f"{what} was accepted by the console: {outcome}")
+            return f"{what}: console {outcome} {detail}".rstrip()
         if channel == "cli":
             done = self.cli_decide(rid, aid, approve=again, by="explorer-again", note=note)
             if done.returncode == 0:
@@ -918,8 +1278,7 @@ class Explorer:
         began (a key of the projections it found gone: the next batches not deleted yet);
         or up to 1.5 s after it fenced the runners (a partition's generation moved: it
         deletes, then refolds from offset zero)."""
-        from runlog.consumers.store import PROJECTIONS
-        from runlog.consumers.stores import make_handler
+        from runlog.consumers.stores import PROJECTIONS, make_handler
 
         handlers = [
             make_handler(n, self.s.redis_key_prefix, self.s.events_topic) for n in PROJECTIONS
@@ -1034,6 +1393,45 @@ class Explorer:
                     error="undecodable",
                 )
 
+    def zombie_unseen(self, a: int) -> tuple[str, bytes] | None:
+        """(run, value): a well-formed GUARDRAIL_TRIGGERED of a real run with a stale epoch
+        (fenced by every reader), in Confluent's framing under an id looked up now."""
+        from confluent_kafka import Producer
+
+        from runlog.log.registry import ids_for
+        from runlog.schemas import models as m
+        from runlog.schemas.codec import encode, new_event_id, now_utc
+
+        valid: list[Event] = []
+        for i in range(len(self.runs)):  # the first run from ``a`` on with a valid event
+            try:
+                valid = [
+                    e for e, ok in verdicts(self.read(self.runs[(a + i) % len(self.runs)])) if ok
+                ]
+            except Exception:  # noqa: BLE001 - not this one then
+                continue
+            if valid:
+                break
+        if not valid:
+            return None
+        rid = valid[-1].run_id
+        last = valid[-1]
+        ev = Event(
+            event_id=new_event_id(),
+            run_id=rid,
+            tenant=last.tenant,
+            seq=last.seq + 1,
+            epoch=last.epoch - 1,
+            type=EventType.GUARDRAIL_TRIGGERED,
+            schema_version=1,
+            occurred_at=now_utc(),
+            writer_id="zombie",
+            payload=m.GuardrailTriggered(guardrail="zombie", severity="info", action="none"),
+        )
+        if self._producer is None:
+            self._producer = Producer({**self.s.kafka_common(), "linger.ms": 5})
+        return rid, encode(ev, ids_for(self.s))
+
     def hostile(self, b: int) -> int:
         from confluent_kafka import Producer
 
@@ -1133,6 +1531,8 @@ class Explorer:
                 p.proc.wait(timeout=10)
         with contextlib.suppress(Exception):
             self.heal_nodes()
+        with contextlib.suppress(Exception):
+            self.console.down()
         if self._producer is not None:
             self._producer.flush(5)
 
@@ -1301,6 +1701,9 @@ class Checker:
             w.proc.wait(timeout=10)
         problems = self.exits()
         # Drive every run until it finishes or waits for a person who already decided all.
+        # Every other decision here is taken in the console (the API takes the rest, and
+        # any the console could not take), so most histories decide there at least once.
+        end_decisions = 0
         for _round in range(6):
             open_runs = []
             for rid in ex.runs:
@@ -1310,7 +1713,15 @@ class Checker:
                 open_runs.append(rid)
                 for aid in sorted(st.pending_approvals):
                     if (rid, aid) not in ex.decided:
-                        ex.out.history.append(f"[end] {ex.decide(rid, approve=True)}")
+                        channel = "console" if end_decisions % 2 == 0 else "api"
+                        end_decisions += 1
+                        if channel == "console" and not ex.alive(ex.runners):
+                            ex.spawn_runner()  # the console lists what the runners index
+                        # The index may be refolding after a rebuild: a person would wait.
+                        what = ex.decide(rid, approve=True, channel=channel, console_wait_s=30)
+                        if (rid, aid) not in ex.decided:
+                            what += f"; then {ex.decide(rid, approve=True)}"
+                        ex.out.history.append(f"[end] {what}")
             if not open_runs or ex.grown:
                 break
             procs = [ex.spawn_worker(rid, takeover=True) for rid in open_runs]
@@ -1452,7 +1863,7 @@ class Checker:
         from projections_support import dump, wait_caught_up
 
         from runlog.consumers.runner import rebuild
-        from runlog.consumers.store import PROJECTIONS
+        from runlog.consumers.stores import PROJECTIONS
 
         ex = self.ex
         settings = ex.s
@@ -1473,6 +1884,17 @@ class Checker:
             q = queries.quarantined(client, settings)
             assert ex.out is not None
             ex.out.quarantined = len(q) if hasattr(q, "__len__") else 0
+            waited = sum(
+                "retrying in" in (p.log.read_text(errors="replace") if p.log else "")
+                and "egistry" in (p.log.read_text(errors="replace") if p.log else "")
+                for p in ex.runners
+            )
+            if waited:
+                ex.out.faults["runner waited out a registry outage"] += waited
+            # An outage says nothing about a record: none may be set aside for one.
+            outage = [r for r in q if "RegistryUnavailable" in str(r.get("error", ""))]
+            if outage:
+                return [f"quarantined for a registry outage: {outage[0]!r:.400}"]
             rebuild(client, settings, PROJECTIONS)
             rebuilt = dump(client, settings)
         if live != rebuilt:
@@ -1597,6 +2019,7 @@ def environment(
         yield cfg, ledger
     finally:
         ledger.down()
+        stop_registry()
         if started and not keep_cluster:
             stack.down(cfg)
 
@@ -1612,7 +2035,8 @@ def explore(
 ) -> Outcome:
     full = generate(seed, steps)
     kept = list(range(len(full))) if keep is None else [i for i in keep if i < len(full)]
-    ex = Explorer(cfg, ledger, seed)
+    registry = registry_for(cfg) if uses_registry(seed) else None
+    ex = Explorer(cfg, ledger, seed, registry)
     try:
         return ex.execute([full[i] for i in kept], kept, generated=steps, quiet=quiet)
     finally:

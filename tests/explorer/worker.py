@@ -63,6 +63,7 @@ from runlog.errors import (  # noqa: E402
     InvalidTenant,
     KafkaUnavailable,
     RedisUnavailable,
+    RegistryUnavailable,
 )
 from runlog.producers.tools import Evidence  # noqa: E402
 from runlog.schemas.canonical import canonical_json  # noqa: E402
@@ -271,7 +272,8 @@ def _exit_code(exc: Exception, journal: Journal) -> int:
     if isinstance(exc, ConfigError):
         journal.write("config", error=str(exc)[:300])
         return EXIT_CONFIG
-    if isinstance(exc, (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)):
+    unavailable = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable, RegistryUnavailable)
+    if isinstance(exc, unavailable):
         journal.write("unavailable", error=f"{type(exc).__name__}: {exc}"[:300])
         return EXIT_UNAVAILABLE
     traceback.print_exc()

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "explorer"))
 
-from explorer import LedgerServer, explore, load_seeds, report
+from explorer import LedgerServer, explore, load_seeds, report, stop_registry
 
 from runlog import stack
 
@@ -28,8 +28,11 @@ FIXED = [(11, 30), (12, 30)]
 def ledger(cluster: stack.StackConfig) -> Iterator[LedgerServer]:
     server = LedgerServer(cluster)
     server.up()
-    yield server
-    server.down()
+    try:
+        yield server
+    finally:
+        server.down()
+        stop_registry()  # the schema registry a registry history started, if one did
 
 
 def _run(

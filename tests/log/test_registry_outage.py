@@ -14,7 +14,6 @@ re-registration, when a real but empty registry would answer "not found".
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import redis
 from projections_support import dump, env_for, stop, wait_assigned, wait_caught_up
+from registry_support import Gate
 from replay_support import FIXTURE_VERSIONS, load_fixture
 from workers.common import services_for
 
@@ -33,7 +33,7 @@ import runlog
 from runlog import stack
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import RegistryUnavailable
 from runlog.log.registry import RegistryIds, ids_for
 from runlog.producers.writer import EventWriter
@@ -44,57 +44,6 @@ from runlog.settings import Settings
 from runlog.stack import registry as stack_registry
 
 pytestmark = pytest.mark.timeout(400)
-
-
-class Gate:
-    """A TCP forwarder to the registry that can refuse every connection for a while."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = upstream_port
-        self.open = True
-        self._sock = socket.socket()
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self.port = self._sock.getsockname()[1]
-        self._done = False
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def _serve(self) -> None:
-        while not self._done:
-            try:
-                client, _ = self._sock.accept()
-            except OSError:
-                return
-            if not self.open:
-                client.close()
-                continue
-            try:
-                up = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
-            except OSError:
-                client.close()  # the registry is down: the same as refusing
-                continue
-            for a, b in ((client, up), (up, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._done = True
-        self._sock.close()
 
 
 @pytest.fixture

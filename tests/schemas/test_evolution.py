@@ -56,7 +56,7 @@ def test_current_versions() -> None:
     assert registry().current[MT] == 2
     assert registry().current[TCS] == 2
     assert registry().current[AR] == 2
-    assert registry().current[AD] == 2
+    assert registry().current[AD] == 3
     assert registry().current[RR] == 2
     assert registry().current[EventType.RUN_CANCEL_REQUESTED] == 1
     assert FOLD_VERSION == 5
@@ -116,7 +116,8 @@ def test_an_operators_takeover_is_not_a_resumption_and_a_cancel_is_kept() -> Non
 
 def test_v1_decision_resolves_as_unsigned() -> None:
     ev = codec.decode(_v1("approval_decided"))
-    assert isinstance(ev.payload, ApprovalDecided) and ev.schema_version == 2
+    assert isinstance(ev.payload, ApprovalDecided) and ev.schema_version == 3
+    assert ev.payload.answer is None  # approve or reject, exactly as it said
     assert (ev.payload.decided_at, ev.payload.key_id, ev.payload.signature) == (None, None, None)
     assert ev.payload.decided_by  # the v1 fields are kept as written
 
@@ -136,6 +137,38 @@ def test_v2_decision_keeps_its_signature() -> None:
         "ops",
         "c2ln",
     )
+
+
+def test_v2_decision_resolves_without_an_answer_and_its_signature_still_holds() -> None:
+    """approval_decided v3 adds ``answer`` ("undo and retry"). A v2 record resolves with
+    none, and the bytes its decider signed are unchanged: the v4 fixture's signed decision
+    is still accepted under the fixture's decider key, and states fold as recorded."""
+    fx = load_fixture("v4")
+    raw = next(r for r in fx.records if r.type == "approval_decided")
+    assert codec.writer_schema_of(raw.value).version == 2
+    ev = codec.decode(raw.value)
+    assert isinstance(ev.payload, ApprovalDecided) and ev.schema_version == 3
+    assert ev.payload.answer is None and ev.payload.signature is not None
+
+
+def test_the_answer_is_signed_with_the_decision() -> None:
+    """A signature of an approval does not cover "undo and retry" of it, nor back."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from runlog.schemas.signing import DecisionAuthority, DecisionSigner, decision_message
+
+    signer = DecisionSigner("ops", Ed25519PrivateKey.generate())
+    authority = DecisionAuthority({"ops": signer.public_bytes()})
+    ident = {"run_id": "r1", "tenant": "t", "approval_id": "ap-1", "approved": True}
+    ident |= {"decided_by": "ops", "note": ""}
+    sig = signer.sign_decision(**ident, decided_at="2026-12-02T00:00:00+00:00")
+    plain = decision_message(**ident, decided_at=sig.decided_at)
+    undo = decision_message(**ident, decided_at=sig.decided_at, answer="undo_and_retry")
+    assert authority.verdict(plain, sig.key_id, sig.signature).accepted
+    assert not authority.verdict(undo, sig.key_id, sig.signature).accepted
+    both = signer.sign_decision(**ident, decided_at=sig.decided_at, answer="undo_and_retry")
+    assert authority.verdict(undo, both.key_id, both.signature).accepted
+    assert not authority.verdict(plain, both.key_id, both.signature).accepted
 
 
 def test_v1_tool_call_started_resolves_with_its_declarations_not_recorded() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from ui_support import TOKEN_A, console, projecting, wait_for
+from ui_support import TOKEN_A, TOKEN_ADMIN, console, projecting, wait_for
 from workers.common import EXIT_OK, Ledger, services_for, start_worker
 
 import runlog
@@ -263,6 +263,9 @@ def test_browser_question_of_an_uncertain_payment_then_a_confirmed_retry(
             assert f"retry pay with the same key {key}" in approve_means
             assert "NOT declared to deduplicate" in approve_means and "REPEATS" in approve_means
             assert "its effect stands" in _text(web, "#reject-means")
+            # No inverse declared: "undo and retry" is not offered.
+            assert not web.find_elements(By.ID, "undo-and-retry")
+            assert not web.find_elements(By.ID, "undo-means")
             _shot(web, "question.png")
 
             web.find_element(By.CSS_SELECTOR, ".approval input[name=note]").send_keys(
@@ -291,3 +294,55 @@ def test_browser_question_of_an_uncertain_payment_then_a_confirmed_retry(
         ]
         # Recorded without the tools: the retry is the next owner's with them; nothing ran.
         assert invoked == [key]
+
+
+def test_browser_undo_and_retry_of_a_conflicting_booking_then_one_booking_stands(
+    fast: Settings, ledger: Ledger, redis_client: redis.Redis, browser: Any
+) -> None:
+    """A booking landed wrong and its inverse failed once: the question offers the third
+    answer, "undo and retry", says what it does, and asks to confirm that restated; the
+    decision is recorded as such, and the next owner with the tools undoes the wrong
+    booking and books once under a fresh key."""
+    import test_undo_and_retry as ur
+    import test_writer_compensation as wc
+    from selenium.webdriver.common.by import By
+
+    from runlog.schemas import models as m
+
+    web = browser
+    svc, rid, esc = wc._escalated_booking(fast, ledger, "refuse-once")
+    (key,) = set(svc.booked)
+    ap = esc.approval_id
+    assert ap is not None
+    q = runlog.question(rid, ap, settings=fast)
+    with projecting(fast, redis_client), console(fast, refresh_s=0) as base:
+        index = RunIndex(redis_client, fast)
+        wait_for("the run indexed", lambda: index.find(rid))
+        _login(web, base, TOKEN_ADMIN)
+        web.get(f"{base}/runs/{rid}/approvals/{ap}")
+        wait_for("the question", lambda: web.find_elements(By.ID, "question"))
+        undo_means = _text(web, "#undo-means")
+        assert undo_means == q.undo_and_retry and "FRESH key" in undo_means
+        web.find_element(By.CSS_SELECTOR, ".approval input[name=note]").send_keys("book 2 nights")
+        web.find_element(By.ID, "undo-and-retry").click()
+        wait_for("the confirmation", lambda: web.find_elements(By.ID, "confirmation"))
+        sentence = _text(web, "#confirmation")
+        assert sentence == q.undo_confirmation()
+        assert f"Undo and retry book ({key})" in sentence and "inverse" in sentence
+        assert "Confirm: undo_and_retry" in _text(web, "#confirm")
+        with LogReader(fast) as reader:  # not recorded before it is confirmed
+            tl = run_timeline(reader, redis_client, fast, "default", rid)
+        assert ap in tl.state.pending_approvals
+        web.find_element(By.ID, "confirm").click()
+        wait_for("the flash", lambda: "Undo and retry: recorded" in _text(web, ".flash"))
+        assert "chose undo and retry by root: book 2 nights" in _text(web, "#timeline")
+    with LogReader(fast) as reader:
+        tl = run_timeline(reader, redis_client, fast, "default", rid)
+    decided = [e for e in tl.entries if e["type"] == "approval_decided"]
+    assert [(d["approved"], d["answer"], d["decided_by"]) for d in decided] == [
+        (True, m.UNDO_AND_RETRY, "root")
+    ]
+    assert ledger.per_key() == {key: 1}, "the console holds no tools: nothing ran yet"
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()):
+        pass
+    ur._one_booking_stands(fast, ledger, rid, key)

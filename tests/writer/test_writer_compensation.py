@@ -388,3 +388,51 @@ def test_compensate_is_for_reversible_tools_and_its_name_is_reserved() -> None:
         runlog.tool("pay", risk="irreversible", compensate=lambda *a, **k: "")
     with pytest.raises(ValueError, match="compensate"):
         runlog.tool("pay/compensate")(lambda args, *, idempotency_key: "")
+
+
+@pytest.mark.parametrize("first", ["inverse", "original"])
+def test_rejecting_a_lost_inverse_is_no_evidence_that_anything_was_undone(
+    fast: Settings, ledger: Ledger, first: str
+) -> None:
+    """The inverse's answer is lost, so it is escalated as a call of its own; a person
+    rejects that escalation (it must not run again). That closes the inverse's key, and is
+    no evidence that it undid anything: a rejection of the original, before or after,
+    never records "compensated by" it; the original is left to a person, still open."""
+    svc, rid, esc = _escalated_booking(fast, ledger, "timeout")
+    (key,) = set(svc.booked)
+    assert esc.approval_id is not None
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()) as run:
+        (inverse,) = [k for k, c in run.state.open_calls.items() if c.name == "book/compensate"]
+        (inverse_ap,) = [
+            a.approval_id for a in run.state.approvals.values() if a.idempotency_key == inverse
+        ]
+    order = [inverse_ap, esc.approval_id]
+    if first == "original":
+        order.reverse()
+    for approval_id in order:
+        with runlog.open_run(rid, settings=fast, tools=svc.tools()) as run:
+            pending = run.state.pending_approvals
+            target = approval_id
+            if target not in pending:  # the original was asked again, under a new request
+                (target,) = [a for a, ap in pending.items() if ap.idempotency_key == key]
+        runlog.decide(
+            rid,
+            target,
+            approved=False,
+            decided_by="ops",
+            note="no",
+            tools=svc.tools(),
+            settings=fast,
+        )
+    events = valid_events(fast, rid)
+    closed = [
+        p for ev in events if isinstance(p := ev.payload, m.ToolCallCompleted) and p.name == "book"
+    ]
+    assert not [p for p in closed if "compensated by" in p.content], closed
+    with runlog.open_run(rid, settings=fast, tools=svc.tools()) as run:
+        assert key in run.state.open_calls, "the original closed though nothing was undone"
+        assert run.state.open_calls[key].status in ("escalated", "conflict")
+        assert key not in run.state.completed_calls
+    kinds = [e["kind"] for e in _audit(events) if e["kind"].startswith("compensation")]
+    assert "compensation_completed" not in kinds
+    assert len(svc.cancels) == 1, "a rejected inverse ran again"
