@@ -102,11 +102,22 @@ def _as_confluent(single_object: bytes, ids: Any) -> bytes:
 
 def _every_type_through_runlog(s: Settings) -> dict[EventType, int]:
     """A live run's events plus the permanent fixture's other types, all in Confluent format."""
-    tools = [runlog.tool("charge", risk="safe")(lambda args, *, idempotency_key: "ok")]
+    tools = [
+        runlog.tool("charge", risk="safe")(lambda args, *, idempotency_key: "ok"),
+        runlog.tool("pay", risk="irreversible")(lambda args, *, idempotency_key: "paid"),
+    ]
     with runlog.open_run(settings=s, tools=tools) as run:
         run.append(EventType.USER_MESSAGE, content="hello")
+        at = run.state.seq
         run.call_tool("charge", {"amount": 7})
+        run.call_tool("pay", {"amount": 7})
         run.finish("succeeded")
+    # A fork's records begin a run of their own (a fixture is one started run): the fork
+    # meets the parent's payment after its fork point and inherits it.
+    made = runlog.fork(run.run_id, at_seq=at, settings=s, forked_by="t", reason="registry")
+    with runlog.open_run(made.run_id, settings=s, tools=tools) as forked:
+        assert forked.call_tool("pay", {"amount": 7}) == "paid"
+        forked.finish("succeeded")
     ids = ids_for(s)
     assert ids is not None
     writer = EventWriter(s)
