@@ -239,19 +239,34 @@ _SPLIT = ("messages", "completed_calls", "open_calls", "approvals")
 _SCALARS = tuple(
     f.name
     for f in dataclasses.fields(RunState)
-    if f.name not in _SPLIT and not f.metadata.get("transient")
+    if f.name not in _SPLIT
+    and not f.metadata.get("transient")
+    and not f.metadata.get("omit_default")
 )
+_OMITTED = tuple(
+    (f.name, f.default)
+    for f in dataclasses.fields(RunState)
+    if f.name not in _SPLIT and f.metadata.get("omit_default")
+)
+"""Fields added after the first release: left out while at their default (as ``to_dict``)."""
 
 
 def _iso(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_iso(v) for v in value]
     return value.isoformat() if isinstance(value, datetime) else value
 
 
 def scalars(st: RunState) -> dict[str, Any]:
     """The run state without what grows with the run (stored in ``run:<id>``): every
-    field left is a number, a string, None or a datetime, so this is ``jsonable``'s
-    result without its walk."""
-    return {name: _iso(getattr(st, name)) for name in _SCALARS}
+    field left is a number, a string, None or a datetime (or a short tuple of them), so
+    this is ``jsonable``'s result without its walk."""
+    out = {name: _iso(getattr(st, name)) for name in _SCALARS}
+    for name, default in _OMITTED:
+        value = getattr(st, name)
+        if value != default:
+            out[name] = _iso(value)
+    return out
 
 
 def _flat(cls: type) -> Callable[[Any], dict[str, Any]]:

@@ -33,14 +33,16 @@ from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import RECORD_ONLY, STATE_CHANGING, EventType
 
-FOLD_VERSION = 4
+FOLD_VERSION = 5
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
 pins the exact message count). 3: an open call keeps its STARTED's ``operation_id`` (so a
 retry records it too); a v2 snapshot lacks it, hence a miss. 4: a decision counts only if
 the state's ``authority`` accepts its signature (a forged one is rejected like a fenced
-write), and a decided approval names the key that signed it.
+write), and a decided approval names the key that signed it. 5: RUN_STARTED v2 names the
+registered agent (version, input) and TIMER_STARTED records durable timers; a v4 snapshot of
+such a run lacks them, hence a miss.
 
 States of logs that never use a field added later compare equal to the states recorded
 before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out
@@ -156,6 +158,15 @@ class RunState:
     fenced_writes: int = 0
     outcome: str | None = None
     summary: str = ""
+    agent_version: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The registered agent's code version that started the run (RUN_STARTED v2); None
+    for a run not started through the agent registry (``runlog.agent``)."""
+    agent_input: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """That agent's input, canonical JSON (RUN_STARTED v2); None like ``agent_version``."""
+    agent_name: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """That agent's registered name; None like ``agent_version``."""
+    timers: tuple[datetime, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    """Due time of each durable timer (TIMER_STARTED), by ordinal."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -219,6 +230,7 @@ class RunState:
             )
             for k, v in d.get("approvals", {}).items()
         }
+        d["timers"] = tuple(_dt(t) for t in d.get("timers", ()))
         return cls(**d)
 
 
@@ -340,6 +352,17 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.run_id, st.tenant, st.status = ev.run_id, ev.tenant, "running"
     st.epoch = ev.epoch
     st.started_at = ev.occurred_at
+    p = ev.payload
+    assert isinstance(p, m.RunStarted)
+    if p.code_version is not None:
+        st.agent_name, st.agent_version, st.agent_input = p.agent, p.code_version, p.input_json
+
+
+def _timer_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.TimerStarted)
+    if p.timer == len(st.timers):  # the next ordinal; a repeat of a recorded one is a no-op
+        st.timers = (*st.timers, p.due_at)
 
 
 def _run_resumed(st: RunState, ev: Event) -> None:
@@ -593,6 +616,7 @@ RULES: dict[EventType, Rule] = {
     EventType.APPROVAL_DECIDED: _approval_decided,
     EventType.CONTEXT_COMPACTED: _context_compacted,
     EventType.RUN_FINISHED: _run_finished,
+    EventType.TIMER_STARTED: _timer_started,
     EventType.GUARDRAIL_TRIGGERED: _record_only,
     EventType.MEMORY_WRITTEN: _record_only,
 }

@@ -37,6 +37,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # decider's signature (schemas.signing). A v1 decision resolves as unsigned: what it
         # was, and what a reader that trusts decider keys refuses.
         (EventType.APPROVAL_DECIDED, 1),
+        # v2 adds the optional ``code_version`` and ``input_json`` (default null): which
+        # code of a registered agent started the run, and its input. A v1 start was not
+        # made by the agent registry, which is exactly what null says.
+        (EventType.RUN_STARTED, 1),
     }
 )
 

@@ -28,6 +28,7 @@ class EventType(StrEnum):
     CONTEXT_COMPACTED = "context_compacted"
     MEMORY_WRITTEN = "memory_written"
     RUN_FINISHED = "run_finished"
+    TIMER_STARTED = "timer_started"
 
 
 STATE_CHANGING: frozenset[EventType] = frozenset(
@@ -45,6 +46,7 @@ STATE_CHANGING: frozenset[EventType] = frozenset(
         EventType.APPROVAL_DECIDED,
         EventType.CONTEXT_COMPACTED,
         EventType.RUN_FINISHED,
+        EventType.TIMER_STARTED,
     }
 )
 

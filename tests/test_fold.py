@@ -5,6 +5,8 @@ Pure: events are built in memory (and once through the codec's bytes); no Kafka,
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import base64
 import json
 from pathlib import Path
@@ -152,6 +154,7 @@ def rich_log() -> Log:
     log.add(EventType.TOOL_CALL_DENIED, call_id="c3", name="wire", args_json="{}", reason="no")
     log.add(EventType.CONTEXT_COMPACTED, summary="refund pending", kept_messages=2, dropped=3)
     log.add(EventType.MEMORY_WRITTEN, key="k", value="v")
+    log.add(EventType.TIMER_STARTED, timer=0, seconds=5.0, due_at=datetime(2026, 1, 1, tzinfo=UTC))
     log.user("stale", epoch=1, seq=log.seq + 1)  # the old owner's late write
     log.add(EventType.RUN_FINISHED, outcome="succeeded", summary="done")
     return log
