@@ -5,10 +5,9 @@ Pure: events are built in memory (and once through the codec's bytes); no Kafka,
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import base64
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
