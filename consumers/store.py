@@ -82,6 +82,7 @@ from runlog.projections.run_state import (
     RunState,
     Step,
     advance,
+    jsonable,
 )
 from runlog.schemas.models import Event, ToolCallCompleted
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
@@ -253,13 +254,13 @@ _OMITTED = tuple(
 
 def _iso(value: Any) -> Any:
     if isinstance(value, tuple):
-        return [_iso(v) for v in value]
+        return jsonable(value)
     return value.isoformat() if isinstance(value, datetime) else value
 
 
 def scalars(st: RunState) -> dict[str, Any]:
     """The run state without what grows with the run (stored in ``run:<id>``): every
-    field left is a number, a string, None or a datetime (or a short tuple of them), so
+    field left is a number, a string, None or a datetime (or a short tuple of records), so
     this is ``jsonable``'s result without its walk."""
     out = {name: _iso(getattr(st, name)) for name in _SCALARS}
     for name, default in _OMITTED:

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import redis
 
@@ -50,10 +50,12 @@ def _acquire(
         assert isinstance(got, Held)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise RunLocked(
+            locked = RunLocked(
                 f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
                 run_id=run_id,
             )
+            locked.holder_ttl_ms = got.ttl_ms
+            raise locked
         time.sleep(min(remaining, max(0.02, min(got.ttl_ms / 1000, 0.05))))
 
 
@@ -70,8 +72,12 @@ def open_run_with(
     recover: bool = True,
     create: bool = True,
     takeover: bool = False,
+    started_with: Mapping[str, str] | None = None,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
+
+    ``started_with``: more fields of the RUN_STARTED this call may append (the agent
+    registry's ``code_version`` and ``input_json``); ignored when the run exists.
 
     ``create=False`` refuses to start a run that has no events (``UnknownRun``).
     ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
@@ -79,8 +85,9 @@ def open_run_with(
     was alive after all, fencing stops it at its next append.
     """
 
+    start = {"agent": agent, "goal": goal, **(started_with or {})}
     if run_id is None:
-        return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
+        return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
     lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
@@ -91,7 +98,7 @@ def open_run_with(
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
             if run.state.status != "finished":
-                _claim(run, reader, agent=agent, goal=goal, reason=reason)
+                _claim(run, reader, start, reason=reason)
         finally:
             reader.close()
         if recover and run.state.status != "finished":
@@ -106,7 +113,7 @@ def open_run_with(
 
 
 def _start_fresh(
-    deps: RunDeps, tenant: str, tools: Iterable[Tool], *, agent: str, goal: str
+    deps: RunDeps, tenant: str, tools: Iterable[Tool], start: Mapping[str, str]
 ) -> Run:
     """Start a run under an id minted here: nothing to replay and no race to lose.
 
@@ -127,7 +134,7 @@ def _start_fresh(
             position=0,
         )
         with run._lock:
-            run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
+            run._emit(EventType.RUN_STARTED, dict(start), local=True)
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
         run._mark_log_view()
@@ -175,7 +182,7 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
     return run
 
 
-def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -> None:
+def _claim(run: Run, reader: LogReader, start: Mapping[str, str], *, reason: str) -> None:
     """Append the ownership event and confirm, by reading the log back, that it counts.
 
     A previous owner's append can land between our replay and our claim; the log then
@@ -185,7 +192,7 @@ def _claim(run: Run, reader: LogReader, *, agent: str, goal: str, reason: str) -
     for _ in range(CLAIM_ATTEMPTS):
         st = run.state
         if st.status == "new":
-            ev = run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=False)
+            ev = run._emit(EventType.RUN_STARTED, dict(start), local=False)
         else:
             gap = None
             if st.last_event_at is not None:

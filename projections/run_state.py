@@ -128,6 +128,15 @@ class Approval:
     because the reader trusts no keys)."""
 
 
+@dataclass(frozen=True)
+class Timer:
+    """A durable timer of a run (``run.sleep``, or an agent's retry policy)."""
+
+    due_at: datetime
+    purpose: str = ""
+    """Empty for ``run.sleep``; ``"retry"`` for a retry of the agent after a failure."""
+
+
 @dataclass
 class RunState:
     run_id: str = ""
@@ -165,8 +174,8 @@ class RunState:
     """That agent's input, canonical JSON (RUN_STARTED v2); None like ``agent_version``."""
     agent_name: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """That agent's registered name; None like ``agent_version``."""
-    timers: tuple[datetime, ...] = field(default=(), metadata=OMIT_DEFAULT)
-    """Due time of each durable timer (TIMER_STARTED), by ordinal."""
+    timers: tuple[Timer, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    """Each durable timer (TIMER_STARTED), by ordinal: when it is due and what for."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -230,7 +239,10 @@ class RunState:
             )
             for k, v in d.get("approvals", {}).items()
         }
-        d["timers"] = tuple(_dt(t) for t in d.get("timers", ()))
+        d["timers"] = tuple(
+            Timer(due_at=_dt(t["due_at"]), purpose=t.get("purpose", ""))
+            for t in d.get("timers", ())
+        )
         return cls(**d)
 
 
@@ -362,7 +374,7 @@ def _timer_started(st: RunState, ev: Event) -> None:
     p = ev.payload
     assert isinstance(p, m.TimerStarted)
     if p.timer == len(st.timers):  # the next ordinal; a repeat of a recorded one is a no-op
-        st.timers = (*st.timers, p.due_at)
+        st.timers = (*st.timers, Timer(due_at=p.due_at, purpose=p.purpose))
 
 
 def _run_resumed(st: RunState, ev: Event) -> None:

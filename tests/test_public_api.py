@@ -51,6 +51,7 @@ EXPECTED_RUNLOG = [
     "Unavailable",
     "UnknownRun",
     "UnknownTool",
+    "agent",
     "aio",
     "append_metrics",
     "current_call",
@@ -60,7 +61,9 @@ EXPECTED_RUNLOG = [
     "lease_metrics",
     "open_run",
     "question",
+    "resume",
     "serve_metrics",
+    "start",
     "testing",
     "tool",
 ]

@@ -42,13 +42,27 @@ _COMMAND_MODULES = (
     "runlog.cli.schemas_cmd",
     "runlog.cli.bench_cmd",
     "runlog.cli.demo_cmd",
+    "runlog.cli.fleet_cmd",
 )
 
 
 # Commands that read or write the log: before anything else, they check that a broker
 # answers at all, so a wrong address is one line at once, not librdkafka's retries first.
 _NEEDS_KAFKA = frozenset(
-    {"approve", "explain", "reject", "replay", "show", "snapshot", "verify", "rebuild", "topics"}
+    {
+        "approve",
+        "explain",
+        "reject",
+        "replay",
+        "show",
+        "snapshot",
+        "verify",
+        "rebuild",
+        "topics",
+        "start",
+        "worker",
+        "resume",
+    }
 )
 
 
