@@ -8,12 +8,11 @@ fleet_agents.py) that counts each key: every count must be 1.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 import redis
-from fleet_support import Fleet, effects, states, verify_all, wait_finished
+from fleet_support import Fleet, effects, wait_finished
 
 import runlog
 from runlog.settings import Settings
