@@ -8,11 +8,12 @@ fleet_agents.py) that counts each key: every count must be 1.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import redis
-from fleet_support import Fleet, effects, wait_finished
+from fleet_support import Fleet, effects, states, verify_all, wait_finished
 
 import runlog
 from runlog.settings import Settings
@@ -39,3 +40,109 @@ def test_a_started_run_is_executed_and_finishes_with_the_summary(
     assert (st.outcome, st.summary) == ("succeeded", "paid 3 times")
     assert st.agent_name == "payer" and st.agent_version and st.agent_input
     assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1, 1]
+
+
+def _events(settings: Settings, rid: str) -> list[runlog.Event]:
+    from runlog.log.reader import LogReader
+
+    with LogReader(settings) as reader:
+        part = reader.partition_of(rid)
+        return [r.event for r in reader.read(rid, partition=part, start=0)]
+
+
+def test_starting_a_run_id_twice_is_one_run(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    order = {"to": "twice", "steps": 2}
+    rid = runlog.start("payer", order, tenant="t1", run_id="order-twice-1", settings=fleet_settings)
+    again = runlog.start("payer", order, tenant="t1", run_id=rid, settings=fleet_settings)
+    assert again == rid
+    fleet.spawn()
+    wait_finished(fleet_settings, [rid], 60, fleet)
+    # A third request after it finished: found finished, nothing runs again.
+    runlog.start("payer", order, tenant="t1", run_id=rid, settings=fleet_settings)
+    time.sleep(2)
+    evs = _events(fleet_settings, rid)
+    assert [e.type for e in evs].count(runlog.EventType.RUN_STARTED) == 1
+    assert [e.type for e in evs].count(runlog.EventType.RUN_FINISHED) == 1
+    assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1]
+
+
+def test_a_sleeping_run_whose_worker_dies_wakes_on_another(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    first = fleet.spawn()
+    rid = runlog.start("sleeper", {"to": "s", "sleep_s": 4}, tenant="t1", settings=fleet_settings)
+    deadline = time.monotonic() + 30
+    while not states(fleet_settings, [rid])[rid].timers:
+        assert time.monotonic() < deadline, fleet.tail(first)
+        time.sleep(0.1)
+    fleet.kill(first)  # asleep: it holds no lease; the timer is in the log and the topic
+    second = fleet.spawn()
+    (st,) = wait_finished(fleet_settings, [rid], 60, fleet).values()
+    assert (st.outcome, st.summary) == ("succeeded", "woke and paid")
+    evs = _events(fleet_settings, rid)
+    timer = next(e for e in evs if e.type is runlog.EventType.TIMER_STARTED)
+    after = [e for e in evs if e.seq > timer.seq]
+    assert after and all(e.writer_id.startswith(f"{second}-") for e in after), after
+    finished = next(e for e in evs if e.type is runlog.EventType.RUN_FINISHED)
+    assert finished.occurred_at >= timer.payload.due_at  # type: ignore[attr-defined]
+    assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1]
+
+
+def test_a_decision_resumes_its_run_with_no_one_restarting_anything(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    from runlog.fleet.worker import live_workers
+
+    name = fleet.spawn()
+    rid = runlog.start("asker", {"to": "p"}, tenant="t1", settings=fleet_settings)
+    deadline = time.monotonic() + 30
+    while not states(fleet_settings, [rid])[rid].pending_approvals:
+        assert time.monotonic() < deadline, fleet.tail(name)
+        time.sleep(0.1)
+    # Waiting for a person holds no slot (and no lease).
+    deadline = time.monotonic() + 10
+    while True:
+        (w,) = live_workers(redis_client, fleet_settings)
+        if w["runs_held"] == "0":
+            break
+        assert time.monotonic() < deadline, w
+        time.sleep(0.2)
+    (aid,) = states(fleet_settings, [rid])[rid].pending_approvals
+    how = runlog.decide(
+        rid, aid, approved=True, decided_by="ops@example", tenant="t1", settings=fleet_settings
+    )
+    assert how == "recorded"
+    (st,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
+    assert (st.outcome, st.summary) == ("succeeded", "approved and paid")
+    assert list(effects(redis_client, fleet_settings).values()) == [1]
+
+
+def test_an_agent_failure_is_recorded_with_its_traceback_after_its_retries(
+    fleet_settings: Settings, fleet: Fleet
+) -> None:
+    fleet.spawn()
+    rid = runlog.start("failing", {"n": 1}, tenant="t1", settings=fleet_settings)
+    (st,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
+    assert st.outcome == "failed"
+    assert "ValueError: cannot handle {'n': 1}" in st.summary and "Traceback" in st.summary
+    assert [t.purpose for t in st.timers] == ["retry"]  # retries=1: one durable retry
+
+
+def test_an_async_agent_runs_in_the_workers_event_loop(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    fleet.spawn()
+    rids = [
+        runlog.start(
+            "apayer",
+            {"to": f"a{i}", "steps": 2, "sleep_s": 1},
+            tenant="t1",
+            settings=fleet_settings,
+        )
+        for i in range(5)
+    ]
+    got = wait_finished(fleet_settings, rids, 60, fleet)
+    assert {(st.outcome, st.summary) for st in got.values()} == {("succeeded", "async paid")}
+    assert sorted(effects(redis_client, fleet_settings).values()) == [1] * 10
