@@ -146,3 +146,101 @@ def test_an_async_agent_runs_in_the_workers_event_loop(
     got = wait_finished(fleet_settings, rids, 60, fleet)
     assert {(st.outcome, st.summary) for st in got.values()} == {("succeeded", "async paid")}
     assert sorted(effects(redis_client, fleet_settings).values()) == [1] * 10
+
+
+def test_three_workers_killed_at_random_finish_every_run_with_each_effect_once(
+    fleet_settings: Settings, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """SIGKILL a random worker every 1-2.5 s and start a new one, until every run finished:
+    orphans are resumed by whoever owns their partition, each effect lands once (the
+    receiver counts), and `runlog verify --all` passes."""
+    import random
+
+    from runlog.fleet.worker import live_workers
+
+    runs, steps = 45, 6
+    fleet = Fleet(fleet_settings, tmp_path, FLEET_TEST_STEP_S="0.25")
+    rng = random.Random(29)
+    try:
+        for _ in range(3):
+            fleet.spawn(concurrency=4)
+        rids = [
+            runlog.start(
+                "payer", {"to": f"r{i}", "steps": steps}, tenant="t1", settings=fleet_settings
+            )
+            for i in range(runs)
+        ]
+        kills, deadline = 0, time.monotonic() + 75
+        while time.monotonic() < deadline and kills < 6:
+            time.sleep(rng.uniform(1.5, 3.0))
+            done = sum(st.status == "finished" for st in states(fleet_settings, rids).values())
+            if done == runs:
+                break
+            holding = [
+                w["id"].split("-")[0]
+                for w in live_workers(redis_client, fleet_settings)
+                if int(w["runs_held"]) > 0
+            ]
+            victims = [n for n in holding if n in fleet.alive()]
+            if not victims:
+                continue
+            fleet.kill(rng.choice(victims))  # mid-run: its runs are orphans now
+            kills += 1
+            fleet.spawn(concurrency=4, wait=False)
+        assert kills >= 3, "the runs finished before the workers were killed: make them longer"
+        got = wait_finished(fleet_settings, rids, 80, fleet)
+    finally:
+        fleet.stop_all()
+    assert {st.outcome for st in got.values()} == {"succeeded"}
+    counts = effects(redis_client, fleet_settings)
+    assert len(counts) == runs * steps and set(counts.values()) == {1}, counts
+    assert sum(st.resumptions for st in got.values()) >= 1  # orphans were resumed
+    checked = verify_all(fleet_settings)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+
+
+def test_partitions_move_mid_run_when_a_worker_joins(
+    fleet_settings: Settings, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """A second worker joining takes partitions from the first while its runs are in
+    flight: the lease, not the assignment, says who acts; every run finishes, each effect
+    once, and the newcomer runs runs of its partitions."""
+    from runlog.fleet.worker import live_workers
+
+    runs, steps = 12, 8
+    fleet = Fleet(fleet_settings, tmp_path, FLEET_TEST_STEP_S="0.2")
+    try:
+        first = fleet.spawn(concurrency=runs)
+        rids = [
+            runlog.start(
+                "payer", {"to": f"j{i}", "steps": steps}, tenant="t1", settings=fleet_settings
+            )
+            for i in range(runs)
+        ]
+        deadline = time.monotonic() + 30
+        while not all(st.seq > 2 for st in states(fleet_settings, rids).values()):
+            assert time.monotonic() < deadline, fleet.tail(first)
+            time.sleep(0.1)
+        second = fleet.spawn(concurrency=runs)
+        fleet.wait_assigned(second)
+        (mine,) = [
+            w["partitions"]
+            for w in live_workers(redis_client, fleet_settings)
+            if w["id"].startswith(f"{second}-")
+        ] or [""]
+        # More runs after the join: the partitions the newcomer took are its to run.
+        later = [
+            runlog.start("payer", {"to": f"k{i}", "steps": 2}, tenant="t1", settings=fleet_settings)
+            for i in range(runs)
+        ]
+        got = wait_finished(fleet_settings, rids + later, 60, fleet)
+        assert "revoked" in fleet.tail(first, 100_000), fleet.tail(first)
+    finally:
+        fleet.stop_all()
+    assert {st.outcome for st in got.values()} == {"succeeded"}
+    counts = effects(redis_client, fleet_settings)
+    assert len(counts) == runs * steps + runs * 2 and set(counts.values()) == {1}
+    writers = {e.writer_id.split("-")[0] for rid in later for e in _events(fleet_settings, rid)}
+    assert writers == {first, second}, writers
+    checked = verify_all(fleet_settings)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
