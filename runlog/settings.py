@@ -221,6 +221,11 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.quarantine"
 
     @property
+    def fleet_group(self) -> str:
+        """The consumer group of the worker fleet (``RUNLOG_WORKER_GROUP`` or the default)."""
+        return self.worker_group or f"{self.topic_prefix}.workers"
+
+    @property
     def lifecycle_topic(self) -> str:
         """The fleet's run-lifecycle topic (compacted; docs/concepts/fleet.md)."""
         return f"{self.topic_prefix}.lifecycle"

@@ -309,7 +309,7 @@ class Scratch:
         prefix = f"{base.topic_prefix}-bench-{uuid.uuid4().hex[:8]}"
         s = base.model_copy(update={"topic_prefix": prefix, "redis_key_prefix": prefix, **update})
         ensure_topics(s).raise_for_drift()
-        scratch = cls(s, [s.events_topic, s.quarantine_topic])
+        scratch = cls(s, [s.events_topic, s.quarantine_topic, s.lifecycle_topic])
         scratch.wait_ready()
         return scratch
 

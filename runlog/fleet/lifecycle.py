@@ -33,7 +33,7 @@ def topic(settings: Settings) -> str:
 
 
 def group(settings: Settings) -> str:
-    return settings.worker_group or f"{settings.topic_prefix}.workers"
+    return settings.fleet_group
 
 
 @dataclass(frozen=True)

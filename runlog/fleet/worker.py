@@ -134,15 +134,17 @@ class Worker:
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         from confluent_kafka import OFFSET_BEGINNING
 
+        empty: list[int] = []
         for tp in partitions:
             lo, hi = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
             self.tables[tp.partition] = {}
             self.high[tp.partition] = hi
-            if hi <= lo:
-                self.caught_up.add(tp.partition)
             tp.offset = OFFSET_BEGINNING
+            empty.extend([tp.partition] if hi <= lo else [])
         consumer.incremental_assign(partitions)
         log.info("worker %s assigned %s", self.id, sorted(tp.partition for tp in partitions))
+        for p in empty:
+            self._catch_up(p)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         for tp in partitions:
