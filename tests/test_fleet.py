@@ -245,3 +245,53 @@ def test_partitions_move_mid_run_when_a_worker_joins(
         assert writers == {owner}, (rid, writers, theirs)
     checked = verify_all(fleet_settings)
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+
+
+def test_resume_dispatches_a_waiting_run_now_and_workers_lists_the_fleet(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from fleet_support import fleet_env
+
+    name = fleet.spawn()
+    rid = runlog.start("needs_fix", {"to": "f"}, tenant="t1", settings=fleet_settings)
+    env = fleet_env(fleet_settings)
+    deadline = time.monotonic() + 30
+    while True:  # dispatched once, escalated, released: no slot held, nothing left to do
+        out = subprocess.run(
+            [sys.executable, "-m", "runlog.cli", "workers", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (w,) = json.loads(out)
+        if states(fleet_settings, [rid])[rid].seq >= 1 and w["runs_held"] == "0":
+            break
+        assert time.monotonic() < deadline, (out, fleet.tail(name))
+        time.sleep(0.2)
+    assert w["id"].startswith(f"{name}-") and w["pid"] == str(fleet.procs[name].pid)
+    time.sleep(1)
+    assert states(fleet_settings, [rid])[rid].status != "finished"
+    redis_client.set(f"{fleet_settings.redis_key_prefix}:fixed", "1")  # the fix is deployed
+    done = subprocess.run(
+        [sys.executable, "-m", "runlog.cli", "resume", rid, "--tenant", "t1"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    (st,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
+    assert (st.outcome, st.summary) == ("succeeded", "fixed and paid")
+    assert list(effects(redis_client, fleet_settings).values()) == [1]
+    # Resuming a finished run is refused.
+    again = subprocess.run(
+        [sys.executable, "-m", "runlog.cli", "resume", rid, "--tenant", "t1"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 1 and "RunFinished" in again.stderr

@@ -98,3 +98,12 @@ async def apayer(run: runlog.aio.AsyncRun, order: dict[str, Any]) -> str:
         await run.call_tool("pay", {"to": order["to"], "amount": i})
     await run.sleep(float(order.get("sleep_s", 0)))
     return "async paid"
+
+
+@runlog.agent("needs_fix", tools=[pay])
+def needs_fix(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Waits for a person until a fix is deployed (a flag in Redis), then pays."""
+    if client().get(f"{PREFIX}:fixed") is None:
+        raise runlog.Escalated("needs a fix deployed", run_id=run.run_id)
+    run.call_tool("pay", {"to": order["to"], "amount": 5})
+    return "fixed and paid"
