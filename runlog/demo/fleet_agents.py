@@ -7,7 +7,6 @@ summary asserts that every count is 1: each effect once, through every kill.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -17,6 +16,8 @@ import runlog
 from runlog.log.clients import redis_client
 from runlog.settings import Settings
 
+STEP_S = 0.3
+"""How long a refund is in flight: long enough for kills to land mid-call."""
 _client: redis.Redis | None = None
 
 
@@ -32,7 +33,7 @@ def ledger_key(settings: Settings, what: str) -> str:
 
 
 def _refund(args: dict[str, Any], *, idempotency_key: str) -> str:
-    time.sleep(float(os.environ.get("RUNLOG_DEMO_STEP_S", "0.3")))  # in flight: kills land here
+    time.sleep(STEP_S)  # in flight: kills land here
     s = Settings()
     result = f"refunded {args['amount']} on {args['order']}"
     pipe = client().pipeline(transaction=True)
