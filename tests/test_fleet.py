@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -323,3 +324,36 @@ def test_opening_a_new_id_on_a_quiet_partition_reads_it_without_waiting_out_a_ti
     finally:
         services.close()
     assert statistics.median(took) < 0.5, took
+
+
+def test_waiting_runs_hold_no_slot_no_thread_and_no_lease(
+    test_settings: Settings, tmp_path: Path, redis_client: redis.Redis, request: Any
+) -> None:
+    """Runs asleep for an hour: the worker holds none of them (no slot, no lease), so more
+    runs than its concurrency wait at once, and a short one still gets a slot at once."""
+    from runlog.fleet.worker import live_workers
+    from runlog.producers.lease import LeaseManager
+
+    # Leases that would outlive the test: one still there was held, not expired.
+    fleet_settings = test_settings.model_copy(update={"lease_ttl_ms": 120_000})
+    fleet = Fleet(fleet_settings, tmp_path)
+    request.addfinalizer(fleet.stop_all)
+    fleet.spawn(concurrency=4)
+    rids = [
+        runlog.start("napper", {"sleep_s": 3600}, tenant="t1", settings=fleet_settings)
+        for _ in range(40)
+    ]
+    deadline = time.monotonic() + 60
+    while not all(st.timers for st in states(fleet_settings, rids).values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    quick = runlog.start("payer", {"to": "q", "steps": 1}, tenant="t1", settings=fleet_settings)
+    (st,) = wait_finished(fleet_settings, [quick], 30, fleet).values()
+    assert st.outcome == "succeeded"
+    leases = LeaseManager(redis_client, key_prefix=fleet_settings.redis_key_prefix)
+    held = [rid for rid in rids if redis_client.exists(leases.lease_key("t1", rid))]
+    assert held == []
+    time.sleep(2.5)  # a heartbeat
+    (w,) = live_workers(redis_client, fleet_settings)
+    assert w["runs_held"] == "0"
+    assert {s.status for s in states(fleet_settings, rids).values()} == {"running"}

@@ -107,3 +107,9 @@ def needs_fix(run: runlog.Run, order: dict[str, Any]) -> str:
         raise runlog.Escalated("needs a fix deployed", run_id=run.run_id)
     run.call_tool("pay", {"to": order["to"], "amount": 5})
     return "fixed and paid"
+
+
+@runlog.agent("napper")
+def napper(run: runlog.Run, order: dict[str, Any]) -> str:
+    run.sleep(float(order["sleep_s"]))
+    return "rested"
