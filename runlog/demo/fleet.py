@@ -21,7 +21,6 @@ from typing import Any
 
 from runlog.api import start
 from runlog.consumers.verify import verify_run
-from runlog.demo.fleet_agents import ledger_key
 from runlog.log.clients import redis_client
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import fold
@@ -61,6 +60,10 @@ def _spawn(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: importing it registers its agent, and every CLI process
+    # imports this module (a worker would advertise the demo's agent).
+    from runlog.demo.fleet_agents import ledger_key
+
     env = dict(os.environ)
     env.setdefault("RUNLOG_LEASE_TTL_MS", DEMO_LEASE_TTL_MS)
     env.setdefault("RUNLOG_WORKER_SESSION_TIMEOUT_MS", DEMO_SESSION_MS)

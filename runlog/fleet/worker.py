@@ -118,9 +118,10 @@ class Worker:
             "heartbeat.interval.ms": max(100, session // 3),
             "fetch.wait.max.ms": 100,
         }
-        return {
+        common = self.settings.kafka_common()  # RUNLOG_KAFKA_EXTRA may tune the group
+        conf = {
             **tunables,
-            **self.settings.kafka_common(),  # RUNLOG_KAFKA_EXTRA may tune the group
+            **common,
             "group.id": lifecycle.group(self.settings),
             "client.id": f"runlog-worker-{self.id}",
             # The compacted partition is the table: read whole on assignment, never
@@ -130,6 +131,14 @@ class Worker:
             "partition.assignment.strategy": "cooperative-sticky",
             "enable.partition.eof": False,
         }
+        if str(common.get("group.protocol", "classic")).lower() == "consumer":
+            # KIP-848: the broker assigns (incrementally) and owns the session timeout
+            # (group.consumer.session.timeout.ms); the client may not set them.
+            for key in ("session.timeout.ms", "heartbeat.interval.ms"):
+                if key not in common:
+                    conf.pop(key)
+            conf.pop("partition.assignment.strategy")
+        return conf
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         from confluent_kafka import OFFSET_BEGINNING
