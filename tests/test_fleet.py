@@ -376,3 +376,14 @@ def test_the_fleet_demo_finishes_every_run_by_itself(test_settings: Settings) ->
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "effects: 32 of 32, each once: True" in done.stdout, done.stdout
+
+
+def test_a_start_without_the_lifecycle_topic_is_refused_at_once(test_settings: Settings) -> None:
+    from runlog.topics import delete_topics
+
+    s = test_settings.model_copy(update={"topic_prefix": f"{test_settings.topic_prefix}-none"})
+    delete_topics(s, [s.lifecycle_topic])
+    t0 = time.monotonic()
+    with pytest.raises(runlog.ConfigError, match="runlog topics create"):
+        runlog.start("payer", {"to": "x", "steps": 1}, tenant="t1", settings=s)
+    assert time.monotonic() - t0 < 15  # not the 30 s delivery timeout

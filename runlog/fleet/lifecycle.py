@@ -88,6 +88,22 @@ class LifecycleWriter:
         conf = settings.durable_producer_config({"linger.ms": 0})
         self._producer = Producer(conf)
         self._lock = threading.Lock()
+        self._check_topic()
+
+    def _check_topic(self) -> None:
+        """A missing topic is a setup step not taken: said at once, not after the delivery
+        timeout of the first request."""
+        try:
+            md = self._producer.list_topics(self.topic, timeout=10)
+        except Exception as exc:
+            raise KafkaUnavailable(f"describing {self.topic}: {exc}") from exc
+        found = md.topics.get(self.topic)
+        if found is None or found.error is not None:
+            raise ConfigError(
+                f"topic {self.topic} is missing: run `runlog topics create` (the fleet's "
+                "lifecycle topic, docs/concepts/fleet.md)"
+            )
+        check_partitions(self.settings, len(found.partitions))
 
     def write(self, run_id: str, record: Record | None, *, timeout_s: float = 30.0) -> int:
         """Produce ``record`` (None: a tombstone) for ``run_id``; returns its offset."""
