@@ -106,6 +106,7 @@ def _every_type_through_runlog(s: Settings) -> dict[EventType, int]:
     with runlog.open_run(settings=s, tools=tools) as run:
         run.append(EventType.USER_MESSAGE, content="hello")
         run.call_tool("charge", {"amount": 7})
+        run.sleep(0)  # a durable timer, due at once (outside a worker it waits here)
         run.finish("succeeded")
     ids = ids_for(s)
     assert ids is not None
