@@ -32,7 +32,7 @@ DEMO_KILLS ?= 3
 DEMO_ARGS ?=
 DEMO_CMD ?= $(PY) -m runlog.demo run --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults explore soak lint docs demo down status bench
+.PHONY: help venv stack topics test faults explore soak lint docs demo demo-fleet down status bench
 
 help:
 	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -93,6 +93,10 @@ docs: venv
 # The demo talks to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 demo: stack
 	eval "$$($(RUNLOG) stack env)" && $(DEMO_CMD)
+
+# The fleet demo: three `runlog worker` processes killed at random, no supervisor.
+demo-fleet: stack
+	eval "$$($(RUNLOG) stack env)" && $(RUNLOG) demo-fleet $(DEMO_ARGS)
 
 bench: stack
 	$(PY) -m pip install -q -e '.[bench,peers]'

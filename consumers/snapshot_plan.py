@@ -31,7 +31,7 @@ from runlog.log.fold import fold_range, locate
 from runlog.log.reader import LogReader
 from runlog.log.snapshots import SnapshotStore
 from runlog.settings import Settings
-from runlog.topics import delete_topics
+from runlog.topics import delete_topics, topic_specs
 
 
 @dataclass
@@ -182,7 +182,7 @@ def scratch_settings(settings: Settings) -> Settings:
 
 def drop_scratch(settings: Settings, client: redis.Redis) -> list[str]:
     """Delete the scratch topics and keys; the topics that could not be deleted (with why)."""
-    failed = delete_topics(settings, [settings.events_topic, settings.quarantine_topic])
+    failed = delete_topics(settings, [spec.name for spec in topic_specs(settings)])
     with contextlib.suppress(redis.RedisError):
         keys = list(client.scan_iter(match=f"{settings.redis_key_prefix}:*", count=1000))
         if keys:

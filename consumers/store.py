@@ -235,31 +235,33 @@ _SPLIT = ("messages", "completed_calls", "open_calls", "approvals")
 _SCALARS = tuple(
     f.name
     for f in dataclasses.fields(RunState)
-    if f.name not in _SPLIT and not f.metadata.get("transient")
+    if f.name not in _SPLIT
+    and not f.metadata.get("transient")
+    and not f.metadata.get("omit_default")
 )
+_OMITTED = tuple(
+    (f.name, f.default)
+    for f in dataclasses.fields(RunState)
+    if f.name not in _SPLIT and f.metadata.get("omit_default")
+)
+"""Fields added after the first release: left out while at their default (as ``to_dict``)."""
 
 
 def _iso(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return jsonable(value)
     return value.isoformat() if isinstance(value, datetime) else value
-
-
-_NESTED = tuple(
-    f.name
-    for f in dataclasses.fields(RunState)
-    if f.name in _SCALARS and f.metadata.get("omit_default")
-)
-"""Scalar fields that ``to_dict`` omits at their default (a cancellation): left out here
-too, and walked by ``jsonable`` when set."""
 
 
 def scalars(st: RunState) -> dict[str, Any]:
     """The run state without what grows with the run (stored in ``run:<id>``): every
-    field left is a number, a string, None or a datetime, so this is ``jsonable``'s
-    result without its walk (but for the rare ``_NESTED`` ones, as ``to_dict`` has them)."""
-    out = {name: _iso(getattr(st, name)) for name in _SCALARS if name not in _NESTED}
-    for name in _NESTED:
+    field left is a number, a string, None or a datetime (and, off their defaults, the
+    fields added since the first release: a cancellation, a fork's lineage, timers), so
+    this is ``jsonable``'s result without its walk."""
+    out = {name: _iso(getattr(st, name)) for name in _SCALARS}
+    for name, default in _OMITTED:
         value = getattr(st, name)
-        if value is not None:
+        if value != default:
             out[name] = jsonable(value)
     return out
 

@@ -159,6 +159,9 @@ def _describe(
 
     if isinstance(p, m.RunStarted):
         e.update(agent=p.agent, goal=p.goal)
+        if p.code_version is not None:
+            e.update(code_version=p.code_version)
+            return f"run of agent {p.agent} (code {p.code_version}) requested and started"
         return f"run started by {p.agent or 'a worker'}" + (f": {p.goal}" if p.goal else "")
     if isinstance(p, m.RunForked):
         e.update(parent_run_id=p.parent_run_id, at_seq=p.at_seq, parent_digest=p.parent_digest)
@@ -178,6 +181,10 @@ def _describe(
         if p.resolution == "repeated":
             return f"{p.name}: repeat of {where} under {p.repeat_key} ({p.decided_by})"
         return f"{p.name} {p.resolution} from {where} ({p.decided_by}): {content}"
+    if isinstance(p, m.TimerStarted):
+        e.update(timer=p.timer, due_at=p.due_at.isoformat(), purpose=p.purpose)
+        what = "retry" if p.purpose == "retry" else "sleep"
+        return f"{what} of {p.seconds:g}s (durable timer): due at {p.due_at:%H:%M:%S}"
     if isinstance(p, m.RunResumed):
         e.update(previous_epoch=p.previous_epoch, gap_ms=p.gap_ms, reason=p.reason)
         gap = "" if p.gap_ms is None else f" after {p.gap_ms / 1000:.1f}s"

@@ -32,7 +32,7 @@ import redis.asyncio as aioredis
 
 from runlog.errors import RedisUnavailable, RunlogError
 from runlog.log.clients import loop_get
-from runlog.producers import approvals, calls
+from runlog.producers import approvals, calls, timers
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Peek, Steps, advance
@@ -384,6 +384,24 @@ class AsyncRun(Owned):
             if self._run._pending:
                 await self._barrier()
             return await _thread_to_its_end(self._run.since_last_turn)
+
+    async def sleep(self, seconds: float) -> None:
+        """``Run.sleep`` for an event loop: the same durable timer, awaited (in a worker
+        of the fleet, a timer not yet due releases the run instead)."""
+        run = self._run
+        async with self._turn():
+            nxt = timers.next_timer(run.state, run._sleeps)
+            run._sleeps += 1
+            if nxt.recorded is not None:
+                due = nxt.recorded.due_at
+            else:
+                fields = timers.payload(nxt.ordinal, seconds, timers.SLEEP)
+                await self.append(EventType.TIMER_STARTED, fields)
+                due = run.state.timers[nxt.ordinal].due_at
+        if run.dispatched:
+            timers.wait_or_raise(run.run_id, due, block=False)
+        else:
+            await asyncio.sleep(max(0.0, timers.remaining_s(due)))
 
     async def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED (durable) and release the lease; see ``Run.finish``."""

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import redis
 
@@ -55,10 +55,12 @@ def _acquire(
         assert isinstance(got, Held)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise RunLocked(
+            locked = RunLocked(
                 f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
                 run_id=run_id,
             )
+            locked.holder_ttl_ms = got.ttl_ms
+            raise locked
         time.sleep(min(remaining, max(0.02, min(got.ttl_ms / 1000, 0.05))))
 
 
@@ -76,11 +78,14 @@ def open_run_with(
     create: bool = True,
     takeover: bool = False,
     operator: str | None = None,
+    started_with: Mapping[str, str] | None = None,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
 
     ``operator``: the person whose act (a decision, a cancellation, a termination) this
     opening is for; the RUN_RESUMED names them and is not counted as a resumption.
+    ``started_with``: more fields of the RUN_STARTED this call may append (the agent
+    registry's ``code_version`` and ``input_json``); ignored when the run exists.
 
     ``create=False`` refuses to start a run that has no events (``UnknownRun``).
     ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
@@ -88,8 +93,9 @@ def open_run_with(
     was alive after all, fencing stops it at its next append.
     """
 
+    start = {"agent": agent, "goal": goal, **(started_with or {})}
     if run_id is None:
-        return _start_fresh(deps, tenant, tools, agent=agent, goal=goal)
+        return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
     lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
@@ -100,7 +106,7 @@ def open_run_with(
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
             if run.state.status != "finished":
-                _claim(run, reader, agent=agent, goal=goal, reason=reason, operator=operator)
+                _claim(run, reader, start, reason=reason, operator=operator)
         finally:
             reader.close()
         if recover and run.state.status != "finished":
@@ -115,7 +121,7 @@ def open_run_with(
 
 
 def _start_fresh(
-    deps: RunDeps, tenant: str, tools: Iterable[Tool], *, agent: str, goal: str
+    deps: RunDeps, tenant: str, tools: Iterable[Tool], start: Mapping[str, str]
 ) -> Run:
     """Start a run under an id minted here: nothing to replay and no race to lose.
 
@@ -136,7 +142,7 @@ def _start_fresh(
             position=0,
         )
         with run._lock:
-            run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=True)
+            run._emit(EventType.RUN_STARTED, dict(start), local=True)
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
         run._mark_log_view()
@@ -185,7 +191,7 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
 
 
 def _claim(
-    run: Run, reader: LogReader, *, agent: str, goal: str, reason: str, operator: str | None
+    run: Run, reader: LogReader, start: Mapping[str, str], *, reason: str, operator: str | None
 ) -> None:
     """Append the ownership event and confirm, by reading the log back, that it counts.
 
@@ -196,7 +202,7 @@ def _claim(
     for _ in range(CLAIM_ATTEMPTS):
         st = run.state
         if st.status == "new":
-            ev = run._emit(EventType.RUN_STARTED, {"agent": agent, "goal": goal}, local=False)
+            ev = run._emit(EventType.RUN_STARTED, dict(start), local=False)
         else:
             gap = None
             if st.last_event_at is not None:

@@ -32,7 +32,7 @@ from runlog.log.authority import tenant_keys_for
 from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.reader import LogReader
 from runlog.log.tail import LogTail
-from runlog.producers import approvals, calls
+from runlog.producers import approvals, calls, timers
 from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload
 from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.ops import drive
@@ -165,6 +165,11 @@ class Run(Owned):
     """Event id of the last own record the view was extended over, when it accepted it."""
     _confirm_reader: LogReader | None = None
     _key_scheme: int | None = None
+    _sleeps: int = 0
+    """``sleep`` calls made through this handle: the next one names timer ``_sleeps``."""
+    dispatched: bool = False
+    """Opened by a worker of the fleet: a ``sleep`` not yet due unwinds to the worker
+    (``TimerPending``) instead of waiting in this thread."""
     _since_turn: list[Event] | None = field(default_factory=list)
     """Valid events after the last MODEL_TURN; None when the replay did not see that far
     back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
@@ -615,6 +620,26 @@ class Run(Owned):
     def recover(self) -> None:
         """Settle every open call its tools allow settling now (``open_run`` does this)."""
         drive(self, calls.recover(self))
+
+    def sleep(self, seconds: float) -> None:
+        """A durable timer: the run continues ``seconds`` from the first time this call
+        was reached, however often the agent is re-executed meanwhile.
+
+        The k-th ``sleep`` of a run records TIMER_STARTED once (its ``due_at``); a re-executed
+        agent reaching it again waits only for what is left. In a worker of the fleet the
+        wait holds nothing: the run's lease and slot are released and the run is dispatched
+        again when it is due (``docs/concepts/fleet.md``). Elsewhere it waits in this thread.
+        """
+        with self._lock:
+            nxt = timers.next_timer(self.state, self._sleeps)
+            self._sleeps += 1
+            if nxt.recorded is not None:
+                due = nxt.recorded.due_at
+            else:
+                fields = timers.payload(nxt.ordinal, seconds, timers.SLEEP)
+                self.append(EventType.TIMER_STARTED, fields)
+                due = self.state.timers[nxt.ordinal].due_at
+        timers.wait_or_raise(self.run_id, due, block=not self.dispatched)
 
     def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED and release the lease.

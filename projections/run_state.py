@@ -41,7 +41,9 @@ FOLD_VERSION = 5
 pins the exact message count). 3: an open call keeps its STARTED's ``operation_id`` (so a
 retry records it too); a v2 snapshot lacks it, hence a miss. 4: a decision counts only if
 the state's ``authority`` accepts its signature (a forged one is rejected like a fenced
-write), and a decided approval names the key that signed it.
+write), and a decided approval names the key that signed it. 5: RUN_STARTED v2 names the
+registered agent (version, input) and TIMER_STARTED records durable timers; a v4 snapshot of
+such a run lacks them, hence a miss.
 
 States of logs that never use a field added later compare equal to the states recorded
 before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out
@@ -143,6 +145,15 @@ class Cancellation:
     requested_at: datetime
 
 
+@dataclass(frozen=True)
+class Timer:
+    """A durable timer of a run (``run.sleep``, or an agent's retry policy)."""
+
+    due_at: datetime
+    purpose: str = ""
+    """Empty for ``run.sleep``; ``"retry"`` for a retry of the agent after a failure."""
+
+
 @dataclass
 class RunState:
     run_id: str = ""
@@ -179,6 +190,15 @@ class RunState:
     lineage: Lineage | None = field(default=None, metadata=OMIT_DEFAULT)
     """A fork's parent, fork point and the other timeline's effects (``projections.lineage``);
     None for a run that was started, not forked."""
+    agent_version: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The registered agent's code version that started the run (RUN_STARTED v2); None
+    for a run not started through the agent registry (``runlog.agent``)."""
+    agent_input: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """That agent's input, canonical JSON (RUN_STARTED v2); None like ``agent_version``."""
+    agent_name: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """That agent's registered name; None like ``agent_version``."""
+    timers: tuple[Timer, ...] = field(default=(), metadata=OMIT_DEFAULT)
+    """Each durable timer (TIMER_STARTED), by ordinal: when it is due and what for."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -247,6 +267,10 @@ class RunState:
         }
         if d.get("lineage") is not None:
             d["lineage"] = Lineage.from_dict(d["lineage"])
+        d["timers"] = tuple(
+            Timer(due_at=_dt(t["due_at"]), purpose=t.get("purpose", ""))
+            for t in d.get("timers", ())
+        )
         return cls(**d)
 
 
@@ -369,6 +393,17 @@ def _run_started(st: RunState, ev: Event) -> None:
     st.run_id, st.tenant, st.status = ev.run_id, ev.tenant, "running"
     st.epoch = ev.epoch
     st.started_at = ev.occurred_at
+    p = ev.payload
+    assert isinstance(p, m.RunStarted)
+    if p.code_version is not None:
+        st.agent_name, st.agent_version, st.agent_input = p.agent, p.code_version, p.input_json
+
+
+def _timer_started(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.TimerStarted)
+    if p.timer == len(st.timers):  # the next ordinal; a repeat of a recorded one is a no-op
+        st.timers = (*st.timers, Timer(due_at=p.due_at, purpose=p.purpose))
 
 
 def _run_resumed(st: RunState, ev: Event) -> None:
@@ -658,6 +693,7 @@ RULES: dict[EventType, Rule] = {
     EventType.CONTEXT_COMPACTED: _context_compacted,
     EventType.RUN_FINISHED: _run_finished,
     EventType.RUN_CANCEL_REQUESTED: _run_cancel_requested,
+    EventType.TIMER_STARTED: _timer_started,
     EventType.GUARDRAIL_TRIGGERED: _record_only,
     EventType.MEMORY_WRITTEN: _record_only,
     EventType.RUN_FORKED: run_forked,

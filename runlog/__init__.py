@@ -103,9 +103,12 @@ if TYPE_CHECKING:
     from runlog.api import lease_metrics as lease_metrics
     from runlog.api import open_run as open_run
     from runlog.api import question as question
+    from runlog.api import resume as resume
     from runlog.api import serve_metrics as serve_metrics
+    from runlog.api import start as start
     from runlog.api import terminate as terminate
     from runlog.consumers.question import Question as Question
+    from runlog.fleet.registry import agent as agent
     from runlog.producers.context import CallContext as CallContext
     from runlog.producers.context import current_call as current_call
     from runlog.producers.forks import Fork as Fork
@@ -138,6 +141,10 @@ _PUBLIC: dict[str, str] = {
     "Fork": "runlog.producers.forks",
     "question": "runlog.api",
     "Question": "runlog.consumers.question",
+    # the fleet: agents by name, durable start requests, dispatch now
+    "agent": "runlog.fleet.registry",
+    "start": "runlog.api",
+    "resume": "runlog.api",
     # tools
     "tool": "runlog.producers.tools",
     "Tool": "runlog.producers.tools",

@@ -28,7 +28,17 @@ from runlog.producers.run import Run
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 
-__all__ = ["AsyncRun", "cancel", "decide", "fork", "open_run", "question", "terminate"]
+__all__ = [
+    "AsyncRun",
+    "cancel",
+    "decide",
+    "fork",
+    "open_run",
+    "question",
+    "resume",
+    "start",
+    "terminate",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -112,3 +122,7 @@ cancel = _awaitable(api.cancel)
 """``runlog.cancel``, run in a worker thread."""
 terminate = _awaitable(api.terminate)
 """``runlog.terminate``, run in a worker thread."""
+start = _awaitable(api.start)
+"""``runlog.start``, run in a worker thread: returns once the request is acknowledged."""
+resume = _awaitable(api.resume)
+"""``runlog.resume``, run in a worker thread."""

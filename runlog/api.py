@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
+from runlog.fleet.requests import request_dispatch, request_start, wake
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
@@ -232,6 +233,9 @@ def decide(
                 raise
             raise fresh from exc
         tracing.annotate(span, outcome=how)
+        if state.agent_name is not None:
+            # A run of the fleet waits for this decision holding no worker: dispatch it.
+            wake(services.settings, run_id, tenant=tenant, agent=state.agent_name)
         return how
 
 
@@ -284,6 +288,35 @@ def terminate(
         done = terminate_run(services.run_deps(), run_id, tenant=tenant, reason=reason, by=by)
         tracing.annotate(span, epoch=done.epoch, open_calls=len(done.open_calls))
         return done
+
+
+def start(
+    agent: str,
+    input: Any = None,
+    *,
+    tenant: str = "default",
+    run_id: str | None = None,
+    settings: Settings | None = None,
+) -> str:
+    """Request a run of the registered agent ``agent`` with ``input``; returns its run id.
+
+    A durable request, not a process: it returns once the broker acknowledged it, and
+    whichever ``runlog worker`` owns the run's partition starts it. Starting the same
+    ``run_id`` twice is one run (the second request finds it started, or finished).
+    ``input`` must be JSON (it is recorded in the run's RUN_STARTED).
+    """
+
+    return request_start(settings or Settings(), agent, input, tenant=tenant, run_id=run_id)
+
+
+def resume(run_id: str, *, tenant: str = "default", settings: Settings | None = None) -> str:
+    """Ask the fleet to dispatch ``run_id`` now (e.g. after a fix was deployed); returns
+    the run's status. Refused for a finished run (``RunFinished``), one of another tenant
+    (``TenantMismatch``), or one not started through ``runlog.start`` (``UnknownRun``)."""
+
+    services = Services.shared(settings or Settings())
+    state = request_dispatch(services.settings, services.redis, run_id, tenant=tenant)
+    return state.status
 
 
 def question(

@@ -136,6 +136,9 @@ class Fenced(RunError):
 class RunLocked(RunError):
     """A live owner still holds the run after waiting."""
 
+    holder_ttl_ms: int | None = None
+    """How long the holder's lease still lives, when known (a dispatcher tries again then)."""
+
 
 class AppendOutcomeUnknown(RunError):
     """The broker did not confirm an append in time: the event may or may not be in the log.

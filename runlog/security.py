@@ -104,6 +104,11 @@ def kafka_acls(
     add("worker", "topic", events, ("write", "read", "describe"))
     add("worker", "cluster", "kafka-cluster", ("idempotent_write",))
     add("worker", "group", READER_GROUP_PREFIX, ("read",), "prefixed")
+    # The fleet (docs/concepts/fleet.md): `runlog worker` follows the lifecycle topic in
+    # its group and writes waits and tombstones; starts, decisions and resumes write to it.
+    lifecycle = settings.lifecycle_topic
+    add("worker", "topic", lifecycle, ("write", "read", "describe"))
+    add("worker", "group", settings.fleet_group, ("read",))
 
     add("projections", "topic", events, ("read", "describe"))
     add("projections", "topic", quarantine, ("write", "describe"))
@@ -118,6 +123,7 @@ def kafka_acls(
     # standard Kafka tools; analytics readers never see them.
     add("operator", "topic", events, ("write", "read", "describe", "describe_configs"))
     add("operator", "topic", quarantine, ("write", "read", "describe", "describe_configs"))
+    add("operator", "topic", lifecycle, ("write", "describe"))
     add("operator", "cluster", "kafka-cluster", ("idempotent_write",))
     for group in (READER_GROUP_PREFIX, METRICS_GROUP_PREFIX, projection_group_prefix(settings)):
         add("operator", "group", group, ("read",), "prefixed")

@@ -83,6 +83,15 @@ class Settings(BaseSettings):
     lease_ttl_ms: int = Field(default=15_000, ge=200)
     """How long a run's writer lease lives without renewal (``RUNLOG_LEASE_TTL_MS``)."""
 
+    worker_group: str | None = None
+    """Consumer group of the worker fleet (``RUNLOG_WORKER_GROUP``); default
+    ``<prefix>.workers``. Workers of one group share the runs by partition."""
+
+    worker_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    """How long the group waits for a silent worker before moving its partitions
+    (``RUNLOG_WORKER_SESSION_TIMEOUT_MS``; the broker's ``group.min.session.timeout.ms``,
+    6 s by default, is the floor). Heartbeats go every third of it."""
+
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
     """How long an append may wait for the broker before its outcome is unknown."""
 
@@ -210,6 +219,16 @@ class Settings(BaseSettings):
     @property
     def quarantine_topic(self) -> str:
         return f"{self.topic_prefix}.quarantine"
+
+    @property
+    def fleet_group(self) -> str:
+        """The consumer group of the worker fleet (``RUNLOG_WORKER_GROUP`` or the default)."""
+        return self.worker_group or f"{self.topic_prefix}.workers"
+
+    @property
+    def lifecycle_topic(self) -> str:
+        """The fleet's run-lifecycle topic (compacted; docs/concepts/fleet.md)."""
+        return f"{self.topic_prefix}.lifecycle"
 
     @property
     def effective_min_insync_replicas(self) -> int:

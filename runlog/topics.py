@@ -158,7 +158,8 @@ def _durable_configs(settings: Settings) -> dict[str, str]:
 
 
 def topic_specs(settings: Settings) -> tuple[TopicSpec, ...]:
-    """The topics runlog needs: the events log and the quarantine of undecodable records."""
+    """The topics runlog needs: the events log, the quarantine of undecodable records, and
+    the fleet's run-lifecycle topic (compacted, co-partitioned with the events)."""
     if settings.effective_min_insync_replicas > settings.replication_factor:
         raise ConfigError(
             f"min.insync.replicas={settings.effective_min_insync_replicas} exceeds "
@@ -169,6 +170,12 @@ def topic_specs(settings: Settings) -> tuple[TopicSpec, ...]:
         TopicSpec(settings.events_topic, settings.partitions, settings.replication_factor, configs),
         TopicSpec(
             settings.quarantine_topic, settings.partitions, settings.replication_factor, configs
+        ),
+        TopicSpec(
+            settings.lifecycle_topic,
+            settings.partitions,
+            settings.replication_factor,
+            {**configs, "cleanup.policy": "compact", "retention.bytes": "-1"},
         ),
     )
 

@@ -45,6 +45,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # beside approve and reject. A v2 decision resolves with null: approved or rejected,
         # exactly what it said.
         (EventType.APPROVAL_DECIDED, 2),
+        # v2 adds the optional ``code_version`` and ``input_json`` (default null): which
+        # code of a registered agent started the run, and its input. A v1 start was not
+        # made by the agent registry, which is exactly what null says.
+        (EventType.RUN_STARTED, 1),
     }
 )
 

@@ -23,6 +23,11 @@ class RunStarted(Payload):
     agent: str = ""
     goal: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
+    code_version: str | None = None
+    """v2: the registered agent's code version (``runlog.agent``); None in v1 records and
+    for a run not started through the agent registry."""
+    input_json: str | None = None
+    """v2: the registered agent's input, canonical JSON; None like ``code_version``."""
 
 
 class RunResumed(Payload):
@@ -290,6 +295,15 @@ class ForkEffectResolved(Payload):
     approval_id: str | None = None
 
 
+class TimerStarted(Payload):
+    """A durable timer: the run waits until ``due_at`` (``run.sleep``)."""
+
+    timer: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    due_at: datetime
+    purpose: str = ""
+
+
 PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.RUN_STARTED: RunStarted,
     EventType.RUN_RESUMED: RunResumed,
@@ -309,6 +323,7 @@ PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.RUN_CANCEL_REQUESTED: RunCancelRequested,
     EventType.RUN_FORKED: RunForked,
     EventType.FORK_EFFECT_RESOLVED: ForkEffectResolved,
+    EventType.TIMER_STARTED: TimerStarted,
 }
 
 

@@ -31,6 +31,7 @@ class EventType(StrEnum):
     RUN_CANCEL_REQUESTED = "run_cancel_requested"
     RUN_FORKED = "run_forked"
     FORK_EFFECT_RESOLVED = "fork_effect_resolved"
+    TIMER_STARTED = "timer_started"
 
 
 STATE_CHANGING: frozenset[EventType] = frozenset(
@@ -51,6 +52,7 @@ STATE_CHANGING: frozenset[EventType] = frozenset(
         EventType.RUN_CANCEL_REQUESTED,
         EventType.RUN_FORKED,
         EventType.FORK_EFFECT_RESOLVED,
+        EventType.TIMER_STARTED,
     }
 )
 

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors and settings", ("runlog.errors", "runlog.settings")),
     ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
     ("log access", ("runlog.log", "runlog.topics", "runlog.security")),
-    ("writer and services", ("runlog.producers", "runlog.consumers")),
+    ("writer and services", ("runlog.producers", "runlog.consumers", "runlog.fleet")),
     ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap", "runlog.testing")),
     ("framework integrations", ("runlog.integrations",)),
     (
@@ -36,7 +36,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
 ]
 # Peers in one layer that must not import each other either.
-SEPARATE = {("runlog.producers", "runlog.consumers"), ("runlog.consumers", "runlog.producers")}
+SEPARATE = {
+    ("runlog.producers", "runlog.consumers"),
+    ("runlog.consumers", "runlog.producers"),
+    # The fleet drives runs through the producers; they never know it, nor do consumers.
+    ("runlog.producers", "runlog.fleet"),
+    ("runlog.consumers", "runlog.fleet"),
+    ("runlog.fleet", "runlog.consumers"),
+}
 # Third-party modules the fold must load without (the fold is importable on its own).
 NOT_IN_FOLD = ("confluent_kafka", "redis", "fastavro", "pydantic_settings")
 
@@ -320,6 +327,7 @@ TEST_FOLDERS = {
     "stack",
     "ui",
     "integrations",
+    "fleet",
     "faults",
     "explorer",
 }

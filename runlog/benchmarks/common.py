@@ -29,7 +29,7 @@ from runlog.producers.writer import producer_config
 from runlog.schemas import codec
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-from runlog.topics import ensure_topics
+from runlog.topics import ensure_topics, topic_specs
 
 TENANT = "bench"
 
@@ -309,7 +309,7 @@ class Scratch:
         prefix = f"{base.topic_prefix}-bench-{uuid.uuid4().hex[:8]}"
         s = base.model_copy(update={"topic_prefix": prefix, "redis_key_prefix": prefix, **update})
         ensure_topics(s).raise_for_drift()
-        scratch = cls(s, [s.events_topic, s.quarantine_topic])
+        scratch = cls(s, [spec.name for spec in topic_specs(s)])
         scratch.wait_ready()
         return scratch
 

@@ -45,6 +45,7 @@ _COMMAND_MODULES = (
     "runlog.cli.schemas_cmd",
     "runlog.cli.bench_cmd",
     "runlog.cli.demo_cmd",
+    "runlog.cli.fleet_cmd",
 )
 
 
@@ -65,6 +66,9 @@ _NEEDS_KAFKA = frozenset(
         "verify",
         "rebuild",
         "topics",
+        "start",
+        "worker",
+        "resume",
     }
 )
 

@@ -27,12 +27,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag", "pydantic-ai", "integrity"],
+        choices=["lag", "pydantic-ai", "integrity", "fleet"],
         help=(
             "lag: only projection lag under a steady load, and drain rate by run length; "
             "integrity: only the CPU cost per record of tenant MACs and decider signatures "
             "(no stack needed); "
-            "pydantic-ai: only section 9, a Pydantic AI agent step bare and as a runlog run"
+            "pydantic-ai: only section 9, a Pydantic AI agent step bare and as a runlog run; "
+            "fleet: `runlog worker` processes: dispatch latency, failover of a SIGKILLed "
+            "worker's open runs, durable steps per second"
         ),
     )
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke)")
@@ -43,10 +45,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--drain-total", type=int, default=20_000, help="lag: backlog per drain measurement"
     )
+    p.add_argument("--held", type=int, default=200, help="fleet: open runs of the killed worker")
+    p.add_argument("--starts", type=int, default=50, help="fleet: starts timed on an idle fleet")
     p.set_defaults(func=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.what == "fleet":
+        from runlog.benchmarks import fleet
+
+        quick = args.quick
+        res = fleet.run(
+            Settings(),
+            out=args.out,
+            starts=10 if quick else args.starts,
+            held=20 if quick else args.held,
+            runs=10 if quick else 100,
+            per_run=5 if quick else 20,
+        )
+        print(fleet.report(res))
+        return 0
     if args.what == "integrity":
         print(integrity.report(integrity.measure(200 if args.quick else 2000)))
         return 0

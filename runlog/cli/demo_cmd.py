@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from runlog.demo import supervisor
+from runlog.demo import fleet, supervisor
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,3 +23,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     supervisor.add_arguments(p)
     p.set_defaults(func=supervisor.run)
+    p = sub.add_parser(
+        "demo-fleet",
+        help="three `runlog worker` processes killed at random; the runs finish by themselves",
+        description=(
+            "Requests runs of a refund agent (irreversible calls against a non-idempotent "
+            "ledger with a lookup, and a durable timer), starts three workers and SIGKILLs one "
+            "at random every few seconds, starting a new one each time. No supervisor resumes "
+            "anything: the workers own the partitions. Exits 1 unless every run finished, each "
+            "effect once, and every run verifies."
+        ),
+    )
+    fleet.add_arguments(p)
+    p.set_defaults(func=fleet.run)

@@ -120,6 +120,15 @@ class LogReader:
     def high_watermark(self, partition: int) -> int:
         return high_watermark(self._consumer, self.topic, partition)
 
+    def low_watermark(self, partition: int) -> int:
+        """The partition's first offset still in the log, from the broker."""
+        tp = TopicPartition(self.topic, partition)
+        low, _ = retrying(
+            f"watermarks of {self.topic}[{partition}]",
+            lambda: self._consumer.get_watermark_offsets(tp, timeout=10, cached=False),
+        )
+        return int(low)
+
     def record_at(self, partition: int, offset: int) -> tuple[bytes | None, bytes | None]:
         """``(key, value)`` of the record at ``offset``; KafkaUnavailable if there is none."""
         if not 0 <= offset < self.high_watermark(partition):
@@ -180,15 +189,21 @@ class LogReader:
         if stop == 0 or (offset != OFFSET_BEGINNING and offset >= stop):
             return
         key = run_id.encode()
+        if offset < 0:
+            # The beginning as an offset: ``want`` below can then stop at ``stop`` (asking
+            # for 500 records waits out consume()'s whole timeout when fewer are left).
+            offset = self.low_watermark(part)
+            if offset >= stop:
+                return
         self._consumer.assign([TopicPartition(self.topic, part, offset)])
-        nxt = offset if offset >= 0 else None
+        nxt = offset
         quiet_since = time.monotonic()
         try:
             while True:
                 # consume() waits its whole timeout unless the batch fills, even at the end
                 # of the partition: ask for no more than the records left before ``stop``,
                 # so a short replay (every open_run's read-back) returns at once.
-                want = 500 if nxt is None else max(1, min(500, stop - nxt))
+                want = max(1, min(500, stop - nxt))
                 batch = self._consumer.consume(want, timeout=1.0)
                 if batch:
                     quiet_since = time.monotonic()

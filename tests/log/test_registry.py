@@ -111,6 +111,7 @@ def _every_type_through_runlog(s: Settings) -> dict[EventType, int]:
         at = run.state.seq
         run.call_tool("charge", {"amount": 7})
         run.call_tool("pay", {"amount": 7})
+        run.sleep(0)  # a durable timer, due at once (outside a worker it waits here)
         run.finish("succeeded")
     # A fork's records begin a run of their own (a fixture is one started run): the fork
     # meets the parent's payment after its fork point and inherits it.

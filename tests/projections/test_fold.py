@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,7 @@ def rich_log() -> Log:
     log.add(EventType.TOOL_CALL_DENIED, call_id="c3", name="wire", args_json="{}", reason="no")
     log.add(EventType.CONTEXT_COMPACTED, summary="refund pending", kept_messages=2, dropped=3)
     log.add(EventType.MEMORY_WRITTEN, key="k", value="v")
+    log.add(EventType.TIMER_STARTED, timer=0, seconds=5.0, due_at=datetime(2026, 1, 1, tzinfo=UTC))
     log.user("stale", epoch=1, seq=log.seq + 1)  # the old owner's late write
     log.add(EventType.RUN_CANCEL_REQUESTED, requested_by="ops", reason="refund done by hand")
     log.add(EventType.RUN_FINISHED, outcome="cancelled", summary="cancelled by ops")

@@ -93,6 +93,9 @@ FIELD_VALUES: dict[str, Any] = {
     "kept_turns": 2,
     "kept_messages": 3,
     "dropped": 4,
+    "timer": 0,
+    "seconds": 2.5,
+    "due_at": codec.now_utc(),
     "key": "preferred_name",
     "value": "Ada",
     # a fork's records

@@ -59,6 +59,8 @@ def test_current_versions() -> None:
     assert registry().current[AD] == 3
     assert registry().current[RR] == 2
     assert registry().current[EventType.RUN_CANCEL_REQUESTED] == 1
+    assert registry().current[EventType.RUN_STARTED] == 2
+    assert registry().current[EventType.TIMER_STARTED] == 1
     assert FOLD_VERSION == 5
 
 
@@ -112,6 +114,20 @@ def test_an_operators_takeover_is_not_a_resumption_and_a_cancel_is_kept() -> Non
     assert state.seq == seq + 3 and state.cancel is not None
     assert (state.cancel.requested_by, state.cancel.requested_seq) == ("ann", seq + 2)
     assert RunState.from_dict(state.to_dict()).to_dict() == state.to_dict()
+
+
+def test_v1_start_resolves_as_not_started_by_an_agent() -> None:
+    """A v1 RUN_STARTED (before the agent registry) reads as v2 with no code version or
+    input, and folds to a state without a registered agent, as the v1 fold did."""
+    from runlog.schemas.models import RunStarted
+
+    ev = codec.decode(_v1("run_started"))
+    assert isinstance(ev.payload, RunStarted) and ev.schema_version == 2
+    assert (ev.payload.code_version, ev.payload.input_json) == (None, None)
+    st = RunState()
+    apply(st, ev)
+    assert st.agent_name is None and st.agent_version is None and st.timers == ()
+    assert "agent_name" not in st.to_dict()
 
 
 def test_v1_decision_resolves_as_unsigned() -> None:

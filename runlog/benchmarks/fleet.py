@@ -1,0 +1,251 @@
+"""``runlog bench fleet``: the worker fleet's targets (docs/concepts/fleet.md).
+
+* ``dispatch``: an idle fleet; ``runlog.start`` to the agent's first event (its
+  RUN_STARTED), one start at a time: p50 and p99.
+* ``failover``: one worker holds N open runs (each appending every 0.5 s); a second worker
+  joins, then the first is SIGKILLed. For every run, the time from the kill to its next
+  event written by another worker; p99 against the bound lease TTL + session timeout + 2 s.
+* ``steps``: R runs x S irreversible tool calls of an async agent on one worker: durable
+  steps per second, from the first start to the last finish.
+
+Workers are real `runlog worker` processes on scratch topics (deleted afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runlog.api import start
+from runlog.benchmarks.common import Scratch, worker_env
+from runlog.log.reader import LogReader
+from runlog.projections.run_state import RunState, fold
+from runlog.schemas import codec
+from runlog.schemas.models import Event
+from runlog.settings import Settings
+
+TENANT = "bench"
+
+
+def _pct(values: list[float], q: float) -> float:
+    vals = sorted(values)
+    if not vals:
+        return float("nan")
+    return vals[min(len(vals) - 1, max(0, round(q * (len(vals) - 1))))]
+
+
+class _Workers:
+    def __init__(self, settings: Settings, out: Path) -> None:
+        self.settings = settings
+        self.out = out
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, concurrency: int) -> str:
+        log = self.out / f"fleet-{name}.log"
+        wid = f"{name}-{os.getpid()}"
+        env = worker_env(
+            self.settings,
+            RUNLOG_WORKER_SESSION_TIMEOUT_MS=str(self.settings.worker_session_timeout_ms),
+        )
+        self.procs[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runlog.cli",
+                "worker",
+                "--agents",
+                "runlog.benchmarks.fleet_agents",
+                "--concurrency",
+                str(concurrency),
+                "--id",
+                wid,
+                "--drain-s",
+                "1",
+            ],
+            env=env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while "caught up" not in log.read_text(errors="replace"):
+            if self.procs[name].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {name} did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        return wid
+
+    def kill(self, name: str) -> float:
+        t = time.time()
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+        return t
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _events(reader: LogReader, rid: str) -> list[Event]:
+    part = reader.partition_of(rid)
+    return [r.event for r in reader.read(rid, partition=part, start=0)]
+
+
+def _wait(settings: Settings, rids: list[str], done: Any, timeout: float) -> dict[str, RunState]:
+    deadline = time.monotonic() + timeout
+    with LogReader(settings) as reader:
+        while True:
+            got = {rid: fold(_events(reader, rid)) for rid in rids}
+            if all(done(st) for st in got.values()):
+                return got
+            if time.monotonic() > deadline:
+                left = sum(not done(st) for st in got.values())
+                raise RuntimeError(f"{left} of {len(rids)} runs not there after {timeout:.0f}s")
+            time.sleep(0.25)
+
+
+def dispatch(settings: Settings, out: Path, n: int) -> dict[str, Any]:
+    workers = _Workers(settings, out)
+    try:
+        workers.spawn("idle", 8)
+        lat: list[float] = []
+        with LogReader(settings) as reader:
+            for _ in range(n):
+                t0 = codec.now_utc()
+                rid = start("bench.first", None, tenant=TENANT, settings=settings)
+                deadline = time.monotonic() + 30
+                while True:
+                    evs = _events(reader, rid)
+                    if evs:
+                        lat.append((evs[0].occurred_at - t0).total_seconds() * 1000)
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"run {rid} never started")
+                    time.sleep(0.002)
+                time.sleep(0.05)  # idle again
+    finally:
+        workers.stop()
+    return {
+        "starts": n,
+        "p50_ms": statistics.median(lat),
+        "p99_ms": _pct(lat, 0.99),
+        "max_ms": max(lat),
+    }
+
+
+def failover(settings: Settings, out: Path, n: int) -> dict[str, Any]:
+    workers = _Workers(settings, out)
+    try:
+        victim = workers.spawn("holder", n + 10)
+        order = {"steps": 10_000, "every_s": 0.5, "until": time.time() + 120}
+        rids = [start("bench.hold", order, tenant=TENANT, settings=settings) for _ in range(n)]
+        _wait(settings, rids, lambda st: st.seq >= 2, 120)
+        workers.spawn("heir", n + 10)  # takes partitions; the holder keeps its leases
+        time.sleep(1.0)
+        killed_at = time.time()
+        workers.kill("holder")
+        bound_s = (settings.lease_ttl_ms + settings.worker_session_timeout_ms) / 1000 + 2
+        deadline = time.monotonic() + bound_s + 60
+        after: dict[str, float] = {}
+        with LogReader(settings) as reader:
+            while len(after) < n and time.monotonic() < deadline:
+                for rid in rids:
+                    if rid in after:
+                        continue
+                    for ev in _events(reader, rid):
+                        if not ev.writer_id.startswith(victim) and ev.seq > 1:
+                            after[rid] = ev.occurred_at.timestamp() - killed_at
+                            break
+                time.sleep(0.2)
+    finally:
+        workers.stop()
+    lat = list(after.values())
+    return {
+        "runs": n,
+        "resumed": len(after),
+        "p50_s": statistics.median(lat) if lat else float("nan"),
+        "p99_s": _pct(lat, 0.99),
+        "max_s": max(lat) if lat else float("nan"),
+        "bound_s": bound_s,
+        "lease_ttl_ms": settings.lease_ttl_ms,
+        "session_timeout_ms": settings.worker_session_timeout_ms,
+    }
+
+
+def steps(settings: Settings, out: Path, runs: int, per_run: int) -> dict[str, Any]:
+    workers = _Workers(settings, out)
+    try:
+        workers.spawn("steps", runs)
+        t0 = time.monotonic()
+        rids = [
+            start("bench.steps", {"steps": per_run}, tenant=TENANT, settings=settings)
+            for _ in range(runs)
+        ]
+        got = _wait(settings, rids, lambda st: st.status == "finished", 600)
+        elapsed = time.monotonic() - t0
+    finally:
+        workers.stop()
+    ok = sum(st.outcome == "succeeded" for st in got.values())
+    return {
+        "runs": runs,
+        "steps_per_run": per_run,
+        "succeeded": ok,
+        "seconds": elapsed,
+        "steps_per_s": runs * per_run / elapsed,
+    }
+
+
+def run(
+    base: Settings,
+    *,
+    out: Path,
+    starts: int = 50,
+    held: int = 200,
+    runs: int = 100,
+    per_run: int = 20,
+    lease_ttl_ms: int = 3000,
+    session_timeout_ms: int = 6000,
+) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {}
+    phases: list[tuple[str, Any]] = [
+        ("dispatch", lambda s: dispatch(s, out, starts)),
+        ("failover", lambda s: failover(s, out, held)),
+        ("steps", lambda s: steps(s, out, runs, per_run)),
+    ]
+    for name, phase in phases:  # each on topics of its own: no run of one is left to another
+        scratch = Scratch.create(
+            base, lease_ttl_ms=lease_ttl_ms, worker_session_timeout_ms=session_timeout_ms
+        )
+        try:
+            res[name] = phase(scratch.settings)
+        finally:
+            scratch.cleanup()
+    return res
+
+
+def report(res: dict[str, Any]) -> str:
+    d, f, st = res["dispatch"], res["failover"], res["steps"]
+    return "\n".join(
+        [
+            f"dispatch (idle fleet, {d['starts']} starts): start -> RUN_STARTED "
+            f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms, max {d['max_ms']:.1f} ms "
+            "(targets 50 / 250 ms)",
+            f"failover ({f['runs']} open runs, SIGKILL): {f['resumed']} resumed by another "
+            f"worker; kill -> next event p50 {f['p50_s']:.2f} s, p99 {f['p99_s']:.2f} s, "
+            f"max {f['max_s']:.2f} s; bound TTL {f['lease_ttl_ms']} ms + session "
+            f"{f['session_timeout_ms']} ms + 2 s = {f['bound_s']:.1f} s",
+            f"steps ({st['runs']} runs x {st['steps_per_run']} irreversible steps, one worker): "
+            f"{st['steps_per_s']:.0f} durable steps/s ({st['succeeded']} succeeded)",
+        ]
+    )

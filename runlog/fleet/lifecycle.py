@@ -1,0 +1,159 @@
+"""The run-lifecycle topic: a compacted, co-partitioned dispatch index keyed by run id.
+
+Partition p of ``<prefix>.lifecycle`` names the runs that live in partition p of the
+events topic (same count, same murmur2 placement of the run id). The latest record of a
+run is its dispatch state; a finished run's record is a tombstone. The topic is a hint a
+worker checks against the log (opening a run replays it), never a source of truth: see
+docs/concepts/fleet.md for why dispatch reads it rather than the events or the run index.
+
+A record's value is canonical JSON: ``{"v": 1, "state": ..., "tenant": ..., "agent": ...}``
+plus ``input_json`` (``requested``) or ``due_at`` (``waiting_until``, ISO UTC).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from runlog.errors import ConfigError, KafkaUnavailable, SchemaError
+from runlog.schemas.keys import partition_for
+from runlog.settings import Settings
+
+State = Literal["requested", "open", "waiting_person", "waiting_until"]
+STATES: tuple[State, ...] = ("requested", "open", "waiting_person", "waiting_until")
+DISPATCHABLE: frozenset[str] = frozenset({"requested", "open"})
+FORMAT = 1
+
+
+def topic(settings: Settings) -> str:
+    return settings.lifecycle_topic
+
+
+def group(settings: Settings) -> str:
+    return settings.fleet_group
+
+
+@dataclass(frozen=True)
+class Record:
+    """One run's dispatch state (the value of its latest lifecycle record)."""
+
+    state: State
+    tenant: str
+    agent: str
+    input_json: str | None = None
+    due_at: datetime | None = None
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {
+            "v": FORMAT,
+            "state": self.state,
+            "tenant": self.tenant,
+            "agent": self.agent,
+        }
+        if self.input_json is not None:
+            body["input_json"] = self.input_json
+        if self.due_at is not None:
+            body["due_at"] = self.due_at.isoformat()
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Record:
+        try:
+            body = json.loads(value)
+            if body.get("v") != FORMAT or body.get("state") not in STATES:
+                raise ValueError(f"unknown lifecycle record {body.get('v')}/{body.get('state')}")
+            due = body.get("due_at")
+            return cls(
+                state=body["state"],
+                tenant=str(body["tenant"]),
+                agent=str(body["agent"]),
+                input_json=body.get("input_json"),
+                due_at=datetime.fromisoformat(due) if due else None,
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SchemaError(f"undecodable lifecycle record: {exc}") from exc
+
+
+class LifecycleWriter:
+    """Writes lifecycle records, each acknowledged (acks=all, idempotent) before it returns."""
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import Producer
+
+        self.settings = settings
+        self.topic = topic(settings)
+        conf = settings.durable_producer_config({"linger.ms": 0})
+        self._producer = Producer(conf)
+        self._lock = threading.Lock()
+        self._check_topic()
+
+    def _check_topic(self) -> None:
+        """A missing topic is a setup step not taken: said at once, not after the delivery
+        timeout of the first request."""
+        try:
+            md = self._producer.list_topics(self.topic, timeout=10)
+        except Exception as exc:
+            raise KafkaUnavailable(f"describing {self.topic}: {exc}") from exc
+        found = md.topics.get(self.topic)
+        if found is None or found.error is not None:
+            raise ConfigError(
+                f"topic {self.topic} is missing: run `runlog topics create` (the fleet's "
+                "lifecycle topic, docs/concepts/fleet.md)"
+            )
+        check_partitions(self.settings, len(found.partitions))
+
+    def write(self, run_id: str, record: Record | None, *, timeout_s: float = 30.0) -> int:
+        """Produce ``record`` (None: a tombstone) for ``run_id``; returns its offset."""
+        part = partition_for(run_id, self.settings.partitions)
+        done = threading.Event()
+        got: dict[str, Any] = {}
+
+        def report(err: Any, msg: Any) -> None:
+            got["err"], got["offset"] = err, (msg.offset() if msg is not None else -1)
+            done.set()
+
+        value = None if record is None else record.encode()
+        with self._lock:
+            try:
+                self._producer.produce(
+                    self.topic, key=run_id.encode(), value=value, partition=part, on_delivery=report
+                )
+            except Exception as exc:  # BufferError, KafkaException
+                raise KafkaUnavailable(f"lifecycle record of {run_id}: {exc}") from exc
+        deadline_s = timeout_s
+        while not done.is_set() and deadline_s > 0:
+            self._producer.poll(0.05)
+            deadline_s -= 0.05
+        if not done.is_set():
+            raise KafkaUnavailable(f"lifecycle record of {run_id} not acknowledged in {timeout_s}s")
+        if got["err"] is not None:
+            raise KafkaUnavailable(f"lifecycle record of {run_id} refused: {got['err']}")
+        return int(got["offset"])
+
+    def close(self) -> None:
+        self._producer.flush(5)
+
+
+_WRITERS: dict[str, LifecycleWriter] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def writer_for(settings: Settings) -> LifecycleWriter:
+    """One writer per process and settings (a producer is a connection pool)."""
+    key = settings.fingerprint()
+    with _WRITERS_LOCK:
+        w = _WRITERS.get(key)
+        if w is None:
+            w = _WRITERS[key] = LifecycleWriter(settings)
+        return w
+
+
+def check_partitions(settings: Settings, count: int) -> None:
+    if count != settings.partitions:
+        raise ConfigError(
+            f"topic {topic(settings)} has {count} partitions but RUNLOG_PARTITIONS is "
+            f"{settings.partitions}: the lifecycle topic must be co-partitioned with the events"
+        )

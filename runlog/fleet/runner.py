@@ -1,0 +1,294 @@
+"""One dispatch of one run: open it under its lease, execute its agent, record the end.
+
+The worker calls ``execute`` (or ``execute_async`` for an ``async def`` agent) in a free
+slot; the result says what became of the run and what the worker does next. A wait
+(timer or person) is written to the lifecycle topic while the lease is still held, and the
+lease is released afterwards, so a decision's or a resume's record always lands after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from runlog.errors import (
+    AppendOutcomeUnknown,
+    Escalated,
+    Fenced,
+    KafkaUnavailable,
+    RedisUnavailable,
+    RunFinished,
+    RunLocked,
+    TenantMismatch,
+)
+from runlog.fleet.lifecycle import LifecycleWriter, Record
+from runlog.fleet.registry import Agent
+from runlog.producers import timers
+from runlog.producers.approvals import decisions_key
+from runlog.producers.async_run import AsyncRun, in_thread, open_async
+from runlog.producers.bounds import TEXT_BYTES, bound_text
+from runlog.producers.opening import open_run_with
+from runlog.producers.run import Run, RunDeps
+from runlog.schemas.vocabulary import EventType
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["finished", "waiting_person", "waiting_until", "locked", "retry", "forget"]
+INFRA = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)
+"""Not the agent's failure: nothing is recorded, the run is dispatched again."""
+INFRA_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Result:
+    kind: Kind
+    record: Record | None = None
+    """The lifecycle record this dispatch wrote last (None: none, or a tombstone)."""
+    offset: int | None = None
+    """Its offset in the lifecycle partition."""
+    retry_s: float = 0.0
+    why: str = ""
+
+
+def _is_finished(run: Run) -> bool:
+    """Whether the agent finished the run itself (read again after it ran)."""
+    return run.state.status == "finished"
+
+
+def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
+    return {"code_version": agent.version, "input_json": rec.input_json or "null"}
+
+
+def _input(run_input: str | None, rec: Record) -> Any:
+    return json.loads(run_input or rec.input_json or "null")
+
+
+def _locked(exc: RunLocked, deps: RunDeps) -> Result:
+    ttl = exc.holder_ttl_ms if exc.holder_ttl_ms is not None else deps.settings.lease_ttl_ms
+    return Result("locked", retry_s=max(0.02, ttl / 1000 + 0.02), why=str(exc))
+
+
+def _fenced(deps: RunDeps, exc: BaseException) -> Result:
+    return Result("locked", retry_s=deps.settings.lease_ttl_ms / 1000, why=str(exc))
+
+
+def _failure_text(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return bound_text(f"agent failed: {type(exc).__name__}: {exc}\n{text}", TEXT_BYTES)
+
+
+def _waiting_until(
+    lw: LifecycleWriter, run_id: str, tenant: str, agent: str, due: datetime
+) -> Result:
+    rec = Record("waiting_until", tenant, agent, due_at=due)
+    return Result("waiting_until", rec, lw.write(run_id, rec))
+
+
+def _waiting_person(lw: LifecycleWriter, run_id: str, tenant: str, agent: str) -> Result:
+    rec = Record("waiting_person", tenant, agent)
+    return Result("waiting_person", rec, lw.write(run_id, rec))
+
+
+def _decided_meanwhile(deps: RunDeps, lw: LifecycleWriter, res: Result, run_id: str) -> Result:
+    """After the lease is released: a decision queued while this worker held the run is in
+    its inbox, and no one else will dispatch it; write ``open`` for it (a decision that comes
+    later finds the run free, is recorded by its decider, who writes ``open`` then)."""
+    assert res.record is not None
+    try:
+        queued = int(deps.redis.llen(decisions_key(deps, res.record.tenant, run_id)))
+    except Exception:  # noqa: BLE001 - Redis down: the decider's own record still wakes it
+        return res
+    if not queued:
+        return res
+    rec = Record("open", res.record.tenant, res.record.agent)
+    return Result("waiting_person", rec, lw.write(run_id, rec))
+
+
+def _finished(lw: LifecycleWriter, run_id: str) -> Result:
+    return Result("finished", None, lw.write(run_id, None))
+
+
+def _retry_or_fail_due(agent: Agent, state_timers: tuple[Any, ...]) -> float | None:
+    """Seconds until the agent's next retry, or None when its policy has none left."""
+    used = sum(1 for t in state_timers if t.purpose == timers.RETRY)
+    if used >= agent.retry.retries:
+        return None
+    return agent.retry.delay(used)
+
+
+def execute(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, agent: Agent) -> Result:
+    """Dispatch ``run_id`` once in this thread (a sync agent)."""
+    try:
+        run = open_run_with(
+            deps,
+            run_id,
+            tenant=rec.tenant,
+            tools=agent.tools,
+            wait_s=0,
+            agent=agent.name,
+            reason=f"dispatched to worker {deps.writer_id}",
+            started_with=_start_fields(agent, rec),
+        )
+    except RunLocked as exc:
+        return _locked(exc, deps)
+    except TenantMismatch as exc:
+        log.error("start of %s refused: %s", run_id, exc)
+        return Result("forget", why=str(exc))
+    except Fenced as exc:
+        return _fenced(deps, exc)
+    except INFRA as exc:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    except Escalated:
+        return _decided_meanwhile(
+            deps, lw, _waiting_person(lw, run_id, rec.tenant, agent.name), run_id
+        )
+    run.dispatched = True
+    try:
+        if run.state.status == "finished":
+            run.close()
+            return _finished(lw, run_id)
+        summary = agent.fn(run, _input(run.state.agent_input, rec))
+        if not _is_finished(run):
+            run.finish("succeeded", "" if summary is None else str(summary))
+        return _finished(lw, run_id)
+    except timers.TimerPending as wait:
+        res = _waiting_until(lw, run_id, rec.tenant, agent.name, wait.due_at)
+        run.close()
+        return res
+    except Escalated:
+        res = _waiting_person(lw, run_id, rec.tenant, agent.name)
+        run.close()
+        return _decided_meanwhile(deps, lw, res, run_id)
+    except RunFinished:
+        run.close()
+        return _finished(lw, run_id)
+    except (Fenced, RunLocked) as exc:
+        run.lease.release()
+        return _fenced(deps, exc)
+    except INFRA as exc:
+        run.lease.release()
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    except Exception as exc:  # noqa: BLE001 - the agent's failure: recorded, the run ends
+        return _agent_failed(lw, run, agent, rec, exc)
+    finally:
+        run.lease.release()
+
+
+def _agent_failed(
+    lw: LifecycleWriter, run: Run, agent: Agent, rec: Record, exc: Exception
+) -> Result:
+    try:
+        delay = _retry_or_fail_due(agent, run.state.timers)
+        if delay is not None:
+            nxt = timers.next_timer(run.state, 1 << 30, timers.RETRY)
+            run.append(EventType.TIMER_STARTED, timers.payload(nxt.ordinal, delay, timers.RETRY))
+            due = run.state.timers[nxt.ordinal].due_at
+            log.warning("agent %s failed on %s (%s); retry at %s", agent.name, run.run_id, exc, due)
+            res = _waiting_until(lw, run.run_id, rec.tenant, agent.name, due)
+            run.close()
+            return res
+        log.warning("agent %s failed on %s: %s", agent.name, run.run_id, exc)
+        run.finish("failed", _failure_text(exc))
+        return _finished(lw, run.run_id)
+    except (Fenced, RunLocked) as err:
+        return _fenced(run.deps, err)
+    except INFRA as err:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))
+
+
+async def execute_async(
+    deps: RunDeps,
+    aredis: aioredis.Redis,
+    lw: LifecycleWriter,
+    run_id: str,
+    rec: Record,
+    agent: Agent,
+) -> Result:
+    """Dispatch ``run_id`` once in this event loop (an ``async def`` agent)."""
+    try:
+        arun = await open_async(
+            deps,
+            aredis,
+            run_id,
+            tenant=rec.tenant,
+            tools=agent.tools,
+            wait_s=0,
+            agent=agent.name,
+            reason=f"dispatched to worker {deps.writer_id}",
+            started_with=_start_fields(agent, rec),
+        )
+    except RunLocked as exc:
+        return _locked(exc, deps)
+    except TenantMismatch as exc:
+        log.error("start of %s refused: %s", run_id, exc)
+        return Result("forget", why=str(exc))
+    except Fenced as exc:
+        return _fenced(deps, exc)
+    except INFRA as exc:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    except Escalated:
+        res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
+        return await in_thread(_decided_meanwhile, deps, lw, res, run_id)
+    run = arun.sync
+    run.dispatched = True
+    try:
+        if run.state.status == "finished":
+            await arun.close()
+            return await in_thread(_finished, lw, run_id)
+        summary = await agent.fn(arun, _input(run.state.agent_input, rec))
+        if not _is_finished(run):
+            await arun.finish("succeeded", "" if summary is None else str(summary))
+        await arun.close()
+        return await in_thread(_finished, lw, run_id)
+    except timers.TimerPending as wait:
+        res = await in_thread(_waiting_until, lw, run_id, rec.tenant, agent.name, wait.due_at)
+        await arun.close()
+        return res
+    except Escalated:
+        res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
+        await arun.close()
+        return await in_thread(_decided_meanwhile, deps, lw, res, run_id)
+    except RunFinished:
+        await arun.close()
+        return await in_thread(_finished, lw, run_id)
+    except (Fenced, RunLocked) as exc:
+        await in_thread(run.lease.release)
+        return _fenced(deps, exc)
+    except INFRA as exc:
+        await in_thread(run.lease.release)
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    except Exception as exc:  # noqa: BLE001 - the agent's failure: recorded, the run ends
+        return await _agent_failed_async(lw, arun, agent, rec, exc)
+    finally:
+        await in_thread(run.lease.release)
+
+
+async def _agent_failed_async(
+    lw: LifecycleWriter, arun: AsyncRun, agent: Agent, rec: Record, exc: Exception
+) -> Result:
+    run = arun.sync
+    try:
+        delay = _retry_or_fail_due(agent, run.state.timers)
+        if delay is not None:
+            nxt = timers.next_timer(run.state, 1 << 30, timers.RETRY)
+            await arun.append(
+                EventType.TIMER_STARTED, timers.payload(nxt.ordinal, delay, timers.RETRY)
+            )
+            due = run.state.timers[nxt.ordinal].due_at
+            res = await in_thread(_waiting_until, lw, run.run_id, rec.tenant, agent.name, due)
+            await arun.close()
+            return res
+        log.warning("agent %s failed on %s: %s", agent.name, run.run_id, exc)
+        await arun.finish("failed", _failure_text(exc))
+        await arun.close()
+        return await in_thread(_finished, lw, run.run_id)
+    except (Fenced, RunLocked) as err:
+        return _fenced(run.deps, err)
+    except INFRA as err:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))

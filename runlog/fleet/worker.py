@@ -1,0 +1,395 @@
+"""``runlog worker``: execute registered agents, dispatched by Kafka's consumer group.
+
+One consumer (group ``<prefix>.workers``, cooperative-sticky) follows the lifecycle topic.
+Each assigned partition is read from its beginning (the compacted topic is the table of its
+open runs; no offsets are committed) and then followed. Once caught up, every ``requested``
+or ``open`` run of the partition is dispatched in a free slot, every ``waiting_until`` one
+goes into a timer heap, and each later record is acted on as it arrives. The lease decides
+who acts: a run whose lease is held is tried again when the holder's lease runs out, so an
+orphan (its worker died) is resumed by whoever owns its partition then.
+
+The main thread polls the consumer, fires timers and launches dispatches; sync agents run
+in a thread pool of ``concurrency`` slots, async agents in one event loop (same slots).
+A dispatch's result comes back to the main thread through a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from runlog.errors import ConfigError
+from runlog.fleet import lifecycle
+from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
+from runlog.fleet.registry import Agent
+from runlog.fleet.runner import Result, execute, execute_async
+from runlog.log.clients import async_redis_client
+from runlog.producers.run import RunDeps
+from runlog.schemas import codec
+from runlog.schemas.keys import partition_for
+from runlog.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0
+"""How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
+UNKNOWN_AGENT_RETRY_S = 10.0
+
+
+def workers_key(settings: Settings, worker_id: str = "*") -> str:
+    return f"{settings.redis_key_prefix}:workers:{worker_id}"
+
+
+def live_workers(client: redis.Redis, settings: Settings) -> list[dict[str, str]]:
+    """The workers that refreshed their entry within the last three heartbeats."""
+    out = []
+    for key in client.scan_iter(match=workers_key(settings), count=500):
+        raw = client.hgetall(key)
+        if raw:
+            out.append({_text(k): _text(v) for k, v in raw.items()})
+    return sorted(out, key=lambda w: (w.get("since", ""), w.get("id", "")))
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass
+class Entry:
+    record: Record | None
+    """None: finished (its tombstone is at ``offset``)."""
+    offset: int
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        deps: RunDeps,
+        agents: dict[str, Agent],
+        *,
+        concurrency: int = 8,
+        worker_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.deps = deps
+        self.agents = agents
+        self.concurrency = max(1, concurrency)
+        self.id = worker_id or deps.writer_id
+        self.lw: LifecycleWriter = lifecycle.writer_for(settings)
+        self.tables: dict[int, dict[str, Entry]] = {}
+        self.high: dict[int, int] = {}
+        self.caught_up: set[int] = set()
+        self.ready: deque[str] = deque()
+        self.queued: set[str] = set()
+        self.heap: list[tuple[float, int, str]] = []
+        self._seq = 0
+        self.active: dict[str, Future[Result]] = {}
+        self.results: queue.Queue[tuple[str, Future[Result]]] = queue.Queue()
+        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="runlog-agent")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._aredis: Any = None
+        self.since = codec.now_utc().isoformat()
+        self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
+        self._consumer: Any = None
+        self._stop = threading.Event()
+
+    # The group ---------------------------------------------------------------------------
+    def _consumer_conf(self) -> dict[str, Any]:
+        session = self.settings.worker_session_timeout_ms
+        tunables = {
+            "session.timeout.ms": session,
+            "heartbeat.interval.ms": max(100, session // 3),
+            "fetch.wait.max.ms": 100,
+        }
+        common = self.settings.kafka_common()  # RUNLOG_KAFKA_EXTRA may tune the group
+        conf = {
+            **tunables,
+            **common,
+            "group.id": lifecycle.group(self.settings),
+            "client.id": f"runlog-worker-{self.id}",
+            # The compacted partition is the table: read whole on assignment, never
+            # committed, so the group's offsets never hide a run.
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.partition.eof": False,
+        }
+        if str(common.get("group.protocol", "classic")).lower() == "consumer":
+            # KIP-848: the broker assigns (incrementally) and owns the session timeout
+            # (group.consumer.session.timeout.ms); the client may not set them.
+            for key in ("session.timeout.ms", "heartbeat.interval.ms"):
+                if key not in common:
+                    conf.pop(key)
+            conf.pop("partition.assignment.strategy")
+        return conf
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        empty: list[int] = []
+        for tp in partitions:
+            lo, hi = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            self.tables[tp.partition] = {}
+            self.high[tp.partition] = hi
+            tp.offset = OFFSET_BEGINNING
+            empty.extend([tp.partition] if hi <= lo else [])
+        consumer.incremental_assign(partitions)
+        log.info("worker %s assigned %s", self.id, sorted(tp.partition for tp in partitions))
+        for p in empty:
+            self._catch_up(p)
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            self.tables.pop(tp.partition, None)
+            self.caught_up.discard(tp.partition)
+        consumer.incremental_unassign(partitions)
+        log.info("worker %s revoked %s", self.id, sorted(tp.partition for tp in partitions))
+
+    # The table ---------------------------------------------------------------------------
+    def _apply(self, partition: int, offset: int, key: bytes, value: bytes | None) -> None:
+        table = self.tables.get(partition)
+        if table is None:
+            return
+        rid = key.decode()
+        have = table.get(rid)
+        if have is not None and have.offset >= offset:
+            if have.offset == offset and value is None:
+                del table[rid]  # our own tombstone came back: forget the run
+            return
+        if value is None:
+            table.pop(rid, None)
+            return
+        try:
+            rec = Record.decode(value)
+        except Exception as exc:  # noqa: BLE001 - one bad record must not stop dispatch
+            log.error("lifecycle record of %s at %s/%s: %s", rid, partition, offset, exc)
+            return
+        table[rid] = Entry(rec, offset)
+        if partition in self.caught_up:
+            self._schedule(rid, table[rid])
+
+    def _catch_up(self, partition: int) -> None:
+        self.caught_up.add(partition)
+        table = self.tables.get(partition, {})
+        log.info("worker %s: partition %s caught up, %s open runs", self.id, partition, len(table))
+        for rid, entry in table.items():
+            self._schedule(rid, entry)
+
+    def _schedule(self, rid: str, entry: Entry) -> None:
+        rec = entry.record
+        if rec is None or rid in self.active:
+            return
+        if rec.state in DISPATCHABLE:
+            if rid not in self.queued:
+                self.queued.add(rid)
+                self.ready.append(rid)
+        elif rec.state == "waiting_until" and rec.due_at is not None:
+            self._later(rid, max(0.0, (rec.due_at - codec.now_utc()).total_seconds()))
+
+    def _later(self, rid: str, delay_s: float) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (time.monotonic() + delay_s, self._seq, rid))
+
+    def _entry(self, rid: str) -> Entry | None:
+        table = self.tables.get(partition_for(rid, self.settings.partitions))
+        return None if table is None else table.get(rid)
+
+    def _fire_due(self) -> None:
+        now = time.monotonic()
+        while self.heap and self.heap[0][0] <= now:
+            _, _, rid = heapq.heappop(self.heap)
+            entry = self._entry(rid)
+            if entry is None or entry.record is None or rid in self.active or rid in self.queued:
+                continue
+            if entry.record.state in DISPATCHABLE or entry.record.state == "waiting_until":
+                due = entry.record.due_at
+                if entry.record.state == "waiting_until" and due is not None:
+                    left = (due - codec.now_utc()).total_seconds()
+                    if left > 0.001:
+                        self._later(rid, left)
+                        continue
+                self.queued.add(rid)
+                self.ready.append(rid)
+
+    # Dispatch ----------------------------------------------------------------------------
+    def _launch(self) -> None:
+        while self.ready and len(self.active) < self.concurrency:
+            rid = self.ready.popleft()
+            self.queued.discard(rid)
+            entry = self._entry(rid)
+            if entry is None or entry.record is None or rid in self.active:
+                continue
+            rec = entry.record
+            agent = self.agents.get(rec.agent)
+            if agent is None:
+                log.error("run %s names agent %r, not registered here", rid, rec.agent)
+                self._later(rid, UNKNOWN_AGENT_RETRY_S)
+                continue
+            fut: Future[Result]
+            if agent.is_async:
+                loop = self._event_loop()
+                fut = asyncio.run_coroutine_threadsafe(
+                    execute_async(self.deps, self._aredis, self.lw, rid, rec, agent), loop
+                )
+            else:
+                fut = self.pool.submit(execute, self.deps, self.lw, rid, rec, agent)
+            self.active[rid] = fut
+            self.stats["dispatched"] += 1
+            fut.add_done_callback(functools.partial(self._done, rid))
+
+    def _done(self, rid: str, fut: Future[Result]) -> None:
+        self.results.put((rid, fut))
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                self._aredis = async_redis_client(self.settings)
+                ready.set()
+                loop.run_forever()
+
+            threading.Thread(target=serve, name="runlog-agent-loop", daemon=True).start()
+            ready.wait()
+            self.loop = loop
+        return self.loop
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                rid, fut = self.results.get_nowait()
+            except queue.Empty:
+                return
+            self.active.pop(rid, None)
+            try:
+                res = fut.result()
+            except BaseException as exc:
+                log.exception("dispatch of %s crashed: %s", rid, exc)
+                res = Result("retry", retry_s=5.0, why=repr(exc))
+            self._settle(rid, res)
+
+    def _settle(self, rid: str, res: Result) -> None:
+        table = self.tables.get(partition_for(rid, self.settings.partitions))
+        if table is None:
+            return  # the partition moved meanwhile: its new owner reads the records
+        if res.kind == "forget":
+            table.pop(rid, None)
+            return
+        if res.kind in ("locked", "retry"):
+            self.stats["locked" if res.kind == "locked" else "retried"] += 1
+            self._later(rid, res.retry_s)
+            return
+        self.stats["finished" if res.kind == "finished" else "waiting"] += 1
+        entry = table.get(rid)
+        if res.offset is not None and (entry is None or entry.offset < res.offset):
+            entry = table[rid] = Entry(res.record, res.offset)
+        if entry is not None:
+            self._schedule(rid, entry)  # a newer record (a decision, a resume) came meanwhile
+
+    # Presence ----------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        key = workers_key(self.settings, self.id)
+        fields: dict[Any, Any] = {
+            "id": self.id,
+            "host": socket.gethostname(),
+            "pid": str(os.getpid()),
+            "since": self.since,
+            "runs_held": str(len(self.active)),
+            "partitions": ",".join(str(p) for p in sorted(self.tables)),
+            "agents": ",".join(sorted(self.agents)),
+            "group": lifecycle.group(self.settings),
+        }
+        try:
+            pipe = self.deps.redis.pipeline(transaction=False)
+            pipe.hset(key, mapping=fields)
+            pipe.pexpire(key, int(HEARTBEAT_S * 3 * 1000))
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("worker %s could not refresh its presence: %s", self.id, exc)
+
+    # The loop ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, *, drain_s: float = 30.0, on_ready: Callable[[], None] | None = None) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(self._consumer_conf(), logger=log)
+        self._consumer = consumer
+        md = consumer.list_topics(self.lw.topic, timeout=10)
+        tmd = md.topics.get(self.lw.topic)
+        if tmd is None or tmd.error is not None:
+            consumer.close()
+            raise ConfigError(f"topic {self.lw.topic} is missing: run `runlog topics create`")
+        lifecycle.check_partitions(self.settings, len(tmd.partitions))
+        consumer.subscribe(
+            [self.lw.topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+        next_beat = 0.0
+        if on_ready is not None:
+            on_ready()
+        try:
+            while not self._stop.is_set():
+                for msg in consumer.consume(num_messages=500, timeout=0.02):
+                    if msg.error() is not None:
+                        log.warning("lifecycle consumer: %s", msg.error())
+                        continue
+                    p, off = msg.partition() or 0, msg.offset() or 0
+                    self._apply(p, off, msg.key() or b"", msg.value())
+                    if p not in self.caught_up and off + 1 >= self.high.get(p, 0):
+                        self._catch_up(p)
+                pending = [p for p in self.tables if p not in self.caught_up]
+                if pending:
+                    tps = consumer.position([TopicPartition(self.lw.topic, p) for p in pending])
+                    for tp in tps:
+                        if tp.offset >= 0 and tp.offset >= self.high.get(tp.partition, 0):
+                            self._catch_up(tp.partition)
+                self._reap()
+                self._fire_due()
+                self._launch()
+                if time.monotonic() >= next_beat:
+                    self._heartbeat()
+                    next_beat = time.monotonic() + HEARTBEAT_S
+        finally:
+            self._shutdown(consumer, drain_s)
+
+    def _shutdown(self, consumer: Any, drain_s: float) -> None:
+        deadline = time.monotonic() + drain_s
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self._reap()
+        try:
+            consumer.close()  # leaves the group: its partitions move at once
+        except Exception as exc:  # noqa: BLE001
+            log.warning("closing the lifecycle consumer: %s", exc)
+        with contextlib.suppress(redis.RedisError):
+            self.deps.redis.delete(workers_key(self.settings, self.id))
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"

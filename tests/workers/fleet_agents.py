@@ -1,0 +1,115 @@
+"""Agents for the fleet tests, imported by `runlog worker --agents workers.fleet_agents`.
+
+The receiver is not idempotent: each call of ``pay`` adds one to the count of its key in
+Redis (``<prefix>:effects``) and records its result for the lookup (``<prefix>:results``),
+in one MULTI. A test asserts every count is 1 (every effect once). ``pay``'s reconciler
+looks the key up: an effect that landed is a Match, one that did not is Absent (the MULTI
+either happened or did not; nothing commits later).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+
+import runlog
+
+PREFIX = os.environ.get("RUNLOG_REDIS_KEY_PREFIX", "runlog")
+STEP_S = float(os.environ.get("FLEET_TEST_STEP_S", "0.05"))
+_client: redis.Redis | None = None
+
+
+def client() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["RUNLOG_REDIS_URL"])
+    return _client
+
+
+def effects_key() -> str:
+    return f"{PREFIX}:effects"
+
+
+def results_key() -> str:
+    return f"{PREFIX}:results"
+
+
+def _pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+    time.sleep(STEP_S)  # the call is in flight: a kill lands here too
+    result = f"paid {args['amount']} to {args['to']}"
+    pipe = client().pipeline(transaction=True)
+    pipe.hincrby(effects_key(), idempotency_key, 1)
+    pipe.hset(results_key(), idempotency_key, result)
+    pipe.execute()
+    return result
+
+
+def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+    found = client().hget(results_key(), idempotency_key)
+    if found is None:
+        return runlog.Absent("no effect recorded under the key")
+    return runlog.Match(found.decode())
+
+
+pay = runlog.tool("pay", risk="irreversible", reconcile=_lookup)(_pay)
+
+
+@runlog.agent("payer", tools=[pay])
+def payer(run: runlog.Run, order: dict[str, Any]) -> str:
+    for i in range(int(order["steps"])):
+        run.call_tool("pay", {"to": order["to"], "amount": i})
+    return f"paid {order['steps']} times"
+
+
+@runlog.agent("sleeper", tools=[pay])
+def sleeper(run: runlog.Run, order: dict[str, Any]) -> str:
+    run.call_tool("pay", {"to": order["to"], "amount": 1})
+    run.sleep(float(order["sleep_s"]))
+    run.call_tool("pay", {"to": order["to"], "amount": 2})
+    return "woke and paid"
+
+
+@runlog.agent("asker", tools=[pay])
+def asker(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Asks a person before paying; the decision (approve) lets it pay."""
+    approvals = [a for a in run.state.approvals.values() if a.kind == "action"]
+    if not approvals:
+        aid = run.request_approval("pay the supplier?")
+        raise runlog.Escalated("waiting for a person", approval_id=aid, run_id=run.run_id)
+    if approvals[0].approved is None:
+        raise runlog.Escalated("waiting for a person", run_id=run.run_id)
+    if approvals[0].approved:
+        run.call_tool("pay", {"to": order["to"], "amount": 9})
+        return "approved and paid"
+    return "rejected"
+
+
+@runlog.agent("failing", retries=1, retry_delay_s=0.2)
+def failing(run: runlog.Run, order: dict[str, Any]) -> str:
+    raise ValueError(f"cannot handle {order}")
+
+
+@runlog.agent("apayer", tools=[pay])
+async def apayer(run: runlog.aio.AsyncRun, order: dict[str, Any]) -> str:
+    for i in range(int(order["steps"])):
+        await run.call_tool("pay", {"to": order["to"], "amount": i})
+    await run.sleep(float(order.get("sleep_s", 0)))
+    return "async paid"
+
+
+@runlog.agent("needs_fix", tools=[pay])
+def needs_fix(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Waits for a person until a fix is deployed (a flag in Redis), then pays."""
+    if client().get(f"{PREFIX}:fixed") is None:
+        raise runlog.Escalated("needs a fix deployed", run_id=run.run_id)
+    run.call_tool("pay", {"to": order["to"], "amount": 5})
+    return "fixed and paid"
+
+
+@runlog.agent("napper")
+def napper(run: runlog.Run, order: dict[str, Any]) -> str:
+    run.sleep(float(order["sleep_s"]))
+    return "rested"
