@@ -32,13 +32,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import dataclasses
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
     ChannelVersions,
@@ -50,18 +55,23 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.errors import GraphBubbleUp
 
 from runlog.api import open_run
 from runlog.bootstrap import Services
-from runlog.errors import Fenced, RunLocked
+from runlog.errors import Fenced, RunLocked, ToolFailed, UnknownTool
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
+from runlog.producers.calls import execute_logical
+from runlog.producers.ops import drive
 from runlog.producers.run import Run
+from runlog.producers.tools import Reconciler, Risk, Tool, ToolError, ToolFn, is_async
+from runlog.schemas.canonical import canonical_json
 from runlog.schemas.models import Event, MemoryWritten
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
-__all__ = ["CHECKPOINT_KEY", "RunlogSaver"]
+__all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
 
 CHECKPOINT_KEY = "langgraph.checkpoint"
 """The MEMORY_WRITTEN key of the checkpointer's records."""
@@ -107,6 +117,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         self.wait_s = wait_s
         self.takeover = takeover
         self._owned: dict[str, _Owned] = {}
+        self._tools: dict[str, Tool] = {}
         self._refused: dict[str, str] = {}
         self._lock = threading.RLock()
 
@@ -205,6 +216,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                     settings=self.settings,
                     wait_s=self.wait_s,
                     takeover=self.takeover,
+                    tools=list(self._tools.values()),
                     agent="langgraph",
                     reason="langgraph checkpointer",
                 )
@@ -240,6 +252,19 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             owned = self._owned.pop(thread_id, None)
         if owned is not None:
             owned.run.close()
+
+    def add_tools(self, tools: Iterable[Tool]) -> None:
+        """Tools the threads' runs call (``RunlogToolNode`` adds its own): given to
+        ``open_run``, so a call left uncertain by a crash is settled before the graph goes on."""
+        with self._lock:
+            for t in tools:
+                self._tools[t.name] = t
+                for owned in self._owned.values():
+                    owned.run.tools[t.name] = t
+
+    def run_for(self, thread_id: str) -> Run:
+        """The thread's run, owned by this saver (opened, with recovery, on first use)."""
+        return self._own(thread_id).run
 
     # BaseCheckpointSaver ---------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -361,3 +386,122 @@ class RunlogSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.delete_thread, thread_id)
+
+
+class RunlogToolNode:
+    """A drop-in for LangGraph's ``ToolNode`` whose tools run through runlog's call path.
+
+    ``RunlogToolNode(tools, saver)`` runs the tool calls of the state's last AI message in
+    the thread's run (the run ``saver`` owns for the thread): STARTED durable before the
+    tool runs, the idempotency key and fencing token in ``runlog.current_call()``, the result
+    recorded. A call's key is bound to the thread and the model's tool-call id (ordinal 0), so
+    a node re-executed after ``interrupt()``/resume, or in a new process after a crash, gets
+    the recorded result back instead of running the tool again. A call that started and never
+    completed is settled when the run is opened, before any tool runs: the tool's
+    ``reconcile`` lookup, else its risk class (``safe``/``reversible`` retried with the same
+    key, ``irreversible`` escalated to a person: ``runlog.Escalated`` is raised and the graph
+    stops). Never re-run blindly.
+
+    ``tools`` are runlog tools (``@runlog.tool(risk=..., reconcile=...)``) or LangChain tools
+    (``@langchain_core.tools.tool``), whose risk and lookup come from ``risk=`` and
+    ``reconcile=`` by name (default ``safe``). A proven failure (``runlog.ToolFailed``)
+    becomes an error ``ToolMessage``, as ``ToolNode`` reports a tool's exception.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Any],
+        saver: RunlogSaver,
+        *,
+        risk: Mapping[str, Risk] | None = None,
+        reconcile: Mapping[str, Reconciler] | None = None,
+        messages_key: str = "messages",
+    ) -> None:
+        self.saver = saver
+        self.messages_key = messages_key
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            rt = t if isinstance(t, Tool) else _runlog_tool(t, risk or {}, reconcile or {})
+            self.tools[rt.name] = dataclasses.replace(rt, fn=_interruptible(rt.fn))
+        saver.add_tools(self.tools.values())
+
+    def __call__(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        messages = state[self.messages_key] if isinstance(state, dict) else state
+        ai = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+        if ai is None or not ai.tool_calls:
+            return {self.messages_key: []}
+        thread_id = str(config["configurable"]["thread_id"])
+        run = self.saver.run_for(thread_id)
+        out: list[ToolMessage] = []
+        for tc in ai.tool_calls:
+            call_id = tc["id"] or ""
+            name, args = tc["name"], dict(tc["args"])
+            tool = self.tools.get(name)
+            if tool is None:
+                raise UnknownTool(f"the tool node has no tool {name!r}")
+            args_json = canonical_json(args)
+            scope = f"{thread_id}:langgraph:{call_id}"
+            key = run.idempotency_key(scope, name, args_json, 0)
+            stash: list[GraphBubbleUp] = []
+            token = _BUBBLE.set(stash)
+            try:
+                content = drive(
+                    run,
+                    execute_logical(run, tool, args_json, key, call_id=call_id, operation_id=scope),
+                )
+            except Fenced as exc:
+                self.saver._refuse(thread_id, str(exc))
+                raise
+            except ToolFailed as exc:
+                if stash:  # interrupt(): recorded as "nothing happened", raised to LangGraph
+                    raise stash[0] from None
+                out.append(
+                    ToolMessage(
+                        content=f"Error: {exc}", name=name, tool_call_id=call_id, status="error"
+                    )
+                )
+                continue
+            finally:
+                _BUBBLE.reset(token)
+            out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
+        return {self.messages_key: out}
+
+
+_BUBBLE: ContextVar[list[GraphBubbleUp] | None] = ContextVar(
+    "runlog_langgraph_bubble", default=None
+)
+
+
+def _interruptible(fn: ToolFn) -> ToolFn:
+    """``fn`` with LangGraph's control flow (``interrupt()``, ``Command`` bubbling up) turned
+    into a proven failure for runlog (the tool stopped before any effect: its key stays open,
+    so the resumed node runs it again) and handed back to the node to raise."""
+    if is_async(fn):
+        return fn  # an async tool's interrupt() is recorded as its exception says
+
+    def call(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        try:
+            return fn(args, idempotency_key=idempotency_key)
+        except GraphBubbleUp as exc:
+            stash = _BUBBLE.get()
+            if stash is None:
+                raise
+            stash.append(exc)
+            raise ToolError(f"{type(exc).__name__}: the tool paused the graph") from exc
+
+    return call
+
+
+def _runlog_tool(t: Any, risk: Mapping[str, Risk], reconcile: Mapping[str, Reconciler]) -> Tool:
+    lc = t if isinstance(t, BaseTool) else lc_tool(t)
+
+    def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
+        result = lc.invoke(args)
+        return result if isinstance(result, str) else json.dumps(result, default=str)
+
+    return Tool(
+        name=lc.name,
+        fn=invoke,
+        risk=risk.get(lc.name, "safe"),
+        reconcile=reconcile.get(lc.name),
+    )

@@ -1,0 +1,59 @@
+"""A LangGraph graph with runlog's tool node and checkpointer, SIGKILLed at every tool call
+and resumed: every effect lands once on a receiver that does not deduplicate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import redis
+from workers.common import ROOT, Worker, worker_env
+from workers.lg_worker import AMOUNTS, effects_key
+
+from runlog.integrations.langgraph import RunlogSaver
+from runlog.settings import Settings
+
+LG_WORKER = Path(__file__).resolve().parents[1] / "workers" / "lg_worker.py"
+
+
+def start(settings: Settings, tmp: Path, name: str, thread: str, *args: str) -> Worker:
+    cmd = [sys.executable, str(LG_WORKER), "--dir", str(tmp), "--name", name, "--thread", thread]
+    proc = subprocess.Popen(
+        [*cmd, *args],
+        env=worker_env(settings),
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return Worker(proc, tmp, name)
+
+
+def test_killed_at_every_tool_call_each_effect_once(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    thread = f"lg-{uuid.uuid4().hex}"
+    prefix = test_settings.redis_key_prefix
+    # Killed right after each effect landed, before its completion was recorded.
+    for i, amount in enumerate(AMOUNTS):
+        w = start(test_settings, tmp_path, f"w{i}", thread, "--hold-s", "30", "--takeover")
+        w.wait_flag(f"reached-{amount}", timeout=60)
+        w.kill()
+        assert w.proc.returncode == -9
+    last = start(test_settings, tmp_path, "last", thread, "--takeover")
+    rc, result = last.finish(timeout=90)
+    assert rc == 0, result["_stderr"][-4000:]
+    assert result["answer"] == "done: moved 6"
+    for amount in AMOUNTS:
+        assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
+    # The last worker executed no effect: every call was recorded or reconciled.
+    assert not list(tmp_path.glob("last.reached-*"))
+    # The thread's history, read back from the log by a fresh saver, has each tool result once.
+    with RunlogSaver(settings=test_settings) as reader:
+        tup = reader.get_tuple({"configurable": {"thread_id": thread}})
+    assert tup is not None
+    messages = tup.checkpoint["channel_values"]["messages"]
+    tool_results = [m.content for m in messages if m.type == "tool"]
+    assert tool_results == ["moved 1", "moved 2", "moved 3"]
