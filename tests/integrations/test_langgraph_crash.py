@@ -3,11 +3,13 @@ and resumed: every effect lands once on a receiver that does not deduplicate."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 from workers.common import ROOT, Worker, worker_env
 from workers.lg_worker import AMOUNTS, effects_key
@@ -31,25 +33,30 @@ def start(settings: Settings, tmp: Path, name: str, thread: str, *args: str) -> 
     return Worker(proc, tmp, name)
 
 
+@pytest.mark.parametrize("hold_at", ["before", "after"])
 def test_killed_at_every_tool_call_each_effect_once(
-    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path, hold_at: str
 ) -> None:
+    """Killed at each tool call: after its STARTED is durable and before the effect
+    (``before``: the lookup finds nothing, the call is retried with its key), or right after
+    the effect landed and before its completion was recorded (``after``: the lookup finds
+    it, the call completes from the evidence)."""
     thread = f"lg-{uuid.uuid4().hex}"
     prefix = test_settings.redis_key_prefix
-    # Killed right after each effect landed, before its completion was recorded.
+    hold = ("--hold-s", "30", "--hold-at", hold_at, "--takeover")
     for i, amount in enumerate(AMOUNTS):
-        w = start(test_settings, tmp_path, f"w{i}", thread, "--hold-s", "30", "--takeover")
-        w.wait_flag(f"reached-{amount}", timeout=60)
+        w = start(test_settings, tmp_path, f"w{i}", thread, *hold, "--hold-amount", str(amount))
+        w.wait_flag(f"at-{amount}", timeout=60)
         w.kill()
-        assert w.proc.returncode == -9
-    last = start(test_settings, tmp_path, "last", thread, "--takeover")
+        assert w.proc.returncode == -signal.SIGKILL
+    last = start(test_settings, tmp_path, "last", thread, "--hold-at", hold_at, "--takeover")
     rc, result = last.finish(timeout=90)
     assert rc == 0, result["_stderr"][-4000:]
     assert result["answer"] == "done: moved 6"
     for amount in AMOUNTS:
         assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
-    # The last worker executed no effect: every call was recorded or reconciled.
-    assert not list(tmp_path.glob("last.reached-*"))
+    if hold_at == "after":  # every effect was found by the lookup: none ran again
+        assert not list(tmp_path.glob("last.at-*"))
     # The thread's history, read back from the log by a fresh saver, has each tool result once.
     with RunlogSaver(settings=test_settings) as reader:
         tup = reader.get_tuple({"configurable": {"thread_id": thread}})

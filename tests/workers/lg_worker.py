@@ -6,9 +6,11 @@ model (LangChain's ``FakeMessagesListChatModel``, no network), ``tools_condition
 receiver that does not deduplicate: every request it gets moves money (a Redis counter per
 amount), and it keeps a ledger by idempotency key that the tool's ``reconcile`` looks up.
 
-The worker writes the flag ``reached-<key>`` as soon as an effect landed, then waits for
-``--hold-s`` (the test's window to kill it after the effect and before the completion is
-recorded), and writes ``result`` with the final answer when the graph ends.
+With ``--hold-at after`` the worker writes the flag ``at-<amount>`` as soon as the effect of
+the transfer of ``--hold-amount`` landed and then waits ``--hold-s`` (the test's window to
+kill it after the effect and before the completion is recorded); with ``--hold-at before`` it writes the flag and waits once the
+tool was called (its STARTED durable) and before the effect. It writes ``result`` with the
+final answer when the graph ends.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def main() -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--thread", required=True)
     ap.add_argument("--hold-s", type=float, default=0.0)
+    ap.add_argument("--hold-at", choices=("before", "after"), default="after")
+    ap.add_argument("--hold-amount", type=int, default=0, help="hold only at this transfer")
     ap.add_argument("--takeover", action="store_true")
     a = ap.parse_args()
     settings = Settings()
@@ -64,12 +68,17 @@ def main() -> int:
     def transfer(args: dict[str, Any], *, idempotency_key: str) -> str:
         amount = int(args["amount"])
         result = f"moved {amount}"
+        hold = amount == a.hold_amount
+        if hold and a.hold_at == "before":
+            (flags / f"{a.name}.at-{amount}").write_text(idempotency_key)
+            time.sleep(a.hold_s)
         pipe = r.pipeline(transaction=True)  # the receiver's effect and its ledger entry
         pipe.incr(effects_key(prefix, amount))
         pipe.hset(ledger, idempotency_key, result)
         pipe.execute()
-        (flags / f"{a.name}.reached-{amount}").write_text(idempotency_key)
-        time.sleep(a.hold_s)
+        if hold and a.hold_at == "after":
+            (flags / f"{a.name}.at-{amount}").write_text(idempotency_key)
+            time.sleep(a.hold_s)
         return result
 
     def lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
