@@ -6,11 +6,11 @@ model (LangChain's ``FakeMessagesListChatModel``, no network), ``tools_condition
 receiver that does not deduplicate: every request it gets moves money (a Redis counter per
 amount), and it keeps a ledger by idempotency key that the tool's ``reconcile`` looks up.
 
-With ``--hold-at after`` the worker writes the flag ``at-<amount>`` as soon as the effect of
-the transfer of ``--hold-amount`` landed and then waits ``--hold-s`` (the test's window to
-kill it after the effect and before the completion is recorded); with ``--hold-at before`` it writes the flag and waits once the
-tool was called (its STARTED durable) and before the effect. It writes ``result`` with the
-final answer when the graph ends.
+The worker holds at the transfer of ``--hold-amount``: it writes the flag ``at-<amount>``
+and waits ``--hold-s`` (the test's window to kill it), right after the effect landed and
+before its completion is recorded (``--hold-at after``), or once the tool was called (its
+STARTED durable) and before the effect (``--hold-at before``). It writes ``result`` with
+the final answer when the graph ends.
 """
 
 from __future__ import annotations
