@@ -117,6 +117,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         self.wait_s = wait_s
         self.takeover = takeover
         self._owned: dict[str, _Owned] = {}
+        self._locks: dict[str, threading.RLock] = {}
         self._tools: dict[str, Tool] = {}
         self._refused: dict[str, str] = {}
         self._lock = threading.RLock()
@@ -199,14 +200,23 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                 return owned.view
         return self._fold(thread_id)
 
-    def _own(self, thread_id: str) -> _Owned:
+    def _thread_lock(self, thread_id: str) -> threading.RLock:
         with self._lock:
-            if thread_id in self._refused:
-                raise Fenced(
-                    f"thread {thread_id} is refused to this saver: {self._refused[thread_id]}",
-                    run_id=thread_id,
-                )
-            owned = self._owned.get(thread_id)
+            lock = self._locks.get(thread_id)
+            if lock is None:
+                lock = self._locks[thread_id] = threading.RLock()
+            return lock
+
+    def _own(self, thread_id: str) -> _Owned:
+        with self._thread_lock(thread_id):
+            with self._lock:
+                if thread_id in self._refused:
+                    raise Fenced(
+                        f"thread {thread_id} is refused to this saver: {self._refused[thread_id]}",
+                        run_id=thread_id,
+                    )
+                owned = self._owned.get(thread_id)
+                tools = builtins.list(self._tools.values())
             if owned is not None:
                 return owned
             try:
@@ -216,7 +226,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                     settings=self.settings,
                     wait_s=self.wait_s,
                     takeover=self.takeover,
-                    tools=list(self._tools.values()),
+                    tools=tools,
                     agent="langgraph",
                     reason="langgraph checkpointer",
                 )
@@ -229,10 +239,17 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             except BaseException:
                 run.close()
                 raise
-            owned = self._owned[thread_id] = _Owned(run, view)
+            with self._lock:
+                for t in self._tools.values():  # tools added while the run was opening
+                    run.tools.setdefault(t.name, t)
+                owned = self._owned[thread_id] = _Owned(run, view)
             return owned
 
     def _append(self, thread_id: str, record: dict[str, Any]) -> _Owned:
+        with self._thread_lock(thread_id):  # the view is applied in the log's order
+            return self._append_owned(thread_id, record)
+
+    def _append_owned(self, thread_id: str, record: dict[str, Any]) -> _Owned:
         owned = self._own(thread_id)
         try:
             ev = owned.run.append(
@@ -269,7 +286,8 @@ class RunlogSaver(BaseCheckpointSaver[str]):
     # BaseCheckpointSaver ---------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id = str(config["configurable"]["thread_id"])
-        return self._view(thread_id).get_tuple(config)
+        with self._thread_lock(thread_id):
+            return self._view(thread_id).get_tuple(config)
 
     def list(
         self,
@@ -287,7 +305,10 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         for thread_id in threads:
             cfg: RunnableConfig = {"configurable": {**(config or {}).get("configurable", {})}}
             cfg["configurable"]["thread_id"] = thread_id
-            tuples = self._view(thread_id).list(cfg, filter=filter, before=before, limit=limit)
+            with self._thread_lock(thread_id):  # read whole: an owned view moves on with puts
+                tuples = builtins.list(
+                    self._view(thread_id).list(cfg, filter=filter, before=before, limit=limit)
+                )
             for tup in tuples:
                 yield tup
                 if limit is not None:
