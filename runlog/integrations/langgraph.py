@@ -86,6 +86,14 @@ def _untyped(serde: SerializerProtocol, pair: list[str]) -> Any:
     return serde.loads_typed((pair[0], base64.b64decode(pair[1])))
 
 
+def _delta(checkpoint: Checkpoint, new_versions: ChannelVersions) -> Checkpoint:
+    """The checkpoint with only the channel values this write changed: a channel's value is
+    stored once per version (as LangGraph's own savers store blobs), so a record grows with
+    the step, not with the thread's history."""
+    values = checkpoint["channel_values"]
+    return {**checkpoint, "channel_values": {k: values[k] for k in new_versions if k in values}}
+
+
 @dataclass
 class _Owned:
     run: Run
@@ -329,7 +337,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             "kind": "put",
             "ns": conf.get("checkpoint_ns", ""),
             "checkpoint_id": conf.get("checkpoint_id"),
-            "checkpoint": _typed(self.serde, checkpoint),
+            "checkpoint": _typed(self.serde, _delta(checkpoint, new_versions)),
             "metadata": _typed(self.serde, get_checkpoint_metadata(config, metadata)),
             "versions": _typed(self.serde, dict(new_versions)),
         }

@@ -13,9 +13,11 @@ import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
+from workers.common import read_log
 
 from runlog.errors import Fenced
 from runlog.integrations.langgraph import RunlogSaver
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 
@@ -107,3 +109,31 @@ def test_delete_thread_is_honoured_by_every_reader(test_settings: Settings) -> N
     with RunlogSaver(settings=settings) as reader:
         assert reader.get_tuple(_config(thread_id)) is None
         assert list(reader.list(_config(thread_id))) == []
+
+
+def test_a_checkpoint_records_only_the_channels_it_changed(test_settings: Settings) -> None:
+    """A large channel written once is recorded once: later checkpoints that change another
+    channel stay small (a thread's records grow with its steps, not its history), and every
+    checkpoint still reads back whole."""
+    settings = test_settings
+    thread_id = f"lg-{uuid.uuid4().hex}"
+    big = "d" * 300_000
+    config: Any = _config(thread_id)
+    with RunlogSaver(settings=settings) as writer:
+        for step in range(4):
+            cp = empty_checkpoint()
+            cp["channel_values"] = {"docs": big, "counter": step}
+            cp["channel_versions"] = {"docs": 1, "counter": step + 1}
+            new = {"counter": step + 1} | ({"docs": 1} if step == 0 else {})
+            config = writer.put(config, cp, {"step": step}, new)
+    records = [
+        r.event.payload
+        for r in read_log(settings, thread_id)
+        if r.event.type is EventType.MEMORY_WRITTEN
+    ]
+    sizes = [len(p.value) for p in records]
+    assert sizes[0] > 300_000 and all(s < 10_000 for s in sizes[1:]), sizes
+    with RunlogSaver(settings=settings) as reader:
+        tup = reader.get_tuple(_config(thread_id))
+    assert tup is not None
+    assert tup.checkpoint["channel_values"] == {"docs": big, "counter": 3}
