@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from workers.common import ROOT, Worker, worker_env
-from workers.lg_worker import AMOUNTS, effects_key
+from workers.lg_worker import AMOUNTS, EXIT_ESCALATED, effects_key
 
 from runlog.integrations.langgraph import RunlogSaver
 from runlog.settings import Settings
@@ -56,7 +56,9 @@ def test_killed_at_every_tool_call_each_effect_once(
     for amount in AMOUNTS:
         assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
     if hold_at == "after":  # every effect was found by the lookup: none ran again
-        assert not list(tmp_path.glob("last.at-*"))
+        assert not list(tmp_path.glob("last.ran-*"))
+    else:  # each resumed worker retried the call it was killed in, with its key
+        assert [p.name for p in tmp_path.glob("last.ran-*")] == ["last.ran-3"]
     # The thread's history, read back from the log by a fresh saver, has each tool result once.
     with RunlogSaver(settings=test_settings) as reader:
         tup = reader.get_tuple({"configurable": {"thread_id": thread}})
@@ -64,3 +66,19 @@ def test_killed_at_every_tool_call_each_effect_once(
     messages = tup.checkpoint["channel_values"]["messages"]
     tool_results = [m.content for m in messages if m.type == "tool"]
     assert tool_results == ["moved 1", "moved 2", "moved 3"]
+
+
+def test_an_uncertain_irreversible_call_without_a_lookup_is_escalated_not_rerun(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    thread = f"lg-{uuid.uuid4().hex}"
+    hold = ("--hold-s", "30", "--hold-amount", "1", "--no-reconcile", "--takeover")
+    w = start(test_settings, tmp_path, "w0", thread, *hold)
+    w.wait_flag("at-1", timeout=60)
+    w.kill()
+    again = start(test_settings, tmp_path, "again", thread, "--no-reconcile", "--takeover")
+    rc, result = again.finish(timeout=90)
+    assert rc == EXIT_ESCALATED, result["_stderr"][-4000:]
+    assert "escalated" in result
+    assert redis_client.get(effects_key(test_settings.redis_key_prefix, 1)) == b"1"
+    assert not list(tmp_path.glob("again.ran-*"))  # not re-run blindly

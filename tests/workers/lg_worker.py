@@ -32,6 +32,8 @@ import runlog
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
 from runlog.settings import Settings
 
+EXIT_ESCALATED = 5
+
 
 def _call(i: int, amount: int) -> dict[str, Any]:
     return {"name": "transfer", "args": {"amount": amount}, "id": f"call-{i}"}
@@ -58,6 +60,7 @@ def main() -> int:
     ap.add_argument("--hold-at", choices=("before", "after"), default="after")
     ap.add_argument("--hold-amount", type=int, default=0, help="hold only at this transfer")
     ap.add_argument("--takeover", action="store_true")
+    ap.add_argument("--no-reconcile", action="store_true", help="transfer has no lookup")
     a = ap.parse_args()
     settings = Settings()
     flags = Path(a.dir)
@@ -76,6 +79,7 @@ def main() -> int:
         pipe.incr(effects_key(prefix, amount))
         pipe.hset(ledger, idempotency_key, result)
         pipe.execute()
+        (flags / f"{a.name}.ran-{amount}").write_text(idempotency_key)  # every effect
         if hold and a.hold_at == "after":
             (flags / f"{a.name}.at-{amount}").write_text(idempotency_key)
             time.sleep(a.hold_s)
@@ -85,7 +89,8 @@ def main() -> int:
         got = r.hget(ledger, idempotency_key)
         return runlog.Match(got.decode()) if got is not None else runlog.Absent("no entry")
 
-    tool = runlog.tool("transfer", risk="irreversible", reconcile=lookup)(transfer)
+    reconcile = None if a.no_reconcile else lookup
+    tool = runlog.tool("transfer", risk="irreversible", reconcile=reconcile)(transfer)
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
         turn = sum(isinstance(m, AIMessage) for m in state["messages"])
@@ -103,11 +108,15 @@ def main() -> int:
     config = {"configurable": {"thread_id": a.thread}}
     with saver:
         started = saver.get_tuple(config) is not None
-        state = graph.invoke(
-            None if started else {"messages": [HumanMessage("move 1, then 2 and 3")]},
-            config,
-            durability="sync",
-        )
+        try:
+            state = graph.invoke(
+                None if started else {"messages": [HumanMessage("move 1, then 2 and 3")]},
+                config,
+                durability="sync",
+            )
+        except runlog.Escalated as exc:  # an uncertain effect waits for a person
+            (flags / f"{a.name}.result").write_text(json.dumps({"escalated": str(exc)}))
+            return EXIT_ESCALATED
     final = state["messages"][-1]
     (flags / f"{a.name}.result").write_text(json.dumps({"answer": final.content}))
     return 0
