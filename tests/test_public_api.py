@@ -92,6 +92,7 @@ EXPECTED_MODULES = (
     "runlog.testing",
     "runlog.errors",
     "runlog.integrations.pydantic_ai",
+    "runlog.integrations.langgraph",
 )
 
 TEST_DOUBLES = ("AgentLoop", "ScriptedModel", "ModelStep", "Call", "CompactStep")

@@ -14,6 +14,8 @@ of N steps, each recorded durably before the next, each calling a tool that retu
 * ``langgraph_sync`` / ``langgraph_sync_growing``: a LangGraph graph looping one node per
   step with ``SqliteSaver`` and ``durability="sync"``, state of constant size / growing by
   the 300-byte result each step (the ``peers`` extra);
+* ``langgraph_runlog`` / ``langgraph_runlog_growing``: the same graph with runlog's
+  checkpointer (``runlog.integrations.langgraph.RunlogSaver``) instead of ``SqliteSaver``;
 * ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite.
 
 Per system: wall time per step (median over repeats) and process CPU per step.
@@ -206,11 +208,14 @@ class Growing(TypedDict):
     results: Annotated[list[str], operator.add]
 
 
-def _langgraph(growing: bool) -> Iterator[Loop]:
+def _langgraph(growing: bool, settings: Settings | None = None) -> Iterator[Loop]:
+    """The LangGraph loop on ``SqliteSaver``, or on runlog's checkpointer with ``settings``."""
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, StateGraph
+
+    from runlog.integrations.langgraph import RunlogSaver
 
     def step_constant(state: Constant) -> dict[str, Any]:
         return {"i": state["i"] + 1, "last": RESULT}
@@ -220,7 +225,7 @@ def _langgraph(growing: bool) -> Iterator[Loop]:
 
     with tempfile.TemporaryDirectory() as tmp:
         conn = sqlite3.connect(str(Path(tmp) / "lg.sqlite"), check_same_thread=False)
-        saver = SqliteSaver(conn)
+        saver: Any = SqliteSaver(conn) if settings is None else RunlogSaver(settings=settings)
         graph: Any = StateGraph(Growing if growing else Constant)
         graph.add_node("step", step_growing if growing else step_constant)
         graph.add_edge(START, "step")
@@ -239,6 +244,8 @@ def _langgraph(growing: bool) -> Iterator[Loop]:
         try:
             yield loop
         finally:
+            if isinstance(saver, RunlogSaver):
+                saver.close()
             conn.close()
 
 
@@ -304,6 +311,12 @@ def measure(
     if peers_installed():
         systems["langgraph_sync"] = contextlib.contextmanager(lambda: _langgraph(False))
         systems["langgraph_sync_growing"] = contextlib.contextmanager(lambda: _langgraph(True))
+        # The same graph with runlog's checkpointer: each thread a fenced run, each
+        # checkpoint an acknowledged append (runlog.integrations.langgraph).
+        systems["langgraph_runlog"] = contextlib.contextmanager(lambda: _langgraph(False, settings))
+        systems["langgraph_runlog_growing"] = contextlib.contextmanager(
+            lambda: _langgraph(True, settings)
+        )
         systems["dbos_step"] = contextlib.contextmanager(_dbos)
     else:
         out["peers"] = "not measured: pip install -e '.[peers]' (DBOS, LangGraph)"

@@ -1,0 +1,84 @@
+"""A LangGraph graph with runlog's tool node and checkpointer, SIGKILLed at every tool call
+and resumed: every effect lands once on a receiver that does not deduplicate."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from workers.common import ROOT, Worker, worker_env
+from workers.lg_worker import AMOUNTS, EXIT_ESCALATED, effects_key
+
+from runlog.integrations.langgraph import RunlogSaver
+from runlog.settings import Settings
+
+LG_WORKER = Path(__file__).resolve().parents[1] / "workers" / "lg_worker.py"
+
+
+def start(settings: Settings, tmp: Path, name: str, thread: str, *args: str) -> Worker:
+    cmd = [sys.executable, str(LG_WORKER), "--dir", str(tmp), "--name", name, "--thread", thread]
+    proc = subprocess.Popen(
+        [*cmd, *args],
+        env=worker_env(settings),
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return Worker(proc, tmp, name)
+
+
+@pytest.mark.parametrize("hold_at", ["before", "after"])
+def test_killed_at_every_tool_call_each_effect_once(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path, hold_at: str
+) -> None:
+    """Killed at each tool call: after its STARTED is durable and before the effect
+    (``before``: the lookup finds nothing, the call is retried with its key), or right after
+    the effect landed and before its completion was recorded (``after``: the lookup finds
+    it, the call completes from the evidence)."""
+    thread = f"lg-{uuid.uuid4().hex}"
+    prefix = test_settings.redis_key_prefix
+    hold = ("--hold-s", "30", "--hold-at", hold_at, "--takeover")
+    for i, amount in enumerate(AMOUNTS):
+        w = start(test_settings, tmp_path, f"w{i}", thread, *hold, "--hold-amount", str(amount))
+        w.wait_flag(f"at-{amount}", timeout=60)
+        w.kill()
+        assert w.proc.returncode == -signal.SIGKILL
+    last = start(test_settings, tmp_path, "last", thread, "--hold-at", hold_at, "--takeover")
+    rc, result = last.finish(timeout=90)
+    assert rc == 0, result["_stderr"][-4000:]
+    assert result["answer"] == "done: moved 6"
+    for amount in AMOUNTS:
+        assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
+    if hold_at == "after":  # every effect was found by the lookup: none ran again
+        assert not list(tmp_path.glob("last.ran-*"))
+    else:  # each resumed worker retried the call it was killed in, with its key
+        assert [p.name for p in tmp_path.glob("last.ran-*")] == ["last.ran-3"]
+    # The thread's history, read back from the log by a fresh saver, has each tool result once.
+    with RunlogSaver(settings=test_settings) as reader:
+        tup = reader.get_tuple({"configurable": {"thread_id": thread}})
+    assert tup is not None
+    messages = tup.checkpoint["channel_values"]["messages"]
+    tool_results = [m.content for m in messages if m.type == "tool"]
+    assert tool_results == ["moved 1", "moved 2", "moved 3"]
+
+
+def test_an_uncertain_irreversible_call_without_a_lookup_is_escalated_not_rerun(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    thread = f"lg-{uuid.uuid4().hex}"
+    hold = ("--hold-s", "30", "--hold-amount", "1", "--no-reconcile", "--takeover")
+    w = start(test_settings, tmp_path, "w0", thread, *hold)
+    w.wait_flag("at-1", timeout=60)
+    w.kill()
+    again = start(test_settings, tmp_path, "again", thread, "--no-reconcile", "--takeover")
+    rc, result = again.finish(timeout=90)
+    assert rc == EXIT_ESCALATED, result["_stderr"][-4000:]
+    assert "escalated" in result
+    assert redis_client.get(effects_key(test_settings.redis_key_prefix, 1)) == b"1"
+    assert not list(tmp_path.glob("again.ran-*"))  # not re-run blindly
