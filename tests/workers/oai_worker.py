@@ -117,7 +117,10 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgents:
         ctx = runlog.current_call()
         assert ctx is not None, "charge runs only through runlog's call path"
         flags.set("live", f"charge {order}")
+        flags.set(f"in-{order}", str(ctx.epoch))
+        time.sleep(opts.pre_s)  # the call is STARTED; the receiver has not seen it yet
         ledger.apply(ctx.idempotency_key, json.dumps({"order": order, "cents": cents}))
+        flags.set(f"charged-{order}", str(ctx.epoch))
         time.sleep(opts.tool_s)  # the receiver committed; the completion is not recorded yet
         return f"charged {cents} for order {order}"
 
@@ -158,6 +161,7 @@ def main() -> int:
     ap.add_argument("--scenario", default="steps", choices=["steps", "approval"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--think-s", type=float, default=0.02)
+    ap.add_argument("--pre-s", type=float, default=0.0)
     ap.add_argument("--tool-s", type=float, default=0.0)
     ap.add_argument("--takeover", action="store_true")
     ap.add_argument("--wait-s", type=float, default=None)
