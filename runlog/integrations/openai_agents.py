@@ -36,7 +36,7 @@ from typing import Any
 
 from agents import Agent, FunctionTool, Runner
 from agents.items import ModelResponse, TResponseOutputItem
-from agents.models.interface import Model, ModelTracing
+from agents.models.interface import Model
 from agents.tool_context import ToolContext
 from agents.usage import Usage
 from openai.types.responses import (
@@ -511,4 +511,3 @@ def _invoker(tool: FunctionTool) -> Callable[..., Any]:
 def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:
     """``policies(refund=ToolPolicy("irreversible", reconcile=...), lookup="safe")``."""
     return {k: v if isinstance(v, ToolPolicy) else ToolPolicy(v) for k, v in by_name.items()}
-

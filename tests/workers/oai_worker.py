@@ -78,8 +78,12 @@ class ScriptedModel(Model):
         self.redis = redis_client(settings)
 
     def _answer(self, items: Any) -> list[Any]:
-        turn = 0 if isinstance(items, str) else sum(
-            1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"
+        turn = (
+            0
+            if isinstance(items, str)
+            else sum(
+                1 for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"
+            )
         )
         opts = self.opts
         nonce = uuid.uuid4().hex
@@ -98,7 +102,9 @@ class ScriptedModel(Model):
     async def get_response(self, system_instructions: Any, input: Any, *a: Any, **kw: Any) -> Any:
         output = self._answer(input)
         return ModelResponse(
-            output=output, usage=Usage(requests=1, input_tokens=5, output_tokens=7), response_id=None
+            output=output,
+            usage=Usage(requests=1, input_tokens=5, output_tokens=7),
+            response_id=None,
         )
 
     async def stream_response(self, *a: Any, **kw: Any) -> Any:  # pragma: no cover
