@@ -264,13 +264,6 @@ def _completed_event(response: ModelResponse) -> ResponseCompletedEvent:
             parallel_tool_calls=False,
             tool_choice="auto",
             tools=[],
-            usage={  # type: ignore[arg-type]
-                "input_tokens": response.usage.input_tokens,
-                "output_tokens": response.usage.output_tokens,
-                "total_tokens": response.usage.total_tokens,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens_details": {"reasoning_tokens": 0},
-            },
         ),
     )
 

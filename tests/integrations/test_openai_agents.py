@@ -172,3 +172,58 @@ def test_a_rejected_approval_reaches_the_agent_and_nothing_runs(
     assert state.status == "finished"
     assert ledger.per_key() == {}
     assert json.dumps(done)  # the agent finished after being told no
+
+
+def _streamed_agent(model: Any, calls: list[str]) -> Any:
+    from agents import Agent, function_tool
+
+    import runlog
+
+    @function_tool
+    def ship(order: int) -> str:
+        """Ship an order."""
+        ctx = runlog.current_call()
+        assert ctx is not None
+        calls.append(ctx.idempotency_key)
+        return f"shipped {order}"
+
+    return Agent(name="shipper", instructions="Ship.", model=model, tools=[ship])
+
+
+def test_streamed_events_pass_through_and_a_replay_streams_without_asking_the_model(
+    fast: Settings,
+) -> None:
+    from agents import set_tracing_disabled
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from runlog.integrations.openai_agents import RunlogAgents, ToolPolicy
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+    live = ScriptedModel(
+        [[function_call("ship", {"order": 7}, call_id="s1")], [assistant_message("all shipped")]]
+    )
+    seen: list[Any] = []
+    durable = RunlogAgents(
+        _streamed_agent(live, calls), tools={"ship": ToolPolicy("reversible")}, settings=fast
+    )
+    got = asyncio.run(durable.run("ship order 7", on_event=seen.append))
+    assert got.output == "all shipped" and got.requested_turns == 2
+    kinds = {getattr(e, "type", "") for e in seen}
+    assert {"raw_response_event", "run_item_stream_event"} <= kinds
+    deltas = [e for e in seen if getattr(getattr(e, "data", None), "type", "").endswith(".delta")]
+    assert deltas, "the model's own stream events reach the caller"
+    assert len(calls) == 1
+
+    # The same run again, on a model with no steps left: every turn comes from the log.
+    again: list[Any] = []
+    replay = RunlogAgents(
+        _streamed_agent(ScriptedModel([]), calls),
+        tools={"ship": ToolPolicy("reversible")},
+        settings=fast,
+    )
+    got2 = asyncio.run(replay.run(run_id=got.run_id, on_event=again.append))
+    assert got2.output == "all shipped"
+    assert (got2.requested_turns, got2.replayed_turns) == (0, 2)
+    assert len(calls) == 1  # the recorded call answered from the log
+    assert any(getattr(e, "type", "") == "run_item_stream_event" for e in again)
