@@ -202,6 +202,7 @@ _PUBLIC_MODULES = (
     "runlog.testing",
     "runlog.errors",
     "runlog.integrations.pydantic_ai",
+    "runlog.integrations.openai_agents",
 )
 
 

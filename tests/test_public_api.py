@@ -92,6 +92,7 @@ EXPECTED_MODULES = (
     "runlog.testing",
     "runlog.errors",
     "runlog.integrations.pydantic_ai",
+    "runlog.integrations.openai_agents",
 )
 
 TEST_DOUBLES = ("AgentLoop", "ScriptedModel", "ModelStep", "Call", "CompactStep")
