@@ -13,14 +13,16 @@ capability's hooks do what ``RunlogAgent`` does around the agent's own loop:
 * ``get_wrapper_toolset``: every tool call goes through ``AsyncRun.call_tool`` (risk class,
   ``reconcile=``, the idempotency key in ``runlog.current_call()``).
 
-A streamed request (``run_stream``, ``iter`` streaming a node) is refused, as in
-``RunlogAgent``: a streamed response would reach the caller before it is recorded.
+A streamed request (``run_stream``, ``iter`` streaming a node, ``event_stream_handler``) is
+served from the whole response, recorded (or replayed) first, then streamed as its parts: a
+streamed response never reaches the caller before the log holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +33,15 @@ from pydantic_ai.capabilities.abstract import (
     WrapRunHandler,
 )
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
-from pydantic_ai.models import Model
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
 from pydantic_ai.run import AgentRunResult
+from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset
 
@@ -167,7 +176,7 @@ class RunlogDurability(AbstractCapability[Any]):
     def get_wrapper_model(self, model: Model) -> Model | None:
         if self._open is None:
             return None
-        return RunlogModel(model, self._open.ex, self._cost)
+        return _StreamingRunlogModel(model, self._open.ex, self._cost)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return _LazyToolset(toolset, self)
@@ -194,6 +203,25 @@ class RunlogDurability(AbstractCapability[Any]):
         if unknown:
             raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
         return out
+
+
+class _StreamingRunlogModel(RunlogModel):
+    """``RunlogModel`` that also serves streamed requests (``run_stream``, ``iter``,
+    ``event_stream_handler``): the whole response is recorded (or replayed) first, then
+    streamed as its parts, so nothing reaches the caller that the log does not hold."""
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(
+            response, model_request_parameters=model_request_parameters, replay_events=True
+        )
 
 
 class _LazyToolset(RunlogToolset[Any]):

@@ -84,3 +84,57 @@ def test_a_plain_agent_with_the_capability_killed_at_every_tool_call_repeats_no_
     assert code == EXIT_OK, again
     assert again["requested"] == 0 and again["replayed"] == STEPS + 1
     assert_effects_once(ledger, events_of(fast, run_id))
+
+
+def test_run_sync_and_run_stream_of_the_plain_agent_are_recorded_and_replayed(
+    fast: Settings,
+) -> None:
+    import asyncio
+
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    import runlog
+    from runlog.integrations.pydantic_ai_capability import RunlogDurability, ToolPolicy
+
+    asked: list[int] = []
+    shipped: list[str] = []
+
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+        asked.append(turn)
+        if turn == 0:
+            return ModelResponse(parts=[ToolCallPart("ship", {"order": 7}, tool_call_id="s0")])
+        return ModelResponse(parts=[TextPart("shipped order 7")])
+
+    cap = RunlogDurability(tools={"ship": ToolPolicy("reversible")}, settings=fast)
+    agent = Agent(FunctionModel(script), capabilities=[cap], name="shipper")
+
+    @agent.tool_plain
+    def ship(order: int) -> str:
+        call = runlog.current_call()
+        assert call is not None, "the tool runs through runlog's call path"
+        shipped.append(call.idempotency_key)
+        return f"shipped {order}"
+
+    rid = f"pcap-{uuid.uuid4().hex[:12]}"
+    assert agent.run_sync("ship order 7", run_id=rid).output == "shipped order 7"
+    assert (asked, len(shipped)) == ([0, 1], 1)
+
+    async def stream(run_id: str) -> str:
+        async with agent.run_stream("ship order 7", run_id=run_id) as result:
+            return await result.get_output()
+
+    asked.clear()
+    assert asyncio.run(stream(rid)) == "shipped order 7"  # the finished run, streamed from its log
+    assert asked == [] and len(shipped) == 1
+    assert (cap.replayed_turns, cap.requested_turns) == (2, 0)
+
+    rid2 = f"pcap-{uuid.uuid4().hex[:12]}"
+    assert asyncio.run(stream(rid2)) == "shipped order 7"  # a new run, streamed live
+    assert asked == [0, 1] and len(shipped) == 2
+    assert cap.last_run is not None and cap.last_run.run_id == rid2
+    events = events_of(fast, rid2)
+    assert len(payloads(events, EventType.MODEL_TURN)) == 2
+    assert assert_log_sound(events).status == "finished"
