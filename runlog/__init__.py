@@ -203,6 +203,7 @@ _PUBLIC_MODULES = (
     "runlog.errors",
     "runlog.integrations.pydantic_ai",
     "runlog.integrations.openai_agents",
+    "runlog.integrations.pydantic_ai_capability",
 )
 
 
