@@ -48,7 +48,7 @@ from openai.types.responses import (
 from pydantic import TypeAdapter
 
 from runlog import aio
-from runlog.errors import Escalated
+from runlog.errors import Escalated, RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Reconciler, Risk, Tool
@@ -390,14 +390,13 @@ class RunlogAgents:
         )
         state: Any = prompt
         while True:
-            if on_event is None:
-                result: Any = await Runner.run(clone, state, context=context, max_turns=max_turns)
-            else:
-                result = Runner.run_streamed(clone, state, context=context, max_turns=max_turns)
-                async for event in result.stream_events():
-                    handled = on_event(event)
-                    if asyncio.iscoroutine(handled):
-                        await handled
+            try:
+                result = await _run_once(clone, state, context, max_turns, on_event)
+            except Exception as exc:
+                cause = _runlog_cause(exc)
+                if cause is exc:
+                    raise
+                raise cause from None  # its own traceback still shows where it was raised
             if not result.interruptions:
                 break
             state = result.to_state()
@@ -463,6 +462,37 @@ class RunlogAgents:
 
         events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
         return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+
+
+async def _run_once(
+    agent: Agent[Any],
+    state: Any,
+    context: Any,
+    max_turns: int,
+    on_event: Callable[[Any], Any] | None,
+) -> Any:
+    if on_event is None:
+        return await Runner.run(agent, state, context=context, max_turns=max_turns)
+    result = Runner.run_streamed(agent, state, context=context, max_turns=max_turns)
+    async for event in result.stream_events():
+        handled = on_event(event)
+        if asyncio.iscoroutine(handled):
+            await handled
+    return result
+
+
+def _runlog_cause(exc: BaseException) -> BaseException:
+    """The runlog error behind what the SDK raised, else what it raised.
+
+    The SDK wraps an exception from a tool in its own ``UserError``; runlog's (``Fenced``,
+    ``Escalated``, ``CallUncertain``, ...) say what happened to the run and must reach the
+    caller as themselves. A tool's own proven failure (``ToolFailed``) stays the SDK's."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, RunlogError) and not isinstance(seen, ToolFailed):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return exc
 
 
 async def _await_decision(run: aio.AsyncRun, approval_id: str, wait_s: float) -> Any:

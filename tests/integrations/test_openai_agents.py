@@ -227,3 +227,23 @@ def test_streamed_events_pass_through_and_a_replay_streams_without_asking_the_mo
     assert (got2.requested_turns, got2.replayed_turns) == (0, 2)
     assert len(calls) == 1  # the recorded call answered from the log
     assert any(getattr(e, "type", "") == "run_item_stream_event" for e in again)
+
+
+def test_a_worker_fenced_inside_a_tool_call_stops_with_runlogs_fenced_error(
+    fast: Settings, ledger: Any, tmp_path: Path
+) -> None:
+    """The SDK wraps what a tool raises in its own error; runlog's errors (here ``Fenced``:
+    another worker took the run over while this one was in the tool) reach the caller as
+    themselves, so a worker can tell a takeover from a failure."""
+    from workers.common import EXIT_FENCED
+
+    run_id = new_run_id()
+    old = start(fast, tmp_path, "old", run_id, "--scenario", "held")
+    old.wait_flag("in_tool", timeout=90)
+    new = start(fast, tmp_path, "new", run_id, "--scenario", "held", "--takeover")
+    code, taken = new.finish(timeout=120)  # irreversible, no evidence: a person must decide
+    assert code == EXIT_ESCALATED, taken
+    old.go()
+    code, result = old.finish(timeout=60)
+    assert code == EXIT_FENCED, result
+    assert list(ledger.per_key().values()) == [1]

@@ -97,6 +97,8 @@ class ScriptedModel(Model):
             ]
         if opts.scenario == "approval" and turn == 0:
             return [message(f"refunding nonce {nonce}"), call("refund", "refund-0", order=42)]
+        if opts.scenario == "held" and turn == 0:
+            return [message(f"moving nonce {nonce}"), call("transfer", "move-0", order=9)]
         return [message(f"done nonce {nonce}")]
 
     async def get_response(self, system_instructions: Any, input: Any, *a: Any, **kw: Any) -> Any:
@@ -138,6 +140,16 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgents:
         ledger.apply(ctx.idempotency_key, json.dumps({"order": order}))
         return f"refunded order {order}"
 
+    @function_tool
+    def transfer(order: int) -> str:
+        """Transfer money for an order."""
+        ctx = runlog.current_call()
+        assert ctx is not None
+        ledger.apply(ctx.idempotency_key, json.dumps({"order": order}))
+        flags.set("in_tool", ctx.idempotency_key)
+        flags.hold()  # held here: the effect happened, its completion is not recorded
+        return f"transferred for order {order}"
+
     def found(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
         if ledger.found(idempotency_key) is not None:
             return runlog.Match(f"charged {args['cents']} for order {args['order']}")
@@ -147,13 +159,14 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgents:
         name="oai-worker",
         instructions="Charge every order, then say done.",
         model=ScriptedModel(opts, settings, flags),
-        tools=[charge, refund],
+        tools=[charge, refund, transfer],
     )
     return RunlogAgents(
         agent,
         tools={
             "charge": ToolPolicy("irreversible", reconcile=found),
             "refund": ToolPolicy("irreversible"),
+            "transfer": ToolPolicy("irreversible"),
         },
         settings=settings,
     )
@@ -164,7 +177,7 @@ def main() -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--run-id", required=True)
-    ap.add_argument("--scenario", default="steps", choices=["steps", "approval"])
+    ap.add_argument("--scenario", default="steps", choices=["steps", "approval", "held"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--think-s", type=float, default=0.02)
     ap.add_argument("--pre-s", type=float, default=0.0)
