@@ -203,6 +203,8 @@ _PUBLIC_MODULES = (
     "runlog.errors",
     "runlog.integrations.pydantic_ai",
     "runlog.integrations.langgraph",
+    "runlog.integrations.openai_agents",
+    "runlog.integrations.pydantic_ai_capability",
 )
 
 

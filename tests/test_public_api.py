@@ -93,6 +93,8 @@ EXPECTED_MODULES = (
     "runlog.errors",
     "runlog.integrations.pydantic_ai",
     "runlog.integrations.langgraph",
+    "runlog.integrations.openai_agents",
+    "runlog.integrations.pydantic_ai_capability",
 )
 
 TEST_DOUBLES = ("AgentLoop", "ScriptedModel", "ModelStep", "Call", "CompactStep")

@@ -16,7 +16,9 @@ of N steps, each recorded durably before the next, each calling a tool that retu
   the 300-byte result each step (the ``peers`` extra);
 * ``langgraph_runlog`` / ``langgraph_runlog_growing``: the same graph with runlog's
   checkpointer (``runlog.integrations.langgraph.RunlogSaver``) instead of ``SqliteSaver``;
-* ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite.
+* ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite;
+* ``openai_agents_*`` / ``pydantic_ai_*``: an agent framework's step (a model turn and its
+  tool call), the framework alone and on runlog (``benchmarks/frameworks.py``).
 
 Per system: wall time per step (median over repeats) and process CPU per step.
 
@@ -43,6 +45,7 @@ from typing import Annotated, Any, TypedDict
 from confluent_kafka import Producer
 
 import runlog
+from runlog.benchmarks import frameworks
 from runlog.benchmarks.common import TENANT, summary
 from runlog.log.clients import async_redis_client, redis_client
 from runlog.producers.async_run import open_async
@@ -320,6 +323,8 @@ def measure(
         systems["dbos_step"] = contextlib.contextmanager(_dbos)
     else:
         out["peers"] = "not measured: pip install -e '.[peers]' (DBOS, LangGraph)"
+    # Agent frameworks alone and on runlog (benchmarks/frameworks.py), where installed.
+    systems.update(frameworks.systems(settings))
     walls: dict[str, list[float]] = {k: [] for k in systems}
     cpus: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(repeats):

@@ -30,6 +30,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 
 import runlog  # noqa: E402
 from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy  # noqa: E402
+from runlog.integrations.pydantic_ai_capability import RunlogDurability  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
 from workers.common import (  # noqa: E402
@@ -148,6 +149,7 @@ def main() -> int:
     ap.add_argument("--tool-s", type=float, default=0.0)
     ap.add_argument("--hold-lookup", action="store_true")
     ap.add_argument("--takeover", action="store_true")
+    ap.add_argument("--capability", action="store_true", help="RunlogDurability, not RunlogAgent")
     ap.add_argument("--wait-s", type=float, default=None)
     ap.add_argument("--hold", action="store_true", help="wait for the go flag before running")
     opts = ap.parse_args()
@@ -166,14 +168,28 @@ def main() -> int:
             wait_s=opts.wait_s,
         )
 
+    async def go_capability() -> Any:
+        # The agent itself, with runlog as a capability of this run.
+        cap = RunlogDurability(
+            tools=durable.policies, settings=settings, takeover=opts.takeover, wait_s=opts.wait_s
+        )
+        got = await durable.wrapped.run(
+            "Charge every order, then say done.", run_id=opts.run_id, capabilities=[cap]
+        )
+        return got.output, cap.replayed_turns, cap.requested_turns
+
     code, result = EXIT_OK, {}
     try:
-        got = asyncio.run(go())
+        if opts.capability:
+            output, replayed, requested = asyncio.run(go_capability())
+        else:
+            got = asyncio.run(go())
+            output, replayed, requested = got.output, got.replayed_turns, got.requested_turns
         result = {
             "outcome": "finished",
-            "output": got.output,
-            "replayed": got.replayed_turns,
-            "requested": got.requested_turns,
+            "output": output,
+            "replayed": replayed,
+            "requested": requested,
         }
     except runlog.Escalated as exc:
         code, result = EXIT_ESCALATED, {"outcome": "escalated", "approval_id": exc.approval_id}

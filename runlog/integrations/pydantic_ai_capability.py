@@ -1,0 +1,275 @@
+"""Runlog durability as a Pydantic AI capability: ``Agent(capabilities=[RunlogDurability()])``.
+
+The agent stays a normal ``Agent``: ``agent.run(prompt, run_id=...)``, ``run_sync``,
+``run_stream`` and ``iter`` each open the runlog run named by Pydantic AI's ``run_id`` (a
+fresh one when none is given; the same ``run_id`` resumes it after a crash), and the
+capability's hooks do what ``RunlogAgent`` does around the agent's own loop:
+
+* ``wrap_run``: ``open_run`` (lease, replay, recovery of uncertain calls before the model
+  may act), the user prompt recorded as USER_MESSAGE, RUN_FINISHED once the agent produced
+  its output (a ``DeferredToolRequests`` output leaves the run open).
+* ``get_wrapper_model``: every request is answered from the run's n-th MODEL_TURN when the
+  log holds one, else asked of the model and recorded before the agent uses it.
+* ``get_wrapper_toolset``: every tool call goes through ``AsyncRun.call_tool`` (risk class,
+  ``reconcile=``, the idempotency key in ``runlog.current_call()``).
+
+A streamed request (``run_stream``, ``iter`` streaming a node, ``event_stream_handler``) is
+served from the whole response, recorded (or replayed) first, then streamed as its parts: a
+streamed response never reaches the caller before the log holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic_ai import DeferredToolRequests
+from pydantic_ai.capabilities.abstract import (
+    AbstractCapability,
+    CapabilityOrdering,
+    WrapRunHandler,
+)
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext
+from pydantic_ai.toolsets import AbstractToolset
+
+from runlog import aio
+from runlog.integrations.pydantic_ai import (
+    _LIVE,
+    DEFERRED_MARK,
+    SUMMARY_CHARS,
+    RunlogModel,
+    RunlogToolset,
+    ToolPolicy,
+    _Cost,
+    _default_cost,
+    _encode_result,
+    _Execution,
+    _fresh_context,
+    _response_of,
+    _valid_events,
+)
+from runlog.producers.tools import Tool, ToolError
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+__all__ = ["RunlogDurability", "ToolPolicy"]
+
+
+@dataclass
+class _Open:
+    run: aio.AsyncRun
+    ex: _Execution
+
+
+class RunlogDurability(AbstractCapability[Any]):
+    """Makes each run of the agent a runlog run: recorded, fenced, resumable after a crash.
+
+    ``tools`` maps tool names to their ``ToolPolicy`` (a tool not named is ``safe``).
+    ``takeover`` lets a run whose owner died be taken over without waiting for its lease.
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Mapping[str, ToolPolicy] | None = None,
+        tenant: str = "default",
+        settings: Settings | None = None,
+        name: str | None = None,
+        takeover: bool = False,
+        wait_s: float | None = None,
+        cost: _Cost = _default_cost,
+    ) -> None:
+        self.policies = dict(tools or {})
+        self.tenant = tenant
+        self.settings = settings
+        self.name = name
+        self.takeover = takeover
+        self.wait_s = wait_s
+        self._cost = cost
+        self._agent: Any = None
+        self._open: _Open | None = None
+        self._parent: RunlogDurability | None = None
+        self.last_run: aio.AsyncRun | None = None
+        self.replayed_turns = 0
+        self.requested_turns = 0
+
+    def get_ordering(self) -> CapabilityOrdering:
+        # Innermost, like Pydantic AI's own durability capabilities: the agent's toolsets are
+        # complete when it binds, and it wraps the model that actually serves each request.
+        return CapabilityOrdering(position="innermost")
+
+    def for_agent(self, agent: Any) -> AbstractCapability[Any]:
+        bound = self._copy()
+        bound._agent = agent
+        bound._parent = self
+        return bound
+
+    async def for_run(self, ctx: RunContext[Any]) -> AbstractCapability[Any]:
+        # One instance per run (its run and turn counter), so runs of one agent may overlap;
+        # what the last run did is reported on this one.
+        run_copy = self._copy()
+        run_copy._parent = self
+        return run_copy
+
+    def _copy(self) -> RunlogDurability:
+        c = RunlogDurability(
+            tools=self.policies,
+            tenant=self.tenant,
+            settings=self.settings,
+            name=self.name,
+            takeover=self.takeover,
+            wait_s=self.wait_s,
+            cost=self._cost,
+        )
+        c._agent = self._agent
+        return c
+
+    # The run ------------------------------------------------------------------------------
+    async def wrap_run(
+        self, ctx: RunContext[Any], *, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
+        prompt = ctx.prompt if isinstance(ctx.prompt, str) else None
+        async with aio.open_run(
+            ctx.run_id,
+            tenant=self.tenant,
+            tools=await self._runlog_tools(ctx.deps),
+            settings=self.settings,
+            wait_s=self.wait_s,
+            agent=self.name or getattr(self._agent, "name", None) or "pydantic-ai",
+            goal=(prompt or "")[:SUMMARY_CHARS],
+            takeover=self.takeover,
+        ) as run:
+            if not any(m.role == "user" for m in run.state.messages):
+                if prompt is None:
+                    raise ValueError(f"run {run.run_id} has no task yet: pass a text prompt")
+                run.emit(EventType.USER_MESSAGE, content=prompt)
+            ex = _Execution(run, await self._recorded_turns(run), ctx.deps)
+            self._open = _Open(run, ex)
+            try:
+                result = await handler()
+            finally:
+                self._open = None
+                target: RunlogDurability | None = self
+                while target is not None:  # this run's copy, the agent's, the caller's
+                    target.last_run = run
+                    target.replayed_turns = min(ex.next_turn, len(ex.recorded))
+                    target.requested_turns = ex.requested
+                    target = target._parent
+            deferred = isinstance(result.output, DeferredToolRequests)
+            if not deferred and run.state.status != "finished":
+                await run.finish("succeeded", str(result.output)[:SUMMARY_CHARS])
+            return result
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        if self._open is None:
+            return None
+        return _StreamingRunlogModel(model, self._open.ex, self._cost)
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
+        return _LazyToolset(toolset, self)
+
+    # What open_run needs -----------------------------------------------------------------
+    async def _recorded_turns(self, run: aio.AsyncRun) -> list[Any]:
+        if run.state.turns == 0:
+            return []
+        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
+        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+
+    async def _runlog_tools(self, deps: Any) -> list[Tool]:
+        agent = self._agent
+        if agent is None:
+            raise RuntimeError("RunlogDurability used without an agent")
+        ctx = _fresh_context(agent, deps)
+        out: list[Tool] = []
+        for toolset in agent.toolsets:
+            for name in await toolset.get_tools(ctx):
+                policy = self.policies.get(name, ToolPolicy())
+                fn = _invoker(name, toolset, deps, agent)
+                out.append(Tool(name=name, fn=fn, risk=policy.risk, reconcile=policy.reconcile))
+        unknown = set(self.policies) - {t.name for t in out}
+        if unknown:
+            raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
+        return out
+
+
+class _StreamingRunlogModel(RunlogModel):
+    """``RunlogModel`` that also serves streamed requests (``run_stream``, ``iter``,
+    ``event_stream_handler``): the whole response is recorded (or replayed) first, then
+    streamed as its parts, so nothing reaches the caller that the log does not hold."""
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(
+            response, model_request_parameters=model_request_parameters, replay_events=True
+        )
+
+
+class _LazyToolset(RunlogToolset[Any]):
+    """``RunlogToolset`` over the run the capability has open when a tool is called."""
+
+    def __init__(self, wrapped: AbstractToolset[Any], cap: RunlogDurability) -> None:
+        super().__init__(wrapped, None)  # type: ignore[arg-type]
+        self._cap = cap
+
+    async def for_run(self, ctx: RunContext[Any]) -> AbstractToolset[Any]:
+        inner = await self.wrapped.for_run(ctx)
+        return self if inner is self.wrapped else _LazyToolset(inner, self._cap)
+
+    @property
+    def _execution(self) -> _Execution:
+        if self._cap._open is None:
+            raise RuntimeError("a tool was called outside a runlog run")
+        return self._cap._open.ex
+
+    @_execution.setter
+    def _execution(self, value: Any) -> None:
+        pass
+
+
+def _invoker(
+    name: str, toolset: AbstractToolset[Any], deps: Any, agent: Any
+) -> Callable[..., Awaitable[str]]:
+    """Runs the tool with the live call's context and the agent's assembled toolset, or
+    (recovery before the agent runs) the tool's own toolset with a fresh context."""
+
+    async def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
+        live = _LIVE.get()
+        if live is not None:
+            target, ctx, tool = live.toolset, live.ctx, live.tool
+        else:
+            target = toolset
+            ctx = _fresh_context(agent, deps, tool_name=name)
+            tool = (await toolset.get_tools(ctx))[name]
+        try:
+            value = await target.call_tool(name, args, ctx, tool)
+        except (ApprovalRequired, CallDeferred) as exc:
+            if live is not None:
+                live.deferred = exc
+            raise ToolError(f"{name}{DEFERRED_MARK}{type(exc).__name__}") from exc
+        except ModelRetry as exc:
+            if live is not None:
+                live.retry = exc.message
+            raise ToolError(exc.message) from exc
+        return _encode_result(value)
+
+    return invoke
