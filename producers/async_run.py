@@ -390,6 +390,7 @@ class AsyncRun(Owned):
         of the fleet, a timer not yet due releases the run instead)."""
         run = self._run
         async with self._turn():
+            await self._drive(approvals.check_cancel(run))  # a step (``Run.sleep``)
             nxt = timers.next_timer(run.state, run._sleeps)
             run._sleeps += 1
             if nxt.recorded is not None:

@@ -629,7 +629,12 @@ class Run(Owned):
         agent reaching it again waits only for what is left. In a worker of the fleet the
         wait holds nothing: the run's lease and slot are released and the run is dispatched
         again when it is due (``docs/concepts/fleet.md``). Elsewhere it waits in this thread.
+
+        A step: a person's cancellation is raised here first (``Cancelled``, once), also when
+        the timer was recorded before, so a sleeping run that is cancelled and dispatched
+        again stops here instead of going back to sleep.
         """
+        self.check_cancelled()
         with self._lock:
             nxt = timers.next_timer(self.state, self._sleeps)
             self._sleeps += 1

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
-from runlog.fleet.requests import request_dispatch, request_start, wake
+from runlog.fleet.requests import forget, request_dispatch, request_start, wake
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
@@ -265,7 +265,18 @@ def cancel(
     services = Services.shared(settings or Settings())
     with tracing.span("cancel", run_id=run_id, tenant=tenant) as span:
         how = request_cancel(
-            services.run_deps(), run_id, tenant=tenant, reason=reason, by=by, wait_s=wait_s
+            services.run_deps(),
+            run_id,
+            tenant=tenant,
+            reason=reason,
+            by=by,
+            wait_s=wait_s,
+            # A run of the fleet that waits (for a person, a time) or that nobody holds is
+            # dispatched, so its agent sees ``Cancelled`` at its first step; a sleep does
+            # not wait for its timer.
+            wake=lambda st: wake(
+                services.settings, run_id, tenant=tenant, agent=st.agent_name or ""
+            ),
         )
         tracing.annotate(span, outcome=how)
         return how
@@ -286,6 +297,11 @@ def terminate(
     services = Services.shared(settings or Settings())
     with tracing.span("terminate", run_id=run_id, tenant=tenant) as span:
         done = terminate_run(services.run_deps(), run_id, tenant=tenant, reason=reason, by=by)
+        if done.agent is not None:
+            # The run of the fleet has ended: its lifecycle record goes (a tombstone), so no
+            # worker keeps it in its table or dispatches it again. Its fenced worker stops
+            # at its next append.
+            forget(services.settings, run_id)
         tracing.annotate(span, epoch=done.epoch, open_calls=len(done.open_calls))
         return done
 
