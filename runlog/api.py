@@ -127,6 +127,10 @@ def fork(
             reason=reason,
         )
         tracing.annotate(span, fork_run_id=made.run_id, created=made.created)
+        if made.agent is not None:
+            # A fork of a run of the fleet is dispatched like a started run (also when
+            # asked again after a crash: the record may not have been written).
+            wake(services.settings, made.run_id, tenant=tenant, agent=made.agent)
         return made
 
 

@@ -136,3 +136,24 @@ def test_a_terminated_fleet_run_fences_its_worker_and_is_never_dispatched_again(
     assert fleet.procs[name].poll() is None, fleet.tail(name)
     _wait_idle(redis_client, fleet_settings, fleet, name)
     assert all(n == 1 for n in effects(redis_client, fleet_settings).values())
+
+
+def test_a_fork_of_a_fleet_run_is_dispatched_like_a_started_run(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """The fork runs the parent's registered agent: the fleet executes it from the fork
+    point with no one opening it, and the parent's effects are inherited, not repeated."""
+    name = fleet.spawn()
+    rid = runlog.start("payer", {"to": "k", "steps": 2}, tenant="t1", settings=fleet_settings)
+    (parent,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
+    assert parent.outcome == "succeeded"
+    made = runlog.fork(
+        rid, at_seq=1, tenant="t1", forked_by="ops@example", reason="again", settings=fleet_settings
+    )
+    assert made.agent == "payer"
+    (st,) = wait_finished(fleet_settings, [made.run_id], 30, fleet).values()
+    assert (st.outcome, st.summary) == ("succeeded", "paid 2 times"), fleet.tail(name)
+    assert st.agent_name == "payer" and st.agent_input == parent.agent_input
+    assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1]  # inherited
+    # Finished: its lifecycle record is a tombstone, as a started run's is.
+    assert _lifecycle(fleet_settings, made.run_id)[-1][1] is None
