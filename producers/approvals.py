@@ -355,22 +355,29 @@ def check_cancel(run: Run) -> Steps[None]:
     """A step's check (before a model turn or a tool call): raise ``Cancelled`` into the
     agent, once, when a person cancelled the run.
 
-    One GET of the run's cancel flag while no cancellation is in the state; when it is set,
-    the inbox's cancellation is recorded first (``record_cancel``). After ``Cancelled`` was
-    raised the agent's steps run again (its clean-up), and the run ends cancelled when it
-    is finished or closed (``Run.finish``, ``Run.close``).
+    The run's cancel flag is read while no cancellation is in the state: from the last
+    barrier's ownership check (one ``MGET`` with the lease, so a step that appends durably
+    costs no round trip of its own), else by a ``GET`` here (no barrier since the previous
+    check: a pipelined safe call). So the owner sees a cancellation at its next step or the
+    one after: the flag it reads was read no earlier than the previous step's barrier. When
+    the flag is set, the inbox's cancellation is recorded first (``record_cancel``). After
+    ``Cancelled`` was raised the agent's steps run again (its clean-up), and the run ends
+    cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
     """
     st = run.state
     if st.status == "finished" or run.cancel_raised:
         return
     if st.cancel is None:
-        try:
-            flag = yield from peek(cancel_flag_key(run.deps, run.tenant, run.run_id))
-        except RedisUnavailable:
-            # Not a reason to stop: the ownership check after the step's next append asks
-            # Redis too, and fences the run if it cannot. The request waits in the inbox.
-            return
-        if flag is None:
+        seen, run.cancel_flag = run.cancel_flag, None
+        if seen is None:
+            try:
+                seen = (yield from peek(run.cancel_flag_key)) is not None
+            except RedisUnavailable:
+                # Not a reason to stop: the ownership check after the step's next append
+                # asks Redis too, and fences the run if it cannot. The request waits in the
+                # inbox.
+                return
+        if not seen:
             return
         yield from poll_cancel(run)
     cancel = run.state.cancel

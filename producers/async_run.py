@@ -31,7 +31,7 @@ import redis
 import redis.asyncio as aioredis
 
 from runlog.errors import RedisUnavailable, RunlogError
-from runlog.log.clients import loop_get
+from runlog.log.clients import loop_get, loop_mget
 from runlog.producers import approvals, calls, timers
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
@@ -177,8 +177,9 @@ class AsyncRun(Owned):
     def __init__(self, run: Run, aredis: aioredis.Redis) -> None:
         self.lease = run.lease
         self._run = run
-        self._get = loop_get(aredis)
-        self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
+        self._get = loop_mget(aredis)
+        self._peek = loop_get(aredis)
+        self._keys = (run.deps.leases.lease_key(run.tenant, run.run_id), run.cancel_flag_key)
         self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         self._turn = _Turn()
         _OPEN_RUNS[self._loop] = _OPEN_RUNS.get(self._loop, 0) + 1
@@ -213,7 +214,7 @@ class AsyncRun(Owned):
             return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op, self._turn)
         if isinstance(op, Peek):
             try:
-                return await self._get(op.key)
+                return await self._peek(op.key)
             except redis.RedisError as exc:
                 raise RedisUnavailable(f"GET {op.key}: {exc}") from exc
         assert isinstance(op, Blocking)
@@ -269,11 +270,13 @@ class AsyncRun(Owned):
                 ok = False
             else:
                 try:
-                    raw = await self._get(self._lease_key)
+                    raw, flag = await self._get(self._keys)
                 except redis.RedisError as exc:
                     raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
             run._still_owned(ok, pending)
+            if ok:
+                run.cancel_flag = flag is not None
 
     async def append(
         self,

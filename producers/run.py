@@ -176,6 +176,10 @@ class Run(Owned):
     cancel_raised: bool = False
     """``Cancelled`` was raised into this owner's agent (once); its clean-up steps run,
     and the run ends cancelled when finished or closed."""
+    cancel_flag: bool | None = None
+    """The run's cancel flag as the last barrier's ownership check read it (one ``MGET``
+    with the lease), not yet taken by a step's cancel check (None: no such read since the
+    last check, so the check asks Redis itself). ``approvals.check_cancel``."""
 
     def __enter__(self) -> Run:
         return self
@@ -304,10 +308,11 @@ class Run(Owned):
             done = [self._delivered(p, p.ack.outcome) for p in pending]
             if pending:
                 try:
-                    ok = self.lease.check()
+                    ok, flag = self.lease.check_with(self.cancel_flag_key)
                 except RedisUnavailable as exc:
                     raise self._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 self._still_owned(ok, pending)
+                self.cancel_flag = flag is not None
             return done
 
     # The barrier's steps, shared with the asyncio driver (which awaits where this waits).
@@ -667,6 +672,10 @@ class Run(Owned):
             self.lease.release()
 
     # Cancellation ----------------------------------------------------------------------
+    @property
+    def cancel_flag_key(self) -> str:
+        return approvals.cancel_flag_key(self.deps, self.tenant, self.run_id)
+
     def check_cancelled(self) -> None:
         """Raise ``Cancelled`` (once) if a person cancelled the run: call before a step of
         your own (``call_tool`` and the agent loop's model turns already check)."""
