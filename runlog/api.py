@@ -255,10 +255,14 @@ def cancel(
     """Ask ``run_id`` to stop, cooperatively; the request is recorded in its log (who, when,
     why).
 
-    The run's owner sees it at its next step (before its next model turn or tool call; an
-    ``AsyncRun`` at its next await of runlog's) and raises ``runlog.Cancelled`` into the
-    agent, which may clean up; the run then ends ``cancelled``. A run nobody holds is
-    recorded as cancelling and cancelled when next opened. Open calls are not closed: the
+    The run's owner sees it by its next step or the one after (before a model turn or tool
+    call; an ``AsyncRun`` at an await of runlog's: the flag it checks comes with the last
+    barrier's ownership check, so it may be one step old) and raises ``runlog.Cancelled``
+    into the agent, which may clean up; the run then ends ``cancelled``. A run nobody holds
+    is recorded as cancelling and cancelled when next opened; a run of the fleet that
+    waits (for a person, or asleep on a durable timer) or that nobody holds is dispatched
+    at once, so its agent sees ``Cancelled`` at its first step (a sleep does not wait for
+    its timer). Open calls are not closed: the
     recovery rules still settle them.
 
     Returns ``"recorded"`` (in the log), ``"queued"`` (in the owner's inbox after
