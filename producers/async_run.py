@@ -22,6 +22,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -276,7 +277,7 @@ class AsyncRun(Owned):
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
             run._still_owned(ok, pending)
             if ok:
-                run.cancel_flag = flag is not None
+                run.cancel_flag = (flag is not None, time.monotonic())
 
     async def append(
         self,

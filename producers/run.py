@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -176,10 +177,10 @@ class Run(Owned):
     cancel_raised: bool = False
     """``Cancelled`` was raised into this owner's agent (once); its clean-up steps run,
     and the run ends cancelled when finished or closed."""
-    cancel_flag: bool | None = None
+    cancel_flag: tuple[bool, float] | None = None
     """The run's cancel flag as the last barrier's ownership check read it (one ``MGET``
-    with the lease), not yet taken by a step's cancel check (None: no such read since the
-    last check, so the check asks Redis itself). ``approvals.check_cancel``."""
+    with the lease), and when (``time.monotonic``), not yet taken by a step's cancel check
+    (None: no such read since the last check). ``approvals.check_cancel``."""
 
     def __enter__(self) -> Run:
         return self
@@ -312,7 +313,7 @@ class Run(Owned):
                 except RedisUnavailable as exc:
                     raise self._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 self._still_owned(ok, pending)
-                self.cancel_flag = flag is not None
+                self.cancel_flag = (flag is not None, time.monotonic())
             return done
 
     # The barrier's steps, shared with the asyncio driver (which awaits where this waits).
