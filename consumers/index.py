@@ -55,6 +55,7 @@ stores each run's phase (the log's part of it) and a reader adds who holds the l
 FIELDS = (
     "ix_status",
     "ix_since",
+    "ix_until",
     "started_at",
     "last_type",
     "pending_approvals",
@@ -149,10 +150,12 @@ def write(
         pipe.zrem(keys.status(before, st.tenant), run_id)
     pipe.zadd(keys.status(status, st.tenant), {run_id: score})
     since = lifecycle.since_of(st)
+    until = lifecycle.sleeping_until(st)
     fields = {
         **(summary or {}),
         "ix_status": status,
         "ix_since": since.isoformat() if since else "",
+        "ix_until": until.isoformat() if until else "",
         "started_at": st.started_at.isoformat() if st.started_at else "",
     }
     if calls_changed:
@@ -222,6 +225,8 @@ class RunRow:
     owner: str | None = None
     lease_expires_at: str | None = None
     waiting_for: str | None = None
+    until: str | None = None
+    """Waiting for a time: when its durable timer is due."""
 
     def age_s(self, now: datetime) -> float | None:
         if not self.started_at:
@@ -249,12 +254,14 @@ class RunRow:
             "owner": self.owner,
             "lease_expires_at": self.lease_expires_at,
             "waiting_for": self.waiting_for,
+            "until": self.until or None,
         }
 
     def live(self, holder: lifecycle.Holder | None) -> RunRow:
         """This row with its status told by the one rule, given the lease's holder now."""
         since = datetime.fromisoformat(self.since) if self.since else None
-        told = lifecycle.status_from(self.phase, holder, since)
+        until = datetime.fromisoformat(self.until) if self.until else None
+        told = lifecycle.status_from(self.phase, holder, since, until)
         d = told.to_dict()
         return dataclasses.replace(
             self,
@@ -262,6 +269,7 @@ class RunRow:
             owner=d["owner"],
             lease_expires_at=d["lease_expires_at"],
             waiting_for=d["waiting_for"],
+            until=d["until"],
         )
 
 
@@ -291,6 +299,7 @@ def _row(raw: Mapping[Any, Any]) -> RunRow | None:
         status=h.get("ix_status", ""),
         phase=h.get("ix_status", ""),
         since=h.get("ix_since", "") or h.get("last_event_at", ""),
+        until=h.get("ix_until", "") or None,
         outcome=h.get("outcome", ""),
         seq=num("seq"),
         epoch=num("epoch"),
@@ -369,8 +378,9 @@ class RunIndex:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         wanted = self.tenants() if tenants is None else sorted(set(tenants))
-        phase = None if status is None else lifecycle.phases_for(status)[0]
-        sources = self._sources(wanted, phase)
+        phases = (None,) if status is None else lifecycle.phases_for(status)
+        sources = [key for ph in phases for key in self._sources(wanted, ph)]
+        block = len(self.parts) * len(wanted)
         low: float | str = "-inf" if since is None else _score(since.astimezone(UTC)) or 0
         top: float | str = "+inf"
         after: tuple[float, str] | None = None
@@ -394,7 +404,7 @@ class RunIndex:
         candidates: list[tuple[float, str, int]] = []
         per = 2 if after is not None else 1
         for i in range(len(sources)):
-            part = i // len(wanted) if wanted else 0
+            part = (i % block) // len(wanted) if wanted else 0
             for reply in replies[i * per : (i + 1) * per]:
                 for member, score in reply:
                     rid = _s(member)
@@ -475,7 +485,9 @@ class RunIndex:
         for i, phase in enumerate(lifecycle.PHASES):
             chunk = replies[i * n : (i + 1) * n]
             if phase != "active":
-                out[phase] = sum(int(x) for x in chunk)
+                # a sleeping run's status is waiting (for a time)
+                told = "waiting" if phase == "sleeping" else phase
+                out[told] += sum(int(x) for x in chunk)
                 continue
             # running or orphaned: whoever holds each active run's lease now
             runs = [
@@ -490,5 +502,5 @@ class RunIndex:
         return out
 
 
-_OPEN_PHASES = frozenset({"active", "waiting", "cancelling"})
+_OPEN_PHASES = frozenset({"active", "waiting", "sleeping", "cancelling"})
 """Phases of runs that have not ended: their rows name the lease's holder."""

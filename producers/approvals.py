@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -351,26 +352,41 @@ def record_cancel(run: Run, requested_by: str, reason: str) -> Steps[bool]:
     return True
 
 
+CANCEL_FLAG_FRESH_S = 0.05
+"""How old the barrier's read of the cancel flag may be for a step's check to use it."""
+
+
 def check_cancel(run: Run) -> Steps[None]:
     """A step's check (before a model turn or a tool call): raise ``Cancelled`` into the
     agent, once, when a person cancelled the run.
 
-    One GET of the run's cancel flag while no cancellation is in the state; when it is set,
-    the inbox's cancellation is recorded first (``record_cancel``). After ``Cancelled`` was
-    raised the agent's steps run again (its clean-up), and the run ends cancelled when it
-    is finished or closed (``Run.finish``, ``Run.close``).
+    The run's cancel flag is read while no cancellation is in the state: from the last
+    barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
+    append durably cost no round trip of their own) when that read is at most
+    ``CANCEL_FLAG_FRESH_S`` old and no step took it yet, else by a ``GET`` here (a pipelined
+    safe call, an owner that paused). So the owner sees a cancellation by its next step, or
+    by the one after when it came less than ``CANCEL_FLAG_FRESH_S`` before the step. When
+    the flag is set, the inbox's cancellation is recorded first (``record_cancel``). After
+    ``Cancelled`` was raised the agent's steps run again (its clean-up), and the run ends
+    cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
     """
     st = run.state
     if st.status == "finished" or run.cancel_raised:
         return
     if st.cancel is None:
-        try:
-            flag = yield from peek(cancel_flag_key(run.deps, run.tenant, run.run_id))
-        except RedisUnavailable:
-            # Not a reason to stop: the ownership check after the step's next append asks
-            # Redis too, and fences the run if it cannot. The request waits in the inbox.
-            return
-        if flag is None:
+        read, run.cancel_flag = run.cancel_flag, None
+        seen = None
+        if read is not None and time.monotonic() - read[1] <= CANCEL_FLAG_FRESH_S:
+            seen = read[0]
+        if seen is None:
+            try:
+                seen = (yield from peek(run.cancel_flag_key)) is not None
+            except RedisUnavailable:
+                # Not a reason to stop: the ownership check after the step's next append
+                # asks Redis too, and fences the run if it cannot. The request waits in the
+                # inbox.
+                return
+        if not seen:
             return
         yield from poll_cancel(run)
     cancel = run.state.cancel

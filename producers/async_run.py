@@ -22,6 +22,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,7 @@ import redis
 import redis.asyncio as aioredis
 
 from runlog.errors import RedisUnavailable, RunlogError
-from runlog.log.clients import loop_get
+from runlog.log.clients import loop_get, loop_mget
 from runlog.producers import approvals, calls, timers
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
@@ -177,8 +178,9 @@ class AsyncRun(Owned):
     def __init__(self, run: Run, aredis: aioredis.Redis) -> None:
         self.lease = run.lease
         self._run = run
-        self._get = loop_get(aredis)
-        self._lease_key = run.deps.leases.lease_key(run.tenant, run.run_id)
+        self._get = loop_mget(aredis)
+        self._peek = loop_get(aredis)
+        self._keys = (run.deps.leases.lease_key(run.tenant, run.run_id), run.cancel_flag_key)
         self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         self._turn = _Turn()
         _OPEN_RUNS[self._loop] = _OPEN_RUNS.get(self._loop, 0) + 1
@@ -213,7 +215,7 @@ class AsyncRun(Owned):
             return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op, self._turn)
         if isinstance(op, Peek):
             try:
-                return await self._get(op.key)
+                return await self._peek(op.key)
             except redis.RedisError as exc:
                 raise RedisUnavailable(f"GET {op.key}: {exc}") from exc
         assert isinstance(op, Blocking)
@@ -269,11 +271,13 @@ class AsyncRun(Owned):
                 ok = False
             else:
                 try:
-                    raw = await self._get(self._lease_key)
+                    raw, flag = await self._get(self._keys)
                 except redis.RedisError as exc:
                     raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
             run._still_owned(ok, pending)
+            if ok:
+                run.cancel_flag = (flag is not None, time.monotonic())
 
     async def append(
         self,
@@ -390,6 +394,7 @@ class AsyncRun(Owned):
         of the fleet, a timer not yet due releases the run instead)."""
         run = self._run
         async with self._turn():
+            await self._drive(approvals.check_cancel(run))  # a step (``Run.sleep``)
             nxt = timers.next_timer(run.state, run._sleeps)
             run._sleeps += 1
             if nxt.recorded is not None:

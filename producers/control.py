@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from runlog.errors import Fenced, RunFinished, UnknownRun
@@ -70,8 +71,14 @@ def request_cancel(
     reason: str,
     by: str,
     wait_s: float = CANCEL_WAIT_S,
+    wake: Callable[[RunState], None] | None = None,
 ) -> str:
     """Record a person's cancellation of ``run_id``.
+
+    ``wake``: called with the run's state once the request stands (recorded, queued or
+    already there) and the run is not over: the fleet's composition root passes one that
+    dispatches a run of the fleet (one waiting for a person or a time holds no worker, so
+    nobody would see the request otherwise).
 
     Returns ``"recorded"`` (the request is in the log: this call appended it, or the owner
     did within ``wait_s``), ``"queued"`` (it waits in the owner's inbox: the owner records
@@ -83,6 +90,18 @@ def request_cancel(
     state = _known(deps, tenant, run_id)
     if state.status == "finished":
         raise _ended(state)
+    if wake is not None:
+        how = _request_cancel(deps, state, tenant=tenant, reason=reason, by=by, wait_s=wait_s)
+        if state.agent_name is not None:
+            wake(state)
+        return how
+    return _request_cancel(deps, state, tenant=tenant, reason=reason, by=by, wait_s=wait_s)
+
+
+def _request_cancel(
+    deps: RunDeps, state: RunState, *, tenant: str, reason: str, by: str, wait_s: float
+) -> str:
+    run_id = state.run_id
     if state.cancel is not None:
         return "already"
     key = decisions_key(deps, tenant, run_id)
@@ -146,6 +165,8 @@ class Termination:
     seq: int
     """Seq of the RUN_FINISHED ``terminated``."""
     open_calls: list[OpenCall]
+    agent: str | None = None
+    """The agent the run was started for (a run of the fleet), else None."""
 
 
 def terminate(deps: RunDeps, run_id: str, *, tenant: str, reason: str, by: str) -> Termination:
@@ -189,4 +210,4 @@ def terminate(deps: RunDeps, run_id: str, *, tenant: str, reason: str, by: str) 
             reason,
             len(calls),
         )
-        return Termination(run_id, run.epoch, ev.seq, calls)
+        return Termination(run_id, run.epoch, ev.seq, calls, run.state.agent_name)

@@ -57,6 +57,8 @@ class Fork:
     other_timeline: list[ForkedEffect] = field(default_factory=list)
     """The parent's timeline's effects after ``at_seq`` (as of the fork) that the fork did
     not take as its own: what an operator may have to undo."""
+    agent: str | None = None
+    """The registered agent the fork runs (the parent's, a run of the fleet), else None."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(vars(self))
@@ -274,4 +276,5 @@ def _made(state: RunState, tenant: str, *, created: bool) -> Fork:
         reason=lin.reason,
         created=created,
         other_timeline=lin.not_inherited(),
+        agent=state.agent_name,
     )

@@ -120,6 +120,14 @@ class Lease:
             return False  # released by us: even if Redis kept the key, we no longer own it
         return self.confirm(self.manager.current(self.tenant, self.run_id))
 
+    def check_with(self, key: str) -> tuple[bool, bytes | None]:
+        """``check`` that reads ``key`` (another key of this run's) in the same round trip:
+        the barrier's ownership check also brings the run's cancel flag."""
+        if self.released:
+            return False, None
+        current, other = self.manager.current_with(self.tenant, self.run_id, key)
+        return self.confirm(current), other
+
     def confirm(self, current: str | None) -> bool:
         """The verdict on Redis's answer ``current`` (the run's lease value, or None)."""
         if self.released:
@@ -189,6 +197,15 @@ class LeaseManager:
         except redis.RedisError as exc:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return raw.decode() if isinstance(raw, bytes) else raw
+
+    def current_with(self, tenant: str, run_id: str, key: str) -> tuple[str | None, bytes | None]:
+        """``current`` and the raw value of ``key`` (a key of the same run: one hash slot),
+        in one ``MGET``."""
+        try:
+            raw, other = self._get.many((self.lease_key(tenant, run_id), key))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
+        return (raw.decode() if isinstance(raw, bytes) else raw), other
 
     def try_acquire(
         self,

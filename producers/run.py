@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -176,6 +177,10 @@ class Run(Owned):
     cancel_raised: bool = False
     """``Cancelled`` was raised into this owner's agent (once); its clean-up steps run,
     and the run ends cancelled when finished or closed."""
+    cancel_flag: tuple[bool, float] | None = None
+    """The run's cancel flag as the last barrier's ownership check read it (one ``MGET``
+    with the lease), and when (``time.monotonic``), not yet taken by a step's cancel check
+    (None: no such read since the last check). ``approvals.check_cancel``."""
 
     def __enter__(self) -> Run:
         return self
@@ -304,10 +309,11 @@ class Run(Owned):
             done = [self._delivered(p, p.ack.outcome) for p in pending]
             if pending:
                 try:
-                    ok = self.lease.check()
+                    ok, flag = self.lease.check_with(self.cancel_flag_key)
                 except RedisUnavailable as exc:
                     raise self._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 self._still_owned(ok, pending)
+                self.cancel_flag = (flag is not None, time.monotonic())
             return done
 
     # The barrier's steps, shared with the asyncio driver (which awaits where this waits).
@@ -629,7 +635,12 @@ class Run(Owned):
         agent reaching it again waits only for what is left. In a worker of the fleet the
         wait holds nothing: the run's lease and slot are released and the run is dispatched
         again when it is due (``docs/concepts/fleet.md``). Elsewhere it waits in this thread.
+
+        A step: a person's cancellation is raised here first (``Cancelled``, once), also when
+        the timer was recorded before, so a sleeping run that is cancelled and dispatched
+        again stops here instead of going back to sleep.
         """
+        self.check_cancelled()
         with self._lock:
             nxt = timers.next_timer(self.state, self._sleeps)
             self._sleeps += 1
@@ -662,6 +673,10 @@ class Run(Owned):
             self.lease.release()
 
     # Cancellation ----------------------------------------------------------------------
+    @property
+    def cancel_flag_key(self) -> str:
+        return approvals.cancel_flag_key(self.deps, self.tenant, self.run_id)
+
     def check_cancelled(self) -> None:
         """Raise ``Cancelled`` (once) if a person cancelled the run: call before a step of
         your own (``call_tool`` and the agent loop's model turns already check)."""

@@ -12,8 +12,10 @@ status                    meaning
                           ``lease_expires_at``)
 ``waiting``               a person must decide (an approval request, a conflict that
                           stopped the run): ``waiting_for="person"``, ``since`` the
-                          oldest request. (``waiting_for="time"``: a durable timer, with
-                          the worker fleet; see ``phase_of``.)
+                          oldest request; or the run sleeps on a durable timer
+                          (``run.sleep``, an agent's retry) that is not due:
+                          ``waiting_for="time"``, ``until`` the due time, ``since`` the
+                          sleep began (its last event), whoever holds it
 ``orphaned``              not finished, nobody holds it, nothing it waits for: ``since``
                           its last valid event (what its last owner wrote last)
 ``cancelling``            a person cancelled it (``runlog cancel``) and it has not ended
@@ -56,10 +58,13 @@ STATUSES: tuple[Status, ...] = (
     "terminated",
 )
 
-Phase = Literal["active", "waiting", "cancelling", "finished", "failed", "cancelled", "terminated"]
+Phase = Literal[
+    "active", "waiting", "sleeping", "cancelling", "finished", "failed", "cancelled", "terminated"
+]
 PHASES: tuple[Phase, ...] = (
     "active",
     "waiting",
+    "sleeping",
     "cancelling",
     "finished",
     "failed",
@@ -67,7 +72,8 @@ PHASES: tuple[Phase, ...] = (
     "terminated",
 )
 """The part of a status the log alone decides (what the run index stores): ``active``
-becomes ``running`` or ``orphaned`` by who holds the lease now."""
+becomes ``running`` or ``orphaned`` by who holds the lease now; ``sleeping`` is the status
+``waiting`` for a time."""
 
 ENDED_BY: dict[str, Phase] = {
     "failed": "failed",
@@ -95,6 +101,8 @@ class RunStatus:
     owner: str | None = None
     lease_expires_at: datetime | None = None
     waiting_for: Literal["person", "time"] | None = None
+    until: datetime | None = None
+    """waiting for a time: when the durable timer is due."""
 
     @property
     def ended(self) -> bool:
@@ -109,19 +117,23 @@ class RunStatus:
                 None if self.lease_expires_at is None else self.lease_expires_at.isoformat()
             ),
             "waiting_for": self.waiting_for,
+            "until": None if self.until is None else self.until.isoformat(),
         }
 
     def text(self) -> str:
         """One line for people: ``running (owner w1/ab12, lease until 12:00:01)``."""
         parts: list[str] = []
-        if self.waiting_for is not None:
-            parts.append(f"for a {self.waiting_for}")
+        head: str = self.status
+        if self.waiting_for == "time" and self.until is not None:
+            head += f" until {self.until.isoformat(timespec='seconds')}"
+        elif self.waiting_for is not None:
+            head += f" for a {self.waiting_for}"
         if self.owner is not None:
             until = self.lease_expires_at.strftime("%H:%M:%S") if self.lease_expires_at else "?"
             parts.append(f"owner {self.owner}, lease until {until}")
         if self.since is not None and self.status != "running":
             parts.append(f"since {self.since.isoformat(timespec='seconds')}")
-        return self.status + (f" ({'; '.join(parts)})" if parts else "")
+        return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def phase_of(st: RunState) -> Phase:
@@ -132,9 +144,21 @@ def phase_of(st: RunState) -> Phase:
         return "cancelling"
     if st.status == "escalated" or st.pending_approvals:
         return "waiting"
-    # The worker fleet's durable timers belong here: a run sleeping until a time that has
-    # not come is "waiting" (waiting_for="time", since the sleep), whoever holds it.
+    if sleeping_until(st) is not None:
+        return "sleeping"
     return "active"
+
+
+def sleeping_until(st: RunState) -> datetime | None:
+    """The due time of the durable timer the run sleeps on, else None.
+
+    From the log alone: the run's latest timer is due after its last valid event, so
+    nothing happened since it was due (the wake-up's RUN_RESUMED, or the agent's next step
+    after the sleep, is written at or after the due time)."""
+    if not st.timers or st.last_event_at is None:
+        return None
+    due = st.timers[-1].due_at
+    return due if due > st.last_event_at else None
 
 
 def since_of(st: RunState) -> datetime | None:
@@ -149,8 +173,11 @@ def since_of(st: RunState) -> datetime | None:
     return st.last_event_at
 
 
-def status_from(phase: str, holder: Holder | None, since: datetime | None) -> RunStatus:
-    """The status of a run in ``phase`` (``PHASES``) that ``holder`` holds (None: nobody)."""
+def status_from(
+    phase: str, holder: Holder | None, since: datetime | None, until: datetime | None = None
+) -> RunStatus:
+    """The status of a run in ``phase`` (``PHASES``) that ``holder`` holds (None: nobody);
+    ``until``: a sleeping run's due time."""
     owner = None if holder is None else holder.owner
     expires = None if holder is None else holder.expires_at
     if phase in ("finished", "failed", "cancelled", "terminated"):
@@ -159,6 +186,8 @@ def status_from(phase: str, holder: Holder | None, since: datetime | None) -> Ru
         return RunStatus("cancelling", since, owner, expires)
     if phase == "waiting":
         return RunStatus("waiting", since, owner, expires, waiting_for="person")
+    if phase == "sleeping":
+        return RunStatus("waiting", since, owner, expires, waiting_for="time", until=until)
     if holder is not None:
         return RunStatus("running", since, owner, expires)
     return RunStatus("orphaned", since)
@@ -166,13 +195,15 @@ def status_from(phase: str, holder: Holder | None, since: datetime | None) -> Ru
 
 def run_status(st: RunState, holder: Holder | None) -> RunStatus:
     """The status of the run whose fold is ``st`` and whose lease ``holder`` holds."""
-    return status_from(phase_of(st), holder, since_of(st))
+    return status_from(phase_of(st), holder, since_of(st), sleeping_until(st))
 
 
 def phases_for(status: str) -> tuple[Phase, ...]:
     """The stored phases a run of ``status`` is in (a filter on the run index)."""
     if status in ("running", "orphaned"):
         return ("active",)
+    if status == "waiting":
+        return ("waiting", "sleeping")
     if status in PHASES:
         return (status,)
     raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")

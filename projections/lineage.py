@@ -129,6 +129,10 @@ def run_forked(st: RunState, ev: Event) -> None:
     for name in ("completed_calls", "open_calls", "approvals", "compactions", "denials"):
         setattr(st, name, getattr(parent, name))
     st.retries = parent.retries
+    # The registered agent the parent ran (the fleet dispatches the fork to it), with the
+    # fork's own input when it was given one.
+    st.agent_name, st.agent_version = parent.agent_name, parent.agent_version
+    st.agent_input = p.input_json if p.input_json is not None else parent.agent_input
     st.run_id, st.tenant, st.epoch = ev.run_id, ev.tenant, ev.epoch
     st.started_at = ev.occurred_at
     # A conflict awaiting a person at the fork point still stops the fork; a finished

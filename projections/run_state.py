@@ -34,7 +34,7 @@ from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import OWNERSHIP, RECORD_ONLY, STARTS, STATE_CHANGING, EventType
 
-FOLD_VERSION = 5
+FOLD_VERSION = 6
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
@@ -43,7 +43,8 @@ retry records it too); a v2 snapshot lacks it, hence a miss. 4: a decision count
 the state's ``authority`` accepts its signature (a forged one is rejected like a fenced
 write), and a decided approval names the key that signed it. 5: RUN_STARTED v2 names the
 registered agent (version, input) and TIMER_STARTED records durable timers; a v4 snapshot of
-such a run lacks them, hence a miss.
+such a run lacks them, hence a miss. 6: a fork (RUN_FORKED) runs the parent's registered
+agent (name, version; its own input if given); a v5 snapshot of a fork lacks them.
 
 States of logs that never use a field added later compare equal to the states recorded
 before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out

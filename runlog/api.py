@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
-from runlog.fleet.requests import request_dispatch, request_start, wake
+from runlog.fleet.requests import forget, request_dispatch, request_start, wake
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
@@ -127,6 +127,10 @@ def fork(
             reason=reason,
         )
         tracing.annotate(span, fork_run_id=made.run_id, created=made.created)
+        if made.agent is not None:
+            # A fork of a run of the fleet is dispatched like a started run (also when
+            # asked again after a crash: the record may not have been written).
+            wake(services.settings, made.run_id, tenant=tenant, agent=made.agent)
         return made
 
 
@@ -251,10 +255,14 @@ def cancel(
     """Ask ``run_id`` to stop, cooperatively; the request is recorded in its log (who, when,
     why).
 
-    The run's owner sees it at its next step (before its next model turn or tool call; an
-    ``AsyncRun`` at its next await of runlog's) and raises ``runlog.Cancelled`` into the
-    agent, which may clean up; the run then ends ``cancelled``. A run nobody holds is
-    recorded as cancelling and cancelled when next opened. Open calls are not closed: the
+    The run's owner sees it by its next step or the one after (before a model turn or tool
+    call; an ``AsyncRun`` at an await of runlog's: the flag it checks comes with the last
+    barrier's ownership check, so it may be one step old) and raises ``runlog.Cancelled``
+    into the agent, which may clean up; the run then ends ``cancelled``. A run nobody holds
+    is recorded as cancelling and cancelled when next opened; a run of the fleet that
+    waits (for a person, or asleep on a durable timer) or that nobody holds is dispatched
+    at once, so its agent sees ``Cancelled`` at its first step (a sleep does not wait for
+    its timer). Open calls are not closed: the
     recovery rules still settle them.
 
     Returns ``"recorded"`` (in the log), ``"queued"`` (in the owner's inbox after
@@ -265,7 +273,18 @@ def cancel(
     services = Services.shared(settings or Settings())
     with tracing.span("cancel", run_id=run_id, tenant=tenant) as span:
         how = request_cancel(
-            services.run_deps(), run_id, tenant=tenant, reason=reason, by=by, wait_s=wait_s
+            services.run_deps(),
+            run_id,
+            tenant=tenant,
+            reason=reason,
+            by=by,
+            wait_s=wait_s,
+            # A run of the fleet that waits (for a person, a time) or that nobody holds is
+            # dispatched, so its agent sees ``Cancelled`` at its first step; a sleep does
+            # not wait for its timer.
+            wake=lambda st: wake(
+                services.settings, run_id, tenant=tenant, agent=st.agent_name or ""
+            ),
         )
         tracing.annotate(span, outcome=how)
         return how
@@ -286,6 +305,11 @@ def terminate(
     services = Services.shared(settings or Settings())
     with tracing.span("terminate", run_id=run_id, tenant=tenant) as span:
         done = terminate_run(services.run_deps(), run_id, tenant=tenant, reason=reason, by=by)
+        if done.agent is not None:
+            # The run of the fleet has ended: its lifecycle record goes (a tombstone), so no
+            # worker keeps it in its table or dispatches it again. Its fenced worker stops
+            # at its next append.
+            forget(services.settings, run_id)
         tracing.annotate(span, epoch=done.epoch, open_calls=len(done.open_calls))
         return done
 

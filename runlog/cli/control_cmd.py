@@ -19,10 +19,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "cancelled",
         description=(
             "Records the request in the run's log (who, when, why). The run's owner sees it "
-            "at its next step (before its next model turn or tool call) and raises "
-            "runlog.Cancelled into the agent, which may clean up; the run then ends "
+            "by its next step or the one after (before a model turn or tool call) and "
+            "raises runlog.Cancelled into the agent, which may clean up; the run then ends "
             "`cancelled`. A run no one holds is shown as cancelling and is cancelled when "
-            "next opened. Open calls are not closed: the recovery rules still settle them. "
+            "next opened; a run of the fleet that waits or that no one holds is dispatched "
+            "at once. Open calls are not closed: the recovery rules still settle them. "
             "Exits 1 if the run has already ended."
         ),
     )

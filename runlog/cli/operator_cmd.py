@@ -91,15 +91,20 @@ def _line(row: RunRow, now: datetime) -> str:
 def _detail(row: RunRow, now: datetime) -> str:
     """What the status says beside its name: the owner and lease, what it waits for, since
     when it is orphaned or cancelling, how it ended."""
+    wait = ""
+    if row.waiting_for == "time" and row.until:
+        wait = f"until {row.until}"
+    elif row.waiting_for:
+        wait = f"for a {row.waiting_for}"
     if row.owner is not None:
         left = ""
         if row.lease_expires_at:
             secs = (datetime.fromisoformat(row.lease_expires_at) - now).total_seconds()
             left = f" lease {max(0.0, secs):.0f}s"
         who = f"{row.owner}{left}"
-        return f"for a {row.waiting_for}; {who}" if row.waiting_for else who
-    if row.waiting_for:
-        return f"for a {row.waiting_for}"
+        return f"{wait}; {who}" if wait else who
+    if wait:
+        return wait
     if row.status in ("orphaned", "cancelling") and row.since:
         return f"since {age_text((now - datetime.fromisoformat(row.since)).total_seconds())}"
     return row.outcome or "-"

@@ -83,6 +83,12 @@ def wake(settings: Settings, run_id: str, *, tenant: str, agent: str) -> None:
     writer_for(settings).write(run_id, Record("open", tenant, agent))
 
 
+def forget(settings: Settings, run_id: str) -> None:
+    """Tombstone the lifecycle record of a run of the fleet that has ended (``runlog
+    terminate``): no worker's table keeps it, none dispatches it again."""
+    writer_for(settings).write(run_id, None)
+
+
 def _state(settings: Settings, client: redis.Redis, tenant: str, run_id: str) -> RunState:
     reader = LogReader(settings)
     try:

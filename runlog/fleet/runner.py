@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from runlog.errors import (
     AppendOutcomeUnknown,
+    Cancelled,
     Escalated,
     Fenced,
     KafkaUnavailable,
@@ -34,7 +35,7 @@ from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run, RunDeps
+from runlog.producers.run import CANCELLED, Run, RunDeps
 from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,20 @@ def _finished(lw: LifecycleWriter, run_id: str) -> Result:
     return Result("finished", None, lw.write(run_id, None))
 
 
+def _cancelled(lw: LifecycleWriter, run: Run, exc: BaseException | None) -> Result:
+    """A person cancelled the run: it ends ``cancelled`` (``Run.final_outcome``), whether
+    the agent let ``Cancelled`` out or was about to wait (a cancelled run waits for no
+    person and no time), never ``failed`` and never dispatched again."""
+    try:
+        if not _is_finished(run):
+            run.finish(CANCELLED, "" if exc is None else str(exc))
+        return _finished(lw, run.run_id)
+    except (Fenced, RunLocked) as err:
+        return _fenced(run.deps, err)
+    except INFRA as err:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))
+
+
 def _retry_or_fail_due(agent: Agent, state_timers: tuple[Any, ...]) -> float | None:
     """Seconds until the agent's next retry, or None when its policy has none left."""
     used = sum(1 for t in state_timers if t.purpose == timers.RETRY)
@@ -157,11 +172,17 @@ def execute(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, agent:
         if not _is_finished(run):
             run.finish("succeeded", "" if summary is None else str(summary))
         return _finished(lw, run_id)
+    except Cancelled as exc:
+        return _cancelled(lw, run, exc)
     except timers.TimerPending as wait:
+        if run.state.cancel is not None:
+            return _cancelled(lw, run, None)
         res = _waiting_until(lw, run_id, rec.tenant, agent.name, wait.due_at)
         run.close()
         return res
     except Escalated:
+        if run.state.cancel is not None:
+            return _cancelled(lw, run, None)
         res = _waiting_person(lw, run_id, rec.tenant, agent.name)
         run.close()
         return _decided_meanwhile(deps, lw, res, run_id)
@@ -246,11 +267,17 @@ async def execute_async(
             await arun.finish("succeeded", "" if summary is None else str(summary))
         await arun.close()
         return await in_thread(_finished, lw, run_id)
+    except Cancelled as exc:
+        return await in_thread(_cancelled, lw, run, exc)
     except timers.TimerPending as wait:
+        if run.state.cancel is not None:
+            return await in_thread(_cancelled, lw, run, None)
         res = await in_thread(_waiting_until, lw, run_id, rec.tenant, agent.name, wait.due_at)
         await arun.close()
         return res
     except Escalated:
+        if run.state.cancel is not None:
+            return await in_thread(_cancelled, lw, run, None)
         res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
         await arun.close()
         return await in_thread(_decided_meanwhile, deps, lw, res, run_id)

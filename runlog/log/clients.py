@@ -52,19 +52,28 @@ class ThreadGet:
         # collection); close() ends those of threads still alive.
         self._conns: weakref.WeakSet[redis.connection.ConnectionInterface] = weakref.WeakSet()
         self._direct = type(client) is redis.Redis
-        self._packed: dict[str, Any] = {}
-        """``GET key`` as the wire carries it, per key: a run asks for the same key at
-        every barrier, and packing it anew is a good part of redis-py's cost."""
+        self._packed: dict[str | tuple[str, ...], Any] = {}
+        """``GET key`` (``MGET keys``) as the wire carries it, per key: a run asks for the
+        same key at every barrier, and packing it anew is a good part of redis-py's cost."""
 
     def __call__(self, key: str) -> Any:
         if not self._direct:
             return self._client.get(key)
+        return self._ask(key, ("GET", key))
+
+    def many(self, keys: tuple[str, ...]) -> list[Any]:
+        """``MGET keys`` in the same one round trip (keys of one hash slot: one run's)."""
+        if not self._direct:
+            return list(self._client.mget(list(keys)))
+        return list(self._ask(keys, ("MGET", *keys)))
+
+    def _ask(self, cache: str | tuple[str, ...], command: tuple[str, ...]) -> Any:
         conn = self._conn()
-        packed = self._packed.get(key)
+        packed = self._packed.get(cache)
         if packed is None:
             if len(self._packed) >= PACKED_KEPT:
                 self._packed.clear()
-            packed = self._packed[key] = [b"".join(conn.pack_command("GET", key))]
+            packed = self._packed[cache] = [b"".join(conn.pack_command(*command))]
         try:
             return self._get(conn, packed)
         except (redis.ConnectionError, redis.TimeoutError):
@@ -124,7 +133,19 @@ class LoopGet:
         self._timeout = float(self._pool.connection_kwargs.get("socket_timeout") or 5.0)
         self._replies: _Replies | None = None
         self._lock: asyncio.Lock | None = None
-        self._packed: dict[str, bytes] = {}
+        self._packed: dict[str | tuple[str, ...], bytes] = {}
+
+    async def many(self, keys: tuple[str, ...]) -> list[Any]:
+        """``MGET keys`` pipelined the same way (keys of one hash slot: one run's)."""
+        packed = self._packed.get(keys)
+        if packed is None:
+            if len(self._packed) >= PACKED_KEPT:
+                self._packed.clear()
+            packed = self._packed[keys] = _pack(("MGET", *keys))
+        try:
+            return list(await self._get(packed))
+        except redis.ConnectionError:
+            return list(await self._get(packed))
 
     async def __call__(self, key: str) -> Any:
         packed = self._packed.get(key)
@@ -175,6 +196,14 @@ def _pack_get(key: str) -> bytes:
     return b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(raw), raw)
 
 
+def _pack(words: tuple[str, ...]) -> bytes:
+    out = [b"*%d\r\n" % len(words)]
+    for w in words:
+        raw = w.encode()
+        out.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
 class _Replies(asyncio.Protocol):
     """The replies of one connection's pipelined commands, in the order they were sent."""
 
@@ -221,6 +250,20 @@ class _Replies(asyncio.Protocol):
 
 
 _loop_gets: weakref.WeakKeyDictionary[aioredis.Redis, LoopGet] = weakref.WeakKeyDictionary()
+
+
+def loop_mget(client: aioredis.Redis) -> Callable[[tuple[str, ...]], Awaitable[list[Any]]]:
+    """``loop_get``'s ``MGET``: the ownership check and the cancel flag in one round trip."""
+    if type(client) is not aioredis.Redis:
+
+        async def mget(keys: tuple[str, ...]) -> list[Any]:
+            return list(await client.mget(list(keys)))
+
+        return mget
+    got = _loop_gets.get(client)
+    if got is None:
+        got = _loop_gets[client] = LoopGet(client)
+    return got.many
 
 
 def loop_get(client: aioredis.Redis) -> Callable[[str], Awaitable[Any]]:

@@ -25,10 +25,33 @@ RESUME_FIELDS = {"seq", "epoch", "max_epoch_seen", "resumptions", "last_event_at
 
 
 def test_fixtures_exist_for_every_released_version() -> None:
-    assert {"v1", "v2", "v3", "v4"} <= set(FIXTURE_VERSIONS)
+    assert {"v1", "v2", "v3", "v4", "v5"} <= set(FIXTURE_VERSIONS)
 
 
-"""Event types the release after the v4 fixture added (durable timers of the fleet)."""
+def test_v5_holds_what_a_started_run_of_the_fleet_and_its_operators_write() -> None:
+    """v5 (the fleet, operator controls, undo and retry): a start with its code version and
+    input, a decision with an answer, a durable timer, a person's cancellation of the
+    unowned run (its takeover names the operator), and a cancelled finish."""
+    fx = load_fixture("v5")
+    written = set(fx.meta["written_versions"])
+    assert {
+        "run_started v2",
+        "run_resumed v2",
+        "approval_decided v3",
+        "timer_started v1",
+        "run_cancel_requested v1",
+    } <= written
+    events = fx.events()
+    first = events[0].payload
+    assert (first.code_version, first.input_json) == ("fixture-agent-1.0", '{"order":42}')  # type: ignore[union-attr]
+    (decided,) = [e for e in events if e.type is EventType.APPROVAL_DECIDED]
+    assert decided.payload.answer == "undo_and_retry"  # type: ignore[union-attr]
+    (cancel,) = [e for e in events if e.type is EventType.RUN_CANCEL_REQUESTED]
+    took = next(e for e in events if e.seq == cancel.seq - 1 and e.type is EventType.RUN_RESUMED)
+    assert took.payload.operator == "bob@example.com"  # type: ignore[union-attr]
+    last = fx.states[max(fx.states)]
+    assert (last["outcome"], last["cancel"]["requested_by"]) == ("cancelled", "bob@example.com")
+    assert last["timers"] and last["agent_version"] == "fixture-agent-1.0"
 
 
 @pytest.mark.parametrize("version", FIXTURE_VERSIONS)

@@ -61,7 +61,7 @@ def test_current_versions() -> None:
     assert registry().current[EventType.RUN_CANCEL_REQUESTED] == 1
     assert registry().current[EventType.RUN_STARTED] == 2
     assert registry().current[EventType.TIMER_STARTED] == 1
-    assert FOLD_VERSION == 5
+    assert FOLD_VERSION == 6
 
 
 def test_v1_resumption_resolves_as_a_workers_and_counts() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -303,6 +304,9 @@ def test_browser_undo_and_retry_of_a_conflicting_booking_then_one_booking_stands
     answer, "undo and retry", says what it does, and asks to confirm that restated; the
     decision is recorded as such, and the next owner with the tools undoes the wrong
     booking and books once under a fresh key."""
+    writer_tests = str(Path(__file__).resolve().parents[1] / "writer")
+    if writer_tests not in sys.path:  # their scenario helpers, when tests/ui runs alone
+        sys.path.insert(0, writer_tests)
     import test_undo_and_retry as ur
     import test_writer_compensation as wc
     from selenium.webdriver.common.by import By

@@ -113,3 +113,37 @@ def needs_fix(run: runlog.Run, order: dict[str, Any]) -> str:
 def napper(run: runlog.Run, order: dict[str, Any]) -> str:
     run.sleep(float(order["sleep_s"]))
     return "rested"
+
+
+def saw_cancel_key() -> str:
+    return f"{PREFIX}:saw_cancel"
+
+
+@runlog.agent("stoppable", tools=[pay])
+def stoppable(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Pays once, then waits (``order["wait"]``: ``"sleep"`` on a durable timer of an hour,
+    ``"person"`` for an approval); a cancellation reaches it at its next step and is let out
+    (the agent does not catch it), after noting in Redis that the agent saw it."""
+    try:
+        run.call_tool("pay", {"to": order["to"], "amount": 1})
+        if order["wait"] == "sleep":
+            run.sleep(3600)
+        else:
+            if not run.state.approvals:
+                aid = run.request_approval("pay again?")
+                raise runlog.Escalated("waiting for a person", approval_id=aid, run_id=run.run_id)
+            raise runlog.Escalated("still waiting for a person", run_id=run.run_id)
+        run.call_tool("pay", {"to": order["to"], "amount": 2})
+        return "paid twice"
+    except runlog.Cancelled:
+        client().hincrby(saw_cancel_key(), run.run_id, 1)
+        raise
+
+
+@runlog.agent("cancel_in_flight", tools=[pay])
+def cancel_in_flight(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Steps until a person cancels (``Cancelled`` is let out of the agent)."""
+    for i in range(10_000):
+        run.call_tool("pay", {"to": order["to"], "amount": i})
+        time.sleep(0.05)
+    return "never cancelled"

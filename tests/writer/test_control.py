@@ -26,6 +26,7 @@ from workers.common import (
 
 import runlog
 from runlog.consumers.verify import verify_events
+from runlog.producers import timers
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -350,6 +351,9 @@ def test_every_status_is_told_the_same_by_runs_show_state_and_the_console(
             with opened("waiting") as run:
                 run.request_approval("refund?")
             opened("orphaned").close()
+            with opened("sleeping") as run:  # a durable timer due in an hour, not yet due
+                run.append(EventType.TIMER_STARTED, timers.payload(0, 3600, timers.SLEEP))
+                due = run.state.timers[0].due_at
             opened("cancelling").close()
             runlog.cancel(runs["cancelling"], reason="r", by="ann", tenant="acme", settings=s)
             opened("finished").finish("succeeded")
@@ -384,7 +388,23 @@ def test_every_status_is_told_the_same_by_runs_show_state_and_the_console(
                         "state": json.loads(out)["status"],
                         "console": found.group(1) if found else None,
                     }
-                    assert set(told.values()) == {name}, (name, told)
+                    expected = {"sleeping": "waiting"}.get(name, name)
+                    assert set(told.values()) == {expected}, (name, told)
+                    waits = {
+                        "runs": listed[rid]["waiting_for"],
+                        "show": shown["waiting_for"],
+                        "state": json.loads(out)["waiting_for"],
+                    }
+                    if name == "sleeping":
+                        # waiting until the due time, told the same everywhere
+                        assert set(waits.values()) == {"time"}, waits
+                        untils = {listed[rid]["until"], shown["until"], json.loads(out)["until"]}
+                        assert untils == {due.isoformat()}, untils
+                        rc, text, err = _cli(capsys, "state", rid, "--tenant", "acme")
+                        assert f"waiting until {due.isoformat(timespec='seconds')}" in text
+                        assert due.isoformat(timespec="seconds") in page.text
+                    if name == "waiting":
+                        assert set(waits.values()) == {"person"}, waits
                     if name == "running":
                         assert listed[rid]["owner"] == shown["owner"] is not None
                     if name in ("orphaned", "cancelling"):
