@@ -39,7 +39,9 @@ class Fleet:
         self.logs: dict[str, Path] = {}
         self._n = 0
 
-    def spawn(self, *, concurrency: int = 8, wait: bool = True) -> str:
+    def spawn(
+        self, *, concurrency: int = 8, wait: bool = True, agents: str = "workers.fleet_agents"
+    ) -> str:
         self._n += 1
         name = f"w{self._n}"
         path = self.tmp / f"{name}.log"
@@ -51,7 +53,7 @@ class Fleet:
                 "runlog.cli",
                 "worker",
                 "--agents",
-                "workers.fleet_agents",
+                agents,
                 "--concurrency",
                 str(concurrency),
                 "--id",
