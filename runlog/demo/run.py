@@ -107,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     logs: dict[str, list[Event]] = {}
     try:
         with LogReader(settings) as reader:
+            first = True
             while time.monotonic() < deadline:
+                if not first:  # the first kill lands once the workers hold runs
+                    time.sleep(rng.uniform(2.0, 4.0))
+                first = False
                 logs = {rid: _events(reader, rid) for rid in rids}
                 done = sum(fold(evs).status == "finished" for evs in logs.values())
                 print(f"  {done}/{len(rids)} finished, {len(killed)} workers killed", flush=True)
@@ -122,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
                     killed.append({"worker": victim, "pid": workers[victim].pid, "rc": rc})
                     print(f"SIGKILL {victim} (pid {workers[victim].pid})", flush=True)
                     spawn()
-                time.sleep(rng.uniform(2.0, 4.0))
     finally:
         for p in workers.values():
             if p.poll() is None:
@@ -196,15 +199,18 @@ def _report(
 def _print(r: dict[str, Any]) -> None:
     runs = r["runs"]
     print()
-    print(f"{'run':<28} {'order':<12} {'status':<9} {'resumed':>7} {'workers':>7} effects")
+    print(f"{'run':<30} {'order':<12} {'status':<9} {'resumed':>7} {'workers':>7} effects")
     for x in runs:
         eff = ",".join(str(c) for c in x["effects"].values()) or "-"
         print(
-            f"{x['run_id']:<28} {x['order']:<12} {x['status']:<9} {x['resumptions']:>7} "
+            f"{x['run_id']:<30} {x['order']:<12} {x['status']:<9} {x['resumptions']:>7} "
             f"{len(x['writers']):>7} {eff}"
         )
     print()
-    print(f"workers killed (SIGKILL): {len(r['killed'])}; resumptions: {r['resumptions']}")
+    print(
+        f"workers killed (SIGKILL): {len(r['killed'])}; resumptions (after a kill or the "
+        f"timer): {r['resumptions']}"
+    )
     print(f"runs finished: {r['finished']}/{len(runs)} (each by whichever worker owned it)")
     e = r["effects"]
     print(f"effects: {e['applied']} of {e['expected']}, each once: {e['each_once']} (the ledger)")
