@@ -7,7 +7,7 @@
 #   make soak   every fault at the reliability goals' counts (~2 h; SCALE=0.01 or KILLS=.. RACES=.. etc.)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make docs   the documentation site into site/ (mkdocs build --strict: broken links fail)
-#   make demo   stack + topics, then the kill -9 demo (DEMO_SEED=7 DEMO_KILLS=3 DEMO_ARGS=...)
+#   make demo   stack + topics, then the fleet demo: 3 workers, kill -9 (DEMO_SEED=7 DEMO_KILLS=5)
 #   make down   stop the local stack (and the secure one, if the tests left it running)
 #   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
@@ -25,14 +25,14 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 PACKAGES := runlog producers consumers schemas projections
 LINT_PATHS := $(PACKAGES) tests docs/hooks.py docs/gen_reference.py
 PYTEST_ARGS ?=
-# The demo (README "The demo"): supervisor, ledger service and agent workers, all runlog.demo.
-# Override DEMO_CMD to run something else on the same stack.
+# The demo (README "The demo"): three `runlog worker` processes SIGKILLed at random, no
+# supervisor (runlog.demo). Override DEMO_CMD to run something else on the same stack.
 DEMO_SEED ?= 7
-DEMO_KILLS ?= 3
+DEMO_KILLS ?= 5
 DEMO_ARGS ?=
-DEMO_CMD ?= $(PY) -m runlog.demo run --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
+DEMO_CMD ?= $(RUNLOG) demo --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults explore soak lint docs demo demo-fleet down status bench
+.PHONY: help venv stack topics test faults explore soak lint docs demo down status bench
 
 help:
 	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -93,10 +93,6 @@ docs: venv
 # The demo talks to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 demo: stack
 	eval "$$($(RUNLOG) stack env)" && $(DEMO_CMD)
-
-# The fleet demo: three `runlog worker` processes killed at random, no supervisor.
-demo-fleet: stack
-	eval "$$($(RUNLOG) stack env)" && $(RUNLOG) demo-fleet $(DEMO_ARGS)
 
 bench: stack
 	$(PY) -m pip install -q -e '.[bench,peers]'

@@ -15,7 +15,7 @@ from typing import ClassVar, Generic, TypeVar
 import redis
 
 from runlog.log.clients import redis_client
-from runlog.log.reader import LogReader
+from runlog.log.reader import ReaderPool
 from runlog.log.registry import ids_for
 from runlog.log.snapshots import SnapshotStore
 from runlog.log.tail import LogTail
@@ -68,6 +68,7 @@ class Services:
         self._leases = _Once(lambda: LeaseManager(self.redis, key_prefix=settings.redis_key_prefix))
         self._snapshots = _Once(lambda: SnapshotStore(self.redis, settings))
         self._tail = _Once(lambda: LogTail(settings))
+        self._readers = _Once(lambda: ReaderPool(settings))
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:
@@ -124,7 +125,7 @@ class Services:
             writer=self.writer,
             leases=self.leases,
             redis=self.redis,
-            reader_factory=lambda: LogReader(self.settings),
+            reader_factory=self._readers.get().get,
             writer_id=self.writer_id,
             snapshots=self.snapshots,
             ids=ids_for(self.settings),
@@ -135,4 +136,5 @@ class Services:
         self._writer.close(EventWriter.close)
         self._leases.close(LeaseManager.close)
         self._tail.close(LogTail.close)
+        self._readers.close(ReaderPool.close)
         self._redis.close(redis.Redis.close)

@@ -1,11 +1,10 @@
-"""The reference demo: a reconciliation agent that survives kill -9 without repeating effects.
+"""The reference demo: the fleet finishes runs through kill -9 without repeating an effect.
 
-    python -m runlog.demo run --seed 7 --kills 3     # the supervised demo (``make demo``)
-    python -m runlog.demo ledger --namespace NS      # the ledger service alone
-    python -m runlog.demo worker --run-id R --ledger-url URL   # one agent worker
+    runlog demo --seed 7 --kills 5      # make demo (also: python -m runlog.demo)
 
-Modules: ``ledger`` (the service the agent changes, in its own process), ``agent`` (the
-worker: tools, script, exit codes), ``supervisor`` (kills, pauses, restarts and decides),
-``report`` (the final summary, read from the log and the ledger). Nothing here connects
-to anything at import time.
+Modules: ``run`` (requests the runs, starts three ``runlog worker`` processes and SIGKILLs
+them at random, then the report read from the log and the ledger, and ``verify``),
+``agents`` (the refund agent and its non-idempotent ledger with a lookup, imported only by
+the demo's workers), ``pydantic_ai_refund`` (the Pydantic AI how-to's agent). Nothing here
+connects to anything at import time.
 """

@@ -23,7 +23,9 @@ length of a run (``Agent.override``), and the agent's own loop runs unchanged.
   hands Pydantic AI the decisions as ``DeferredToolResults`` and the agent continues.
 
 Starting and resuming are the same call: ``await agent.run(prompt)`` starts a run;
-``await agent.run(run_id=...)`` resumes it after a crash at any point.
+``await agent.run(run_id=...)`` resumes it after a crash at any point. With the fleet,
+``register("name", agent, tools={...})`` registers it like ``@runlog.agent``: the worker
+that owns the run opens it and drives the agent on it (``RunlogAgent.run_on``).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ __all__ = [
     "RunlogToolset",
     "ToolPolicy",
     "current_call",
+    "register",
 ]
 
 DepsT = TypeVar("DepsT")
@@ -392,11 +395,38 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             reason=reason,
             takeover=takeover,
         ) as run:
-            resumed = run.state.seq > 1
             if on_open is not None:
                 on_open(run.run_id)
-            ex = _Execution(run, await self._recorded_turns(run), deps)
-            return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits)
+            return await self.run_on(
+                run,
+                user_prompt,
+                deps=deps,
+                approval_wait_s=approval_wait_s,
+                usage_limits=usage_limits,
+            )
+
+    async def run_on(
+        self,
+        run: aio.AsyncRun,
+        user_prompt: str | None = None,
+        *,
+        deps: DepsT = None,  # type: ignore[assignment]
+        approval_wait_s: float = 0.0,
+        usage_limits: UsageLimits | None = None,
+    ) -> RunlogResult[OutputT]:
+        """Drive the agent on a run someone else opened (a fleet worker, ``register``).
+
+        The run must have been opened with this agent's tools (``runlog_tools``), so that
+        recovery inside ``open_run`` settled its uncertain calls by their policies. The
+        same rules as ``run``: turns the log holds are replayed, not requested again.
+        """
+        resumed = run.state.seq > 1
+        ex = _Execution(run, await self._recorded_turns(run), deps)
+        return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits)
+
+    async def runlog_tools(self, deps: DepsT = None) -> list[Tool]:  # type: ignore[assignment]
+        """The runlog tools to open a run of this agent with (risk class, reconciler)."""
+        return await self._runlog_tools(deps)
 
     # The run --------------------------------------------------------------------------
     async def _drive(
@@ -512,7 +542,8 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         """The run's valid MODEL_TURNs, in order, as the responses they recorded."""
         if run.state.turns == 0:
             return []
-        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
+        settings = run.sync.deps.settings  # where the run lives, whoever opened it
+        events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
         return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
 
     async def _runlog_tools(self, deps: Any) -> list[Tool]:
@@ -582,6 +613,64 @@ def _valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[A
         got = read_run(reader, services.redis, services.settings, tenant, run_id, keep=True)
     fenced = {rec.offset for rec in got.folded.fenced}
     return [rec.event for rec in got.folded.kept if rec.offset not in fenced]
+
+
+def register(
+    name: str,
+    agent: Agent[None, Any] | RunlogAgent[None, Any],
+    *,
+    tools: Mapping[str, ToolPolicy] | None = None,
+    version: str | None = None,
+    retries: int = 0,
+    usage_limits: UsageLimits | None = None,
+) -> RunlogAgent[None, Any]:
+    """Register a Pydantic AI agent with the fleet as ``name``, like ``@runlog.agent``.
+
+    ``runlog.start(name, input)`` then runs it on whichever ``runlog worker`` owns the run:
+    the input is the user prompt (a string, or ``{"prompt": ...}``), the agent's output
+    the run's summary. A worker that dies mid-run has its run resumed by another: model
+    turns the log holds are replayed, tool calls settled by their policies (``tools``, as
+    for ``RunlogAgent``). Deps are None: what a tool needs comes from the input or the
+    process. Call it at import time of the module named by ``runlog worker --agents``.
+    """
+    from runlog.fleet.registry import agent as register_agent
+
+    wrapped = agent if isinstance(agent, RunlogAgent) else RunlogAgent(agent, tools=tools)
+    # Tools are listed once, here: a FunctionToolset's tools need no I/O to list, and the
+    # worker opens every run of the agent with them (recovery runs before the agent does).
+    runlog_tools = asyncio.run(wrapped.runlog_tools(None))
+
+    async def run_agent(run: aio.AsyncRun, input: Any) -> str:
+        prompt = input.get("prompt") if isinstance(input, dict) else input
+        result = await wrapped.run_on(
+            run, None if prompt is None else str(prompt), usage_limits=usage_limits
+        )
+        return str(result.output)[:SUMMARY_CHARS]
+
+    run_agent.__qualname__ = f"pydantic_ai.register.{name}"
+    register_agent(
+        name,
+        tools=runlog_tools,
+        version=version or _agent_version(wrapped),
+        retries=retries,
+    )(run_agent)
+    return wrapped
+
+
+def _agent_version(wrapped: RunlogAgent[Any, Any]) -> str:
+    """A digest of the agent's tool functions' source: changes when their code does."""
+    import hashlib
+    import inspect
+
+    parts = [wrapped.name]
+    for toolset in wrapped.wrapped.toolsets:
+        for tool in getattr(toolset, "tools", {}).values():
+            fn = getattr(tool, "function", None)
+            try:
+                parts.append(inspect.getsource(fn) if fn is not None else repr(tool))
+            except (OSError, TypeError):
+                parts.append(repr(tool))
+    return "pai-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:

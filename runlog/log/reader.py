@@ -9,6 +9,7 @@ records whose key is the run id.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -250,3 +251,59 @@ class LogReader:
 def _headers(msg: Any) -> list[tuple[str, str | bytes | None]]:
     """A consumed message's headers as confluent_kafka returns them (a list of pairs)."""
     return cast(list[tuple[str, str | bytes | None]], msg.headers() or [])
+
+
+class ReaderPool:
+    """Readers kept open between uses: a run's open (and its confirmations) borrow one.
+
+    A new reader is a new Kafka consumer: a connection to the bootstrap broker, a metadata
+    request for the partition count, then a connection to the partition's leader. That is
+    tens of milliseconds of every ``open_run`` (on an idle fleet, most of the time from
+    ``runlog.start`` to the run's first event). A reader is not thread-safe, so each user
+    gets one to itself; ``close()`` gives it back (up to ``keep`` idle readers are kept, the
+    rest are closed). Every read assigns its own partition and offset, and the partition
+    count is checked again, so nothing of one use carries into the next.
+    """
+
+    def __init__(self, settings: Settings, *, keep: int = 16) -> None:
+        self.settings = settings
+        self.keep = keep
+        self._idle: list[_PooledReader] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def get(self) -> LogReader:
+        with self._lock:
+            reader = self._idle.pop() if self._idle else None
+        if reader is None:
+            return _PooledReader(self)
+        # The partition count is asked of the broker again on each use (over the open
+        # connection: a millisecond), so a topic recreated meanwhile is still refused.
+        reader._partitions = None
+        return reader
+
+    def _give_back(self, reader: _PooledReader) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.keep:
+                self._idle.append(reader)
+                return
+        reader.discard()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for reader in idle:
+            reader.discard()
+
+
+class _PooledReader(LogReader):
+    def __init__(self, pool: ReaderPool) -> None:
+        super().__init__(pool.settings)
+        self._pool = pool
+
+    def close(self) -> None:
+        self._pool._give_back(self)
+
+    def discard(self) -> None:
+        LogReader.close(self)

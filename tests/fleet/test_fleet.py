@@ -359,25 +359,6 @@ def test_waiting_runs_hold_no_slot_no_thread_and_no_lease(
     assert {s.status for s in states(fleet_settings, rids).values()} == {"running"}
 
 
-def test_the_fleet_demo_finishes_every_run_by_itself(test_settings: Settings) -> None:
-    """`runlog demo-fleet`: three workers killed at random, no supervisor; exit 0 means
-    every run finished, each effect once, every run verifies."""
-    import subprocess
-    import sys
-
-    from fleet_support import fleet_env
-
-    done = subprocess.run(
-        [sys.executable, "-m", "runlog.cli", "demo-fleet", "--runs", "8", "--kills", "2"],
-        env=fleet_env(test_settings),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "effects: 32 of 32, each once: True" in done.stdout, done.stdout
-
-
 def test_a_start_without_the_lifecycle_topic_is_refused_at_once(test_settings: Settings) -> None:
     from runlog.topics import delete_topics
 

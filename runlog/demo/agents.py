@@ -1,4 +1,4 @@
-"""The fleet demo's agent and its receiver (`runlog worker --agents runlog.demo.fleet_agents`).
+"""The demo's agent and its receiver (`runlog worker --agents runlog.demo.agents`).
 
 The receiver is a ledger in Redis that is not idempotent: each ``refund`` adds one to the
 count of its idempotency key and keeps its result for the lookup, in one MULTI. The demo's
@@ -29,7 +29,7 @@ def client() -> redis.Redis:
 
 
 def ledger_key(settings: Settings, what: str) -> str:
-    return f"{settings.redis_key_prefix}:demo-fleet:{what}"
+    return f"{settings.redis_key_prefix}:demo:{what}"
 
 
 def _refund(args: dict[str, Any], *, idempotency_key: str) -> str:

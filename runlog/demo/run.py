@@ -1,0 +1,224 @@
+"""``runlog demo`` (``make demo``): three `runlog worker` processes, killed at random.
+
+Starts the runs with ``runlog.start`` (durable requests), starts three workers, and every
+few seconds SIGKILLs one at random and starts a new one. Nobody resumes anything by hand:
+the workers that own the dead one's partitions take its runs once its leases expire. At the
+end it prints a report read from the log and the ledger (never from its own memory of what
+happened): per run, its status, how often it was resumed and by how many workers it was
+written; the ledger's count of every effect; and ``verify`` of every run. It exits 1 unless
+every run finished, every effect happened exactly once, and every run verifies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from runlog.api import start
+from runlog.consumers.verify import verify_run
+from runlog.log.clients import redis_client
+from runlog.log.reader import LogReader
+from runlog.projections.run_state import fold
+from runlog.schemas.models import Event
+from runlog.settings import Settings
+
+DEMO_LEASE_TTL_MS = "3000"
+DEMO_SESSION_MS = "6000"
+TENANT = "demo"
+AGENT = "demo.refunds"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=7, help="the kills' and the orders' seed")
+    p.add_argument("--runs", type=int, default=30, help="runs requested")
+    p.add_argument("--kills", type=int, default=5, help="workers SIGKILLed, one at a time")
+    p.add_argument("--timeout-s", type=float, default=180, help="give up (exit 1) after this")
+    p.add_argument("--report", type=Path, help="also write the report as JSON here")
+
+
+def _spawn(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runlog.cli",
+            "worker",
+            "--agents",
+            "runlog.demo.agents",
+            "--concurrency",
+            "4",
+            "--id",
+            name,
+            "--drain-s",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _events(reader: LogReader, rid: str) -> list[Event]:
+    return [r.event for r in reader.read(rid, partition=reader.partition_of(rid), start=0)]
+
+
+def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: importing it registers its agent, and every CLI process
+    # imports this module (a worker would advertise the demo's agent).
+    from runlog.demo.agents import ledger_key
+
+    env = dict(os.environ)
+    env.setdefault("RUNLOG_LEASE_TTL_MS", DEMO_LEASE_TTL_MS)
+    env.setdefault("RUNLOG_WORKER_SESSION_TIMEOUT_MS", DEMO_SESSION_MS)
+    settings = Settings()
+    rng = random.Random(args.seed)
+    client = redis_client(settings)
+    client.delete(ledger_key(settings, "effects"), ledger_key(settings, "results"))
+    batch = uuid.uuid4().hex[:6]
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    killed: list[dict[str, Any]] = []
+    n = 0
+
+    def spawn() -> None:
+        nonlocal n
+        n += 1
+        name = f"demo-w{n}-{batch}"
+        workers[name] = _spawn(env, name)
+        print(f"worker {name} started (pid {workers[name].pid})", flush=True)
+
+    for _ in range(3):
+        spawn()
+    orders: list[dict[str, Any]] = [
+        {"order": f"o{batch}-{i}", "lines": [rng.randint(5, 90) for _ in range(3)], "fee": 2}
+        for i in range(args.runs)
+    ]
+    rids = [start(AGENT, o, tenant=TENANT, settings=settings) for o in orders]
+    print(f"{len(rids)} runs requested (runlog.start); no process is told which", flush=True)
+    deadline = time.monotonic() + args.timeout_s
+    logs: dict[str, list[Event]] = {}
+    try:
+        with LogReader(settings) as reader:
+            first = True
+            while time.monotonic() < deadline:
+                if not first:  # the first kill lands once the workers hold runs
+                    time.sleep(rng.uniform(2.0, 4.0))
+                first = False
+                logs = {rid: _events(reader, rid) for rid in rids}
+                done = sum(fold(evs).status == "finished" for evs in logs.values())
+                print(f"  {done}/{len(rids)} finished, {len(killed)} workers killed", flush=True)
+                if done == len(rids):
+                    break
+                if len(killed) < args.kills:
+                    alive = [w for w, p in workers.items() if p.poll() is None]
+                    victim = rng.choice(alive)
+                    workers[victim].send_signal(signal.SIGKILL)
+                    workers[victim].wait(10)
+                    rc = workers[victim].returncode
+                    killed.append({"worker": victim, "pid": workers[victim].pid, "rc": rc})
+                    print(f"SIGKILL {victim} (pid {workers[victim].pid})", flush=True)
+                    spawn()
+    finally:
+        for p in workers.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in workers.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    report = _report(settings, client, rids, orders, logs, killed, ledger_key)
+    _print(report)
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=2, sort_keys=True))
+    return 0 if report["ok"] else 1
+
+
+def _report(
+    settings: Settings,
+    client: Any,
+    rids: list[str],
+    orders: list[dict[str, Any]],
+    logs: dict[str, list[Event]],
+    killed: list[dict[str, Any]],
+    ledger_key: Any,
+) -> dict[str, Any]:
+    """What the log, the ledger and verify say (the demo's own counters are not trusted)."""
+    counts = {_text(k): int(v) for k, v in client.hgetall(ledger_key(settings, "effects")).items()}
+    runs = []
+    for rid, order in zip(rids, orders, strict=True):
+        evs = logs.get(rid, [])
+        st = fold(evs)
+        keys = sorted(st.completed_calls)
+        runs.append(
+            {
+                "run_id": rid,
+                "order": order["order"],
+                "status": st.status,
+                "outcome": st.outcome,
+                "events": len(evs),
+                "resumptions": st.resumptions,
+                "writers": sorted({e.writer_id for e in evs}),
+                "effects": {k: counts.get(k, 0) for k in keys},
+                "verify": verify_run(settings, client, rid, tenant=TENANT).ok,
+            }
+        )
+    expected = sum(len(o["lines"]) + 1 for o in orders)
+    finished = sum(r["status"] == "finished" and r["outcome"] == "succeeded" for r in runs)
+    each_once = bool(counts) and set(counts.values()) == {1}
+    verified = sum(r["verify"] for r in runs)
+    failures = []
+    if finished != len(runs):
+        failures.append(f"{len(runs) - finished} runs did not finish succeeded")
+    if len(counts) != expected or not each_once:
+        seen = sorted(set(counts.values()))
+        failures.append(f"effects: {len(counts)} of {expected}, counts seen {seen}")
+    if verified != len(runs):
+        failures.append(f"{len(runs) - verified} runs fail verify")
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "runs": runs,
+        "killed": killed,
+        "finished": finished,
+        "resumptions": sum(r["resumptions"] for r in runs),
+        "effects": {"expected": expected, "applied": len(counts), "each_once": each_once},
+        "counts": counts,
+        "verified": verified,
+    }
+
+
+def _print(r: dict[str, Any]) -> None:
+    runs = r["runs"]
+    print()
+    print(f"{'run':<30} {'order':<12} {'status':<9} {'resumed':>7} {'workers':>7} effects")
+    for x in runs:
+        eff = ",".join(str(c) for c in x["effects"].values()) or "-"
+        print(
+            f"{x['run_id']:<30} {x['order']:<12} {x['status']:<9} {x['resumptions']:>7} "
+            f"{len(x['writers']):>7} {eff}"
+        )
+    print()
+    print(
+        f"workers killed (SIGKILL): {len(r['killed'])}; resumptions (after a kill or the "
+        f"timer): {r['resumptions']}"
+    )
+    print(f"runs finished: {r['finished']}/{len(runs)} (each by whichever worker owned it)")
+    e = r["effects"]
+    print(f"effects: {e['applied']} of {e['expected']}, each once: {e['each_once']} (the ledger)")
+    print(f"verify: {r['verified']} of {len(runs)} runs pass")
+    print("OK: every run finished by itself, each effect once" if r["ok"] else "FAILED")
+    for f in r["failures"]:
+        print(f"  {f}")
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v

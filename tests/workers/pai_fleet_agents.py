@@ -1,0 +1,93 @@
+"""A Pydantic AI agent registered with the fleet (`--agents workers.pai_fleet_agents`).
+
+The model is Pydantic AI's own ``FunctionModel`` (no network): for a prompt ``"order O
+steps N"`` it asks for ``charge`` N times, one call a turn, then answers. ``charge`` is
+irreversible against a receiver that does not deduplicate: each call adds one to the count
+of its idempotency key in Redis (``<prefix>:effects``) and keeps its result for the lookup
+(``<prefix>:results``), in one MULTI; the lookup is its reconciler. Every request the
+model answers is counted per run and turn (``<prefix>:pai-turns``), so a test can tell
+whether a turn the log holds was requested again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+import redis
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import runlog
+from runlog.integrations.pydantic_ai import ToolPolicy, register
+
+PREFIX = os.environ.get("RUNLOG_REDIS_KEY_PREFIX", "runlog")
+STEP_S = float(os.environ.get("FLEET_TEST_STEP_S", "0.2"))
+_client: redis.Redis | None = None
+
+
+def client() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["RUNLOG_REDIS_URL"])
+    return _client
+
+
+def _prompt(messages: list[ModelMessage]) -> str:
+    for m in messages:
+        if isinstance(m, ModelRequest):
+            for part in m.parts:
+                if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                    return part.content
+    raise AssertionError("no user prompt")
+
+
+def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    found = re.fullmatch(r"order (\S+) steps (\d+)", _prompt(messages))
+    assert found is not None
+    order, steps = found.group(1), int(found.group(2))
+    turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+    client().hincrby(f"{PREFIX}:pai-turns", f"{order}:{turn}", 1)
+    if turn < steps:
+        call = ToolCallPart("charge", {"order": order, "n": turn}, tool_call_id=f"c{turn}")
+        return ModelResponse(parts=[call])
+    return ModelResponse(parts=[TextPart(f"charged {order} {steps} times")])
+
+
+agent = Agent(FunctionModel(script), name="pai-charger")
+
+
+@agent.tool
+def charge(ctx: RunContext[None], order: str, n: int) -> str:
+    key = runlog.current_call().idempotency_key
+    time.sleep(STEP_S)  # in flight: a kill lands here
+    result = f"charged {order} #{n}"
+    pipe = client().pipeline(transaction=True)
+    pipe.hincrby(f"{PREFIX}:effects", key, 1)
+    pipe.hset(f"{PREFIX}:results", key, result)
+    pipe.execute()
+    return result
+
+
+def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+    found = client().hget(f"{PREFIX}:results", idempotency_key)
+    if found is None:
+        return runlog.Absent("no charge recorded under the key")
+    return runlog.Match(found.decode())
+
+
+register(
+    "pai.charger",
+    agent,
+    tools={"charge": ToolPolicy("irreversible", reconcile=_lookup)},
+)
