@@ -96,7 +96,11 @@ def _openai_agents(settings: Settings, on_runlog: bool) -> Iterator[Loop]:
         def loop(n: int) -> None:
             steps["n"] = n
             if on_runlog:
-                asyncio.run(durable.run(f"look up {n}", run_id=f"bench-oai-{uuid.uuid4().hex}"))
+                asyncio.run(
+                    durable.run(
+                        f"look up {n}", run_id=f"bench-oai-{uuid.uuid4().hex}", max_turns=n + 5
+                    )
+                )
             else:
                 session = SQLiteSession(uuid.uuid4().hex, str(Path(tmp) / "sessions.db"))
                 asyncio.run(Runner.run(agent, f"look up {n}", session=session, max_turns=n + 5))
@@ -108,6 +112,7 @@ def _pydantic_ai(settings: Settings, on_runlog: bool) -> Iterator[Loop]:
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
     from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.usage import UsageLimits
 
     from runlog.integrations.pydantic_ai_capability import RunlogDurability, ToolPolicy
 
@@ -134,7 +139,11 @@ def _pydantic_ai(settings: Settings, on_runlog: bool) -> Iterator[Loop]:
 
     def loop(n: int) -> None:
         steps["n"] = n
-        agent.run_sync(f"look up {n}", run_id=f"bench-pai-{uuid.uuid4().hex}")
+        agent.run_sync(
+            f"look up {n}",
+            run_id=f"bench-pai-{uuid.uuid4().hex}",
+            usage_limits=UsageLimits(request_limit=n + 5),
+        )
 
     yield loop
 
