@@ -116,7 +116,9 @@ def test_a_decision_resumes_its_run_with_no_one_restarting_anything(
     how = runlog.decide(
         rid, aid, approved=True, decided_by="ops@example", tenant="t1", settings=fleet_settings
     )
-    assert how == "recorded"
+    # Recorded at once when the run is free; queued when a worker holds it at that instant
+    # (its owner records it). Either way no one restarts anything: the run must finish.
+    assert how in ("recorded", "queued")
     (st,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
     assert (st.outcome, st.summary) == ("succeeded", "approved and paid")
     assert list(effects(redis_client, fleet_settings).values()) == [1]

@@ -76,7 +76,12 @@ def _kill_rebuild_at(settings: Settings, point: str, sig: int, tmp_path: Path) -
             time.sleep(0.05)
     finally:
         proc.send_signal(sig)
-        code = proc.wait(timeout=120)  # a SIGTERMed rebuild closes its clients: slow under load
+        try:
+            code = proc.wait(timeout=120)  # an interrupted rebuild closes its clients: slow
+        except subprocess.TimeoutExpired:
+            proc.kill()  # never leave it behind
+            proc.wait()
+            raise
     assert code != 0, "the rebuild finished after all"
 
 

@@ -13,6 +13,7 @@ expired soon after the kill. Everything else is the real command.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,9 @@ POINT = os.environ["RUNLOG_TEST_REBUILD_HALT_AT"]
 FLAG = Path(os.environ["RUNLOG_TEST_REBUILD_FLAG"])
 fencing.REBUILD_MARKER_TTL_S = 2
 core.CATCH_UP_BATCH = 200  # many refold transactions, so one can be the middle
+# ^C as at a terminal: a parent started in the background (a CI job under `&`) passes
+# SIGINT on ignored, and Python then keeps it ignored, so the test's ^C would never land.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def halt() -> None:
