@@ -12,6 +12,7 @@ import random
 import time
 from pathlib import Path
 
+import pydantic_ai  # noqa: F401 - a dev dependency: missing, the test fails rather than skips
 import pytest
 import redis
 from fleet_support import Fleet, effects, verify_all, wait_finished
@@ -20,8 +21,6 @@ import runlog
 from runlog.log.reader import LogReader
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
-
-pytest.importorskip("pydantic_ai")
 
 AGENTS = "workers.pai_fleet_agents"
 RUNS = 6
