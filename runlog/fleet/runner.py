@@ -137,6 +137,19 @@ def _retry_or_fail_due(agent: Agent, state_timers: tuple[Any, ...]) -> float | N
     return agent.retry.delay(used)
 
 
+def _not_opened(deps: RunDeps, run_id: str, exc: Exception) -> Result:
+    """What a dispatch does when opening the run failed for a reason not the agent's (the
+    sync and the asyncio dispatch alike)."""
+    if isinstance(exc, RunLocked):
+        return _locked(exc, deps)
+    if isinstance(exc, TenantMismatch):
+        log.error("start of %s refused: %s", run_id, exc)
+        return Result("forget", why=str(exc))
+    if isinstance(exc, Fenced):
+        return _fenced(deps, exc)
+    return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+
+
 def execute(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, agent: Agent) -> Result:
     """Dispatch ``run_id`` once in this thread (a sync agent)."""
     try:
@@ -150,15 +163,8 @@ def execute(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, agent:
             reason=f"dispatched to worker {deps.writer_id}",
             started_with=_start_fields(agent, rec),
         )
-    except RunLocked as exc:
-        return _locked(exc, deps)
-    except TenantMismatch as exc:
-        log.error("start of %s refused: %s", run_id, exc)
-        return Result("forget", why=str(exc))
-    except Fenced as exc:
-        return _fenced(deps, exc)
-    except INFRA as exc:
-        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
+        return _not_opened(deps, run_id, exc)
     except Escalated:
         return _decided_meanwhile(
             deps, lw, _waiting_person(lw, run_id, rec.tenant, agent.name), run_id
@@ -244,15 +250,8 @@ async def execute_async(
             reason=f"dispatched to worker {deps.writer_id}",
             started_with=_start_fields(agent, rec),
         )
-    except RunLocked as exc:
-        return _locked(exc, deps)
-    except TenantMismatch as exc:
-        log.error("start of %s refused: %s", run_id, exc)
-        return Result("forget", why=str(exc))
-    except Fenced as exc:
-        return _fenced(deps, exc)
-    except INFRA as exc:
-        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
+        return _not_opened(deps, run_id, exc)
     except Escalated:
         res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
         return await in_thread(_decided_meanwhile, deps, lw, res, run_id)
