@@ -27,14 +27,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag", "pydantic-ai", "integrity", "fleet"],
+        choices=["lag", "pydantic-ai", "integrity", "fleet", "fork"],
         help=(
             "lag: only projection lag under a steady load, and drain rate by run length; "
             "integrity: only the CPU cost per record of tenant MACs and decider signatures "
             "(no stack needed); "
             "pydantic-ai: only section 9, a Pydantic AI agent step bare and as a runlog run; "
             "fleet: `runlog worker` processes: dispatch latency, failover of a SIGKILLed "
-            "worker's open runs, durable steps per second"
+            "worker's open runs, durable steps per second; "
+            "fork: forking a long run at its last event (p50, p99) and replaying a fork "
+            "against a plain run of the same length"
         ),
     )
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke)")
@@ -47,10 +49,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--held", type=int, default=200, help="fleet: open runs of the killed worker")
     p.add_argument("--starts", type=int, default=50, help="fleet: starts timed on an idle fleet")
+    p.add_argument("--fork-events", type=int, default=10_000, help="fork: events of the run forked")
+    p.add_argument("--fork-repeats", type=int, default=9, help="fork: forks timed")
+    p.add_argument(
+        "--fork-length", type=int, default=2_000, help="fork: events of the fork replayed"
+    )
     p.set_defaults(func=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.what == "fork":
+        from runlog.benchmarks import fork
+
+        quick = args.quick
+        res = fork.run(
+            Settings(),
+            out=args.out,
+            events=1_000 if quick else args.fork_events,
+            repeats=3 if quick else args.fork_repeats,
+            length=200 if quick else args.fork_length,
+            replays=3 if quick else 7,
+        )
+        print(fork.report(res))
+        return 0
     if args.what == "fleet":
         from runlog.benchmarks import fleet
 

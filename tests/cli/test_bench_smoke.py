@@ -60,3 +60,16 @@ def test_quick_bench_reports_every_section_with_positive_numbers(
         assert saved["plots"], "matplotlib is installed but no plot was written"
         for name in saved["plots"]:
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+@pytest.mark.timeout(240)
+def test_fork_bench_forks_at_the_last_event_and_replays_fork_and_plain_run(
+    test_settings: Settings,
+) -> None:
+    from runlog.benchmarks import fork
+
+    res = fork.measure(test_settings, events=400, repeats=2, length=120, replays=2)
+    assert res["events"] >= 400 and res["length"] == 120
+    for key in ("first_s", "p50_s", "p99_s", "fork_replay_ms", "plain_replay_ms", "ratio"):
+        assert res[key] > 0, key
+    assert "fork / plain" in fork.report(res)
