@@ -44,9 +44,14 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelRequestPart,
     ModelResponse,
+    RetryPromptPart,
     TextPart,
     ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
@@ -60,6 +65,7 @@ from runlog import aio
 from runlog.errors import Escalated, ToolArgumentsError, ToolFailed
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Reconciler, Risk, Tool, ToolError
+from runlog.projections.run_state import Message, fold
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -140,10 +146,17 @@ class _Execution:
     turn_of_call: dict[str, int] = field(default_factory=dict)
     failures: dict[tuple[int, str], str] = field(default_factory=dict)
     """Proven failures in the log by (turn, model's call id): what the agent was told."""
+    base: _ForkBase | None = None
+    """A fork's: the conversation it took from its parent (see ``_ForkBase``)."""
 
     def __post_init__(self) -> None:
         turn = -1
-        for message in self.run.state.messages:
+        messages = self.run.state.messages
+        if self.base is not None:
+            messages = messages[len(self.base.messages) :]  # the fork's own
+            for part in self.base.pending:  # the parent's last turn: turn -1 of the fork
+                self.turn_of_call[part.tool_call_id] = -1
+        for message in messages:
             if message.role == "assistant":
                 turn += 1
             elif message.tool_result is not None and message.tool_result.is_error:
@@ -154,8 +167,65 @@ class _Execution:
         """The call's scope for its idempotency key: the turn that proposed it and the
         model's call id (both replayed identically), so the key does not depend on the
         order in which the agent runs a turn's calls."""
-        turn = self.turn_of_call.get(tool_call_id, self.next_turn - 1)
-        return f"{self.run.run_id}:turn{turn}:{tool_call_id}"
+        return self.scope(self.turn_of_call.get(tool_call_id, self.next_turn - 1), tool_call_id)
+
+    def scope(self, turn: int, tool_call_id: str) -> str:
+        """A fork numbers its turns after its parent's and scopes keys like its root (the
+        lineage's key scope), so a call of the parent's last turn that the fork makes is
+        the parent's logical action (``runlog.producers.timelines`` decides what it does);
+        outside a fork both are the run's own."""
+        offset = 0 if self.base is None else self.base.turns
+        return f"{self.run.sync.key_scope}:turn{offset + turn}:{tool_call_id}"
+
+
+@dataclass(frozen=True)
+class _ForkBase:
+    """What a fork of a Pydantic AI run starts from: the parent's conversation at the fork
+    point (its state's messages, compactions applied), as Pydantic AI messages, and the
+    prompt the fork was given (its first USER_MESSAGE), if any."""
+
+    messages: list[Message]
+    turns: int
+    history: list[ModelMessage]
+    prompt: str | None
+
+    @property
+    def pending(self) -> list[ToolCallPart]:
+        """Tool calls of the history's last response without a result (the agent runs
+        them first: the fork's effects mode decides what each does)."""
+        last = self.history[-1] if self.history else None
+        return list(last.tool_calls) if isinstance(last, ModelResponse) else []
+
+
+def history_of(messages: list[Message]) -> list[ModelMessage]:
+    """A run's conversation (``RunState.messages``, compactions applied) as the Pydantic AI
+    messages a model is shown: a user message and tool results are parts of a request
+    (consecutive ones of one request), an assistant turn is a response with its text and
+    tool calls; a failed call's result is a retry prompt, as the agent was told."""
+    out: list[ModelMessage] = []
+    parts: list[ModelRequestPart] = []
+    for msg in messages:
+        if msg.role == "assistant":
+            if parts:
+                out.append(ModelRequest(parts=parts))
+                parts = []
+            body: list[Any] = [TextPart(msg.content)] if msg.content else []
+            body += [
+                ToolCallPart(c["name"], c.get("args_json") or "{}", tool_call_id=c["call_id"])
+                for c in msg.tool_calls
+            ]
+            out.append(ModelResponse(parts=body))
+        elif msg.role == "user":
+            parts.append(UserPromptPart(msg.content))
+        elif msg.tool_result is not None:
+            r = msg.tool_result
+            if r.is_error:
+                parts.append(RetryPromptPart(r.content, tool_name=r.name, tool_call_id=r.call_id))
+            else:
+                parts.append(ToolReturnPart(r.name, r.content, tool_call_id=r.call_id))
+    if parts:
+        out.append(ModelRequest(parts=parts))
+    return out
 
 
 class RunlogModel(WrapperModel):
@@ -297,7 +367,7 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     proposals = []
     for part in response.tool_calls:
         args_json, args = _args_json(part)
-        scope = f"{run.run_id}:turn{turn}:{part.tool_call_id}"
+        scope = ex.scope(turn, part.tool_call_id)
         key = None if args is None else run.key_for(part.tool_name, args, operation_id=scope)
         proposals.append(
             {
@@ -333,6 +403,45 @@ def _response_of(payload: Any) -> ModelResponse:
     parts: list[Any] = [TextPart(payload.text)] if payload.text else []
     parts += [ToolCallPart(c.name, c.args_json, tool_call_id=c.call_id) for c in payload.tool_calls]
     return ModelResponse(parts=parts)
+
+
+def _run_prompt(run: aio.AsyncRun, user_prompt: str | None) -> str:
+    """A run's task: the one recorded (a resumption replays it), else ``user_prompt``,
+    recorded before the model is asked."""
+    recorded = next((m.content for m in run.state.messages if m.role == "user"), None)
+    if recorded is not None:
+        return recorded
+    if user_prompt is None:
+        raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
+    run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
+    return user_prompt
+
+
+def _fork_base(events: list[Any]) -> _ForkBase:
+    """A fork's starting point, from its own log: RUN_FORKED holds the parent's state at the
+    fork point; the fork's first USER_MESSAGE after it is the prompt it was given."""
+    at_fork = fold(events[:1])
+    prompt = next((e.payload.content for e in events[1:] if e.type is EventType.USER_MESSAGE), None)
+    return _ForkBase(at_fork.messages, at_fork.turns, history_of(at_fork.messages), prompt)
+
+
+def _fork_prompt(ex: _Execution, user_prompt: str | None) -> str | None:
+    """The fork's new prompt: the one recorded, else ``user_prompt`` (recorded now), else
+    none: the agent goes on from the parent's conversation as it stood."""
+    base, run = ex.base, ex.run
+    assert base is not None
+    if base.prompt is not None:
+        return base.prompt
+    if user_prompt is None:
+        return None
+    if base.pending:
+        names = ", ".join(p.tool_name for p in base.pending)
+        raise ValueError(
+            f"fork {run.run_id} ends in a model turn whose tool calls ({names}) have no "
+            "result yet: fork at a later seq to give it a new prompt, or give none"
+        )
+    run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
+    return user_prompt
 
 
 class RunlogAgent(Generic[DepsT, OutputT]):
@@ -373,8 +482,15 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         reason: str = "",
         on_open: Callable[[str], None] | None = None,
         usage_limits: UsageLimits | None = None,
+        model: Model | None = None,
     ) -> RunlogResult[OutputT]:
         """Start (``run_id=None``) or resume the run; the same call either way.
+
+        A fork (``runlog.fork``) of a run of this agent continues its parent's conversation
+        at the fork point (the parent's messages, compactions included) with ``user_prompt``
+        (recorded in the fork, so a resumption replays it) or, without one, from where the
+        parent was; ``model`` asks another model than the agent's for the turns the log
+        does not hold (a what-if: another prompt, another model).
 
         Returns once the agent produced its output and RUN_FINISHED is durable. Raises
         ``runlog.Escalated`` (with ``approval_id``) when a person must decide first: an
@@ -403,6 +519,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
                 deps=deps,
                 approval_wait_s=approval_wait_s,
                 usage_limits=usage_limits,
+                model=model,
             )
 
     async def run_on(
@@ -413,6 +530,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         deps: DepsT = None,  # type: ignore[assignment]
         approval_wait_s: float = 0.0,
         usage_limits: UsageLimits | None = None,
+        model: Model | None = None,
     ) -> RunlogResult[OutputT]:
         """Drive the agent on a run someone else opened (a fleet worker, ``register``).
 
@@ -421,8 +539,12 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         same rules as ``run``: turns the log holds are replayed, not requested again.
         """
         resumed = run.state.seq > 1
-        ex = _Execution(run, await self._recorded_turns(run), deps)
-        return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits)
+        events = await self._own_events(run)
+        recorded = [_response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
+        base = _fork_base(events) if run.state.lineage is not None else None
+        ex = _Execution(run, recorded, deps, base=base)
+        model = model or _model_of(self.wrapped)
+        return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits, model)
 
     async def runlog_tools(self, deps: DepsT = None) -> list[Tool]:  # type: ignore[assignment]
         """The runlog tools to open a run of this agent with (risk class, reconciler)."""
@@ -436,29 +558,28 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         resumed: bool,
         approval_wait_s: float,
         usage_limits: UsageLimits | None,
+        wrapped_model: Model,
     ) -> RunlogResult[OutputT]:
         run = ex.run
-        recorded_prompt = next((m.content for m in run.state.messages if m.role == "user"), None)
-        if recorded_prompt is None:
-            if user_prompt is None:
-                raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
-            run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
-            prompt = user_prompt
+        history: list[ModelMessage] | None = None
+        prompt: str | None
+        if ex.base is not None:
+            history, prompt = list(ex.base.history), _fork_prompt(ex, user_prompt)
         else:
-            prompt = recorded_prompt  # a resumption replays the task it was given
-        model = RunlogModel(_model_of(self.wrapped), ex, self._cost)
+            prompt = _run_prompt(run, user_prompt)
+        model = RunlogModel(wrapped_model, ex, self._cost)
         toolsets: list[AbstractToolset[DepsT]] = [
             RunlogToolset(ts, ex) for ts in self.wrapped.toolsets
         ]
-        history: list[ModelMessage] | None = None
         deferred: DeferredToolResults | None = None
+        first = True
         with (
             self.wrapped.override(model=model, toolsets=toolsets, tools=[]),
             Agent.parallel_tool_call_execution_mode("sequential"),
         ):
             while True:
                 result = await self.wrapped.run(
-                    prompt if history is None else None,
+                    prompt if first else None,
                     message_history=history,
                     deferred_tool_results=deferred,
                     deps=ex.deps,
@@ -468,7 +589,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
                 if not isinstance(output, DeferredToolRequests):
                     break
                 deferred = await self._decisions(ex, output, approval_wait_s)
-                history = result.all_messages()
+                history, first = result.all_messages(), False
         if run.state.status != "finished":
             await run.finish("succeeded", str(output)[:SUMMARY_CHARS])
         return RunlogResult(
@@ -538,13 +659,13 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             await asyncio.sleep(APPROVAL_POLL_S)
 
     # What open_run needs ---------------------------------------------------------------
-    async def _recorded_turns(self, run: aio.AsyncRun) -> list[ModelResponse]:
-        """The run's valid MODEL_TURNs, in order, as the responses they recorded."""
-        if run.state.turns == 0:
+    async def _own_events(self, run: aio.AsyncRun) -> list[Any]:
+        """The run's valid events (its own log: a fork's begins with RUN_FORKED), or none
+        when there is nothing in them the agent replays (no turn yet, not a fork)."""
+        if run.state.turns == 0 and run.state.lineage is None:
             return []
         settings = run.sync.deps.settings  # where the run lives, whoever opened it
-        events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
-        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+        return await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
 
     async def _runlog_tools(self, deps: Any) -> list[Tool]:
         """A runlog tool per tool of the agent: its risk class, reconciler and a function
@@ -623,12 +744,17 @@ def register(
     version: str | None = None,
     retries: int = 0,
     usage_limits: UsageLimits | None = None,
+    models: Mapping[str, Model] | None = None,
 ) -> RunlogAgent[None, Any]:
     """Register a Pydantic AI agent with the fleet as ``name``, like ``@runlog.agent``.
 
     ``runlog.start(name, input)`` then runs it on whichever ``runlog worker`` owns the run:
-    the input is the user prompt (a string, or ``{"prompt": ...}``), the agent's output
-    the run's summary. A worker that dies mid-run has its run resumed by another: model
+    the input is the user prompt (a string, or ``{"prompt": ..., "model": ...}``), the
+    agent's output the run's summary. ``"model"`` names one of ``models`` (else it is
+    given to Pydantic AI's ``infer_model``, e.g. ``"openai:gpt-4o"``); without it the
+    agent's own model answers. A fork (``runlog.fork(run, at_seq=N, input=...)``) goes on
+    from its parent's conversation at N with its own input's prompt and model (none: as
+    the parent stood). A worker that dies mid-run has its run resumed by another: model
     turns the log holds are replayed, tool calls settled by their policies (``tools``, as
     for ``RunlogAgent``). Deps are None: what a tool needs comes from the input or the
     process. Call it at import time of the module named by ``runlog worker --agents``.
@@ -641,9 +767,14 @@ def register(
     runlog_tools = asyncio.run(wrapped.runlog_tools(None))
 
     async def run_agent(run: aio.AsyncRun, input: Any) -> str:
+        if run.state.lineage is not None:
+            input = await _fork_input(run)  # its own, never the parent's task again
         prompt = input.get("prompt") if isinstance(input, dict) else input
         result = await wrapped.run_on(
-            run, None if prompt is None else str(prompt), usage_limits=usage_limits
+            run,
+            None if prompt is None else str(prompt),
+            usage_limits=usage_limits,
+            model=_chosen_model(input, models or {}),
         )
         return str(result.output)[:SUMMARY_CHARS]
 
@@ -655,6 +786,25 @@ def register(
         retries=retries,
     )(run_agent)
     return wrapped
+
+
+async def _fork_input(run: aio.AsyncRun) -> Any:
+    """The input a fork was given (its RUN_FORKED's), None when it was given none."""
+    settings = run.sync.deps.settings
+    events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
+    forked = events[0].payload
+    return None if forked.input_json is None else json.loads(forked.input_json)
+
+
+def _chosen_model(input: Any, models: Mapping[str, Model]) -> Model | None:
+    name = input.get("model") if isinstance(input, dict) else None
+    if name is None:
+        return None
+    if name in models:
+        return models[name]
+    from pydantic_ai.models import infer_model
+
+    return infer_model(str(name))
 
 
 def _agent_version(wrapped: RunlogAgent[Any, Any]) -> str:

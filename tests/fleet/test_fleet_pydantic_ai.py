@@ -105,3 +105,40 @@ def test_a_pydantic_ai_agent_survives_sigkills_of_its_workers_each_effect_once(
     assert {f"{o}:{t}" for o in orders for t in range(STEPS + 1)} <= set(turns)
     done = verify_all(fleet_settings)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_fork_with_another_prompt_and_model_is_shown_the_parents_conversation(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """``runlog.fork(..., input={"prompt", "model"})`` of a registered Pydantic AI agent's
+    run: the worker that takes the fork drives the agent with the model the input names,
+    which is shown the parent's conversation up to the fork point and the new prompt; the
+    parent's charges are not made again."""
+    import json
+
+    fleet.spawn(agents=AGENTS)
+    task = "order wf steps 2"
+    rid = runlog.start("pai.charger", task, tenant="t1", settings=fleet_settings)
+    wait_finished(fleet_settings, [rid], 60, fleet)
+    with LogReader(fleet_settings) as reader:
+        evs = [r.event for r in reader.read(rid, partition=reader.partition_of(rid), start=0)]
+    at = [e.seq for e in evs if e.type is EventType.TOOL_CALL_COMPLETED][1]  # both charged
+    made = runlog.fork(
+        rid,
+        tenant="t1",
+        at_seq=at,
+        input=json.dumps({"prompt": "what if we refund instead", "model": "whatif"}),
+        settings=fleet_settings,
+    )
+    (st,) = wait_finished(fleet_settings, [made.run_id], 60, fleet).values()
+    assert st.summary == "what-if answered: what if we refund instead"
+    shown = json.loads(redis_client.hget(f"{fleet_settings.redis_key_prefix}:pai-whatif", task))
+    assert shown == [
+        ["ModelRequest", "UserPromptPart", task, None],
+        ["ModelResponse", "ToolCallPart", "", "c0"],
+        ["ModelRequest", "ToolReturnPart", "charged wf #0", "c0"],
+        ["ModelResponse", "ToolCallPart", "", "c1"],
+        ["ModelRequest", "ToolReturnPart", "charged wf #1", "c1"],
+        ["ModelRequest", "UserPromptPart", "what if we refund instead", None],
+    ]
+    assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1]

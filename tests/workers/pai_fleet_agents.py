@@ -7,10 +7,15 @@ of its idempotency key in Redis (``<prefix>:effects``) and keeps its result for 
 (``<prefix>:results``), in one MULTI; the lookup is its reconciler. Every request the
 model answers is counted per run and turn (``<prefix>:pai-turns``), so a test can tell
 whether a turn the log holds was requested again.
+
+A fork's input may name the model ``whatif`` (``{"prompt": ..., "model": "whatif"}``): it
+keeps, per run, the conversation it was shown (``<prefix>:pai-whatif``) and answers with
+the last prompt.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -24,6 +29,7 @@ from pydantic_ai.messages import (
     ModelResponse,
     TextPart,
     ToolCallPart,
+    ToolReturnPart,
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -86,8 +92,22 @@ def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | run
     return runlog.Match(found.decode())
 
 
+def whatif(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    shown = [
+        [type(m).__name__, type(p).__name__, str(getattr(p, "content", "")), p.tool_call_id]
+        if isinstance(p, ToolCallPart | ToolReturnPart)
+        else [type(m).__name__, type(p).__name__, str(getattr(p, "content", "")), None]
+        for m in messages
+        for p in m.parts
+    ]
+    last = shown[-1][2]
+    client().hset(f"{PREFIX}:pai-whatif", _prompt(messages), json.dumps(shown))
+    return ModelResponse(parts=[TextPart(f"what-if answered: {last}")])
+
+
 register(
     "pai.charger",
     agent,
     tools={"charge": ToolPolicy("irreversible", reconcile=_lookup)},
+    models={"whatif": FunctionModel(whatif)},
 )
