@@ -17,6 +17,7 @@ from fleet_support import Fleet, states, verify_all, wait_finished
 
 import runlog
 from runlog.projections.lineage import fork_key, logical_of
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 AGENT = "demo.refunds"
@@ -34,6 +35,13 @@ def fleet(fleet_settings: Settings, tmp_path: Path) -> Fleet:
     f = Fleet(fleet_settings, tmp_path)
     yield f
     f.stop_all()
+
+
+def _events(settings: Settings, rid: str) -> list[runlog.Event]:
+    from runlog.log.reader import LogReader
+
+    with LogReader(settings) as reader:
+        return [r.event for r in reader.read(rid, partition=reader.partition_of(rid), start=0)]
 
 
 def _ledger(client: redis.Redis, settings: Settings) -> dict[str, int]:
@@ -89,3 +97,41 @@ def test_the_demos_run_forked_at_every_seq_refunds_nothing_twice(
 
     verified = verify_all(s)
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+
+
+def test_a_registered_agent_forked_with_another_input_is_handed_the_parents_conversation(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """A registered agent's fork, at every seq, runs with the fork's input (or, given none,
+    the parent's) on a run that holds exactly the parent's conversation up to the fork
+    point, the parent's compaction included once the fork point is past it."""
+    import json
+
+    from runlog.bootstrap import Services
+    from runlog.log.replay import replay
+
+    s = fleet_settings
+    fleet.spawn(agents="workers.fleet_agents")
+    parent = runlog.start("chatter", {"ask": "hello"}, tenant="t1", settings=s)
+    (done,) = wait_finished(s, [parent], 60, fleet).values()
+    assert done.compactions == 1
+    forks = {
+        n: runlog.fork(
+            parent,
+            tenant="t1",
+            at_seq=n,
+            input=json.dumps({"ask": f"what if {n}"}) if n % 2 else None,
+            settings=s,
+        )
+        for n in range(1, done.seq + 1)
+    }
+    got = wait_finished(s, [f.run_id for f in forks.values()], 120, fleet)
+    client = Services.shared(s).redis
+    compacted_at = next(e.seq for e in _events(s, parent) if e.type is EventType.CONTEXT_COMPACTED)
+    for n, f in forks.items():
+        assert got[f.run_id].outcome == "succeeded", n
+        seen = json.loads(redis_client.hget(f"{s.redis_key_prefix}:seen", f.run_id))
+        at_n = replay(s, client, parent, tenant="t1", to_seq=n).state
+        assert seen["messages"] == [[m.role, m.content] for m in at_n.messages], n
+        assert seen["input"] == ({"ask": f"what if {n}"} if n % 2 else {"ask": "hello"}), n
+        assert (["user", "answered once"] in seen["messages"]) is (n >= compacted_at), n

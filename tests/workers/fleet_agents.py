@@ -147,3 +147,27 @@ def cancel_in_flight(run: runlog.Run, order: dict[str, Any]) -> str:
         run.call_tool("pay", {"to": order["to"], "amount": i})
         time.sleep(0.05)
     return "never cancelled"
+
+
+def seen_key() -> str:
+    return f"{PREFIX}:seen"
+
+
+@runlog.agent("chatter")
+def chatter(run: runlog.Run, task: dict[str, Any]) -> str:
+    """A conversation without a model: it keeps what it was handed (its input and the
+    conversation its run holds) per run, then says its piece. A new run answers twice
+    with a compaction between; a fork (a run with a conversation already) answers once."""
+    import json
+
+    held = [[m.role, m.content] for m in run.state.messages]
+    client().hset(seen_key(), run.run_id, json.dumps({"input": task, "messages": held}))
+    turn = {"tool_calls": [], "usage": {"input_tokens": 1, "output_tokens": 1}, "cost_usd": 0.0}
+    run.append(runlog.EventType.USER_MESSAGE, content=task["ask"])
+    run.append(runlog.EventType.MODEL_TURN, text=f"answer to {task['ask']}", **turn)
+    if not held:
+        run.append(
+            runlog.EventType.CONTEXT_COMPACTED, summary="answered once", kept_turns=1, dropped=0
+        )
+        run.append(runlog.EventType.MODEL_TURN, text="and again", **turn)
+    return "said"
