@@ -148,6 +148,9 @@ class _Execution:
     """Proven failures in the log by (turn, model's call id): what the agent was told."""
     base: _ForkBase | None = None
     """A fork's: the conversation it took from its parent (see ``_ForkBase``)."""
+    shown_before: list[ModelMessage] = field(default_factory=list)
+    """Messages the model is shown before the agent's own (a fork's parent conversation,
+    where the agent's loop was not handed it as its history: ``RunlogDurability``)."""
 
     def __post_init__(self) -> None:
         turn = -1
@@ -253,7 +256,7 @@ class RunlogModel(WrapperModel):
             await ex.run.barrier()
             await ex.run.check_cancelled()  # a person's cancellation, before the model
             response = await self.wrapped.request(
-                messages, model_settings, model_request_parameters
+                [*ex.shown_before, *messages], model_settings, model_request_parameters
             )
             ex.requested += 1
             await _record_turn(ex, turn, response, self._cost(response))

@@ -57,6 +57,8 @@ from runlog.integrations.pydantic_ai import (
     _default_cost,
     _encode_result,
     _Execution,
+    _fork_base,
+    _ForkBase,
     _fresh_context,
     _response_of,
     _valid_events,
@@ -152,11 +154,20 @@ class RunlogDurability(AbstractCapability[Any]):
             goal=(prompt or "")[:SUMMARY_CHARS],
             takeover=self.takeover,
         ) as run:
-            if not any(m.role == "user" for m in run.state.messages):
-                if prompt is None:
-                    raise ValueError(f"run {run.run_id} has no task yet: pass a text prompt")
-                run.emit(EventType.USER_MESSAGE, content=prompt)
-            ex = _Execution(run, await self._recorded_turns(run), ctx.deps)
+            events = await self._own_events(run)
+            recorded = [_response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
+            if run.state.lineage is None:
+                base = None
+                if not any(m.role == "user" for m in run.state.messages):
+                    if prompt is None:
+                        raise ValueError(f"run {run.run_id} has no task yet: pass a text prompt")
+                    run.emit(EventType.USER_MESSAGE, content=prompt)
+            else:
+                base = _fork_base(events)
+                _fork_prompt_here(run, base, prompt)
+            ex = _Execution(run, recorded, ctx.deps, base=base)
+            if base is not None:
+                ex.shown_before = list(base.history)
             self._open = _Open(run, ex)
             try:
                 result = await handler()
@@ -182,11 +193,10 @@ class RunlogDurability(AbstractCapability[Any]):
         return _LazyToolset(toolset, self)
 
     # What open_run needs -----------------------------------------------------------------
-    async def _recorded_turns(self, run: aio.AsyncRun) -> list[Any]:
-        if run.state.turns == 0:
+    async def _own_events(self, run: aio.AsyncRun) -> list[Any]:
+        if run.state.turns == 0 and run.state.lineage is None:
             return []
-        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
-        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+        return await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
 
     async def _runlog_tools(self, deps: Any) -> list[Tool]:
         agent = self._agent
@@ -203,6 +213,23 @@ class RunlogDurability(AbstractCapability[Any]):
         if unknown:
             raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
         return out
+
+
+def _fork_prompt_here(run: aio.AsyncRun, base: _ForkBase, prompt: str | None) -> None:
+    """A fork run through the capability: the model is shown the parent's conversation
+    at the fork point before the agent's own messages, which begin with the fork's new
+    prompt (recorded the first time; a resumption passes it again, as for any run)."""
+    if base.prompt is not None:
+        return
+    if prompt is None:
+        raise ValueError(f"fork {run.run_id}: pass the prompt it goes on with")
+    if base.pending:
+        names = ", ".join(p.tool_name for p in base.pending)
+        raise ValueError(
+            f"fork {run.run_id} ends in a model turn whose tool calls ({names}) have no "
+            "result yet: fork at a later seq, or drive it with RunlogAgent"
+        )
+    run.emit(EventType.USER_MESSAGE, content=prompt)  # durable before the model
 
 
 class _StreamingRunlogModel(RunlogModel):

@@ -159,3 +159,40 @@ def test_a_fork_of_a_compacted_conversation_is_shown_the_compaction(fast: Settin
     got = asyncio.run(durable.run(run_id=plain.run_id, model=third.model()))
     assert got.output == "as before" and refunds == [7]
     assert _flat(third.seen[0]) == _flat(parent_model.seen[1])
+
+
+def test_a_fork_through_the_capability_shows_its_model_the_parents_history(
+    fast: Settings,
+) -> None:
+    """``Agent(capabilities=[RunlogDurability()])``: ``agent.run(prompt, run_id=FORK,
+    model=...)`` goes on from the parent's conversation at the fork point (the model is
+    shown it before the agent's own messages) and repeats none of the parent's refunds."""
+    import uuid
+
+    from runlog.integrations.pydantic_ai_capability import RunlogDurability
+
+    refunds: list[int] = []
+    parent_model = Recorder(_call(7, "c1"), _call(8, "c2"), ModelResponse([TextPart("done")]))
+    cap = RunlogDurability(tools={"refund": ToolPolicy("irreversible")}, settings=fast)
+    agent: Agent[None, str] = Agent(parent_model.model(), capabilities=[cap], name="refunder")
+
+    @agent.tool_plain
+    def refund(order: int) -> str:
+        refunds.append(order)
+        return f"refunded {order}"
+
+    rid = f"pcap-{uuid.uuid4().hex[:12]}"
+    assert asyncio.run(agent.run(PROMPT, run_id=rid)).output == "done"
+    at = _seq_of(fast, rid, EventType.TOOL_CALL_COMPLETED)
+    fork = runlog.fork(rid, at_seq=at, settings=fast)
+    other = Recorder(_call(8, "c2"), ModelResponse([TextPart("only 8")]))
+    got = asyncio.run(agent.run("just 8", run_id=fork.run_id, model=other.model()))
+    assert got.output == "only 8"
+    assert _flat(other.seen[0]) == [
+        *_flat(parent_model.seen[1]),
+        ("request", "UserPromptPart", "just 8", None, None),
+    ]
+    assert refunds == [7, 8]  # 8 inherited from the parent, not refunded again
+    # Resumed with the same prompt: replayed, nothing asked, nothing refunded.
+    again = asyncio.run(agent.run("just 8", run_id=fork.run_id, model=other.model()))
+    assert again.output == "only 8" and len(other.seen) == 2 and refunds == [7, 8]
