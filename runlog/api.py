@@ -44,6 +44,7 @@ def open_run(
     reason: str = "",
     recover: bool = True,
     takeover: bool = False,
+    subject: str | None = None,
 ) -> Run:
     """Start a new run (``run_id=None``) or resume one: the same call either way.
 
@@ -56,6 +57,11 @@ def open_run(
     process exit); if it was only paused, fencing stops it at its next append, but a tool
     call it had already started may still reach its receiver (the key deduplicates it
     there, and the new owner treats the call as uncertain).
+
+    ``subject``: the data subject (a person or account id) whose key seals the run's
+    content when ``RUNLOG_ENCRYPTION=on``; recorded in the RUN_STARTED (ignored when the run
+    exists). Default: the run is its own subject. Shredding the subject's key
+    (``KeyStore.shred``) erases the content of every run that names it.
     """
 
     if run_id is not None:
@@ -73,6 +79,7 @@ def open_run(
             reason=reason,
             recover=recover,
             takeover=takeover,
+            subject=subject,
         )
         tracing.annotate(
             span,
