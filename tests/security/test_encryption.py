@@ -247,3 +247,25 @@ def test_sigkill_after_a_new_key_loses_nothing(sealed: Settings, redis_client: r
     st = replay(s, redis_client, rid, tenant="acme").state
     assert marker in _contents(st)
     assert not _on_disk(s.events_topic, marker.encode())
+
+
+def test_projections_fold_an_erased_run_without_quarantine(
+    sealed: Settings, redis_client: redis.Redis
+) -> None:
+    """A projection rebuilt after a shred folds the run's structure with its content erased:
+    nothing is quarantined, the run's status and seq are what they were."""
+    from runlog.consumers.queries import get_state, quarantined
+    from runlog.consumers.runner import rebuild
+
+    s = sealed
+    marker = f"MARK-{uuid.uuid4().hex}"
+    rid = _write(s, marker, "user-p")
+    store = keys_for(s)
+    assert store is not None and store.shred("acme", "user-p")
+    rebuild(redis_client, s, ["state"])
+    view = get_state(redis_client, s, rid)
+    assert view is not None
+    text = json.dumps(view, default=str, ensure_ascii=False)
+    assert marker not in text and ERASED in text
+    assert view["state"]["status"] == "finished" and view["state"]["seq"] == 5
+    assert quarantined(redis_client, s, ("state",)) == []
