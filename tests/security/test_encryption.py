@@ -269,3 +269,49 @@ def test_projections_fold_an_erased_run_without_quarantine(
     assert marker not in text and ERASED in text
     assert view["state"]["status"] == "finished" and view["state"]["seq"] == 5
     assert quarantined(redis_client, s, ("state",)) == []
+
+
+def test_kek_rotation_lets_the_old_kek_go(sealed: Settings, redis_client: redis.Redis) -> None:
+    """``rotate`` re-wraps every live key under the last KEK; a reader holding only the new
+    KEK then opens runs sealed before the rotation (so the old KEK can be destroyed)."""
+    from pydantic import SecretStr
+
+    s = sealed
+    marker = f"MARK-{uuid.uuid4().hex}"
+    rid = _write(s, marker, "user-r")
+    assert s.kek is not None
+    old = s.kek.get_secret_value()
+    new = f"k2:{new_kek()}"
+    both = s.model_copy(update={"kek": SecretStr(f"{old},{new}")})
+    rotating = KafkaKeyStore(both, keys_mod.load_keks(both))
+    try:
+        assert rotating.rotate() >= 1
+        assert rotating.rotate() == 0  # everything is under k2 already
+    finally:
+        rotating.close()
+    keys_mod.close_shared()
+    only_new = s.model_copy(update={"kek": SecretStr(new)})
+    assert marker in _contents(replay(only_new, redis_client, rid, tenant="acme").state)
+    keys_mod.close_shared()
+
+
+def test_file_store_for_development(sealed: Settings, tmp_path: Path) -> None:
+    """The file store: a key made by one process is found by another, shredded by one it
+    is gone for the other (at its next refresh), and shredding twice returns []."""
+    from runlog.log.keys import FileKeyStore
+    from runlog.schemas.sealing import aad
+
+    keks = keys_mod.load_keks(sealed)
+    a = FileKeyStore(tmp_path / "keys", keks, refresh_s=0)
+    b = FileKeyStore(tmp_path / "keys", keks, refresh_s=0)
+    sealed_value = a.sealer("acme", "user-f").seal("hello", aad("r", 1, "content"))
+    assert b.open(*sealed_value, aad("r", 1, "content")) == "hello"
+    with pytest.raises(ValueError):  # another field's associated data does not open it
+        b.open(*sealed_value, aad("r", 1, "summary"))
+    assert b.shred("acme", "user-f") == [sealed_value.key_id]
+    assert b.shred("acme", "user-f") == []
+    assert a.open(*sealed_value, aad("r", 1, "content")) is None
+    assert not any(
+        b"hello" in f.read_bytes() or sealed_value.key_id in f.name
+        for f in (tmp_path / "keys").iterdir()
+    )
