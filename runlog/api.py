@@ -328,16 +328,20 @@ def start(
     tenant: str = "default",
     run_id: str | None = None,
     settings: Settings | None = None,
+    subject: str | None = None,
 ) -> str:
     """Request a run of the registered agent ``agent`` with ``input``; returns its run id.
 
     A durable request, not a process: it returns once the broker acknowledged it, and
     whichever ``runlog worker`` owns the run's partition starts it. Starting the same
     ``run_id`` twice is one run (the second request finds it started, or finished).
-    ``input`` must be JSON (it is recorded in the run's RUN_STARTED).
+    ``input`` must be JSON (it is recorded in the run's RUN_STARTED). ``subject``: the data
+    subject whose key seals the run's content (as ``open_run``'s).
     """
 
-    return request_start(settings or Settings(), agent, input, tenant=tenant, run_id=run_id)
+    return request_start(
+        settings or Settings(), agent, input, tenant=tenant, run_id=run_id, subject=subject
+    )
 
 
 def resume(run_id: str, *, tenant: str = "default", settings: Settings | None = None) -> str:
