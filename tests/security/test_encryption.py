@@ -315,3 +315,14 @@ def test_file_store_for_development(sealed: Settings, tmp_path: Path) -> None:
         b"hello" in f.read_bytes() or sealed_value.key_id in f.name
         for f in (tmp_path / "keys").iterdir()
     )
+
+
+def test_a_reader_without_keys_stops_instead_of_guessing(
+    sealed: Settings, redis_client: redis.Redis
+) -> None:
+    """Sealed records met by a reader given no KEK: ``NoKeys`` (a setting to fix), neither
+    plaintext nor ERASED nor a quarantined record."""
+    rid = _write(sealed, f"MARK-{uuid.uuid4().hex}", None)
+    keyless = sealed.model_copy(update={"encryption": "off", "kek": None})
+    with pytest.raises(runlog.errors.NoKeys):
+        replay(keyless, redis_client, rid, tenant="acme")
