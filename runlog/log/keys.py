@@ -214,6 +214,8 @@ class KeyStore:
         """Key ids looked up and not found: destroyed (looked up once, not per event)."""
         self._loaded = False
         self._refreshed = 0.0
+        self.bootstrap_servers: str | None = None
+        """The Kafka cluster the store lives on (None: not on Kafka)."""
 
     # ---------------------------------------------------------------- storage (subclasses)
 
@@ -420,6 +422,7 @@ class KafkaKeyStore(KeyStore):
     def __init__(self, settings: Settings, keks: Keks, *, refresh_s: float = 5.0) -> None:
         super().__init__(keks, refresh_s=refresh_s)
         self.settings = settings
+        self.bootstrap_servers = settings.bootstrap_servers
         self.topic = settings.keys_topic
         self._producer: Any = None
         self._consumer: Any = None
@@ -579,10 +582,15 @@ def sealer_for(settings: Settings, tenant: str, subject: str) -> _Sealer | None:
     return store.sealer(tenant, subject)
 
 
-def close_shared() -> None:
-    """Close the process's shared key stores (tests, before their cluster goes away)."""
+def close_shared(bootstrap_servers: str | None = None) -> None:
+    """Close the process's shared key stores: all, or those of ``bootstrap_servers`` (before
+    that cluster goes away). The next ``keys_for`` makes a new one, its caches empty."""
     with _shared_lock:
-        stores = list(_shared.values())
-        _shared.clear()
+        keys = [
+            k
+            for k, store in _shared.items()
+            if bootstrap_servers is None or store.bootstrap_servers in (None, bootstrap_servers)
+        ]
+        stores = [_shared.pop(k) for k in keys]
     for store in stores:
         store.close()
