@@ -42,6 +42,7 @@ from runlog.log import metrics
 from runlog.log.authority import authority_for
 from runlog.log.fold import fold_range
 from runlog.log.kafka import reader_config
+from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader, LogRecord
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
@@ -485,6 +486,7 @@ def run_starts(
     """
     consumer = Consumer(reader_config(settings))
     ids = ids_for(settings)
+    keys = keys_for(settings)
     found: dict[str, tuple[str, int]] = {}
     try:
         reader = LogReader(settings)
@@ -511,7 +513,7 @@ def run_starts(
                     off = msg.offset() or 0
                     if key is not None and key not in found and off not in aside:
                         try:
-                            found[key] = (decode(msg.value() or b"", ids).tenant, off)
+                            found[key] = (decode(msg.value() or b"", ids, keys).tenant, off)
                         except SchemaError:
                             found[key] = ("?", off)
                     if progress is not None:

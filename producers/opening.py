@@ -79,6 +79,7 @@ def open_run_with(
     takeover: bool = False,
     operator: str | None = None,
     started_with: Mapping[str, str] | None = None,
+    subject: str | None = None,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
 
@@ -86,6 +87,8 @@ def open_run_with(
     opening is for; the RUN_RESUMED names them and is not counted as a resumption.
     ``started_with``: more fields of the RUN_STARTED this call may append (the agent
     registry's ``code_version`` and ``input_json``); ignored when the run exists.
+    ``subject``: the data subject whose key seals the run's content (RUN_STARTED v3);
+    None: the run itself. Ignored when the run exists (its RUN_STARTED said it).
 
     ``create=False`` refuses to start a run that has no events (``UnknownRun``).
     ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
@@ -94,6 +97,8 @@ def open_run_with(
     """
 
     start = {"agent": agent, "goal": goal, **(started_with or {})}
+    if subject:
+        start["subject"] = subject
     if run_id is None:
         return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys

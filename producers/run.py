@@ -31,6 +31,7 @@ from runlog.errors import (
 )
 from runlog.log.authority import tenant_keys_for
 from runlog.log.fold import Folded, SnapshotSource, read_run
+from runlog.log.keys import sealer_for
 from runlog.log.reader import LogReader
 from runlog.log.tail import LogTail
 from runlog.producers import approvals, calls, timers
@@ -48,6 +49,7 @@ from runlog.schemas.keys import (
     start_key,
 )
 from runlog.schemas.models import Event, Payload
+from runlog.schemas.sealing import Sealer, subject_of
 from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import OWNERSHIP, EventType
 from runlog.settings import Settings
@@ -273,7 +275,7 @@ class Run(Owned):
             raw = payload.model_dump() if isinstance(payload, Payload) else payload
             payload = bound_payload(et, raw)
         ev = self._build(et, payload)
-        value = codec.encode(ev, self.deps.ids)
+        value = codec.encode(ev, self.deps.ids, self._sealer(ev))
         if len(value) > MAX_EVENT_BYTES:
             raise ValidationFailed(
                 f"{et.value} encodes to {len(value)} bytes, over the {MAX_EVENT_BYTES} limit"
@@ -296,6 +298,14 @@ class Run(Owned):
             self._note(ev)
         self._pending.append(_Pending(ev, ack))
         return ev
+
+    def _sealer(self, ev: Event) -> Sealer | None:
+        """The sealer of the run's data subject (``RUNLOG_ENCRYPTION=on``), else None: the
+        subject the RUN_STARTED names (then the fold's ``subject``), or the run itself."""
+        if self.deps.settings.encryption != "on":
+            return None
+        subject = ev.payload if ev.type is EventType.RUN_STARTED else self.state
+        return sealer_for(self.deps.settings, ev.tenant, subject_of(subject, self.run_id))
 
     def barrier(self) -> list[Delivered]:
         """Wait until every emitted event is acknowledged, then re-check ownership."""

@@ -198,6 +198,9 @@ class RunState:
     """That agent's input, canonical JSON (RUN_STARTED v2); None like ``agent_version``."""
     agent_name: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """That agent's registered name; None like ``agent_version``."""
+    subject: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The data subject the run's content is sealed for (RUN_STARTED v3 ``subject``); None:
+    the run itself (``runlog.schemas.sealing.subject_of``)."""
     timers: tuple[Timer, ...] = field(default=(), metadata=OMIT_DEFAULT)
     """Each durable timer (TIMER_STARTED), by ordinal: when it is due and what for."""
     authority: DecisionAuthority = field(
@@ -398,6 +401,7 @@ def _run_started(st: RunState, ev: Event) -> None:
     assert isinstance(p, m.RunStarted)
     if p.code_version is not None:
         st.agent_name, st.agent_version, st.agent_input = p.agent, p.code_version, p.input_json
+    st.subject = p.subject
 
 
 def _timer_started(st: RunState, ev: Event) -> None:

@@ -44,6 +44,7 @@ def open_run(
     reason: str = "",
     recover: bool = True,
     takeover: bool = False,
+    subject: str | None = None,
 ) -> Run:
     """Start a new run (``run_id=None``) or resume one: the same call either way.
 
@@ -56,6 +57,11 @@ def open_run(
     process exit); if it was only paused, fencing stops it at its next append, but a tool
     call it had already started may still reach its receiver (the key deduplicates it
     there, and the new owner treats the call as uncertain).
+
+    ``subject``: the data subject (a person or account id) whose key seals the run's
+    content when ``RUNLOG_ENCRYPTION=on``; recorded in the RUN_STARTED (ignored when the run
+    exists). Default: the run is its own subject. Shredding the subject's key
+    (``KeyStore.shred``) erases the content of every run that names it.
     """
 
     if run_id is not None:
@@ -73,6 +79,7 @@ def open_run(
             reason=reason,
             recover=recover,
             takeover=takeover,
+            subject=subject,
         )
         tracing.annotate(
             span,
@@ -321,16 +328,20 @@ def start(
     tenant: str = "default",
     run_id: str | None = None,
     settings: Settings | None = None,
+    subject: str | None = None,
 ) -> str:
     """Request a run of the registered agent ``agent`` with ``input``; returns its run id.
 
     A durable request, not a process: it returns once the broker acknowledged it, and
     whichever ``runlog worker`` owns the run's partition starts it. Starting the same
     ``run_id`` twice is one run (the second request finds it started, or finished).
-    ``input`` must be JSON (it is recorded in the run's RUN_STARTED).
+    ``input`` must be JSON (it is recorded in the run's RUN_STARTED). ``subject``: the data
+    subject whose key seals the run's content (as ``open_run``'s).
     """
 
-    return request_start(settings or Settings(), agent, input, tenant=tenant, run_id=run_id)
+    return request_start(
+        settings or Settings(), agent, input, tenant=tenant, run_id=run_id, subject=subject
+    )
 
 
 def resume(run_id: str, *, tenant: str = "default", settings: Settings | None = None) -> str:

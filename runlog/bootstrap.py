@@ -15,6 +15,8 @@ from typing import ClassVar, Generic, TypeVar
 import redis
 
 from runlog.log.clients import redis_client
+from runlog.log.keys import KeyStore, keys_for
+from runlog.log.keys import close_shared as close_keys
 from runlog.log.reader import ReaderPool
 from runlog.log.registry import ids_for
 from runlog.log.snapshots import SnapshotStore
@@ -95,6 +97,7 @@ class Services:
             closing = [cls._shared.pop(k) for k in keys]
         for svc in closing:
             svc.close()
+        close_keys(bootstrap_servers)
 
     @property
     def redis(self) -> redis.Redis:
@@ -114,6 +117,12 @@ class Services:
         if self.settings.snapshot_interval <= 0:
             return None
         return self._snapshots.get()
+
+    @property
+    def keys(self) -> KeyStore | None:
+        """The data keys of sealed content (``runlog.log.keys``): what readers open with,
+        writers seal with and ``shred`` destroys; None without a KEK (encryption off)."""
+        return keys_for(self.settings)
 
     @property
     def tail(self) -> LogTail:

@@ -60,6 +60,18 @@ class ConfigError(RunlogError):
     """Settings or topic configuration are wrong or have drifted."""
 
 
+class NoKeys(ConfigError):
+    """A record holds sealed content and this reader or writer was given no keys
+    (``RUNLOG_ENCRYPTION`` and ``RUNLOG_KEK``/``RUNLOG_KEK_FILE``): a setting to fix, never a
+    bad record to quarantine."""
+
+
+class KeyUnavailable(RunlogError):
+    """The key store did not answer (its topic unreachable, its KEK missing a version)."""
+
+    retryable = True
+
+
 class StackError(RunlogError):
     """The embedded Kafka/Redis stack could not be brought up, named what is missing."""
 

@@ -110,7 +110,14 @@ def kafka_acls(
     add("worker", "topic", lifecycle, ("write", "read", "describe"))
     add("worker", "group", settings.fleet_group, ("read",))
 
+    # The wrapped data keys (docs/concepts/encryption.md): workers make keys and read them
+    # back; projection services only open (read); operators shred and rotate (write).
+    # Analytics readers get none: they see the sealed envelope, or a key granted outside.
+    keys = settings.keys_topic
+    add("worker", "topic", keys, ("write", "read", "describe"))
+
     add("projections", "topic", events, ("read", "describe"))
+    add("projections", "topic", keys, ("read", "describe"))
     add("projections", "topic", quarantine, ("write", "describe"))
     add("projections", "group", projection_group_prefix(settings), ("read",), "prefixed")
 
@@ -124,6 +131,7 @@ def kafka_acls(
     add("operator", "topic", events, ("write", "read", "describe", "describe_configs"))
     add("operator", "topic", quarantine, ("write", "read", "describe", "describe_configs"))
     add("operator", "topic", lifecycle, ("write", "describe"))
+    add("operator", "topic", keys, ("write", "read", "describe", "describe_configs"))
     add("operator", "cluster", "kafka-cluster", ("idempotent_write",))
     for group in (READER_GROUP_PREFIX, METRICS_GROUP_PREFIX, projection_group_prefix(settings)):
         add("operator", "group", group, ("read",), "prefixed")

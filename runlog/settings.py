@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -186,6 +186,36 @@ class Settings(BaseSettings):
     """A decider's private key (``RUNLOG_DECIDER_KEY_FILE``, mode 0600): the CLI's
     approve/reject, the console and ``runlog.decide`` sign with it. Workers never hold it."""
 
+    encryption: Literal["on", "off"] = "off"
+    """``RUNLOG_ENCRYPTION``: ``on`` seals every content field a writer appends with its
+    subject's data key (docs/concepts/encryption.md); readers open sealed fields whatever
+    this says, as long as a KEK is given. Off by default, so a deployment without a KEK
+    keeps working; production deployments that hold personal data turn it on."""
+    kek: SecretStr | None = None
+    """``RUNLOG_KEK``: the key-encryption keys, ``KEK_ID:BASE64-32-BYTES`` separated by
+    commas or new lines; the LAST one wraps new data keys, the others only unwrap (until
+    ``runlog keys rotate`` re-wrapped everything under the last). Or ``RUNLOG_KEK_FILE``."""
+    kek_file: str | None = None
+    """``RUNLOG_KEK_FILE``: a file (mode 0600) holding what ``RUNLOG_KEK`` would."""
+    key_store: Literal["kafka", "file"] = "kafka"
+    """``RUNLOG_KEY_STORE``: where wrapped data keys live. ``kafka`` (the default, as durable
+    as the log): the compacted, replicated topic ``<prefix>.keys``. ``file``: one file per
+    key under ``RUNLOG_KEY_DIR``, for development on one machine."""
+    key_dir: str | None = None
+    """``RUNLOG_KEY_DIR``: the ``file`` key store's directory."""
+    keys_refresh_ms: int = Field(default=5_000, ge=0)
+    """``RUNLOG_KEYS_REFRESH_MS``: how often a process re-reads the key store's news (a
+    shred elsewhere), at most; a key it has never seen is looked up at once."""
+    keys_segment_ms: int = Field(default=3_600_000, ge=1)
+    """``segment.ms`` of the keys topic: compaction never touches the open segment, so a
+    shredded key's wrapped bytes can outlive the shred by this much (plus the lag below)."""
+    keys_max_compaction_lag_ms: int = Field(default=86_400_000, ge=1)
+    """``max.compaction.lag.ms`` of the keys topic: the longest a shredded key's record may
+    wait, once its segment is closed, for compaction to remove it from disk."""
+    keys_delete_retention_ms: int = Field(default=86_400_000, ge=0)
+    """``delete.retention.ms`` of the keys topic: how long a shred's tombstone stays, so a
+    process that was offline still learns of it while catching up."""
+
     redact_fields: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated field names shown as ``[redacted]`` wherever tool arguments,
     results, evidence or errors are printed (``runlog show``, the console, ``runlog
@@ -219,6 +249,11 @@ class Settings(BaseSettings):
     @property
     def quarantine_topic(self) -> str:
         return f"{self.topic_prefix}.quarantine"
+
+    @property
+    def keys_topic(self) -> str:
+        """The wrapped data keys (compacted; docs/concepts/encryption.md)."""
+        return f"{self.topic_prefix}.keys"
 
     @property
     def fleet_group(self) -> str:

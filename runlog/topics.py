@@ -177,7 +177,29 @@ def topic_specs(settings: Settings) -> tuple[TopicSpec, ...]:
             settings.replication_factor,
             {**configs, "cleanup.policy": "compact", "retention.bytes": "-1"},
         ),
+        TopicSpec(settings.keys_topic, 1, settings.replication_factor, keys_configs(settings)),
     )
+
+
+def keys_configs(settings: Settings) -> dict[str, str]:
+    """The wrapped data keys' topic: as durable as the events (same RF and ISR, no unclean
+    election), compacted so a shredded key's record leaves the disk for good. One
+    partition: a process reads it whole (one record per live key) and ordering per key id
+    is all that matters. Compaction keeps only a key's last record and never touches the
+    open segment, so ``segment.ms`` rolls it, ``max.compaction.lag.ms`` bounds how long a
+    closed dirty segment waits, ``min.compaction.lag.ms=0`` lets a tombstone's predecessor
+    go at once, ``min.cleanable.dirty.ratio`` is low since the topic is small and every
+    shred must be cleaned, and ``delete.retention.ms`` keeps the tombstone long enough for
+    readers catching up to learn of the shred (docs/concepts/encryption.md)."""
+    return {
+        **_durable_configs(settings),
+        "cleanup.policy": "compact",
+        "min.compaction.lag.ms": "0",
+        "max.compaction.lag.ms": str(settings.keys_max_compaction_lag_ms),
+        "segment.ms": str(settings.keys_segment_ms),
+        "delete.retention.ms": str(settings.keys_delete_retention_ms),
+        "min.cleanable.dirty.ratio": "0.01",
+    }
 
 
 # --------------------------------------------------------------------------- Kafka plumbing

@@ -5,8 +5,9 @@ the schema for every record it writes: a lookup and a type dispatch per field, a
 validation pass per union. A writer only ever encodes its types' current schemas, so each
 is compiled once into straight-line Python that reads the ``Event`` and its payload model
 by attribute and appends to one ``bytearray``. Only what our schemas use is compiled
-(records, string, long, int, boolean, double, ``timestamp-micros``, arrays, maps and unions
-with null); a schema with anything else gets no encoder, and ``codec.encode`` uses fastavro.
+(records, string, bytes, long, int, boolean, double, ``timestamp-micros``, arrays, maps,
+unions with null, and a content field's union of string and ``runlog.Sealed``, chosen by the
+value's type); a schema with anything else gets no encoder, and ``codec.encode`` uses fastavro.
 
 A compiled encoder raises on any value it does not take exactly as its schema says (a
 wrong type, an int out of range, a missing attribute); ``codec.encode`` then encodes the
@@ -22,6 +23,8 @@ import struct
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+
+from runlog.schemas.sealing import SEALED_NAME, SEALED_SCHEMA
 
 Encoder = Callable[[Any, bytearray], None]
 """Appends the Avro encoding of an object to the buffer, or raises: the object holds each
@@ -75,6 +78,17 @@ def _string(out: bytearray, s: str) -> None:
     out += b
 
 
+def _bytes(out: bytearray, b: bytes) -> None:
+    if type(b) is not bytes:
+        raise TypeError(f"not Avro bytes: {b!r}")
+    n = len(b)
+    if n < 64:
+        out.append(n << 1)
+    else:
+        _varint(out, n)
+    out += b
+
+
 def _boolean(out: bytearray, v: bool) -> None:
     if type(v) is not bool:
         raise TypeError(f"not an Avro boolean: {v!r}")
@@ -102,6 +116,7 @@ def _timestamp_micros(out: bytearray, v: datetime | int) -> None:
 
 _PRIMITIVES = {
     "string": "_string",
+    "bytes": "_bytes",
     "long": "_long",
     "int": "_int",
     "boolean": "_boolean",
@@ -122,6 +137,8 @@ class _Compiler:
 
     def value(self, schema: Any, expr: str, depth: int) -> None:
         """Lines that append the encoding of ``expr`` (a variable) as ``schema``."""
+        if schema == SEALED_NAME:  # the envelope, named again after its first definition
+            schema = SEALED_SCHEMA
         if isinstance(schema, str):
             if schema not in _PRIMITIVES:
                 raise Unsupported(f"type {schema!r}")
@@ -147,6 +164,9 @@ class _Compiler:
             raise Unsupported(f"type {kind!r}")
 
     def union(self, branches: list[Any], expr: str, depth: int) -> None:
+        if any(_is_sealed(b) for b in branches):
+            self.sealed_union(branches, expr, depth)
+            return
         others = [b for b in branches if b != "null"]
         if len(branches) != 2 or len(others) != 1:
             raise Unsupported(f"union {branches!r}")  # only null | T
@@ -156,6 +176,25 @@ class _Compiler:
         self.emit(depth, "else:")
         self.emit(depth + 1, f"out.append({(1 - null_at) << 1})")
         self.value(others[0], expr, depth + 1)
+
+    def sealed_union(self, branches: list[Any], expr: str, depth: int) -> None:
+        """A content field: None, plaintext ``str`` or a ``Sealed`` value, by its type."""
+        kinds = ["null" if b == "null" else "sealed" if _is_sealed(b) else b for b in branches]
+        if sorted(kinds) not in (["sealed", "string"], ["null", "sealed", "string"]):
+            raise Unsupported(f"union {branches!r}")
+        test = {"null": f"{expr} is None", "string": f"type({expr}) is str"}
+        first = True
+        for k, kind in enumerate(kinds):
+            if kind == "sealed":
+                continue
+            self.emit(depth, f"{'if' if first else 'elif'} {test[kind]}:")
+            first = False
+            self.emit(depth + 1, f"out.append({k << 1})")
+            if kind == "string":
+                self.emit(depth + 1, f"_string(out, {expr})")
+        self.emit(depth, "else:")
+        self.emit(depth + 1, f"out.append({kinds.index('sealed') << 1})")
+        self.record(SEALED_SCHEMA, expr, depth + 1)
 
     def record(self, schema: dict[str, Any], expr: str, depth: int) -> None:
         for f in schema["fields"]:
@@ -198,6 +237,7 @@ def compile_encoder(parsed: Any) -> Encoder | None:
     source = "def encode(record, out):\n" + "\n".join(c.lines) + "\n"
     namespace: dict[str, Any] = {
         "_string": _string,
+        "_bytes": _bytes,
         "_long": _long,
         "_int": _int,
         "_boolean": _boolean,
@@ -207,3 +247,7 @@ def compile_encoder(parsed: Any) -> Encoder | None:
     exec(compile(source, f"<avro encoder {parsed.get('name')}>", "exec"), namespace)
     encoder: Encoder = namespace["encode"]
     return encoder
+
+
+def _is_sealed(branch: Any) -> bool:
+    return branch == SEALED_NAME or (isinstance(branch, dict) and branch.get("name") == SEALED_NAME)

@@ -39,6 +39,17 @@ from runlog.schemas import compiled
 from runlog.schemas.evolution import COMPATIBLE_STEPS, UPCASTERS
 from runlog.schemas.models import PAYLOAD_MODELS, Event, Payload
 from runlog.schemas.registry import WriterSchema, registry
+from runlog.schemas.sealing import (
+    SEALED_FIELDS,
+    SEALED_SINCE,
+    Opener,
+    Sealer,
+    View,
+    open_record,
+    plain_view,
+    seal_payload,
+    seal_record,
+)
 
 __all__ = ["decode", "encode", "headers", "make_payload", "registry"]
 from runlog.schemas.vocabulary import EventType, parse_event_type
@@ -174,26 +185,35 @@ def make_payload(event_type: EventType, payload: Payload | dict[str, Any]) -> Pa
         raise ValidationFailed(f"{event_type.value}: invalid payload: {exc}") from exc
 
 
-def encode(event: Event, ids: SchemaIds | None = None) -> bytes:
+def encode(event: Event, ids: SchemaIds | None = None, sealer: Sealer | None = None) -> bytes:
     """``event`` with the current schema of its type: single-object, or Confluent's framing
-    with the registry's schema id when ``ids`` is given.
+    with the registry's schema id when ``ids`` is given. With a ``sealer``, its content
+    fields (``sealing.SEALED_FIELDS``) are written sealed; without, as plaintext.
 
     The type's compiled encoder (``avro_writer``) writes it; a value that encoder does not
     take goes through fastavro, which writes it or names what does not fit."""
     ws, header = _framing(event, ids)
+    paths = SEALED_FIELDS.get(event.type) if sealer is not None else None
     if ws.encoder is not None:
         out = bytearray(header)
         try:
-            ws.encoder(event, out)
+            if paths:
+                assert sealer is not None
+                sealed = seal_payload(event.payload, paths, sealer, event.run_id, event.seq)
+                ws.encoder(View(event, {"payload": sealed}), out)
+            else:
+                ws.encoder(event, out)
             return bytes(out)
         except Exception:  # noqa: BLE001 - fastavro's answer below stands
             pass
-    return _with_fastavro(event, ws, header)
+    return _with_fastavro(event, ws, header, sealer)
 
 
-def encode_with_fastavro(event: Event, ids: SchemaIds | None = None) -> bytes:
+def encode_with_fastavro(
+    event: Event, ids: SchemaIds | None = None, sealer: Sealer | None = None
+) -> bytes:
     """``encode`` by fastavro alone: the reference the compiled encoders are checked against."""
-    return _with_fastavro(event, *_framing(event, ids))
+    return _with_fastavro(event, *_framing(event, ids), sealer)
 
 
 def _framing(event: Event, ids: SchemaIds | None) -> tuple[WriterSchema, bytes]:
@@ -224,8 +244,14 @@ def avro_record(event: Event) -> dict[str, Any]:
     }
 
 
-def _with_fastavro(event: Event, ws: WriterSchema, header: bytes) -> bytes:
+def _with_fastavro(
+    event: Event, ws: WriterSchema, header: bytes, sealer: Sealer | None = None
+) -> bytes:
     record = avro_record(event)
+    paths = SEALED_FIELDS.get(event.type) if sealer is not None else None
+    if paths:
+        assert sealer is not None
+        seal_record(record["payload"], paths, sealer, event.run_id, event.seq)
     buf = io.BytesIO()
     buf.write(header)
     try:
@@ -355,6 +381,23 @@ class _Compiled:
     type_name: str
     """The event type's wire name, as each record must repeat it."""
     schema: WriterSchema
+    sealed: tuple[str, ...]
+    """The content fields that may hold sealed values (empty: none)."""
+
+
+def _paths(ws: WriterSchema) -> tuple[str, ...]:
+    """The content fields of ``ws`` that may be sealed: none before its sealed version."""
+    since = SEALED_SINCE.get(ws.event_type)
+    return SEALED_FIELDS[ws.event_type] if since is not None and ws.version >= since else ()
+
+
+def _open(
+    et: EventType, paths: tuple[str, ...], record: dict[str, Any], opener: Opener | None
+) -> None:
+    try:
+        open_record(record["payload"], paths, opener, record["run_id"], record["seq"])
+    except ValueError as exc:  # InvalidTag and friends: the value is not what was sealed
+        raise CorruptRecord(f"{et.value}: a sealed field does not open: {exc!r}") from exc
 
 
 _BY_HEADER: dict[bytes, _Compiled] = {}
@@ -383,17 +426,20 @@ def _compiled(ws: WriterSchema) -> _Compiled | None:
         event = compiled.constructor(Event, list(fields))
         if envelope is not None and event is not None:
             model = PAYLOAD_MODELS[ws.event_type]
-            payload = compiled.builder(model, fields["payload"])
+            # Sealed values are opened before the payload is built: it reads plaintext.
+            payload = compiled.builder(model, plain_view(fields["payload"]))
             checks = compiled.compile_checks("Event", envelope)
-            out = _Compiled(read, payload, checks, event, ws.event_type.value, ws)
+            out = _Compiled(read, payload, checks, event, ws.event_type.value, ws, _paths(ws))
     _COMPILED[ws.fingerprint] = out
     return out
 
 
-def decode(data: bytes, ids: SchemaIds | None = None) -> Event:
+def decode(data: bytes, ids: SchemaIds | None = None, opener: Opener | None = None) -> Event:
     """Decode one record into the current version of its event; ``SchemaError`` on failure.
 
     ``ids`` resolves Confluent-framed records; single-object records need nothing.
+    ``opener`` opens sealed content fields (a destroyed key's open as ``sealing.ERASED``);
+    a sealed record without one raises ``NoKeys``.
     """
     fast = _BY_HEADER.get(data[:HEADER_LEN]) if data else None
     if fast is not None:
@@ -402,7 +448,7 @@ def decode(data: bytes, ids: SchemaIds | None = None) -> Event:
         ws, body = _framed(data, ids)
         fast = _compiled(ws)
         if fast is None:
-            return _decode_slow(ws, data[body:])
+            return _decode_slow(ws, data[body:], opener)
         if body == HEADER_LEN:
             _BY_HEADER[bytes(data[:HEADER_LEN])] = fast
     try:
@@ -410,6 +456,8 @@ def decode(data: bytes, ids: SchemaIds | None = None) -> Event:
     except Exception as exc:  # any failure of the bytes is this record's problem
         raise CorruptRecord(f"Avro body does not decode: {type(exc).__name__}: {exc}") from exc
     et = ws.event_type
+    if fast.sealed:
+        _open(et, fast.sealed, record, opener)
     if record["type"] != fast.type_name:
         raise CorruptRecord(f"record says type {record['type']!r} but its schema is {et.value}")
     if record["schema_version"] != ws.version:
@@ -433,9 +481,12 @@ def decode(data: bytes, ids: SchemaIds | None = None) -> Event:
     return event
 
 
-def _decode_slow(ws: WriterSchema, body: bytes) -> Event:
+def _decode_slow(ws: WriterSchema, body: bytes, opener: Opener | None = None) -> Event:
     """fastavro and pydantic: older versions (upcast on the way) and uncompiled schemas."""
     record = _read(body, ws.parsed)
+    paths = _paths(ws)
+    if paths:
+        _open(ws.event_type, paths, record, opener)
     if record.get("type") != ws.event_type.value:
         raise CorruptRecord(
             f"record says type {record.get('type')!r} but its schema is {ws.event_type.value}"

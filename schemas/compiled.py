@@ -33,6 +33,8 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel
 
+from runlog.schemas.sealing import SEALED_NAME, SEALED_SCHEMA
+
 Reader = Callable[[bytes, int], tuple[Any, int]]
 """``read(data, start) -> (value, end)``; raises on bytes the schema cannot read."""
 
@@ -79,6 +81,8 @@ class _Gen:
         self.emit(d, f"{out} = (x >> 1) ^ -(x & 1)")
 
     def value(self, schema: Any, d: int, out: str) -> None:
+        if schema == SEALED_NAME:  # the envelope, named again after its first definition
+            schema = SEALED_SCHEMA
         if isinstance(schema, list):
             self._union(schema, d, out)
             return

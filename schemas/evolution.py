@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from runlog.schemas.sealing import SEALED_SINCE
 from runlog.schemas.vocabulary import EventType
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -50,6 +51,11 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # made by the agent registry, which is exactly what null says.
         (EventType.RUN_STARTED, 1),
     }
+    # The sealed versions (``runlog.schemas.sealing``): each content field becomes a union
+    # of ``string`` and ``runlog.Sealed``. An older record's plaintext resolves into the
+    # string branch, so it stays exactly what it said. RUN_STARTED v3 also adds the optional
+    # ``subject`` (default null: the run is its own subject, as every older run was).
+    | {(et, since - 1) for et, since in SEALED_SINCE.items()}
 )
 
 

@@ -28,6 +28,9 @@ class RunStarted(Payload):
     for a run not started through the agent registry."""
     input_json: str | None = None
     """v2: the registered agent's input, canonical JSON; None like ``code_version``."""
+    subject: str | None = None
+    """v3: the data subject whose key seals the run's content (``open_run(subject=...)``:
+    a person or account id); None (and in older records): the run itself is the subject."""
 
 
 class RunResumed(Payload):

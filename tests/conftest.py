@@ -218,7 +218,9 @@ def test_settings(
 
 def _cleanup(s: Settings, client: redis.Redis) -> None:
     with contextlib.suppress(RunlogError):  # best effort: the broker keeps running
-        delete_topics(s, [s.events_topic, s.quarantine_topic, s.lifecycle_topic], timeout=10)
+        delete_topics(
+            s, [s.events_topic, s.quarantine_topic, s.lifecycle_topic, s.keys_topic], timeout=10
+        )
     try:
         keys = list(client.scan_iter(match=f"{s.redis_key_prefix}*", count=1000))
         for i in range(0, len(keys), 500):

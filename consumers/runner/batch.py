@@ -19,6 +19,7 @@ from runlog.log.authority import tenant_keys_for
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
+from runlog.schemas.sealing import Opener
 from runlog.schemas.tenant_mac import NO_TENANT_KEYS, TenantKeys
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,10 @@ def _run_key(raw: Any) -> str:
 
 
 def _record_of(
-    msg: Any, ids: SchemaIds | None, tenants: TenantKeys = NO_TENANT_KEYS
+    msg: Any,
+    ids: SchemaIds | None,
+    tenants: TenantKeys = NO_TENANT_KEYS,
+    keys: Opener | None = None,
 ) -> Decoded | Rejected:
     partition, offset = msg.partition(), msg.offset()
     try:
@@ -66,7 +70,7 @@ def _record_of(
         # A key that names no run: quarantined, never folded under some run.
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
     try:
-        ev = decode(msg.value(), ids)
+        ev = decode(msg.value(), ids, keys)
         if run_key != ev.run_id:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:
@@ -135,7 +139,7 @@ class BatchRunner(FencedRunner):
         (the stored position went back) or held back (a rebuild fenced this runner)."""
         tenants = tenant_keys_for(self.settings)
         if self._ids is None:
-            recs = [_record_of(m, None, tenants) for m in msgs]
+            recs = [_record_of(m, None, tenants, self._keys) for m in msgs]
         else:
             # Decoding may ask the schema registry for an id this process has not seen;
             # while it does not answer, the batch waits (capped backoff), never skipped.
@@ -164,7 +168,7 @@ class BatchRunner(FencedRunner):
         return True
 
     def _decode_all(self, msgs: list[Any], tenants: TenantKeys) -> list[Decoded | Rejected]:
-        return [_record_of(m, self._ids, tenants) for m in msgs]
+        return [_record_of(m, self._ids, tenants, self._keys) for m in msgs]
 
     def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
         """Every projection's effects and position for one partition batch, in one

@@ -20,6 +20,7 @@ from runlog.consumers.store import Handler
 from runlog.consumers.stores import NOTIFY, make_handler
 from runlog.errors import KafkaUnavailable, RegistryUnavailable, RunlogError
 from runlog.log.authority import authority_for
+from runlog.log.keys import keys_for
 from runlog.log.registry import ids_for
 from runlog.settings import Settings
 
@@ -101,6 +102,7 @@ class RunnerBase:
         self.settings = settings
         self.topic = settings.events_topic
         self._ids = ids_for(settings)
+        self._keys = keys_for(settings)
         self.redis = client
         self.handlers: list[Handler[Any]] = [
             make_handler(n, settings.redis_key_prefix, self.topic, authority_for(settings))

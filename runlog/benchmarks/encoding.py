@@ -1,6 +1,10 @@
 """7. The two encodings side by side: single-object (no server) and Confluent's wire format.
 
 * CPU per event to encode and to decode, in process (schema ids cached, as in a writer);
+  and ``sealed``: single-object with encryption on (``RUNLOG_ENCRYPTION=on``), its content
+  fields sealed with the run's data key on encode and opened on decode (the key made and
+  cached first, as a writer and a fold hold it): the difference to ``single_object`` is
+  what encryption adds per event (target: <= 15 us on each side);
 * durable append latency, ``Run.append`` p50/p99, with the registry-configured writer
   against the default one, when a registry answers (``RUNLOG_SCHEMA_REGISTRY_URL`` or the
   stack's own, ``runlog stack up --registry``).
@@ -8,13 +12,17 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import os
+import tempfile
 import time
 import uuid
 from typing import Any
 
 from runlog import stack
 from runlog.benchmarks.common import make_events, percentile, summary, timed_appends
+from runlog.log.keys import FileKeyStore, Keks
 from runlog.log.registry import RegistryIds
 from runlog.producers.run import RunDeps
 from runlog.schemas import codec
@@ -53,6 +61,31 @@ def _cpu(n: int, repeats: int) -> dict[str, Any]:
                 codec.decode(blob, chosen)
             dec_us.append((time.perf_counter() - t0) / n * 1e6)
         out[name] = {"encode_us": summary(enc_us), "decode_us": summary(dec_us)}
+    with tempfile.TemporaryDirectory() as keydir:
+        kek = base64.b64encode(os.urandom(32)).decode()
+        store = FileKeyStore(keydir, Keks.parse(f"bench:{kek}", where="bench"), refresh_s=60)
+        sealer = store.sealer(events[0].tenant, events[0].run_id)
+        enc_us, dec_us = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            blobs = [codec.encode(ev, None, sealer) for ev in events]
+            enc_us.append((time.perf_counter() - t0) / n * 1e6)
+            t0 = time.perf_counter()
+            for blob in blobs:
+                codec.decode(blob, None, store)
+            dec_us.append((time.perf_counter() - t0) / n * 1e6)
+        out["sealed"] = {"encode_us": summary(enc_us), "decode_us": summary(dec_us)}
+    # What encryption adds, repeat by repeat (the same events, the same process).
+    plain = out["single_object"]
+    out["encryption_adds"] = {
+        key: summary(
+            [
+                on - off
+                for on, off in zip(out["sealed"][key]["values"], plain[key]["values"], strict=True)
+            ]
+        )
+        for key in ("encode_us", "decode_us")
+    }
     return out
 
 

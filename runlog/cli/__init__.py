@@ -43,6 +43,7 @@ _COMMAND_MODULES = (
     "runlog.cli.replay_cmd",
     "runlog.cli.records_cmd",
     "runlog.cli.schemas_cmd",
+    "runlog.cli.keys_cmd",
     "runlog.cli.bench_cmd",
     "runlog.cli.demo_cmd",
     "runlog.cli.fleet_cmd",

@@ -8,6 +8,7 @@ from typing import Any
 from runlog.cli.groups import command_group, print_json
 from runlog.errors import ConfigError, SchemaError
 from runlog.log.clients import redis_client
+from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.registry import ids_for
 from runlog.log.setaside import list_set_aside, set_aside
@@ -38,7 +39,7 @@ def _set_aside(args: argparse.Namespace) -> int:
     with LogReader(settings) as reader:
         key, value = reader.record_at(args.partition, args.offset)
     try:
-        decode(value or b"", ids_for(settings))
+        decode(value or b"", ids_for(settings), keys_for(settings))
     except SchemaError as exc:
         error = f"{type(exc).__name__}: {exc}"
     else:

@@ -45,6 +45,8 @@ class Record:
     agent: str
     input_json: str | None = None
     due_at: datetime | None = None
+    subject: str | None = None
+    """A start request's data subject (``runlog.start(subject=...)``), for its RUN_STARTED."""
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {
@@ -57,6 +59,8 @@ class Record:
             body["input_json"] = self.input_json
         if self.due_at is not None:
             body["due_at"] = self.due_at.isoformat()
+        if self.subject is not None:
+            body["subject"] = self.subject
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -72,6 +76,7 @@ class Record:
                 agent=str(body["agent"]),
                 input_json=body.get("input_json"),
                 due_at=datetime.fromisoformat(due) if due else None,
+                subject=body.get("subject"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise SchemaError(f"undecodable lifecycle record: {exc}") from exc

@@ -29,7 +29,13 @@ reference to a document, not the document)."""
 
 
 def request_start(
-    settings: Settings, agent: str, input: Any, *, tenant: str, run_id: str | None
+    settings: Settings,
+    agent: str,
+    input: Any,
+    *,
+    tenant: str,
+    run_id: str | None,
+    subject: str | None = None,
 ) -> str:
     """Record a start request for ``agent`` with ``input``; returns the run id."""
     check_tenant(tenant)
@@ -44,7 +50,9 @@ def request_start(
         raise ValidationFailed(
             f"the input of {agent} is {len(input_json.encode())} bytes, over {MAX_INPUT_BYTES}"
         )
-    writer_for(settings).write(rid, Record("requested", tenant, agent, input_json=input_json))
+    writer_for(settings).write(
+        rid, Record("requested", tenant, agent, input_json=input_json, subject=subject or None)
+    )
     return rid
 
 

@@ -63,7 +63,10 @@ def _is_finished(run: Run) -> bool:
 
 
 def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
-    return {"code_version": agent.version, "input_json": rec.input_json or "null"}
+    fields = {"code_version": agent.version, "input_json": rec.input_json or "null"}
+    if rec.subject:
+        fields["subject"] = rec.subject
+    return fields
 
 
 def _input(run_input: str | None, rec: Record) -> Any:

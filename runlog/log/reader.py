@@ -28,6 +28,7 @@ from runlog.log.kafka import (
     reader_config,
     retrying,
 )
+from runlog.log.keys import keys_for
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
 from runlog.schemas.codec import decode
@@ -64,6 +65,7 @@ class LogReader:
         self._consumer = Consumer(reader_config(settings))
         self._partitions: int | None = None
         self._ids = ids_for(settings)
+        self._keys = keys_for(settings)
         self._redis: redis.Redis | None = None
         self._tenants = tenant_keys_for(settings)
 
@@ -233,7 +235,7 @@ class LogReader:
                     nxt = off + 1
                     if msg.key() == key:
                         try:
-                            ev = decode(msg.value() or b"", self._ids)
+                            ev = decode(msg.value() or b"", self._ids, self._keys)
                         except SchemaError as exc:
                             if off in self._set_aside(part):
                                 continue  # a person decided it does not count: skip it

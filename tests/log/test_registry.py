@@ -284,3 +284,38 @@ def test_stack_env_exports_a_registry_only_when_the_user_started_it(registry_url
     finally:
         if not was_advertised:
             marker.unlink(missing_ok=True)
+
+
+def test_sealed_fields_reach_registry_readers_as_the_documented_envelope(
+    reg: Settings, redis_client: redis.Redis
+) -> None:
+    """Encryption on with a registry: a consumer with only the registry (no runlog, no key)
+    reads every content field as ``runlog.Sealed {key_id, nonce, ciphertext}`` and every
+    structural field in the clear; runlog's readers (replay, the state projection) open it."""
+    from pydantic import SecretStr
+
+    from runlog.log import keys as keys_mod
+
+    s = reg.model_copy(update={"encryption": "on", "kek": SecretStr(f"k1:{keys_mod.new_kek()}")})
+    try:
+        with services_for(s), runlog.open_run(settings=s, subject="user-9") as run:
+            run.append(EventType.USER_MESSAGE, content="sealed for the registry")
+            digest = run.state.digest()
+        client = SchemaRegistryClient({"url": s.schema_registry_url})
+        plain = AvroDeserializer(client)
+        found = None
+        for msg in events_records(s):
+            record = plain(msg.value(), SerializationContext(s.events_topic, MessageField.VALUE))
+            if record["type"] == "user_message":
+                found = record
+        assert found is not None and found["run_id"] == run.run_id and found["seq"] == 2
+        envelope = found["payload"]["content"]
+        assert set(envelope) == {"key_id", "nonce", "ciphertext"}
+        assert b"sealed for the registry" not in envelope["ciphertext"]
+        assert len(envelope["nonce"]) == 12
+        assert replay(s, redis_client, run.run_id).state.digest() == digest
+        rebuild(redis_client, s, ["state"])
+        view = get_state(redis_client, s, run.run_id)
+        assert view is not None and fold_dict(view) == digest
+    finally:
+        keys_mod.close_shared()

@@ -24,6 +24,7 @@ from runlog.schemas.models import (
     ToolCallStarted,
 )
 from runlog.schemas.registry import fingerprint_of, registry
+from runlog.schemas.sealing import SEALED_SINCE
 from runlog.schemas.vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
@@ -51,16 +52,19 @@ def test_released_v1_schemas_never_changed() -> None:
 
 
 def test_current_versions() -> None:
-    assert registry().current[CC] == 2
-    assert registry().current[TCC] == 2
-    assert registry().current[MT] == 2
-    assert registry().current[TCS] == 2
-    assert registry().current[AR] == 2
+    # The sealed versions (schemas.sealing): every type with content fields moved one up.
+    assert registry().current[CC] == 3
+    assert registry().current[TCC] == 3
+    assert registry().current[MT] == 3
+    assert registry().current[TCS] == 3
+    assert registry().current[AR] == 3
     assert registry().current[AD] == 3
     assert registry().current[RR] == 2
-    assert registry().current[EventType.RUN_CANCEL_REQUESTED] == 1
-    assert registry().current[EventType.RUN_STARTED] == 2
+    assert registry().current[EventType.RUN_CANCEL_REQUESTED] == 2
+    assert registry().current[EventType.RUN_STARTED] == 3
     assert registry().current[EventType.TIMER_STARTED] == 1
+    for et, since in SEALED_SINCE.items():
+        assert registry().current[et] == since
     assert FOLD_VERSION == 6
 
 
@@ -122,7 +126,10 @@ def test_v1_start_resolves_as_not_started_by_an_agent() -> None:
     from runlog.schemas.models import RunStarted
 
     ev = codec.decode(_v1("run_started"))
-    assert isinstance(ev.payload, RunStarted) and ev.schema_version == 2
+    assert (
+        isinstance(ev.payload, RunStarted)
+        and ev.schema_version == registry().current[EventType.RUN_STARTED]
+    )
     assert (ev.payload.code_version, ev.payload.input_json) == (None, None)
     st = RunState()
     apply(st, ev)
@@ -190,7 +197,7 @@ def test_the_answer_is_signed_with_the_decision() -> None:
 def test_v1_tool_call_started_resolves_with_its_declarations_not_recorded() -> None:
     ev = codec.decode(_v1("tool_call_started"))
     assert isinstance(ev.payload, ToolCallStarted)
-    assert ev.schema_version == 2
+    assert ev.schema_version == registry().current[TCS]
     # Null is "not recorded", never "declared false": a reader must not guess either way.
     assert ev.payload.dedupes_by_key is None and ev.payload.compensable is None
     assert ev.payload.idempotency_key and ev.payload.args_json  # the v1 fields as written
@@ -225,7 +232,7 @@ def test_the_fixture_of_each_release_holds_its_versions() -> None:
 def test_v1_approval_request_resolves_without_a_deadline() -> None:
     ev = codec.decode(_v1("approval_requested"))
     assert isinstance(ev.payload, ApprovalRequested)
-    assert ev.schema_version == 2 and ev.payload.due_at is None
+    assert ev.schema_version == registry().current[AR] and ev.payload.due_at is None
     state = RunState()
     for e in load_fixture("v1").events():
         apply(state, e)
@@ -253,7 +260,7 @@ def test_v2_approval_request_keeps_its_deadline_through_fold_and_snapshot() -> N
 def test_v1_model_turn_resolves_without_a_recorded_response() -> None:
     ev = codec.decode(_v1("model_turn"))
     assert isinstance(ev.payload, ModelTurn)
-    assert ev.schema_version == 2 and ev.payload.response_json is None
+    assert ev.schema_version == registry().current[MT] and ev.payload.response_json is None
     assert ev.payload.text  # the v1 fields are kept as written
 
 
@@ -283,7 +290,7 @@ def test_v4_writer_records_each_tools_retry_declarations() -> None:
 
 def test_v1_compaction_is_upcast_to_its_exact_v1_meaning() -> None:
     ev = codec.decode(_v1("context_compacted"))
-    assert ev.schema_version == 2
+    assert ev.schema_version == registry().current[CC]
     assert isinstance(ev.payload, ContextCompacted)
     assert ev.payload.kept_messages == 3 and ev.payload.kept_turns is None
 
@@ -291,7 +298,7 @@ def test_v1_compaction_is_upcast_to_its_exact_v1_meaning() -> None:
 def test_v1_completion_resolves_with_a_null_duration() -> None:
     ev = codec.decode(_v1("tool_call_completed"))
     assert isinstance(ev.payload, ToolCallCompleted)
-    assert ev.schema_version == 2 and ev.payload.duration_ms is None
+    assert ev.schema_version == registry().current[TCC] and ev.payload.duration_ms is None
 
 
 def test_v2_writer_measures_live_tool_calls() -> None:
@@ -324,9 +331,10 @@ def _encode_with(schema: dict[str, object], record: dict[str, object]) -> bytes:
 def test_newer_version_is_rejected_explicitly() -> None:
     raw = json.loads(
         resources.files("runlog.schemas")
-        .joinpath("avro", "context_compacted", "v2.avsc")
+        .joinpath("avro", "context_compacted", f"v{registry().current[CC]}.avsc")
         .read_text()
     )
+    top = registry().current[CC]
     v3 = copy.deepcopy(raw)
     v3["fields"][-1]["type"]["fields"].append({"name": "kept_tokens", "type": "long"})
     ev = codec.decode(load_fixture("v2").records[17].value)
@@ -334,14 +342,14 @@ def test_newer_version_is_rejected_explicitly() -> None:
     base = codec.avro_record(ev)
     record = {
         **base,
-        "schema_version": 3,
+        "schema_version": top + 1,
         "writer_id": "future",
         "payload": {**base["payload"], "kept_tokens": 1200},
     }
-    with pytest.raises(NewerSchemaVersion, match="v3 was written by a newer release"):
+    with pytest.raises(NewerSchemaVersion, match=f"v{top + 1} was written by a newer release"):
         codec.decode(_encode_with(v3, record))
     # Same unknown schema claiming a known version: unknown, not "newer".
-    record["schema_version"] = 2
+    record["schema_version"] = top
     with pytest.raises(UnknownFingerprint):
         codec.decode(_encode_with(v3, record))
 

@@ -1,0 +1,52 @@
+"""``runlog keys new-kek|rotate``: key-encryption keys of sealed content (runlog.log.keys)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from runlog.cli.groups import EXIT_OK, command_group, print_json
+from runlog.errors import NoKeys
+from runlog.log.keys import key_store, new_kek
+from runlog.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    sub = command_group(
+        subparsers, "keys", help="key-encryption keys of sealed content (docs: encryption)"
+    )
+    p = sub.add_parser(
+        "new-kek",
+        help="print a fresh KEK as KEK_ID:BASE64 (append it to RUNLOG_KEK, then rotate)",
+    )
+    p.add_argument("kek_id", help="the new KEK's id, e.g. k2")
+    p.set_defaults(func=_new_kek)
+    p = sub.add_parser(
+        "rotate",
+        help="re-wrap every live data key under the last KEK of RUNLOG_KEK; afterwards the "
+        "older KEKs (and backups of the keys topic wrapped by them) may be destroyed",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_rotate)
+
+
+def _new_kek(args: argparse.Namespace) -> int:
+    print(f"{args.kek_id}:{new_kek()}")
+    return EXIT_OK
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    settings = Settings()
+    if settings.kek is None and not settings.kek_file:
+        raise NoKeys("runlog keys rotate needs RUNLOG_KEK or RUNLOG_KEK_FILE")
+    store = key_store(settings)
+    try:
+        n = store.rotate()
+        kek = store.keks.current
+    finally:
+        store.close()
+    if args.json:
+        print_json({"rewrapped": n, "kek_id": kek})
+    else:
+        print(f"runlog keys: {n} data key(s) re-wrapped under KEK {kek}")
+    return EXIT_OK
