@@ -48,12 +48,13 @@ from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
 
-OPENING = 8
+OPENING = 16
 """Runs a worker opens at once. Opening is reads of the log (replay, the claim's read-back)
 on a reader of the process's pool, each reader a Kafka consumer: a burst of requests or
 orphans opened all at once makes a consumer per open (its connections, metadata and first
 fetch cost more than the read) and slows the runs already going. A few at a time reuse the
-pool's readers, and each open is a few milliseconds; the rest wait their turn in their slot."""
+pool's readers (as many as it keeps idle, ``ReaderPool``'s ``keep``), and each open is a few
+milliseconds; the rest wait their turn in their slot."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 UNKNOWN_AGENT_RETRY_S = 10.0
