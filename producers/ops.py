@@ -136,7 +136,7 @@ def perform(run: Run, op: Op) -> Any:
     """Do ``op`` in this thread."""
     if isinstance(op, Append):
         if op.durable:
-            return run.append(op.event_type, op.payload)
+            return run._append(op.event_type, op.payload)
         return run.emit(op.event_type, op.payload)
     if isinstance(op, Invoke):
         with call_context(op.ctx):

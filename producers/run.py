@@ -404,7 +404,25 @@ class Run(Owned):
         payload: Payload | dict[str, Any] | None = None,
         **kw: Any,
     ) -> Event:
-        """Append one event and return it once acknowledged and ownership re-checked."""
+        """Append one event and return it once acknowledged and ownership re-checked.
+
+        A step of the agent's: a person's cancellation is raised here first (``Cancelled``,
+        once), as at ``call_tool`` and as ``AsyncRun.append`` does; RUN_FINISHED is exempt
+        (a cancelled run's end is recorded by it)."""
+        with self._lock:
+            if EventType(event_type) is not EventType.RUN_FINISHED:
+                self.check_cancelled()
+            return self._append(event_type, payload, **kw)
+
+    def _append(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
+        """``append`` without the step's cancel check: the rules' own appends
+        (``ops.perform``), e.g. a call's completion, which must be recorded whatever a
+        person asked meanwhile."""
         with self._lock:
             ev = self.emit(event_type, payload, **kw)
             self.barrier()
@@ -658,7 +676,7 @@ class Run(Owned):
                 due = nxt.recorded.due_at
             else:
                 fields = timers.payload(nxt.ordinal, seconds, timers.SLEEP)
-                self.append(EventType.TIMER_STARTED, fields)
+                self._append(EventType.TIMER_STARTED, fields)  # checked above
                 due = self.state.timers[nxt.ordinal].due_at
         timers.wait_or_raise(self.run_id, due, block=not self.dispatched)
 

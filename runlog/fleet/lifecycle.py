@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -26,6 +27,8 @@ State = Literal["requested", "open", "waiting_person", "waiting_until"]
 STATES: tuple[State, ...] = ("requested", "open", "waiting_person", "waiting_until")
 DISPATCHABLE: frozenset[str] = frozenset({"requested", "open"})
 FORMAT = 1
+POLL_SLICE_S = 0.005
+"""How long a write's wait polls the producer at a time (``LifecycleWriter.write``)."""
 
 
 def topic(settings: Settings) -> str:
@@ -128,10 +131,16 @@ class LifecycleWriter:
                 )
             except Exception as exc:  # BufferError, KafkaException
                 raise KafkaUnavailable(f"lifecycle record of {run_id}: {exc}") from exc
-        deadline_s = timeout_s
-        while not done.is_set() and deadline_s > 0:
-            self._producer.poll(0.05)
-            deadline_s -= 0.05
+        deadline = time.monotonic() + timeout_s
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Threads writing at once share the producer, and another's poll may serve this
+            # report while this one waits out its own: short slices, so a write returns
+            # within a few ms of its acknowledgement, and a deadline by the clock (a poll
+            # that returns early must not use up a poll's worth of it).
+            self._producer.poll(min(POLL_SLICE_S, left))
         if not done.is_set():
             raise KafkaUnavailable(f"lifecycle record of {run_id} not acknowledged in {timeout_s}s")
         if got["err"] is not None:

@@ -8,8 +8,11 @@ lease is released afterwards, so a decision's or a resume's record always lands 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import threading
 import traceback
 from dataclasses import dataclass
 from datetime import datetime
@@ -153,19 +156,28 @@ def _not_opened(deps: RunDeps, run_id: str, exc: Exception) -> Result:
     return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
 
 
-def execute(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, agent: Agent) -> Result:
-    """Dispatch ``run_id`` once in this thread (a sync agent)."""
+def execute(
+    deps: RunDeps,
+    lw: LifecycleWriter,
+    run_id: str,
+    rec: Record,
+    agent: Agent,
+    opening: threading.Semaphore | None = None,
+) -> Result:
+    """Dispatch ``run_id`` once in this thread (a sync agent). ``opening``: the worker's
+    bound on opens at once (``Worker.OPENING``)."""
     try:
-        run = open_run_with(
-            deps,
-            run_id,
-            tenant=rec.tenant,
-            tools=agent.tools,
-            wait_s=0,
-            agent=agent.name,
-            reason=f"dispatched to worker {deps.writer_id}",
-            started_with=_start_fields(agent, rec),
-        )
+        with opening or contextlib.nullcontext():
+            run = open_run_with(
+                deps,
+                run_id,
+                tenant=rec.tenant,
+                tools=agent.tools,
+                wait_s=0,
+                agent=agent.name,
+                reason=f"dispatched to worker {deps.writer_id}",
+                started_with=_start_fields(agent, rec),
+            )
     except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
         return _not_opened(deps, run_id, exc)
     except Escalated:
@@ -239,20 +251,23 @@ async def execute_async(
     run_id: str,
     rec: Record,
     agent: Agent,
+    opening: asyncio.Semaphore | None = None,
 ) -> Result:
-    """Dispatch ``run_id`` once in this event loop (an ``async def`` agent)."""
+    """Dispatch ``run_id`` once in this event loop (an ``async def`` agent). ``opening``:
+    the worker's bound on opens at once (``Worker.OPENING``)."""
     try:
-        arun = await open_async(
-            deps,
-            aredis,
-            run_id,
-            tenant=rec.tenant,
-            tools=agent.tools,
-            wait_s=0,
-            agent=agent.name,
-            reason=f"dispatched to worker {deps.writer_id}",
-            started_with=_start_fields(agent, rec),
-        )
+        async with opening or contextlib.nullcontext():
+            arun = await open_async(
+                deps,
+                aredis,
+                run_id,
+                tenant=rec.tenant,
+                tools=agent.tools,
+                wait_s=0,
+                agent=agent.name,
+                reason=f"dispatched to worker {deps.writer_id}",
+                started_with=_start_fields(agent, rec),
+            )
     except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
         return _not_opened(deps, run_id, exc)
     except Escalated:

@@ -43,10 +43,18 @@ from runlog.log.clients import async_redis_client
 from runlog.producers.run import RunDeps
 from runlog.schemas import codec
 from runlog.schemas.keys import partition_for
+from runlog.schemas.registry import registry
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
 
+OPENING = 16
+"""Runs a worker opens at once. Opening is reads of the log (replay, the claim's read-back)
+on a reader of the process's pool, each reader a Kafka consumer: a burst of requests or
+orphans opened all at once makes a consumer per open (its connections, metadata and first
+fetch cost more than the read) and slows the runs already going. A few at a time reuse the
+pool's readers (as many as it keeps idle, ``ReaderPool``'s ``keep``), and each open is a few
+milliseconds; the rest wait their turn in their slot."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 UNKNOWN_AGENT_RETRY_S = 10.0
@@ -104,6 +112,8 @@ class Worker:
         self.results: queue.Queue[tuple[str, Future[Result]]] = queue.Queue()
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="runlog-agent")
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._opening = threading.BoundedSemaphore(OPENING)
+        self._opening_async: asyncio.Semaphore | None = None
         self._aredis: Any = None
         self.since = codec.now_utc().isoformat()
         self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
@@ -246,10 +256,13 @@ class Worker:
             if agent.is_async:
                 loop = self._event_loop()
                 fut = asyncio.run_coroutine_threadsafe(
-                    execute_async(self.deps, self._aredis, self.lw, rid, rec, agent), loop
+                    execute_async(
+                        self.deps, self._aredis, self.lw, rid, rec, agent, self._opening_async
+                    ),
+                    loop,
                 )
             else:
-                fut = self.pool.submit(execute, self.deps, self.lw, rid, rec, agent)
+                fut = self.pool.submit(execute, self.deps, self.lw, rid, rec, agent, self._opening)
             self.active[rid] = fut
             self.stats["dispatched"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
@@ -265,6 +278,7 @@ class Worker:
             def serve() -> None:
                 asyncio.set_event_loop(loop)
                 self._aredis = async_redis_client(self.settings)
+                self._opening_async = asyncio.Semaphore(OPENING)
                 ready.set()
                 loop.run_forever()
 
@@ -327,6 +341,30 @@ class Worker:
             log.warning("worker %s could not refresh its presence: %s", self.id, exc)
 
     # The loop ----------------------------------------------------------------------------
+    def _warm(self) -> None:
+        """Make what a dispatch needs before the first one waits for it: the schemas' encoders,
+        the agents' event loop and ``OPENING`` readers of the pool, each connected to the
+        partitions' leaders.
+        A cold reader's first read costs a connection, metadata and a fetch session (some
+        hundred milliseconds, the whole of an idle fleet's first dispatch); a warm one's is
+        a fetch. Best effort: a reader that cannot be made now is made by the open that
+        needs it, which reports why."""
+        registry()  # every schema and its compiled encoder (tens of ms, once a process)
+        if any(agent.is_async for agent in self.agents.values()):
+            self._event_loop()
+        readers = []
+        try:
+            for _ in range(OPENING):
+                readers.append(self.deps.reader_factory())
+            for reader in readers:
+                for p in range(reader.partition_count()):
+                    reader.high_watermark(p)
+        except Exception as exc:  # noqa: BLE001 - warming is an optimisation
+            log.warning("worker %s could not warm its log readers: %s", self.id, exc)
+        finally:
+            for reader in readers:
+                reader.close()
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -347,6 +385,7 @@ class Worker:
             on_revoke=self._on_revoke,
             on_lost=self._on_revoke,
         )
+        self._warm()
         next_beat = 0.0
         if on_ready is not None:
             on_ready()

@@ -260,7 +260,9 @@ class RunlogSaver(BaseCheckpointSaver[str]):
     def _append_owned(self, thread_id: str, record: dict[str, Any]) -> _Owned:
         owned = self._own(thread_id)
         try:
-            ev = owned.run.append(
+            # A checkpoint records what a node did: kept whatever a person asked meanwhile
+            # (the graph's next step, a model turn or a tool call, sees a cancellation).
+            ev = owned.run._append(
                 EventType.MEMORY_WRITTEN,
                 key=CHECKPOINT_KEY,
                 value=json.dumps(record, separators=(",", ":")),

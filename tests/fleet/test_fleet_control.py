@@ -157,3 +157,48 @@ def test_a_fork_of_a_fleet_run_is_dispatched_like_a_started_run(
     assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1]  # inherited
     # Finished: its lifecycle record is a tombstone, as a started run's is.
     assert _lifecycle(fleet_settings, made.run_id)[-1][1] is None
+
+
+def test_a_sync_agent_that_only_appends_sees_a_cancel_at_its_next_append(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """``Run.append`` is a step, as ``AsyncRun.append`` is: an agent that appends and makes
+    no model turn or tool call is told ``Cancelled`` there, and the run ends cancelled."""
+    name = fleet.spawn()
+    rid = runlog.start("noter", {"notes": 600}, tenant="t1", settings=fleet_settings)
+    deadline = time.monotonic() + 30
+    while states(fleet_settings, [rid])[rid].seq < 4:
+        assert time.monotonic() < deadline, fleet.tail(name)
+        time.sleep(0.1)
+    runlog.cancel(
+        rid, reason="enough notes", by="ops@example", tenant="t1", settings=fleet_settings
+    )
+    (st,) = wait_finished(fleet_settings, [rid], 15, fleet).values()  # not the notes' 30 s
+    assert st.outcome == "cancelled", st.summary
+    assert _saw_cancel(redis_client, fleet_settings, rid) == 1
+
+
+def test_a_cancel_of_an_orphaned_fleet_run_ends_it_cancelled_once_a_worker_takes_it(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """The run's worker is SIGKILLed mid-run and no worker is alive when the cancel comes:
+    the request stands, and the next worker to own the run's partition resumes it, settles
+    its open call by the recovery rules, tells the agent, and the run ends cancelled, each
+    effect once."""
+    name = fleet.spawn()
+    rid = runlog.start("cancel_in_flight", {"to": "o"}, tenant="t1", settings=fleet_settings)
+    deadline = time.monotonic() + 30
+    while len(effects(redis_client, fleet_settings)) < 3:
+        assert time.monotonic() < deadline, fleet.tail(name)
+        time.sleep(0.05)
+    fleet.kill(name)
+    assert fleet.alive() == []
+    how = runlog.cancel(
+        rid, reason="owner died", by="ops@example", tenant="t1", settings=fleet_settings
+    )
+    assert how in ("recorded", "queued"), how
+    heir = fleet.spawn()
+    (st,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
+    assert st.outcome == "cancelled", (st.summary, fleet.tail(heir))
+    assert st.cancel is not None and st.cancel.requested_by == "ops@example"
+    assert all(n == 1 for n in effects(redis_client, fleet_settings).values())

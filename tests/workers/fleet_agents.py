@@ -171,3 +171,18 @@ def chatter(run: runlog.Run, task: dict[str, Any]) -> str:
         )
         run.append(runlog.EventType.MODEL_TURN, text="and again", **turn)
     return "said"
+
+
+@runlog.agent("noter")
+def noter(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Appends a note every 50 ms (no model turn, no tool call) for ``order["notes"]`` notes;
+    a cancellation reaches it at its next append and is let out, after noting in Redis that
+    the agent saw it."""
+    try:
+        for i in range(int(order["notes"])):
+            run.append(runlog.EventType.MEMORY_WRITTEN, key="note", value=str(i))
+            time.sleep(0.05)
+        return "noted everything"
+    except runlog.Cancelled:
+        client().hincrby(saw_cancel_key(), run.run_id, 1)
+        raise
