@@ -240,6 +240,23 @@ class RunCancelRequested(Payload):
     reason: str
 
 
+ERASED = "[erased]"
+"""What a content field reads as once its run's content was erased (CONTENT_ERASED): the
+fold writes it over every content field of the state, and a reader that cannot decrypt a
+shredded field shows the same."""
+
+
+class ContentErased(Payload):
+    """A person (or the retention job) erased the run's content: the subject's data keys
+    were destroyed (``key_ids``) and the plaintext copies purged. Who, why; when is the
+    event's ``occurred_at``."""
+
+    subject: str
+    key_ids: tuple[str, ...] = ()
+    erased_by: str
+    reason: str
+
+
 ForkEffects = Literal["inherit", "ask", "execute"]
 
 
@@ -324,6 +341,7 @@ PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.RUN_FORKED: RunForked,
     EventType.FORK_EFFECT_RESOLVED: ForkEffectResolved,
     EventType.TIMER_STARTED: TimerStarted,
+    EventType.CONTENT_ERASED: ContentErased,
 }
 
 
