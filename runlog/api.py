@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
-from runlog.fleet.requests import forget, request_dispatch, request_start, wake
+from runlog.fleet.requests import forget as forget_dispatch
+from runlog.fleet.requests import request_dispatch, request_start, wake
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
+from runlog.producers.erasure import NO_KEYS, ForgetReport, KeyShredder
+from runlog.producers.erasure import forget as forget_runs
+from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
@@ -309,9 +314,76 @@ def terminate(
             # The run of the fleet has ended: its lifecycle record goes (a tombstone), so no
             # worker keeps it in its table or dispatches it again. Its fenced worker stops
             # at its next append.
-            forget(services.settings, run_id)
+            forget_dispatch(services.settings, run_id)
         tracing.annotate(span, epoch=done.epoch, open_calls=len(done.open_calls))
         return done
+
+
+def forget(
+    *,
+    tenant: str,
+    reason: str,
+    by: str,
+    subject: str | None = None,
+    run_id: str | None = None,
+    shredder: KeyShredder | None = None,
+    wait_s: float = 60.0,
+    settings: Settings | None = None,
+) -> ForgetReport:
+    """Erase the content of a data subject's runs (``subject``: every run of it in
+    ``tenant``, as the run index lists them, plus a run whose id it is) or of one run
+    (``run_id``): a run in progress is terminated first (its owner is fenced), each run's
+    log records CONTENT_ERASED (who, why; when), the subject's keys are shredded, the run's
+    snapshots deleted; the projection runners purge their copies when they fold the
+    erasure. Waits up to ``wait_s`` for them, then rewrites Redis's AOF and RDB. Idempotent:
+    run it again after a crash and it completes what is left.
+
+    ``shredder``: the key store's destroying side (``producers.erasure.KeyShredder``);
+    the composition root's by default (none: there are no keys to destroy)."""
+    from runlog.consumers import erasure as purge
+    from runlog.consumers.index import RunIndex
+
+    if (subject is None) == (run_id is None):
+        raise ValueError("name exactly one of subject or run_id")
+    services = Services.shared(settings or Settings())
+    s = services.settings
+    check_tenant(tenant)
+    if run_id is not None:
+        runs = [check_run_id(run_id)]
+    else:
+        assert subject is not None
+        if not subject.strip():
+            raise ValueError("the subject is empty")
+        runs = RunIndex(services.redis, s).runs_of_subject(tenant, subject)
+        with contextlib.suppress(ValueError):
+            runs.append(check_run_id(subject))  # the default subject of a run is itself
+    deps = services.run_deps()
+    with tracing.span("forget", tenant=tenant) as span:
+        existing: list[str] = []
+        for rid in dict.fromkeys(runs):
+            try:
+                erasure_known(deps, tenant, rid)
+                existing.append(rid)
+            except UnknownRun:
+                if run_id is not None:
+                    raise
+        report = forget_runs(
+            deps, tenant, existing, reason=reason, by=by, shredder=shredder or SHREDDER
+        )
+        for r in report.runs:
+            if r.terminated:
+                forget_dispatch(s, r.run_id)  # a run of the fleet: no worker dispatches it again
+        report.projections_purged = purge.wait_purged(
+            services.redis, s, [(r.partition, r.run_id) for r in report.runs], wait_s
+        )
+        report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+        tracing.annotate(span, runs=len(report.runs), keys=len(report.keys_shredded))
+        return report
+
+
+SHREDDER: KeyShredder = NO_KEYS
+"""The key store's shredding side ``forget`` uses by default: none until the payloads are
+encrypted per data subject (then the key store, wired here by the composition root)."""
 
 
 def start(

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from confluent_kafka import KafkaError, Producer
 
+from runlog.consumers import erasure
 from runlog.consumers.runner.fencing import FencedRunner
 from runlog.consumers.store import Batch, Decoded, Handler, Rejected, Writes, dumps
 from runlog.errors import KafkaUnavailable, SchemaError
@@ -224,6 +225,10 @@ class BatchRunner(FencedRunner):
                 self.stats.applied[handler.name] += sum(1 for r in took if isinstance(r, Decoded))
                 self.stats.quarantined += sum(1 for r in took if isinstance(r, Rejected))
                 self.stats.skipped += len(todo) - len(took)
+            if any(batch is not None and batch.erased for batch, _ in writes):
+                # A run's content was purged: rewrite Redis's AOF and RDB, which still
+                # hold the values the purge overwrote.
+                erasure.rewrite_persistence(self.redis)
             return
 
     def _fold_all(
