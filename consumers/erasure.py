@@ -49,6 +49,22 @@ CONTENT_FIELDS: tuple[str, ...] = (
 )
 """Names of the JSON fields that carry content in the projections' values (at any depth)."""
 
+_FIELDS = frozenset(CONTENT_FIELDS)
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (JSON-like) with every content field at any depth replaced by ``ERASED``:
+    what ``SCRUB_LUA`` does in Redis, for a reader that tells an erased run (``show``)."""
+    if isinstance(value, dict):
+        return {
+            k: (ERASED if k in _FIELDS and v not in ("", None, ERASED) else scrub(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
 SCRUB_LUA = """
 local marker = ARGV[1]
 local run = ARGV[2]
