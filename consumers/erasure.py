@@ -46,6 +46,8 @@ CONTENT_FIELDS: tuple[str, ...] = (
     "value_b64",
     "message",
     "other_timeline",
+    "result",
+    "value",
 )
 """Names of the JSON fields that carry content in the projections' values (at any depth)."""
 
