@@ -386,6 +386,25 @@ class RunIndex:
             raise RedisUnavailable(f"runs of subject {subject}: {exc}") from exc
         return sorted(found)
 
+    def ended_before(self, tenant: str, before: datetime) -> list[str]:
+        """The runs of ``tenant`` that ended (finished, failed, cancelled or terminated)
+        with their last valid event before ``before``, whose content is not erased yet."""
+        ended = ("finished", "failed", "cancelled", "terminated")
+        top: float | str = _score(before.astimezone(UTC)) or "-inf"
+        try:
+            found: list[tuple[str, IndexKeys]] = []
+            for keys in self.parts:
+                for phase in ended:
+                    members = self.redis.zrangebyscore(keys.status(phase, tenant), "-inf", top)
+                    found += [(_s(m), keys) for m in members]  # type: ignore[arg-type]
+            pipe = self.redis.pipeline(transaction=False)
+            for rid, keys in found:
+                pipe.hget(keys.summary(rid), "erased_by")
+            erased = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index of {tenant}: {exc}") from exc
+        return sorted(rid for (rid, _), gone in zip(found, erased, strict=True) if not gone)
+
     def tenants(self) -> list[str]:
         """Every tenant with at least one indexed run."""
         try:

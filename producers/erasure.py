@@ -123,6 +123,12 @@ def _started(deps: RunDeps, tenant: str, run_id: str) -> tuple[RunState, Payload
     return got.state, None if first is None else first.payload, got.partition
 
 
+def run_subject(deps: RunDeps, tenant: str, run_id: str) -> str:
+    """The data subject of ``run_id``, from its first event."""
+    _, started, _ = _started(deps, tenant, run_id)
+    return subject_of(run_id, started)
+
+
 def erase_run(
     deps: RunDeps, tenant: str, run_id: str, *, reason: str, by: str, key_ids: Iterable[str] = ()
 ) -> ErasedRun:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
@@ -15,7 +17,7 @@ from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
-from runlog.producers.erasure import NO_KEYS, ForgetReport, KeyShredder
+from runlog.producers.erasure import NO_KEYS, ForgetReport, KeyShredder, run_subject
 from runlog.producers.erasure import forget as forget_runs
 from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
@@ -379,6 +381,88 @@ def forget(
         report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
         tracing.annotate(span, runs=len(report.runs), keys=len(report.keys_shredded))
         return report
+
+
+@dataclass
+class RetentionRun:
+    """What ``apply_retention`` did for one tenant's policy."""
+
+    tenant: str
+    finished_older_than: str
+    cutoff: str
+    """Runs that ended before this time are covered."""
+    dry_run: bool
+    runs: list[str] = field(default_factory=list)
+    """The runs it forgot (with ``dry_run``: would forget)."""
+    subjects: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    """Covered runs it left, and why (a subject with runs the policy does not cover yet)."""
+    report: ForgetReport | None = None
+
+
+def apply_retention(
+    *,
+    tenant: str | None = None,
+    finished_older_than: str | None = None,
+    dry_run: bool = False,
+    by: str = "retention",
+    shredder: KeyShredder | None = None,
+    now: datetime | None = None,
+    wait_s: float = 60.0,
+    settings: Settings | None = None,
+) -> list[RetentionRun]:
+    """Forget every run that ended longer ago than its tenant's policy (``runlog retention
+    set``), or than ``finished_older_than`` for ``tenant`` (no stored policy needed: for a
+    job that keeps its policy as configuration). A run of a named data subject is forgotten
+    only with all of the subject's runs (they share its key): while one of them is newer,
+    the covered ones are kept and said so. ``dry_run``: report, change nothing."""
+    from runlog.consumers import erasure as purge
+    from runlog.consumers.index import RunIndex
+    from runlog.log import retention
+
+    services = Services.shared(settings or Settings())
+    s = services.settings
+    at = now or datetime.now(UTC)
+    if finished_older_than is not None:
+        if tenant is None:
+            raise ValueError("--finished-older-than applies to one --tenant")
+        check_tenant(tenant)
+        todo = [(tenant, finished_older_than, retention.parse_age(finished_older_than))]
+    else:
+        todo = [
+            (p.tenant, p.finished_older_than, p.seconds)
+            for p in retention.policies(services.redis, s)
+            if tenant is None or p.tenant == tenant
+        ]
+    index = RunIndex(services.redis, s)
+    deps = services.run_deps()
+    out: list[RetentionRun] = []
+    for t, age, seconds in todo:
+        cutoff = at - timedelta(seconds=seconds)
+        job = RetentionRun(t, age, cutoff.isoformat(), dry_run)
+        covered = index.ended_before(t, cutoff)
+        by_subject: dict[str, list[str]] = {}
+        for rid in covered:
+            by_subject.setdefault(run_subject(deps, t, rid), []).append(rid)
+        for subject, rids in sorted(by_subject.items()):
+            newer = set(index.runs_of_subject(t, subject)) - set(covered)
+            if newer:
+                for rid in rids:
+                    job.kept[rid] = f"subject {subject} has {len(newer)} run(s) not covered yet"
+                continue
+            job.runs += rids
+            job.subjects.append(subject)
+        if job.runs and not dry_run:
+            reason = f"retention: ended more than {age} ago (before {cutoff.isoformat()})"
+            job.report = forget_runs(
+                deps, t, job.runs, reason=reason, by=by, shredder=shredder or SHREDDER
+            )
+            job.report.projections_purged = purge.wait_purged(
+                services.redis, s, [(r.partition, r.run_id) for r in job.report.runs], wait_s
+            )
+            job.report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+        out.append(job)
+    return out
 
 
 SHREDDER: KeyShredder = NO_KEYS
