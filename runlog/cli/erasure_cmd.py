@@ -141,9 +141,8 @@ def _retention_set(args: argparse.Namespace) -> int:
     if args.json:
         print_json(dataclasses.asdict(policy))
     else:
-        print(
-            f"retention of {policy.tenant}: forget runs ended more than {policy.finished_older_than} ago"
-        )
+        age = policy.finished_older_than
+        print(f"retention of {policy.tenant}: forget runs ended more than {age} ago")
     return 0
 
 
