@@ -166,42 +166,60 @@ def wait_purged(
 PERSISTENCE_WAIT_S = 60.0
 
 
+def _issue(command: Any) -> bool:
+    try:
+        command()
+        return True
+    except redis.ResponseError as exc:  # one is under way: ours starts after it
+        log.info("Redis persistence: %s", exc)
+        return False
+
+
 def rewrite_persistence(client: redis.Redis, wait_s: float = PERSISTENCE_WAIT_S) -> bool:
     """Rewrite Redis's AOF (BGREWRITEAOF) and RDB (BGSAVE) and wait for both to finish, so
-    the values a purge overwrote are gone from Redis's files too. True when both are done
-    (or not configured); False on a timeout (the next purge, or Redis's own schedule,
-    rewrites them; ``runlog forget`` reports it)."""
-    info: dict[str, Any] = dict(client.info("persistence"))
+    the values a purge overwrote are gone from Redis's files too. True when both are done;
+    False on a timeout (the next purge rewrites them; ``runlog forget`` reports it).
+
+    Only a rewrite that began after this call counts (Redis >= 7 counts them: ``aof_rewrites``
+    and ``rdb_saves``): one already under way forked before the purge and may hold the old
+    values, so ours is issued once it ended. One issued but never started (a schedule
+    Redis dropped) is issued again once Redis has been idle for a second."""
     started = time.monotonic()
-    aof = bool(int(info.get("aof_enabled", 0)))
-    rewrites, saves = int(info.get("aof_rewrites", 0)), int(info.get("rdb_saves", 0))
-    while aof:
-        try:
-            client.bgrewriteaof()
-            break
-        except redis.ResponseError as exc:
-            # One began before this call (it may hold the old values): start ours after it.
-            log.info("BGREWRITEAOF: %s", exc)
-            if time.monotonic() - started > wait_s:
-                return False
-            time.sleep(0.05)
-            rewrites = int(dict(client.info("persistence")).get("aof_rewrites", 0))
-    try:
-        client.bgsave(schedule=True)
-    except redis.ResponseError as exc:
-        log.info("BGSAVE: %s", exc)
+    now: dict[str, Any] = dict(client.info("persistence"))
+    aof = bool(int(now.get("aof_enabled", 0)))
+    aof_base: int | None = None if aof else -1
+    rdb_base: int | None = None
+    idle_since: float | None = None
     while time.monotonic() - started < wait_s:
-        now: dict[str, Any] = dict(client.info("persistence"))
-        busy = (
-            int(now.get("aof_rewrite_in_progress", 0))
-            or int(now.get("aof_rewrite_scheduled", 0))
-            or int(now.get("rdb_bgsave_in_progress", 0))
+        now = dict(client.info("persistence"))
+        aof_busy = int(now.get("aof_rewrite_in_progress", 0)) or int(
+            now.get("aof_rewrite_scheduled", 0)
         )
-        # Counted since this call (Redis >= 7): a save that began before it may hold
-        # the old values, so only a later one counts.
-        done_aof = not aof or int(now.get("aof_rewrites", 0)) > rewrites
-        done_rdb = int(now.get("rdb_saves", 0)) > saves
-        if not busy and done_aof and done_rdb:
+        rdb_busy = int(now.get("rdb_bgsave_in_progress", 0))
+        rewrites, saves = int(now.get("aof_rewrites", 0)), int(now.get("rdb_saves", 0))
+        if aof_base is None and not aof_busy and _issue(client.bgrewriteaof):
+            aof_base = rewrites
+        if rdb_base is None and not rdb_busy and _issue(lambda: client.bgsave(schedule=True)):
+            rdb_base = saves
+        done_aof = aof_base == -1 or (aof_base is not None and rewrites > aof_base and not aof_busy)
+        done_rdb = rdb_base is not None and saves > rdb_base and not rdb_busy
+        if done_aof and done_rdb:
             return True
+        if aof_busy or rdb_busy:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > 1.0:
+            # Issued, yet nothing runs and nothing was counted: issue what is missing again.
+            if not done_aof:
+                aof_base = None
+            if not done_rdb:
+                rdb_base = None
+            idle_since = None
         time.sleep(0.05)
+    log.warning(
+        "Redis did not rewrite its AOF and RDB in %.0fs: %s",
+        wait_s,
+        {k: v for k, v in now.items() if k.startswith(("aof_rewrite", "rdb_"))},
+    )
     return False

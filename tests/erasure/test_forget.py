@@ -23,9 +23,10 @@ import pytest
 import redis
 from projections_support import dump, start_runner, stop, wait_assigned, wait_caught_up
 from scan_support import redis_bytes
-from workers.common import EXIT_FENCED, read_log, start_worker
+from workers.common import EXIT_FENCED, read_log, start_worker, verdicts
 
 import runlog
+import runlog.api
 from runlog.consumers import erasure
 from runlog.consumers.runner.rebuilding import rebuild
 from runlog.consumers.store import PROJECTIONS
@@ -305,11 +306,72 @@ def test_forget_of_a_run_in_progress_fences_its_owner_first(
     w.go()
     code, result = w.finish()
     assert code == EXIT_FENCED, result
-    events = [r.event for r in read_log(s, rid)]
-    types = [ev.type for ev in events]
-    finished = types.index(EventType.RUN_FINISHED)
-    assert events[finished].payload.outcome == "terminated"
-    assert types[finished + 1 :] == [EventType.CONTENT_ERASED]
+    # The owner's late append is in the log, fenced; the valid log ends terminated, erased.
+    valid = [ev for ev, ok in verdicts([r.event for r in read_log(s, rid)]) if ok]
+    assert [ev.type for ev in valid[-2:]] == [EventType.RUN_FINISHED, EventType.CONTENT_ERASED]
+    assert valid[-2].payload.outcome == "terminated"
     assert not w.flag("effect-1").exists()
     erased = verify_run(s, redis_client, rid, tenant=TENANT)
     assert erased.verdict == "erased", erased.text()
+
+
+def test_retention_forgets_the_old_ended_runs_only(
+    test_settings: Settings,
+    redis_client: redis.Redis,
+    unique_group: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A policy covers the runs that ended before its cutoff: the job forgets those, not a
+    newer run, not a run in progress; a dry run changes nothing; the policy is stored and
+    shown."""
+    from datetime import UTC, datetime, timedelta
+
+    s = test_settings
+    _env(monkeypatch, s)
+    old_mark, new_mark = f"OLD{uuid.uuid4().hex}", f"NEW{uuid.uuid4().hex}"
+    old = make_run(s, old_mark)
+    time.sleep(0.05)
+    mid = datetime.now(UTC)
+    time.sleep(0.05)
+    new = make_run(s, new_mark)
+    with runlog.open_run(tenant=TENANT, settings=s) as live:
+        live.append(EventType.USER_MESSAGE, content="still going")
+        running = live.run_id
+    log = str(tmp_path / "runner.log")
+    proc = start_runner(s, "all", unique_group("ret"), log_path=log)
+    try:
+        wait_assigned(proc, log)
+        wait_caught_up(redis_client, s)
+        rc, out, err = _cli(
+            capsys, "retention", "set", "--tenant", TENANT, "--finished-older-than", "30d"
+        )
+        assert rc == 0, err
+        rc, out, err = _cli(capsys, "retention", "show", "--json")
+        assert rc == 0, err
+        (policy,) = json.loads(out)
+        assert (policy["tenant"], policy["seconds"]) == (TENANT, 30 * 86400)
+        rc, out, err = _cli(capsys, "retention", "apply", "--json")
+        assert rc == 0, err
+        assert json.loads(out)[0]["runs"] == []  # nothing ended 30 days ago
+
+        at = mid + timedelta(hours=1)  # the cutoff is ``mid``: only ``old`` ended before it
+        dry = runlog.api.apply_retention(
+            tenant=TENANT, finished_older_than="1h", now=at, dry_run=True, settings=s
+        )
+        assert [j.runs for j in dry] == [[old]] and dry[0].report is None
+        assert old_mark.encode() in redis_bytes(s)
+        (job,) = runlog.api.apply_retention(
+            tenant=TENANT, finished_older_than="1h", now=at, settings=s
+        )
+        assert job.runs == [old] and job.subjects == [old]
+        assert job.report is not None and job.report.projections_purged is True
+        assert job.report.persistence_rewritten is True
+    finally:
+        assert stop(proc) == 0, Path(log).read_text()[-2000:]
+    scan = redis_bytes(s)
+    assert old_mark.encode() not in scan and new_mark.encode() in scan
+    assert verify_run(s, redis_client, old, tenant=TENANT).verdict == "erased"
+    for rid in (new, running):
+        assert verify_run(s, redis_client, rid, tenant=TENANT).verdict == "ok"
