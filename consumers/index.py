@@ -43,7 +43,7 @@ from runlog.log.holders import holders
 from runlog.projections import lifecycle
 from runlog.projections.run_state import RunState
 from runlog.projections.state_view import StateView
-from runlog.schemas.models import Event
+from runlog.schemas.models import Event, data_subject
 from runlog.schemas.vocabulary import STARTS
 from runlog.settings import Settings
 
@@ -125,8 +125,7 @@ def observe(extra: dict[str, Any], view: StateView, ev: Event) -> None:
         extra.setdefault(LAST_TYPES, {})[ev.run_id] = ev.type.value
         if ev.type in STARTS:
             # The default subject of a run is the run itself (RUN_STARTED names no other).
-            subject = getattr(ev.payload, "subject", None) or ev.run_id
-            extra.setdefault(SUBJECTS, {})[ev.run_id] = subject
+            extra.setdefault(SUBJECTS, {})[ev.run_id] = data_subject(ev.run_id, ev.payload)
 
 
 def write(

@@ -42,7 +42,7 @@ from runlog.producers import control
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import RunDeps
 from runlog.projections.run_state import RunState
-from runlog.schemas.models import Payload
+from runlog.schemas.models import Payload, data_subject
 from runlog.schemas.vocabulary import STARTS, EventType
 
 log = logging.getLogger(__name__)
@@ -73,9 +73,8 @@ def known(deps: RunDeps, tenant: str, run_id: str) -> RunState:
     return control._known(deps, tenant, run_id)
 
 
-def subject_of(run_id: str, started: Payload | None) -> str:
-    """A run's data subject: the one its RUN_STARTED names, else the run itself."""
-    return getattr(started, "subject", None) or run_id
+subject_of = data_subject
+"""A run's data subject (``models.data_subject``)."""
 
 
 @dataclass(frozen=True)

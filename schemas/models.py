@@ -246,6 +246,12 @@ fold writes it over every content field of the state, and a reader that cannot d
 shredded field shows the same."""
 
 
+def data_subject(run_id: str, started: Payload | None) -> str:
+    """A run's data subject: the one its first event (RUN_STARTED, RUN_FORKED) names, else
+    the run itself. Its content is encrypted under that subject's key and forgotten with it."""
+    return getattr(started, "subject", None) or run_id
+
+
 class ContentErased(Payload):
     """A person (or the retention job) erased the run's content: the subject's data keys
     were destroyed (``key_ids``) and the plaintext copies purged. Who, why; when is the
