@@ -87,6 +87,17 @@ def _b64(data: bytes | None) -> str | None:
 class BatchRunner(FencedRunner):
     """Applies one partition batch for all the runner's projections at once."""
 
+    rewrite_owed = False
+    """A batch purged an erased run's content since Redis last rewrote its files."""
+
+    def settle_erasures(self) -> None:
+        """Rewrite Redis's AOF and RDB if a purge is owed one (``consumers.erasure``). Tried
+        once: on a timeout it is logged and left to ``runlog forget``, which waits for the
+        purge and rewrites them itself (and reports it), so the runner never stalls on it."""
+        if self.rewrite_owed:
+            self.rewrite_owed = False
+            erasure.rewrite_persistence(self.redis)
+
     # Quarantine -------------------------------------------------------------------
     def _quarantine_producer(self) -> Any:
         if self._producer is None:
@@ -226,9 +237,10 @@ class BatchRunner(FencedRunner):
                 self.stats.quarantined += sum(1 for r in took if isinstance(r, Rejected))
                 self.stats.skipped += len(todo) - len(took)
             if any(batch is not None and batch.erased for batch, _ in writes):
-                # A run's content was purged: rewrite Redis's AOF and RDB, which still
-                # hold the values the purge overwrote.
-                erasure.rewrite_persistence(self.redis)
+                # A run's content was purged: Redis's AOF and RDB still hold the values the
+                # purge overwrote. Rewritten once the backlog is folded (``settle_erasures``):
+                # a rebuild that meets a thousand erasures rewrites the files once.
+                self.rewrite_owed = True
             return
 
     def _fold_all(
