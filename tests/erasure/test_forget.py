@@ -164,6 +164,16 @@ def test_forget_leaves_no_plaintext_in_redis_or_its_files(
         assert rc == 0, err
         rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
         assert rows[forgotten]["erased"]["by"] == "dpo" and "erased" not in rows[other]
+        rc, out, err = _cli(capsys, "show", forgotten, "--tenant", TENANT)
+        assert rc == 0, err
+        assert "CONTENT ERASED by dpo" in out and gone not in out
+        rc, out, err = _cli(capsys, "audit", forgotten, "--tenant", TENANT, "--json")
+        assert rc == 0, err
+        audit = json.loads(out)
+        assert audit[-1]["kind"] == "content_erased" and audit[-1]["erased_by"] == "dpo"
+        assert gone not in out
+        rc, out, err = _cli(capsys, "verify", forgotten, "--tenant", TENANT)
+        assert rc == 0 and out.startswith("ERASED"), out + err
         erased = verify_run(s, redis_client, forgotten, tenant=TENANT)
         assert erased.verdict == "erased", erased.text()
         assert verify_run(s, redis_client, other, tenant=TENANT).verdict == "ok"
