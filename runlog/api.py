@@ -334,7 +334,8 @@ def forget(
 ) -> ForgetReport:
     """Erase the content of a data subject's runs (``subject``: every run of it in
     ``tenant``, as the run index lists them, plus a run whose id it is) or of one run
-    (``run_id``): a run in progress is terminated first (its owner is fenced), each run's
+    (``run_id``), and the forks of each (they carry its content): a run in progress is
+    terminated first (its owner is fenced), each run's
     log records CONTENT_ERASED (who, why; when), the subject's keys are shredded, the run's
     snapshots deleted; the projection runners purge their copies when they fold the
     erasure. Waits up to ``wait_s`` for them, then rewrites Redis's AOF and RDB. Idempotent:
@@ -359,6 +360,15 @@ def forget(
         runs = RunIndex(services.redis, s).runs_of_subject(tenant, subject)
         with contextlib.suppress(ValueError):
             runs.append(check_run_id(subject))  # the default subject of a run is itself
+    # A fork carries its parent's content (its RUN_FORKED holds the parent's state): the
+    # forks of each run, and theirs, are forgotten with it.
+    index = RunIndex(services.redis, s)
+    todo, runs = list(runs), []
+    while todo:
+        rid = todo.pop(0)
+        if rid not in runs:
+            runs.append(rid)
+            todo += [c.run_id for c in index.children(tenant, rid)]
     deps = services.run_deps()
     with tracing.span("forget", tenant=tenant) as span:
         existing: list[str] = []

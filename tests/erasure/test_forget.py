@@ -385,3 +385,36 @@ def test_retention_forgets_the_old_ended_runs_only(
     assert verify_run(s, redis_client, old, tenant=TENANT).verdict == "erased"
     for rid in (new, running):
         assert verify_run(s, redis_client, rid, tenant=TENANT).verdict == "ok"
+
+
+def test_forget_follows_a_run_into_its_forks(
+    test_settings: Settings,
+    redis_client: redis.Redis,
+    unique_group: Any,
+    tmp_path: Path,
+    plain_rdb: None,
+) -> None:
+    """A fork begins with its parent's state (what the user said included): forgetting the
+    parent forgets the fork too, which nobody opened yet (it is stopped first)."""
+    s = test_settings
+    gone = f"GONE{uuid.uuid4().hex}"
+    parent = make_run(s, gone)
+    child = runlog.fork(parent, at_seq=2, tenant=TENANT, forked_by="ops", settings=s).run_id
+    log = str(tmp_path / "runner.log")
+    proc = start_runner(s, "all", unique_group("fork"), log_path=log)
+    try:
+        wait_assigned(proc, log)
+        wait_caught_up(redis_client, s)
+        assert child in redis_bytes(s).decode(errors="replace")
+        assert gone.encode() in redis_bytes(s)
+        report = runlog.api.forget(
+            tenant=TENANT, run_id=parent, reason="art. 17", by="dpo", settings=s
+        )
+        assert [r.run_id for r in report.runs] == [parent, child]
+        assert report.runs[1].terminated and report.projections_purged
+    finally:
+        assert stop(proc) == 0, Path(log).read_text()[-2000:]
+    assert gone.encode() not in redis_bytes(s)
+    assert gone.encode() not in persistence_bytes(redis_client)
+    for rid in (parent, child):
+        assert verify_run(s, redis_client, rid, tenant=TENANT).verdict == "erased"
