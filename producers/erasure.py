@@ -57,6 +57,18 @@ class KeyShredder(Protocol):
         ...
 
 
+class KeyLister(Protocol):
+    """Optionally, a shredder also lists a subject's key ids before it destroys them: the
+    CONTENT_ERASED then names the keys it is about to destroy (it is appended first)."""
+
+    def key_ids(self, tenant: str, subject: str) -> list[str]: ...
+
+
+def _listed(shredder: KeyShredder, tenant: str, subject: str) -> list[str]:
+    lister = getattr(shredder, "key_ids", None)
+    return list(lister(tenant, subject)) if callable(lister) else []
+
+
 class NoKeys:
     """The shredder of a deployment without encrypted payloads: there is no key to
     destroy (the purge of the plaintext copies is then the whole erasure)."""
@@ -200,7 +212,8 @@ def forget(
     control._words(reason, by)
     report = ForgetReport(tenant, reason, by)
     for rid in dict.fromkeys(run_ids):
-        report.runs.append(erase_run(deps, tenant, rid, reason=reason, by=by))
+        keys = _listed(shredder, tenant, run_subject(deps, tenant, rid))
+        report.runs.append(erase_run(deps, tenant, rid, reason=reason, by=by, key_ids=keys))
     report.subjects = sorted({r.subject for r in report.runs})
     for subject in report.subjects:
         report.keys_shredded.extend(shredder.shred(tenant, subject))

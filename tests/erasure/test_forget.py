@@ -236,6 +236,7 @@ def test_kill_9_between_shredding_and_purging_completes_on_restart(
     # The intent is in the log; nothing is purged yet: the runner is down, the snapshot kept.
     events = [r.event for r in read_log(s, forgotten)]
     assert events[-1].type is EventType.CONTENT_ERASED
+    assert list(events[-1].payload.key_ids) == [f"key-{forgotten}"]  # named before the shred
     assert gone.encode() in redis_bytes(s)
 
     Path(log).write_text("")

@@ -39,6 +39,9 @@ def main() -> int:
     store = f"{settings.redis_key_prefix}:test-shredded"
 
     class Shredder:
+        def key_ids(self, tenant: str, subject: str) -> list[str]:
+            return [f"key-{subject}"]
+
         def shred(self, tenant: str, subject: str) -> list[str]:
             destroyed = bool(client.sadd(store, f"{tenant}/{subject}"))
             if opts.halt:
