@@ -176,6 +176,15 @@ def _issue(command: Any) -> bool:
 
 
 def rewrite_persistence(client: redis.Redis, wait_s: float = PERSISTENCE_WAIT_S) -> bool:
+    """``rewrite_node`` on Redis, or on every primary of a Redis Cluster."""
+    primaries = getattr(client, "get_primaries", None)
+    if primaries is None:
+        return rewrite_node(client, wait_s)
+    nodes = [n.redis_connection for n in primaries()]
+    return all([rewrite_node(n, wait_s) for n in nodes if n is not None])
+
+
+def rewrite_node(client: redis.Redis, wait_s: float = PERSISTENCE_WAIT_S) -> bool:
     """Rewrite Redis's AOF (BGREWRITEAOF) and RDB (BGSAVE) and wait for both to finish, so
     the values a purge overwrote are gone from Redis's files too. True when both are done;
     False on a timeout (the next purge rewrites them; ``runlog forget`` reports it).

@@ -96,7 +96,10 @@ class BatchRunner(FencedRunner):
         purge and rewrites them itself (and reports it), so the runner never stalls on it."""
         if self.rewrite_owed:
             self.rewrite_owed = False
-            erasure.rewrite_persistence(self.redis)
+            try:
+                erasure.rewrite_persistence(self.redis)
+            except redis.RedisError as exc:  # never the runner's end: forget retries it
+                log.warning("could not rewrite Redis's files after a purge: %s", exc)
 
     # Quarantine -------------------------------------------------------------------
     def _quarantine_producer(self) -> Any:

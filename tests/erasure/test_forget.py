@@ -31,6 +31,7 @@ from runlog.consumers import erasure
 from runlog.consumers.runner.rebuilding import rebuild
 from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.verify import verify_run
+from runlog.log.clients import redis_client as make_client
 from runlog.log.snapshots import SnapshotStore
 from runlog.schemas.models import ERASED
 from runlog.schemas.vocabulary import EventType
@@ -91,7 +92,7 @@ def make_run(s: Settings, marker: str, *, snapshot: bool = False) -> str:
         run.append(EventType.USER_MESSAGE, content=f"my name is {marker}-user")
         run.call_tool("lookup", {"q": f"{marker}-args"})
         if snapshot:
-            SnapshotStore(redis.Redis.from_url(s.redis_url), s).write(run)
+            SnapshotStore(make_client(s), s).write(run)
         run.finish("succeeded", f"told {marker}-summary")
         return run.run_id
 
