@@ -92,7 +92,9 @@ def _forget(args: argparse.Namespace) -> int:
             by=by,
             wait_s=args.wait,
         )
-    except (RunlogError, ValueError) as exc:
+    except ValueError as exc:
+        if isinstance(exc, RunlogError):
+            raise  # the CLI's own exit codes: an unknown run is 4, a malformed id 2
         print(f"runlog: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if args.json:
@@ -133,7 +135,9 @@ def _retention_set(args: argparse.Namespace) -> int:
             args.finished_older_than,
             by=args.by or getpass.getuser(),
         )
-    except (RunlogError, ValueError) as exc:
+    except ValueError as exc:
+        if isinstance(exc, RunlogError):
+            raise  # the CLI's own exit codes: an unknown run is 4, a malformed id 2
         print(f"runlog: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     finally:
@@ -188,7 +192,9 @@ def _retention_apply(args: argparse.Namespace) -> int:
             by=args.by,
             wait_s=args.wait,
         )
-    except (RunlogError, ValueError) as exc:
+    except ValueError as exc:
+        if isinstance(exc, RunlogError):
+            raise  # the CLI's own exit codes: an unknown run is 4, a malformed id 2
         print(f"runlog: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if args.json:

@@ -420,3 +420,21 @@ def test_forget_follows_a_run_into_its_forks(
     assert gone.encode() not in persistence_bytes(redis_client)
     for rid in (parent, child):
         assert verify_run(s, redis_client, rid, tenant=TENANT).verdict == "erased"
+
+
+def test_forget_of_an_unknown_or_another_tenants_run_is_not_found(
+    test_settings: Settings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exit 4 for a run this tenant does not have (another tenant's alike), as every
+    command answers; nothing is appended to the other tenant's run."""
+    s = test_settings
+    _env(monkeypatch, s)
+    theirs = make_run(s, f"THEIRS{uuid.uuid4().hex}")
+    for rid in (theirs, f"r-nothing-{uuid.uuid4().hex[:8]}"):
+        rc, _, err = _cli(
+            capsys, "forget", "--run", rid, "--tenant", "other", "--reason", "x", "--by", "dpo"
+        )
+        assert rc == 4, err
+    assert all(r.event.type is not EventType.CONTENT_ERASED for r in read_log(s, theirs))
