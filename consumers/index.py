@@ -11,6 +11,8 @@ Keys, beside the state projection's own under ``<prefix>:proj:state:{<topic>:<p>
 ``ix:tenants``             set of tenants with a run in the partition
 ``ix:t:<tenant>``          sorted set: run id scored by its last valid event (epoch ms)
 ``ix:s:<status>:<tenant>`` the same, for the runs currently in ``status``
+``ix:subj:<tenant>:<sub>`` set of the runs of a data subject (RUN_STARTED's ``subject``,
+                           else the run itself): what ``runlog forget --subject`` erases
 ``sum:<run>``              the state summary hash, plus ``ix_status``, ``started_at``,
                            ``last_type``, ``pending_approvals``, ``uncertain_calls``
 =========================  ==============================================================
@@ -41,7 +43,8 @@ from runlog.log.holders import holders
 from runlog.projections import lifecycle
 from runlog.projections.run_state import RunState
 from runlog.projections.state_view import StateView
-from runlog.schemas.models import Event
+from runlog.schemas.models import Event, data_subject
+from runlog.schemas.vocabulary import STARTS
 from runlog.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -62,6 +65,8 @@ FIELDS = (
     "uncertain_calls",
 )
 LAST_TYPES = "ix_last_types"
+SUBJECTS = "ix_subjects"
+"""``Batch.extra`` entry: run id -> data subject, for a run whose first event the batch folded."""
 """``Batch.extra`` entry: run id -> type of the last valid event folded in this batch."""
 
 
@@ -94,6 +99,11 @@ class IndexKeys:
     def summary(self, run_id: str) -> str:
         return f"{self.part}:sum:{run_id}"
 
+    def subject(self, tenant: str, subject: str) -> str:
+        """The runs of data subject ``subject`` indexed in this partition (the tenant comes
+        first here: it holds no ``:``, so the key names one tenant and one subject)."""
+        return f"{self.part}:ix:subj:{tenant}:{subject}"
+
     def children(self, tenant: str, parent: str) -> str:
         """The forks of ``parent`` indexed in this partition (a fork lives where its own
         id hashes, so a parent's children are spread over the partitions)."""
@@ -113,6 +123,9 @@ def observe(extra: dict[str, Any], view: StateView, ev: Event) -> None:
     st = view.state
     if st.seq == ev.seq and st.last_event_at == ev.occurred_at and st.run_id == ev.run_id:
         extra.setdefault(LAST_TYPES, {})[ev.run_id] = ev.type.value
+        if ev.type in STARTS:
+            # The default subject of a run is the run itself (RUN_STARTED names no other).
+            extra.setdefault(SUBJECTS, {})[ev.run_id] = data_subject(ev.run_id, ev.payload)
 
 
 def write(
@@ -141,6 +154,9 @@ def write(
             pipe.hset(keys.summary(run_id), mapping=dict(summary))
         return
     status = status_of(st)
+    subject = extra.get(SUBJECTS, {}).get(run_id)
+    if subject is not None:
+        pipe.sadd(keys.subject(st.tenant, subject), run_id)
     if fresh:
         pipe.sadd(keys.tenants, st.tenant)
         if st.lineage is not None:
@@ -227,6 +243,10 @@ class RunRow:
     waiting_for: str | None = None
     until: str | None = None
     """Waiting for a time: when its durable timer is due."""
+    erased_by: str = ""
+    """Its content was erased (CONTENT_ERASED): by whom, when and why; else empty."""
+    erased_at: str = ""
+    erasure_reason: str = ""
 
     def age_s(self, now: datetime) -> float | None:
         if not self.started_at:
@@ -255,6 +275,17 @@ class RunRow:
             "lease_expires_at": self.lease_expires_at,
             "waiting_for": self.waiting_for,
             "until": self.until or None,
+            **(
+                {
+                    "erased": {
+                        "by": self.erased_by,
+                        "at": self.erased_at,
+                        "reason": self.erasure_reason,
+                    }
+                }
+                if self.erased_by
+                else {}
+            ),
         }
 
     def live(self, holder: lifecycle.Holder | None) -> RunRow:
@@ -311,6 +342,9 @@ def _row(raw: Mapping[Any, Any]) -> RunRow | None:
         uncertain_calls=num("uncertain_calls"),
         fenced_writes=num("fenced_writes"),
         quarantined=num("quarantined"),
+        erased_by=h.get("erased_by", ""),
+        erased_at=h.get("erased_at", ""),
+        erasure_reason=h.get("erasure_reason", ""),
     )
 
 
@@ -339,6 +373,36 @@ class RunIndex:
         self.parts = [
             IndexKeys(f"{root}:{{{settings.events_topic}:{p}}}") for p in range(settings.partitions)
         ]
+
+    def runs_of_subject(self, tenant: str, subject: str) -> list[str]:
+        """The runs of ``tenant`` whose data subject is ``subject``, as indexed (a run is
+        indexed once the state projection folded its first event)."""
+        try:
+            found: set[str] = set()
+            for keys in self.parts:
+                found |= {_s(r) for r in self.redis.smembers(keys.subject(tenant, subject))}
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"runs of subject {subject}: {exc}") from exc
+        return sorted(found)
+
+    def ended_before(self, tenant: str, before: datetime) -> list[str]:
+        """The runs of ``tenant`` that ended (finished, failed, cancelled or terminated)
+        with their last valid event before ``before``, whose content is not erased yet."""
+        ended = ("finished", "failed", "cancelled", "terminated")
+        top: float | str = _score(before.astimezone(UTC)) or "-inf"
+        try:
+            found: list[tuple[str, IndexKeys]] = []
+            for keys in self.parts:
+                for phase in ended:
+                    members = self.redis.zrangebyscore(keys.status(phase, tenant), "-inf", top)
+                    found += [(_s(m), keys) for m in members]  # type: ignore[arg-type]
+            pipe = self.redis.pipeline(transaction=False)
+            for rid, keys in found:
+                pipe.hget(keys.summary(rid), "erased_by")
+            erased = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"run index of {tenant}: {exc}") from exc
+        return sorted(rid for (rid, _), gone in zip(found, erased, strict=True) if not gone)
 
     def tenants(self) -> list[str]:
         """Every tenant with at least one indexed run."""

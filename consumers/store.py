@@ -74,6 +74,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
+from runlog.consumers import erasure
 from runlog.projections.run_state import (
     Approval,
     Message,
@@ -225,6 +226,8 @@ class Batch(Generic[S]):
     fresh: set[str] = field(default_factory=set)
     """Runs with nothing stored before this batch."""
     extra: dict[str, Any] = field(default_factory=dict)
+    erased: set[str] = field(default_factory=set)
+    """Runs whose content the batch erased (a valid CONTENT_ERASED): purged on write."""
 
 
 MAX_CACHED_RUNS = 10_000
@@ -408,6 +411,12 @@ class Handler(ABC, Generic[S]):
     def write_run(self, pipe: Any, batch: Batch[S], run_id: str, state: S) -> None:
         """Extra writes for one changed run (beyond its JSONs, calls, approvals, runs set)."""
 
+    def purge_keys(self, partition: int, run_id: str) -> list[tuple[str, str]]:
+        """Keys besides the run state that hold copies of ``run_id``'s content, each with
+        the run id whose values to scrub there ('' every value of the key): the run's
+        quarantined records and what the projection adds (``consumers.erasure``)."""
+        return [(self.keys.quarantine(partition), run_id)]
+
     def write_batch(self, pipe: Any, batch: Batch[S]) -> None:
         """Extra writes for the whole partition batch."""
 
@@ -536,6 +545,11 @@ class Handler(ABC, Generic[S]):
         if step.accepted and rec.event.type is EventType.RUN_FORKED:
             # A fork's first record carries a whole state (its parent's): written whole.
             self._whole.add((batch.partition, rid))
+        elif step.accepted and rec.event.type is EventType.CONTENT_ERASED:
+            # The fold erased the state's content: written whole over the stored copy, and
+            # the projection's other copies of the run's content purged (``write``).
+            self._whole.add((batch.partition, rid))
+            batch.erased.add(rid)
         if step.accepted:
             if step.touched:
                 batch.calls.setdefault(rid, set()).update(step.touched)
@@ -599,6 +613,9 @@ class Handler(ABC, Generic[S]):
             if rid in batch.fresh:
                 pipe.sadd(k.runs(p), rid)
             self.write_run(pipe, batch, rid, state)
+            if rid in batch.erased:
+                for key, owner in self.purge_keys(p, rid):
+                    erasure.queue_scrub(pipe, key, owner)
         self.write_batch(pipe, batch)
 
 

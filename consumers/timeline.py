@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from runlog.consumers import erasure
 from runlog.consumers.redaction import redact_json, secret_fields
 from runlog.errors import DecisionConflict, UnknownRun
 from runlog.log.authority import authority_for
@@ -38,6 +39,20 @@ from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 from runlog.settings import Settings
+
+
+def erasure_dict(st: RunState) -> dict[str, Any]:
+    """Who erased the run's content, when, why, which subject and keys (``st.erased``)."""
+    e = st.erased
+    assert e is not None
+    return {
+        "by": e.erased_by,
+        "at": e.erased_at.isoformat(),
+        "reason": e.reason,
+        "subject": e.subject,
+        "key_ids": list(e.key_ids),
+        "seq": e.erased_seq,
+    }
 
 
 @dataclass
@@ -107,6 +122,7 @@ class Timeline:
             "events": self.entries,
             "calls": [c.to_dict() for c in self.calls],
             "lineage": lineage_dict(st),
+            **({} if st.erased is None else {"erased": erasure_dict(st)}),
         }
 
 
@@ -193,6 +209,13 @@ def _describe(
             e["operator"] = p.operator
             return f"taken by {p.operator}: epoch {p.previous_epoch} -> {e['epoch']}{gap}{why}"
         return f"resumed: epoch {p.previous_epoch} -> {e['epoch']}{gap}{why}"
+    if isinstance(p, m.ContentErased):
+        e.update(erased_by=p.erased_by, erasure_reason=p.reason, subject=p.subject)
+        e["key_ids"] = list(p.key_ids)
+        return (
+            f"content erased by {p.erased_by}: {p.reason} (subject {p.subject}, "
+            f"{len(p.key_ids)} key(s) destroyed)"
+        )
     if isinstance(p, m.RunCancelRequested):
         e.update(requested_by=p.requested_by, reason=p.reason)
         return f"cancel requested by {p.requested_by}: {p.reason}"
@@ -355,7 +378,29 @@ def build(
         if still is not None:
             # Open at the end of the log: the fold says how far settling it got.
             c.outcome = "open" if still.status == "started" else still.status
+    if st.erased is not None:
+        entries, unique = _erased(entries, unique)
     return st, entries, list(unique.values()), decided
+
+
+def _erased(
+    entries: list[dict[str, Any]], calls: dict[str, Call]
+) -> tuple[list[dict[str, Any]], dict[str, Call]]:
+    """An erased run's story: every record told by its structure, its content ``ERASED``
+    (whatever the records still hold: after the key is shredded they hold nothing)."""
+    told = []
+    for e in entries:
+        if e.get("type") == "content_erased":
+            told.append(e)
+            continue
+        text = e.get("text", "")
+        e = erasure.scrub({k: v for k, v in e.items() if k != "text"})
+        e["text"] = f"{e['type']}: {m.ERASED}" if text else text
+        told.append(e)
+    for c in calls.values():
+        c.args_json = m.ERASED if c.args_json else c.args_json
+        c.result = None if c.result is None else m.ERASED
+    return told, calls
 
 
 def run_timeline(

@@ -19,6 +19,10 @@ Checks:
   decisions are unsigned;
 * ``lineage``: a fork's first record carries the state its ``parent_digest`` names, and
   the parent's log, where it can be read, folds to that digest at the fork point;
+* an erased run (CONTENT_ERASED: its content shredded and purged) is reported ``erased``
+  with who, when and why, not as a failure: its structure is checked as any run's, and the
+  lineage of a fork whose parent (or itself) was erased is not compared by digest, since
+  the erased content no longer folds to the digest recorded before the erasure;
 * ``snapshot_equivalence``: every stored snapshot plus its tail equals the full replay,
   and so does an in-memory snapshot (``to_dict``/``from_dict`` round trip) at sampled cut
   points of the log. A mismatch counts ``full_replay_equivalence_failures``.
@@ -93,10 +97,19 @@ class Report:
     error: str | None = None
     missing: bool = False
     """No records of the run, or the run is another tenant's: to this tenant, not found."""
+    erased: dict[str, Any] | None = None
+    """The run's content was erased (CONTENT_ERASED): by, at, reason, subject."""
 
     @property
     def ok(self) -> bool:
         return self.error is None and all(c.ok for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        """``ok``, ``erased`` (its checks pass and its content was erased) or ``failed``."""
+        if not self.ok:
+            return "failed"
+        return "erased" if self.erased is not None else "ok"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,11 +120,16 @@ class Report:
             "seq": self.seq,
             "error": self.error,
             "checks": [c.to_dict() for c in self.checks],
+            "verdict": self.verdict,
+            **({} if self.erased is None else {"erased": self.erased}),
         }
 
     def text(self) -> str:
-        head = "OK  " if self.ok else "FAIL"
+        head = {"ok": "OK  ", "erased": "ERASED", "failed": "FAIL"}[self.verdict]
         lines = [f"{head} {self.tenant}/{self.run_id}: {self.records} records, seq {self.seq}"]
+        if self.erased is not None:
+            e = self.erased
+            lines.append(f"  content erased by {e['by']} at {e['at']}: {e['reason']}")
         if self.error:
             lines.append(f"  error: {self.error}")
         for c in self.checks:
@@ -284,6 +302,9 @@ def check_lineage(
     if first is None or not isinstance(first.payload, RunForked):
         return Check("lineage", True, "not a fork")
     p = first.payload
+    if any(ev.type is EventType.CONTENT_ERASED for ev in events):
+        # Its content (the carried state included) is erased: no digest to compare.
+        return Check("lineage", True, f"forked from {p.parent_run_id}; content erased")
     carried = RunState.from_dict(unpack_state(p.state), authority).digest()
     if carried != p.parent_digest:
         detail = f"the state the fork carries has digest {carried[:16]}, not {p.parent_digest[:16]}"
@@ -304,6 +325,12 @@ def check_lineage(
         detail = f"forked from {where}; the parent's log is not readable here (self-contained)"
         return Check("lineage", True, detail)
     if parent.state.digest() != p.parent_digest:
+        whole = fold_range(
+            reader, p.parent_run_id, partition, None, reader.high_watermark(partition)
+        )
+        if whole is not None and whole.state.erased is not None:
+            detail = f"forked from {where}; the parent's content was erased since"
+            return Check("lineage", True, detail)
         detail = f"the parent's log folds to {parent.state.digest()[:16]} at seq {p.at_seq}"
         return Check("lineage", False, detail, {"parent_mismatch": 1})
     return Check("lineage", True, f"forked from {where}; digest matches the parent's log")
@@ -443,6 +470,16 @@ def verify_run(
         authentic = [r.event for r in records if r.forged is None]
         report.checks.extend(verify_events(authentic, authority_for(settings)))
         report.checks.append(check_lineage(authentic, authority_for(settings), rd))
+        erased = folded.state.erased
+        if erased is not None:
+            report.erased = {
+                "by": erased.erased_by,
+                "at": erased.erased_at.isoformat(),
+                "reason": erased.reason,
+                "subject": erased.subject,
+                "key_ids": list(erased.key_ids),
+                "seq": erased.erased_seq,
+            }
         if snapshots is not None:
             report.checks.append(
                 check_stored_snapshots(records, folded.state, snapshots, tenant, run_id)

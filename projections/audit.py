@@ -77,6 +77,7 @@ _ENTRY_TYPES = (
     m.RunCancelRequested,
     m.RunForked,
     m.ForkEffectResolved,
+    m.ContentErased,
 )
 
 
@@ -217,6 +218,11 @@ def entries(
             for fx in p.parent_effects
             if fx.key not in st.completed_calls  # not settled: an open call of the prefix
         ]
+    elif isinstance(p, m.ContentErased):
+        # Who erased the run's content, when (``at``) and why: an audit fact kept after the
+        # purge (its fields are not content: ``consumers.erasure`` leaves them).
+        e.update(kind="content_erased", erased_by=p.erased_by, erasure_reason=p.reason)
+        e.update(subject=p.subject, key_ids=list(p.key_ids))
     elif isinstance(p, m.ForkEffectResolved):
         e.update(kind="fork_effect", tool=p.name, resolution=p.resolution)
         e.update(source_run_id=p.source_run_id, source_seq=p.source_seq, key=p.logical_key)

@@ -11,7 +11,8 @@ Validation (deterministic, identical in every reader, because partition order is
 * RUN_RESUMED is valid iff its epoch is above the current epoch, its seq is the next one
   and its ``expected_prev_seq`` is the current seq: it moves ownership to its epoch;
 * any other event is valid iff its epoch is the current epoch and its seq the next one;
-* nothing is valid after RUN_FINISHED.
+* nothing is valid after RUN_FINISHED but CONTENT_ERASED, which is valid only there: on a
+  finished run, at the next seq, above the current epoch (the eraser took the run).
 
 An invalid event is a fenced write: excluded from state, kept in the log, counted.
 """
@@ -34,7 +35,7 @@ from runlog.schemas.models import Event
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import OWNERSHIP, RECORD_ONLY, STARTS, STATE_CHANGING, EventType
 
-FOLD_VERSION = 6
+FOLD_VERSION = 7
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
@@ -44,7 +45,9 @@ the state's ``authority`` accepts its signature (a forged one is rejected like a
 write), and a decided approval names the key that signed it. 5: RUN_STARTED v2 names the
 registered agent (version, input) and TIMER_STARTED records durable timers; a v4 snapshot of
 such a run lacks them, hence a miss. 6: a fork (RUN_FORKED) runs the parent's registered
-agent (name, version; its own input if given); a v5 snapshot of a fork lacks them.
+agent (name, version; its own input if given); a v5 snapshot of a fork lacks them. 7:
+CONTENT_ERASED is valid after RUN_FINISHED and erases the state's content fields; a v6
+snapshot may hold a finished run's plaintext, so it is a miss.
 
 States of logs that never use a field added later compare equal to the states recorded
 before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out
@@ -146,6 +149,18 @@ class Cancellation:
     requested_at: datetime
 
 
+@dataclass
+class Erasure:
+    """The run's content was erased (CONTENT_ERASED): who, when, why, and which keys."""
+
+    erased_by: str
+    reason: str
+    subject: str
+    key_ids: list[str]
+    erased_seq: int
+    erased_at: datetime
+
+
 @dataclass(frozen=True)
 class Timer:
     """A durable timer of a run (``run.sleep``, or an agent's retry policy)."""
@@ -203,6 +218,9 @@ class RunState:
     the run itself (``runlog.schemas.sealing.subject_of``)."""
     timers: tuple[Timer, ...] = field(default=(), metadata=OMIT_DEFAULT)
     """Each durable timer (TIMER_STARTED), by ordinal: when it is due and what for."""
+    erased: Erasure | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The erasure of the run's content (CONTENT_ERASED); None: not erased. Once set, every
+    content field of the state reads ``models.ERASED``."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -271,6 +289,9 @@ class RunState:
         }
         if d.get("lineage") is not None:
             d["lineage"] = Lineage.from_dict(d["lineage"])
+        if d.get("erased") is not None:
+            e = d["erased"]
+            d["erased"] = Erasure(**{**e, "erased_at": _dt(e["erased_at"])})
         d["timers"] = tuple(
             Timer(due_at=_dt(t["due_at"]), purpose=t.get("purpose", ""))
             for t in d.get("timers", ())
@@ -339,6 +360,16 @@ def decision_verdict(state: RunState, ev: Event) -> Verdict:
 
 
 def _owner_rule(state: RunState, ev: Event) -> bool:
+    if ev.type is EventType.CONTENT_ERASED:
+        # Only on a finished run (a run in progress is stopped first), by whoever took it
+        # after its last owner: an epoch above the current one, at the next seq.
+        return (
+            state.status == "finished"
+            and ev.run_id == state.run_id
+            and ev.tenant == state.tenant
+            and ev.seq == state.seq + 1
+            and ev.epoch > state.epoch
+        )
     if state.status == "finished":
         return False
     if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
@@ -679,6 +710,58 @@ def _run_cancel_requested(st: RunState, ev: Event) -> None:
         st.cancel = Cancellation(p.requested_by, p.reason, ev.seq, ev.occurred_at)
 
 
+def _erase(text: str) -> str:
+    return m.ERASED if text else text
+
+
+def _content_erased(st: RunState, ev: Event) -> None:
+    """Record the erasure and write ``ERASED`` over every content field the state holds
+    (what users said, model text, tool arguments and results, summaries, approval reasons
+    and notes, evidence): structure (ids, keys, seq, epoch, outcome, counts, usage) stays."""
+    p = ev.payload
+    assert isinstance(p, m.ContentErased)
+    st.epoch = ev.epoch
+    if st.erased is None:
+        st.erased = Erasure(
+            p.erased_by, p.reason, p.subject, list(p.key_ids), ev.seq, ev.occurred_at
+        )
+    erase_content(st)
+
+
+def erase_content(st: RunState) -> None:
+    """Write ``ERASED`` over the content fields of ``st`` (mutated); idempotent."""
+    for msg in st.messages:
+        msg.content = _erase(msg.content)
+        for call in msg.tool_calls:
+            if "args_json" in call:
+                call["args_json"] = _erase(call["args_json"])
+        if msg.tool_result is not None:
+            msg.tool_result.content = _erase(msg.tool_result.content)
+    st.completed_calls = {k: _erase(v) for k, v in st.completed_calls.items()}
+    for oc in st.open_calls.values():
+        oc.args_json = _erase(oc.args_json)
+        oc.last_error = None if oc.last_error is None else _erase(oc.last_error)
+        if oc.last_evidence is not None:
+            # The verdict before the colon is structure (``proven_absent`` reads it).
+            verdict, colon, rest = oc.last_evidence.partition(":")
+            oc.last_evidence = verdict + colon + _erase(rest) if colon else _erase(verdict)
+        oc.decision_note = _erase(oc.decision_note)
+    for a in st.approvals.values():
+        a.reason, a.note = _erase(a.reason), _erase(a.note)
+    st.summary = _erase(st.summary)
+    if st.agent_input is not None:
+        st.agent_input = _erase(st.agent_input)
+    if st.lineage is not None:
+        st.lineage.input_json = (
+            None if st.lineage.input_json is None else _erase(st.lineage.input_json)
+        )
+        for fx in st.lineage.effects.values():
+            for name in ("args_json", "content"):
+                value = getattr(fx, name, None)
+                if isinstance(value, str):
+                    setattr(fx, name, _erase(value))
+
+
 def _record_only(st: RunState, ev: Event) -> None:
     """Deliberately nothing: audit reads these; run state does not depend on them."""
 
@@ -699,6 +782,7 @@ RULES: dict[EventType, Rule] = {
     EventType.RUN_FINISHED: _run_finished,
     EventType.RUN_CANCEL_REQUESTED: _run_cancel_requested,
     EventType.TIMER_STARTED: _timer_started,
+    EventType.CONTENT_ERASED: _content_erased,
     EventType.GUARDRAIL_TRIGGERED: _record_only,
     EventType.MEMORY_WRITTEN: _record_only,
     EventType.RUN_FORKED: run_forked,
@@ -740,6 +824,7 @@ def accept(state: RunState, ev: Event, forged: str | None = None) -> bool:
         and ev.epoch == state.epoch
         and et not in OWNERSHIP
         and et is not EventType.APPROVAL_DECIDED
+        and et is not EventType.CONTENT_ERASED
         and ev.run_id == state.run_id
         and ev.tenant == state.tenant
     ) and not is_valid(state, ev):

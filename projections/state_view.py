@@ -104,6 +104,16 @@ class StateView:
             "partition": "" if self.partition is None else str(self.partition),
             "first_offset": "" if self.first_offset is None else str(self.first_offset),
             "quarantined": str(len(self.quarantined)),
+            # Only once erased: the summaries of every other run stay as they were.
+            **(
+                {}
+                if st.erased is None
+                else {
+                    "erased_by": st.erased.erased_by,
+                    "erased_at": st.erased.erased_at.isoformat(),
+                    "erasure_reason": st.erased.reason,
+                }
+            ),
         }
 
 

@@ -118,6 +118,17 @@ def apply_step(
     delta: dict[str, int] = {}
     if not step.accepted:
         return delta  # a fenced write settles nothing and opens nothing
+    if isinstance(ev.payload, m.ContentErased):
+        # The run's content is erased: its tracked calls stay (still open), without it.
+        for key, kept in run.calls.items():
+            kept.args_json = m.ERASED if kept.args_json else ""
+            kept.last_error = None if kept.last_error is None else m.ERASED
+            if kept.last_evidence is not None:
+                verdict, colon, _ = kept.last_evidence.partition(":")
+                kept.last_evidence = verdict + colon + m.ERASED if colon else m.ERASED
+            if changed is not None:
+                changed.add(key)
+        return delta
     touched = step.touched
     was_decided = {k for k in touched if k in run.calls and run.calls[k].status == "decided"}
     for key in sorted(touched):

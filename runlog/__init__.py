@@ -99,6 +99,7 @@ if TYPE_CHECKING:
     from runlog.api import append_metrics as append_metrics
     from runlog.api import cancel as cancel
     from runlog.api import decide as decide
+    from runlog.api import forget as forget
     from runlog.api import fork as fork
     from runlog.api import lease_metrics as lease_metrics
     from runlog.api import open_run as open_run
@@ -137,6 +138,7 @@ _PUBLIC: dict[str, str] = {
     "decide": "runlog.api",
     "cancel": "runlog.api",
     "terminate": "runlog.api",
+    "forget": "runlog.api",
     "fork": "runlog.api",
     "Fork": "runlog.producers.forks",
     "question": "runlog.api",

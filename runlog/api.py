@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
-from runlog.fleet.requests import forget, request_dispatch, request_start, wake
+from runlog.fleet.requests import forget as forget_dispatch
+from runlog.fleet.requests import request_dispatch, request_start, wake
+from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.producers import telemetry, tracing
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
+from runlog.producers.erasure import NO_KEYS, ForgetReport, KeyShredder, run_subject
+from runlog.producers.erasure import forget as forget_runs
+from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
@@ -316,9 +324,171 @@ def terminate(
             # The run of the fleet has ended: its lifecycle record goes (a tombstone), so no
             # worker keeps it in its table or dispatches it again. Its fenced worker stops
             # at its next append.
-            forget(services.settings, run_id)
+            forget_dispatch(services.settings, run_id)
         tracing.annotate(span, epoch=done.epoch, open_calls=len(done.open_calls))
         return done
+
+
+def forget(
+    *,
+    tenant: str,
+    reason: str,
+    by: str,
+    subject: str | None = None,
+    run_id: str | None = None,
+    shredder: KeyShredder | None = None,
+    wait_s: float = 60.0,
+    settings: Settings | None = None,
+) -> ForgetReport:
+    """Erase the content of a data subject's runs (``subject``: every run of it in
+    ``tenant``, as the run index lists them, plus a run whose id it is) or of one run
+    (``run_id``), and the forks of each (they carry its content): a run in progress is
+    terminated first (its owner is fenced), each run's
+    log records CONTENT_ERASED (who, why; when), the subject's keys are shredded, the run's
+    snapshots deleted; the projection runners purge their copies when they fold the
+    erasure. Waits up to ``wait_s`` for them, then rewrites Redis's AOF and RDB. Idempotent:
+    run it again after a crash and it completes what is left.
+
+    ``shredder``: the key store's destroying side (``producers.erasure.KeyShredder``);
+    the composition root's by default (none: there are no keys to destroy)."""
+    from runlog.consumers import erasure as purge
+    from runlog.consumers.index import RunIndex
+
+    if (subject is None) == (run_id is None):
+        raise ValueError("name exactly one of subject or run_id")
+    services = Services.shared(settings or Settings())
+    s = services.settings
+    check_tenant(tenant)
+    if run_id is not None:
+        runs = [check_run_id(run_id)]
+    else:
+        assert subject is not None
+        if not subject.strip():
+            raise ValueError("the subject is empty")
+        runs = RunIndex(services.redis, s).runs_of_subject(tenant, subject)
+        with contextlib.suppress(ValueError):
+            runs.append(check_run_id(subject))  # the default subject of a run is itself
+    # A fork carries its parent's content (its RUN_FORKED holds the parent's state): the
+    # forks of each run, and theirs, are forgotten with it.
+    index = RunIndex(services.redis, s)
+    todo, runs = list(runs), []
+    while todo:
+        rid = todo.pop(0)
+        if rid not in runs:
+            runs.append(rid)
+            todo += [c.run_id for c in index.children(tenant, rid)]
+    deps = services.run_deps()
+    with tracing.span("forget", tenant=tenant) as span:
+        existing: list[str] = []
+        for rid in dict.fromkeys(runs):
+            try:
+                erasure_known(deps, tenant, rid)
+                existing.append(rid)
+            except UnknownRun:
+                if run_id is not None:
+                    raise
+        report = forget_runs(
+            deps, tenant, existing, reason=reason, by=by, shredder=shredder or shredder_for(s)
+        )
+        for r in report.runs:
+            if r.terminated:
+                forget_dispatch(s, r.run_id)  # a run of the fleet: no worker dispatches it again
+        report.projections_purged = purge.wait_purged(
+            services.redis, s, [(r.partition, r.run_id) for r in report.runs], wait_s
+        )
+        report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+        tracing.annotate(span, runs=len(report.runs), keys=len(report.keys_shredded))
+        return report
+
+
+@dataclass
+class RetentionRun:
+    """What ``apply_retention`` did for one tenant's policy."""
+
+    tenant: str
+    finished_older_than: str
+    cutoff: str
+    """Runs that ended before this time are covered."""
+    dry_run: bool
+    runs: list[str] = field(default_factory=list)
+    """The runs it forgot (with ``dry_run``: would forget)."""
+    subjects: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    """Covered runs it left, and why (a subject with runs the policy does not cover yet)."""
+    report: ForgetReport | None = None
+
+
+def apply_retention(
+    *,
+    tenant: str | None = None,
+    finished_older_than: str | None = None,
+    dry_run: bool = False,
+    by: str = "retention",
+    shredder: KeyShredder | None = None,
+    now: datetime | None = None,
+    wait_s: float = 60.0,
+    settings: Settings | None = None,
+) -> list[RetentionRun]:
+    """Forget every run that ended longer ago than its tenant's policy (``runlog retention
+    set``), or than ``finished_older_than`` for ``tenant`` (no stored policy needed: for a
+    job that keeps its policy as configuration). A run of a named data subject is forgotten
+    only with all of the subject's runs (they share its key): while one of them is newer,
+    the covered ones are kept and said so. ``dry_run``: report, change nothing."""
+    from runlog.consumers import erasure as purge
+    from runlog.consumers.index import RunIndex
+    from runlog.log import retention
+
+    services = Services.shared(settings or Settings())
+    s = services.settings
+    at = now or datetime.now(UTC)
+    if finished_older_than is not None:
+        if tenant is None:
+            raise ValueError("--finished-older-than applies to one --tenant")
+        check_tenant(tenant)
+        todo = [(tenant, finished_older_than, retention.parse_age(finished_older_than))]
+    else:
+        todo = [
+            (p.tenant, p.finished_older_than, p.seconds)
+            for p in retention.policies(services.redis, s)
+            if tenant is None or p.tenant == tenant
+        ]
+    index = RunIndex(services.redis, s)
+    deps = services.run_deps()
+    out: list[RetentionRun] = []
+    for t, age, seconds in todo:
+        cutoff = at - timedelta(seconds=seconds)
+        job = RetentionRun(t, age, cutoff.isoformat(), dry_run)
+        covered = index.ended_before(t, cutoff)
+        by_subject: dict[str, list[str]] = {}
+        for rid in covered:
+            by_subject.setdefault(run_subject(deps, t, rid), []).append(rid)
+        for subject, rids in sorted(by_subject.items()):
+            newer = set(index.runs_of_subject(t, subject)) - set(covered)
+            if newer:
+                for rid in rids:
+                    job.kept[rid] = f"subject {subject} has {len(newer)} run(s) not covered yet"
+                continue
+            job.runs += rids
+            job.subjects.append(subject)
+        if job.runs and not dry_run:
+            reason = f"retention: ended more than {age} ago (before {cutoff.isoformat()})"
+            job.report = forget_runs(
+                deps, t, job.runs, reason=reason, by=by, shredder=shredder or shredder_for(s)
+            )
+            job.report.projections_purged = purge.wait_purged(
+                services.redis, s, [(r.partition, r.run_id) for r in job.report.runs], wait_s
+            )
+            job.report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+        out.append(job)
+    return out
+
+
+def shredder_for(settings: Settings) -> KeyShredder:
+    """The key store's shredding side ``forget`` uses by default: the key store of
+    ``settings`` (``runlog.log.keys.keys_for``: a KEK configured or encryption on), else
+    nothing to shred (content written in plaintext is purged from every copy runlog
+    keeps, but the events topic holds it until its retention deletes it)."""
+    return keys_for(settings) or NO_KEYS
 
 
 def start(

@@ -243,6 +243,29 @@ class RunCancelRequested(Payload):
     reason: str
 
 
+ERASED = "\u2039erased\u203a"
+"""What a content field reads as once its run's content was erased ("erased" in angle
+quotes; CONTENT_ERASED): the fold writes it over every content field of the state, and a
+sealed field whose key was shredded decodes to the same (``runlog.schemas.sealing``)."""
+
+
+def data_subject(run_id: str, started: Payload | None) -> str:
+    """A run's data subject: the one its first event (RUN_STARTED, RUN_FORKED) names, else
+    the run itself. Its content is encrypted under that subject's key and forgotten with it."""
+    return getattr(started, "subject", None) or run_id
+
+
+class ContentErased(Payload):
+    """A person (or the retention job) erased the run's content: the subject's data keys
+    were destroyed (``key_ids``) and the plaintext copies purged. Who, why; when is the
+    event's ``occurred_at``."""
+
+    subject: str
+    key_ids: tuple[str, ...] = ()
+    erased_by: str
+    reason: str
+
+
 ForkEffects = Literal["inherit", "ask", "execute"]
 
 
@@ -327,6 +350,7 @@ PAYLOAD_MODELS: dict[EventType, type[Payload]] = {
     EventType.RUN_FORKED: RunForked,
     EventType.FORK_EFFECT_RESOLVED: ForkEffectResolved,
     EventType.TIMER_STARTED: TimerStarted,
+    EventType.CONTENT_ERASED: ContentErased,
 }
 
 

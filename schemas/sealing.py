@@ -25,10 +25,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from runlog.errors import NoKeys
+from runlog.schemas.models import ERASED as ERASED  # the fold's marker, re-exported
+from runlog.schemas.models import data_subject
 from runlog.schemas.vocabulary import EventType
-
-ERASED = "\u2039erased\u203a"
-"""What a sealed field decodes to once its subject's key is destroyed: "erased" in angle quotes."""
 
 SEALED_NAME = "runlog.Sealed"
 """The Avro full name of the envelope record."""
@@ -256,9 +255,8 @@ def is_erased(event: Any) -> bool:
 
 
 def subject_of(payload: Any, run_id: str) -> str:
-    """The data subject a run's content is sealed for: the run_started's ``subject`` when
-    the caller named one, else the run itself."""
-    return getattr(payload, "subject", None) or run_id
+    """The data subject a run's content is sealed for (``models.data_subject``)."""
+    return data_subject(run_id, payload)
 
 
 def _is_sealed_branch(branch: Any) -> bool:

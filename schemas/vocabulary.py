@@ -32,6 +32,7 @@ class EventType(StrEnum):
     RUN_FORKED = "run_forked"
     FORK_EFFECT_RESOLVED = "fork_effect_resolved"
     TIMER_STARTED = "timer_started"
+    CONTENT_ERASED = "content_erased"
 
 
 STATE_CHANGING: frozenset[EventType] = frozenset(
@@ -53,6 +54,7 @@ STATE_CHANGING: frozenset[EventType] = frozenset(
         EventType.RUN_FORKED,
         EventType.FORK_EFFECT_RESOLVED,
         EventType.TIMER_STARTED,
+        EventType.CONTENT_ERASED,
     }
 )
 

@@ -319,6 +319,7 @@ def test_a_projection_is_one_module_registered_once() -> None:
 TESTS = ROOT / "tests"
 TEST_FOLDERS = {
     "writer",
+    "erasure",
     "projections",
     "log",
     "schemas",

@@ -63,6 +63,7 @@ EXPECTED_RUNLOG = [
     "decide",
     "decode",
     "encode",
+    "forget",
     "fork",
     "lease_metrics",
     "open_run",

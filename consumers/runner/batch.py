@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from confluent_kafka import KafkaError, Producer
 
+from runlog.consumers import erasure
 from runlog.consumers.runner.fencing import FencedRunner
 from runlog.consumers.store import Batch, Decoded, Handler, Rejected, Writes, dumps
 from runlog.errors import KafkaUnavailable, SchemaError
@@ -89,6 +90,20 @@ def _b64(data: bytes | None) -> str | None:
 
 class BatchRunner(FencedRunner):
     """Applies one partition batch for all the runner's projections at once."""
+
+    rewrite_owed = False
+    """A batch purged an erased run's content since Redis last rewrote its files."""
+
+    def settle_erasures(self) -> None:
+        """Rewrite Redis's AOF and RDB if a purge is owed one (``consumers.erasure``). Tried
+        once: on a timeout it is logged and left to ``runlog forget``, which waits for the
+        purge and rewrites them itself (and reports it), so the runner never stalls on it."""
+        if self.rewrite_owed:
+            self.rewrite_owed = False
+            try:
+                erasure.rewrite_persistence(self.redis)
+            except redis.RedisError as exc:  # never the runner's end: forget retries it
+                log.warning("could not rewrite Redis's files after a purge: %s", exc)
 
     # Quarantine -------------------------------------------------------------------
     def _quarantine_producer(self) -> Any:
@@ -228,6 +243,11 @@ class BatchRunner(FencedRunner):
                 self.stats.applied[handler.name] += sum(1 for r in took if isinstance(r, Decoded))
                 self.stats.quarantined += sum(1 for r in took if isinstance(r, Rejected))
                 self.stats.skipped += len(todo) - len(took)
+            if any(batch is not None and batch.erased for batch, _ in writes):
+                # A run's content was purged: Redis's AOF and RDB still hold the values the
+                # purge overwrote. Rewritten once the backlog is folded (``settle_erasures``):
+                # a rebuild that meets a thousand erasures rewrites the files once.
+                self.rewrite_owed = True
             return
 
     def _fold_all(

@@ -205,6 +205,8 @@ class ProjectionRunner(BatchRunner):
                     self._commit_offsets()
                 elif self._assigned:
                     self._update_lag()
+                if not behind:
+                    self.settle_erasures()
                 if time.monotonic() - self._checked_at > POSITION_CHECK_S:
                     self._checked_at = time.monotonic()
                     self._check_positions()
@@ -299,6 +301,7 @@ class ProjectionRunner(BatchRunner):
                 if progress is not None:
                     done = sum(max(0, min(self._next[p], targets[p]) - begin[p]) for p in todo)
                     progress(done, total)
+            self.settle_erasures()
             return targets
         finally:
             self.close()

@@ -51,6 +51,10 @@ class AuditHandler(Handler[audit.AuditRun]):
         entry = audit.quarantined_entry(rec.partition, rec.offset, rec.error, rec.message)
         self._entries(batch, rec.run_id).append(entry)
 
+    def purge_keys(self, partition: int, run_id: str) -> list[tuple[str, str]]:
+        # The run's own log: every entry (the erasure's own entry has no content field).
+        return [*super().purge_keys(partition, run_id), (self.keys.log(partition, run_id), "")]
+
     def write_run(self, pipe: Any, batch: Batch[audit.AuditRun], run_id: str, state: Any) -> None:
         entries = batch.extra.get("entries", {}).get(run_id, [])
         if entries:

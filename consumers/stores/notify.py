@@ -91,6 +91,14 @@ class NotifyHandler(Handler[notify.NotifyRun]):
         if settled is not None:
             ops.append(("decided", *settled))
 
+    def purge_keys(self, partition: int, run_id: str) -> list[tuple[str, str]]:
+        # Requests waiting for a person and the notifications owed or delivered for them.
+        return [
+            *super().purge_keys(partition, run_id),
+            (self.keys.pending(partition), run_id),
+            (self.keys.deliveries(partition), run_id),
+        ]
+
     def write_batch(self, pipe: Any, batch: Batch[notify.NotifyRun]) -> None:
         p, k = batch.partition, self.keys
         for op, ident, data in batch.extra.get("ops", []):

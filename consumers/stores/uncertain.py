@@ -87,6 +87,10 @@ class UncertainHandler(Handler[uncertain.UncertainRun]):
         if kept:
             pipe.hset(key, mapping=kept)
 
+    def purge_keys(self, partition: int, run_id: str) -> list[tuple[str, str]]:
+        # The queue's entries of the run (an erased run's open calls stay open, scrubbed).
+        return [*super().purge_keys(partition, run_id), (self.keys.open(partition), run_id)]
+
     def write_batch(self, pipe: Any, batch: Batch[uncertain.UncertainRun]) -> None:
         for name, n in sorted(batch.extra.get("counters", {}).items()):
             if n:

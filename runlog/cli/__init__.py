@@ -36,6 +36,7 @@ _COMMAND_MODULES = (
     "runlog.cli.topics_cmd",
     "runlog.cli.runs_cmd",
     "runlog.cli.control_cmd",
+    "runlog.cli.erasure_cmd",
     "runlog.cli.projections_cmd",
     "runlog.cli.operator_cmd",
     "runlog.cli.fork_cmd",

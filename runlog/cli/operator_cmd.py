@@ -238,6 +238,13 @@ def _show(args: argparse.Namespace) -> int:
         f"seq {st.seq}  epoch {st.epoch}  resumptions {st.resumptions}  "
         f"fenced writes {st.fenced_writes}  turns {st.turns}  cost ${st.cost_usd:.6f}"
     )
+    if st.erased is not None:
+        gone = st.erased
+        print(
+            f"CONTENT ERASED by {gone.erased_by} at {gone.erased_at.isoformat()} "
+            f"(seq {gone.erased_seq}): {gone.reason}; subject {gone.subject}, "
+            f"{len(gone.key_ids)} key(s) destroyed"
+        )
     for child in children:
         print(f"forked into {child.run_id} (status {child.status}, seq {child.seq})")
     lin = st.lineage

@@ -154,21 +154,26 @@ def _verify(args: argparse.Namespace) -> int:
         # answered alike; a run that is there and fails a check is a failure (1).
         raise UnknownRun(reports[0].error or "", run_id=args.run_id)
     failed = [r for r in reports if not r.ok]
+    erased = [r for r in reports if r.verdict == "erased"]
     if args.json:
         print_json(
             {
                 "ok": not failed,
                 "runs": len(reports),
                 "failed": len(failed),
+                "erased": len(erased),
                 "reports": [r.to_dict() for r in reports],
                 "metrics": metrics.snapshot(),
             }
         )
     else:
         for r in reports:
-            if not r.ok or not args.all:
+            if r.verdict != "ok" or not args.all:
                 print(r.text())
-        print(f"verified {len(reports)} run(s): {len(failed)} failed")
+        print(
+            f"verified {len(reports)} run(s): {len(failed)} failed"
+            + (f", {len(erased)} erased (content forgotten; structure verified)" if erased else "")
+        )
     return 1 if failed else 0
 
 

@@ -133,6 +133,10 @@ _RUN = (
 <span class="st st-{{ status }}" id="status">{{ status }}</span></h1>
 {% if flash %}<p class="flash">{{ flash }}</p>{% endif %}
 <p class="card" id="status-detail">{{ told.text() }}</p>
+{% if st.erased %}<p class="card overdue" id="erased">Content erased by <b>{{ st.erased.erased_by }}</b>
+at {{ st.erased.erased_at.isoformat() }} (seq {{ st.erased.erased_seq }}): {{ st.erased.reason }}
+<br><span class="muted">subject {{ st.erased.subject }}; {{ st.erased.key_ids|length }} key(s)
+destroyed; what users said, model text, tool arguments and results read as erased</span></p>{% endif %}
 {% if st.cancel %}<p class="card" id="cancel-request">Cancel requested by <b>{{ st.cancel.requested_by }}</b>
 at {{ st.cancel.requested_at.isoformat() }} (seq {{ st.cancel.requested_seq }}): {{ st.cancel.reason }}</p>{% endif %}
 {% if not told.ended %}<div class="card" id="stop">

@@ -119,6 +119,8 @@ def _every_type_through_runlog(s: Settings) -> dict[EventType, int]:
     with runlog.open_run(made.run_id, settings=s, tools=tools) as forked:
         assert forked.call_tool("pay", {"amount": 7}) == "paid"
         forked.finish("succeeded")
+    # An erasure comes after the finish (the parent's and, following it, the fork's).
+    runlog.forget(tenant="default", run_id=run.run_id, reason="registry", by="t", settings=s)
     ids = ids_for(s)
     assert ids is not None
     writer = EventWriter(s)

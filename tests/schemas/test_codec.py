@@ -54,6 +54,8 @@ FIELD_VALUES: dict[str, Any] = {
     "reason": "resumed after a crash",
     "operator": "ann",
     "requested_by": "ann",
+    "subject": "user-42",
+    "erased_by": "dpo",
     "content": "charged 7 to A-1 — ünïcode ✓",
     "text": "I will charge the card.",
     "tool_calls": [

@@ -18,6 +18,7 @@ from runlog.schemas.models import (
     ApprovalDecided,
     ApprovalRequested,
     ContextCompacted,
+    Event,
     ModelTurn,
     RunResumed,
     ToolCallCompleted,
@@ -65,7 +66,8 @@ def test_current_versions() -> None:
     assert registry().current[EventType.TIMER_STARTED] == 1
     for et, since in SEALED_SINCE.items():
         assert registry().current[et] == since
-    assert FOLD_VERSION == 6
+    assert registry().current[EventType.CONTENT_ERASED] == 1
+    assert FOLD_VERSION == 7
 
 
 def test_v1_resumption_resolves_as_a_workers_and_counts() -> None:
@@ -374,3 +376,47 @@ def test_v1_api_name_kept_still_means_messages() -> None:
     p = codec.make_payload(CC, {"summary": "s", "kept": 4})
     assert isinstance(p, ContextCompacted)
     assert p.kept_messages == 4 and p.kept_turns is None and p.kept == 4
+
+
+def test_content_erased_is_valid_only_after_the_finish_and_erases_the_content() -> None:
+    """CONTENT_ERASED (v1) counts only on a finished run, at the next seq, above the
+    current epoch; the state then reads ``ERASED`` in every content field, keeps its
+    structure and the erasure record, and survives a snapshot's round trip."""
+    from runlog.schemas.models import ERASED
+
+    events = list(load_fixture("v1").events())
+    state = RunState()
+    for e in events:
+        apply(state, e)
+    assert state.status == "finished"
+    texts = [msg.content for msg in state.messages if msg.content]
+    assert texts and state.completed_calls
+    seq, epoch = state.seq, state.epoch
+
+    def erased(n: int, ep: int, who: str) -> Event:
+        ev = codec.build_event(
+            EventType.CONTENT_ERASED,
+            {"subject": "user-42", "key_ids": ["k1"], "erased_by": who, "reason": "art. 17"},
+            run_id=state.run_id,
+            tenant=state.tenant,
+            seq=n,
+            epoch=ep,
+            writer_id="op",
+        )
+        return codec.decode(codec.encode(ev))
+
+    structure = (state.turns, state.outcome, sorted(state.completed_calls), state.input_tokens)
+    fenced = state.fenced_writes
+    apply(state, erased(seq + 1, epoch, "eve"))  # not above the epoch: fenced
+    assert state.erased is None and state.fenced_writes == fenced + 1
+    apply(state, erased(seq + 1, epoch + 1, "ann"))
+    assert state.erased is not None and state.erased.erased_by == "ann"
+    assert state.erased.key_ids == ["k1"] and state.erased.erased_seq == seq + 1
+    assert all(msg.content in ("", ERASED) for msg in state.messages)
+    assert set(state.completed_calls.values()) == {ERASED}
+    assert state.summary in ("", ERASED)
+    after = (state.turns, state.outcome, sorted(state.completed_calls), state.input_tokens)
+    assert after == structure
+    assert RunState.from_dict(state.to_dict()).to_dict() == state.to_dict()
+    # Still finished: nothing else is valid after it.
+    assert state.status == "finished"

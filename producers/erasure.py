@@ -1,0 +1,222 @@
+"""Forgetting a data subject: record the erasure in each run's log, shred the keys, purge.
+
+``forget`` works in an order that a kill -9 at any point leaves completable by running it
+again (every step is idempotent):
+
+1. **Stop** a run still in progress: ``control.terminate`` takes it with a higher epoch, so
+   its owner is fenced at its next append and never invokes another tool; it ends
+   ``terminated`` (its open calls stay open, for reconciliation, as after any terminate).
+   A run is never erased while it can still write: a new key would only postpone the
+   question of what the old content was.
+2. **Intent, in the log**: CONTENT_ERASED (subject, key ids, who, why; when is its time) is
+   appended to each run, by a writer that took the run with a higher epoch (the fold accepts
+   it only on a finished run, above the current epoch). From then on every reader of the
+   run folds its content as erased, and every projection runner purges its copies when it
+   folds the record (``consumers.erasure``), so the purge of the projections is driven by
+   the log: a runner killed before it committed the purge purges on restart.
+3. **Shred** the subject's data keys through ``KeyShredder`` (idempotent).
+4. **Purge** the copies outside the projections: the run's snapshots.
+
+A re-run finds CONTENT_ERASED in the log, skips step 2 and redoes 3 and 4. The facade
+(``runlog.forget``) then waits for the projections to fold the erasures and rewrites
+Redis's persistence files.
+
+What is *not* here: the encryption itself (``KeyShredder`` is the key store's destroying
+side), and set-aside decisions (``log.setaside``), which hold an operator's words about a
+record, never the record's bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis
+
+from runlog.errors import Fenced, RedisUnavailable, RunFinished
+from runlog.log.fold import read_run
+from runlog.log.snapshots import SnapshotStore
+from runlog.producers import control
+from runlog.producers.opening import open_run_with
+from runlog.producers.run import RunDeps
+from runlog.projections.run_state import RunState
+from runlog.schemas.models import Payload, data_subject
+from runlog.schemas.vocabulary import STARTS, EventType
+
+log = logging.getLogger(__name__)
+
+
+class KeyShredder(Protocol):
+    """Destroys a data subject's keys for good (the key store's shredding side)."""
+
+    def shred(self, tenant: str, subject: str) -> list[str]:
+        """Destroy every data key of ``subject`` in ``tenant``; return the ids destroyed.
+        Idempotent: a subject already shredded returns []."""
+        ...
+
+
+class KeyLister(Protocol):
+    """Optionally, a shredder also lists a subject's key ids before it destroys them: the
+    CONTENT_ERASED then names the keys it is about to destroy (it is appended first)."""
+
+    def key_ids(self, tenant: str, subject: str) -> list[str]: ...
+
+
+def _listed(shredder: KeyShredder, tenant: str, subject: str) -> list[str]:
+    lister = getattr(shredder, "key_ids", None)
+    return list(lister(tenant, subject)) if callable(lister) else []
+
+
+class NoKeys:
+    """The shredder of a deployment without encrypted payloads: there is no key to
+    destroy (the purge of the plaintext copies is then the whole erasure)."""
+
+    def shred(self, tenant: str, subject: str) -> list[str]:
+        return []
+
+
+NO_KEYS = NoKeys()
+
+
+def known(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+    """The run's state from its log; ``UnknownRun`` for a run this tenant does not have."""
+    return control._known(deps, tenant, run_id)
+
+
+subject_of = data_subject
+"""A run's data subject (``models.data_subject``)."""
+
+
+@dataclass(frozen=True)
+class ErasedRun:
+    """One run's erasure as ``forget`` found or made it."""
+
+    run_id: str
+    subject: str
+    seq: int
+    """Seq of its CONTENT_ERASED."""
+    partition: int
+    offset: int | None
+    """Offset of its CONTENT_ERASED when this call appended it (None: it was there)."""
+    terminated: bool = False
+    """The run was in progress: this call terminated it first."""
+    already: bool = False
+    """An earlier forget had recorded the erasure; this one redid the shred and purge."""
+
+
+@dataclass
+class ForgetReport:
+    """What ``forget`` did: the runs, the subjects, the keys destroyed, the purges."""
+
+    tenant: str
+    reason: str
+    by: str
+    runs: list[ErasedRun] = field(default_factory=list)
+    subjects: list[str] = field(default_factory=list)
+    keys_shredded: list[str] = field(default_factory=list)
+    snapshots_deleted: int = 0
+    projections_purged: bool | None = None
+    """Every projection runner folded the erasures (None: not waited for)."""
+    persistence_rewritten: bool | None = None
+    """Redis rewrote its AOF and RDB after the purge (None: not asked)."""
+
+
+def _started(deps: RunDeps, tenant: str, run_id: str) -> tuple[RunState, Payload | None, int]:
+    """The run's state, its first event's payload and its partition, from the log."""
+    reader = deps.reader_factory()
+    try:
+        got = read_run(reader, deps.redis, deps.settings, tenant, run_id, keep=True)
+    finally:
+        reader.close()
+    first = next((r.event for r in got.folded.kept if r.event.type in STARTS), None)
+    return got.state, None if first is None else first.payload, got.partition
+
+
+def run_subject(deps: RunDeps, tenant: str, run_id: str) -> str:
+    """The data subject of ``run_id``, from its first event."""
+    _, started, _ = _started(deps, tenant, run_id)
+    return subject_of(run_id, started)
+
+
+def erase_run(
+    deps: RunDeps, tenant: str, run_id: str, *, reason: str, by: str, key_ids: Iterable[str] = ()
+) -> ErasedRun:
+    """Stop ``run_id`` if it is in progress and append its CONTENT_ERASED (steps 1 and 2);
+    an erasure already in the log is returned as it is."""
+    control._words(reason, by)
+    state = control._known(deps, tenant, run_id)
+    terminated = False
+    if state.erased is None and state.status != "finished":
+        try:
+            control.terminate(deps, run_id, tenant=tenant, reason=f"forget: {reason}", by=by)
+            terminated = True
+        except RunFinished:
+            pass  # it ended meanwhile: erase it as it ended
+    state, started, partition = _started(deps, tenant, run_id)
+    subject = subject_of(run_id, started)
+    if state.erased is not None:
+        return ErasedRun(run_id, subject, state.erased.erased_seq, partition, None, already=True)
+    run = open_run_with(deps, run_id, tenant=tenant, recover=False, create=False)
+    with run:
+        if run.state.erased is not None:  # another forget won the lease first
+            e = run.state.erased
+            return ErasedRun(run_id, subject, e.erased_seq, partition, None, already=True)
+        if run.state.status != "finished":
+            raise Fenced(f"run {run_id} was resumed while being erased", run_id=run_id)
+        payload = {"subject": subject, "key_ids": list(key_ids), "erased_by": by, "reason": reason}
+        with run._lock:
+            # The writer's usual path refuses a finished run: this is the one event that
+            # comes after the finish, at the next seq, under the eraser's higher epoch.
+            ev = run._emit(EventType.CONTENT_ERASED, payload, local=False)
+            (delivered,) = run.barrier()
+        reader = deps.reader_factory()
+        try:
+            accepted = run._read_back(reader, delivered.offset + 1)
+        finally:
+            reader.close()
+        if ev.event_id not in accepted:
+            raise run._fenced(f"the erasure of {run_id} at seq {ev.seq} lost to another writer")
+        log.warning("run %s: content erased by %s (%s), subject %s", run_id, by, reason, subject)
+        return ErasedRun(
+            run_id, subject, ev.seq, delivered.partition, delivered.offset, terminated=terminated
+        )
+
+
+def purge_snapshots(deps: RunDeps, tenant: str, run_id: str) -> int:
+    """Delete every snapshot body of the run, advertised or orphaned (a crash between a
+    body's write and its pointer's swap leaves one); returns how many keys went."""
+    store = SnapshotStore(deps.redis, deps.settings)
+    try:
+        n = store.delete(tenant, run_id)
+        pattern = store.pointer_key(tenant, run_id) + ":*"
+        for key in deps.redis.scan_iter(match=pattern, count=500):
+            n += int(deps.redis.delete(key))
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"deleting snapshots of {run_id}: {exc}") from exc
+    return n
+
+
+def forget(
+    deps: RunDeps,
+    tenant: str,
+    run_ids: Iterable[str],
+    *,
+    reason: str,
+    by: str,
+    shredder: KeyShredder = NO_KEYS,
+) -> ForgetReport:
+    """Erase the content of ``run_ids`` (steps 1 to 4 of the module docstring): intent in
+    each run's log first, then the subjects' keys shredded, then the snapshots purged."""
+    control._words(reason, by)
+    report = ForgetReport(tenant, reason, by)
+    for rid in dict.fromkeys(run_ids):
+        keys = _listed(shredder, tenant, run_subject(deps, tenant, rid))
+        report.runs.append(erase_run(deps, tenant, rid, reason=reason, by=by, key_ids=keys))
+    report.subjects = sorted({r.subject for r in report.runs})
+    for subject in report.subjects:
+        report.keys_shredded.extend(shredder.shred(tenant, subject))
+    for r in report.runs:
+        report.snapshots_deleted += purge_snapshots(deps, tenant, r.run_id)
+    return report
