@@ -3,8 +3,10 @@ topics and Redis as bytes for tests that look for a secret where none may be."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -108,3 +110,24 @@ def redis_bytes(s: Settings) -> bytes:
     finally:
         c.close()
     return b"\n".join(out)
+
+
+def kafka_dirs() -> list[Path]:
+    root = Path(os.environ.get("RUNLOG_STACK_DIR", "")) / "kafka"
+    assert root.is_dir(), f"no Kafka data under {root} (the stack's RUNLOG_STACK_DIR)"
+    return [root]
+
+
+def on_disk(topic: str, needle: bytes) -> bool:
+    """Whether ``needle`` is in any file of ``topic``'s partition directories."""
+    found_dir = False
+    for root in kafka_dirs():
+        for d in root.rglob(f"{topic}-*"):
+            if not d.is_dir() or not d.name[len(topic) + 1 :].isdigit():
+                continue
+            found_dir = True
+            for f in d.iterdir():
+                if f.is_file() and needle in f.read_bytes():
+                    return True
+    assert found_dir, f"no partition directory of {topic} on disk"
+    return False

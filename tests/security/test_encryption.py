@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import redis
 from projections_support import env_for
+from scan_support import on_disk
 
 import runlog
 from runlog.consumers.verify import verify_run
@@ -35,27 +35,6 @@ from runlog.log.replay import replay
 from runlog.schemas.sealing import ERASED
 from runlog.settings import Settings
 from runlog.topics import delete_topics, ensure_topics, topic_specs
-
-
-def _kafka_dirs() -> list[Path]:
-    root = Path(os.environ.get("RUNLOG_STACK_DIR", "")) / "kafka"
-    assert root.is_dir(), f"no Kafka data under {root} (the stack's RUNLOG_STACK_DIR)"
-    return [root]
-
-
-def _on_disk(topic: str, needle: bytes) -> bool:
-    """Whether ``needle`` is in any file of ``topic``'s partition directories."""
-    found_dir = False
-    for root in _kafka_dirs():
-        for d in root.rglob(f"{topic}-*"):
-            if not d.is_dir() or not d.name[len(topic) + 1 :].isdigit():
-                continue
-            found_dir = True
-            for f in d.iterdir():
-                if f.is_file() and needle in f.read_bytes():
-                    return True
-    assert found_dir, f"no partition directory of {topic} on disk"
-    return False
 
 
 @pytest.fixture
@@ -101,7 +80,7 @@ def test_encryption_off_writes_plaintext(test_settings: Settings) -> None:
     """The control: with RUNLOG_ENCRYPTION off the marker is in the segment files."""
     marker = f"MARK-{uuid.uuid4().hex}"
     _write(test_settings, marker, None)
-    assert _on_disk(test_settings.events_topic, marker.encode())
+    assert on_disk(test_settings.events_topic, marker.encode())
 
 
 def test_sealed_round_trip_shred_and_other_runs(
@@ -113,7 +92,7 @@ def test_sealed_round_trip_shred_and_other_runs(
     rid2 = _write(s, other, None)  # the run is its own subject
     # Nothing of either content in the events topic's segment files.
     for text in (marker, other):
-        assert not _on_disk(s.events_topic, text.encode()), f"{text} on disk in plaintext"
+        assert not on_disk(s.events_topic, text.encode()), f"{text} on disk in plaintext"
     # Both replay and verify with their plaintext.
     st = replay(s, redis_client, rid, tenant="acme").state
     assert marker in _contents(st) and st.subject == "user-42"
@@ -198,11 +177,11 @@ def test_compaction_removes_a_shredded_keys_bytes(
         store.sealer("acme", "user-gone")
         (key_id,) = store.key_ids("acme", "user-gone")
         wrapped = base64.b64encode(store._wrapped[key_id].wrapped)
-        assert _on_disk(s.keys_topic, wrapped)
+        assert on_disk(s.keys_topic, wrapped)
         assert store.shred("acme", "user-gone") == [key_id]
         # Compaction never cleans the open segment: later writes roll it (segment.ms).
         deadline = time.monotonic() + 120
-        while _on_disk(s.keys_topic, wrapped):
+        while on_disk(s.keys_topic, wrapped):
             assert time.monotonic() < deadline, "the shredded key's bytes are still on disk"
             store.sealer("acme", f"filler-{uuid.uuid4().hex[:6]}")
             time.sleep(1.0)
@@ -246,7 +225,7 @@ def test_sigkill_after_a_new_key_loses_nothing(sealed: Settings, redis_client: r
     keys_mod.close_shared()  # this process never saw the key: it must come from the store
     st = replay(s, redis_client, rid, tenant="acme").state
     assert marker in _contents(st)
-    assert not _on_disk(s.events_topic, marker.encode())
+    assert not on_disk(s.events_topic, marker.encode())
 
 
 def test_projections_fold_an_erased_run_without_quarantine(
