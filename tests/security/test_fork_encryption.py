@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 import subprocess
 import sys
@@ -23,12 +24,15 @@ import redis
 from test_encryption import _contents, _env, _kafka_dirs, _write, sealed  # noqa: F401
 
 import runlog
+from runlog.consumers.queries import get_state, quarantined
+from runlog.consumers.runner import rebuild
 from runlog.consumers.verify import verify_run
 from runlog.log import keys as keys_mod
 from runlog.log.keys import keys_for
+from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.projections.lineage import pack_state
-from runlog.schemas.sealing import ERASED
+from runlog.schemas.sealing import ERASED, erased_fields
 from runlog.settings import Settings
 
 B64 = re.compile(rb"[A-Za-z0-9+/]{24,}={0,2}")
@@ -87,6 +91,9 @@ def test_a_fork_is_sealed_under_its_parents_subject(
         run.append("user_message", content=f"fork says {marker}")
         run.finish("done", summary=f"fork summary {marker}")
 
+    # A fork of the fork is the same person's data too.
+    grandchild = runlog.fork(fork.run_id, at_seq=2, tenant="acme", settings=s)
+
     # No plaintext of the parent's content anywhere in the events topic, packed state included.
     assert not _readable_on_disk(s.events_topic, marker.encode()), "marker readable on disk"
     st = replay(s, redis_client, fork.run_id, tenant="acme").state
@@ -102,11 +109,19 @@ def test_a_fork_is_sealed_under_its_parents_subject(
     assert len(store.shred("acme", "user-42")) == 1
     keys_mod.close_shared()
 
-    for run_id in (rid, fork.run_id):
+    assert replay(s, redis_client, grandchild.run_id, tenant="acme").state.subject == "user-42"
+    for run_id in (rid, fork.run_id, grandchild.run_id):
         got = replay(s, redis_client, run_id, tenant="acme")
         text = _contents(got.state)
-        assert marker not in text and ERASED in text, run_id
-        assert got.state.status == "finished" and got.state.outcome == "done"
+        assert marker not in text, run_id
+        if run_id == rid:
+            assert ERASED in text
+        else:  # the carried state itself is erased: the fork's prefix folds empty
+            with LogReader(s) as reader:
+                first = next(iter(reader.read(run_id))).event
+            assert "state" in erased_fields(first), run_id
+        if run_id != grandchild.run_id:  # forked before its parent finished: still open
+            assert got.state.status == "finished" and got.state.outcome == "done"
         report = verify_run(s, redis_client, run_id, tenant="acme")
         assert report.ok, report.to_dict()
     st = replay(s, redis_client, fork.run_id, tenant="acme").state
@@ -114,6 +129,13 @@ def test_a_fork_is_sealed_under_its_parents_subject(
     assert st.lineage is not None and st.lineage.parent_run_id == rid
     assert st.lineage.at_seq == 4 and st.seq == fork_seq and st.subject == "user-42"
     assert replay(s, redis_client, rid2, tenant="acme").state.to_dict() == before_other
+    # The state projection, rebuilt after the shred, folds the erased fork without
+    # quarantining it, and still says whose data it is (what a subject's lookup reads).
+    rebuild(redis_client, s, ["state"])
+    view = get_state(redis_client, s, fork.run_id)
+    assert view is not None and view["state"]["subject"] == "user-42"
+    assert marker not in json.dumps(view, default=str, ensure_ascii=False)
+    assert quarantined(redis_client, s, ("state",)) == []
 
     done = subprocess.run(
         [sys.executable, "-m", "runlog.cli", "show", fork.run_id, "--tenant", "acme"],
