@@ -64,6 +64,7 @@ from runlog.projections.run_state import (
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import check_run_id
 from runlog.schemas.models import ApprovalDecided, Event, RunForked
+from runlog.schemas.sealing import ERASED
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 from runlog.schemas.vocabulary import RECORD_ONLY, STARTS, STATE_CHANGING, EventType, classify
 from runlog.settings import Settings
@@ -302,6 +303,12 @@ def check_lineage(
     if first is None or not isinstance(first.payload, RunForked):
         return Check("lineage", True, "not a fork")
     p = first.payload
+    where = f"{p.parent_run_id} at seq {p.at_seq}"
+    if p.state == ERASED:
+        # The carried state was sealed under the subject's key, since destroyed: there is
+        # no content left to hold to the digest. Erased, not corrupt.
+        detail = f"forked from {where}; the carried state is erased (its subject forgotten)"
+        return Check("lineage", True, detail, {"erased": 1})
     if any(ev.type is EventType.CONTENT_ERASED for ev in events):
         # Its content (the carried state included) is erased: no digest to compare.
         return Check("lineage", True, f"forked from {p.parent_run_id}; content erased")
@@ -309,7 +316,6 @@ def check_lineage(
     if carried != p.parent_digest:
         detail = f"the state the fork carries has digest {carried[:16]}, not {p.parent_digest[:16]}"
         return Check("lineage", False, detail, {"digest_mismatch": 1})
-    where = f"{p.parent_run_id} at seq {p.at_seq}"
     if reader is None:
         return Check("lineage", True, f"forked from {where}; carried state matches its digest")
     partition = reader.partition_of(p.parent_run_id)

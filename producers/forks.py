@@ -33,6 +33,7 @@ from runlog.projections.run_state import RunState, accept
 from runlog.schemas import models as m
 from runlog.schemas.keys import check_run_id, new_run_id
 from runlog.schemas.models import Event
+from runlog.schemas.sealing import subject_of
 from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,9 @@ def fork_run_with(
         agent=parent.start.agent,
         goal=parent.start.goal,
         labels=dict(parent.start.labels),
+        # A fork is its parent's data subject's: forgetting the parent's subject erases its
+        # forks too (their first event holds the parent's content).
+        subject=subject_of(parent.state, parent_id),
     )
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
     lease = _acquire(deps, tenant, rid, wait)

@@ -301,10 +301,12 @@ class Run(Owned):
 
     def _sealer(self, ev: Event) -> Sealer | None:
         """The sealer of the run's data subject (``RUNLOG_ENCRYPTION=on``), else None: the
-        subject the RUN_STARTED names (then the fold's ``subject``), or the run itself."""
+        subject the RUN_STARTED names, or a fork's RUN_FORKED (its parent's), then the
+        fold's ``subject``; else the run itself."""
         if self.deps.settings.encryption != "on":
             return None
-        subject = ev.payload if ev.type is EventType.RUN_STARTED else self.state
+        first = ev.type in (EventType.RUN_STARTED, EventType.RUN_FORKED)
+        subject = ev.payload if first else self.state
         return sealer_for(self.deps.settings, ev.tenant, subject_of(subject, self.run_id))
 
     def barrier(self) -> list[Delivered]:

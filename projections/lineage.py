@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from runlog.schemas import models as m
 from runlog.schemas.models import Event
+from runlog.schemas.sealing import ERASED
 
 if TYPE_CHECKING:
     from runlog.projections.run_state import RunState
@@ -123,7 +124,13 @@ def run_forked(st: RunState, ev: Event) -> None:
 
     p = ev.payload
     assert isinstance(p, m.RunForked)
-    parent = RunState.from_dict(unpack_state(p.state), st.authority)
+    if p.state == ERASED:
+        # The parent's content at the fork point was sealed under the subject's key and the
+        # key is destroyed: the fork folds as structure only (an empty prefix, its lineage
+        # and its own later events kept). Its subject was forgotten, so is its content.
+        parent = RunState(authority=st.authority)
+    else:
+        parent = RunState.from_dict(unpack_state(p.state), st.authority)
     for name in ("messages", "turns", "input_tokens", "output_tokens", "cost_usd"):
         setattr(st, name, getattr(parent, name))
     for name in ("completed_calls", "open_calls", "approvals", "compactions", "denials"):
@@ -135,6 +142,7 @@ def run_forked(st: RunState, ev: Event) -> None:
     st.agent_input = p.input_json if p.input_json is not None else parent.agent_input
     st.run_id, st.tenant, st.epoch = ev.run_id, ev.tenant, ev.epoch
     st.started_at = ev.occurred_at
+    st.subject = p.subject  # v3: the parent's subject (None: the fork is its own)
     # A conflict awaiting a person at the fork point still stops the fork; a finished
     # parent's outcome is not the fork's.
     st.status = "escalated" if parent.status == "escalated" else "running"

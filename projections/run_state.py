@@ -32,6 +32,7 @@ from runlog.projections.lineage import Lineage, fork_effect_resolved, run_forked
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
+from runlog.schemas.sealing import ERASED
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import OWNERSHIP, RECORD_ONLY, STARTS, STATE_CHANGING, EventType
 
@@ -877,6 +878,8 @@ def touched_calls(st: RunState, ev: Event) -> frozenset[str]:
         return frozenset(k for k, c in st.open_calls.items() if c.status == "started")
     if isinstance(p, m.RunForked):
         # A fork begins with its parent's open calls (uncertain to it): all of them.
+        if p.state == ERASED:  # the carried state's content is gone: it begins with none
+            return frozenset()
         return frozenset(unpack_state(p.state).get("open_calls", {}))
     keys: set[str] = set()
     if isinstance(p, m.ToolCallCompleted):

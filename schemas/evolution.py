@@ -50,6 +50,10 @@ COMPATIBLE_STEPS: frozenset[tuple[EventType, int]] = frozenset(
         # code of a registered agent started the run, and its input. A v1 start was not
         # made by the agent registry, which is exactly what null says.
         (EventType.RUN_STARTED, 1),
+        # RUN_FORKED v3 makes ``state`` a union of ``string`` and ``runlog.Sealed`` and adds
+        # the optional ``subject`` (default null: the fork is its own subject, as every
+        # older fork was). A v2 fork's state resolves into the string branch unchanged.
+        (EventType.RUN_FORKED, 2),
     }
     # The sealed versions (``runlog.schemas.sealing``): each content field becomes a union
     # of ``string`` and ``runlog.Sealed``. An older record's plaintext resolves into the

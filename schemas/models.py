@@ -302,6 +302,9 @@ class RunForked(Payload):
     agent: str = ""
     goal: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
+    subject: str | None = None
+    """v3: the data subject the fork's content is sealed for, its parent's (the parent's
+    ``subject``, else the parent run itself); None in older records: the fork itself."""
 
 
 class ForkEffectResolved(Payload):

@@ -66,6 +66,7 @@ SEALED_FIELDS: dict[EventType, tuple[str, ...]] = {
     E.RUN_CANCEL_REQUESTED: ("reason",),
     E.RUN_FORKED: (
         "reason",
+        "state",
         "goal",
         "input_json",
         "parent_effects[].args_json",
@@ -76,9 +77,10 @@ SEALED_FIELDS: dict[EventType, tuple[str, ...]] = {
 """Every content field, written once: ``name`` (a payload field) or ``list[].name`` (that
 field of every item of a payload array). Deliberately clear: ``approval_decided.note`` (a
 decider's signature covers it: sealing it would make an erased decision look forged; a
-decider must not write personal data there), ``run_forked.state`` (the fold reads it: a
-fork's parent state stays under the parent's retention), and every id, name, key, seq,
-epoch, timestamp, outcome and risk."""
+decider must not write personal data there) and every id, name, key, seq, epoch,
+timestamp, outcome and risk. ``run_forked.state`` (the parent's packed state: its messages
+and tool results) is sealed from RUN_FORKED v3 on, as one field, under the fork's subject,
+which is its parent's (``run_forked.subject``)."""
 
 SEALED_SINCE: dict[EventType, int] = {
     E.RUN_STARTED: 3,

@@ -8,10 +8,19 @@ docs/concepts/fleet.md for why dispatch reads it rather than the events or the r
 
 A record's value is canonical JSON: ``{"v": 1, "state": ..., "tenant": ..., "agent": ...}``
 plus ``input_json`` (``requested``) or ``due_at`` (``waiting_until``, ISO UTC).
+
+With ``RUNLOG_ENCRYPTION=on`` a start request's ``input_json`` (the run's input: content)
+is sealed under the run's data subject, as RUN_STARTED's is, and written as
+``{"sealed": {"key_id": ..., "nonce": <base64>, "ciphertext": <base64>}}``: AES-256-GCM
+of the input's UTF-8 text with the associated data ``aad(run_id, 0, "lifecycle.input_json")``
+(``runlog.schemas.sealing.aad``; seq 0: no event has it). The record keeps it sealed in
+memory; the worker opens it when it starts the run (``Record.open_input``), and after a
+shred of the subject it opens to ``ERASED``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -19,8 +28,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from runlog.errors import ConfigError, KafkaUnavailable, SchemaError
+from runlog.errors import ConfigError, KafkaUnavailable, NoKeys, SchemaError
 from runlog.schemas.keys import partition_for
+from runlog.schemas.sealing import ERASED, Opener, Sealed, Sealer, aad
 from runlog.settings import Settings
 
 State = Literal["requested", "open", "waiting_person", "waiting_until"]
@@ -29,6 +39,12 @@ DISPATCHABLE: frozenset[str] = frozenset({"requested", "open"})
 FORMAT = 1
 POLL_SLICE_S = 0.005
 """How long a write's wait polls the producer at a time (``LifecycleWriter.write``)."""
+INPUT_FIELD = "lifecycle.input_json"
+"""The field name in a sealed start input's associated data (with the run id and seq 0)."""
+
+
+def input_aad(run_id: str) -> bytes:
+    return aad(run_id, 0, INPUT_FIELD)
 
 
 def topic(settings: Settings) -> str:
@@ -50,16 +66,31 @@ class Record:
     due_at: datetime | None = None
     subject: str | None = None
     """A start request's data subject (``runlog.start(subject=...)``), for its RUN_STARTED."""
+    input_sealed: Sealed | None = None
+    """The start input as read, still sealed (``input_json`` is then None): see
+    ``open_input``."""
 
-    def encode(self) -> bytes:
+    def encode(self, sealer: Sealer | None = None, run_id: str = "") -> bytes:
+        """The record's value; with a ``sealer`` (the run's subject's), its input sealed."""
         body: dict[str, Any] = {
             "v": FORMAT,
             "state": self.state,
             "tenant": self.tenant,
             "agent": self.agent,
         }
-        if self.input_json is not None:
+        if self.input_json is not None and sealer is not None:
+            sealed = sealer.seal(self.input_json, input_aad(run_id))
+            body["input_json"] = {
+                "sealed": {
+                    "key_id": sealed.key_id,
+                    "nonce": base64.b64encode(sealed.nonce).decode(),
+                    "ciphertext": base64.b64encode(sealed.ciphertext).decode(),
+                }
+            }
+        elif self.input_json is not None:
             body["input_json"] = self.input_json
+        elif self.input_sealed is not None:
+            raise ValueError("a sealed start input is written by the request, never copied")
         if self.due_at is not None:
             body["due_at"] = self.due_at.isoformat()
         if self.subject is not None:
@@ -73,16 +104,43 @@ class Record:
             if body.get("v") != FORMAT or body.get("state") not in STATES:
                 raise ValueError(f"unknown lifecycle record {body.get('v')}/{body.get('state')}")
             due = body.get("due_at")
+            given = body.get("input_json")
+            sealed = None
+            if isinstance(given, dict):
+                env = given["sealed"]
+                sealed = Sealed(
+                    str(env["key_id"]),
+                    base64.b64decode(env["nonce"], validate=True),
+                    base64.b64decode(env["ciphertext"], validate=True),
+                )
+                given = None
+            elif given is not None and not isinstance(given, str):
+                raise ValueError(f"input_json is a {type(given).__name__}")
             return cls(
                 state=body["state"],
                 tenant=str(body["tenant"]),
                 agent=str(body["agent"]),
-                input_json=body.get("input_json"),
+                input_json=given,
                 due_at=datetime.fromisoformat(due) if due else None,
                 subject=body.get("subject"),
+                input_sealed=sealed,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise SchemaError(f"undecodable lifecycle record: {exc}") from exc
+
+    def open_input(self, opener: Opener | None, run_id: str) -> str | None:
+        """The start input in plaintext: as written, or opened with ``opener``; ``ERASED``
+        when the subject's key was destroyed. Raises ``NoKeys`` (sealed, and no opener) or
+        ``ValueError`` (does not authenticate for this run)."""
+        if self.input_sealed is None:
+            return self.input_json
+        if opener is None:
+            raise NoKeys(
+                f"the start input of {run_id} is sealed under key {self.input_sealed.key_id!r} "
+                "and this worker has no keys (RUNLOG_ENCRYPTION, RUNLOG_KEK)"
+            )
+        text = opener.open(*self.input_sealed, input_aad(run_id))
+        return ERASED if text is None else text
 
 
 class LifecycleWriter:
@@ -113,8 +171,16 @@ class LifecycleWriter:
             )
         check_partitions(self.settings, len(found.partitions))
 
-    def write(self, run_id: str, record: Record | None, *, timeout_s: float = 30.0) -> int:
-        """Produce ``record`` (None: a tombstone) for ``run_id``; returns its offset."""
+    def write(
+        self,
+        run_id: str,
+        record: Record | None,
+        *,
+        timeout_s: float = 30.0,
+        sealer: Sealer | None = None,
+    ) -> int:
+        """Produce ``record`` (None: a tombstone) for ``run_id``; returns its offset. With
+        a ``sealer``, the record's input is written sealed (``Record.encode``)."""
         part = partition_for(run_id, self.settings.partitions)
         done = threading.Event()
         got: dict[str, Any] = {}
@@ -123,7 +189,7 @@ class LifecycleWriter:
             got["err"], got["offset"] = err, (msg.offset() if msg is not None else -1)
             done.set()
 
-        value = None if record is None else record.encode()
+        value = None if record is None else record.encode(sealer, run_id)
         with self._lock:
             try:
                 self._producer.produce(

@@ -15,6 +15,7 @@ import redis
 from runlog.errors import RunFinished, TenantMismatch, UnknownRun, ValidationFailed
 from runlog.fleet.lifecycle import Record, writer_for
 from runlog.log.fold import read_run
+from runlog.log.keys import sealer_for
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
 from runlog.schemas.canonical import canonical_json
@@ -50,8 +51,12 @@ def request_start(
         raise ValidationFailed(
             f"the input of {agent} is {len(input_json.encode())} bytes, over {MAX_INPUT_BYTES}"
         )
+    # The input is content: sealed under the run's subject (its RUN_STARTED's key).
+    sealer = sealer_for(settings, tenant, subject or rid)
     writer_for(settings).write(
-        rid, Record("requested", tenant, agent, input_json=input_json, subject=subject or None)
+        rid,
+        Record("requested", tenant, agent, input_json=input_json, subject=subject or None),
+        sealer=sealer,
     )
     return rid
 

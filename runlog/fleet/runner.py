@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ from runlog.errors import (
     Escalated,
     Fenced,
     KafkaUnavailable,
+    NoKeys,
     RedisUnavailable,
     RunFinished,
     RunLocked,
@@ -33,20 +34,24 @@ from runlog.errors import (
 )
 from runlog.fleet.lifecycle import LifecycleWriter, Record
 from runlog.fleet.registry import Agent
+from runlog.log.keys import keys_for
 from runlog.producers import timers
 from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import CANCELLED, Run, RunDeps
+from runlog.schemas.sealing import ERASED
 from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["finished", "waiting_person", "waiting_until", "locked", "retry", "forget"]
+Kind = Literal["finished", "waiting_person", "waiting_until", "locked", "retry", "forget", "erased"]
 INFRA = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)
 """Not the agent's failure: nothing is recorded, the run is dispatched again."""
 INFRA_RETRY_S = 1.0
+NO_KEYS_RETRY_S = 30.0
+"""A worker without the keys a sealed start input needs retries it this much later."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,32 @@ def _not_opened(deps: RunDeps, run_id: str, exc: Exception) -> Result:
     return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
 
 
+def _opened(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Record | Result:
+    """``rec`` with its start input opened (``Record.open_input``), or what the dispatch
+    does instead: a request whose subject was forgotten (its input ``ERASED``) is dropped,
+    its lifecycle record tombstoned, never started (starting it would make the forgotten
+    subject a new key) nor retried; a worker without keys retries (a setting to fix)."""
+    if rec.input_sealed is None:
+        return rec
+    try:
+        text = rec.open_input(keys_for(deps.settings), run_id)
+    except NoKeys as exc:
+        log.error("start of %s: %s", run_id, exc)
+        return Result("retry", retry_s=NO_KEYS_RETRY_S, why=str(exc))
+    except ValueError as exc:
+        log.error("start of %s: its sealed input does not open: %s", run_id, exc)
+        return Result("forget", why=str(exc))
+    except INFRA as exc:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    if text == ERASED:
+        log.warning("start of %s dropped: its input is erased (its subject was forgotten)", run_id)
+        try:
+            return Result("erased", None, lw.write(run_id, None), why="erased")
+        except INFRA as exc:
+            return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+    return replace(rec, input_json=text, input_sealed=None)
+
+
 def execute(
     deps: RunDeps,
     lw: LifecycleWriter,
@@ -166,6 +197,10 @@ def execute(
 ) -> Result:
     """Dispatch ``run_id`` once in this thread (a sync agent). ``opening``: the worker's
     bound on opens at once (``Worker.OPENING``)."""
+    opened = _opened(deps, lw, run_id, rec)
+    if isinstance(opened, Result):
+        return opened
+    rec = opened
     try:
         with opening or contextlib.nullcontext():
             run = open_run_with(
@@ -255,6 +290,10 @@ async def execute_async(
 ) -> Result:
     """Dispatch ``run_id`` once in this event loop (an ``async def`` agent). ``opening``:
     the worker's bound on opens at once (``Worker.OPENING``)."""
+    opened = rec if rec.input_sealed is None else await in_thread(_opened, deps, lw, run_id, rec)
+    if isinstance(opened, Result):
+        return opened
+    rec = opened
     try:
         async with opening or contextlib.nullcontext():
             arun = await open_async(

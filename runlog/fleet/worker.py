@@ -117,6 +117,7 @@ class Worker:
         self._aredis: Any = None
         self.since = codec.now_utc().isoformat()
         self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
+        self.stats["erased"] = 0  # start requests dropped: their subject was forgotten
         self._consumer: Any = None
         self._stop = threading.Event()
 
@@ -305,7 +306,9 @@ class Worker:
         table = self.tables.get(partition_for(rid, self.settings.partitions))
         if table is None:
             return  # the partition moved meanwhile: its new owner reads the records
-        if res.kind == "forget":
+        if res.kind in ("forget", "erased"):
+            if res.kind == "erased":
+                self.stats["erased"] += 1
             table.pop(rid, None)
             return
         if res.kind in ("locked", "retry"):
