@@ -21,7 +21,8 @@ import uuid
 import zlib
 
 import redis
-from test_encryption import _contents, _env, _kafka_dirs, _write, sealed  # noqa: F401
+from scan_support import kafka_dirs
+from test_encryption import _contents, _env, _write, sealed  # noqa: F401
 
 import runlog
 from runlog.consumers.queries import get_state, quarantined
@@ -57,7 +58,7 @@ def _readable(data: bytes) -> bytes:
 
 def _readable_on_disk(topic: str, needle: bytes) -> bool:
     found_dir = False
-    for root in _kafka_dirs():
+    for root in kafka_dirs():
         for d in root.rglob(f"{topic}-*"):
             if not d.is_dir() or not d.name[len(topic) + 1 :].isdigit():
                 continue
