@@ -25,7 +25,7 @@ RESUME_FIELDS = {"seq", "epoch", "max_epoch_seen", "resumptions", "last_event_at
 
 
 def test_fixtures_exist_for_every_released_version() -> None:
-    assert {"v1", "v2", "v3", "v4", "v5"} <= set(FIXTURE_VERSIONS)
+    assert {"v1", "v2", "v3", "v4", "v5", "v6"} <= set(FIXTURE_VERSIONS)
 
 
 def test_v5_holds_what_a_started_run_of_the_fleet_and_its_operators_write() -> None:
@@ -155,8 +155,9 @@ def test_old_runs_resume_under_current_code(
 ) -> None:
     fx = load_fixture(version)
     test_settings = fx.settings(test_settings)
-    last = max(fx.states)
-    before_finish = last - 1  # the fixture ends with RUN_FINISHED
+    # The fixture ends with RUN_FINISHED (from v6, then the erasure of its content).
+    finish = next(r.seq for r in reversed(fx.records) if r.type == "run_finished")
+    before_finish = finish - 1
     _produce(test_settings, _prefix(fx, before_finish))
 
     with runlog.open_run(
