@@ -119,15 +119,18 @@ def kafka_dirs() -> list[Path]:
 
 
 def on_disk(topic: str, needle: bytes) -> bool:
-    """Whether ``needle`` is in any file of ``topic``'s partition directories."""
+    """Whether ``needle`` is in any file of ``topic``'s partition directories (a directory
+    the broker is deleting meanwhile, another topic's, is passed over)."""
     found_dir = False
     for root in kafka_dirs():
-        for d in root.rglob(f"{topic}-*"):
-            if not d.is_dir() or not d.name[len(topic) + 1 :].isdigit():
-                continue
-            found_dir = True
-            for f in d.iterdir():
-                if f.is_file() and needle in f.read_bytes():
-                    return True
+        for parent, dirs, _ in os.walk(root):  # os.walk ignores what vanishes under it
+            for name in dirs:
+                if not name.startswith(f"{topic}-") or not name[len(topic) + 1 :].isdigit():
+                    continue
+                found_dir = True
+                d = Path(parent) / name
+                for f in d.iterdir():
+                    if f.is_file() and needle in f.read_bytes():
+                        return True
     assert found_dir, f"no partition directory of {topic} on disk"
     return False

@@ -6,7 +6,8 @@ encryption on) folds them. After ``forget --subject``: the subject's data keys a
 the key store, the erasure names them, the records still in the events topic decode with
 their content ``ERASED`` (no key opens them, whatever copy of the log someone kept); no
 marker is in the segment files of any runlog topic, in any Redis key or in Redis's AOF and
-RDB files; the other subject's run still reads and verifies with its plaintext.
+RDB files, also once the projections are rebuilt from zero; the other subject's run still
+reads and verifies with its plaintext.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from scan_support import events_records, on_disk, redis_bytes
 
 import runlog
 from runlog.consumers import erasure
+from runlog.consumers.runner.rebuilding import rebuild
+from runlog.consumers.store import PROJECTIONS
 from runlog.consumers.verify import verify_run
 from runlog.log import keys as keys_mod
 from runlog.log.keys import keys_for, new_kek
@@ -147,3 +150,10 @@ def test_forget_a_subject_with_encryption_on_leaves_no_plaintext_anywhere(
         assert kept.encode() in redis_bytes(s)
     finally:
         assert stop(proc) == 0, log.read_text()[-2000:]
+
+    # Projections rebuilt from zero fold records that no longer open: still nothing of it.
+    rebuild(redis_client, s, PROJECTIONS)
+    assert erasure.rewrite_persistence(redis_client)
+    assert needle not in redis_bytes(s)
+    assert needle not in _persistence(redis_client)
+    assert kept.encode() in redis_bytes(s)
