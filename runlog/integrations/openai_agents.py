@@ -19,6 +19,8 @@ clone of the agent whose model and function tools are runlog's:
   becomes a runlog approval request (kind ``action``, the call's key), decided with
   ``runlog approve``/``reject`` or ``runlog.aio.decide``; the decision is applied to the
   SDK's ``RunState`` (``approve``/``reject``) and the runner continues.
+* **Session**: ``RunlogAgents(agent, session=True)`` runs the agent with an SDK ``Session``
+  whose history is the run's log (``runlog.integrations.openai_agents_session``).
 * **Fleet**: ``durable.register("billing")`` registers it with ``@runlog.agent``; the
   worker runs it on the ``AsyncRun`` it opened (``durable.run_on(run, input)``).
 """
@@ -50,6 +52,7 @@ from pydantic import TypeAdapter
 from runlog import aio
 from runlog.errors import Escalated, RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
+from runlog.integrations.openai_agents_session import RunlogSession, recorded_ops
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Reconciler, Risk, Tool
 from runlog.schemas.canonical import canonical_json
@@ -61,6 +64,7 @@ __all__ = [
     "RunlogAgents",
     "RunlogModel",
     "RunlogResult",
+    "RunlogSession",
     "ToolPolicy",
     "current_call",
 ]
@@ -288,6 +292,7 @@ class RunlogAgents:
         tenant: str = "default",
         settings: Settings | None = None,
         name: str | None = None,
+        session: bool = False,
     ) -> None:
         if not isinstance(agent.model, Model):
             raise TypeError("RunlogAgents needs an Agent constructed with a Model instance")
@@ -296,6 +301,7 @@ class RunlogAgents:
         self.tenant = tenant
         self.settings = settings
         self.name = name or agent.name or "openai-agents"
+        self.session = session
         self._functions = {t.name: t for t in agent.tools if isinstance(t, FunctionTool)}
         unknown = set(self.policies) - set(self._functions)
         if unknown:
@@ -382,7 +388,15 @@ class RunlogAgents:
             prompt = input
         else:
             prompt = recorded_input  # a resumption replays the task it was given
-        ex = _Execution(run, await self._recorded_turns(run))
+        events = await self._recorded_events(run)
+        ex = _Execution(
+            run, [_response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
+        )
+        session = (
+            RunlogSession(run, recorded=recorded_ops(events, run.run_id), replay=True)
+            if self.session
+            else None
+        )
         assert isinstance(self.wrapped.model, Model)
         clone = self.wrapped.clone(
             model=RunlogModel(self.wrapped.model, ex),
@@ -391,7 +405,7 @@ class RunlogAgents:
         state: Any = prompt
         while True:
             try:
-                result = await _run_once(clone, state, context, max_turns, on_event)
+                result = await _run_once(clone, state, context, max_turns, on_event, session)
             except Exception as exc:
                 cause = _runlog_cause(exc)
                 if cause is exc:
@@ -455,13 +469,13 @@ class RunlogAgents:
             idempotency_key=key,
         )
 
-    async def _recorded_turns(self, run: aio.AsyncRun) -> list[ModelResponse]:
-        if run.state.turns == 0:
+    async def _recorded_events(self, run: aio.AsyncRun) -> list[Any]:
+        # A fresh run has nothing to replay; a session records before the first turn.
+        if run.state.turns == 0 and not (self.session and run.state.resumptions):
             return []
         from runlog.integrations.pydantic_ai import _valid_events  # one reader of a run's log
 
-        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
-        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+        return await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
 
 
 async def _run_once(
@@ -470,10 +484,13 @@ async def _run_once(
     context: Any,
     max_turns: int,
     on_event: Callable[[Any], Any] | None,
+    session: RunlogSession | None = None,
 ) -> Any:
     if on_event is None:
-        return await Runner.run(agent, state, context=context, max_turns=max_turns)
-    result = Runner.run_streamed(agent, state, context=context, max_turns=max_turns)
+        return await Runner.run(agent, state, context=context, max_turns=max_turns, session=session)
+    result = Runner.run_streamed(
+        agent, state, context=context, max_turns=max_turns, session=session
+    )
     async for event in result.stream_events():
         handled = on_event(event)
         if asyncio.iscoroutine(handled):

@@ -169,6 +169,7 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgents:
             "transfer": ToolPolicy("irreversible"),
         },
         settings=settings,
+        session=opts.session,
     )
 
 
@@ -183,6 +184,7 @@ def main() -> int:
     ap.add_argument("--pre-s", type=float, default=0.0)
     ap.add_argument("--tool-s", type=float, default=0.0)
     ap.add_argument("--takeover", action="store_true")
+    ap.add_argument("--session", action="store_true", help="history in a RunlogSession")
     ap.add_argument("--wait-s", type=float, default=None)
     opts = ap.parse_args()
     set_tracing_disabled(True)  # offline: no trace export

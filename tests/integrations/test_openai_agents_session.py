@@ -1,0 +1,135 @@
+"""An OpenAI Agents SDK ``Session`` backed by the run's log (``RunlogSession``).
+
+The history is MEMORY_WRITTEN events: a resumed run sees the items the crashed one recorded,
+a re-executed agent loop is answered from the recorded operations instead of appending them
+again, and ``pop_item``/``clear_session`` are operations of their own in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from test_openai_agents import (
+    STEPS,
+    assert_effects_once,
+    assert_no_recorded_turn_requested_again,
+    events_of,
+    new_run_id,
+    start,
+)
+from workers.common import EXIT_OK, assert_log_sound, payloads
+
+from runlog import aio
+from runlog.integrations.openai_agents_session import (
+    SESSION_KEY_PREFIX,
+    RunlogSession,
+    _Ops,
+    recorded_ops,
+)
+from runlog.schemas.models import MemoryWritten
+from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
+
+
+def session_items(events: list[Any], session_id: str) -> list[dict[str, Any]]:
+    ops = recorded_ops(events, session_id)
+    return _Ops(ops, len(ops)).items()
+
+
+@pytest.mark.timeout(600)
+def test_a_session_agent_killed_at_every_tool_call_records_each_item_once(
+    fast: Settings, ledger: Any, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Each resumed worker runs the SDK's loop again from the top with the session: the
+    prompt and the items of every recorded turn come back from the log, not appended again,
+    so the session holds the conversation once and the model sees it once."""
+    run_id = new_run_id()
+    pace = ("--steps", str(STEPS), "--tool-s", "0.4", "--takeover", "--session")
+    for k in range(STEPS):
+        w = start(fast, tmp_path, f"w{k}", run_id, *pace)
+        w.wait_flag(f"charged-{k}", timeout=90)
+        w.kill(signal.SIGKILL)
+    code, result = start(fast, tmp_path, "last", run_id, *pace).finish(timeout=120)
+    assert code == EXIT_OK, result
+    assert result["output"].startswith("done")
+
+    events = events_of(fast, run_id)
+    state = assert_log_sound(events)
+    assert state.status == "finished" and state.turns == STEPS + 1
+    assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
+    assert len(assert_effects_once(ledger, events, "charge")) == STEPS
+
+    items = session_items(events, run_id)
+    users = [i for i in items if i.get("role") == "user"]
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    outputs = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+    assistant = [i for i in items if i.get("type") == "message" and i.get("role") == "assistant"]
+    assert len(users) == 1
+    assert calls == outputs == [f"pay-{t}" for t in range(STEPS)]
+    assert len(assistant) == STEPS + 1
+
+    # The finished run once more: the whole loop is answered from the log; nothing appended.
+    code, again = start(fast, tmp_path, "again", run_id, *pace).finish(timeout=120)
+    assert code == EXIT_OK, again
+    assert again["requested"] == 0
+    after = events_of(fast, run_id)
+    assert len(recorded_ops(after, run_id)) == len(recorded_ops(events, run_id))
+
+
+def test_a_session_on_an_open_run_is_its_log_and_pop_and_clear_are_recorded(
+    fast: Settings,
+) -> None:
+    from agents import Agent, Runner, set_tracing_disabled
+    from agents.testing import ScriptedModel, assistant_message
+
+    set_tracing_disabled(True)
+    run_id = new_run_id()
+    model = ScriptedModel([[assistant_message("hello Ann")], [assistant_message("you are Ann")]])
+    agent = Agent(name="chat", instructions="Chat.", model=model)
+
+    async def first() -> None:
+        async with aio.open_run(run_id, settings=fast) as run:
+            session = await RunlogSession.open(run, settings=fast)
+            await Runner.run(agent, "I am Ann", session=session)
+            await Runner.run(agent, "who am I?", session=session)
+
+    asyncio.run(first())
+    second_input = model.calls[1].input
+    assert [i.get("content") for i in second_input if i.get("role") == "user"] == [
+        "I am Ann",
+        "who am I?",
+    ], "the second turn sees the history the first recorded"
+
+    async def resumed() -> tuple[list[Any], Any, list[Any], list[Any]]:
+        async with aio.open_run(run_id, settings=fast) as run:
+            session = await RunlogSession.open(run, settings=fast)
+            seen = await session.get_items()
+            popped = await session.pop_item()
+            after_pop = await session.get_items()
+            await session.clear_session()
+            return seen, popped, after_pop, await session.get_items()
+
+    seen, popped, after_pop, cleared = asyncio.run(resumed())
+    assert [i.get("content") for i in seen if i.get("role") == "user"] == ["I am Ann", "who am I?"]
+    assert len(seen) == 4
+    assert popped == seen[-1] and after_pop == seen[:-1] and cleared == []
+
+    async def reopened() -> list[Any]:
+        async with aio.open_run(run_id, settings=fast) as run:
+            return await (await RunlogSession.open(run, settings=fast)).get_items()
+
+    assert asyncio.run(reopened()) == []  # the clear is in the log, read back on open
+
+    events = events_of(fast, run_id)
+    ops = [
+        json.loads(p.value)["op"]
+        for p in payloads(events, EventType.MEMORY_WRITTEN)
+        if isinstance(p, MemoryWritten) and p.key == SESSION_KEY_PREFIX + run_id
+    ]
+    assert ops == ["add", "add", "add", "add", "pop", "clear"]  # recorded, nothing rewritten
