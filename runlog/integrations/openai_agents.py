@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -50,8 +49,9 @@ from openai.types.responses import (
 from pydantic import TypeAdapter
 
 from runlog import aio
-from runlog.errors import Escalated, RunlogError, ToolFailed
+from runlog.errors import RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
+from runlog.integrations._approvals import approval_for, await_decision, rejection_note
 from runlog.integrations.openai_agents_session import RunlogSession, recorded_ops
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Reconciler, Risk, Tool
@@ -69,7 +69,6 @@ __all__ = [
     "current_call",
 ]
 
-APPROVAL_POLL_S = 0.1
 SUMMARY_CHARS = 2000
 _LIVE_CTX: ContextVar[ToolContext[Any] | None] = ContextVar("runlog_oai_tool_ctx", default=None)
 _OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
@@ -415,14 +414,13 @@ class RunlogAgents:
                 break
             state = result.to_state()
             for item in result.interruptions:
-                approval = await _await_decision(
+                approval = await await_decision(
                     run, await self._approval_for(ex, item), approval_wait_s
                 )
                 if approval.approved:
                     state.approve(item)
                 else:
-                    note = approval.note or f"rejected by {approval.decided_by}"
-                    state.reject(item, rejection_message=note)
+                    state.reject(item, rejection_message=rejection_note(approval))
         return RunlogResult(
             run_id=run.run_id,
             output=result.final_output,
@@ -458,16 +456,7 @@ class RunlogAgents:
         arguments = getattr(raw, "arguments", "{}") or "{}"
         args = json.loads(arguments)
         key = run.key_for(name, args, operation_id=ex.operation_id(call_id))
-        for approval in run.state.approvals.values():
-            if approval.kind == "action" and approval.idempotency_key == key:
-                return approval.approval_id
-        return await run.request_approval(
-            f"{name} {canonical_json(args)}",
-            kind="action",
-            name=name,
-            args_json=canonical_json(args),
-            idempotency_key=key,
-        )
+        return await approval_for(run, name, canonical_json(args), key)
 
     async def _recorded_events(self, run: aio.AsyncRun) -> list[Any]:
         # A fresh run has nothing to replay; a session records before the first turn.
@@ -510,25 +499,6 @@ def _runlog_cause(exc: BaseException) -> BaseException:
             return seen
         seen = seen.__cause__ or seen.__context__
     return exc
-
-
-async def _await_decision(run: aio.AsyncRun, approval_id: str, wait_s: float) -> Any:
-    deadline = time.monotonic() + wait_s
-    while True:
-        approval = run.state.approvals[approval_id]
-        if approval.approved is not None:
-            return approval
-        await run.poll_decisions()
-        approval = run.state.approvals[approval_id]
-        if approval.approved is not None:
-            return approval
-        if time.monotonic() >= deadline:
-            raise Escalated(
-                f"run {run.run_id} waits for a person to decide {approval_id}",
-                approval_id=approval_id,
-                run_id=run.run_id,
-            )
-        await asyncio.sleep(APPROVAL_POLL_S)
 
 
 def _invoker(tool: FunctionTool) -> Callable[..., Any]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -57,7 +56,8 @@ from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_json
 
 from runlog import aio
-from runlog.errors import Escalated, ToolArgumentsError, ToolFailed
+from runlog.errors import ToolArgumentsError, ToolFailed
+from runlog.integrations._approvals import approval_for, await_decision, rejection_note
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Reconciler, Risk, Tool, ToolError
 from runlog.schemas.canonical import canonical_json
@@ -78,7 +78,6 @@ __all__ = [
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
 
-APPROVAL_POLL_S = 0.1
 SUMMARY_CHARS = 2000
 
 
@@ -292,6 +291,14 @@ def _args_json(part: ToolCallPart) -> tuple[str, dict[str, Any] | None]:
         return raw or "{}", None
 
 
+async def _approval_for(ex: _Execution, part: ToolCallPart) -> str:
+    """The runlog approval for an approval-required call, keyed by the call's key."""
+    run = ex.run
+    args_json, args = _args_json(part)
+    key = run.key_for(part.tool_name, args or {}, operation_id=ex.operation_id(part.tool_call_id))
+    return await approval_for(run, part.tool_name, args_json, key)
+
+
 async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost: float) -> None:
     run = ex.run
     proposals = []
@@ -493,49 +500,12 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             )
         results = DeferredToolResults()
         for part in requests.approvals:
-            approval_id = await self._approval_for(ex, part)
-            approval = await self._await_decision(run, approval_id, wait_s)
+            approval = await await_decision(run, await _approval_for(ex, part), wait_s)
             if approval.approved:
                 results.approvals[part.tool_call_id] = True
             else:
-                note = approval.note or f"rejected by {approval.decided_by}"
-                results.approvals[part.tool_call_id] = ToolDenied(note)
+                results.approvals[part.tool_call_id] = ToolDenied(rejection_note(approval))
         return results
-
-    async def _approval_for(self, ex: _Execution, part: ToolCallPart) -> str:
-        run = ex.run
-        args_json, args = _args_json(part)
-        scope = ex.operation_id(part.tool_call_id)
-        key = run.key_for(part.tool_name, args or {}, operation_id=scope)
-        for approval in run.state.approvals.values():
-            if approval.kind == "action" and approval.idempotency_key == key:
-                return approval.approval_id
-        return await run.request_approval(
-            f"{part.tool_name} {args_json}",
-            kind="action",
-            name=part.tool_name,
-            args_json=args_json,
-            idempotency_key=key,
-        )
-
-    @staticmethod
-    async def _await_decision(run: aio.AsyncRun, approval_id: str, wait_s: float) -> Any:
-        deadline = time.monotonic() + wait_s
-        while True:
-            approval = run.state.approvals[approval_id]
-            if approval.approved is not None:
-                return approval
-            await run.poll_decisions()
-            approval = run.state.approvals[approval_id]
-            if approval.approved is not None:
-                return approval
-            if time.monotonic() >= deadline:
-                raise Escalated(
-                    f"run {run.run_id} waits for a person to decide {approval_id}",
-                    approval_id=approval_id,
-                    run_id=run.run_id,
-                )
-            await asyncio.sleep(APPROVAL_POLL_S)
 
     # What open_run needs ---------------------------------------------------------------
     async def _recorded_turns(self, run: aio.AsyncRun) -> list[ModelResponse]:

@@ -12,6 +12,10 @@ capability's hooks do what ``RunlogAgent`` does around the agent's own loop:
   log holds one, else asked of the model and recorded before the agent uses it.
 * ``get_wrapper_toolset``: every tool call goes through ``AsyncRun.call_tool`` (risk class,
   ``reconcile=``, the idempotency key in ``runlog.current_call()``).
+* ``handle_deferred_tool_calls``: a tool with ``requires_approval=True`` (or raising
+  ``ApprovalRequired``) becomes a runlog approval (kind ``action``, the call's key); without
+  a decision the run raises ``runlog.Escalated`` and waits for ``runlog approve``/``reject``,
+  and the next run with its ``run_id`` continues with the decision.
 
 A streamed request (``run_stream``, ``iter`` streaming a node, ``event_stream_handler``) is
 served from the whole response, recorded (or replayed) first, then streamed as its parts: a
@@ -26,7 +30,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai import DeferredToolRequests
+from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
 from pydantic_ai.capabilities.abstract import (
     AbstractCapability,
     CapabilityOrdering,
@@ -46,6 +50,7 @@ from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset
 
 from runlog import aio
+from runlog.integrations._approvals import await_decision, rejection_note
 from runlog.integrations.pydantic_ai import (
     _LIVE,
     DEFERRED_MARK,
@@ -53,6 +58,7 @@ from runlog.integrations.pydantic_ai import (
     RunlogModel,
     RunlogToolset,
     ToolPolicy,
+    _approval_for,
     _Cost,
     _default_cost,
     _encode_result,
@@ -90,6 +96,7 @@ class RunlogDurability(AbstractCapability[Any]):
         name: str | None = None,
         takeover: bool = False,
         wait_s: float | None = None,
+        approval_wait_s: float = 0.0,
         cost: _Cost = _default_cost,
     ) -> None:
         self.policies = dict(tools or {})
@@ -98,6 +105,7 @@ class RunlogDurability(AbstractCapability[Any]):
         self.name = name
         self.takeover = takeover
         self.wait_s = wait_s
+        self.approval_wait_s = approval_wait_s
         self._cost = cost
         self._agent: Any = None
         self._open: _Open | None = None
@@ -132,6 +140,7 @@ class RunlogDurability(AbstractCapability[Any]):
             name=self.name,
             takeover=self.takeover,
             wait_s=self.wait_s,
+            approval_wait_s=self.approval_wait_s,
             cost=self._cost,
         )
         c._agent = self._agent
@@ -180,6 +189,28 @@ class RunlogDurability(AbstractCapability[Any]):
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return _LazyToolset(toolset, self)
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """Each call held back for approval as a runlog approval, answered by its decision.
+
+        A call no one decided yet raises ``runlog.Escalated`` (after ``approval_wait_s``):
+        the run stays open, waiting for ``runlog approve``/``reject``; the next run with its
+        ``run_id`` replays to the same call, finds the decision by the call's key and goes
+        on. Externally executed calls (``CallDeferred``) are left to the caller."""
+        if self._open is None or not requests.approvals:
+            return None
+        ex = self._open.ex
+        results = DeferredToolResults()
+        for part in requests.approvals:
+            approval = await await_decision(
+                ex.run, await _approval_for(ex, part), self.approval_wait_s
+            )
+            results.approvals[part.tool_call_id] = (
+                True if approval.approved else ToolDenied(rejection_note(approval))
+            )
+        return results
 
     # What open_run needs -----------------------------------------------------------------
     async def _recorded_turns(self, run: aio.AsyncRun) -> list[Any]:
