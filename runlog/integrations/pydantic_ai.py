@@ -1,8 +1,10 @@
 """A Pydantic AI agent whose run is a runlog run (``pip install 'runlog[pydantic-ai]'``).
 
-``RunlogAgent(agent, tools={...})`` wraps an ``Agent`` the way Pydantic AI's own durable
-agents do: a wrapper model and a wrapper toolset are put in place of the agent's for the
-length of a run (``Agent.override``), and the agent's own loop runs unchanged.
+``RunlogAgent(agent, tools={...})`` is the wrapper shape of runlog's first integration, kept
+as a thin shim over the capability (``runlog.integrations.pydantic_ai_capability``,
+``Agent(capabilities=[RunlogDurability(...)])``), which is the one implementation: each
+``RunlogAgent.run`` opens the run and runs the wrapped agent with a ``RunlogDurability``
+bound to it. This module holds the pieces the capability is made of:
 
 * **Model requests** go through ``RunlogModel``: the n-th request of a run returns the n-th
   MODEL_TURN of its log when there is one (the whole ``ModelResponse``, kept in the event's
@@ -10,17 +12,18 @@ length of a run (``Agent.override``), and the agent's own loop runs unchanged.
   tool-call proposals with the keys they will run under, usage, cost, the whole response),
   durable before anything but a safe call acts on it and before the model is asked again.
   A resumed run therefore never asks the model again for a turn the log holds, and its
-  agent loop sees exactly the history the dead one saw.
+  agent loop sees exactly the history the dead one saw. A streamed request is served from
+  the whole response, recorded (or replayed) first.
 * **Tool calls** go through ``RunlogToolset`` to ``AsyncRun.call_tool``: STARTED durable
   before the tool runs, the idempotency key and the fencing token in
   ``runlog.current_call()``, the result recorded, recovery by the tool's risk class and
   reconciler. A tool call's operation id is its model turn and the model's call id, so its
   key does not depend on the order in which the agent executes the calls of a turn.
 * **Approvals**: a tool declared with ``requires_approval=True`` (or raising
-  ``ApprovalRequired``) makes the agent stop with ``DeferredToolRequests``; each such call
-  becomes a runlog approval request (kind ``action``, the call's key), decided with
-  ``runlog approve``/``reject`` or ``runlog.aio.decide``; the next ``run`` with the run id
-  hands Pydantic AI the decisions as ``DeferredToolResults`` and the agent continues.
+  ``ApprovalRequired``) becomes a runlog approval request (kind ``action``, the call's
+  key), decided with ``runlog approve``/``reject`` or ``runlog.aio.decide``; until then the
+  run raises ``runlog.Escalated``, and the next ``run`` with the run id goes on with the
+  decision.
 
 Starting and resuming are the same call: ``await agent.run(prompt)`` starts a run;
 ``await agent.run(run_id=...)`` resumes it after a crash at any point. With the fleet,
@@ -32,13 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
 from pydantic_ai.messages import (
     ModelMessage,
@@ -47,7 +50,12 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
 )
-from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -57,12 +65,15 @@ from pydantic_core import to_json
 
 from runlog import aio
 from runlog.errors import ToolArgumentsError, ToolFailed
-from runlog.integrations._approvals import approval_for, await_decision, rejection_note
+from runlog.integrations._approvals import approval_for
 from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Reconciler, Risk, Tool, ToolError
+from runlog.producers.tools import Reconciler, Risk, Tool
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
+
+if TYPE_CHECKING:
+    from runlog.integrations.pydantic_ai_capability import RunlogDurability
 
 __all__ = [
     "CallContext",
@@ -199,13 +210,12 @@ class RunlogModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
-        # A streamed response would reach the caller before it is recorded; refuse rather
-        # than let a turn escape the log.
-        raise NotImplementedError(
-            "RunlogAgent records whole responses: streaming (run_stream, "
-            "event_stream_handler) is not supported; use run()"
+        # The whole response is recorded (or replayed) first, then streamed as its parts:
+        # nothing reaches the caller that the log does not hold.
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(
+            response, model_request_parameters=model_request_parameters, replay_events=True
         )
-        yield  # an async generator, as the context manager needs
 
 
 class RunlogToolset(WrapperToolset[DepsT]):
@@ -390,7 +400,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         when another worker took the run over. ``on_open(run_id)`` is called once the run
         is open (recovered, before the agent runs): a new run's id, to resume it with.
         """
-        tools = await self._runlog_tools(deps)
+        tools = await self.runlog_tools(deps)
         async with aio.open_run(
             run_id,
             tenant=self.tenant,
@@ -428,138 +438,47 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         same rules as ``run``: turns the log holds are replayed, not requested again.
         """
         resumed = run.state.seq > 1
-        ex = _Execution(run, await self._recorded_turns(run), deps)
-        return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits)
-
-    async def runlog_tools(self, deps: DepsT = None) -> list[Tool]:  # type: ignore[assignment]
-        """The runlog tools to open a run of this agent with (risk class, reconciler)."""
-        return await self._runlog_tools(deps)
-
-    # The run --------------------------------------------------------------------------
-    async def _drive(
-        self,
-        ex: _Execution,
-        user_prompt: str | None,
-        resumed: bool,
-        approval_wait_s: float,
-        usage_limits: UsageLimits | None,
-    ) -> RunlogResult[OutputT]:
-        run = ex.run
         recorded_prompt = next((m.content for m in run.state.messages if m.role == "user"), None)
-        if recorded_prompt is None:
-            if user_prompt is None:
-                raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
-            run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
-            prompt = user_prompt
-        else:
-            prompt = recorded_prompt  # a resumption replays the task it was given
-        model = RunlogModel(_model_of(self.wrapped), ex, self._cost)
-        toolsets: list[AbstractToolset[DepsT]] = [
-            RunlogToolset(ts, ex) for ts in self.wrapped.toolsets
-        ]
-        history: list[ModelMessage] | None = None
-        deferred: DeferredToolResults | None = None
-        with (
-            self.wrapped.override(model=model, toolsets=toolsets, tools=[]),
-            Agent.parallel_tool_call_execution_mode("sequential"),
-        ):
-            while True:
-                result = await self.wrapped.run(
-                    prompt if history is None else None,
-                    message_history=history,
-                    deferred_tool_results=deferred,
-                    deps=ex.deps,
-                    usage_limits=usage_limits,
-                )
-                output: Any = result.output
-                if not isinstance(output, DeferredToolRequests):
-                    break
-                deferred = await self._decisions(ex, output, approval_wait_s)
-                history = result.all_messages()
-        if run.state.status != "finished":
-            await run.finish("succeeded", str(output)[:SUMMARY_CHARS])
+        prompt = user_prompt if recorded_prompt is None else recorded_prompt
+        if prompt is None:
+            raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
+        cap = self._capability(run, approval_wait_s)
+        with Agent.parallel_tool_call_execution_mode("sequential"):
+            result = await self.wrapped.run(
+                prompt, run_id=run.run_id, deps=deps, usage_limits=usage_limits, capabilities=[cap]
+            )
+        output: Any = result.output
+        if isinstance(output, DeferredToolRequests):
+            names = ", ".join(p.tool_name for p in output.calls)
+            raise NotImplementedError(
+                f"run {run.run_id}: deferred (external) tool calls are not mapped to runlog: "
+                f"{names}; declare them as tools the agent runs, or use requires_approval"
+            )
         return RunlogResult(
             run_id=run.run_id,
             output=output,
             messages=result.all_messages(),
             resumed=resumed,
-            replayed_turns=min(ex.next_turn, len(ex.recorded)),
-            requested_turns=ex.requested,
+            replayed_turns=cap.replayed_turns,
+            requested_turns=cap.requested_turns,
         )
 
-    async def _decisions(
-        self, ex: _Execution, requests: DeferredToolRequests, wait_s: float
-    ) -> DeferredToolResults:
-        """Each approval-required call as a runlog approval; its decision, once made."""
-        run = ex.run
-        if requests.calls:
-            names = ", ".join(p.tool_name for p in requests.calls)
-            raise NotImplementedError(
-                f"run {run.run_id}: deferred (external) tool calls are not mapped to runlog: "
-                f"{names}; declare them as tools the agent runs, or use requires_approval"
-            )
-        results = DeferredToolResults()
-        for part in requests.approvals:
-            approval = await await_decision(run, await _approval_for(ex, part), wait_s)
-            if approval.approved:
-                results.approvals[part.tool_call_id] = True
-            else:
-                results.approvals[part.tool_call_id] = ToolDenied(rejection_note(approval))
-        return results
+    async def runlog_tools(self, deps: DepsT = None) -> list[Tool]:  # type: ignore[assignment]
+        """The runlog tools to open a run of this agent with (risk class, reconciler)."""
+        return await self._capability(None, 0.0).runlog_tools(deps)
 
-    # What open_run needs ---------------------------------------------------------------
-    async def _recorded_turns(self, run: aio.AsyncRun) -> list[ModelResponse]:
-        """The run's valid MODEL_TURNs, in order, as the responses they recorded."""
-        if run.state.turns == 0:
-            return []
-        settings = run.sync.deps.settings  # where the run lives, whoever opened it
-        events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
-        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+    def _capability(self, run: aio.AsyncRun | None, approval_wait_s: float) -> RunlogDurability:
+        """The ``RunlogDurability`` this agent's run is driven by (on ``run``, already open)."""
+        from runlog.integrations.pydantic_ai_capability import RunlogDurability
 
-    async def _runlog_tools(self, deps: Any) -> list[Tool]:
-        """A runlog tool per tool of the agent: its risk class, reconciler and a function
-        that runs the Pydantic AI tool (with the live call's context, or a fresh one when
-        recovery retries a call before the agent runs)."""
-        ctx = _fresh_context(self.wrapped, deps)
-        out: list[Tool] = []
-        for toolset in self.wrapped.toolsets:
-            for name in await toolset.get_tools(ctx):
-                policy = self.policies.get(name, ToolPolicy())
-                fn = _invoker(name, toolset, deps, self.wrapped)
-                out.append(Tool(name=name, fn=fn, risk=policy.risk, reconcile=policy.reconcile))
-        unknown = set(self.policies) - {t.name for t in out}
-        if unknown:
-            raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
-        return out
-
-
-def _invoker(
-    name: str,
-    toolset: AbstractToolset[Any],
-    deps: Any,
-    agent: Agent[Any, Any],
-) -> Callable[..., Awaitable[str]]:
-    async def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
-        live = _LIVE.get()
-        if live is not None and live.toolset is toolset:
-            ctx, tool = live.ctx, live.tool
-        else:
-            # Recovery retries a call inside open_run, before the agent runs again.
-            ctx = _fresh_context(agent, deps, tool_name=name)
-            tool = (await toolset.get_tools(ctx))[name]
-        try:
-            value = await toolset.call_tool(name, args, ctx, tool)
-        except (ApprovalRequired, CallDeferred) as exc:
-            if live is not None:
-                live.deferred = exc
-            raise ToolError(f"{name}{DEFERRED_MARK}{type(exc).__name__}") from exc
-        except ModelRetry as exc:
-            if live is not None:
-                live.retry = exc.message
-            raise ToolError(exc.message) from exc  # the tool refused: nothing happened
-        return _encode_result(value)
-
-    return invoke
+        return RunlogDurability(
+            tools=self.policies,
+            tenant=self.tenant,
+            settings=self.settings,
+            name=self.name,
+            approval_wait_s=approval_wait_s,
+            cost=self._cost,
+        ).on(self.wrapped, run)
 
 
 def _model_of(agent: Agent[Any, Any]) -> Model:

@@ -25,8 +25,7 @@ streamed response never reaches the caller before the log holds it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,15 +36,10 @@ from pydantic_ai.capabilities.abstract import (
     WrapRunHandler,
 )
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import (
-    CompletedStreamedResponse,
     Model,
-    ModelRequestParameters,
-    StreamedResponse,
 )
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset
 
@@ -110,6 +104,7 @@ class RunlogDurability(AbstractCapability[Any]):
         self._agent: Any = None
         self._open: _Open | None = None
         self._parent: RunlogDurability | None = None
+        self._given: aio.AsyncRun | None = None
         self.last_run: aio.AsyncRun | None = None
         self.replayed_turns = 0
         self.requested_turns = 0
@@ -118,6 +113,13 @@ class RunlogDurability(AbstractCapability[Any]):
         # Innermost, like Pydantic AI's own durability capabilities: the agent's toolsets are
         # complete when it binds, and it wraps the model that actually serves each request.
         return CapabilityOrdering(position="innermost")
+
+    def on(self, agent: Any, run: aio.AsyncRun | None = None) -> RunlogDurability:
+        """This capability bound to ``agent``; with ``run``, its runs use that open run (a
+        fleet worker's, ``RunlogAgent.run_on``) instead of opening one."""
+        bound = self._copy()
+        bound._agent, bound._given, bound._parent = agent, run, self
+        return bound
 
     def for_agent(self, agent: Any) -> AbstractCapability[Any]:
         bound = self._copy()
@@ -144,48 +146,60 @@ class RunlogDurability(AbstractCapability[Any]):
             cost=self._cost,
         )
         c._agent = self._agent
+        c._given = self._given
         return c
 
     # The run ------------------------------------------------------------------------------
     async def wrap_run(
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
     ) -> AgentRunResult[Any]:
+        if self._given is not None:
+            return await self._drive(self._given, ctx, handler)
         prompt = ctx.prompt if isinstance(ctx.prompt, str) else None
         async with aio.open_run(
             ctx.run_id,
             tenant=self.tenant,
-            tools=await self._runlog_tools(ctx.deps),
+            tools=await self.runlog_tools(ctx.deps),
             settings=self.settings,
             wait_s=self.wait_s,
             agent=self.name or getattr(self._agent, "name", None) or "pydantic-ai",
             goal=(prompt or "")[:SUMMARY_CHARS],
             takeover=self.takeover,
         ) as run:
-            if not any(m.role == "user" for m in run.state.messages):
-                if prompt is None:
-                    raise ValueError(f"run {run.run_id} has no task yet: pass a text prompt")
-                run.emit(EventType.USER_MESSAGE, content=prompt)
-            ex = _Execution(run, await self._recorded_turns(run), ctx.deps)
-            self._open = _Open(run, ex)
-            try:
-                result = await handler()
-            finally:
-                self._open = None
-                target: RunlogDurability | None = self
-                while target is not None:  # this run's copy, the agent's, the caller's
-                    target.last_run = run
-                    target.replayed_turns = min(ex.next_turn, len(ex.recorded))
-                    target.requested_turns = ex.requested
-                    target = target._parent
-            deferred = isinstance(result.output, DeferredToolRequests)
-            if not deferred and run.state.status != "finished":
-                await run.finish("succeeded", str(result.output)[:SUMMARY_CHARS])
-            return result
+            return await self._drive(run, ctx, handler)
+
+    async def _drive(
+        self, run: aio.AsyncRun, ctx: RunContext[Any], handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
+        """The agent's own loop on ``run``: the task recorded, turns replayed from the log,
+        RUN_FINISHED once it produced its output (a ``DeferredToolRequests`` output leaves
+        the run open)."""
+        if not any(m.role == "user" for m in run.state.messages):
+            prompt = ctx.prompt if isinstance(ctx.prompt, str) else None
+            if prompt is None:
+                raise ValueError(f"run {run.run_id} has no task yet: pass a text prompt")
+            run.emit(EventType.USER_MESSAGE, content=prompt)  # durable before the model
+        ex = _Execution(run, await _recorded_turns(run), ctx.deps)
+        self._open = _Open(run, ex)
+        try:
+            result = await handler()
+        finally:
+            self._open = None
+            target: RunlogDurability | None = self
+            while target is not None:  # this run's copy, the agent's, the caller's
+                target.last_run = run
+                target.replayed_turns = min(ex.next_turn, len(ex.recorded))
+                target.requested_turns = ex.requested
+                target = target._parent
+        deferred = isinstance(result.output, DeferredToolRequests)
+        if not deferred and run.state.status != "finished":
+            await run.finish("succeeded", str(result.output)[:SUMMARY_CHARS])
+        return result
 
     def get_wrapper_model(self, model: Model) -> Model | None:
         if self._open is None:
             return None
-        return _StreamingRunlogModel(model, self._open.ex, self._cost)
+        return RunlogModel(model, self._open.ex, self._cost)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return _LazyToolset(toolset, self)
@@ -212,14 +226,11 @@ class RunlogDurability(AbstractCapability[Any]):
             )
         return results
 
-    # What open_run needs -----------------------------------------------------------------
-    async def _recorded_turns(self, run: aio.AsyncRun) -> list[Any]:
-        if run.state.turns == 0:
-            return []
-        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
-        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
-
-    async def _runlog_tools(self, deps: Any) -> list[Tool]:
+    # What open_run needs ---------------------------------------------------------------
+    async def runlog_tools(self, deps: Any = None) -> list[Tool]:
+        """A runlog tool per tool of the agent: its risk class, reconciler and a function
+        that runs the Pydantic AI tool (with the live call's context, or a fresh one when
+        recovery retries a call before the agent runs)."""
         agent = self._agent
         if agent is None:
             raise RuntimeError("RunlogDurability used without an agent")
@@ -236,23 +247,13 @@ class RunlogDurability(AbstractCapability[Any]):
         return out
 
 
-class _StreamingRunlogModel(RunlogModel):
-    """``RunlogModel`` that also serves streamed requests (``run_stream``, ``iter``,
-    ``event_stream_handler``): the whole response is recorded (or replayed) first, then
-    streamed as its parts, so nothing reaches the caller that the log does not hold."""
-
-    @asynccontextmanager
-    async def request_stream(
-        self,
-        messages: list[ModelMessage],
-        model_settings: ModelSettings | None,
-        model_request_parameters: ModelRequestParameters,
-        run_context: RunContext[Any] | None = None,
-    ) -> AsyncIterator[StreamedResponse]:
-        response = await self.request(messages, model_settings, model_request_parameters)
-        yield CompletedStreamedResponse(
-            response, model_request_parameters=model_request_parameters, replay_events=True
-        )
+async def _recorded_turns(run: aio.AsyncRun) -> list[Any]:
+    """The run's valid MODEL_TURNs, in order, as the responses they recorded."""
+    if run.state.turns == 0:
+        return []
+    settings = run.sync.deps.settings  # where the run lives, whoever opened it
+    events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
+    return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
 
 
 class _LazyToolset(RunlogToolset[Any]):
