@@ -52,9 +52,16 @@ from runlog import aio
 from runlog.errors import RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
 from runlog.integrations._approvals import approval_for, await_decision, rejection_note
+from runlog.integrations._common import (
+    SUMMARY_CHARS,
+    ToolPolicy,
+    operation_id,
+    policies,
+    recorded_events,
+)
 from runlog.integrations.openai_agents_session import RunlogSession, recorded_ops
 from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Reconciler, Risk, Tool
+from runlog.producers.tools import Tool
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -67,25 +74,11 @@ __all__ = [
     "RunlogSession",
     "ToolPolicy",
     "current_call",
+    "policies",
 ]
 
-SUMMARY_CHARS = 2000
 _LIVE_CTX: ContextVar[ToolContext[Any] | None] = ContextVar("runlog_oai_tool_ctx", default=None)
 _OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
-
-
-@dataclass(frozen=True)
-class ToolPolicy:
-    """How runlog treats one of the agent's function tools (a tool without one is ``safe``).
-
-    ``reconcile(args, *, idempotency_key)`` is an authoritative lookup returning
-    ``runlog.Match``/``Absent``/``Conflict``/``Unavailable``; without it an uncertain call is
-    settled by ``risk``: ``safe`` and ``reversible`` are retried with the same key,
-    ``irreversible`` is asked of a person.
-    """
-
-    risk: Risk = "safe"
-    reconcile: Reconciler | None = None
 
 
 @dataclass
@@ -111,7 +104,7 @@ class _Execution:
 
     def operation_id(self, call_id: str) -> str:
         turn = self.turn_of_call.get(call_id, self.next_turn - 1)
-        return f"{self.run.run_id}:turn{turn}:{call_id}"
+        return operation_id(self.run.run_id, turn, call_id)
 
     def take(self) -> tuple[int, ModelResponse | None]:
         turn = self.next_turn
@@ -146,7 +139,7 @@ def _record(ex: _Execution, turn: int, response: ModelResponse) -> None:
             args_json = canonical_json(args)
         except ValueError:
             args, args_json = None, item.arguments or "{}"
-        scope = f"{run.run_id}:turn{turn}:{item.call_id}"
+        scope = operation_id(run.run_id, turn, item.call_id)
         key = run.key_for(item.name, args, operation_id=scope) if isinstance(args, dict) else None
         proposals.append(
             {
@@ -462,9 +455,7 @@ class RunlogAgents:
         # A fresh run has nothing to replay; a session records before the first turn.
         if run.state.turns == 0 and not (self.session and run.state.resumptions):
             return []
-        from runlog.integrations.pydantic_ai import _valid_events  # one reader of a run's log
-
-        return await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
+        return await recorded_events(run)
 
 
 async def _run_once(
@@ -516,8 +507,3 @@ def _invoker(tool: FunctionTool) -> Callable[..., Any]:
         return _encode(await tool.on_invoke_tool(ctx, input_json))
 
     return invoke
-
-
-def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:
-    """``policies(refund=ToolPolicy("irreversible", reconcile=...), lookup="safe")``."""
-    return {k: v if isinstance(v, ToolPolicy) else ToolPolicy(v) for k, v in by_name.items()}

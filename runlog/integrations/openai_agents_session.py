@@ -21,16 +21,15 @@ Two ways to get one:
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from runlog import aio
 from runlog.errors import RunError
+from runlog.integrations._common import recorded_events
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
 
 __all__ = ["SESSION_KEY_PREFIX", "RunlogSession", "SessionDiverged"]
 
@@ -105,15 +104,10 @@ class RunlogSession:
         cls,
         run: aio.AsyncRun,
         session_id: str | None = None,
-        *,
-        settings: Settings | None = None,
     ) -> RunlogSession:
         """The session ``session_id`` (default: the run's id) of ``run``, as its log holds it."""
-        from runlog.integrations.pydantic_ai import _valid_events  # one reader of a run's log
-
         sid = session_id or run.run_id
-        events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
-        return cls(run, sid, recorded=recorded_ops(events, sid))
+        return cls(run, sid, recorded=recorded_ops(await recorded_events(run), sid))
 
     @property
     def replaying(self) -> bool:

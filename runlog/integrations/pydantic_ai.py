@@ -66,8 +66,14 @@ from pydantic_core import to_json
 from runlog import aio
 from runlog.errors import ToolArgumentsError, ToolFailed
 from runlog.integrations._approvals import approval_for
+from runlog.integrations._common import (
+    SUMMARY_CHARS,
+    ToolPolicy,
+    operation_id,
+    policies,
+)
 from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Reconciler, Risk, Tool
+from runlog.producers.tools import Tool
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -83,27 +89,12 @@ __all__ = [
     "RunlogToolset",
     "ToolPolicy",
     "current_call",
+    "policies",
     "register",
 ]
 
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
-
-SUMMARY_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class ToolPolicy:
-    """How runlog treats one of the agent's tools (a tool without one is ``safe``).
-
-    ``reconcile(args, *, idempotency_key)`` is an authoritative lookup returning
-    ``runlog.Match``/``Absent``/``Conflict``/``Unavailable`` (it may be ``async``); without
-    it an uncertain call is settled by ``risk``: ``safe`` and ``reversible`` are retried
-    with the same key, ``irreversible`` is asked of a person.
-    """
-
-    risk: Risk = "safe"
-    reconcile: Reconciler | None = None
 
 
 @dataclass
@@ -165,7 +156,7 @@ class _Execution:
         model's call id (both replayed identically), so the key does not depend on the
         order in which the agent runs a turn's calls."""
         turn = self.turn_of_call.get(tool_call_id, self.next_turn - 1)
-        return f"{self.run.run_id}:turn{turn}:{tool_call_id}"
+        return operation_id(self.run.run_id, turn, tool_call_id)
 
 
 class RunlogModel(WrapperModel):
@@ -314,7 +305,7 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     proposals = []
     for part in response.tool_calls:
         args_json, args = _args_json(part)
-        scope = f"{run.run_id}:turn{turn}:{part.tool_call_id}"
+        scope = operation_id(run.run_id, turn, part.tool_call_id)
         key = None if args is None else run.key_for(part.tool_name, args, operation_id=scope)
         proposals.append(
             {
@@ -492,18 +483,6 @@ def _fresh_context(agent: Agent[Any, Any], deps: Any, *, tool_name: str | None =
     return RunContext(deps=deps, model=_model_of(agent), usage=RunUsage(), tool_name=tool_name)
 
 
-def _valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[Any]:
-    from runlog.bootstrap import Services
-    from runlog.log.fold import read_run
-    from runlog.log.reader import LogReader
-
-    services = Services.shared(settings or Settings())
-    with LogReader(services.settings) as reader:
-        got = read_run(reader, services.redis, services.settings, tenant, run_id, keep=True)
-    fenced = {rec.offset for rec in got.folded.fenced}
-    return [rec.event for rec in got.folded.kept if rec.offset not in fenced]
-
-
 def register(
     name: str,
     agent: Agent[None, Any] | RunlogAgent[None, Any],
@@ -560,8 +539,3 @@ def _agent_version(wrapped: RunlogAgent[Any, Any]) -> str:
             except (OSError, TypeError):
                 parts.append(repr(tool))
     return "pai-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-
-
-def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:
-    """``policies(refund=ToolPolicy("irreversible", reconcile=...), lookup="safe")``."""
-    return {k: v if isinstance(v, ToolPolicy) else ToolPolicy(v) for k, v in by_name.items()}

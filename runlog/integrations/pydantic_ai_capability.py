@@ -24,7 +24,6 @@ streamed response never reaches the caller before the log holds it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,13 +44,12 @@ from pydantic_ai.toolsets import AbstractToolset
 
 from runlog import aio
 from runlog.integrations._approvals import await_decision, rejection_note
+from runlog.integrations._common import SUMMARY_CHARS, ToolPolicy, recorded_events
 from runlog.integrations.pydantic_ai import (
     _LIVE,
     DEFERRED_MARK,
-    SUMMARY_CHARS,
     RunlogModel,
     RunlogToolset,
-    ToolPolicy,
     _approval_for,
     _Cost,
     _default_cost,
@@ -59,7 +57,6 @@ from runlog.integrations.pydantic_ai import (
     _Execution,
     _fresh_context,
     _response_of,
-    _valid_events,
 )
 from runlog.producers.tools import Tool, ToolError
 from runlog.schemas.vocabulary import EventType
@@ -251,8 +248,7 @@ async def _recorded_turns(run: aio.AsyncRun) -> list[Any]:
     """The run's valid MODEL_TURNs, in order, as the responses they recorded."""
     if run.state.turns == 0:
         return []
-    settings = run.sync.deps.settings  # where the run lives, whoever opened it
-    events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
+    events = await recorded_events(run)
     return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
 
 

@@ -95,7 +95,7 @@ def test_a_session_on_an_open_run_is_its_log_and_pop_and_clear_are_recorded(
 
     async def first() -> None:
         async with aio.open_run(run_id, settings=fast) as run:
-            session = await RunlogSession.open(run, settings=fast)
+            session = await RunlogSession.open(run)
             await Runner.run(agent, "I am Ann", session=session)
             await Runner.run(agent, "who am I?", session=session)
 
@@ -108,7 +108,7 @@ def test_a_session_on_an_open_run_is_its_log_and_pop_and_clear_are_recorded(
 
     async def resumed() -> tuple[list[Any], Any, list[Any], list[Any]]:
         async with aio.open_run(run_id, settings=fast) as run:
-            session = await RunlogSession.open(run, settings=fast)
+            session = await RunlogSession.open(run)
             seen = await session.get_items()
             popped = await session.pop_item()
             after_pop = await session.get_items()
@@ -122,7 +122,7 @@ def test_a_session_on_an_open_run_is_its_log_and_pop_and_clear_are_recorded(
 
     async def reopened() -> list[Any]:
         async with aio.open_run(run_id, settings=fast) as run:
-            return await (await RunlogSession.open(run, settings=fast)).get_items()
+            return await (await RunlogSession.open(run)).get_items()
 
     assert asyncio.run(reopened()) == []  # the clear is in the log, read back on open
 
