@@ -319,10 +319,15 @@ def _dbos() -> Iterator[Loop]:
             DBOS.destroy()
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package missing
+        return False
+
+
 def peers_installed() -> bool:
-    return all(
-        importlib.util.find_spec(m) is not None for m in ("dbos", "langgraph.checkpoint.sqlite")
-    )
+    return all(_installed(m) for m in ("dbos", "langgraph.checkpoint.sqlite"))
 
 
 def measure(
@@ -345,7 +350,8 @@ def measure(
         ),
     }
     out: dict[str, Any] = {"steps_per_repeat": n, "systems": {}}
-    if peers_installed():
+    missing = [m for m in ("langgraph.checkpoint.sqlite", "dbos") if not _installed(m)]
+    if "langgraph.checkpoint.sqlite" not in missing:
         systems["langgraph_sync"] = contextlib.contextmanager(lambda: _langgraph(False))
         systems["langgraph_sync_growing"] = contextlib.contextmanager(lambda: _langgraph(True))
         # The same graph with runlog's checkpointer: each thread a fenced run, each
@@ -364,9 +370,10 @@ def measure(
             )
         else:
             out["postgres"] = why_not
+    if "dbos" not in missing:
         systems["dbos_step"] = contextlib.contextmanager(_dbos)
-    else:
-        out["peers"] = "not measured: pip install -e '.[peers]' (DBOS, LangGraph)"
+    if missing:
+        out["peers"] = f"not measured: {', '.join(missing)} (pip install -e '.[peers]')"
     # Agent frameworks alone and on runlog (benchmarks/frameworks.py), where installed.
     systems.update(frameworks.systems(settings))
     walls: dict[str, list[float]] = {k: [] for k in systems}
