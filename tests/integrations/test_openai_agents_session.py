@@ -133,3 +133,32 @@ def test_a_session_on_an_open_run_is_its_log_and_pop_and_clear_are_recorded(
         if isinstance(p, MemoryWritten) and p.key == SESSION_KEY_PREFIX + run_id
     ]
     assert ops == ["add", "add", "add", "add", "pop", "clear"]  # recorded, nothing rewritten
+
+
+def test_a_session_agent_stopped_for_approval_resumes_with_the_conversation_once(
+    fast: Settings, ledger: Any, tmp_path: Path
+) -> None:
+    """A ``needs_approval`` stop and its resumption: the SDK saves the turn before the
+    interruption, the resumed execution replays those saves and the approved call's output
+    is added once."""
+    from workers.common import EXIT_ESCALATED
+
+    run_id = new_run_id()
+    args = ("--scenario", "approval", "--session")
+    code, first = start(fast, tmp_path, "ask", run_id, *args).finish(120)
+    assert code == EXIT_ESCALATED, first
+    before = session_items(events_of(fast, run_id), run_id)
+    assert before, "the turn before the interruption was saved"
+    asyncio.run(
+        aio.decide(run_id, first["approval_id"], approved=True, decided_by="ops", settings=fast)
+    )
+    code, done = start(fast, tmp_path, "after", run_id, *args).finish(120)
+    assert code == EXIT_OK, done
+    events = events_of(fast, run_id)
+    assert assert_log_sound(events).status == "finished"
+    assert len(assert_effects_once(ledger, events, "refund")) == 1
+    items = session_items(events, run_id)
+    assert items[: len(before)] == before  # what the stopped run saved stays as it was
+    assert [i.get("role") for i in items if i.get("role") == "user"] == ["user"]
+    assert [i["call_id"] for i in items if i.get("type") == "function_call"] == ["refund-0"]
+    assert [i["call_id"] for i in items if i.get("type") == "function_call_output"] == ["refund-0"]
