@@ -122,7 +122,8 @@ class RunlogSession:
                 raise SessionDiverged(
                     f"run {self.run.run_id}: session {self.session_id} operation "
                     f"{ops.cursor} is {had.get('op')!r} in the log, this execution asked "
-                    f"for {op.get('op')!r} with other content"
+                    f"for {op.get('op')!r} with other content",
+                    run_id=self.run.run_id,
                 )
             ops.cursor += 1
             return

@@ -162,3 +162,35 @@ def test_a_session_agent_stopped_for_approval_resumes_with_the_conversation_once
     assert [i.get("role") for i in items if i.get("role") == "user"] == ["user"]
     assert [i["call_id"] for i in items if i.get("type") == "function_call"] == ["refund-0"]
     assert [i["call_id"] for i in items if i.get("type") == "function_call_output"] == ["refund-0"]
+
+
+def test_a_replayed_execution_asking_for_other_items_is_refused_not_appended(
+    fast: Settings,
+) -> None:
+    """Replay answers the n-th operation from the log only if it is the recorded one: an
+    agent that now adds something else is told so, and the log keeps what it had."""
+    from runlog.integrations.openai_agents_session import SessionDiverged
+
+    run_id = new_run_id()
+
+    async def go() -> None:
+        async with aio.open_run(run_id, settings=fast) as run:
+            live = await RunlogSession.open(run)
+            await live.add_items([{"role": "user", "content": "refund order 42"}])
+            await run.barrier()
+            replay = RunlogSession(
+                run, recorded=recorded_ops(events_of(fast, run_id), run_id), replay=True
+            )
+            assert replay.replaying and await replay.get_items() == []
+            await replay.add_items([{"role": "user", "content": "refund order 42"}])
+            assert not replay.replaying  # the recorded operation, not appended again
+            again = RunlogSession(
+                run, recorded=recorded_ops(events_of(fast, run_id), run_id), replay=True
+            )
+            with pytest.raises(SessionDiverged):
+                await again.add_items([{"role": "user", "content": "refund order 43"}])
+
+    asyncio.run(go())
+    assert session_items(events_of(fast, run_id), run_id) == [
+        {"role": "user", "content": "refund order 42"}
+    ]
