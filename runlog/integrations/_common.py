@@ -45,6 +45,24 @@ def operation_id(run_id: str, turn: int, call_id: str) -> str:
     return f"{run_id}:turn{turn}:{call_id}"
 
 
+def proposal(
+    run: aio.AsyncRun,
+    turn: int,
+    call_id: str,
+    name: str,
+    args: Any,
+    args_json: str,
+) -> dict[str, Any]:
+    """A tool call a model turn proposes, as its MODEL_TURN records it: with the key it
+    will run under (none when its arguments are not an object: it cannot run as given)."""
+    key = (
+        run.key_for(name, args, operation_id=operation_id(run.run_id, turn, call_id))
+        if isinstance(args, dict)
+        else None
+    )
+    return {"call_id": call_id, "name": name, "args_json": args_json, "idempotency_key": key}
+
+
 def valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[Any]:
     """The run's events that the fold accepts (fenced writes left out), in log order."""
     from runlog.bootstrap import Services

@@ -57,6 +57,7 @@ from runlog.integrations._common import (
     ToolPolicy,
     operation_id,
     policies,
+    proposal,
     recorded_events,
 )
 from runlog.integrations.openai_agents_session import RunlogSession, recorded_ops
@@ -139,16 +140,7 @@ def _record(ex: _Execution, turn: int, response: ModelResponse) -> None:
             args_json = canonical_json(args)
         except ValueError:
             args, args_json = None, item.arguments or "{}"
-        scope = operation_id(run.run_id, turn, item.call_id)
-        key = run.key_for(item.name, args, operation_id=scope) if isinstance(args, dict) else None
-        proposals.append(
-            {
-                "call_id": item.call_id,
-                "name": item.name,
-                "args_json": args_json,
-                "idempotency_key": key,
-            }
-        )
+        proposals.append(proposal(run, turn, item.call_id, item.name, args, args_json))
     body = {
         "output": [it.model_dump(mode="json", exclude_none=True) for it in response.output],
         "usage": {

@@ -71,6 +71,7 @@ from runlog.integrations._common import (
     ToolPolicy,
     operation_id,
     policies,
+    proposal,
 )
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Tool
@@ -305,16 +306,7 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     proposals = []
     for part in response.tool_calls:
         args_json, args = _args_json(part)
-        scope = operation_id(run.run_id, turn, part.tool_call_id)
-        key = None if args is None else run.key_for(part.tool_name, args, operation_id=scope)
-        proposals.append(
-            {
-                "call_id": part.tool_call_id,
-                "name": part.tool_name,
-                "args_json": args_json,
-                "idempotency_key": key,
-            }
-        )
+        proposals.append(proposal(run, turn, part.tool_call_id, part.tool_name, args, args_json))
     # Pipelined: the agent's next act on this response waits for it (a non-safe call's
     # STARTED, an approval request, RUN_FINISHED and the next model request are barriers);
     # only a safe call may run before it is durable, as the effect model allows.
