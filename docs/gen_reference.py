@@ -58,6 +58,11 @@ OTHER: dict[str, tuple[str, str]] = {
         "`~/.local/state/runlog/cluster-<nodes>`",
         "the 3-node cluster's state (fault tests, explorer, soak)",
     ),
+    "RUNLOG_BENCH_POSTGRES_URL": (
+        "unset",
+        "a Postgres server `runlog bench steps` measures LangGraph's `PostgresSaver` on "
+        "(without one that row says why it was not measured)",
+    ),
 }
 STACK_KINDS = {
     "STACK": "the local stack (`runlog stack up`)",

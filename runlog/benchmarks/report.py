@@ -192,6 +192,8 @@ def table(res: dict[str, Any]) -> str:
         each(stp["systems"], "{name}", PER_STEP)
         if "peers" in stp:
             note("  peers", stp["peers"])
+        if "postgres" in stp:
+            note("  PostgresSaver", stp["postgres"])
         fan = stp.get("fanout")
         if fan:
             fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']} irreversible calls"

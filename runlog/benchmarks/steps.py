@@ -16,6 +16,9 @@ of N steps, each recorded durably before the next, each calling a tool that retu
   the 300-byte result each step (the ``peers`` extra);
 * ``langgraph_runlog`` / ``langgraph_runlog_growing``: the same graph with runlog's
   checkpointer (``runlog.integrations.langgraph.RunlogSaver``) instead of ``SqliteSaver``;
+* ``langgraph_postgres`` / ``langgraph_postgres_growing``: the same graph with LangGraph's
+  ``PostgresSaver`` (``langgraph-checkpoint-postgres``), measured only when
+  ``RUNLOG_BENCH_POSTGRES_URL`` names a Postgres server to use (the result says why not);
 * ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite;
 * ``openai_agents_*`` / ``pydantic_ai_*``: an agent framework's step (a model turn and its
   tool call), the framework alone and on runlog (``benchmarks/frameworks.py``).
@@ -211,8 +214,33 @@ class Growing(TypedDict):
     results: Annotated[list[str], operator.add]
 
 
-def _langgraph(growing: bool, settings: Settings | None = None) -> Iterator[Loop]:
-    """The LangGraph loop on ``SqliteSaver``, or on runlog's checkpointer with ``settings``."""
+POSTGRES_URL_ENV = "RUNLOG_BENCH_POSTGRES_URL"
+
+
+def postgres_url() -> tuple[str | None, str]:
+    """The Postgres server the LangGraph ``PostgresSaver`` rows use, or why there is none."""
+    if importlib.util.find_spec("langgraph.checkpoint.postgres") is None:
+        return None, "not measured: pip install langgraph-checkpoint-postgres 'psycopg[binary]'"
+    url = os.environ.get(POSTGRES_URL_ENV)
+    if not url:
+        return None, f"not measured: set {POSTGRES_URL_ENV} to a Postgres server to use"
+    return url, ""
+
+
+@contextlib.contextmanager
+def _postgres_saver(url: str) -> Iterator[Any]:
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    with PostgresSaver.from_conn_string(url) as saver:
+        saver.setup()
+        yield saver
+
+
+def _langgraph(
+    growing: bool, settings: Settings | None = None, postgres: str | None = None
+) -> Iterator[Loop]:
+    """The LangGraph loop on ``SqliteSaver``, on runlog's checkpointer with ``settings``, or
+    on ``PostgresSaver`` with a ``postgres`` URL."""
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -226,9 +254,15 @@ def _langgraph(growing: bool, settings: Settings | None = None) -> Iterator[Loop
     def step_growing(state: Growing) -> dict[str, Any]:
         return {"i": state["i"] + 1, "results": [RESULT]}
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         conn = sqlite3.connect(str(Path(tmp) / "lg.sqlite"), check_same_thread=False)
-        saver: Any = SqliteSaver(conn) if settings is None else RunlogSaver(settings=settings)
+        saver: Any
+        if postgres is not None:
+            saver = stack.enter_context(_postgres_saver(postgres))
+        elif settings is not None:
+            saver = RunlogSaver(settings=settings)
+        else:
+            saver = SqliteSaver(conn)
         graph: Any = StateGraph(Growing if growing else Constant)
         graph.add_node("step", step_growing if growing else step_constant)
         graph.add_edge(START, "step")
@@ -285,10 +319,15 @@ def _dbos() -> Iterator[Loop]:
             DBOS.destroy()
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package missing
+        return False
+
+
 def peers_installed() -> bool:
-    return all(
-        importlib.util.find_spec(m) is not None for m in ("dbos", "langgraph.checkpoint.sqlite")
-    )
+    return all(_installed(m) for m in ("dbos", "langgraph.checkpoint.sqlite"))
 
 
 def measure(
@@ -311,7 +350,8 @@ def measure(
         ),
     }
     out: dict[str, Any] = {"steps_per_repeat": n, "systems": {}}
-    if peers_installed():
+    missing = [m for m in ("langgraph.checkpoint.sqlite", "dbos") if not _installed(m)]
+    if "langgraph.checkpoint.sqlite" not in missing:
         systems["langgraph_sync"] = contextlib.contextmanager(lambda: _langgraph(False))
         systems["langgraph_sync_growing"] = contextlib.contextmanager(lambda: _langgraph(True))
         # The same graph with runlog's checkpointer: each thread a fenced run, each
@@ -320,9 +360,20 @@ def measure(
         systems["langgraph_runlog_growing"] = contextlib.contextmanager(
             lambda: _langgraph(True, settings)
         )
+        pg, why_not = postgres_url()
+        if pg is not None:
+            systems["langgraph_postgres"] = contextlib.contextmanager(
+                lambda: _langgraph(False, postgres=pg)
+            )
+            systems["langgraph_postgres_growing"] = contextlib.contextmanager(
+                lambda: _langgraph(True, postgres=pg)
+            )
+        else:
+            out["postgres"] = why_not
+    if "dbos" not in missing:
         systems["dbos_step"] = contextlib.contextmanager(_dbos)
-    else:
-        out["peers"] = "not measured: pip install -e '.[peers]' (DBOS, LangGraph)"
+    if missing:
+        out["peers"] = f"not measured: {', '.join(missing)} (pip install -e '.[peers]')"
     # Agent frameworks alone and on runlog (benchmarks/frameworks.py), where installed.
     systems.update(frameworks.systems(settings))
     walls: dict[str, list[float]] = {k: [] for k in systems}

@@ -27,12 +27,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag", "pydantic-ai", "integrity", "fleet", "fork"],
+        choices=["lag", "pydantic-ai", "steps", "integrity", "fleet", "fork"],
         help=(
             "lag: only projection lag under a steady load, and drain rate by run length; "
             "integrity: only the CPU cost per record of tenant MACs and decider signatures "
             "(no stack needed); "
             "pydantic-ai: only section 9, a Pydantic AI agent step bare and as a runlog run; "
+            "steps: only section 8, a durable step side by side (runlog, LangGraph on "
+            "SqliteSaver, runlog's checkpointer and PostgresSaver, DBOS, the OpenAI Agents SDK "
+            "and Pydantic AI alone and on runlog); "
             "fleet: `runlog worker` processes: dispatch latency, failover of a SIGKILLed "
             "worker's open runs, durable steps per second; "
             "fork: forking a long run at its last event (p50, p99) and replaying a fork "
@@ -111,6 +114,6 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"plot {f}")
         return 0
 
-    only = ("pydantic_ai",) if args.what == "pydantic-ai" else None
+    only = {"pydantic-ai": ("pydantic_ai",), "steps": ("steps",)}.get(args.what or "")
     res = run_all(Settings(), quick=args.quick, out=args.out, only=only)
     return 1 if res["failed"] else 0

@@ -19,6 +19,8 @@ clone of the agent whose model and function tools are runlog's:
   becomes a runlog approval request (kind ``action``, the call's key), decided with
   ``runlog approve``/``reject`` or ``runlog.aio.decide``; the decision is applied to the
   SDK's ``RunState`` (``approve``/``reject``) and the runner continues.
+* **Session**: ``RunlogAgents(agent, session=True)`` runs the agent with an SDK ``Session``
+  whose history is the run's log (``runlog.integrations.openai_agents_session``).
 * **Fleet**: ``durable.register("billing")`` registers it with ``@runlog.agent``; the
   worker runs it on the ``AsyncRun`` it opened (``durable.run_on(run, input)``).
 """
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -48,10 +49,20 @@ from openai.types.responses import (
 from pydantic import TypeAdapter
 
 from runlog import aio
-from runlog.errors import Escalated, RunlogError, ToolFailed
+from runlog.errors import RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
+from runlog.integrations._approvals import approval_for, await_decision, rejection_note
+from runlog.integrations._common import (
+    SUMMARY_CHARS,
+    ToolPolicy,
+    operation_id,
+    policies,
+    proposal,
+    recorded_events,
+)
+from runlog.integrations.openai_agents_session import RunlogSession, recorded_ops
 from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Reconciler, Risk, Tool
+from runlog.producers.tools import Tool
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -61,28 +72,14 @@ __all__ = [
     "RunlogAgents",
     "RunlogModel",
     "RunlogResult",
+    "RunlogSession",
     "ToolPolicy",
     "current_call",
+    "policies",
 ]
 
-APPROVAL_POLL_S = 0.1
-SUMMARY_CHARS = 2000
 _LIVE_CTX: ContextVar[ToolContext[Any] | None] = ContextVar("runlog_oai_tool_ctx", default=None)
 _OUTPUT_ITEMS: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
-
-
-@dataclass(frozen=True)
-class ToolPolicy:
-    """How runlog treats one of the agent's function tools (a tool without one is ``safe``).
-
-    ``reconcile(args, *, idempotency_key)`` is an authoritative lookup returning
-    ``runlog.Match``/``Absent``/``Conflict``/``Unavailable``; without it an uncertain call is
-    settled by ``risk``: ``safe`` and ``reversible`` are retried with the same key,
-    ``irreversible`` is asked of a person.
-    """
-
-    risk: Risk = "safe"
-    reconcile: Reconciler | None = None
 
 
 @dataclass
@@ -108,7 +105,7 @@ class _Execution:
 
     def operation_id(self, call_id: str) -> str:
         turn = self.turn_of_call.get(call_id, self.next_turn - 1)
-        return f"{self.run.run_id}:turn{turn}:{call_id}"
+        return operation_id(self.run.run_id, turn, call_id)
 
     def take(self) -> tuple[int, ModelResponse | None]:
         turn = self.next_turn
@@ -143,16 +140,8 @@ def _record(ex: _Execution, turn: int, response: ModelResponse) -> None:
             args_json = canonical_json(args)
         except ValueError:
             args, args_json = None, item.arguments or "{}"
-        scope = f"{run.run_id}:turn{turn}:{item.call_id}"
-        key = run.key_for(item.name, args, operation_id=scope) if isinstance(args, dict) else None
-        proposals.append(
-            {
-                "call_id": item.call_id,
-                "name": item.name,
-                "args_json": args_json,
-                "idempotency_key": key,
-            }
-        )
+        op = operation_id(run.run_id, turn, item.call_id)
+        proposals.append(proposal(run, op, item.call_id, item.name, args, args_json))
     body = {
         "output": [it.model_dump(mode="json", exclude_none=True) for it in response.output],
         "usage": {
@@ -288,6 +277,7 @@ class RunlogAgents:
         tenant: str = "default",
         settings: Settings | None = None,
         name: str | None = None,
+        session: bool = False,
     ) -> None:
         if not isinstance(agent.model, Model):
             raise TypeError("RunlogAgents needs an Agent constructed with a Model instance")
@@ -296,6 +286,7 @@ class RunlogAgents:
         self.tenant = tenant
         self.settings = settings
         self.name = name or agent.name or "openai-agents"
+        self.session = session
         self._functions = {t.name: t for t in agent.tools if isinstance(t, FunctionTool)}
         unknown = set(self.policies) - set(self._functions)
         if unknown:
@@ -382,7 +373,15 @@ class RunlogAgents:
             prompt = input
         else:
             prompt = recorded_input  # a resumption replays the task it was given
-        ex = _Execution(run, await self._recorded_turns(run))
+        events = await self._recorded_events(run)
+        ex = _Execution(
+            run, [_response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
+        )
+        session = (
+            RunlogSession(run, recorded=recorded_ops(events, run.run_id), replay=True)
+            if self.session
+            else None
+        )
         assert isinstance(self.wrapped.model, Model)
         clone = self.wrapped.clone(
             model=RunlogModel(self.wrapped.model, ex),
@@ -391,7 +390,7 @@ class RunlogAgents:
         state: Any = prompt
         while True:
             try:
-                result = await _run_once(clone, state, context, max_turns, on_event)
+                result = await _run_once(clone, state, context, max_turns, on_event, session)
             except Exception as exc:
                 cause = _runlog_cause(exc)
                 if cause is exc:
@@ -401,14 +400,13 @@ class RunlogAgents:
                 break
             state = result.to_state()
             for item in result.interruptions:
-                approval = await _await_decision(
+                approval = await await_decision(
                     run, await self._approval_for(ex, item), approval_wait_s
                 )
                 if approval.approved:
                     state.approve(item)
                 else:
-                    note = approval.note or f"rejected by {approval.decided_by}"
-                    state.reject(item, rejection_message=note)
+                    state.reject(item, rejection_message=rejection_note(approval))
         return RunlogResult(
             run_id=run.run_id,
             output=result.final_output,
@@ -444,24 +442,13 @@ class RunlogAgents:
         arguments = getattr(raw, "arguments", "{}") or "{}"
         args = json.loads(arguments)
         key = run.key_for(name, args, operation_id=ex.operation_id(call_id))
-        for approval in run.state.approvals.values():
-            if approval.kind == "action" and approval.idempotency_key == key:
-                return approval.approval_id
-        return await run.request_approval(
-            f"{name} {canonical_json(args)}",
-            kind="action",
-            name=name,
-            args_json=canonical_json(args),
-            idempotency_key=key,
-        )
+        return await approval_for(run, name, canonical_json(args), key)
 
-    async def _recorded_turns(self, run: aio.AsyncRun) -> list[ModelResponse]:
-        if run.state.turns == 0:
+    async def _recorded_events(self, run: aio.AsyncRun) -> list[Any]:
+        # A fresh run has nothing to replay; a session records before the first turn.
+        if run.state.turns == 0 and not (self.session and run.state.resumptions):
             return []
-        from runlog.integrations.pydantic_ai import _valid_events  # one reader of a run's log
-
-        events = await asyncio.to_thread(_valid_events, self.settings, run.tenant, run.run_id)
-        return [_response_of(ev.payload) for ev in events if ev.type is EventType.MODEL_TURN]
+        return await recorded_events(run)
 
 
 async def _run_once(
@@ -470,10 +457,13 @@ async def _run_once(
     context: Any,
     max_turns: int,
     on_event: Callable[[Any], Any] | None,
+    session: RunlogSession | None = None,
 ) -> Any:
     if on_event is None:
-        return await Runner.run(agent, state, context=context, max_turns=max_turns)
-    result = Runner.run_streamed(agent, state, context=context, max_turns=max_turns)
+        return await Runner.run(agent, state, context=context, max_turns=max_turns, session=session)
+    result = Runner.run_streamed(
+        agent, state, context=context, max_turns=max_turns, session=session
+    )
     async for event in result.stream_events():
         handled = on_event(event)
         if asyncio.iscoroutine(handled):
@@ -495,25 +485,6 @@ def _runlog_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _await_decision(run: aio.AsyncRun, approval_id: str, wait_s: float) -> Any:
-    deadline = time.monotonic() + wait_s
-    while True:
-        approval = run.state.approvals[approval_id]
-        if approval.approved is not None:
-            return approval
-        await run.poll_decisions()
-        approval = run.state.approvals[approval_id]
-        if approval.approved is not None:
-            return approval
-        if time.monotonic() >= deadline:
-            raise Escalated(
-                f"run {run.run_id} waits for a person to decide {approval_id}",
-                approval_id=approval_id,
-                run_id=run.run_id,
-            )
-        await asyncio.sleep(APPROVAL_POLL_S)
-
-
 def _invoker(tool: FunctionTool) -> Callable[..., Any]:
     async def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
         ctx = _LIVE_CTX.get()
@@ -529,8 +500,3 @@ def _invoker(tool: FunctionTool) -> Callable[..., Any]:
         return _encode(await tool.on_invoke_tool(ctx, input_json))
 
     return invoke
-
-
-def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:
-    """``policies(refund=ToolPolicy("irreversible", reconcile=...), lookup="safe")``."""
-    return {k: v if isinstance(v, ToolPolicy) else ToolPolicy(v) for k, v in by_name.items()}

@@ -1,8 +1,10 @@
 """A Pydantic AI agent whose run is a runlog run (``pip install 'runlog[pydantic-ai]'``).
 
-``RunlogAgent(agent, tools={...})`` wraps an ``Agent`` the way Pydantic AI's own durable
-agents do: a wrapper model and a wrapper toolset are put in place of the agent's for the
-length of a run (``Agent.override``), and the agent's own loop runs unchanged.
+``RunlogAgent(agent, tools={...})`` is the wrapper shape of runlog's first integration, kept
+as a thin shim over the capability (``runlog.integrations.pydantic_ai_capability``,
+``Agent(capabilities=[RunlogDurability(...)])``), which is the one implementation: each
+``RunlogAgent.run`` opens the run and runs the wrapped agent with a ``RunlogDurability``
+bound to it. This module holds the pieces the capability is made of:
 
 * **Model requests** go through ``RunlogModel``: the n-th request of a run returns the n-th
   MODEL_TURN of its log when there is one (the whole ``ModelResponse``, kept in the event's
@@ -10,17 +12,18 @@ length of a run (``Agent.override``), and the agent's own loop runs unchanged.
   tool-call proposals with the keys they will run under, usage, cost, the whole response),
   durable before anything but a safe call acts on it and before the model is asked again.
   A resumed run therefore never asks the model again for a turn the log holds, and its
-  agent loop sees exactly the history the dead one saw.
+  agent loop sees exactly the history the dead one saw. A streamed request is served from
+  the whole response, recorded (or replayed) first.
 * **Tool calls** go through ``RunlogToolset`` to ``AsyncRun.call_tool``: STARTED durable
   before the tool runs, the idempotency key and the fencing token in
   ``runlog.current_call()``, the result recorded, recovery by the tool's risk class and
   reconciler. A tool call's operation id is its model turn and the model's call id, so its
   key does not depend on the order in which the agent executes the calls of a turn.
 * **Approvals**: a tool declared with ``requires_approval=True`` (or raising
-  ``ApprovalRequired``) makes the agent stop with ``DeferredToolRequests``; each such call
-  becomes a runlog approval request (kind ``action``, the call's key), decided with
-  ``runlog approve``/``reject`` or ``runlog.aio.decide``; the next ``run`` with the run id
-  hands Pydantic AI the decisions as ``DeferredToolResults`` and the agent continues.
+  ``ApprovalRequired``) becomes a runlog approval request (kind ``action``, the call's
+  key), decided with ``runlog approve``/``reject`` or ``runlog.aio.decide``; until then the
+  run raises ``runlog.Escalated``, and the next ``run`` with the run id goes on with the
+  decision.
 
 Starting and resuming are the same call: ``await agent.run(prompt)`` starts a run;
 ``await agent.run(run_id=...)`` resumes it after a crash at any point. With the fleet,
@@ -32,14 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
 from pydantic_ai.messages import (
     ModelMessage,
@@ -53,7 +55,12 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -62,13 +69,25 @@ from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_json
 
 from runlog import aio
-from runlog.errors import Escalated, ToolArgumentsError, ToolFailed
+from runlog.errors import ToolArgumentsError, ToolFailed
+from runlog.integrations._approvals import approval_for
+from runlog.integrations._common import (
+    SUMMARY_CHARS,
+    ToolPolicy,
+    operation_id,
+    policies,
+    proposal,
+    recorded_events,
+)
 from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Reconciler, Risk, Tool, ToolError
+from runlog.producers.tools import Tool
 from runlog.projections.run_state import Message, fold
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
+
+if TYPE_CHECKING:
+    from runlog.integrations.pydantic_ai_capability import RunlogDurability
 
 __all__ = [
     "CallContext",
@@ -78,28 +97,12 @@ __all__ = [
     "RunlogToolset",
     "ToolPolicy",
     "current_call",
+    "policies",
     "register",
 ]
 
 DepsT = TypeVar("DepsT")
 OutputT = TypeVar("OutputT")
-
-APPROVAL_POLL_S = 0.1
-SUMMARY_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class ToolPolicy:
-    """How runlog treats one of the agent's tools (a tool without one is ``safe``).
-
-    ``reconcile(args, *, idempotency_key)`` is an authoritative lookup returning
-    ``runlog.Match``/``Absent``/``Conflict``/``Unavailable`` (it may be ``async``); without
-    it an uncertain call is settled by ``risk``: ``safe`` and ``reversible`` are retried
-    with the same key, ``irreversible`` is asked of a person.
-    """
-
-    risk: Risk = "safe"
-    reconcile: Reconciler | None = None
 
 
 @dataclass
@@ -150,7 +153,7 @@ class _Execution:
     """A fork's: the conversation it took from its parent (see ``_ForkBase``)."""
     shown_before: list[ModelMessage] = field(default_factory=list)
     """Messages the model is shown before the agent's own (a fork's parent conversation,
-    where the agent's loop was not handed it as its history: ``RunlogDurability``)."""
+    when the agent's loop was not handed it as its ``message_history``)."""
 
     def __post_init__(self) -> None:
         turn = -1
@@ -178,7 +181,7 @@ class _Execution:
         the parent's logical action (``runlog.producers.timelines`` decides what it does);
         outside a fork both are the run's own."""
         offset = 0 if self.base is None else self.base.turns
-        return f"{self.run.sync.key_scope}:turn{offset + turn}:{tool_call_id}"
+        return operation_id(self.run.sync.key_scope, offset + turn, tool_call_id)
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,14 @@ def history_of(messages: list[Message]) -> list[ModelMessage]:
     return out
 
 
+def _fork_base(events: list[Any]) -> _ForkBase:
+    """A fork's starting point, from its own log: RUN_FORKED holds the parent's state at the
+    fork point; the fork's first USER_MESSAGE after it is the prompt it was given."""
+    at_fork = fold(events[:1])
+    prompt = next((e.payload.content for e in events[1:] if e.type is EventType.USER_MESSAGE), None)
+    return _ForkBase(at_fork.messages, at_fork.turns, history_of(at_fork.messages), prompt)
+
+
 class RunlogModel(WrapperModel):
     """Answers each request from the run's log when it holds that turn, else asks the
     wrapped model and records the response (MODEL_TURN) before it is used."""
@@ -273,13 +284,12 @@ class RunlogModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
-        # A streamed response would reach the caller before it is recorded; refuse rather
-        # than let a turn escape the log.
-        raise NotImplementedError(
-            "RunlogAgent records whole responses: streaming (run_stream, "
-            "event_stream_handler) is not supported; use run()"
+        # The whole response is recorded (or replayed) first, then streamed as its parts:
+        # nothing reaches the caller that the log does not hold.
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(
+            response, model_request_parameters=model_request_parameters, replay_events=True
         )
-        yield  # an async generator, as the context manager needs
 
 
 class RunlogToolset(WrapperToolset[DepsT]):
@@ -365,21 +375,21 @@ def _args_json(part: ToolCallPart) -> tuple[str, dict[str, Any] | None]:
         return raw or "{}", None
 
 
+async def _approval_for(ex: _Execution, part: ToolCallPart) -> str:
+    """The runlog approval for an approval-required call, keyed by the call's key."""
+    run = ex.run
+    args_json, args = _args_json(part)
+    key = run.key_for(part.tool_name, args or {}, operation_id=ex.operation_id(part.tool_call_id))
+    return await approval_for(run, part.tool_name, args_json, key)
+
+
 async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost: float) -> None:
     run = ex.run
     proposals = []
     for part in response.tool_calls:
         args_json, args = _args_json(part)
-        scope = ex.scope(turn, part.tool_call_id)
-        key = None if args is None else run.key_for(part.tool_name, args, operation_id=scope)
-        proposals.append(
-            {
-                "call_id": part.tool_call_id,
-                "name": part.tool_name,
-                "args_json": args_json,
-                "idempotency_key": key,
-            }
-        )
+        op = ex.scope(turn, part.tool_call_id)
+        proposals.append(proposal(run, op, part.tool_call_id, part.tool_name, args, args_json))
     # Pipelined: the agent's next act on this response waits for it (a non-safe call's
     # STARTED, an approval request, RUN_FINISHED and the next model request are barriers);
     # only a safe call may run before it is durable, as the effect model allows.
@@ -406,45 +416,6 @@ def _response_of(payload: Any) -> ModelResponse:
     parts: list[Any] = [TextPart(payload.text)] if payload.text else []
     parts += [ToolCallPart(c.name, c.args_json, tool_call_id=c.call_id) for c in payload.tool_calls]
     return ModelResponse(parts=parts)
-
-
-def _run_prompt(run: aio.AsyncRun, user_prompt: str | None) -> str:
-    """A run's task: the one recorded (a resumption replays it), else ``user_prompt``,
-    recorded before the model is asked."""
-    recorded = next((m.content for m in run.state.messages if m.role == "user"), None)
-    if recorded is not None:
-        return recorded
-    if user_prompt is None:
-        raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
-    run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
-    return user_prompt
-
-
-def _fork_base(events: list[Any]) -> _ForkBase:
-    """A fork's starting point, from its own log: RUN_FORKED holds the parent's state at the
-    fork point; the fork's first USER_MESSAGE after it is the prompt it was given."""
-    at_fork = fold(events[:1])
-    prompt = next((e.payload.content for e in events[1:] if e.type is EventType.USER_MESSAGE), None)
-    return _ForkBase(at_fork.messages, at_fork.turns, history_of(at_fork.messages), prompt)
-
-
-def _fork_prompt(ex: _Execution, user_prompt: str | None) -> str | None:
-    """The fork's new prompt: the one recorded, else ``user_prompt`` (recorded now), else
-    none: the agent goes on from the parent's conversation as it stood."""
-    base, run = ex.base, ex.run
-    assert base is not None
-    if base.prompt is not None:
-        return base.prompt
-    if user_prompt is None:
-        return None
-    if base.pending:
-        names = ", ".join(p.tool_name for p in base.pending)
-        raise ValueError(
-            f"fork {run.run_id} ends in a model turn whose tool calls ({names}) have no "
-            "result yet: fork at a later seq to give it a new prompt, or give none"
-        )
-    run.emit(EventType.USER_MESSAGE, content=user_prompt)  # durable before the model
-    return user_prompt
 
 
 class RunlogAgent(Generic[DepsT, OutputT]):
@@ -502,7 +473,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         when another worker took the run over. ``on_open(run_id)`` is called once the run
         is open (recovered, before the agent runs): a new run's id, to resume it with.
         """
-        tools = await self._runlog_tools(deps)
+        tools = await self.runlog_tools(deps)
         async with aio.open_run(
             run_id,
             tenant=self.tenant,
@@ -542,178 +513,70 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         same rules as ``run``: turns the log holds are replayed, not requested again.
         """
         resumed = run.state.seq > 1
-        events = await self._own_events(run)
-        recorded = [_response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
-        base = _fork_base(events) if run.state.lineage is not None else None
-        ex = _Execution(run, recorded, deps, base=base)
-        model = model or _model_of(self.wrapped)
-        return await self._drive(ex, user_prompt, resumed, approval_wait_s, usage_limits, model)
-
-    async def runlog_tools(self, deps: DepsT = None) -> list[Tool]:  # type: ignore[assignment]
-        """The runlog tools to open a run of this agent with (risk class, reconciler)."""
-        return await self._runlog_tools(deps)
-
-    # The run --------------------------------------------------------------------------
-    async def _drive(
-        self,
-        ex: _Execution,
-        user_prompt: str | None,
-        resumed: bool,
-        approval_wait_s: float,
-        usage_limits: UsageLimits | None,
-        wrapped_model: Model,
-    ) -> RunlogResult[OutputT]:
-        run = ex.run
+        events: list[Any] | None = None
         history: list[ModelMessage] | None = None
-        prompt: str | None
-        if ex.base is not None:
-            history, prompt = list(ex.base.history), _fork_prompt(ex, user_prompt)
+        if run.state.lineage is None:
+            recorded = next((m.content for m in run.state.messages if m.role == "user"), None)
+            prompt = user_prompt if recorded is None else recorded
+            if prompt is None:
+                raise ValueError(f"run {run.run_id} has no task yet: pass user_prompt")
         else:
-            prompt = _run_prompt(run, user_prompt)
-        model = RunlogModel(wrapped_model, ex, self._cost)
-        toolsets: list[AbstractToolset[DepsT]] = [
-            RunlogToolset(ts, ex) for ts in self.wrapped.toolsets
-        ]
-        deferred: DeferredToolResults | None = None
-        first = True
-        with (
-            self.wrapped.override(model=model, toolsets=toolsets, tools=[]),
-            Agent.parallel_tool_call_execution_mode("sequential"),
-        ):
-            while True:
-                result = await self.wrapped.run(
-                    prompt if first else None,
-                    message_history=history,
-                    deferred_tool_results=deferred,
-                    deps=ex.deps,
-                    usage_limits=usage_limits,
-                )
-                output: Any = result.output
-                if not isinstance(output, DeferredToolRequests):
-                    break
-                deferred = await self._decisions(ex, output, approval_wait_s)
-                history, first = result.all_messages(), False
-        if run.state.status != "finished":
-            await run.finish("succeeded", str(output)[:SUMMARY_CHARS])
+            # A fork: the agent's loop is handed the parent's conversation as its history,
+            # so a fork given no prompt goes on from it (the parent's pending calls first);
+            # the capability records the prompt and numbers the turns (read once, here).
+            events = await recorded_events(run)
+            base = _fork_base(events)
+            history = base.history
+            prompt = user_prompt if base.prompt is None else base.prompt
+        cap = self._capability(run, approval_wait_s, events)
+        with Agent.parallel_tool_call_execution_mode("sequential"):
+            result = await self.wrapped.run(
+                prompt,
+                run_id=run.run_id,
+                message_history=history,
+                model=model,
+                deps=deps,
+                usage_limits=usage_limits,
+                capabilities=[cap],
+            )
+        output: Any = result.output
+        if isinstance(output, DeferredToolRequests):
+            names = ", ".join(p.tool_name for p in output.calls)
+            raise NotImplementedError(
+                f"run {run.run_id}: deferred (external) tool calls are not mapped to runlog: "
+                f"{names}; declare them as tools the agent runs, or use requires_approval"
+            )
         return RunlogResult(
             run_id=run.run_id,
             output=output,
             messages=result.all_messages(),
             resumed=resumed,
-            replayed_turns=min(ex.next_turn, len(ex.recorded)),
-            requested_turns=ex.requested,
+            replayed_turns=cap.replayed_turns,
+            requested_turns=cap.requested_turns,
         )
 
-    async def _decisions(
-        self, ex: _Execution, requests: DeferredToolRequests, wait_s: float
-    ) -> DeferredToolResults:
-        """Each approval-required call as a runlog approval; its decision, once made."""
-        run = ex.run
-        if requests.calls:
-            names = ", ".join(p.tool_name for p in requests.calls)
-            raise NotImplementedError(
-                f"run {run.run_id}: deferred (external) tool calls are not mapped to runlog: "
-                f"{names}; declare them as tools the agent runs, or use requires_approval"
-            )
-        results = DeferredToolResults()
-        for part in requests.approvals:
-            approval_id = await self._approval_for(ex, part)
-            approval = await self._await_decision(run, approval_id, wait_s)
-            if approval.approved:
-                results.approvals[part.tool_call_id] = True
-            else:
-                note = approval.note or f"rejected by {approval.decided_by}"
-                results.approvals[part.tool_call_id] = ToolDenied(note)
-        return results
+    async def runlog_tools(self, deps: DepsT = None) -> list[Tool]:  # type: ignore[assignment]
+        """The runlog tools to open a run of this agent with (risk class, reconciler)."""
+        return await self._capability(None, 0.0).runlog_tools(deps)
 
-    async def _approval_for(self, ex: _Execution, part: ToolCallPart) -> str:
-        run = ex.run
-        args_json, args = _args_json(part)
-        scope = ex.operation_id(part.tool_call_id)
-        key = run.key_for(part.tool_name, args or {}, operation_id=scope)
-        for approval in run.state.approvals.values():
-            if approval.kind == "action" and approval.idempotency_key == key:
-                return approval.approval_id
-        return await run.request_approval(
-            f"{part.tool_name} {args_json}",
-            kind="action",
-            name=part.tool_name,
-            args_json=args_json,
-            idempotency_key=key,
-        )
+    def _capability(
+        self,
+        run: aio.AsyncRun | None,
+        approval_wait_s: float,
+        events: list[Any] | None = None,
+    ) -> RunlogDurability:
+        """The ``RunlogDurability`` this agent's run is driven by (on ``run``, already open;
+        ``events``: its valid events, when already read)."""
+        from runlog.integrations.pydantic_ai_capability import RunlogDurability
 
-    @staticmethod
-    async def _await_decision(run: aio.AsyncRun, approval_id: str, wait_s: float) -> Any:
-        deadline = time.monotonic() + wait_s
-        while True:
-            approval = run.state.approvals[approval_id]
-            if approval.approved is not None:
-                return approval
-            await run.poll_decisions()
-            approval = run.state.approvals[approval_id]
-            if approval.approved is not None:
-                return approval
-            if time.monotonic() >= deadline:
-                raise Escalated(
-                    f"run {run.run_id} waits for a person to decide {approval_id}",
-                    approval_id=approval_id,
-                    run_id=run.run_id,
-                )
-            await asyncio.sleep(APPROVAL_POLL_S)
-
-    # What open_run needs ---------------------------------------------------------------
-    async def _own_events(self, run: aio.AsyncRun) -> list[Any]:
-        """The run's valid events (its own log: a fork's begins with RUN_FORKED), or none
-        when there is nothing in them the agent replays (no turn yet, not a fork)."""
-        if run.state.turns == 0 and run.state.lineage is None:
-            return []
-        settings = run.sync.deps.settings  # where the run lives, whoever opened it
-        return await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
-
-    async def _runlog_tools(self, deps: Any) -> list[Tool]:
-        """A runlog tool per tool of the agent: its risk class, reconciler and a function
-        that runs the Pydantic AI tool (with the live call's context, or a fresh one when
-        recovery retries a call before the agent runs)."""
-        ctx = _fresh_context(self.wrapped, deps)
-        out: list[Tool] = []
-        for toolset in self.wrapped.toolsets:
-            for name in await toolset.get_tools(ctx):
-                policy = self.policies.get(name, ToolPolicy())
-                fn = _invoker(name, toolset, deps, self.wrapped)
-                out.append(Tool(name=name, fn=fn, risk=policy.risk, reconcile=policy.reconcile))
-        unknown = set(self.policies) - {t.name for t in out}
-        if unknown:
-            raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")
-        return out
-
-
-def _invoker(
-    name: str,
-    toolset: AbstractToolset[Any],
-    deps: Any,
-    agent: Agent[Any, Any],
-) -> Callable[..., Awaitable[str]]:
-    async def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
-        live = _LIVE.get()
-        if live is not None and live.toolset is toolset:
-            ctx, tool = live.ctx, live.tool
-        else:
-            # Recovery retries a call inside open_run, before the agent runs again.
-            ctx = _fresh_context(agent, deps, tool_name=name)
-            tool = (await toolset.get_tools(ctx))[name]
-        try:
-            value = await toolset.call_tool(name, args, ctx, tool)
-        except (ApprovalRequired, CallDeferred) as exc:
-            if live is not None:
-                live.deferred = exc
-            raise ToolError(f"{name}{DEFERRED_MARK}{type(exc).__name__}") from exc
-        except ModelRetry as exc:
-            if live is not None:
-                live.retry = exc.message
-            raise ToolError(exc.message) from exc  # the tool refused: nothing happened
-        return _encode_result(value)
-
-    return invoke
+        return RunlogDurability(
+            tools=self.policies,
+            tenant=self.tenant,
+            settings=self.settings,
+            name=self.name,
+            approval_wait_s=approval_wait_s,
+            cost=self._cost,
+        ).on(self.wrapped, run, events=events)
 
 
 def _model_of(agent: Agent[Any, Any]) -> Model:
@@ -725,18 +588,6 @@ def _model_of(agent: Agent[Any, Any]) -> Model:
 
 def _fresh_context(agent: Agent[Any, Any], deps: Any, *, tool_name: str | None = None) -> Any:
     return RunContext(deps=deps, model=_model_of(agent), usage=RunUsage(), tool_name=tool_name)
-
-
-def _valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[Any]:
-    from runlog.bootstrap import Services
-    from runlog.log.fold import read_run
-    from runlog.log.reader import LogReader
-
-    services = Services.shared(settings or Settings())
-    with LogReader(services.settings) as reader:
-        got = read_run(reader, services.redis, services.settings, tenant, run_id, keep=True)
-    fenced = {rec.offset for rec in got.folded.fenced}
-    return [rec.event for rec in got.folded.kept if rec.offset not in fenced]
 
 
 def register(
@@ -793,9 +644,7 @@ def register(
 
 async def _fork_input(run: aio.AsyncRun) -> Any:
     """The input a fork was given (its RUN_FORKED's), None when it was given none."""
-    settings = run.sync.deps.settings
-    events = await asyncio.to_thread(_valid_events, settings, run.tenant, run.run_id)
-    forked = events[0].payload
+    forked = (await recorded_events(run))[0].payload
     return None if forked.input_json is None else json.loads(forked.input_json)
 
 
@@ -824,8 +673,3 @@ def _agent_version(wrapped: RunlogAgent[Any, Any]) -> str:
             except (OSError, TypeError):
                 parts.append(repr(tool))
     return "pai-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
-
-
-def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:
-    """``policies(refund=ToolPolicy("irreversible", reconcile=...), lookup="safe")``."""
-    return {k: v if isinstance(v, ToolPolicy) else ToolPolicy(v) for k, v in by_name.items()}

@@ -247,3 +247,51 @@ def test_a_worker_fenced_inside_a_tool_call_stops_with_runlogs_fenced_error(
     code, result = old.finish(timeout=60)
     assert code == EXIT_FENCED, result
     assert list(ledger.per_key().values()) == [1]
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_while_waiting_for_approval_resumes_with_the_decision_and_runs_once(
+    fast: Settings, ledger: Any, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The SDK's ``needs_approval`` interruption as a runlog approval, across a SIGKILL: the
+    worker waiting for the decision dies, a person approves with ``runlog approve``, and the
+    next worker replays to the same call (the model not asked again), finds the decision by
+    the call's key and runs the refund once."""
+    import time
+
+    run_id = new_run_id()
+    waiting = start(
+        fast, tmp_path, "waiting", run_id, "--scenario", "approval", "--approval-wait-s", "120"
+    )
+    deadline = time.monotonic() + 90
+    while not payloads(events_of(fast, run_id), EventType.APPROVAL_REQUESTED):
+        assert time.monotonic() < deadline, "no approval was requested"
+        time.sleep(0.2)
+    waiting.kill(signal.SIGKILL)
+    (requested,) = payloads(events_of(fast, run_id), EventType.APPROVAL_REQUESTED)
+    assert ledger.per_key() == {}
+
+    cli = Path(sys.executable).with_name("runlog")
+    done = subprocess.run(
+        [str(cli), "approve", run_id, requested.approval_id, "--by", "alice"],
+        env=worker_env(fast),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+    code, after = start(
+        fast, tmp_path, "after", run_id, "--scenario", "approval", "--takeover"
+    ).finish(timeout=120)
+    assert code == EXIT_OK, after
+    events = events_of(fast, run_id)
+    state = assert_log_sound(events)
+    assert state.status == "finished"
+    (key,) = assert_effects_once(ledger, events, "refund")
+    (approval,) = state.approvals.values()
+    assert approval.approved and approval.decided_by == "alice"
+    assert approval.idempotency_key == key
+    assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)

@@ -26,6 +26,7 @@ from workers.common import read_log
 import runlog
 from runlog import aio
 from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy
+from runlog.projections.lineage import logical_of
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -111,6 +112,20 @@ def test_a_fork_at_a_model_turn_shows_another_model_the_parents_history_and_the_
     ]
     assert resolved == ["inherited"]
     assert len(parent_model.seen) == 3  # the parent's model was asked nothing more
+    # Each call a fork's MODEL_TURN proposes records a key of the logical action it ran as:
+    # the fork's new call 9 its STARTED key's, the inherited call 8 the parent's.
+    ran_under: dict[str, str] = {}
+    proposed: dict[str, str] = {}
+    for r in read_log(fast, fork.run_id):
+        p: Any = r.event.payload
+        if r.event.type is EventType.TOOL_CALL_STARTED:
+            ran_under[p.call_id] = p.idempotency_key
+        elif r.event.type is EventType.FORK_EFFECT_RESOLVED:
+            ran_under[p.call_id] = p.logical_key
+        elif r.event.type is EventType.MODEL_TURN:
+            proposed |= {c.call_id: logical_of(c.idempotency_key) for c in p.tool_calls}
+    assert set(proposed) == {"c2", "c3"}
+    assert proposed == {c: logical_of(k) for c, k in ran_under.items()}
 
     # Resumed (a worker re-executing it): the fork's turns are replayed, nothing is asked.
     again = asyncio.run(durable.run(run_id=fork.run_id, model=other.model()))

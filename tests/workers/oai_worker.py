@@ -169,6 +169,7 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgents:
             "transfer": ToolPolicy("irreversible"),
         },
         settings=settings,
+        session=opts.session,
     )
 
 
@@ -183,7 +184,9 @@ def main() -> int:
     ap.add_argument("--pre-s", type=float, default=0.0)
     ap.add_argument("--tool-s", type=float, default=0.0)
     ap.add_argument("--takeover", action="store_true")
+    ap.add_argument("--session", action="store_true", help="history in a RunlogSession")
     ap.add_argument("--wait-s", type=float, default=None)
+    ap.add_argument("--approval-wait-s", type=float, default=0.0)
     opts = ap.parse_args()
     set_tracing_disabled(True)  # offline: no trace export
     settings = Settings()
@@ -199,6 +202,7 @@ def main() -> int:
                 run_id=opts.run_id,
                 takeover=opts.takeover,
                 wait_s=opts.wait_s,
+                approval_wait_s=opts.approval_wait_s,
             )
         )
         result = {

@@ -151,6 +151,7 @@ def main() -> int:
     ap.add_argument("--takeover", action="store_true")
     ap.add_argument("--capability", action="store_true", help="RunlogDurability, not RunlogAgent")
     ap.add_argument("--wait-s", type=float, default=None)
+    ap.add_argument("--approval-wait-s", type=float, default=0.0)
     ap.add_argument("--hold", action="store_true", help="wait for the go flag before running")
     opts = ap.parse_args()
     settings = Settings()
@@ -166,12 +167,17 @@ def main() -> int:
             run_id=opts.run_id,
             takeover=opts.takeover,
             wait_s=opts.wait_s,
+            approval_wait_s=opts.approval_wait_s,
         )
 
     async def go_capability() -> Any:
         # The agent itself, with runlog as a capability of this run.
         cap = RunlogDurability(
-            tools=durable.policies, settings=settings, takeover=opts.takeover, wait_s=opts.wait_s
+            tools=durable.policies,
+            settings=settings,
+            takeover=opts.takeover,
+            wait_s=opts.wait_s,
+            approval_wait_s=opts.approval_wait_s,
         )
         got = await durable.wrapped.run(
             "Charge every order, then say done.", run_id=opts.run_id, capabilities=[cap]
