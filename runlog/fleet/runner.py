@@ -260,6 +260,11 @@ def execute(
 def _agent_failed(
     lw: LifecycleWriter, run: Run, agent: Agent, rec: Record, exc: Exception
 ) -> Result:
+    """The agent raised: a retry after its policy's delay, or the run ends failed; a run a
+    person cancelled meanwhile ends cancelled (never retried), also when the retry's own
+    record is the step that learns of the cancel."""
+    if run.state.cancel is not None:
+        return _cancelled(lw, run, exc)
     try:
         delay = _retry_or_fail_due(agent, run.state.timers)
         if delay is not None:
@@ -273,6 +278,8 @@ def _agent_failed(
         log.warning("agent %s failed on %s: %s", agent.name, run.run_id, exc)
         run.finish("failed", _failure_text(exc))
         return _finished(lw, run.run_id)
+    except Cancelled:
+        return _cancelled(lw, run, exc)
     except (Fenced, RunLocked) as err:
         return _fenced(run.deps, err)
     except INFRA as err:
@@ -356,6 +363,8 @@ async def _agent_failed_async(
     lw: LifecycleWriter, arun: AsyncRun, agent: Agent, rec: Record, exc: Exception
 ) -> Result:
     run = arun.sync
+    if run.state.cancel is not None:
+        return await in_thread(_cancelled, lw, run, exc)
     try:
         delay = _retry_or_fail_due(agent, run.state.timers)
         if delay is not None:
@@ -371,6 +380,8 @@ async def _agent_failed_async(
         await arun.finish("failed", _failure_text(exc))
         await arun.close()
         return await in_thread(_finished, lw, run.run_id)
+    except Cancelled:
+        return await in_thread(_cancelled, lw, run, exc)
     except (Fenced, RunLocked) as err:
         return _fenced(run.deps, err)
     except INFRA as err:

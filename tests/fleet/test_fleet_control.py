@@ -178,6 +178,25 @@ def test_a_sync_agent_that_only_appends_sees_a_cancel_at_its_next_append(
     assert _saw_cancel(redis_client, fleet_settings, rid) == 1
 
 
+def test_an_agent_failing_after_a_cancel_ends_cancelled_not_retried(
+    fleet_settings: Settings, fleet: Fleet
+) -> None:
+    """The agent raises (its policy would retry it) after a person cancelled the run, before
+    any step of its own saw the cancel: the retry's record is the step that sees it, and
+    the run ends cancelled there, neither retried nor left to a crashed dispatch."""
+    name = fleet.spawn()
+    rid = runlog.start("stumbler", {"wait_s": 1.5}, tenant="t1", settings=fleet_settings)
+    deadline = time.monotonic() + 30
+    while states(fleet_settings, [rid])[rid].seq < 2:  # started, then "began"
+        assert time.monotonic() < deadline, fleet.tail(name)
+        time.sleep(0.05)
+    runlog.cancel(rid, reason="not now", by="ops@example", tenant="t1", settings=fleet_settings)
+    (st,) = wait_finished(fleet_settings, [rid], 30, fleet).values()
+    assert st.outcome == "cancelled", st.summary
+    assert not any(t.purpose == "retry" for t in st.timers), st.timers
+    assert "crashed" not in fleet.tail(name)
+
+
 def test_a_cancel_of_an_orphaned_fleet_run_ends_it_cancelled_once_a_worker_takes_it(
     fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
 ) -> None:

@@ -92,6 +92,15 @@ def failing(run: runlog.Run, order: dict[str, Any]) -> str:
     raise ValueError(f"cannot handle {order}")
 
 
+@runlog.agent("stumbler", retries=3, retry_delay_s=0.2)
+def stumbler(run: runlog.Run, order: dict[str, Any]) -> str:
+    """Notes that it began, waits ``order["wait_s"]`` (not a step: a cancel made meanwhile is
+    not seen there), then fails."""
+    run.append(runlog.EventType.MEMORY_WRITTEN, key="began", value="yes")
+    time.sleep(float(order["wait_s"]))
+    raise ValueError("stumbled")
+
+
 @runlog.agent("apayer", tools=[pay])
 async def apayer(run: runlog.aio.AsyncRun, order: dict[str, Any]) -> str:
     for i in range(int(order["steps"])):
