@@ -123,6 +123,9 @@ class ForgetReport:
     """Every projection runner folded the erasures (None: not waited for)."""
     persistence_rewritten: bool | None = None
     """Redis rewrote its AOF and RDB after the purge (None: not asked)."""
+    requests_dropped: list[str] = field(default_factory=list)
+    """Start requests of the subject no worker had started (their lifecycle records hold
+    the run's input): tombstoned, so no worker starts the forgotten person's run."""
     log_plaintext_kept: bool = False
     """The events topic still holds content of these runs in clear: it was written with
     encryption off (``RUNLOG_ENCRYPTION``), so no key shred can erase it; only the topic's

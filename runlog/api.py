@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
 from runlog.fleet.requests import forget as forget_dispatch
-from runlog.fleet.requests import request_dispatch, request_start, wake
+from runlog.fleet.requests import pending_starts, request_dispatch, request_start, wake
 from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
@@ -383,6 +383,12 @@ def forget(
         with contextlib.suppress(ValueError):
             runs.append(check_run_id(subject))  # the default subject of a run is itself
     runs = _with_forks(RunIndex(services.redis, s), tenant, runs)
+    # Start requests no worker took yet hold the run's input and would start the forgotten
+    # subject's run: dropped (tombstoned; compaction then removes the input from the topic).
+    requests = [] if subject is None else pending_starts(s, tenant, subject)
+    for rid in requests:
+        if rid not in runs:
+            forget_dispatch(s, rid)
     deps = services.run_deps()
     with tracing.span("forget", tenant=tenant) as span:
         existing: list[str] = []
@@ -396,6 +402,7 @@ def forget(
         report = forget_runs(
             deps, tenant, existing, reason=reason, by=by, shredder=shredder or shredder_for(s)
         )
+        report.requests_dropped = [rid for rid in requests if rid not in runs]
         for r in report.runs:
             if r.terminated:
                 forget_dispatch(s, r.run_id)  # a run of the fleet: no worker dispatches it again

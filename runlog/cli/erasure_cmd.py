@@ -105,7 +105,9 @@ def _forget(args: argparse.Namespace) -> int:
             if r.terminated:
                 how = "terminated, then erased"
             print(f"{r.run_id}: {how} (subject {r.subject}, seq {r.seq})")
-        if not report.runs:
+        for rid in report.requests_dropped:
+            print(f"{rid}: start request dropped (no worker had started it)")
+        if not report.runs and not report.requests_dropped:
             print(f"no run of {args.subject or args.run_id} in tenant {args.tenant}")
         print(
             f"keys shredded: {len(report.keys_shredded)}; snapshots deleted: "

@@ -141,3 +141,32 @@ def test_an_erased_run_left_with_a_lifecycle_record_is_dropped_not_dispatched(
         assert log.count(f"dispatch of {rid} dropped") == 1, log[-3000:]
         assert _seqs(s, rid) == seqs  # nothing appended: not started, not resumed
         assert _lifecycle_last(s, rid) == (True, None)  # tombstoned
+
+
+def test_a_start_request_of_a_forgotten_subject_is_dropped_with_encryption_off(
+    test_settings: Settings, tmp_path: Path
+) -> None:
+    """With encryption off the start request holds the input in clear and no key shred
+    reaches it: ``forget --subject`` tombstones the subject's start requests no worker has
+    started, so a worker that comes up later never starts the forgotten person's run."""
+    s = test_settings.model_copy(update={"lease_ttl_ms": 3000})
+    assert s.encryption != "on"
+    subject = f"user-{uuid.uuid4().hex[:8]}"
+    gone = runlog.start(
+        "payer", {"to": "gone", "steps": 1}, tenant=TENANT, settings=s, subject=subject
+    )
+    report = runlog.api.forget(
+        tenant=TENANT, subject=subject, reason="art. 17", by="dpo", wait_s=1, settings=s
+    )
+    assert report.requests_dropped == [gone] and report.runs == []
+    assert _lifecycle_last(s, gone) == (True, None)
+    fleet = Fleet(s, tmp_path)
+    try:
+        fleet.spawn()
+        other = runlog.start("payer", {"to": "kept", "steps": 1}, tenant=TENANT, settings=s)
+        (st,) = wait_finished(s, [other], 60, fleet).values()
+        assert st.outcome == "succeeded"
+        time.sleep(1.0)
+    finally:
+        fleet.stop_all()
+    assert _seqs(s, gone) == []  # never started
