@@ -19,7 +19,9 @@ from projections_support import start_runner, stop, wait_assigned, wait_caught_u
 from pydantic import SecretStr
 from scan_support import topic_bytes
 
+import runlog
 import runlog.api
+from runlog.errors import ForkRefused
 from runlog.log import keys as keys_mod
 from runlog.log.keys import new_kek
 from runlog.settings import Settings
@@ -89,3 +91,17 @@ def test_forget_of_a_sealed_run_says_nothing_is_kept(test_settings: Settings) ->
         assert marker.encode() not in topic_bytes(s)
     finally:
         keys_mod.close_shared()
+
+
+def test_an_erased_run_is_not_forked(test_settings: Settings) -> None:
+    """A fork begins with its parent's state: with encryption off the log still holds the
+    erased content in clear, and a fork made after the forget would carry it into a new run
+    (readable there, under no erasure). It is refused, and nothing is written."""
+    s = test_settings
+    marker = f"FORK{uuid.uuid4().hex}"
+    rid = make_run(s, marker)
+    runlog.api.forget(tenant=TENANT, run_id=rid, reason="art. 17", by="dpo", wait_s=0.5, settings=s)
+    before = topic_bytes(s).count(marker.encode())
+    with pytest.raises(ForkRefused):
+        runlog.fork(rid, at_seq=2, tenant=TENANT, forked_by="ops", settings=s)
+    assert topic_bytes(s).count(marker.encode()) == before  # no new copy in the log
