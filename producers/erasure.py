@@ -37,12 +37,14 @@ import redis
 
 from runlog.errors import Fenced, RedisUnavailable, RunFinished
 from runlog.log.fold import read_run
+from runlog.log.keys import keys_for
 from runlog.log.snapshots import SnapshotStore
 from runlog.producers import control
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import RunDeps
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Payload, data_subject
+from runlog.schemas.sealing import readable_fields
 from runlog.schemas.vocabulary import STARTS, EventType
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,25 @@ class ForgetReport:
     """Every projection runner folded the erasures (None: not waited for)."""
     persistence_rewritten: bool | None = None
     """Redis rewrote its AOF and RDB after the purge (None: not asked)."""
+    requests_dropped: list[str] = field(default_factory=list)
+    """Start requests of the subject no worker had started (their lifecycle records hold
+    the run's input): tombstoned, so no worker starts the forgotten person's run."""
+    log_plaintext_kept: bool = False
+    """The events topic still holds content of these runs in clear: it was written with
+    encryption off (``RUNLOG_ENCRYPTION``), so no key shred can erase it; only the topic's
+    own retention deletes it. runlog's copies (projections, snapshots) are purged."""
+    log_plaintext_runs: list[str] = field(default_factory=list)
+    """The runs whose log records still read in clear after the shred."""
+    log_plaintext_note: str = ""
+    """One line saying so, and what fixes it for future runs (empty when nothing is kept)."""
+
+
+PLAINTEXT_NOTE = (
+    "the events topic still holds these runs' content in clear: they were written with "
+    "encryption off, and a record of the log cannot be rewritten, so it stays there until "
+    "the topic's retention deletes it (runlog's own copies are purged); set "
+    "RUNLOG_ENCRYPTION=on with RUNLOG_KEK for future runs, so that forget shreds their key"
+)
 
 
 def _started(deps: RunDeps, tenant: str, run_id: str) -> tuple[RunState, Payload | None, int]:
@@ -132,6 +153,17 @@ def _started(deps: RunDeps, tenant: str, run_id: str) -> tuple[RunState, Payload
         reader.close()
     first = next((r.event for r in got.folded.kept if r.event.type in STARTS), None)
     return got.state, None if first is None else first.payload, got.partition
+
+
+def plaintext_left(deps: RunDeps, tenant: str, run_id: str) -> bool:
+    """Whether the run's log still reads any content in clear (after its subject's keys are
+    shredded: a content field that holds text other than ``ERASED``)."""
+    reader = deps.reader_factory()
+    try:
+        got = read_run(reader, deps.redis, deps.settings, tenant, run_id, keep=True)
+    finally:
+        reader.close()
+    return any(readable_fields(r.event) for r in got.folded.kept)
 
 
 def run_subject(deps: RunDeps, tenant: str, run_id: str) -> str:
@@ -217,6 +249,21 @@ def forget(
     report.subjects = sorted({r.subject for r in report.runs})
     for subject in report.subjects:
         report.keys_shredded.extend(shredder.shred(tenant, subject))
+    drop_cached_keys(deps, report.keys_shredded)
     for r in report.runs:
         report.snapshots_deleted += purge_snapshots(deps, tenant, r.run_id)
+    report.log_plaintext_runs = [
+        r.run_id for r in report.runs if plaintext_left(deps, tenant, r.run_id)
+    ]
+    report.log_plaintext_kept = bool(report.log_plaintext_runs)
+    report.log_plaintext_note = PLAINTEXT_NOTE if report.log_plaintext_kept else ""
     return report
+
+
+def drop_cached_keys(deps: RunDeps, key_ids: Iterable[str]) -> None:
+    """This process's key store forgets the shredded keys at once (a shredder other than
+    the process's own store, e.g. a KMS adapter, leaves them cached until its refresh)."""
+    ids = list(key_ids)
+    store = keys_for(deps.settings)
+    if ids and store is not None:
+        store.drop_cached(ids)

@@ -90,6 +90,16 @@ def read_parent(deps: RunDeps, tenant: str, parent_id: str, at_seq: int) -> Pare
         raise UnknownRun(f"run {parent_id} has no events", run_id=parent_id)
     if head.tenant != tenant:
         raise TenantMismatch(f"run {parent_id} has no events", run_id=parent_id)
+    if head.erased is not None:
+        # A fork begins with the parent's state: with encryption off the log still holds the
+        # erased content in clear, and a fork would carry it into a new run again.
+        e = head.erased
+        raise ForkRefused(
+            f"run {parent_id}'s content was erased (by {e.erased_by}: {e.reason}); "
+            "an erased run is not forked",
+            run_id=parent_id,
+            seq=at_seq,
+        )
     if not 1 <= at_seq <= head.seq:
         raise ForkRefused(
             f"run {parent_id} has valid seqs 1..{head.seq}; cannot fork at seq {at_seq}",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from runlog.bootstrap import Services
 from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
 from runlog.fleet.requests import forget as forget_dispatch
-from runlog.fleet.requests import request_dispatch, request_start, wake
+from runlog.fleet.requests import pending_starts, request_dispatch, request_start, wake
 from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
@@ -34,6 +34,7 @@ from runlog.settings import Settings
 # question put to a person, the metrics server) is imported when one of them is called.
 # tests/test_layout.py checks that importing this module loads no ``runlog.consumers``.
 if TYPE_CHECKING:
+    from runlog.consumers.index import RunIndex
     from runlog.consumers.question import Question
     from runlog.consumers.timeline import Timeline
     from runlog.producers.run import Run
@@ -329,6 +330,19 @@ def terminate(
         return done
 
 
+def _with_forks(index: RunIndex, tenant: str, runs: list[str]) -> list[str]:
+    """``runs`` and the forks of each, and theirs (the run index's lineage), in order: a
+    fork carries its parent's content (its RUN_FORKED holds the parent's state), so what
+    forgets a run (``forget``, the retention job) forgets its forks with it."""
+    todo, out = list(runs), []
+    while todo:
+        rid = todo.pop(0)
+        if rid not in out:
+            out.append(rid)
+            todo += [c.run_id for c in index.children(tenant, rid)]
+    return out
+
+
 def forget(
     *,
     tenant: str,
@@ -368,15 +382,13 @@ def forget(
         runs = RunIndex(services.redis, s).runs_of_subject(tenant, subject)
         with contextlib.suppress(ValueError):
             runs.append(check_run_id(subject))  # the default subject of a run is itself
-    # A fork carries its parent's content (its RUN_FORKED holds the parent's state): the
-    # forks of each run, and theirs, are forgotten with it.
-    index = RunIndex(services.redis, s)
-    todo, runs = list(runs), []
-    while todo:
-        rid = todo.pop(0)
+    runs = _with_forks(RunIndex(services.redis, s), tenant, runs)
+    # Start requests no worker took yet hold the run's input and would start the forgotten
+    # subject's run: dropped (tombstoned; compaction then removes the input from the topic).
+    requests = [] if subject is None else pending_starts(s, tenant, subject)
+    for rid in requests:
         if rid not in runs:
-            runs.append(rid)
-            todo += [c.run_id for c in index.children(tenant, rid)]
+            forget_dispatch(s, rid)
     deps = services.run_deps()
     with tracing.span("forget", tenant=tenant) as span:
         existing: list[str] = []
@@ -390,6 +402,7 @@ def forget(
         report = forget_runs(
             deps, tenant, existing, reason=reason, by=by, shredder=shredder or shredder_for(s)
         )
+        report.requests_dropped = [rid for rid in requests if rid not in runs]
         for r in report.runs:
             if r.terminated:
                 forget_dispatch(s, r.run_id)  # a run of the fleet: no worker dispatches it again
@@ -463,12 +476,16 @@ def apply_retention(
         for rid in covered:
             by_subject.setdefault(run_subject(deps, t, rid), []).append(rid)
         for subject, rids in sorted(by_subject.items()):
-            newer = set(index.runs_of_subject(t, subject)) - set(covered)
+            # The forks of a covered run carry its content (and share its subject): they
+            # are forgotten with it, as ``forget`` does, whenever they ended (a fork in
+            # progress is stopped first), and never keep it from being covered.
+            with_forks = _with_forks(index, t, rids)
+            newer = set(index.runs_of_subject(t, subject)) - set(covered) - set(with_forks)
             if newer:
                 for rid in rids:
                     job.kept[rid] = f"subject {subject} has {len(newer)} run(s) not covered yet"
                 continue
-            job.runs += rids
+            job.runs += [rid for rid in with_forks if rid not in job.runs]
             job.subjects.append(subject)
         if job.runs and not dry_run:
             reason = f"retention: ended more than {age} ago (before {cutoff.isoformat()})"

@@ -251,6 +251,25 @@ def erased_fields(event: Any) -> list[str]:
     return out
 
 
+def readable_fields(event: Any) -> list[str]:
+    """The content fields of a decoded ``Event`` that hold text other than ``ERASED``: after
+    its subject's keys are shredded, content that was written in plaintext (encryption off,
+    or a record written before it was on)."""
+    out: list[str] = []
+    for path in SEALED_FIELDS.get(event.type, ()):
+        outer, inner = _split(path)
+        if inner is None:
+            value = getattr(event.payload, outer)
+            if value and value != ERASED:
+                out.append(outer)
+        else:
+            for k, item in enumerate(getattr(event.payload, outer) or ()):
+                value = getattr(item, inner)
+                if value and value != ERASED:
+                    out.append(f"{outer}[{k}].{inner}")
+    return out
+
+
 def is_erased(event: Any) -> bool:
     """Whether any content field of ``event`` was erased (its subject's key destroyed)."""
     return bool(erased_fields(event))

@@ -17,6 +17,7 @@ from runlog.consumers.runner.fencing import FencedRunner
 from runlog.consumers.store import Batch, Decoded, Handler, Rejected, Writes, dumps
 from runlog.errors import KafkaUnavailable, SchemaError
 from runlog.log.authority import tenant_keys_for
+from runlog.log.keys import learn
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
@@ -72,6 +73,7 @@ def _record_of(
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
     try:
         ev = decode(msg.value(), ids, keys)
+        learn(keys, ev)
         if run_key != ev.run_id:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:

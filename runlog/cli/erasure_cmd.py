@@ -105,13 +105,18 @@ def _forget(args: argparse.Namespace) -> int:
             if r.terminated:
                 how = "terminated, then erased"
             print(f"{r.run_id}: {how} (subject {r.subject}, seq {r.seq})")
-        if not report.runs:
+        for rid in report.requests_dropped:
+            print(f"{rid}: start request dropped (no worker had started it)")
+        if not report.runs and not report.requests_dropped:
             print(f"no run of {args.subject or args.run_id} in tenant {args.tenant}")
         print(
             f"keys shredded: {len(report.keys_shredded)}; snapshots deleted: "
             f"{report.snapshots_deleted}; projections purged: {report.projections_purged}; "
             f"redis files rewritten: {report.persistence_rewritten}"
         )
+        if report.log_plaintext_kept:
+            runs = ", ".join(report.log_plaintext_runs)
+            print(f"NOT erased from the events topic ({runs}): {report.log_plaintext_note}")
     ok = report.projections_purged is not False and report.persistence_rewritten is not False
     return 0 if ok else EXIT_FAILURE
 
@@ -211,6 +216,9 @@ def _retention_apply(args: argparse.Namespace) -> int:
             )
             for rid in j.runs:
                 print(f"  {rid}")
+            if j.report is not None and j.report.log_plaintext_kept:
+                runs = ", ".join(j.report.log_plaintext_runs)
+                print(f"  NOT erased from the events topic ({runs}): {j.report.log_plaintext_note}")
             for rid, why in sorted(j.kept.items()):
                 print(f"  kept {rid}: {why}")
     bad = [

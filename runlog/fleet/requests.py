@@ -8,13 +8,23 @@ appends RUN_STARTED only to a run with no events (``docs/concepts/fleet.md``).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from runlog.errors import RunFinished, TenantMismatch, UnknownRun, ValidationFailed
+from runlog.errors import (
+    KafkaUnavailable,
+    RunFinished,
+    SchemaError,
+    TenantMismatch,
+    UnknownRun,
+    ValidationFailed,
+)
 from runlog.fleet.lifecycle import Record, writer_for
 from runlog.log.fold import read_run
+from runlog.log.kafka import high_watermark, partitions_of, reader_config
 from runlog.log.keys import sealer_for
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
@@ -100,6 +110,52 @@ def forget(settings: Settings, run_id: str) -> None:
     """Tombstone the lifecycle record of a run of the fleet that has ended (``runlog
     terminate``): no worker's table keeps it, none dispatches it again."""
     writer_for(settings).write(run_id, None)
+
+
+def pending_starts(
+    settings: Settings, tenant: str, subject: str, *, wait_s: float = 30.0
+) -> list[str]:
+    """The run ids whose latest lifecycle record is a start request of ``subject`` in
+    ``tenant`` (its named subject, or the run id when it named none) that no worker has
+    started yet: a forget of the subject drops them (``forget`` below), since the request
+    holds the run's input, and a worker would start the forgotten person's run on it."""
+    topic = settings.lifecycle_topic
+    consumer = Consumer(reader_config(settings))
+    last: dict[str, bytes | None] = {}
+    try:
+        for part in sorted(partitions_of(consumer, topic)):
+            end = high_watermark(consumer, topic, part)
+            if end <= 0:
+                continue
+            consumer.assign([TopicPartition(topic, part, OFFSET_BEGINNING)])
+            deadline = time.monotonic() + wait_s
+            done = False
+            while not done:
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailable(f"reading {topic}[{part}] to {end} timed out")
+                for msg in consumer.consume(500, timeout=0.5):
+                    if msg.error() is not None:
+                        continue
+                    off = msg.offset()
+                    key = msg.key()
+                    if key is not None:
+                        last[key.decode()] = msg.value()
+                    if off is not None and off >= end - 1:
+                        done = True
+            consumer.unassign()
+    finally:
+        consumer.close()
+    found: list[str] = []
+    for rid, value in last.items():
+        if value is None:
+            continue
+        try:
+            rec = Record.decode(value)
+        except SchemaError:
+            continue
+        if rec.state == "requested" and rec.tenant == tenant and (rec.subject or rid) == subject:
+            found.append(rid)
+    return sorted(found)
 
 
 def _state(settings: Settings, client: redis.Redis, tenant: str, run_id: str) -> RunState:

@@ -126,6 +126,18 @@ def _finished(lw: LifecycleWriter, run_id: str) -> Result:
     return Result("finished", None, lw.write(run_id, None))
 
 
+def _erased(lw: LifecycleWriter, run_id: str) -> Result:
+    """The run's content was erased (``runlog forget``; its fold says ``erased``): it is
+    never dispatched, whatever record is left for it (a worker that died after the finish,
+    a resume racing the forget): an erased run has ended, and its agent input and carried
+    state read ``ERASED``, which no agent can run on. Its lifecycle record is tombstoned."""
+    log.warning("dispatch of %s dropped: its content was erased (runlog forget)", run_id)
+    try:
+        return Result("erased", None, lw.write(run_id, None), why="erased")
+    except INFRA as exc:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+
+
 def _cancelled(lw: LifecycleWriter, run: Run, exc: BaseException | None) -> Result:
     """A person cancelled the run: it ends ``cancelled`` (``Run.final_outcome``), whether
     the agent let ``Cancelled`` out or was about to wait (a cancelled run waits for no
@@ -221,6 +233,9 @@ def execute(
         )
     run.dispatched = True
     try:
+        if run.state.erased is not None:
+            run.close()
+            return _erased(lw, run_id)
         if run.state.status == "finished":
             run.close()
             return _finished(lw, run_id)
@@ -322,6 +337,9 @@ async def execute_async(
     run = arun.sync
     run.dispatched = True
     try:
+        if run.state.erased is not None:
+            await arun.close()
+            return await in_thread(_erased, lw, run_id)
         if run.state.status == "finished":
             await arun.close()
             return await in_thread(_finished, lw, run_id)

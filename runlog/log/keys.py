@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from runlog.errors import ConfigError, KeyUnavailable, NoKeys
 from runlog.schemas.sealing import Sealed
+from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 NONCE_LEN = 12
@@ -212,6 +213,10 @@ class KeyStore:
         self._current: dict[tuple[str, str], _Sealer] = {}
         self._gone: set[str] = set()
         """Key ids looked up and not found: destroyed (looked up once, not per event)."""
+        self._suspect: dict[str, float] = {}
+        """Key ids a CONTENT_ERASED this process read names -> until when (monotonic) each
+        open of them re-reads the store's news first (``suspect``)."""
+        self._polled = 0.0
         self._loaded = False
         self._refreshed = 0.0
         self.bootstrap_servers: str | None = None
@@ -252,6 +257,7 @@ class KeyStore:
             self._loaded, self._refreshed = True, time.monotonic()
 
     def _forget(self, key_id: str) -> None:
+        self._suspect.pop(key_id, None)
         self._wrapped.pop(key_id, None)
         self._aeads.pop(key_id, None)
         self._gone.add(key_id)
@@ -308,7 +314,11 @@ class KeyStore:
     def open(self, key_id: str, nonce: bytes, ciphertext: bytes, aad: bytes) -> str | None:
         """The plaintext of one sealed field; None once its key is destroyed."""
         aead = self._aeads.get(key_id)
-        if aead is None or time.monotonic() - self._refreshed > self.refresh_s:
+        if (
+            aead is None
+            or key_id in self._suspect
+            or time.monotonic() - self._refreshed > self.refresh_s
+        ):
             aead = self._lookup(key_id)
             if aead is None:
                 return None
@@ -320,6 +330,14 @@ class KeyStore:
     def _lookup(self, key_id: str) -> AESGCM | None:
         with self._lock:
             self.refresh()
+            until = self._suspect.get(key_id)
+            if until is not None:
+                now = time.monotonic()
+                if now > until:
+                    del self._suspect[key_id]  # no shred came: a live key after all
+                elif now - self._polled >= SUSPECT_POLL_S:
+                    self._polled = now
+                    self.refresh(force=True)
             if key_id not in self._wrapped and key_id not in self._gone:
                 self.refresh(force=True)  # a key made a moment ago by another process
             wk = self._wrapped.get(key_id)
@@ -347,6 +365,24 @@ class KeyStore:
         with self._lock:
             for key_id in key_ids:
                 self._forget(key_id)
+
+    def suspect(self, key_ids: Iterable[str]) -> None:
+        """This process read a CONTENT_ERASED naming ``key_ids`` (a forget records it just
+        before it shreds them): the store's news is read now, and every open of one of them
+        re-reads it first (at most every ``SUSPECT_POLL_S``) until the shred is seen, so a
+        long-lived reader stops opening the subject's content at once, not at its next
+        refresh. A key no shred follows (a forget killed before its shred, which its re-run
+        completes) is trusted again after ``refresh_s``. Never destroys anything by itself:
+        a forged or fenced CONTENT_ERASED cannot make a live key read as gone."""
+        with self._lock:
+            ids = [k for k in key_ids if k not in self._gone]
+            if not ids:
+                return
+            until = time.monotonic() + max(self.refresh_s, 1.0)
+            for key_id in ids:
+                self._suspect[key_id] = until
+            self._polled = time.monotonic()
+            self.refresh(force=True)
 
     def rotate(self) -> int:
         """Re-wrap every live key under the current KEK; the number re-wrapped. Afterwards
@@ -541,6 +577,18 @@ class KafkaKeyStore(KeyStore):
 
 
 # -------------------------------------------------------------------- composition root
+
+SUSPECT_POLL_S = 0.05
+"""How often an open of a suspect key re-reads the store's news (``KeyStore.suspect``)."""
+
+
+def learn(keys: object, event: Any) -> None:
+    """What a reader does with each event it decoded: a CONTENT_ERASED makes the process's
+    key store suspect the keys it names (``KeyStore.suspect``): caches in running processes
+    learn of an erasure through the log."""
+    if event.type is EventType.CONTENT_ERASED and isinstance(keys, KeyStore):
+        keys.suspect(event.payload.key_ids)
+
 
 _shared: dict[tuple[str, int], KeyStore] = {}
 _shared_lock = threading.Lock()

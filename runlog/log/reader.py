@@ -28,7 +28,7 @@ from runlog.log.kafka import (
     reader_config,
     retrying,
 )
-from runlog.log.keys import keys_for
+from runlog.log.keys import keys_for, learn
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
 from runlog.schemas.codec import decode
@@ -240,6 +240,7 @@ class LogReader:
                             if off in self._set_aside(part):
                                 continue  # a person decided it does not count: skip it
                             raise self._unreadable(run_id, part, off, exc) from exc
+                        learn(self._keys, ev)
                         forged = self._tenants.check(
                             ev.tenant, key, msg.value() or b"", _headers(msg)
                         )
