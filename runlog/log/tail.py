@@ -171,7 +171,13 @@ class LogTail:
         if partition is None or offset is None:
             return
         part = self._parts.get(partition)
-        if part is None or offset < part.next:
+        if part is None:
+            return
+        if offset < part.next:
+            # The log went back (its topic deleted and made again under this process):
+            # nothing the tail read of it holds any more, so it answers nothing for it.
+            part.start, part.seen = 1 << 62, None
+            log.warning("log tail: partition %s went back to offset %s", partition, offset)
             return
         part.offsets.append(offset)
         part.keys.append(key)
