@@ -98,8 +98,13 @@ class LogTail:
     def none_of(self, partition: int, key: bytes, end: int) -> bool:
         """Whether the partition holds no record keyed ``key`` below ``end``, as read from
         its beginning, once the tail has read up to ``end``. False when it cannot say for
-        sure (not followed whole, outgrown its window, behind, failed) or the key has a
-        record (at any offset the tail has read): the caller then reads the log."""
+        sure (not followed whole, outgrown its window, behind, past ``end``, failed) or
+        the key has a record: the caller then reads the log.
+
+        Not covered: a topic deleted and made again under the process that grows past what
+        the tail had read of the old one before the tail's fetch notices (the offsets then
+        never go back). Recreating the events topic under live writers loses every run's
+        history anyway."""
         with self._cond:
             part = self._parts.get(partition)
             if part is None or part.seen is None:
@@ -109,6 +114,11 @@ class LogTail:
                 timeout=min(self._wait_s, NONE_OF_WAIT_S),
             )
             if not ok or self._failed is not None or self._closed or part.seen is None:
+                return False
+            if part.next > end:
+                # The tail is past the head the caller saw: records written since, or a
+                # topic made again with fewer records than this tail read of the old one
+                # (before it sees the new one's offsets go back). It cannot tell which.
                 return False
             return key not in part.seen
 
