@@ -162,7 +162,14 @@ def _start_fresh(
 def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
     rid, tenant = lease.run_id, lease.tenant
     got = read_run(
-        reader, deps.redis, deps.settings, tenant, rid, snapshots=deps.snapshots, keep=True
+        reader,
+        deps.redis,
+        deps.settings,
+        tenant,
+        rid,
+        snapshots=deps.snapshots,
+        keep=True,
+        tail=deps.tail,
     )
     if got.snapshot_miss is not None:
         log.warning("snapshot of %s does not continue into the log; full replay", rid)

@@ -732,13 +732,39 @@ class Run(Owned):
 
     # Reading back ----------------------------------------------------------------------
     def _read_back(self, reader: LogReader, end: int) -> set[str]:
-        """Fold this run's records up to ``end``; returns the ids of the events accepted."""
+        """Fold this run's records up to ``end``; returns the ids of the events accepted.
+
+        When the process's log tail shows that every record of this run in the range is
+        this writer's own, ending with its record at ``end - 1`` (a claim nobody raced),
+        they are folded from what was written, without a read: the log holds exactly
+        those records of the run there, so its fold is this one. Another writer's record,
+        or a tail that cannot say, and the range is read."""
+        by_tail = self._read_back_by_tail(end)
+        if by_tail is not None:
+            return by_tail
         accepted: set[str] = set()
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
             if accept(self.state, rec.event, rec.forged):
                 accepted.add(rec.event.event_id)
                 self._note(rec.event)
         self.position = max(self.position, end)
+        return accepted
+
+    def _read_back_by_tail(self, end: int) -> set[str] | None:
+        tail = self.deps.tail
+        if tail is None or end <= self.position:
+            return None
+        tail.follow(self.partition, self.position)
+        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end - 1)
+        if found is None or end - 1 not in found or any(off not in self._own for off in found):
+            return None
+        accepted: set[str] = set()
+        for off in found:
+            ev = self._own[off]
+            if accept(self.state, ev):
+                accepted.add(ev.event_id)
+                self._note(ev)
+        self._moved_to(end)
         return accepted
 
 

@@ -40,6 +40,7 @@ from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
 from runlog.fleet.registry import Agent
 from runlog.fleet.runner import Result, execute, execute_async
 from runlog.log.clients import async_redis_client
+from runlog.log.tail import WINDOW
 from runlog.producers.run import RunDeps
 from runlog.schemas import codec
 from runlog.schemas.keys import partition_for
@@ -347,7 +348,8 @@ class Worker:
     def _warm(self) -> None:
         """Make what a dispatch needs before the first one waits for it: the schemas' encoders,
         the agents' event loop and ``OPENING`` readers of the pool, each connected to the
-        partitions' leaders.
+        partitions' leaders, and the process's log tail following every partition that
+        fits its window from the beginning (``LogTail.follow_whole``).
         A cold reader's first read costs a connection, metadata and a fetch session (some
         hundred milliseconds, the whole of an idle fleet's first dispatch); a warm one's is
         a fetch. Best effort: a reader that cannot be made now is made by the open that
@@ -362,6 +364,13 @@ class Worker:
             for reader in readers:
                 for p in range(reader.partition_count()):
                     reader.high_watermark(p)
+            if readers and self.deps.tail is not None:
+                # A tail that holds a partition whole tells an open that a requested run
+                # has no record yet without the read from the partition's beginning.
+                first = readers[0]
+                for p in range(first.partition_count()):
+                    if first.high_watermark(p) - first.low_watermark(p) <= WINDOW:
+                        self.deps.tail.follow_whole(p)
         except Exception as exc:  # noqa: BLE001 - warming is an optimisation
             log.warning("worker %s could not warm its log readers: %s", self.id, exc)
         finally:

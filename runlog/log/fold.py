@@ -11,6 +11,12 @@ Where a read starts, best first:
 4. ``scan``: the partition from its beginning (the only case whose cost grows with the
    other runs in the partition).
 
+Before all of them, a process's log tail that has read the run's partition from its
+beginning up to the head (``LogTail.none_of``) may say the run has no record at all
+(``tail``): that is the scan's own conclusion, from records already read, and the run is
+new with nothing to fold. Any record of the run, or a tail that cannot say, and the read
+goes as above.
+
 An index or a time is a hint, never proof of where the run starts: a read from it that
 finds nothing of the run, or whose first record of the run is not the run's start, is
 read again from the partition's beginning (``fold_run``). A run is "new" only when the
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import redis
 
@@ -37,7 +43,10 @@ from runlog.projections.run_state import RunState, accept, is_valid
 from runlog.schemas.keys import run_id_time_ms, start_key
 from runlog.settings import Settings
 
-Source = Literal["snapshot", "index", "time", "scan"]
+if TYPE_CHECKING:
+    from runlog.log.tail import LogTail
+
+Source = Literal["snapshot", "index", "time", "scan", "tail"]
 Progress = Callable[[int, int], None]
 
 
@@ -242,14 +251,19 @@ def read_run(
     end: int | None = None,
     keep: bool = False,
     progress: Progress | None = None,
+    tail: LogTail | None = None,
 ) -> RunRead:
     """The run's state after its ``to_seq``-th valid event (default: up to ``end``/the head).
 
     A snapshot is tried first; a full read from the located start follows when there is
     none or the log does not continue it. ``progress`` is shown only for full scans.
+    ``tail``: the process's log tail, asked first whether the run has no record at all.
     """
     partition = reader.partition_of(run_id)
     stop = reader.high_watermark(partition) if end is None else end
+    if tail is not None and tail.none_of(partition, run_id.encode(), stop):
+        new = Folded(state=RunState(authority=authority_for(reader.settings)))
+        return RunRead(new, partition, "tail", 0, stop)
     miss: str | None = None
     if snapshots is not None:
         loaded = snapshots.load(tenant, run_id, partition=partition, max_seq=to_seq)

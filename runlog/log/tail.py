@@ -10,6 +10,12 @@ in a window; a confirmation then asks it which offsets of one key lie in a range
 
 It answers None when it cannot answer for sure (the range starts before what it holds, it
 is not there yet, or it failed); the caller then reads the log itself.
+
+A partition followed whole (``follow_whole``: from its beginning) also answers "this key
+has no record below offset N" (``none_of``) without a read: a worker opening a requested run
+that nobody has started yet learns it is new from what the tail has read, where a read
+would scan the partition from its beginning (only such a scan may conclude a run has no
+history, and the tail's is one).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from runlog.log.kafka import reader_config
 from runlog.settings import Settings
@@ -28,6 +34,9 @@ log = logging.getLogger(__name__)
 
 WINDOW = 200_000
 """Records kept per partition; a range older than this is answered by a read."""
+NONE_OF_WAIT_S = 0.5
+"""How long ``none_of`` waits for the tail to reach an offset (a live tail is there in
+milliseconds) before the caller reads instead."""
 
 
 @dataclass
@@ -38,12 +47,15 @@ class _Partition:
     """The offset after the last record read."""
     offsets: list[int] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
+    seen: set[bytes | None] | None = None
+    """Every key read, when the partition is followed from its beginning (else None)."""
 
     def trim(self) -> None:
         if len(self.offsets) > 2 * WINDOW:
             cut = len(self.offsets) - WINDOW
             self.start = self.offsets[cut]
             del self.offsets[:cut], self.keys[:cut]
+            self.seen = None  # no longer the whole partition
 
 
 class LogTail:
@@ -70,6 +82,45 @@ class LogTail:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="runlog-tail", daemon=True)
                 self._thread.start()
+
+    def follow_whole(self, partition: int) -> None:
+        """Follow ``partition`` from its beginning (no-op if already followed), so that
+        ``none_of`` can answer for it until it outgrows the window."""
+        with self._cond:
+            if partition in self._parts or self._closed:
+                return
+            self._parts[partition] = _Partition(start=0, next=0, seen=set())
+            self._to_assign.append(TopicPartition(self._topic, partition, OFFSET_BEGINNING))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="runlog-tail", daemon=True)
+                self._thread.start()
+
+    def none_of(self, partition: int, key: bytes, end: int) -> bool:
+        """Whether the partition holds no record keyed ``key`` below ``end``, as read from
+        its beginning, once the tail has read up to ``end``. False when it cannot say for
+        sure (not followed whole, outgrown its window, behind, past ``end``, failed) or
+        the key has a record: the caller then reads the log.
+
+        Not covered: a topic deleted and made again under the process that grows past what
+        the tail had read of the old one before the tail's fetch notices (the offsets then
+        never go back). Recreating the events topic under live writers loses every run's
+        history anyway."""
+        with self._cond:
+            part = self._parts.get(partition)
+            if part is None or part.seen is None:
+                return False
+            ok = self._cond.wait_for(
+                lambda: self._failed is not None or self._closed or part.next >= end,
+                timeout=min(self._wait_s, NONE_OF_WAIT_S),
+            )
+            if not ok or self._failed is not None or self._closed or part.seen is None:
+                return False
+            if part.next > end:
+                # The tail is past the head the caller saw: records written since, or a
+                # topic made again with fewer records than this tail read of the old one
+                # (before it sees the new one's offsets go back). It cannot tell which.
+                return False
+            return key not in part.seen
 
     def offsets_of(self, partition: int, key: bytes, since: int, upto: int) -> list[int] | None:
         """Offsets in ``[since, upto]`` of records keyed ``key``, once the tail has read
@@ -130,10 +181,18 @@ class LogTail:
         if partition is None or offset is None:
             return
         part = self._parts.get(partition)
-        if part is None or offset < part.next:
+        if part is None:
+            return
+        if offset < part.next:
+            # The log went back (its topic deleted and made again under this process):
+            # nothing the tail read of it holds any more, so it answers nothing for it.
+            part.start, part.seen = 1 << 62, None
+            log.warning("log tail: partition %s went back to offset %s", partition, offset)
             return
         part.offsets.append(offset)
         part.keys.append(key)
+        if part.seen is not None:
+            part.seen.add(key)
         part.next = offset + 1
         part.trim()
 
