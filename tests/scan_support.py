@@ -113,8 +113,12 @@ def redis_bytes(s: Settings) -> bytes:
 
 
 def kafka_dirs() -> list[Path]:
-    root = Path(os.environ.get("RUNLOG_STACK_DIR", "")) / "kafka"
-    assert root.is_dir(), f"no Kafka data under {root} (the stack's RUNLOG_STACK_DIR)"
+    """The embedded stack's Kafka data (``runlog.stack``: RUNLOG_STACK_DIR, else its default
+    state dir), where the segment files of the tests' topics are."""
+    from runlog.stack.config import StackConfig
+
+    root = StackConfig.from_env().state_dir / "kafka"
+    assert root.is_dir(), f"no Kafka data under {root} (the embedded stack's state dir)"
     return [root]
 
 

@@ -15,7 +15,6 @@ worker goes on with other runs.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import pytest
 import redis
 from fleet_support import Fleet, wait_finished
 from pydantic import SecretStr
+from scan_support import on_disk
 
 import runlog
 from runlog.log import keys as keys_mod
@@ -81,17 +81,7 @@ def test_a_started_run_is_sealed_for_its_subject(
 
 def _lifecycle_on_disk(settings: Settings, needle: bytes) -> bool:
     """Whether ``needle`` is in any file of the lifecycle topic's partition directories."""
-    root = Path(os.environ.get("RUNLOG_STACK_DIR", "")) / "kafka"
-    assert root.is_dir(), f"no Kafka data under {root} (the stack's RUNLOG_STACK_DIR)"
-    topic, found_dir = settings.lifecycle_topic, False
-    for d in root.rglob(f"{topic}-*"):
-        if not d.is_dir() or not d.name[len(topic) + 1 :].isdigit():
-            continue
-        found_dir = True
-        if any(f.is_file() and needle in f.read_bytes() for f in d.iterdir()):
-            return True
-    assert found_dir, f"no partition directory of {topic} on disk"
-    return False
+    return on_disk(settings.lifecycle_topic, needle)
 
 
 def test_the_start_input_is_sealed_on_the_lifecycle_topic(sealed: Settings, tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ def test_drift_is_reported(settings: Settings, topic_prefix: str) -> None:
     try:
         before = check_topics(s)
         assert not before.ok
-        assert before.missing == (s.quarantine_topic, s.lifecycle_topic)
+        assert before.missing == (s.quarantine_topic, s.lifecycle_topic, s.keys_topic)
         drifted = {d.key: (d.expected, d.actual) for d in before.drift}
         assert drifted == {
             "partitions": ("3", "2"),
@@ -134,13 +134,15 @@ def test_drift_is_reported(settings: Settings, topic_prefix: str) -> None:
 
         # create makes the missing topic, leaves the drifted one alone, still reports it
         after = ensure_topics(s)
-        assert after.created == (s.quarantine_topic, s.lifecycle_topic)
+        assert after.created == (s.quarantine_topic, s.lifecycle_topic, s.keys_topic)
         assert after[s.quarantine_topic].ok and after[s.lifecycle_topic].ok
+        assert after[s.keys_topic].ok
         assert {d.key for d in after.drift} == {"partitions", "retention.ms", "cleanup.policy"}
         assert check_topics(s)[s.events_topic].drift == after[s.events_topic].drift
     finally:
         admin.delete_topics(
-            [s.events_topic, s.quarantine_topic, s.lifecycle_topic], operation_timeout=10
+            [s.events_topic, s.quarantine_topic, s.lifecycle_topic, s.keys_topic],
+            operation_timeout=10,
         )
 
 
