@@ -70,8 +70,9 @@ def scrub(value: Any) -> Any:
 SCRUB_LUA = """
 local marker = ARGV[1]
 local run = ARGV[2]
+local upto = tonumber(ARGV[3])
 local fields = {}
-for i = 3, #ARGV do fields[ARGV[i]] = true end
+for i = 4, #ARGV do fields[ARGV[i]] = true end
 local function scrub(t)
   local changed = false
   for k, v in pairs(t) do
@@ -92,6 +93,7 @@ end
 local function fix(raw)
   local ok, e = pcall(cjson.decode, raw)
   if not ok or type(e) ~= 'table' or not mine(e) then return nil end
+  if upto and type(e['offset']) == 'number' and e['offset'] > upto then return nil end
   if scrub(e) then return cjson.encode(e) end
   return nil
 end
@@ -116,15 +118,19 @@ end
 return n
 """
 """KEYS[1]: a list, hash or string of JSON values; ARGV: the marker, the run id whose
-values to scrub ('' every value of the key), the content field names. Returns how many
-values it rewrote."""
+values to scrub ('' every value of the key), the erasure's offset ('' none: a value with
+an ``offset`` above it, written after the erasure, is left as it is), the content field
+names. Returns how many values it rewrote."""
 
 
-def queue_scrub(pipe: Any, key: str, run_id: str = "") -> None:
+def queue_scrub(pipe: Any, key: str, run_id: str = "", *, upto: int | None = None) -> None:
     """Queue ``SCRUB_LUA`` on ``key`` (inside a MULTI): the values of ``run_id`` (or all)
-    with their content fields replaced by ``ERASED``."""
+    with their content fields replaced by ``ERASED``; with ``upto`` (the erasure's offset)
+    only the values recorded at or before it, so the result does not depend on whether
+    a later record (one quarantined after the erasure) was in the same batch."""
     # EVAL by name: a Redis Cluster pipeline has no eval() of its own.
-    pipe.execute_command("EVAL", SCRUB_LUA, 1, key, ERASED, run_id, *CONTENT_FIELDS)
+    bound = "" if upto is None else str(upto)
+    pipe.execute_command("EVAL", SCRUB_LUA, 1, key, ERASED, run_id, bound, *CONTENT_FIELDS)
 
 
 def _text(value: bytes | str | None) -> str | None:

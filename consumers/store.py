@@ -226,8 +226,10 @@ class Batch(Generic[S]):
     fresh: set[str] = field(default_factory=set)
     """Runs with nothing stored before this batch."""
     extra: dict[str, Any] = field(default_factory=dict)
-    erased: set[str] = field(default_factory=set)
-    """Runs whose content the batch erased (a valid CONTENT_ERASED): purged on write."""
+    erased: dict[str, int] = field(default_factory=dict)
+    """Runs whose content the batch erased (a valid CONTENT_ERASED), with its offset: their
+    copies up to it purged on write (a record quarantined after it is kept as any rebuild,
+    whatever its batches, keeps it)."""
 
 
 MAX_CACHED_RUNS = 10_000
@@ -549,7 +551,7 @@ class Handler(ABC, Generic[S]):
             # The fold erased the state's content: written whole over the stored copy, and
             # the projection's other copies of the run's content purged (``write``).
             self._whole.add((batch.partition, rid))
-            batch.erased.add(rid)
+            batch.erased[rid] = rec.offset
         if step.accepted:
             if step.touched:
                 batch.calls.setdefault(rid, set()).update(step.touched)
@@ -615,7 +617,7 @@ class Handler(ABC, Generic[S]):
             self.write_run(pipe, batch, rid, state)
             if rid in batch.erased:
                 for key, owner in self.purge_keys(p, rid):
-                    erasure.queue_scrub(pipe, key, owner)
+                    erasure.queue_scrub(pipe, key, owner, upto=batch.erased[rid])
         self.write_batch(pipe, batch)
 
 
