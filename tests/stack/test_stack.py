@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,27 @@ def test_topic_creation_is_idempotent(test_settings: Settings) -> None:
     assert events.exists and events.spec.partitions == 3
 
 
+def _wait_until_listed(admin: AdminClient, topic: str, *, partitions: int) -> None:
+    """Wait until the broker's metadata lists ``topic`` with a leader for every partition.
+
+    A create's future resolves when the controller has the topic; the broker that answers
+    the metadata request may learn of it a moment later, and a check in that moment would
+    truly (and correctly) report it missing.
+    """
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if (
+            t is not None
+            and t.error is None
+            and len(t.partitions) == partitions
+            and all(p.leader >= 0 for p in t.partitions.values())
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{topic} not listed with {partitions} led partitions after 30 s")
+
+
 def test_drift_is_reported(settings: Settings, topic_prefix: str) -> None:
     s = settings.model_copy(update={"topic_prefix": topic_prefix, "partitions": 3})
     admin = AdminClient(s.kafka_common())
@@ -120,6 +142,7 @@ def test_drift_is_reported(settings: Settings, topic_prefix: str) -> None:
     )
     admin.create_topics([wrong])[s.events_topic].result(timeout=30)
     try:
+        _wait_until_listed(admin, s.events_topic, partitions=2)
         before = check_topics(s)
         assert not before.ok
         assert before.missing == (s.quarantine_topic, s.lifecycle_topic, s.keys_topic)
