@@ -14,6 +14,7 @@ from typing import ClassVar, Generic, TypeVar
 
 import redis
 
+from runlog.fleet.lifecycle import close_writers
 from runlog.log.clients import redis_client
 from runlog.log.keys import KeyStore, keys_for
 from runlog.log.keys import close_shared as close_keys
@@ -98,6 +99,7 @@ class Services:
         for svc in closing:
             svc.close()
         close_keys(bootstrap_servers)
+        close_writers(bootstrap_servers)
 
     @property
     def redis(self) -> redis.Redis:

@@ -231,6 +231,21 @@ def writer_for(settings: Settings) -> LifecycleWriter:
         return w
 
 
+def close_writers(bootstrap_servers: str | None = None) -> None:
+    """Close the process's writers: all, or those whose settings name ``bootstrap_servers``
+    (``Services.close_shared``, before that cluster goes away: no producer is left
+    retrying it)."""
+    with _WRITERS_LOCK:
+        keys = [
+            k
+            for k, w in _WRITERS.items()
+            if bootstrap_servers is None or w.settings.bootstrap_servers == bootstrap_servers
+        ]
+        closing = [_WRITERS.pop(k) for k in keys]
+    for w in closing:
+        w.close()
+
+
 def check_partitions(settings: Settings, count: int) -> None:
     if count != settings.partitions:
         raise ConfigError(
