@@ -12,6 +12,7 @@ from typing import Any
 from runlog.api import apply_retention, forget
 from runlog.cli.groups import EXIT_FAILURE, print_json
 from runlog.errors import RunlogError
+from runlog.producers.erasure import ForgetReport
 from runlog.settings import Settings
 
 
@@ -114,11 +115,20 @@ def _forget(args: argparse.Namespace) -> int:
             f"{report.snapshots_deleted}; projections purged: {report.projections_purged}; "
             f"redis files rewritten: {report.persistence_rewritten}"
         )
-        if report.log_plaintext_kept:
-            runs = ", ".join(report.log_plaintext_runs)
-            print(f"NOT erased from the events topic ({runs}): {report.log_plaintext_note}")
-    ok = report.projections_purged is not False and report.persistence_rewritten is not False
-    return 0 if ok else EXIT_FAILURE
+        _print_plaintext_kept(report)
+    return 0 if _purged(report) else EXIT_FAILURE
+
+
+def _print_plaintext_kept(report: ForgetReport, indent: str = "") -> None:
+    """What a forget could not erase: content written in plaintext (encryption off)."""
+    if report.log_plaintext_kept:
+        runs = ", ".join(report.log_plaintext_runs)
+        print(f"{indent}NOT erased from the events topic ({runs}): {report.log_plaintext_note}")
+
+
+def _purged(report: ForgetReport) -> bool:
+    """Whether the forget's purges all ran (None: nothing to purge)."""
+    return report.projections_purged is not False and report.persistence_rewritten is not False
 
 
 def _policy_store() -> tuple[Any, Settings]:
@@ -216,15 +226,9 @@ def _retention_apply(args: argparse.Namespace) -> int:
             )
             for rid in j.runs:
                 print(f"  {rid}")
-            if j.report is not None and j.report.log_plaintext_kept:
-                runs = ", ".join(j.report.log_plaintext_runs)
-                print(f"  NOT erased from the events topic ({runs}): {j.report.log_plaintext_note}")
+            if j.report is not None:
+                _print_plaintext_kept(j.report, "  ")
             for rid, why in sorted(j.kept.items()):
                 print(f"  kept {rid}: {why}")
-    bad = [
-        j
-        for j in jobs
-        if j.report is not None
-        and (j.report.projections_purged is False or j.report.persistence_rewritten is False)
-    ]
+    bad = [j for j in jobs if j.report is not None and not _purged(j.report)]
     return EXIT_FAILURE if bad else 0
