@@ -55,11 +55,17 @@ the loop's default executor has about as many threads as cores, and hundreds of 
 confirming at once would queue behind each other there."""
 
 
-async def in_thread(fn: Callable[..., T], /, *args: Any) -> T:
+_OPENING_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="runlog-open")
+"""The threads of claims (``open_async``): a burst of opens (a worker taking over a
+partition's orphans, a batch of starts) waits in these, never in the pool the open runs'
+own steps need, so runs already going are not held up behind runs opening."""
+
+
+async def in_thread(fn: Callable[..., T], /, *args: Any, pool: ThreadPoolExecutor = _POOL) -> T:
     """``fn(*args)`` in runlog's pool, with this task's context (``current_call()``)."""
     ctx = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(
-        _POOL, functools.partial(ctx.run, fn, *args)
+        pool, functools.partial(ctx.run, fn, *args)
     )
 
 
@@ -74,7 +80,7 @@ async def open_async(
     """``open_run_with`` for an event loop: the claim in a worker thread, then (as the
     sync open does) queued decisions and recovery of open calls, awaited."""
     claim = functools.partial(open_run_with, deps, run_id, recover=False, **kw)
-    run = await in_thread(claim)
+    run = await in_thread(claim, pool=_OPENING_POOL)
     arun = AsyncRun(run, aredis)
     if recover and run.state.status != "finished":
         try:

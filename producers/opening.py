@@ -161,6 +161,10 @@ def _start_fresh(
 
 def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
     rid, tenant = lease.run_id, lease.tenant
+    # With the process's log tail, the partition comes from the writer's count (checked
+    # against the deployment's once, as a fresh run's placement is): a requested run the
+    # tail has never seen is then opened without the reader asking the broker anything.
+    # ``_claim`` reads the run back from where the tail had read to.
     got = read_run(
         reader,
         deps.redis,
@@ -170,6 +174,7 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
         snapshots=deps.snapshots,
         keep=True,
         tail=deps.tail,
+        partition=None if deps.tail is None else partition_for(rid, deps.partition_count()),
     )
     if got.snapshot_miss is not None:
         log.warning("snapshot of %s does not continue into the log; full replay", rid)

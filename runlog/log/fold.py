@@ -11,11 +11,13 @@ Where a read starts, best first:
 4. ``scan``: the partition from its beginning (the only case whose cost grows with the
    other runs in the partition).
 
-Before all of them, a process's log tail that has read the run's partition from its
-beginning up to the head (``LogTail.none_of``) may say the run has no record at all
-(``tail``): that is the scan's own conclusion, from records already read, and the run is
-new with nothing to fold. Any record of the run, or a tail that cannot say, and the read
-goes as above.
+Before all of them, for a caller about to claim the run (``tail``), a process's log tail
+that has read the run's partition from its beginning may say the run has no record below
+the offset it has read to (``LogTail.unseen_below``): that is the scan's own conclusion,
+from records already read, and the run is new with nothing to fold, its read ending there.
+What the run may have from that offset on, the claim's read-back finds (it reads from the
+read's end), as it finds a record written after any read's head. Any record of the run, or
+a tail that cannot say, and the read goes as above.
 
 An index or a time is a hint, never proof of where the run starts: a read from it that
 finds nothing of the run, or whose first record of the run is not the run's start, is
@@ -229,7 +231,8 @@ class RunRead:
     source: Source
     start: int | None
     end: int
-    """High watermark when the read began (exclusive)."""
+    """High watermark when the read began (exclusive); for a read the log tail answered
+    (``source`` "tail"), the offset the tail had read to."""
     snapshot_seq: int | None = None
     snapshot_miss: str | None = None
     """Why an available snapshot was not used, if one was rejected."""
@@ -252,18 +255,24 @@ def read_run(
     keep: bool = False,
     progress: Progress | None = None,
     tail: LogTail | None = None,
+    partition: int | None = None,
 ) -> RunRead:
     """The run's state after its ``to_seq``-th valid event (default: up to ``end``/the head).
 
     A snapshot is tried first; a full read from the located start follows when there is
     none or the log does not continue it. ``progress`` is shown only for full scans.
-    ``tail``: the process's log tail, asked first whether the run has no record at all.
+    ``tail``: the process's log tail, asked first whether the run has no record below what
+    it has read; only for a caller that reads the run back from the read's ``end`` before
+    acting on it (a claim), with ``partition``, the run's partition as the caller placed it.
+    A read of the log itself locates the run again (the reader checks the partition count).
     """
+    if tail is not None and partition is not None and end is None:
+        upto = tail.unseen_below(partition, run_id.encode())
+        if upto is not None:
+            new = Folded(state=RunState(authority=authority_for(reader.settings)))
+            return RunRead(new, partition, "tail", 0, upto)
     partition = reader.partition_of(run_id)
     stop = reader.high_watermark(partition) if end is None else end
-    if tail is not None and tail.none_of(partition, run_id.encode(), stop):
-        new = Folded(state=RunState(authority=authority_for(reader.settings)))
-        return RunRead(new, partition, "tail", 0, stop)
     miss: str | None = None
     if snapshots is not None:
         loaded = snapshots.load(tenant, run_id, partition=partition, max_seq=to_seq)

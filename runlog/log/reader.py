@@ -62,15 +62,25 @@ class LogReader:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topic = settings.events_topic
-        self._consumer = Consumer(reader_config(settings))
+        self._made: Consumer | None = None
         self._partitions: int | None = None
         self._ids = ids_for(settings)
         self._keys = keys_for(settings)
         self._redis: redis.Redis | None = None
         self._tenants = tenant_keys_for(settings)
 
+    @property
+    def _consumer(self) -> Consumer:
+        """The reader's Kafka consumer, made at its first use: a reader borrowed for an open
+        that the process's log tail answers (a requested run nobody started) never makes
+        one (its threads, its connections, its metadata request)."""
+        if self._made is None:
+            self._made = Consumer(reader_config(self.settings))
+        return self._made
+
     def close(self) -> None:
-        self._consumer.close()
+        if self._made is not None:
+            self._made.close()
         if self._redis is not None:
             self._redis.close()
 

@@ -12,10 +12,11 @@ It answers None when it cannot answer for sure (the range starts before what it 
 is not there yet, or it failed); the caller then reads the log itself.
 
 A partition followed whole (``follow_whole``: from its beginning) also answers "this key
-has no record below offset N" (``none_of``) without a read: a worker opening a requested run
-that nobody has started yet learns it is new from what the tail has read, where a read
-would scan the partition from its beginning (only such a scan may conclude a run has no
-history, and the tail's is one).
+has no record below offset N", N being what it has read (``unseen_below``), without a read:
+a worker opening a requested run that nobody has started yet learns it is new from what the
+tail has read, where a read would scan the partition from its beginning (only such a scan
+may conclude a run has no history, and the tail's is one), and its claim reads the run back
+from N.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -34,9 +36,9 @@ log = logging.getLogger(__name__)
 
 WINDOW = 200_000
 """Records kept per partition; a range older than this is answered by a read."""
-NONE_OF_WAIT_S = 0.5
-"""How long ``none_of`` waits for the tail to reach an offset (a live tail is there in
-milliseconds) before the caller reads instead."""
+LIVE_WAIT_S = 0.5
+"""How long ``unseen_below`` waits for the tail to reach the high watermark its fetch saw
+(a live tail is there in milliseconds) before the caller reads instead."""
 
 
 @dataclass
@@ -49,6 +51,8 @@ class _Partition:
     keys: list[bytes | None] = field(default_factory=list)
     seen: set[bytes | None] | None = None
     """Every key read, when the partition is followed from its beginning (else None)."""
+    high: int = -1
+    """The partition's high watermark as the tail's last fetch reported it (-1: none yet)."""
 
     def trim(self) -> None:
         if len(self.offsets) > 2 * WINDOW:
@@ -85,7 +89,7 @@ class LogTail:
 
     def follow_whole(self, partition: int) -> None:
         """Follow ``partition`` from its beginning (no-op if already followed), so that
-        ``none_of`` can answer for it until it outgrows the window."""
+        ``unseen_below`` can answer for it until it outgrows the window."""
         with self._cond:
             if partition in self._parts or self._closed:
                 return
@@ -95,32 +99,43 @@ class LogTail:
                 self._thread = threading.Thread(target=self._run, name="runlog-tail", daemon=True)
                 self._thread.start()
 
-    def none_of(self, partition: int, key: bytes, end: int) -> bool:
-        """Whether the partition holds no record keyed ``key`` below ``end``, as read from
-        its beginning, once the tail has read up to ``end``. False when it cannot say for
-        sure (not followed whole, outgrown its window, behind, past ``end``, failed) or
-        the key has a record: the caller then reads the log.
+    def unseen_below(self, partition: int, key: bytes) -> int | None:
+        """The offset below which ``partition`` holds no record keyed ``key``, as read from
+        its beginning: what the tail has read, once it has read up to the high watermark its
+        own last fetch reported (waiting up to ``LIVE_WAIT_S`` for that; no broker request).
+        None when it cannot say (not followed whole, outgrown its window, not caught up,
+        failed, closed, past that watermark: a topic made again) or the key has a record
+        below that offset.
+
+        The key may have records from that offset on (written since the fetch, or in
+        flight): a caller that concludes from this that a run is new must read the run back
+        from that offset before acting on it, as a claim does (``runlog.producers.opening``).
 
         Not covered: a topic deleted and made again under the process that grows past what
         the tail had read of the old one before the tail's fetch notices (the offsets then
         never go back). Recreating the events topic under live writers loses every run's
         history anyway."""
+        deadline = time.monotonic() + min(self._wait_s, LIVE_WAIT_S)
         with self._cond:
             part = self._parts.get(partition)
             if part is None or part.seen is None:
-                return False
-            ok = self._cond.wait_for(
-                lambda: self._failed is not None or self._closed or part.next >= end,
-                timeout=min(self._wait_s, NONE_OF_WAIT_S),
-            )
-            if not ok or self._failed is not None or self._closed or part.seen is None:
-                return False
-            if part.next > end:
-                # The tail is past the head the caller saw: records written since, or a
-                # topic made again with fewer records than this tail read of the old one
-                # (before it sees the new one's offsets go back). It cannot tell which.
-                return False
-            return key not in part.seen
+                return None
+
+            def left() -> float:
+                return max(0.0, deadline - time.monotonic())
+
+            # The watermark its fetches have seen when asked (one seen at all, first): it
+            # has fetched up to there, and only has to have read it. Not a moving target:
+            # other writers' records keep raising the next fetch's.
+            self._cond.wait_for(lambda: self._stopped() or part.high >= 0, timeout=left())
+            target = part.high
+            self._cond.wait_for(lambda: self._stopped() or part.next >= target, timeout=left())
+            if self._stopped() or part.seen is None or target < 0 or part.next < target:
+                return None
+            if part.next > part.high or key in part.seen:
+                # Past what its fetch saw: the log went back under it (a topic made again).
+                return None
+            return part.next
 
     def offsets_of(self, partition: int, key: bytes, since: int, upto: int) -> list[int] | None:
         """Offsets in ``[since, upto]`` of records keyed ``key``, once the tail has read
@@ -163,9 +178,12 @@ class LogTail:
                             log.warning("log tail: %s", err)
                         continue
                     got.append((msg.partition(), msg.offset(), msg.key()))
+                highs = self._highs(consumer)
                 with self._cond:
                     for partition, offset, key in got:
                         self._record(partition, offset, key)
+                    for partition, high in highs.items():
+                        self._parts[partition].high = high
                     self._cond.notify_all()
         except (KafkaException, RuntimeError) as exc:
             log.warning("log tail stopped: %s", exc)
@@ -175,6 +193,22 @@ class LogTail:
         finally:
             if consumer is not None:
                 consumer.close()
+
+    def _stopped(self) -> bool:
+        """Under ``_cond``."""
+        return self._failed is not None or self._closed
+
+    def _highs(self, consumer: Consumer) -> dict[int, int]:
+        """The high watermarks the consumer's last fetches reported, of the partitions
+        followed whole (a local look-up: no request)."""
+        with self._cond:
+            whole = [p for p, part in self._parts.items() if part.seen is not None]
+        out = {}
+        for p in whole:
+            _, high = consumer.get_watermark_offsets(TopicPartition(self._topic, p), cached=True)
+            if high >= 0:
+                out[p] = int(high)
+        return out
 
     def _record(self, partition: int | None, offset: int | None, key: bytes | None) -> None:
         """Under ``_cond``."""

@@ -1,9 +1,12 @@
-"""A log tail that follows a partition from its beginning says whether a key has any record.
+"""A log tail that follows a partition from its beginning says below which offset a key
+has no record.
 
-``LogTail.none_of`` stands in for the read from a partition's beginning that alone may
-conclude a run has no history (a fleet worker's open of a requested run), so it must never
-say "none" when the log holds a record of the key: not for a key it has read, not while it
-is behind the head, and not after the topic was deleted and made again under it.
+``LogTail.unseen_below`` stands in for the read from a partition's beginning that alone may
+conclude a run has no history (a fleet worker's open of a requested run; its claim reads
+the run back from the offset answered), so it must never name an offset with a record of
+the key below it: not for a key it has read, and not after the topic was deleted and made
+again under it (there it may name an offset above the new log's head, which no claim can
+land at or above, and then nothing once it has seen the offsets go back).
 """
 
 from __future__ import annotations
@@ -40,23 +43,27 @@ def _eventually(check: object, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_none_of_answers_only_for_keys_it_has_not_read(test_settings: Settings) -> None:
+def test_unseen_below_answers_only_for_keys_it_has_not_read(test_settings: Settings) -> None:
     s = test_settings
     _write(s, 0, [b"run-a", b"run-b", b"run-a"])
     tail = LogTail(s)
     try:
         tail.follow_whole(0)
         head = _head(s, 0)
-        _eventually(lambda: tail.none_of(0, b"run-new", head))
-        assert not tail.none_of(0, b"run-a", head)
-        assert not tail.none_of(0, b"run-b", head)
-        # Behind the head: it cannot say, so it does not say "none".
-        assert not tail.none_of(0, b"run-new", head + 5)
-        # A partition it does not hold whole: it cannot say either.
+        _eventually(lambda: tail.unseen_below(0, b"run-new") == head)
+        assert tail.unseen_below(0, b"run-a") is None
+        assert tail.unseen_below(0, b"run-b") is None
+        _write(s, 0, [b"run-new"])
+        _eventually(lambda: tail.unseen_below(0, b"run-new") is None)
+        # Whatever it answers for another key lies at or below the head: what it has read.
+        got = tail.unseen_below(0, b"run-other")
+        assert got is not None and got <= _head(s, 0)
+        # A partition it does not hold whole: it cannot say.
         tail.follow(1, 0)
-        assert not tail.none_of(1, b"run-new", _head(s, 1))
+        assert tail.unseen_below(1, b"run-new") is None
     finally:
         tail.close()
+    assert tail.unseen_below(0, b"run-other") is None  # closed: it says nothing
 
 
 def test_a_topic_made_again_under_the_tail_leaves_it_answering_nothing(
@@ -67,7 +74,7 @@ def test_a_topic_made_again_under_the_tail_leaves_it_answering_nothing(
     tail = LogTail(s)
     try:
         tail.follow_whole(0)
-        _eventually(lambda: tail.none_of(0, b"run-x", 5))
+        _eventually(lambda: tail.unseen_below(0, b"run-x") == 5)
         delete_topics(s, [s.events_topic])
         deadline = time.monotonic() + 60
         while True:  # the broker finishes a deletion in its own time
@@ -79,11 +86,14 @@ def test_a_topic_made_again_under_the_tail_leaves_it_answering_nothing(
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
         assert _head(s, 0) == 2
-        # Whether or not the tail has seen the new records yet, it must never answer that
-        # run-x has none: the log now holds two.
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            assert not tail.none_of(0, b"run-x", 2)
+        # Whether or not the tail has seen the new records yet, it must never name an
+        # offset the new log has reached with run-x below it: until it sees the offsets
+        # go back it names its old position (above the head: a claim lands below it and
+        # is refused), then nothing.
+        end = time.monotonic() + 20
+        while (got := tail.unseen_below(0, b"run-x")) is not None:
+            assert got > _head(s, 0), f"named {got}, with run-x at 0 and 1"
+            assert time.monotonic() < end, "the tail never saw the log go back"
             time.sleep(0.1)
     finally:
         tail.close()

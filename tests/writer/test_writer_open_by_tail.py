@@ -68,8 +68,9 @@ def _caught_up(svc: Services, settings: Settings) -> None:
         heads = {p: reader.high_watermark(p) for p in range(settings.partitions)}
     deadline = time.monotonic() + 20
     for p, head in heads.items():
-        while not svc.tail.none_of(p, b"-nobody-", head):
+        while (got := svc.tail.unseen_below(p, b"-nobody-")) is None or got < head:
             assert time.monotonic() < deadline, f"tail never reached {p}@{head}"
+            time.sleep(0.01)
 
 
 def test_a_new_run_is_opened_from_the_tail_without_reading_the_log(
@@ -120,6 +121,55 @@ def test_a_run_with_records_is_replayed_and_its_epoch_floor_holds(
     state = assert_log_sound(events)
     assert [ev.type for ev, ok in verdicts(events) if ok].count(EventType.RUN_STARTED) == 1
     assert state.epoch == run.epoch and all(ok for _, ok in verdicts(events))
+
+
+@pytest.mark.parametrize("stale", ["behind", "behind, Redis forgot", "above the head"])
+def test_a_tail_that_has_not_read_the_run_never_starts_it_again(
+    fast: Settings,
+    whole: Services,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    stale: str,
+) -> None:
+    """The tail answers what it has read, not the head: a run whose records it has not
+    read yet (behind), or a log that went back under it (above the head, a topic made
+    again), may look new. The claim reads the run back from the offset the tail named and
+    so finds its history, or finds its own record below that offset and never confirms.
+    Found that way, a higher epoch in the log than the claim's (Redis forgot) is a newer
+    owner as far as the claim can tell: it stands down, and a later open, from the log,
+    goes above it."""
+    rid = new_run_id()
+    for _ in range(2):
+        with runlog.open_run(rid, settings=fast) as run:
+            run.append(EventType.USER_MESSAGE, content="before")
+    before = assert_log_sound([r.event for r in read_log(fast, rid)])
+    if "Redis forgot" in stale:
+        delete_prefix(redis_client, fast.redis_key_prefix)
+    with LogReader(fast) as reader:
+        head = reader.high_watermark(reader.partition_of(rid))
+    named = head + 1000 if stale == "above the head" else 0
+    with monkeypatch.context() as m:
+        m.setattr(whole.tail, "unseen_below", lambda partition, key: named)
+        if stale == "behind":
+            run = open_run_with(whole.run_deps(), rid, agent="a")
+            assert run.epoch > before.epoch
+            assert (run.state.status, run.state.seq) == ("running", before.seq + 1)
+        else:
+            with pytest.raises(runlog.Fenced):
+                open_run_with(whole.run_deps(), rid, agent="a")
+    if stale != "behind":  # the tail answers truly again: the open reads the log
+        run = open_run_with(whole.run_deps(), rid, agent="a", wait_s=10)
+        assert run.epoch > before.epoch and run.state.status == "running"
+    try:
+        run.append(EventType.USER_MESSAGE, content="after")
+    finally:
+        run.close()
+    events = [r.event for r in read_log(fast, rid)]
+    assert_log_sound(events)
+    valid = [ev for ev, ok in verdicts(events) if ok]
+    assert [ev.type for ev in valid].count(EventType.RUN_STARTED) == 1, "started twice"
+    said = [ev.payload.content for ev in valid if ev.type is EventType.USER_MESSAGE]  # type: ignore[union-attr]
+    assert said == ["before", "before", "after"]
 
 
 @pytest.mark.parametrize("kind", ["free", "takeover"])
