@@ -7,7 +7,9 @@
   joins, then the first is SIGKILLed. For every run, the time from the kill to its next
   event written by another worker; p99 against the bound lease TTL + session timeout + 2 s.
 * ``steps``: R runs x S irreversible tool calls of an async agent on one worker: durable
-  steps per second, from the first start to the last finish.
+  steps per second, from the first start to the last finish; ``steps_fleet`` the same on a
+  fleet of two workers sharing the runs by partition. The R requests go at once
+  (``runlog.aio.start``), as ``one_process`` opens its runs at once.
 * ``one_process``: the same R runs x S irreversible calls without the fleet, in this
   process's one event loop (``runlog.aio``), from the first open to the last finish: the
   figure the fleet's is set beside, in the same sitting.
@@ -17,6 +19,7 @@ Workers are real `runlog worker` processes on scratch topics (deleted afterwards
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
@@ -32,7 +35,7 @@ from runlog.fleet import lifecycle
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.log.registry import ids_for
-from runlog.projections.run_state import RunState, fold
+from runlog.projections.run_state import RunState, apply, fold
 from runlog.schemas import codec
 from runlog.schemas.codec import decode
 from runlog.schemas.keys import new_run_id
@@ -136,6 +139,8 @@ class _Follower:
         )
         self._ids = ids_for(settings)
         self.events: dict[str, list[Event]] = {}
+        self.states: dict[str, RunState] = {}
+        """Each run's state, folded one event at a time as its events arrive."""
 
     def poll(self, timeout: float = 0.05) -> set[str]:
         """Read what arrived (waiting up to ``timeout``); the run ids that got events."""
@@ -145,6 +150,7 @@ class _Follower:
                 continue
             ev = decode(msg.value() or b"", self._ids)
             self.events.setdefault(ev.run_id, []).append(ev)
+            apply(self.states.setdefault(ev.run_id, fold([])), ev)
             got.add(ev.run_id)
         return got
 
@@ -152,14 +158,21 @@ class _Follower:
         self._consumer.close()
 
 
-def _wait(settings: Settings, rids: list[str], done: Any, timeout: float) -> dict[str, RunState]:
+def _wait(
+    settings: Settings,
+    rids: list[str],
+    done: Any,
+    timeout: float,
+    follower: _Follower | None = None,
+) -> dict[str, RunState]:
+    """Until ``done(state)`` of every run; ``follower``: one already following (closed here)."""
     deadline = time.monotonic() + timeout
-    follower = _Follower(settings)
+    follower = follower or _Follower(settings)
     try:
         got = {rid: fold([]) for rid in rids}
         while True:
             for rid in follower.poll() & got.keys():
-                got[rid] = fold(follower.events[rid])
+                got[rid] = follower.states[rid]
             if all(done(st) for st in got.values()):
                 return got
             if time.monotonic() > deadline:
@@ -242,27 +255,47 @@ def failover(settings: Settings, out: Path, n: int) -> dict[str, Any]:
     }
 
 
-def steps(settings: Settings, out: Path, runs: int, per_run: int) -> dict[str, Any]:
+async def _start_all(settings: Settings, agent: str, order: Any, n: int) -> list[str]:
+    from runlog import aio
+
+    return list(
+        await asyncio.gather(
+            *(aio.start(agent, order, tenant=TENANT, settings=settings) for _ in range(n))
+        )
+    )
+
+
+def steps(
+    settings: Settings, out: Path, runs: int, per_run: int, n_workers: int = 1
+) -> dict[str, Any]:
     workers = _Workers(settings, out)
     try:
-        workers.spawn("steps", runs)
+        for i in range(n_workers):
+            # Each new worker's "caught up" comes once the group gave it its partitions
+            # (the ones before revoked them first, cooperatively): then the fleet is set.
+            workers.spawn("steps" if i == 0 else f"steps-{i + 1}", runs)
         # This process's requests go through one producer, made and warmed here as
         # ``one_process`` warms its clients before its clock starts: a fresh idempotent
         # producer's first acknowledgement can wait ~0.5 s for its producer id. A tombstone
         # of a run id nobody has is a write no worker acts on.
         lifecycle.writer_for(settings).write(new_run_id(), None)
+        # The observer too: its consumer's connections and first fetch are its own cost,
+        # not the fleet's (one process awaits its runs and needs none).
+        follower = _Follower(settings)
+        follower.poll(0.5)
         t0 = time.monotonic()
-        rids = [
-            start("bench.steps", {"steps": per_run}, tenant=TENANT, settings=settings)
-            for _ in range(runs)
-        ]
-        got = _wait(settings, rids, lambda st: st.status == "finished", 600)
+        # The requests go at once, as ``one_process`` opens its runs at once: each
+        # ``runlog.aio.start`` returns when the broker acknowledged it, and the ones in
+        # flight together share the producer's round trips.
+        rids = asyncio.run(_start_all(settings, "bench.steps", {"steps": per_run}, runs))
+        got = _wait(settings, rids, lambda st: st.status == "finished", 600, follower)
         elapsed = time.monotonic() - t0
     finally:
         workers.stop()
     ok = sum(st.outcome == "succeeded" for st in got.values())
     return {
         "runs": runs,
+        "workers": n_workers,
         "steps_per_run": per_run,
         "succeeded": ok,
         "seconds": elapsed,
@@ -271,8 +304,6 @@ def steps(settings: Settings, out: Path, runs: int, per_run: int) -> dict[str, A
 
 
 def one_process(settings: Settings, runs: int, per_run: int) -> dict[str, Any]:
-    import asyncio
-
     from runlog.benchmarks.fleet_agents import step
     from runlog.bootstrap import Services
     from runlog.log.clients import async_redis_client
@@ -328,6 +359,7 @@ def run(
         ("dispatch", lambda s: dispatch(s, out, starts)),
         ("failover", lambda s: failover(s, out, held)),
         ("steps", lambda s: steps(s, out, runs, per_run)),
+        ("steps_fleet", lambda s: steps(s, out, runs, per_run, n_workers=2)),
         ("one_process", lambda s: one_process(s, runs, per_run)),
     ]
     for name, phase in phases:  # each on topics of its own: no run of one is left to another
@@ -343,6 +375,7 @@ def run(
 
 def report(res: dict[str, Any]) -> str:
     d, f, st, one = res["dispatch"], res["failover"], res["steps"], res["one_process"]
+    two = res["steps_fleet"]
     return "\n".join(
         [
             f"dispatch (idle fleet, {d['starts']} starts): start -> RUN_STARTED "
@@ -353,7 +386,11 @@ def report(res: dict[str, Any]) -> str:
             f"max {f['max_s']:.2f} s; bound TTL {f['lease_ttl_ms']} ms + session "
             f"{f['session_timeout_ms']} ms + 2 s = {f['bound_s']:.1f} s",
             f"steps ({st['runs']} runs x {st['steps_per_run']} irreversible steps, one worker): "
-            f"{st['steps_per_s']:.0f} durable steps/s ({st['succeeded']} succeeded)",
+            f"{st['steps_per_s']:.0f} durable steps/s ({st['succeeded']} succeeded); "
+            f"{st['steps_per_s'] / one['steps_per_s']:.2f} x one process",
+            f"steps, a fleet of {two['workers']} workers: {two['steps_per_s']:.0f} durable "
+            f"steps/s ({two['succeeded']} succeeded); "
+            f"{two['steps_per_s'] / one['steps_per_s']:.2f} x one process",
             f"one process ({one['runs']} runs x {one['steps_per_run']} irreversible steps, one "
             f"event loop, no fleet): {one['steps_per_s']:.0f} durable steps/s",
         ]
