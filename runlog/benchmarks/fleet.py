@@ -342,6 +342,12 @@ def one_process(settings: Settings, runs: int, per_run: int) -> dict[str, Any]:
     }
 
 
+STEP_PHASES = ("steps", "steps_fleet", "one_process")
+"""Measured in rounds, each round all three in turn on fresh topics: the machine's load
+moves between minutes, so each fleet figure is set beside the one-process figure of its
+own round, and the report gives every round's ratio and their median."""
+
+
 def run(
     base: Settings,
     *,
@@ -350,6 +356,7 @@ def run(
     held: int = 200,
     runs: int = 100,
     per_run: int = 20,
+    rounds: int = 3,
     lease_ttl_ms: int = 3000,
     session_timeout_ms: int = 6000,
 ) -> dict[str, Any]:
@@ -358,24 +365,46 @@ def run(
     phases: list[tuple[str, Any]] = [
         ("dispatch", lambda s: dispatch(s, out, starts)),
         ("failover", lambda s: failover(s, out, held)),
-        ("steps", lambda s: steps(s, out, runs, per_run)),
-        ("steps_fleet", lambda s: steps(s, out, runs, per_run, n_workers=2)),
-        ("one_process", lambda s: one_process(s, runs, per_run)),
     ]
+    for _ in range(rounds):
+        phases += [
+            ("steps", lambda s: steps(s, out, runs, per_run)),
+            ("steps_fleet", lambda s: steps(s, out, runs, per_run, n_workers=2)),
+            ("one_process", lambda s: one_process(s, runs, per_run)),
+        ]
     for name, phase in phases:  # each on topics of its own: no run of one is left to another
         scratch = Scratch.create(
             base, lease_ttl_ms=lease_ttl_ms, worker_session_timeout_ms=session_timeout_ms
         )
         try:
-            res[name] = phase(scratch.settings)
+            got = phase(scratch.settings)
         finally:
             scratch.cleanup()
+        if name in STEP_PHASES:
+            res.setdefault(name, []).append(got)
+        else:
+            res[name] = got
     return res
 
 
+def _steps_line(label: str, mine: list[dict[str, Any]], one: list[dict[str, Any]]) -> str:
+    rates = [m["steps_per_s"] for m in mine]
+    ratios = [m["steps_per_s"] / o["steps_per_s"] for m, o in zip(mine, one, strict=True)]
+    ok, of = min(m["succeeded"] for m in mine), mine[0]["runs"]
+    told = f"all {of} succeeded" if ok == of else f"ONLY {ok} of {of} succeeded in a round"
+    return (
+        f"{label}: {statistics.median(rates):.0f} durable steps/s (median of "
+        f"{', '.join(f'{r:.0f}' for r in rates)}; {told}); "
+        f"x one process of the same round: {', '.join(f'{r:.2f}' for r in ratios)} "
+        f"(median {statistics.median(ratios):.2f})"
+    )
+
+
 def report(res: dict[str, Any]) -> str:
-    d, f, st, one = res["dispatch"], res["failover"], res["steps"], res["one_process"]
-    two = res["steps_fleet"]
+    d, f, one = res["dispatch"], res["failover"], res["one_process"]
+    st, two = res["steps"], res["steps_fleet"]
+    shape = f"{st[0]['runs']} runs x {st[0]['steps_per_run']} irreversible steps"
+    ones = [o["steps_per_s"] for o in one]
     return "\n".join(
         [
             f"dispatch (idle fleet, {d['starts']} starts): start -> RUN_STARTED "
@@ -385,13 +414,10 @@ def report(res: dict[str, Any]) -> str:
             f"worker; kill -> next event p50 {f['p50_s']:.2f} s, p99 {f['p99_s']:.2f} s, "
             f"max {f['max_s']:.2f} s; bound TTL {f['lease_ttl_ms']} ms + session "
             f"{f['session_timeout_ms']} ms + 2 s = {f['bound_s']:.1f} s",
-            f"steps ({st['runs']} runs x {st['steps_per_run']} irreversible steps, one worker): "
-            f"{st['steps_per_s']:.0f} durable steps/s ({st['succeeded']} succeeded); "
-            f"{st['steps_per_s'] / one['steps_per_s']:.2f} x one process",
-            f"steps, a fleet of {two['workers']} workers: {two['steps_per_s']:.0f} durable "
-            f"steps/s ({two['succeeded']} succeeded); "
-            f"{two['steps_per_s'] / one['steps_per_s']:.2f} x one process",
-            f"one process ({one['runs']} runs x {one['steps_per_run']} irreversible steps, one "
-            f"event loop, no fleet): {one['steps_per_s']:.0f} durable steps/s",
+            _steps_line(f"steps ({shape}, one worker)", st, one),
+            _steps_line(f"steps ({shape}, a fleet of {two[0]['workers']} workers)", two, one),
+            f"one process ({shape}, one event loop, no fleet): "
+            f"{statistics.median(ones):.0f} durable steps/s (median of "
+            f"{', '.join(f'{r:.0f}' for r in ones)})",
         ]
     )

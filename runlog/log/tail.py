@@ -165,6 +165,7 @@ class LogTail:
                     todo, self._to_assign = self._to_assign, []
                 if todo:
                     consumer.incremental_assign(todo)
+                    self._first_highs(consumer, todo)
                 got = []
                 # poll() returns at the first record (consume() would wait for a full
                 # batch or its timeout, and a confirmation waits on this loop); what is
@@ -197,6 +198,28 @@ class LogTail:
     def _stopped(self) -> bool:
         """Under ``_cond``."""
         return self._failed is not None or self._closed
+
+    def _first_highs(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
+        """Ask the broker once for the high watermark of each partition just followed
+        whole: a fetch that returns no record need not report one (a partition nobody has
+        written to stays unknown until its first record), and ``unseen_below`` answers
+        only once one is known."""
+        for tp in assigned:
+            with self._cond:
+                part = self._parts.get(tp.partition)
+                if part is None or part.seen is None:
+                    continue
+            try:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, tp.partition), timeout=5, cached=False
+                )
+            except KafkaException as exc:  # its fetches report one soon enough
+                log.warning("log tail: watermark of partition %s: %s", tp.partition, exc)
+                continue
+            with self._cond:
+                if int(high) >= 0:
+                    part.high = max(part.high, int(high))
+                self._cond.notify_all()
 
     def _highs(self, consumer: Consumer) -> dict[int, int]:
         """The high watermarks the consumer's last fetches reported, of the partitions
