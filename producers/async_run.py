@@ -214,7 +214,7 @@ class AsyncRun(Owned):
         if isinstance(op, Append):
             if op.durable:
                 return await self._append(op.event_type, op.payload)
-            return self.emit(op.event_type, op.payload)
+            return await self._emit(op.event_type, op.payload)
         if isinstance(op, Invoke):
             return await _call(op.tool, op.args, op.ctx.idempotency_key, op, self._turn)
         if isinstance(op, Lookup):
@@ -249,6 +249,28 @@ class AsyncRun(Owned):
     ) -> Event:
         """Pipeline an event without waiting; ``await barrier()`` makes it durable."""
         return self._run.emit(event_type, payload, **kw)
+
+    async def _emit(
+        self,
+        event_type: EventType | str,
+        payload: Payload | dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Event:
+        """``emit`` with the lease's Redis check awaited, when one is due: a lease whose
+        local validity ran out (its renewal late, the process busy) is confirmed before the
+        append (``Run._guard``), and that check must not block the loop's thread."""
+        run = self._run
+        lease = run.lease
+        if lease.locally_valid() or lease.lost or lease.released:
+            # Valid: no check is due. Lost or released: ``_guard`` refuses without Redis.
+            return run.emit(event_type, payload, **kw)
+        try:
+            raw = await self._peek(self._keys[0])
+        except redis.RedisError as exc:
+            raise run._fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
+        if not lease.confirm(raw.decode() if isinstance(raw, bytes) else raw):
+            raise run._fenced(f"lease of epoch {run.epoch} is no longer current")
+        return run.emit_confirmed(event_type, payload if payload is not None else kw)
 
     async def barrier(self) -> None:
         """Await every emitted event's acknowledgement, then one Redis check of ownership."""
@@ -310,7 +332,7 @@ class AsyncRun(Owned):
         payload: Payload | dict[str, Any] | None = None,
         **kw: Any,
     ) -> Event:
-        ev = self.emit(event_type, payload, **kw)
+        ev = await self._emit(event_type, payload, **kw)
         await self._barrier()
         snapshots = self._run.deps.snapshots
         if snapshots is not None and snapshots.due(self._run):

@@ -268,7 +268,24 @@ class Run(Owned):
             self._usable(et)
             return self._emit(et, payload if payload is not None else kw, local=True)
 
-    def _emit(self, et: EventType, payload: Payload | dict[str, Any], *, local: bool) -> Event:
+    def emit_confirmed(
+        self, event_type: EventType | str, payload: Payload | dict[str, Any]
+    ) -> Event:
+        """``emit`` by a caller that confirmed the lease in Redis itself just before
+        (``AsyncRun``, which awaits that check where ``_guard`` would block its loop)."""
+        et = EventType(event_type)
+        with self._lock:
+            self._usable(et)
+            return self._emit(et, payload, local=True, guard=False)
+
+    def _emit(
+        self,
+        et: EventType,
+        payload: Payload | dict[str, Any],
+        *,
+        local: bool,
+        guard: bool = True,
+    ) -> Event:
         if et in BOUNDED_FIELDS:
             # Texts that report an effect come from the outside world: bounded here, on
             # every path, so recording an effect that happened can never fail to encode.
@@ -280,7 +297,8 @@ class Run(Owned):
             raise ValidationFailed(
                 f"{et.value} encodes to {len(value)} bytes, over the {MAX_EVENT_BYTES} limit"
             )
-        self._guard()
+        if guard:
+            self._guard()
         ack = self._acks.new()
         headers = codec.headers(ev)
         mac = tenant_keys_for(self.deps.settings).header(ev.tenant, self.run_id.encode(), value)

@@ -133,6 +133,49 @@ def test_hundreds_of_runs_in_one_event_loop_never_block_it(
         assert len(state.completed_calls) == 2
 
 
+def test_a_lease_whose_renewal_is_late_is_confirmed_without_blocking_the_loop(
+    fast: Settings, ledger: Ledger, loop_thread_calls: list[str]
+) -> None:
+    """A busy process renews late: the lease's local validity runs out, and the next append
+    must ask Redis first (``Run._guard``). In an event loop that question is awaited."""
+    tools = _tools(ledger)
+
+    async def main() -> tuple[str, str, int]:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            lease = run.sync.lease
+            lease.valid_until = 0.0  # as if every renewal had been late
+            paid = await run.call_tool("pay", {"i": 7})
+            lease.valid_until = 0.0
+            await run.append(EventType.USER_MESSAGE, content="still mine")
+            await run.finish("succeeded")
+            return run.run_id, paid, run.sync.epoch
+
+    run_id, paid, epoch = asyncio.run(main())
+    assert paid == "paid 7"
+    assert loop_thread_calls == [], f"blocking calls in the loop's thread: {set(loop_thread_calls)}"
+    state = assert_log_sound([rec.event for rec in read_log(fast, run_id)])
+    assert state.status == "finished" and state.epoch == epoch
+    assert list(ledger.per_key().values()) == [1]
+
+
+def test_a_lost_lease_found_by_the_awaited_check_fences_the_append(
+    fast: Settings, ledger: Ledger, redis_client: Any
+) -> None:
+    tools = _tools(ledger)
+
+    async def main() -> str:
+        async with runlog.aio.open_run(tools=tools, settings=fast) as run:
+            lease = run.sync.lease
+            redis_client.delete(run.sync.deps.leases.lease_key(run.sync.tenant, run.run_id))
+            lease.valid_until = 0.0
+            with pytest.raises(runlog.Fenced):
+                await run.call_tool("pay", {"i": 8})
+            return run.run_id
+
+    asyncio.run(main())
+    assert ledger.per_key() == {}, "a fenced owner ran the tool"
+
+
 def test_an_async_reconciler_settles_an_uncertain_async_call(
     fast: Settings, ledger: Ledger
 ) -> None:
