@@ -86,7 +86,7 @@ def _bench(args: argparse.Namespace) -> int:
             held=20 if quick else args.held,
             runs=10 if quick else 100,
             per_run=5 if quick else 20,
-            rounds=1 if quick else 3,
+            rounds=1 if quick else 5,
         )
         print(fleet.report(res))
         return 0
