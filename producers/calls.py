@@ -664,19 +664,8 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
         )
         undone = yield from _compensate(run, run.state.open_calls[key])
         if undone is None:
-            yield from _reconciliation(
-                run,
-                run.state.open_calls[key],
-                "decided",
-                "its compensation did not complete: a person must decide again",
-                "escalate",
-            )
-            yield from _escalate(
-                run,
-                run.state.open_calls[key],
-                "uncertain_call",
-                _not_undone(run, run.state.open_calls[key]),
-                None,
+            yield from _not_undone_to_a_person(
+                run, key, "its compensation did not complete: a person must decide again"
             )
             return
         yield from _complete(
@@ -696,6 +685,14 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
         yield from _complete(
             run, run.state.open_calls[key], f"resolved by {call.decided_by}: {call.decision_note}"
         )
+
+
+def _not_undone_to_a_person(run: Run, key: str, why: str) -> Steps[None]:
+    """A decided call whose inverse did not complete goes back to a person: the
+    reconciliation says ``why``, and the call is escalated as uncertain again."""
+    yield from _reconciliation(run, run.state.open_calls[key], "decided", why, "escalate")
+    call = run.state.open_calls[key]
+    yield from _escalate(run, call, "uncertain_call", _not_undone(run, call), None)
 
 
 def _retry_key(run: Run, call: OpenCall) -> str:
@@ -743,19 +740,10 @@ def _undo_and_retry(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
                 call.decision_note,
             )
         if (yield from _compensate(run, run.state.open_calls[key])) is None:
-            yield from _reconciliation(
+            yield from _not_undone_to_a_person(
                 run,
-                run.state.open_calls[key],
-                "decided",
+                key,
                 "its compensation did not complete: nothing is retried; a person must decide again",
-                "escalate",
-            )
-            yield from _escalate(
-                run,
-                run.state.open_calls[key],
-                "uncertain_call",
-                _not_undone(run, run.state.open_calls[key]),
-                None,
             )
             return
     # The inverse is recorded completed: now, and only now, the call again.
