@@ -77,6 +77,19 @@ def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
     return fields
 
 
+def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
+    """How a dispatch opens its run (sync and async alike): never waiting for a lease
+    another worker holds, the RUN_STARTED fields of the request when the run is new."""
+    return {
+        "tenant": rec.tenant,
+        "tools": agent.tools,
+        "wait_s": 0,
+        "agent": agent.name,
+        "reason": f"dispatched to worker {deps.writer_id}",
+        "started_with": _start_fields(agent, rec),
+    }
+
+
 def _input(run_input: str | None, rec: Record) -> Any:
     return json.loads(run_input or rec.input_json or "null")
 
@@ -215,16 +228,7 @@ def execute(
     rec = opened
     try:
         with opening or contextlib.nullcontext():
-            run = open_run_with(
-                deps,
-                run_id,
-                tenant=rec.tenant,
-                tools=agent.tools,
-                wait_s=0,
-                agent=agent.name,
-                reason=f"dispatched to worker {deps.writer_id}",
-                started_with=_start_fields(agent, rec),
-            )
+            run = open_run_with(deps, run_id, **_open_args(deps, agent, rec))
     except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
         return _not_opened(deps, run_id, exc)
     except Escalated:
@@ -318,17 +322,7 @@ async def execute_async(
     rec = opened
     try:
         async with opening or contextlib.nullcontext():
-            arun = await open_async(
-                deps,
-                aredis,
-                run_id,
-                tenant=rec.tenant,
-                tools=agent.tools,
-                wait_s=0,
-                agent=agent.name,
-                reason=f"dispatched to worker {deps.writer_id}",
-                started_with=_start_fields(agent, rec),
-            )
+            arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec))
     except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
         return _not_opened(deps, run_id, exc)
     except Escalated:
