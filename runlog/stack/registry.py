@@ -78,6 +78,29 @@ class RegistryPaths:
         return f"http://{HOST}:{self.port}/apis/ccompat/v7"
 
 
+def _extract(tar: tarfile.TarFile, out: Path) -> None:
+    """Unpack the registry's archive into ``out``: regular files and folders below ``out``
+    only (the archive holds nothing else), anything else refused with its name.
+
+    The standard library's ``filter="data"`` says as much, but exists from Python 3.11.4
+    on (Debian 12's python3 is 3.11.2, where ``extractall`` refuses the argument), so the
+    members are checked here, and the filter is used where there is one."""
+    root = out.resolve()
+    members = []
+    for m in tar.getmembers():
+        dest = (root / m.name).resolve()
+        if not (m.isfile() or m.isdir()) or not dest.is_relative_to(root):
+            raise StackError(
+                f"{ARTIFACT}: refusing archive member {m.name!r} (only files and folders "
+                f"below the archive's root are unpacked)"
+            )
+        members.append(m)
+    if hasattr(tarfile, "data_filter"):  # where it exists, its checks too
+        tar.extractall(root, members=members, filter="data")
+    else:
+        tar.extractall(root, members=members)
+
+
 def fetch(paths: RegistryPaths, echo: Echo | None = None) -> Path:
     """The registry's runner jar, fetched with Maven once and kept in the cache."""
     if paths.jar.is_file():
@@ -109,7 +132,7 @@ def fetch(paths: RegistryPaths, echo: Echo | None = None) -> Path:
                 raise StackError(f"Maven could not fetch {ARTIFACT}:\n{tail}")
             out = work / "app"
             with tarfile.open(archives[0]) as tar:
-                tar.extractall(out, filter="data")
+                _extract(tar, out)
             jars = list(out.rglob(_MARKER))
             if not jars:
                 raise StackError(f"{ARTIFACT} holds no {_MARKER}")
