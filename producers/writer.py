@@ -99,6 +99,15 @@ IDLE_S = (0.005, 0.05)
 are outstanding, and when none are."""
 
 
+def _forget_frames(exc: BaseException) -> None:
+    """Drop the traceback of an exception a ``flush`` raised: it holds the frame that
+    flushed and with it the producer, and the exception stays referenced from outside
+    Python's collector (the producer's C handle, it appears: a cycle the collector cannot
+    break). Every writer's producer outlived its ``close`` that way, its connections
+    dialling on (tests/writer/test_writer_release.py)."""
+    exc.__traceback__ = None
+
+
 class _Served(Exception):
     """Raised by the delivery callback that completes a barrier serving its own reports, in
     that barrier's thread: it ends the barrier's ``flush`` at once (librdkafka stops serving
@@ -394,12 +403,15 @@ class EventWriter:
         other failure is logged, not raised into whichever barrier happened to serve it."""
         try:
             return int(producer.flush(timeout))
-        except _Served:
+        except _Served as served:
+            _forget_frames(served)
             return -1
         except KafkaException as exc:
+            _forget_frames(exc)
             self._raised(exc)
-        except Exception:
+        except Exception as exc:
             log.exception("delivery callback failed")
+            _forget_frames(exc)
         return len(producer)
 
     def _raised(self, exc: KafkaException) -> None:
