@@ -210,16 +210,16 @@ def _wait(
 def _finishes(follower: _Follower, rids: list[str], timeout: float) -> dict[str, str]:
     """Each run's outcome, once its RUN_FINISHED arrived (``follower`` closed here)."""
     deadline = time.monotonic() + timeout
-    out: dict[str, str] = {}
+    wanted, out = set(rids), dict[str, str]()
     try:
-        while len(out) < len(rids):
-            for rid in follower.poll() & set(rids):
-                for ev in follower.events[rid]:
+        while len(out) < len(wanted):
+            for rid in follower.poll() & wanted:
+                for ev in follower.events[rid]:  # its finish: the only record decoded
                     if isinstance(ev.payload, RunFinished):
                         out[rid] = ev.payload.outcome
             if time.monotonic() > deadline:
-                left = len(rids) - len(out)
-                raise RuntimeError(f"{left} of {len(rids)} runs not finished after {timeout:.0f}s")
+                left, of = len(wanted) - len(out), len(wanted)
+                raise RuntimeError(f"{left} of {of} runs not finished after {timeout:.0f}s")
     finally:
         follower.close()
     return out
