@@ -15,7 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 
 import redis
 
-from runlog.errors import Fenced, RedisUnavailable, RunLocked, TenantMismatch, UnknownRun
+from runlog.errors import (
+    AgentMismatch,
+    Fenced,
+    RedisUnavailable,
+    RunLocked,
+    TenantMismatch,
+    UnknownRun,
+)
 from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
@@ -80,6 +87,7 @@ def open_run_with(
     operator: str | None = None,
     started_with: Mapping[str, str] | None = None,
     subject: str | None = None,
+    expect_agent: str | None = None,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
 
@@ -89,6 +97,11 @@ def open_run_with(
     registry's ``code_version`` and ``input_json``); ignored when the run exists.
     ``subject``: the data subject whose key seals the run's content (RUN_STARTED v3);
     None: the run itself. Ignored when the run exists (its RUN_STARTED said it).
+
+    ``expect_agent``: the registered agent this opening will execute (a dispatch of the
+    fleet). A run whose log recorded another agent (or none: a run not started by the
+    registry) is refused with ``AgentMismatch`` before anything is appended or recovered:
+    the log's agent, never the caller's, decides what code runs under the run's keys.
 
     ``create=False`` refuses to start a run that has no events (``UnknownRun``).
     ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
@@ -110,8 +123,11 @@ def open_run_with(
             run = _replay(deps, reader, lease, tools)
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
+            check_agent(run.state, rid, expect_agent)
             if run.state.status != "finished":
-                _claim(run, reader, start, reason=reason, operator=operator)
+                _claim(
+                    run, reader, start, reason=reason, operator=operator, expect_agent=expect_agent
+                )
         finally:
             reader.close()
         if recover and run.state.status != "finished":
@@ -207,8 +223,31 @@ def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool
     return run
 
 
+def check_agent(state: RunState, run_id: str, expect_agent: str | None) -> None:
+    """Refuse (``AgentMismatch``) a run whose log recorded another agent than
+    ``expect_agent``; a run with no events, or no expectation, passes."""
+    if expect_agent is None or state.status == "new" or state.agent_name == expect_agent:
+        return
+    recorded = state.agent_name
+    said = (
+        repr(recorded) if recorded is not None else "no agent (it was not started by runlog.start)"
+    )
+    raise AgentMismatch(
+        f"run {run_id} runs {said}, not {expect_agent!r}: its RUN_STARTED decides",
+        run_id=run_id,
+        agent=expect_agent,
+        recorded_agent=recorded,
+    )
+
+
 def _claim(
-    run: Run, reader: LogReader, start: Mapping[str, str], *, reason: str, operator: str | None
+    run: Run,
+    reader: LogReader,
+    start: Mapping[str, str],
+    *,
+    reason: str,
+    operator: str | None,
+    expect_agent: str | None = None,
 ) -> None:
     """Append the ownership event and confirm, by reading the log back, that it counts.
 
@@ -250,6 +289,9 @@ def _claim(
                 f"run id {run.run_id} was started by another tenant meanwhile",
                 run_id=run.run_id,
             )
+        # A start of the same id by another request may have landed first: its agent, not
+        # the one this opening was asked for, is the run's.
+        check_agent(run.state, run.run_id, expect_agent)
         if run.state.status == "finished":
             # The previous owner's RUN_FINISHED landed first: nothing left to own.
             log.info("run %s finished before our claim; returning it as finished", run.run_id)

@@ -20,6 +20,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import (
+    AgentMismatch as AgentMismatch,
+)
+from runlog.errors import (
     AppendOutcomeUnknown as AppendOutcomeUnknown,
 )
 from runlog.errors import (
@@ -72,6 +75,9 @@ from runlog.errors import (
 )
 from runlog.errors import (
     SchemaError as SchemaError,
+)
+from runlog.errors import (
+    StartRefused as StartRefused,
 )
 from runlog.errors import (
     TenantMismatch as TenantMismatch,
@@ -180,6 +186,8 @@ _PUBLIC: dict[str, str] = {
     "RunLocked": _ERRORS,
     "AppendOutcomeUnknown": _ERRORS,
     "TenantMismatch": _ERRORS,
+    "StartRefused": _ERRORS,
+    "AgentMismatch": _ERRORS,
     "UnknownRun": _ERRORS,
     "RunFinished": _ERRORS,
     "Escalated": _ERRORS,

@@ -520,15 +520,24 @@ def start(
     """Request a run of the registered agent ``agent`` with ``input``; returns its run id.
 
     A durable request, not a process: it returns once the broker acknowledged it, and
-    whichever ``runlog worker`` owns the run's partition starts it. Starting the same
-    ``run_id`` twice is one run (the second request finds it started, or finished).
-    ``input`` must be JSON (it is recorded in the run's RUN_STARTED). ``subject``: the data
-    subject whose key seals the run's content (as ``open_run``'s).
+    whichever ``runlog worker`` owns the run's partition starts it. A given ``run_id`` that
+    already has a log is answered from that log: the same agent's is one run (already
+    started, or finished: nothing runs again), another agent's is refused
+    (``AgentMismatch``, naming both), another tenant's too (``StartRefused``); nothing is
+    written then. ``input`` must be JSON (it is recorded in the run's RUN_STARTED).
+    ``subject``: the data subject whose key seals the run's content (as ``open_run``'s).
     """
 
+    services = Services.shared(settings or Settings())
     return request_start(
-        settings or Settings(), agent, input, tenant=tenant, run_id=run_id, subject=subject
-    )
+        services.settings,
+        services.redis,
+        agent,
+        input,
+        tenant=tenant,
+        run_id=run_id,
+        subject=subject,
+    ).run_id
 
 
 def resume(run_id: str, *, tenant: str = "default", settings: Settings | None = None) -> str:

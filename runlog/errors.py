@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 __all__ = [
+    "AgentMismatch",
     "AppendOutcomeUnknown",
     "CallRejected",
     "CallUncertain",
@@ -25,6 +26,7 @@ __all__ = [
     "KafkaUnavailable",
     "MissingUpcaster",
     "NewerSchemaVersion",
+    "NoLiveWorker",
     "NotADecider",
     "NotificationFailed",
     "RedisUnavailable",
@@ -35,6 +37,7 @@ __all__ = [
     "RunlogError",
     "SchemaError",
     "StackError",
+    "StartRefused",
     "TenantMismatch",
     "ToolArgumentsError",
     "ToolFailed",
@@ -170,6 +173,41 @@ class TenantMismatch(UnknownRun):
     caller that catches ``UnknownRun`` is covered; the message never names the owner, and
     the CLI answers it exactly as an unknown run (exit 4).
     """
+
+
+class StartRefused(RunError):
+    """A start request (``runlog.start``) names a run id whose log says it cannot be this
+    request's run: the id belongs to another tenant (the message never names it), or its
+    ``RUN_STARTED`` recorded another agent (``AgentMismatch``). Nothing was written.
+
+    ``agent``: the agent the request named; ``recorded_agent``: the one the log recorded
+    (None when not told: another tenant's run, or a run not started by the registry)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        agent: str = "",
+        recorded_agent: str | None = None,
+    ) -> None:
+        super().__init__(message, run_id=run_id)
+        self.agent, self.recorded_agent = agent, recorded_agent
+
+
+class AgentMismatch(StartRefused):
+    """The run's log recorded another agent than the one asked for: a start request for
+    it is refused, and a worker opening it for that agent stands down (it dispatches the
+    recorded agent instead). Names both agents."""
+
+
+class NoLiveWorker(RunlogError):
+    """No live worker announces the agent a start asks for (``runlog start
+    --require-worker``): the request was not written. ``agent`` names it."""
+
+    def __init__(self, message: str, *, agent: str) -> None:
+        super().__init__(message)
+        self.agent = agent
 
 
 class ForkRefused(RunError):

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED_RUNLOG = [
     "Absent",
+    "AgentMismatch",
     "AppendOutcomeUnknown",
     "CallContext",
     "CallRejected",
@@ -47,6 +48,7 @@ EXPECTED_RUNLOG = [
     "RunlogError",
     "SchemaError",
     "Settings",
+    "StartRefused",
     "TenantMismatch",
     "Tool",
     "ToolArgumentsError",

@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import signal
+import socket
 import sys
 from typing import Any
 
 from runlog import api
 from runlog.bootstrap import Services
 from runlog.cli.groups import EXIT_OK, EXIT_USAGE, print_json
+from runlog.errors import NoLiveWorker
 from runlog.fleet import registry
+from runlog.fleet.requests import request_start, serving
 from runlog.fleet.worker import Worker, live_workers, new_worker_id
 from runlog.log.clients import redis_client
 from runlog.settings import Settings
@@ -25,13 +29,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="request a run of a registered agent (returns its run id at once)",
         description=(
             "Records a durable start request; whichever `runlog worker` owns the run's "
-            "partition starts it. The same --run-id twice is one run."
+            "partition starts it. A --run-id that already has a log is answered from it: "
+            "the same agent's is one run (already started or finished, nothing new is "
+            "requested), another agent's or another tenant's is refused (exit 1, nothing "
+            "written). Warns at once when no live worker serves the agent."
         ),
     )
     p.add_argument("agent")
     p.add_argument("--input", default="null", help="the agent's input, JSON (default null)")
     p.add_argument("--tenant", default="default")
     p.add_argument("--run-id", dest="run_id", default=None)
+    p.add_argument(
+        "--require-worker",
+        action="store_true",
+        help="refuse (exit 1, nothing written) when no live worker serves the agent",
+    )
+    p.add_argument("--by", default=None, help="who asks (default: user@host)")
     p.set_defaults(func=_start)
 
     p = sub.add_parser(
@@ -74,7 +87,36 @@ def _start(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"runlog: --input is not JSON: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(api.start(args.agent, value, tenant=args.tenant, run_id=args.run_id))
+    services = Services.shared(Settings())
+    settings, client = services.settings, services.redis
+    served = serving(client, settings, args.agent)
+    if not served and args.require_worker:
+        raise NoLiveWorker(
+            f"no live worker serves agent {args.agent!r} (`runlog workers`): nothing requested",
+            agent=args.agent,
+        )
+    answer = request_start(
+        settings,
+        client,
+        args.agent,
+        value,
+        tenant=args.tenant,
+        run_id=args.run_id,
+        requested_by=args.by or f"{getpass.getuser()}@{socket.gethostname()}",
+    )
+    print(answer.run_id)
+    if answer.status != "requested":
+        print(
+            f"runlog: run {answer.run_id} {answer.status}: its log decides, nothing new was "
+            "requested",
+            file=sys.stderr,
+        )
+    elif not served:
+        print(
+            f"runlog: warning: no live worker serves agent {args.agent!r} (`runlog workers`): "
+            "the run waits until one that registers it joins",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

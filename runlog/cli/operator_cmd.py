@@ -12,10 +12,11 @@ from runlog.cli.groups import print_json
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.question import question
 from runlog.consumers.timeline import run_timeline
-from runlog.errors import ConfigError, KafkaUnavailable
+from runlog.errors import ConfigError, KafkaUnavailable, UnknownRun
+from runlog.fleet.requests import Requested, requested
 from runlog.log.clients import redis_client
 from runlog.log.holders import status_now
-from runlog.log.kafka import live_groups
+from runlog.log.kafka import live_groups, unreachable
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
 from runlog.schemas.keys import check_run_id
@@ -30,7 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "keeps in Redis (never a scan of the topic). Pages with --cursor.",
     )
     p.add_argument("--tenant", action="append", default=None, help="only this tenant (repeat)")
-    p.add_argument("--status", choices=STATUSES, default=None)
+    p.add_argument(
+        "--status",
+        choices=(*STATUSES, "requested"),
+        default=None,
+        help="only runs of this status; `requested`: start requests with no log yet",
+    )
     p.add_argument(
         "--since",
         default=None,
@@ -117,11 +123,20 @@ def _runs(args: argparse.Namespace) -> int:
     since = parse_since(args.since, now) if args.since else None
     if args.forked_from is not None:
         return _forks(args, client, settings, now)
+    asked: list[Requested] = []
+    if args.cursor is None and since is None:
+        asked = _requested_only(settings, client, args.tenant)
+    if args.status == "requested":
+        client.close()
+        return _print_requested(asked, args.json)
     try:
         index = RunIndex(client, settings)
         cursor = args.cursor
         rows: list[RunRow] = []
         header = not args.json
+        if asked and not args.status and not args.json:
+            _print_requested(asked, False)
+            header = False
         while True:
             try:
                 page = index.page(
@@ -137,10 +152,7 @@ def _runs(args: argparse.Namespace) -> int:
                 rows.extend(page.rows)
             else:
                 if header and page.rows:
-                    print(
-                        f"{'TENANT':<12} {'RUN':<30} {'STATUS':<10} {'OWNER / DETAIL':<34} "
-                        f"{'SEQ':>6} {'EPOCH':>5} {'RES':>4} {'AGE':>6}  LAST EVENT"
-                    )
+                    print(HEADER)
                     header = False
                 for row in page.rows:
                     print(_line(row, now))
@@ -153,6 +165,7 @@ def _runs(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {
             "runs": [r.to_dict(now) for r in rows],
             "next_cursor": cursor,
+            "requested": [] if args.status else [r.to_dict() for r in asked],
         }
         if not rows:
             out["projection_services"] = _services(settings)
@@ -178,6 +191,39 @@ def _runs(args: argparse.Namespace) -> int:
             print(f"no runs match (the state projection is running: {groups})", file=sys.stderr)
     elif cursor is not None:
         print(f"more: runlog runs ... --cursor '{cursor}'", file=sys.stderr)
+    return 0
+
+
+HEADER = (
+    f"{'TENANT':<12} {'RUN':<30} {'STATUS':<10} {'OWNER / DETAIL':<34} "
+    f"{'SEQ':>6} {'EPOCH':>5} {'RES':>4} {'AGE':>6}  LAST EVENT"
+)
+
+
+def _requested_only(settings: Settings, client: Any, tenants: list[str] | None) -> list[Requested]:
+    """The start requests whose run has no row in the index (no log yet, or the index is
+    behind), read from the lifecycle topic; none when the broker does not answer (said)."""
+    gone = unreachable(settings.bootstrap_servers)
+    if gone is not None:
+        print(f"start requests not listed: Kafka does not answer ({gone})", file=sys.stderr)
+        return []
+    try:
+        found = requested(settings, client, tenants=tenants)
+    except KafkaUnavailable as exc:
+        print(f"start requests not listed: {exc}", file=sys.stderr)
+        return []
+    index = RunIndex(client, settings)
+    return [r for r in found if index.find(r.run_id) is None]
+
+
+def _print_requested(asked: list[Requested], as_json: bool) -> int:
+    if as_json:
+        print_json({"runs": [], "next_cursor": None, "requested": [r.to_dict() for r in asked]})
+        return 0
+    if asked:
+        print(HEADER)
+    for r in asked:
+        print(f"{r.tenant:<12} {r.run_id:<30} {'requested':<10} {r.text()}")
     return 0
 
 
@@ -213,7 +259,15 @@ def _show(args: argparse.Namespace) -> int:
     client = redis_client(settings)
     try:
         with LogReader(settings) as reader:
-            tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
+            try:
+                tl = run_timeline(reader, client, settings, args.tenant, args.run_id)
+            except UnknownRun:
+                # No log of this tenant's: a start request the fleet has not served yet
+                # is still a run someone asked for, shown as the request it is.
+                pending = requested(settings, client, tenants=[args.tenant], run_ids=[args.run_id])
+                if not pending:
+                    raise
+                return _show_requested(pending[0], args.json)
         told = status_now(client, settings, tl.state)
         children = RunIndex(client, settings).children(tl.tenant, tl.run_id)
     finally:
@@ -294,6 +348,24 @@ def _show(args: argparse.Namespace) -> int:
         print("waiting for a person:")
         for q in questions:
             print("\n".join(f"  {line}" for line in q.lines()))
+    return 0
+
+
+def _show_requested(req: Requested, as_json: bool) -> int:
+    if as_json:
+        print_json(req.to_dict())
+        return 0
+    since = req.since.isoformat() if req.since is not None else "?"
+    print(f"run {req.run_id}  tenant {req.tenant}  status {req.text()}")
+    print(f"agent {req.agent}  requested by {req.requested_by or '?'}  since {since}")
+    if req.served_by:
+        print(f"live workers that serve {req.agent}: {', '.join(req.served_by)}")
+    else:
+        print(
+            f"no live worker serves agent {req.agent} (`runlog workers`): the run starts "
+            "when one that registers it joins"
+        )
+    print("no event in the log yet")
     return 0
 
 

@@ -7,7 +7,12 @@ worker checks against the log (opening a run replays it), never a source of trut
 docs/concepts/fleet.md for why dispatch reads it rather than the events or the run index.
 
 A record's value is canonical JSON: ``{"v": 1, "state": ..., "tenant": ..., "agent": ...}``
-plus ``input_json`` (``requested``) or ``due_at`` (``waiting_until``, ISO UTC).
+plus ``input_json``, ``requested_by`` and ``requested_at`` (``requested``) or ``due_at``
+(``waiting_until``, ISO UTC).
+
+The record is a cache of the run's log: a record that disagrees with the log (another
+tenant, another agent, a timer it does not name) is rebuilt from it (``rebuilt``), never
+dropped.
 
 With ``RUNLOG_ENCRYPTION=on`` a start request's ``input_json`` (the run's input: content)
 is sealed under the run's data subject, as RUN_STARTED's is, and written as
@@ -25,10 +30,14 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
 from runlog.errors import ConfigError, KafkaUnavailable, NoKeys, SchemaError
+from runlog.log.kafka import high_watermark, reader_config
+from runlog.projections.run_state import RunState
 from runlog.schemas.keys import partition_for
 from runlog.schemas.sealing import ERASED, Opener, Sealed, Sealer, aad
 from runlog.settings import Settings
@@ -69,6 +78,10 @@ class Record:
     input_sealed: Sealed | None = None
     """The start input as read, still sealed (``input_json`` is then None): see
     ``open_input``."""
+    requested_by: str | None = None
+    """Who asked for the start (``runlog start``: user@host), shown while no log exists."""
+    requested_at: datetime | None = None
+    """When the start was asked for (UTC)."""
 
     def encode(self, sealer: Sealer | None = None, run_id: str = "") -> bytes:
         """The record's value; with a ``sealer`` (the run's subject's), its input sealed."""
@@ -95,6 +108,10 @@ class Record:
             body["due_at"] = self.due_at.isoformat()
         if self.subject is not None:
             body["subject"] = self.subject
+        if self.requested_by is not None:
+            body["requested_by"] = self.requested_by
+        if self.requested_at is not None:
+            body["requested_at"] = self.requested_at.isoformat()
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -104,6 +121,7 @@ class Record:
             if body.get("v") != FORMAT or body.get("state") not in STATES:
                 raise ValueError(f"unknown lifecycle record {body.get('v')}/{body.get('state')}")
             due = body.get("due_at")
+            asked = body.get("requested_at")
             given = body.get("input_json")
             sealed = None
             if isinstance(given, dict):
@@ -124,6 +142,8 @@ class Record:
                 due_at=datetime.fromisoformat(due) if due else None,
                 subject=body.get("subject"),
                 input_sealed=sealed,
+                requested_by=body.get("requested_by"),
+                requested_at=datetime.fromisoformat(asked) if asked else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise SchemaError(f"undecodable lifecycle record: {exc}") from exc
@@ -141,6 +161,89 @@ class Record:
             )
         text = opener.open(*self.input_sealed, input_aad(run_id))
         return ERASED if text is None else text
+
+
+def rebuilt(state: RunState, now: datetime) -> Record | None:
+    """The lifecycle record the run's log implies (``state``: its fold), None for a
+    tombstone: a run that ended (finished, erased) or that the registry did not start (no
+    worker may run it) has none; a run asleep on a timer due after ``now`` waits for it; any
+    other is ``open`` (dispatched: re-executing its agent finds every wait again). Tenant
+    and agent are the log's. The rule a worker applies to a record that disagrees with the
+    log, and a start request for a run that already has one."""
+    if state.status in ("new", "finished") or state.erased is not None:
+        return None
+    if state.agent_name is None:
+        return None
+    if state.cancel is None and not state.pending_approvals and state.timers:
+        due = state.timers[-1].due_at
+        if due > now:
+            return Record("waiting_until", state.tenant, state.agent_name, due_at=due)
+    return Record("open", state.tenant, state.agent_name)
+
+
+@dataclass(frozen=True)
+class Latest:
+    """A run's latest lifecycle record as read from the topic."""
+
+    record: Record | None
+    """None: a tombstone, or a value that does not decode (``error`` says why)."""
+    offset: int
+    written_at: datetime | None
+    """The broker's timestamp of the record (UTC), when it has one."""
+    error: str | None = None
+
+
+def read_latest(
+    settings: Settings, *, run_ids: frozenset[str] | None = None, wait_s: float = 30.0
+) -> dict[str, Latest]:
+    """Each run's latest lifecycle record, read from the topic (every partition, or only
+    those of ``run_ids``; then only theirs are kept). Reads each partition to the high
+    watermark it had when this call began: a record written after that is not seen."""
+    name = topic(settings)
+    parts = (
+        range(settings.partitions)
+        if run_ids is None
+        else sorted({partition_for(r, settings.partitions) for r in run_ids})
+    )
+    consumer = Consumer(reader_config(settings))
+    out: dict[str, Latest] = {}
+    try:
+        for part in parts:
+            end = high_watermark(consumer, name, part)
+            if end <= 0:
+                continue
+            consumer.assign([TopicPartition(name, part, OFFSET_BEGINNING)])
+            deadline = time.monotonic() + wait_s
+            done = False
+            while not done:
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailable(f"reading {name}[{part}] to {end} timed out")
+                for msg in consumer.consume(500, timeout=0.5):
+                    if msg.error() is not None:
+                        continue
+                    off = msg.offset() or 0
+                    key = msg.key()
+                    if key is not None and off < end:
+                        rid = key.decode()
+                        if run_ids is None or rid in run_ids:
+                            out[rid] = _latest(msg.value(), off, msg.timestamp())
+                    if off >= end - 1:
+                        done = True
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return out
+
+
+def _latest(value: bytes | None, offset: int, stamp: tuple[int, int]) -> Latest:
+    kind, ms = stamp
+    at = None if kind == 0 or ms < 0 else datetime.fromtimestamp(ms / 1000, tz=UTC)
+    if value is None:
+        return Latest(None, offset, at)
+    try:
+        return Latest(Record.decode(value), offset, at)
+    except SchemaError as exc:
+        return Latest(None, offset, at, error=str(exc))
 
 
 class LifecycleWriter:

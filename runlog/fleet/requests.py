@@ -1,33 +1,41 @@
 """Durable requests to the fleet: start a run, dispatch one now.
 
 ``request_start`` records the request (acknowledged by the broker) and returns: no worker
-needs to be up. The same run id requested twice is one run: the worker that opens it
-appends RUN_STARTED only to a run with no events (``docs/concepts/fleet.md``).
+needs to be up. A request for an id that has a log is answered from that log, never from
+the lifecycle topic (a cache of it): the same run id requested twice is one run, and an id
+of another tenant or another agent is refused (``docs/concepts/fleet.md``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from runlog.errors import (
+    AgentMismatch,
     KafkaUnavailable,
     RunFinished,
     SchemaError,
+    StartRefused,
     TenantMismatch,
     UnknownRun,
     ValidationFailed,
 )
-from runlog.fleet.lifecycle import Record, writer_for
+from runlog.fleet.lifecycle import Record, read_latest, rebuilt, writer_for
+from runlog.fleet.worker import live_workers
 from runlog.log.fold import read_run
 from runlog.log.kafka import high_watermark, partitions_of, reader_config
 from runlog.log.keys import sealer_for
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState
+from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import check_run_id, check_tenant, new_run_id
 from runlog.settings import Settings
@@ -39,16 +47,36 @@ MAX_INPUT_BYTES = 256 * 1024
 reference to a document, not the document)."""
 
 
+@dataclass(frozen=True)
+class StartAnswer:
+    """What a start request became."""
+
+    run_id: str
+    status: Literal["requested", "already started", "finished"]
+    """``requested``: the request was recorded; ``already started``: the run's log holds
+    its start by this agent, and its lifecycle record was rewritten from that log (a record
+    lost or written over is restored); ``finished``: the run ended, nothing was written."""
+
+
 def request_start(
     settings: Settings,
+    client: redis.Redis,
     agent: str,
     input: Any,
     *,
     tenant: str,
     run_id: str | None,
     subject: str | None = None,
-) -> str:
-    """Record a start request for ``agent`` with ``input``; returns the run id."""
+    requested_by: str | None = None,
+) -> StartAnswer:
+    """Record a start request for ``agent`` with ``input``, answered from the run's log.
+
+    A minted id (``run_id`` None) is nobody else's: the request is written. A given id is
+    read first: if it has a log, the log answers (another tenant's: ``StartRefused``, which
+    never names the owner; another agent's: ``AgentMismatch``, naming both; the same
+    agent's: "already started"), and nothing the log contradicts is written. With no log
+    yet, a pending request of another tenant or agent for the id refuses the same way.
+    """
     check_tenant(tenant)
     rid = new_run_id() if run_id is None else check_run_id(run_id)
     if not agent:
@@ -61,14 +89,58 @@ def request_start(
         raise ValidationFailed(
             f"the input of {agent} is {len(input_json.encode())} bytes, over {MAX_INPUT_BYTES}"
         )
+    if run_id is not None:
+        state = _state(settings, client, tenant, rid)
+        if state.status != "new":
+            return _already(settings, rid, state, tenant=tenant, agent=agent)
+        pending = read_latest(settings, run_ids=frozenset({rid})).get(rid)
+        if pending is not None and pending.record is not None:
+            _refuse(rid, pending.record.tenant, pending.record.agent, tenant=tenant, agent=agent)
     # The input is content: sealed under the run's subject (its RUN_STARTED's key).
     sealer = sealer_for(settings, tenant, subject or rid)
-    writer_for(settings).write(
-        rid,
-        Record("requested", tenant, agent, input_json=input_json, subject=subject or None),
-        sealer=sealer,
+    record = Record(
+        "requested",
+        tenant,
+        agent,
+        input_json=input_json,
+        subject=subject or None,
+        requested_by=requested_by,
+        requested_at=codec.now_utc(),
     )
-    return rid
+    writer_for(settings).write(rid, record, sealer=sealer)
+    return StartAnswer(rid, "requested")
+
+
+def _refuse(
+    run_id: str, has_tenant: str, has_agent: str | None, *, tenant: str, agent: str
+) -> None:
+    """The one rule for a start of an id already taken: another tenant's id is refused
+    without naming its owner, another agent's naming both agents."""
+    if has_tenant != tenant:
+        raise StartRefused(
+            f"run id {run_id} is taken by another tenant's run; choose another run id",
+            run_id=run_id,
+            agent=agent,
+        )
+    if has_agent != agent:
+        said = repr(has_agent) if has_agent is not None else "no agent (not runlog.start's)"
+        raise AgentMismatch(
+            f"run {run_id} runs {said}; a start of {agent!r} for it is refused",
+            run_id=run_id,
+            agent=agent,
+            recorded_agent=has_agent,
+        )
+
+
+def _already(
+    settings: Settings, run_id: str, state: RunState, *, tenant: str, agent: str
+) -> StartAnswer:
+    _refuse(run_id, state.tenant, state.agent_name, tenant=tenant, agent=agent)
+    record = rebuilt(state, codec.now_utc())
+    if record is None:
+        return StartAnswer(run_id, "finished")
+    writer_for(settings).write(run_id, record)
+    return StartAnswer(run_id, "already started")
 
 
 def request_dispatch(
@@ -164,3 +236,74 @@ def _state(settings: Settings, client: redis.Redis, tenant: str, run_id: str) ->
         return read_run(reader, client, settings, tenant, run_id).state
     finally:
         reader.close()
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A start request as the lifecycle topic holds it, and who can serve it now."""
+
+    run_id: str
+    tenant: str
+    agent: str
+    requested_by: str | None
+    since: datetime | None
+    """When it was requested (the record's own time, else the broker's)."""
+    served_by: tuple[str, ...]
+    """The live workers that announce ``agent`` (``runlog workers``)."""
+
+    def text(self) -> str:
+        if self.served_by:
+            return f"requested, {len(self.served_by)} live worker(s) serve agent {self.agent}"
+        since = self.since.isoformat() if self.since is not None else "?"
+        return f"requested, no live worker serves agent {self.agent} since {since}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "tenant": self.tenant,
+            "agent": self.agent,
+            "status": "requested",
+            "requested_by": self.requested_by,
+            "since": None if self.since is None else self.since.isoformat(),
+            "served_by": list(self.served_by),
+            "served": bool(self.served_by),
+            "text": self.text(),
+        }
+
+
+def serving(client: redis.Redis, settings: Settings, agent: str) -> list[str]:
+    """The ids of the live workers that announce ``agent``."""
+    return [
+        w.get("id", "")
+        for w in live_workers(client, settings)
+        if agent in w.get("agents", "").split(",")
+    ]
+
+
+def requested(
+    settings: Settings,
+    client: redis.Redis,
+    *,
+    tenants: Iterable[str] | None = None,
+    run_ids: Iterable[str] | None = None,
+) -> list[Requested]:
+    """The runs whose latest lifecycle record is a start request (of ``tenants``; of
+    ``run_ids``), each with the live workers that serve its agent. A request stays so while
+    its run is being executed: the caller tells the runs that have a log apart."""
+    wanted = None if run_ids is None else frozenset(run_ids)
+    only = None if tenants is None else set(tenants)
+    found = read_latest(settings, run_ids=wanted)
+    workers = live_workers(client, settings)
+    out = []
+    for rid, latest in sorted(found.items()):
+        rec = latest.record
+        if rec is None or rec.state != "requested":
+            continue
+        if only is not None and rec.tenant not in only:
+            continue
+        served = tuple(
+            w.get("id", "") for w in workers if rec.agent in w.get("agents", "").split(",")
+        )
+        since = rec.requested_at or latest.written_at
+        out.append(Requested(rid, rec.tenant, rec.agent, rec.requested_by, since, served))
+    return out

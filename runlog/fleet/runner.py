@@ -21,6 +21,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 
 from runlog.errors import (
+    AgentMismatch,
     AppendOutcomeUnknown,
     Cancelled,
     Escalated,
@@ -32,8 +33,9 @@ from runlog.errors import (
     RunLocked,
     TenantMismatch,
 )
-from runlog.fleet.lifecycle import LifecycleWriter, Record
+from runlog.fleet.lifecycle import LifecycleWriter, Record, rebuilt
 from runlog.fleet.registry import Agent
+from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.producers import timers
 from runlog.producers.approvals import decisions_key
@@ -41,15 +43,29 @@ from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import CANCELLED, Run, RunDeps
+from runlog.projections.run_state import RunState
+from runlog.schemas import codec
 from runlog.schemas.sealing import ERASED
 from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["finished", "waiting_person", "waiting_until", "locked", "retry", "forget", "erased"]
+Kind = Literal[
+    "finished",
+    "waiting_person",
+    "waiting_until",
+    "locked",
+    "retry",
+    "forget",
+    "erased",
+    "rebuilt",
+    "unserved",
+]
 INFRA = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)
 """Not the agent's failure: nothing is recorded, the run is dispatched again."""
 INFRA_RETRY_S = 1.0
+UNKNOWN_AGENT_RETRY_S = 10.0
+"""How often a worker says again that a run names an agent it does not serve."""
 NO_KEYS_RETRY_S = 30.0
 """A worker without the keys a sealed start input needs retries it this much later."""
 
@@ -85,6 +101,7 @@ def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
         "tools": agent.tools,
         "wait_s": 0,
         "agent": agent.name,
+        "expect_agent": agent.name,
         "reason": f"dispatched to worker {deps.writer_id}",
         "started_with": _start_fields(agent, rec),
     }
@@ -173,17 +190,78 @@ def _retry_or_fail_due(agent: Agent, state_timers: tuple[Any, ...]) -> float | N
     return agent.retry.delay(used)
 
 
-def _not_opened(deps: RunDeps, run_id: str, exc: Exception) -> Result:
+def _not_opened(
+    deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, exc: Exception
+) -> Result:
     """What a dispatch does when opening the run failed for a reason not the agent's (the
     sync and the asyncio dispatch alike)."""
     if isinstance(exc, RunLocked):
         return _locked(exc, deps)
-    if isinstance(exc, TenantMismatch):
-        log.error("start of %s refused: %s", run_id, exc)
-        return Result("forget", why=str(exc))
+    if isinstance(exc, TenantMismatch | AgentMismatch):
+        return _rebuild(deps, lw, run_id, rec, exc)
     if isinstance(exc, Fenced):
         return _fenced(deps, exc)
     return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+
+
+def _rebuild(
+    deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, exc: Exception
+) -> Result:
+    """The lifecycle record names another tenant or agent than the run's log: the log wins.
+    The record is written again as the log implies (``lifecycle.rebuilt``: its tenant, its
+    agent, a timer's due time; a tombstone for a run that ended), never dropped, so the
+    run goes on as before and a worker that reads the topic again finds it so. What the
+    disagreeing record asked for is refused here, and said in the worker's log."""
+    log.error(
+        "lifecycle record of %s (%s, tenant %r, agent %r) disagrees with its log: %s; "
+        "rebuilt from the log",
+        run_id,
+        rec.state,
+        rec.tenant,
+        rec.agent,
+        exc,
+    )
+    try:
+        state = _log_state(deps, rec.tenant, run_id)
+        record = rebuilt(state, codec.now_utc())
+        return Result("rebuilt", record, lw.write(run_id, record), why=str(exc))
+    except INFRA as err:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))
+
+
+def _log_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+    reader = deps.reader_factory()
+    try:
+        # The fold does not depend on the tenant asked for: it only names the start index
+        # to try, and a miss falls back to the run id's time or a scan.
+        return read_run(reader, deps.redis, deps.settings, tenant, run_id).state
+    finally:
+        reader.close()
+
+
+def check_unserved(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Result:
+    """The record names an agent this worker does not serve: only the log can say whether
+    it is the run's (a request written over a run of another agent or tenant must not
+    leave that run undispatched). A log that disagrees with the record rebuilds it; a run
+    with no log, or one whose log agrees, waits for a worker that serves its agent."""
+    try:
+        state = _log_state(deps, rec.tenant, run_id)
+        if state.status == "new" or (state.tenant, state.agent_name) == (rec.tenant, rec.agent):
+            return Result("unserved", retry_s=UNKNOWN_AGENT_RETRY_S)
+        log.error(
+            "lifecycle record of %s (%s, tenant %r, agent %r) disagrees with its log "
+            "(tenant %r, agent %r): rebuilt from the log",
+            run_id,
+            rec.state,
+            rec.tenant,
+            rec.agent,
+            state.tenant,
+            state.agent_name,
+        )
+        record = rebuilt(state, codec.now_utc())
+        return Result("rebuilt", record, lw.write(run_id, record), why="disagrees with the log")
+    except INFRA as err:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))
 
 
 def _opened(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Record | Result:
@@ -229,8 +307,8 @@ def execute(
     try:
         with opening or contextlib.nullcontext():
             run = open_run_with(deps, run_id, **_open_args(deps, agent, rec))
-    except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
-        return _not_opened(deps, run_id, exc)
+    except (RunLocked, TenantMismatch, AgentMismatch, Fenced, *INFRA) as exc:
+        return _not_opened(deps, lw, run_id, rec, exc)
     except Escalated:
         return _decided_meanwhile(
             deps, lw, _waiting_person(lw, run_id, rec.tenant, agent.name), run_id
@@ -323,8 +401,8 @@ async def execute_async(
     try:
         async with opening or contextlib.nullcontext():
             arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec))
-    except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
-        return _not_opened(deps, run_id, exc)
+    except (RunLocked, TenantMismatch, AgentMismatch, Fenced, *INFRA) as exc:
+        return await in_thread(_not_opened, deps, lw, run_id, rec, exc)
     except Escalated:
         res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
         return await in_thread(_decided_meanwhile, deps, lw, res, run_id)

@@ -38,7 +38,13 @@ from runlog.errors import ConfigError
 from runlog.fleet import lifecycle
 from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
 from runlog.fleet.registry import Agent
-from runlog.fleet.runner import Result, execute, execute_async
+from runlog.fleet.runner import (
+    UNKNOWN_AGENT_RETRY_S,
+    Result,
+    check_unserved,
+    execute,
+    execute_async,
+)
 from runlog.log.clients import async_redis_client
 from runlog.log.tail import WINDOW
 from runlog.producers.run import RunDeps
@@ -58,7 +64,6 @@ pool's readers (as many as it keeps idle, ``ReaderPool``'s ``keep``), and each o
 milliseconds; the rest wait their turn in their slot."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
-UNKNOWN_AGENT_RETRY_S = 10.0
 
 
 def workers_key(settings: Settings, worker_id: str = "*") -> str:
@@ -118,6 +123,11 @@ class Worker:
         self._aredis: Any = None
         self.since = codec.now_utc().isoformat()
         self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
+        self.stats["rebuilt"] = 0  # records that disagreed with their run's log, rewritten
+        self.stats["checked"] = 0  # records of an agent not served here, read in the log
+        self.unserved: dict[str, int] = {}
+        """Runs whose record (at this offset) names an agent not served here, checked
+        against the log already."""
         self.stats["erased"] = 0  # start requests dropped: their subject was forgotten
         self._consumer: Any = None
         self._stop = threading.Event()
@@ -187,6 +197,7 @@ class Worker:
             return
         if value is None:
             table.pop(rid, None)
+            self.unserved.pop(rid, None)
             return
         try:
             rec = Record.decode(value)
@@ -250,12 +261,16 @@ class Worker:
                 continue
             rec = entry.record
             agent = self.agents.get(rec.agent)
-            if agent is None:
-                log.error("run %s names agent %r, not registered here", rid, rec.agent)
-                self._later(rid, UNKNOWN_AGENT_RETRY_S)
-                continue
             fut: Future[Result]
-            if agent.is_async:
+            if agent is None:
+                if self.unserved.get(rid) == entry.offset:
+                    log.error("run %s names agent %r, not registered here", rid, rec.agent)
+                    self._later(rid, UNKNOWN_AGENT_RETRY_S)
+                    continue
+                # Once per record: the log, not the record, says whose run it is.
+                fut = self.pool.submit(check_unserved, self.deps, self.lw, rid, rec)
+                self.unserved[rid] = entry.offset
+            elif agent.is_async:
                 loop = self._event_loop()
                 fut = asyncio.run_coroutine_threadsafe(
                     execute_async(
@@ -266,7 +281,7 @@ class Worker:
             else:
                 fut = self.pool.submit(execute, self.deps, self.lw, rid, rec, agent, self._opening)
             self.active[rid] = fut
-            self.stats["dispatched"] += 1
+            self.stats["dispatched" if agent is not None else "checked"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
 
     def _done(self, rid: str, fut: Future[Result]) -> None:
@@ -312,11 +327,15 @@ class Worker:
                 self.stats["erased"] += 1
             table.pop(rid, None)
             return
+        if res.kind == "unserved":
+            log.error("run %s names an agent not registered here", rid)
+            self._later(rid, res.retry_s)
+            return
         if res.kind in ("locked", "retry"):
             self.stats["locked" if res.kind == "locked" else "retried"] += 1
             self._later(rid, res.retry_s)
             return
-        self.stats["finished" if res.kind == "finished" else "waiting"] += 1
+        self.stats[res.kind if res.kind in ("finished", "rebuilt") else "waiting"] += 1
         entry = table.get(rid)
         if res.offset is not None and (entry is None or entry.offset < res.offset):
             entry = table[rid] = Entry(res.record, res.offset)
