@@ -36,6 +36,7 @@ from runlog.errors import (
     Fenced,
     ForkRefused,
     InvalidRunId,
+    KafkaUnavailable,
     NotADecider,
     NotUndoable,
     RunFinished,
@@ -43,6 +44,7 @@ from runlog.errors import (
     UnknownApproval,
     UnknownRun,
 )
+from runlog.fleet.requests import Requested, requested
 from runlog.log.clients import redis_client
 from runlog.log.holders import status_now
 from runlog.log.reader import LogReader
@@ -176,6 +178,22 @@ class Console:
             return None
         return row
 
+    def requested(self, grant: Grant, tenant: str, run_id: str | None = None) -> list[Requested]:
+        """Start requests this grant may see whose run has no row in the index (no log
+        yet), read from the lifecycle topic: none when Kafka does not answer."""
+        try:
+            found = requested(
+                self.settings,
+                self.redis,
+                tenants=[tenant] if tenant else None,
+                run_ids=None if run_id is None else [run_id],
+            )
+        except KafkaUnavailable as exc:
+            log.warning("start requests not read: %s", exc)
+            return []
+        index = RunIndex(self.redis, self.settings)
+        return [r for r in found if grant.allows(r.tenant) and index.find(r.run_id) is None]
+
     def timeline(self, tenant: str, run_id: str) -> Timeline:
         with LogReader(self.settings) as reader:
             return run_timeline(reader, self.redis, self.settings, tenant, run_id)
@@ -297,6 +315,9 @@ def create_app(
         except ValueError:
             return PlainTextResponse("bad filter or cursor", status_code=400)
         counts = await run_in_threadpool(index.counts, wanted)
+        asked: list[Requested] = []
+        if cursor is None and not since_text and status in ("", "requested"):
+            asked = await run_in_threadpool(c.requested, grant, tenant)
         next_url = None
         if page.next_cursor:
             params = {"tenant": tenant, "status": status, "since": since_text}
@@ -314,11 +335,12 @@ def create_app(
         return c.page(
             request,
             "runs.html",
-            rows=page.rows,
+            rows=[] if status == "requested" else page.rows,
+            asked=asked,
             counts=counts,
             tenants=visible,
             tenant=tenant,
-            statuses=STATUSES,
+            statuses=(*STATUSES, "requested"),
             status=status,
             since=since_text,
             next_url=next_url,
@@ -332,6 +354,10 @@ def create_app(
         ctx = c.context(request, grant, token)
         row = await run_in_threadpool(c.visible_row, grant, run_id)
         if row is None:
+            if _run_id_or_none(run_id) is not None:
+                asked = await run_in_threadpool(c.requested, grant, "", run_id)
+                if asked:
+                    return c.page(request, "requested.html", req=asked[0], **ctx)
             return _not_found(request, c, ctx, run_id)
         try:
             tl = await run_in_threadpool(c.timeline, row.tenant, run_id)

@@ -103,6 +103,13 @@ _RUNS = """{% extends "base.html" %}{% block title %}Runs{% endblock %}
 {% endfor %}</select></label>
 <label>Since <input name="since" value="{{ since }}" placeholder="15m, 2h or ISO time" size="16">
 </label><button type="submit">Filter</button></form>
+{% if asked %}<h2>Start requests with no log yet</h2>
+<table id="requested"><thead><tr><th>Tenant</th><th>Run</th><th>Agent</th><th>Status</th>
+<th>Requested by</th></tr></thead><tbody>
+{% for r in asked %}<tr data-run="{{ r.run_id }}" class="{{ '' if r.served_by else 'overdue' }}">
+<td>{{ r.tenant }}</td><td><a class="mono" href="/runs/{{ r.run_id }}">{{ r.run_id }}</a></td>
+<td>{{ r.agent }}</td><td class="requested-status">{{ r.text() }}</td>
+<td>{{ r.requested_by or "" }}</td></tr>{% endfor %}</tbody></table>{% endif %}
 <table id="runs"><thead><tr><th>Tenant</th><th>Run</th><th>Status</th><th>Outcome</th>
 <th>Seq</th><th>Epoch</th><th>Resumed</th><th>Age</th><th>Last event</th></tr></thead><tbody>
 {% for r in rows %}<tr data-run="{{ r.run_id }}"><td>{{ r.tenant }}</td>
@@ -332,6 +339,21 @@ partition (high watermark minus the next offset to apply).</p>
 <td class="mono">{% for p, row in body.partitions.items() %}{{ p }}:{{ row.lag }} {% endfor %}</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
 
+_REQUESTED = """{% extends "base.html" %}{% block title %}Run {{ req.run_id }}{% endblock %}
+{% block content %}<h1>Run <span class="mono">{{ req.run_id }}</span>
+<span class="st st-requested" id="status">requested</span></h1>
+<p class="card {{ '' if req.served_by else 'overdue' }}" id="status-detail">{{ req.text() }}</p>
+<table class="card"><tbody>
+<tr><th>Agent</th><td id="agent">{{ req.agent }}</td></tr>
+<tr><th>Tenant</th><td>{{ req.tenant }}</td></tr>
+<tr><th>Requested by</th><td id="requested-by">{{ req.requested_by or "?" }}</td></tr>
+<tr><th>Since</th><td>{{ req.since.isoformat() if req.since else "?" }}</td></tr>
+<tr><th>Live workers serving it</th><td>{{ req.served_by|join(", ") or "none" }}</td></tr>
+</tbody></table>
+<p class="muted">No event of this run is in the log yet: a <code>runlog worker</code> that
+registers the agent starts it.</p>
+<p><a href="/">Back to the runs</a></p>{% endblock %}"""
+
 _NOT_FOUND = """{% extends "base.html" %}{% block title %}Not found{% endblock %}
 {% block content %}<h1>Not found</h1><p id="notfound">{{ message }}</p>
 <p><a href="/">Back to the runs</a></p>{% endblock %}"""
@@ -391,6 +413,7 @@ _TEMPLATES = {
     "uncertain.html": _UNCERTAIN,
     "lag.html": _LAG,
     "notfound.html": _NOT_FOUND,
+    "requested.html": _REQUESTED,
 }
 
 ENV = Environment(
