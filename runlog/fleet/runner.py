@@ -212,17 +212,20 @@ def _rebuild(
     agent, a timer's due time; a tombstone for a run that ended), never dropped, so the
     run goes on as before and a worker that reads the topic again finds it so. What the
     disagreeing record asked for is refused here, and said in the worker's log."""
-    log.error(
-        "lifecycle record of %s (%s, tenant %r, agent %r) disagrees with its log: %s; "
-        "rebuilt from the log",
-        run_id,
-        rec.state,
-        rec.tenant,
-        rec.agent,
-        exc,
-    )
     try:
         state = _log_state(deps, rec.tenant, run_id)
+        if state.erased is not None:
+            # Its agent may be unreadable now (a fork's is in its sealed first record).
+            return _erased(lw, run_id)
+        log.error(
+            "lifecycle record of %s (%s, tenant %r, agent %r) disagrees with its log: %s; "
+            "rebuilt from the log",
+            run_id,
+            rec.state,
+            rec.tenant,
+            rec.agent,
+            exc,
+        )
         record = rebuilt(state, codec.now_utc())
         return Result("rebuilt", record, lw.write(run_id, record), why=str(exc))
     except INFRA as err:
