@@ -60,6 +60,7 @@ Kind = Literal[
     "erased",
     "rebuilt",
     "unserved",
+    "ended",
 ]
 INFRA = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)
 """Not the agent's failure: nothing is recorded, the run is dispatched again."""
@@ -240,6 +241,26 @@ def _log_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
         return read_run(reader, deps.redis, deps.settings, tenant, run_id).state
     finally:
         reader.close()
+
+
+def check_end(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Result:
+    """A tombstone someone else wrote over a run this worker knew as ``rec`` (open or
+    waiting): only the log may end a run. A run whose log has not ended gets the record
+    its log implies again (its timer, its agent); an ended one stays forgotten."""
+    try:
+        state = _log_state(deps, rec.tenant, run_id)
+        record = rebuilt(state, codec.now_utc())
+        if record is None:
+            return Result("ended", why="ended in its log")
+        log.error(
+            "lifecycle record of %s was tombstoned, but its log has not ended (%s): "
+            "rebuilt from the log",
+            run_id,
+            state.status,
+        )
+        return Result("rebuilt", record, lw.write(run_id, record), why="tombstone over a live run")
+    except INFRA as err:
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))
 
 
 def check_unserved(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Result:

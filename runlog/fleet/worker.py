@@ -41,6 +41,7 @@ from runlog.fleet.registry import Agent
 from runlog.fleet.runner import (
     UNKNOWN_AGENT_RETRY_S,
     Result,
+    check_end,
     check_unserved,
     execute,
     execute_async,
@@ -124,7 +125,7 @@ class Worker:
         self.since = codec.now_utc().isoformat()
         self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
         self.stats["rebuilt"] = 0  # records that disagreed with their run's log, rewritten
-        self.stats["checked"] = 0  # records of an agent not served here, read in the log
+        self.stats["checked"] = 0  # records read in the log: an agent not served, a tombstone
         self.unserved: dict[str, int] = {}
         """Runs whose record (at this offset) names an agent not served here, checked
         against the log already."""
@@ -196,8 +197,10 @@ class Worker:
                 del table[rid]  # our own tombstone came back: forget the run
             return
         if value is None:
-            table.pop(rid, None)
+            gone = table.pop(rid, None)
             self.unserved.pop(rid, None)
+            if gone is not None and gone.record is not None and partition in self.caught_up:
+                self._check_end(rid, gone.record)
             return
         try:
             rec = Record.decode(value)
@@ -284,6 +287,17 @@ class Worker:
             self.stats["dispatched" if agent is not None else "checked"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
 
+    def _check_end(self, rid: str, rec: Record) -> None:
+        """A tombstone this worker did not write (its own come back while the dispatch is
+        active, or at the offset its result recorded) over a run it knew open or waiting:
+        the log, read in a slot, says whether the run ended."""
+        if rid in self.active:
+            return
+        fut = self.pool.submit(check_end, self.deps, self.lw, rid, rec)
+        self.active[rid] = fut
+        self.stats["checked"] += 1
+        fut.add_done_callback(functools.partial(self._done, rid))
+
     def _done(self, rid: str, fut: Future[Result]) -> None:
         self.results.put((rid, fut))
 
@@ -326,6 +340,11 @@ class Worker:
             if res.kind == "erased":
                 self.stats["erased"] += 1
             table.pop(rid, None)
+            return
+        if res.kind == "ended":  # a tombstone the log confirms: only a newer record counts
+            entry = table.get(rid)
+            if entry is not None:
+                self._schedule(rid, entry)
             return
         if res.kind == "unserved":
             log.error("run %s names an agent not registered here", rid)

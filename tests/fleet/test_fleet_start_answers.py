@@ -311,3 +311,63 @@ def test_two_tenants_starting_one_new_id_at_once_make_one_run(
             return got is not None and got.record is None
 
         _until(f"{rid}'s tombstone", ended, fleet)
+
+
+def test_a_tombstone_over_a_sleeping_run_is_rebuilt_from_its_log(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """A record naming an end (a tombstone) the run's log contradicts: the worker reads the
+    log, finds the run asleep, and writes its timer's record again."""
+    fleet.spawn()
+    rid = runlog.start(
+        "sleeper",
+        {"to": "a", "sleep_s": 5},
+        tenant="acme",
+        run_id="order-r6",
+        settings=fleet_settings,
+    )
+    due = _asleep(fleet_settings, rid, fleet).timers[-1].due_at
+    at = writer_for(fleet_settings).write(rid, None)
+
+    def rebuilt() -> Record | None:
+        got = _latest(fleet_settings, rid)
+        return got.record if got is not None and got.offset > at else None
+
+    rec = _until("the record rebuilt", rebuilt, fleet)
+    assert (rec.state, rec.tenant, rec.due_at) == ("waiting_until", "acme", due)
+    (st,) = wait_finished(fleet_settings, [rid], 60, fleet).values()
+    assert (st.outcome, st.summary) == ("succeeded", "woke and paid")
+    assert sorted(effects(redis_client, fleet_settings).values()) == [1, 1]
+
+
+def test_a_foreign_record_racing_a_takeover_resumes_the_run_as_its_log_says(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """The run's worker is SIGKILLed mid-run and, before another takes the run over, a
+    record of another tenant and agent is written over it: the new worker resumes the run
+    for its own tenant and agent once the dead holder's lease is gone, and never runs the
+    record's agent."""
+    first = fleet.spawn()
+    rid = runlog.start(
+        "noter", {"notes": 60}, tenant="acme", run_id="order-r7", settings=fleet_settings
+    )
+
+    def noting() -> bool:
+        st = states(fleet_settings, [rid])[rid]
+        return st.seq >= 6
+
+    _until("notes", noting, fleet)
+    fleet.kill(first)
+    writer_for(fleet_settings).write(
+        rid, Record("requested", "other", "payer", input_json='{"to": "x", "steps": 3}')
+    )
+    fleet.spawn()
+    (st,) = wait_finished(fleet_settings, [rid], 90, fleet).values()
+    assert (st.tenant, st.agent_name, st.outcome, st.summary) == (
+        "acme",
+        "noter",
+        "succeeded",
+        "noted everything",
+    )
+    assert st.resumptions >= 1
+    assert effects(redis_client, fleet_settings) == {}
