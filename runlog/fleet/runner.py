@@ -208,13 +208,16 @@ def _not_opened(
 def _rebuild(
     deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record, exc: Exception
 ) -> Result:
-    """The lifecycle record names another tenant or agent than the run's log: the log wins.
+    """The lifecycle record names another tenant or agent than the run's log, or holds an
+    input that does not open for the run: the log wins.
     The record is written again as the log implies (``lifecycle.rebuilt``: its tenant, its
     agent, a timer's due time; a tombstone for a run that ended), never dropped, so the
     run goes on as before and a worker that reads the topic again finds it so. What the
     disagreeing record asked for is refused here, and said in the worker's log."""
     try:
         state = _log_state(deps, rec.tenant, run_id)
+        if state.status == "new":
+            return Result("forget", why=str(exc))  # no log: the record is all there is
         if state.erased is not None:
             # Its agent may be unreadable now (a fork's is in its sealed first record).
             return _erased(lw, run_id)
@@ -302,7 +305,7 @@ def _opened(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Rec
         return Result("retry", retry_s=NO_KEYS_RETRY_S, why=str(exc))
     except ValueError as exc:
         log.error("start of %s: its sealed input does not open: %s", run_id, exc)
-        return Result("forget", why=str(exc))
+        return _rebuild(deps, lw, run_id, rec, exc)
     except INFRA as exc:
         return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
     if text == ERASED:

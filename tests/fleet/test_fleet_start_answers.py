@@ -10,6 +10,7 @@ worker restart; a worker executes the agent the run's RUN_STARTED recorded.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -102,6 +103,16 @@ def test_a_start_for_another_tenants_run_is_refused_and_writes_nothing(
         )
     assert refused.value.run_id == rid
     assert "acme" not in str(refused.value)  # another tenant's run: its owner is not named
+    with pytest.raises(runlog.StartRefused):
+        asyncio.run(
+            runlog.aio.start(
+                "sleeper",
+                {"to": "b", "sleep_s": 0},
+                tenant="other",
+                run_id=rid,
+                settings=fleet_settings,
+            )
+        )
     cli = _cli(
         fleet_settings,
         "start",
