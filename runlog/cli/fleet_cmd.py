@@ -64,7 +64,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--drain-s", type=float, default=30.0)
     p.set_defaults(func=_worker)
 
-    p = sub.add_parser("workers", help="the live workers: id, host, pid, runs held, since")
+    p = sub.add_parser(
+        "workers", help="the live workers: id, host, pid, runs held, since, the agents they serve"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_workers)
 
@@ -158,11 +160,11 @@ def _workers(args: argparse.Namespace) -> int:
     if not found:
         print("no live worker (start one with `runlog worker --agents MODULE`)")
         return EXIT_OK
-    print(f"{'id':40} {'host':20} {'pid':>7} {'runs held':>9}  since")
+    print(f"{'id':40} {'host':20} {'pid':>7} {'runs held':>9}  {'since':32}  agents")
     for w in found:
         print(
             f"{w.get('id', ''):40} {w.get('host', ''):20} {w.get('pid', ''):>7} "
-            f"{w.get('runs_held', ''):>9}  {w.get('since', '')}"
+            f"{w.get('runs_held', ''):>9}  {w.get('since', ''):32}  {w.get('agents', '')}"
         )
     return EXIT_OK
 

@@ -6,7 +6,9 @@ served, and so does the console; another tenant sees none of it."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +48,34 @@ def test_a_start_nobody_serves_is_visible_everywhere(
         while not live_workers(client, test_settings):  # its first heartbeat
             assert time.monotonic() < deadline, fleet.tail("w1")
             time.sleep(0.1)
+        started = _cli(
+            test_settings,
+            "start",
+            "nosuchagent",
+            "--input",
+            "{}",
+            "--tenant",
+            "acme",
+        )
+        assert started.returncode == 0, started
+        rid = started.stdout.strip()
+        assert "no live worker serves agent 'nosuchagent'" in started.stderr
+
+        shown = _cli(test_settings, "show", rid, "--tenant", "acme")
+        assert shown.returncode == 0, shown
+        assert "no live worker serves agent nosuchagent since" in shown.stdout
+        by = f"{getpass.getuser()}@{socket.gethostname()}"  # who asked, by default
+        assert by in shown.stdout and "acme" in shown.stdout
+
+        as_json = json.loads(_cli(test_settings, "show", rid, "--tenant", "acme", "--json").stdout)
+        assert as_json["status"] == "requested" and as_json["served"] is False
+        assert (as_json["agent"], as_json["tenant"], as_json["requested_by"]) == (
+            "nosuchagent",
+            "acme",
+            by,
+        )
+        assert as_json["since"] is not None
+
         refused = _cli(
             test_settings,
             "start",
@@ -62,34 +92,9 @@ def test_a_start_nobody_serves_is_visible_everywhere(
         assert "nosuchagent" in refused.stderr
         assert "ask-refused" not in read_latest(test_settings)  # nothing written
 
-        started = _cli(
-            test_settings,
-            "start",
-            "nosuchagent",
-            "--input",
-            "{}",
-            "--tenant",
-            "acme",
-            "--by",
-            "ann@desk",
-        )
-        assert started.returncode == 0, started
-        rid = started.stdout.strip()
-        assert "no live worker serves agent 'nosuchagent'" in started.stderr
-
-        shown = _cli(test_settings, "show", rid, "--tenant", "acme")
-        assert shown.returncode == 0, shown
-        assert "no live worker serves agent nosuchagent since" in shown.stdout
-        assert "ann@desk" in shown.stdout and "acme" in shown.stdout
-
-        as_json = json.loads(_cli(test_settings, "show", rid, "--tenant", "acme", "--json").stdout)
-        assert as_json["status"] == "requested" and as_json["served"] is False
-        assert (as_json["agent"], as_json["tenant"], as_json["requested_by"]) == (
-            "nosuchagent",
-            "acme",
-            "ann@desk",
-        )
-        assert as_json["since"] is not None
+        named = _cli(test_settings, "start", "nosuchagent", "--tenant", "acme", "--by", "ops@desk")
+        shown2 = _cli(test_settings, "show", named.stdout.strip(), "--tenant", "acme", "--json")
+        assert json.loads(shown2.stdout)["requested_by"] == "ops@desk", (named, shown2)
 
         # Another tenant is answered as for any unknown run.
         assert _cli(test_settings, "show", rid, "--tenant", "globex").returncode == 4
@@ -114,7 +119,7 @@ def test_a_start_nobody_serves_is_visible_everywhere(
             page = web.get(f"/runs/{rid}", headers={"Authorization": f"Bearer {TOKEN_A}"})
             assert page.status_code == 200
             assert "no live worker serves agent nosuchagent since" in page.text
-            assert "ann@desk" in page.text
+            assert by in page.text
             listing = web.get("/", headers={"Authorization": f"Bearer {TOKEN_A}"})
             assert rid in listing.text and "no live worker serves agent nosuchagent" in listing.text
             foreign = web.get(f"/runs/{rid}", headers={"Authorization": f"Bearer {TOKEN_B}"})
