@@ -75,7 +75,8 @@ def request_start(
     read first: if it has a log, the log answers (another tenant's: ``StartRefused``, which
     never names the owner; another agent's: ``AgentMismatch``, naming both; the same
     agent's: "already started"), and nothing the log contradicts is written. With no log
-    yet, a pending request of another tenant or agent for the id refuses the same way.
+    yet, a pending request of another tenant for the id refuses the same way; this
+    tenant's own pending request is replaced.
     """
     check_tenant(tenant)
     rid = new_run_id() if run_id is None else check_run_id(run_id)
@@ -93,9 +94,11 @@ def request_start(
         state = _state(settings, client, tenant, rid)
         if state.status != "new":
             return _already(settings, rid, state, tenant=tenant, agent=agent)
+        # No log yet: another tenant's pending request still owns the id (writing over it
+        # would lose that request); this tenant's own may be replaced (nothing ran).
         pending = read_latest(settings, run_ids=frozenset({rid})).get(rid)
-        if pending is not None and pending.record is not None:
-            _refuse(rid, pending.record.tenant, pending.record.agent, tenant=tenant, agent=agent)
+        if pending is not None and pending.record is not None and pending.record.tenant != tenant:
+            _refuse(rid, pending.record.tenant, None, tenant=tenant, agent=agent)
     # The input is content: sealed under the run's subject (its RUN_STARTED's key).
     sealer = sealer_for(settings, tenant, subject or rid)
     record = Record(
@@ -273,11 +276,11 @@ class Requested:
 
 def serving(client: redis.Redis, settings: Settings, agent: str) -> list[str]:
     """The ids of the live workers that announce ``agent``."""
-    return [
-        w.get("id", "")
-        for w in live_workers(client, settings)
-        if agent in w.get("agents", "").split(",")
-    ]
+    return _serving(live_workers(client, settings), agent)
+
+
+def _serving(workers: list[dict[str, str]], agent: str) -> list[str]:
+    return [w.get("id", "") for w in workers if agent in w.get("agents", "").split(",")]
 
 
 def requested(
@@ -301,9 +304,7 @@ def requested(
             continue
         if only is not None and rec.tenant not in only:
             continue
-        served = tuple(
-            w.get("id", "") for w in workers if rec.agent in w.get("agents", "").split(",")
-        )
+        served = tuple(_serving(workers, rec.agent))
         since = rec.requested_at or latest.written_at
         out.append(Requested(rid, rec.tenant, rec.agent, rec.requested_by, since, served))
     return out

@@ -124,12 +124,12 @@ class Worker:
         self._aredis: Any = None
         self.since = codec.now_utc().isoformat()
         self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
+        self.stats["erased"] = 0  # start requests dropped: their subject was forgotten
         self.stats["rebuilt"] = 0  # records that disagreed with their run's log, rewritten
         self.stats["checked"] = 0  # records read in the log: an agent not served, a tombstone
         self.unserved: dict[str, int] = {}
         """Runs whose record (at this offset) names an agent not served here, checked
         against the log already."""
-        self.stats["erased"] = 0  # start requests dropped: their subject was forgotten
         self._consumer: Any = None
         self._stop = threading.Event()
 

@@ -382,3 +382,24 @@ def test_a_foreign_record_racing_a_takeover_resumes_the_run_as_its_log_says(
     )
     assert st.resumptions >= 1
     assert effects(redis_client, fleet_settings) == {}
+
+
+def test_a_pending_request_of_another_tenant_is_not_written_over(
+    fleet_settings: Settings,
+) -> None:
+    """No worker up, no log yet: the id's pending request is the only record of it, and
+    another tenant's request would silently replace it. It is refused; the same tenant may
+    replace its own (nothing ran)."""
+    rid = runlog.start(
+        "napper", {"sleep_s": 0}, tenant="acme", run_id="order-r8", settings=fleet_settings
+    )
+    before = _latest(fleet_settings, rid)
+    with pytest.raises(runlog.StartRefused):
+        runlog.start("napper", {"sleep_s": 1}, tenant="other", run_id=rid, settings=fleet_settings)
+    assert _latest(fleet_settings, rid) == before
+    runlog.start(
+        "payer", {"to": "p", "steps": 1}, tenant="acme", run_id=rid, settings=fleet_settings
+    )
+    got = _latest(fleet_settings, rid)
+    assert got is not None and got.record is not None
+    assert (got.record.tenant, got.record.agent) == ("acme", "payer")
