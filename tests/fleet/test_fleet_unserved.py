@@ -102,6 +102,8 @@ def test_a_start_nobody_serves_is_visible_everywhere(
         runs = _cli(test_settings, "runs", "--tenant", "acme")
         line = next(ln for ln in runs.stdout.splitlines() if rid in ln)
         assert "requested" in line and "no live worker serves agent nosuchagent" in line
+        only = _cli(test_settings, "runs", "--tenant", "acme", "--status", "requested")
+        assert rid in only.stdout and only.returncode == 0, only
         listed = json.loads(_cli(test_settings, "runs", "--tenant", "acme", "--json").stdout)
         (entry,) = [r for r in listed["requested"] if r["run_id"] == rid]
         assert entry["served"] is False
