@@ -127,6 +127,9 @@ class Worker:
         self.stats["erased"] = 0  # start requests dropped: their subject was forgotten
         self.stats["rebuilt"] = 0  # records that disagreed with their run's log, rewritten
         self.stats["checked"] = 0  # records read in the log: an agent not served, a tombstone
+        self.tombstoned: dict[str, Record] = {}
+        """Runs tombstoned by someone while a dispatch of them was active, with the record
+        they had: checked against the log if that dispatch wrote no record."""
         self.unserved: dict[str, int] = {}
         """Runs whose record (at this offset) names an agent not served here, checked
         against the log already."""
@@ -290,8 +293,10 @@ class Worker:
     def _check_end(self, rid: str, rec: Record) -> None:
         """A tombstone this worker did not write (its own come back while the dispatch is
         active, or at the offset its result recorded) over a run it knew open or waiting:
-        the log, read in a slot, says whether the run ended."""
+        the log, read in a slot, says whether the run ended. While a dispatch of the run is
+        active the tombstone may be its own: decided when the dispatch ends (``_reap``)."""
         if rid in self.active:
+            self.tombstoned[rid] = rec
             return
         fut = self.pool.submit(check_end, self.deps, self.lw, rid, rec)
         self.active[rid] = fut
@@ -331,6 +336,12 @@ class Worker:
                 log.exception("dispatch of %s crashed: %s", rid, exc)
                 res = Result("retry", retry_s=5.0, why=repr(exc))
             self._settle(rid, res)
+            rec = self.tombstoned.pop(rid, None)
+            if rec is not None and res.kind in ("locked", "retry", "unserved"):
+                # The dispatch wrote nothing: the tombstone that came meanwhile was not its.
+                table = self.tables.get(partition_for(rid, self.settings.partitions))
+                if table is not None and rid not in table:
+                    self._check_end(rid, rec)
 
     def _settle(self, rid: str, res: Result) -> None:
         table = self.tables.get(partition_for(rid, self.settings.partitions))
