@@ -45,6 +45,7 @@ from runlog.producers.opening import open_run_with
 from runlog.producers.run import CANCELLED, Run, RunDeps
 from runlog.projections.run_state import RunState
 from runlog.schemas import codec
+from runlog.schemas.keys import partition_for
 from runlog.schemas.sealing import ERASED
 from runlog.schemas.vocabulary import EventType
 
@@ -236,12 +237,24 @@ def _rebuild(
         return Result("retry", retry_s=INFRA_RETRY_S, why=str(err))
 
 
-def _log_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+def _log_state(deps: RunDeps, tenant: str, run_id: str, *, tail: bool = False) -> RunState:
+    """The run's state from its log. ``tail``: the process's log tail may say the run has
+    no record yet (as the open of a requested run asks it), which spares a read of the
+    partition from its beginning for each request no worker here can serve; only for a
+    caller that acts on nothing when the run is new."""
     reader = deps.reader_factory()
     try:
         # The fold does not depend on the tenant asked for: it only names the start index
         # to try, and a miss falls back to the run id's time or a scan.
-        return read_run(reader, deps.redis, deps.settings, tenant, run_id).state
+        return read_run(
+            reader,
+            deps.redis,
+            deps.settings,
+            tenant,
+            run_id,
+            tail=deps.tail if tail else None,
+            partition=partition_for(run_id, deps.partition_count()) if tail else None,
+        ).state
     finally:
         reader.close()
 
@@ -272,7 +285,7 @@ def check_unserved(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record)
     leave that run undispatched). A log that disagrees with the record rebuilds it; a run
     with no log, or one whose log agrees, waits for a worker that serves its agent."""
     try:
-        state = _log_state(deps, rec.tenant, run_id)
+        state = _log_state(deps, rec.tenant, run_id, tail=True)
         if state.status == "new" or (state.tenant, state.agent_name) == (rec.tenant, rec.agent):
             return Result("unserved", retry_s=UNKNOWN_AGENT_RETRY_S)
         log.error(
