@@ -103,7 +103,7 @@ _RUNS = """{% extends "base.html" %}{% block title %}Runs{% endblock %}
 {% endfor %}</select></label>
 <label>Since <input name="since" value="{{ since }}" placeholder="15m, 2h or ISO time" size="16">
 </label><button type="submit">Filter</button></form>
-{% if asked %}<h2>Start requests with no log yet</h2>
+{% if asked %}<h2>Start requests the run index does not hold yet</h2>
 <table id="requested"><thead><tr><th>Tenant</th><th>Run</th><th>Agent</th><th>Status</th>
 <th>Requested by</th></tr></thead><tbody>
 {% for r in asked %}<tr data-run="{{ r.run_id }}" class="{{ '' if r.served_by else 'overdue' }}">
