@@ -40,7 +40,7 @@ from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.ops import drive
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
-from runlog.projections.run_state import RunState, accept
+from runlog.projections.run_state import SETTLEMENT, RunState, accept
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
@@ -222,7 +222,12 @@ class Run(Owned):
                 epoch=self.epoch,
                 seq=self.state.seq,
             )
-        if self.state.status == "finished":
+        if self.state.status == "finished" and not (
+            # A person took the finished run to settle its open calls (``runlog reconcile``):
+            # recovery's records about a call are valid at that epoch, nothing else is (a
+            # retry's STARTED is refused here, so no tool is invoked on an ended run).
+            event_type in SETTLEMENT and self.state.settling_epoch == self.epoch
+        ):
             raise RunFinished(
                 f"run {self.run_id} finished with {self.state.outcome!r}",
                 run_id=self.run_id,
