@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 
 import redis
 
@@ -41,11 +42,16 @@ CLAIM_ATTEMPTS = 5
 """Claims lost to concurrent owners before this worker gives up (it is then fenced)."""
 
 
+LEASE_WAIT_REPORT_S = 5.0
+"""How often an open that waits for another owner's lease says so again."""
+
+
 def _acquire(
     deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
 ) -> Lease:
     owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + wait_s
+    report_at = 0.0
     while True:
         got = deps.leases.try_acquire(
             tenant, run_id, owner, deps.settings.lease_ttl_ms, force=takeover
@@ -54,6 +60,20 @@ def _acquire(
             return got
         assert isinstance(got, Held)
         remaining = deadline - time.monotonic()
+        if remaining > 0 and time.monotonic() >= report_at:
+            # An owner that died keeps its lease until the TTL runs out: a resume waits that
+            # long, and says for whom and until when rather than seeming to hang.
+            until = codec.now_utc() + timedelta(milliseconds=got.ttl_ms)
+            log.warning(
+                "run %s: waiting for the lease held by %s, until %s (%.1f s) unless renewed; "
+                "giving up in %.1f s",
+                run_id,
+                got.describe(),
+                until.isoformat(timespec="milliseconds"),
+                got.ttl_ms / 1000,
+                remaining,
+            )
+            report_at = time.monotonic() + LEASE_WAIT_REPORT_S
         if remaining <= 0:
             locked = RunLocked(
                 f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
