@@ -144,9 +144,13 @@ at {{ st.cancel.requested_at.isoformat() }} (seq {{ st.cancel.requested_seq }}):
 <a href="/runs/{{ run_id }}/stop/terminate" id="terminate-run">Terminate this run&hellip;</a></div>{% endif %}
 {% if left_open %}<h2>Open calls left for reconciliation</h2><table id="left-open"><thead><tr>
 <th>Tool</th><th>Key</th><th>Risk</th><th>Status</th><th>Started</th><th>Last error / evidence</th>
-</tr></thead><tbody>{% for c in left_open %}<tr><td>{{ c.name }}</td><td class="mono">{{ c.idempotency_key }}</td>
+<th></th></tr></thead><tbody>{% for c in left_open %}<tr><td>{{ c.name }}</td><td class="mono">{{ c.idempotency_key }}</td>
 <td>{{ c.risk }}</td><td>{{ c.status }}</td><td class="mono">{{ c.started_at.isoformat() }}</td>
-<td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>{% endfor %}</tbody></table>{% endif %}
+<td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td><td><form method="post" action="/runs/{{ run_id }}/reconcile" class="reconcile"><input type="hidden"
+ name="csrf" value="{{ csrf }}"><input type="hidden" name="key" value="{{ c.idempotency_key }}"><button
+ type="submit" class="reconcile" data-key="{{ c.idempotency_key }}">Reconcile</button></form></td></tr>{% endfor %}</tbody></table>
+<p class="muted">Reconcile runs the tool's declared lookup on a worker of the run's agent and records
+what it finds, as recovery does: the run is not resumed.</p>{% endif %}
 {% if forked %}<p class="flash" id="forked">Forked into <a class="mono" href="/runs/{{ forked }}">{{
  forked }}</a> (it appears here once the state projection has it).</p>{% endif %}
 {% if st.lineage %}<div class="card" id="lineage">forked from <a class="mono" id="parent"
@@ -312,13 +316,16 @@ _UNCERTAIN = """{% extends "base.html" %}{% block title %}Uncertain calls{% endb
 (key <span class="mono">{{ c.idempotency_key }}</span>, {{ c.risk }}, {{ c.status }}) open {{ c.age }},
 deadline {{ c.deadline }}</li>{% endfor %}</ul></div>{% endif %}
 <table id="uncertain"><thead><tr><th>Status</th><th>Risk</th><th>Age</th><th>Tenant</th><th>Run</th>
-<th>Tool</th><th>Key</th><th>Attempts</th><th>Arguments</th><th>Last error / evidence</th></tr></thead><tbody>
+<th>Tool</th><th>Key</th><th>Attempts</th><th>Arguments</th><th>Last error / evidence</th><th></th></tr></thead><tbody>
 {% for c in calls %}<tr><td class="{{ 'overdue' if c.overdue else '' }}">{{ "OVERDUE " if c.overdue else "" }}{{ c.status }}</td>
 <td>{{ c.risk }}</td><td class="num">{{ c.age }}</td><td>{{ c.tenant }}</td>
 <td><a class="mono" href="/runs/{{ c.run_id }}">{{ c.run_id }}</a></td><td>{{ c.tool }}</td>
 <td class="mono">{{ c.idempotency_key }}</td><td class="num">{{ c.attempts }}</td>
-<td class="mono">{{ c.args_json }}</td><td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>
-{% else %}<tr><td colspan="10" class="muted">No call of a visible tenant has an unknown outcome.</td></tr>
+<td class="mono">{{ c.args_json }}</td><td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td>
+<td>{% if c.status not in ("escalated", "conflict", "decided") %}<form method="post" action="/runs/{{ c.run_id }}/reconcile" class="reconcile"><input type="hidden"
+ name="csrf" value="{{ csrf }}"><input type="hidden" name="key" value="{{ c.idempotency_key }}"><button
+ type="submit" class="reconcile" data-key="{{ c.idempotency_key }}">Reconcile</button></form>{% endif %}</td></tr>
+{% else %}<tr><td colspan="11" class="muted">No call of a visible tenant has an unknown outcome.</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
 
 _LAG = """{% extends "base.html" %}{% block title %}Projection lag{% endblock %}
@@ -331,6 +338,15 @@ partition (high watermark minus the next offset to apply).</p>
 <td class="num">{{ body.applied }}</td><td class="num">{{ body.quarantined }}</td>
 <td class="mono">{% for p, row in body.partitions.items() %}{{ p }}:{{ row.lag }} {% endfor %}</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
+
+_RECONCILE = """{% extends "base.html" %}{% block title %}Not reconciled{% endblock %}
+{% block content %}<h1>Not reconciled</h1>
+<p class="card overdue" id="refused">{% if key %}Call <span class="mono">{{ key }}</span> of run{% else %}Run{% endif %}
+<a class="mono" href="/runs/{{ run_id }}">{{ run_id }}</a>: {{ why }}. Nothing was recorded.</p>
+{% if approval %}<p><a href="/runs/{{ run_id }}/approvals/{{ approval }}" id="question">What may have
+happened, and what each answer does</a></p>{% endif %}
+<p><a href="/runs/{{ run_id }}">Back to the run</a> &middot; <a href="/uncertain">Uncertain calls</a></p>
+{% endblock %}"""
 
 _NOT_FOUND = """{% extends "base.html" %}{% block title %}Not found{% endblock %}
 {% block content %}<h1>Not found</h1><p id="notfound">{{ message }}</p>
@@ -391,6 +407,7 @@ _TEMPLATES = {
     "uncertain.html": _UNCERTAIN,
     "lag.html": _LAG,
     "notfound.html": _NOT_FOUND,
+    "reconcile.html": _RECONCILE,
 }
 
 ENV = Environment(

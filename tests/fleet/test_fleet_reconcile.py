@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from confluent_kafka import Consumer
 from fleet_support import Fleet, fleet_env, states
 from scan_support import partition_records
+from ui_support import TOKEN_A, TOKEN_B, console, projecting
 
 import runlog
 from runlog.consumers import queries
@@ -323,3 +325,46 @@ def _lifecycle_keys(settings: Settings, rid: str) -> list[bytes]:
     finally:
         consumer.close()
     return [msg.key() for msg in msgs]
+
+
+def test_the_consoles_reconcile_button_settles_the_call_or_says_why_not(
+    fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
+) -> None:
+    """The uncertain page offers Reconcile on an uncertain call; pressing it has the fleet
+    run the lookup, and the run's page says the call is completed by evidence. A call whose
+    tool has no lookup gets a page that says so (nothing recorded); another tenant's run is
+    not found."""
+    s = fleet_settings
+    rid, key = _terminated_refund(s, fleet, redis_client)
+    redis_client.delete(_key(s, "release"), _key(s, "inflight"))
+    blind = runlog.start("charger", {"to": "bob"}, tenant="acme", settings=s)
+    _wait("charge in flight", lambda: redis_client.hlen(_key(s, "inflight")) == 1, fleet=fleet)
+    (blind_key,) = [k.decode() for k in redis_client.hkeys(_key(s, "inflight"))]
+    assert runlog.terminate(blind, reason="x", by="ops", tenant="acme", settings=s)
+    redis_client.set(_key(s, "release"), "1")
+    with projecting(s, redis_client), console(s) as base:
+        web = httpx.Client(base_url=base, follow_redirects=False, timeout=60)
+        acme = {"Authorization": f"Bearer {TOKEN_A}"}
+        _wait(
+            "the uncertain page lists both",
+            lambda: all(k in web.get("/uncertain", headers=acme).text for k in (key, blind_key)),
+        )
+        page = web.get("/uncertain", headers=acme).text
+        assert f'data-key="{key}"' in page, "a Reconcile button for the call"
+
+        r = web.post(f"/runs/{rid}/reconcile", data={"key": key}, headers=acme)
+        assert r.status_code == 303, r.text
+        assert r.headers["location"] == f"/runs/{rid}?done=reconcile-completed"
+        st = states(s, [rid])[rid]
+        assert key in st.completed_calls and st.outcome == "terminated"
+        assert "completed (by evidence)" in web.get(r.headers["location"], headers=acme).text
+
+        seq = states(s, [blind])[blind].seq
+        no = web.post(f"/runs/{blind}/reconcile", data={"key": blind_key}, headers=acme)
+        assert no.status_code == 409 and "declares no lookup" in no.text
+        assert states(s, [blind])[blind].seq == seq, "nothing recorded"
+
+        other = {"Authorization": f"Bearer {TOKEN_B}"}
+        assert (
+            web.post(f"/runs/{rid}/reconcile", data={"key": key}, headers=other).status_code == 404
+        )
