@@ -368,3 +368,56 @@ def test_the_consoles_reconcile_button_settles_the_call_or_says_why_not(
         assert (
             web.post(f"/runs/{rid}/reconcile", data={"key": key}, headers=other).status_code == 404
         )
+
+
+@pytest.mark.parametrize("answer", ["absent", "unavailable", "conflict"])
+def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
+    fleet_settings: Settings, redis_client: redis.Redis, answer: str
+) -> None:
+    """Reconciled in this process, with the tools (no fleet): an ended run whose lookup
+    finds no matching effect. Absent: recorded, and the retry the rule asks for is not made
+    (an ended run invokes nothing); unavailable: stays uncertain; conflict: escalated to a
+    person with both payloads, the run still terminated."""
+    s = fleet_settings
+
+    def dies(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise Crash
+
+    def never(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise AssertionError("an ended run's call is never invoked again")
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        if answer == "absent":
+            return runlog.Absent("no refund under the key")
+        if answer == "conflict":
+            return runlog.Conflict('{"amount": 31}')
+        return runlog.Unavailable("the provider's lookup is down")
+
+    run = runlog.open_run(
+        tenant="acme",
+        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
+        settings=s,
+    )
+    with pytest.raises(Crash):
+        run.call_tool("refund", {"to": "jane", "amount": 30})
+    run.lease.release()
+    rid, key = run.run_id, next(iter(run.state.open_calls))
+    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=s)
+
+    refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(never)
+    done = runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
+    (settled,) = done.settled
+    assert done.finished
+    assert settled.outcome == {"absent": "uncertain", "unavailable": "uncertain"}.get(
+        answer, "escalated"
+    )
+    assert settled.evidence.startswith(answer)
+    events = _events(s, rid)
+    finish = next(e.seq for e in events if e.type is EventType.RUN_FINISHED)
+    after = [e.type for e in events if e.seq > finish]
+    assert EventType.TOOL_CALL_STARTED not in after and EventType.TOOL_CALL_COMPLETED not in after
+    assert set(_rejections(events)) <= {"lost_claim"}, _rejections(events)
+    st = states(s, [rid])[rid]
+    assert (st.status, st.outcome) == ("finished", "terminated") and key in st.open_calls
+    if answer == "conflict":
+        assert st.open_calls[key].status == "conflict" and st.pending_approvals
