@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from runlog.errors import NotReconcilable, RunFinished
 from runlog.producers import calls
-from runlog.producers.opening import open_run_with
+from runlog.producers.opening import CLAIM_ATTEMPTS, open_run_with
 from runlog.producers.ops import drive
 from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Tool
@@ -156,6 +156,9 @@ def reconcile(
         finished = run.state.status == "finished"
         if finished:
             _claim_settlement(run, by)
+            # The read-back may have shown records this replay had not seen (a reconcile
+            # just before this one): what is to be settled is asked again of that state.
+            chosen = reconcilable(run.state, tools, keys)
         names = {k: run.state.open_calls[k].name for k in chosen}
         for key in chosen:
             call = run.state.open_calls.get(key)
@@ -179,24 +182,38 @@ def _claim_settlement(run: Run, by: str) -> None:
     """Take the finished run to settle its open calls: a person's RUN_RESUMED above the
     current epoch at the next seq, confirmed by reading the log back (the fold accepts it
     only on a finished run with open calls, ``run_state._settles``)."""
-    st = run.state
-    payload = {
-        "previous_epoch": st.epoch,
-        "expected_prev_seq": st.seq,
-        "gap_ms": None,
-        "reason": f"reconcile by {by}: settle the open calls of an ended run",
-        "operator": by,
-    }
-    with run._lock:
-        ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
-        (delivered,) = run.barrier()
-    reader = run.deps.reader_factory()
-    try:
-        accepted = run._read_back(reader, delivered.offset + 1)
-    finally:
-        reader.close()
-    if ev.event_id not in accepted:
-        raise run._fenced(f"the settlement claim of {run.run_id} at seq {ev.seq} lost a race")
+    for _ in range(CLAIM_ATTEMPTS):
+        st = run.state
+        if not st.open_calls:
+            # Another reconcile settled everything between our replay and our claim.
+            raise NotReconcilable(
+                f"run {run.run_id} has no open call left",
+                key=None,
+                why="not_open",
+                run_id=st.run_id,
+            )
+        payload = {
+            "previous_epoch": st.epoch,
+            "expected_prev_seq": st.seq,
+            "gap_ms": None,
+            "reason": f"reconcile by {by}: settle the open calls of an ended run",
+            "operator": by,
+        }
+        with run._lock:
+            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+            (delivered,) = run.barrier()
+        reader = run.deps.reader_factory()
+        try:
+            accepted = run._read_back(reader, delivered.offset + 1)
+        finally:
+            reader.close()
+        if ev.event_id in accepted:
+            return
+        # Claimed on a view the log had moved past (the read-back folded what we missed):
+        # claim again above it, as ``opening._claim`` does.
+        if run.state.max_epoch_seen > run.epoch:
+            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
+    raise run._fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
 
 
 def _settled(run: Run, key: str, name: str) -> Settled:

@@ -421,3 +421,60 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
     assert (st.status, st.outcome) == ("finished", "terminated") and key in st.open_calls
     if answer == "conflict":
         assert st.open_calls[key].status == "conflict" and st.pending_approvals
+
+
+def test_two_reconciles_of_a_terminated_run_at_once_record_one_settlement(
+    fleet_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """Released together from a barrier: the lease lets one settle the call; the other
+    finds it settled (``not_open``) and appends nothing, whichever order they reach it."""
+    s = fleet_settings
+    results = _key(s, "results")
+
+    def dies(args: dict[str, Any], *, idempotency_key: str) -> str:
+        redis_client.hset(results, idempotency_key, "refunded 30")
+        raise Crash
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+        found = redis_client.hget(results, idempotency_key)
+        return runlog.Absent("none") if found is None else runlog.Match(found.decode())
+
+    run = runlog.open_run(
+        tenant="acme",
+        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
+        settings=s,
+    )
+    with pytest.raises(Crash):
+        run.call_tool("refund", {"to": "jane", "amount": 30})
+    run.lease.release()
+    rid, key = run.run_id, next(iter(run.state.open_calls))
+    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=s)
+    refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)
+    barrier = threading.Barrier(2)
+    got: list[Any] = []
+
+    def one(who: str) -> None:
+        barrier.wait()
+        try:
+            got.append(
+                runlog.reconcile(rid, key, by=who, tenant="acme", tools=[refund], settings=s)
+            )
+        except runlog.NotReconcilable as exc:
+            got.append(exc)
+
+    threads = [threading.Thread(target=one, args=(w,)) for w in ("ann", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 2
+    settled = [g for g in got if isinstance(g, runlog.Reconciliation)]
+    refused = [g for g in got if isinstance(g, runlog.NotReconcilable)]
+    assert len(settled) == 1 and len(refused) == 1 and refused[0].why == "not_open"
+    events = _events(s, rid)
+    assert [e.payload.source for e in events if e.type is EventType.TOOL_CALL_COMPLETED] == [
+        "reconciliation"
+    ]
+    assert set(_rejections(events)) <= {"lost_claim"}, _rejections(events)
+    st = states(s, [rid])[rid]
+    assert st.outcome == "terminated" and key in st.completed_calls
