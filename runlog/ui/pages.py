@@ -194,11 +194,14 @@ may have happened, and what each answer does</a>{% endif %}
  value="{{ csrf }}"><input type="hidden" name="seq" value="{{ e.seq }}"><button type="submit"
  class="fork" data-seq="{{ e.seq }}">fork from here</button></form>{% endif %}</td></tr>{% endfor %}</tbody></table>
 {% if tl.calls %}<h2>Tool calls</h2><table id="calls"><thead><tr><th>Tool</th><th>Key</th><th>Risk</th>
-<th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th></tr></thead><tbody>
+<th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th><th></th></tr></thead><tbody>
 {% for c in tl.calls %}<tr><td>{{ c.tool }}</td><td class="mono">{{ c.idempotency_key }}</td>
 <td>{{ c.risk }}</td><td class="num">{{ c.attempts }}</td><td>{{ c.outcome }}{% if c.source
  == "reconciliation" %} (by evidence){% endif %}</td><td class="mono">{{ c.args_json }}</td>
-<td class="mono">{{ c.result or "" }}</td><td>{{ c.reconciliations|join("; ") }}</td></tr>
+<td class="mono">{{ c.result or "" }}</td><td>{{ c.reconciliations|join("; ") }}</td>
+<td>{% set oc = st.open_calls.get(c.idempotency_key) %}{% if not told.ended and oc and oc.status == "uncertain" %}<form method="post" action="/runs/{{ run_id }}/reconcile" class="reconcile"><input type="hidden"
+ name="csrf" value="{{ csrf }}"><input type="hidden" name="key" value="{{ c.idempotency_key }}"><button
+ type="submit" class="reconcile" data-key="{{ c.idempotency_key }}">Reconcile</button></form>{% endif %}</td></tr>
 {% endfor %}</tbody></table>{% endif %}
 <h2>Audit trail</h2>
 <table id="audit"><thead><tr><th>At</th><th>Seq</th><th>Kind</th><th>Details</th></tr></thead><tbody>

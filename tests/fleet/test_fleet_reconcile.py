@@ -478,3 +478,36 @@ def test_two_reconciles_of_a_terminated_run_at_once_record_one_settlement(
     assert set(_rejections(events)) <= {"lost_claim"}, _rejections(events)
     st = states(s, [rid])[rid]
     assert st.outcome == "terminated" and key in st.completed_calls
+
+
+def test_a_live_runs_page_offers_reconcile_on_an_uncertain_call_and_refuses_without_agent(
+    fleet_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A run in progress (not of the fleet) with an uncertain call: its page has the button;
+    pressed, the console says no worker has the run's tools (it was not started through the
+    agent registry) and nothing is recorded."""
+    s = fleet_settings
+
+    def dies(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise Crash
+
+    run = runlog.open_run(
+        tenant="acme", tools=[runlog.tool("refund", risk="irreversible")(dies)], settings=s
+    )
+    with pytest.raises(Crash):
+        run.call_tool("refund", {"to": "jane", "amount": 30})
+    run.lease.release()
+    rid, key = run.run_id, next(iter(run.state.open_calls))
+    runlog.open_run(rid, tenant="acme", settings=s).close()  # uncertain now, still running
+    seq = states(s, [rid])[rid].seq
+    with projecting(s, redis_client), console(s) as base:
+        web = httpx.Client(base_url=base, follow_redirects=False, timeout=60)
+        acme = {"Authorization": f"Bearer {TOKEN_A}"}
+        _wait(
+            "the run is projected", lambda: web.get(f"/runs/{rid}", headers=acme).status_code == 200
+        )
+        assert f'data-key="{key}"' in web.get(f"/runs/{rid}", headers=acme).text
+        r = web.post(f"/runs/{rid}/reconcile", data={"key": key}, headers=acme)
+        assert r.status_code == 409 and "agent registry" in r.text
+    st = states(s, [rid])[rid]
+    assert st.seq == seq and key in st.open_calls and st.status == "running"
