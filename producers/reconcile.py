@@ -30,17 +30,16 @@ from dataclasses import dataclass
 
 from runlog.errors import NotReconcilable, RunFinished
 from runlog.producers import calls
-from runlog.producers.opening import CLAIM_ATTEMPTS, open_run_with
+from runlog.producers.opening import claim_settlement, open_run_with
 from runlog.producers.ops import drive
 from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Tool
 from runlog.projections.run_state import OpenCall, RunState
 from runlog.schemas.models import Event, ReconciliationAttempted
-from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
 
-WAITS_FOR_A_PERSON = ("escalated", "conflict", "decided")
+WAITS_FOR_A_PERSON = ("escalated", "conflict")
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,9 @@ class Settled:
     """``completed``: closed by evidence (``source=reconciliation``); ``escalated``: a person
     decides now (a conflict, or the lookup's absence on an ended run); ``uncertain``: the
     lookup had no evidence either way (the call stays open, nothing retried);
-    ``retried``: recovery retried it with the same key (a run in progress)."""
+    ``retried``: recovery retried it with the same key (a run in progress); ``decided``: a
+    person's decision stands that this process could not carry out (an approved retry on an
+    ended run, which invokes nothing, or one whose tool is not here)."""
     evidence: str = ""
     """The last RECONCILIATION_ATTEMPTED's outcome and evidence for the key."""
 
@@ -84,7 +85,8 @@ def reconcilable(state: RunState, tools: Iterable[Tool], keys: Sequence[str] = (
     found = [
         c.idempotency_key
         for c in sorted(state.open_calls.values(), key=lambda c: c.started_seq)
-        if c.status not in WAITS_FOR_A_PERSON and _lookup_of(c, by_name) is not None
+        if c.status == "decided"
+        or (c.status not in WAITS_FOR_A_PERSON and _lookup_of(c, by_name) is not None)
     ]
     if not found:
         raise NotReconcilable(
@@ -104,6 +106,8 @@ def _lookup_of(call: OpenCall, by_name: dict[str, Tool]) -> Tool | None:
 
 def _check(rid: str, call: OpenCall, by_name: dict[str, Tool]) -> None:
     key = call.idempotency_key
+    if call.status == "decided":
+        return  # a person decided: recovery applies the decision, no lookup needed
     if call.status in WAITS_FOR_A_PERSON:
         raise NotReconcilable(
             f"{key} waits for a person's decision ({call.status}): answer it with "
@@ -155,7 +159,7 @@ def reconcile(
         chosen = reconcilable(run.state, tools, keys)
         finished = run.state.status == "finished"
         if finished:
-            _claim_settlement(run, by)
+            claim_settlement(run, by)
             # The read-back may have shown records this replay had not seen (a reconcile
             # just before this one): what is to be settled is asked again of that state.
             chosen = reconcilable(run.state, tools, keys)
@@ -178,44 +182,6 @@ def reconcile(
         )
 
 
-def _claim_settlement(run: Run, by: str) -> None:
-    """Take the finished run to settle its open calls: a person's RUN_RESUMED above the
-    current epoch at the next seq, confirmed by reading the log back (the fold accepts it
-    only on a finished run with open calls, ``run_state._settles``)."""
-    for _ in range(CLAIM_ATTEMPTS):
-        st = run.state
-        if not st.open_calls:
-            # Another reconcile settled everything between our replay and our claim.
-            raise NotReconcilable(
-                f"run {run.run_id} has no open call left",
-                key=None,
-                why="not_open",
-                run_id=st.run_id,
-            )
-        payload = {
-            "previous_epoch": st.epoch,
-            "expected_prev_seq": st.seq,
-            "gap_ms": None,
-            "reason": f"reconcile by {by}: settle the open calls of an ended run",
-            "operator": by,
-        }
-        with run._lock:
-            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
-            (delivered,) = run.barrier()
-        reader = run.deps.reader_factory()
-        try:
-            accepted = run._read_back(reader, delivered.offset + 1)
-        finally:
-            reader.close()
-        if ev.event_id in accepted:
-            return
-        # Claimed on a view the log had moved past (the read-back folded what we missed):
-        # claim again above it, as ``opening._claim`` does.
-        if run.state.max_epoch_seen > run.epoch:
-            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
-    raise run._fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
-
-
 def _settled(run: Run, key: str, name: str) -> Settled:
     return settled(run.state, run.since_last_turn(), key, name)
 
@@ -235,6 +201,8 @@ def settled(state: RunState, events: Sequence[Event], key: str, name: str = "") 
         return Settled(key, name, "completed" if key in state.completed_calls else "closed", last)
     if call.status in WAITS_FOR_A_PERSON:
         return Settled(key, call.name, "escalated", last)
+    if call.status == "decided":
+        return Settled(key, call.name, "decided", last)
     if call.status == "started":
         return Settled(key, call.name, "retried", last)
     return Settled(key, call.name, "uncertain", last)

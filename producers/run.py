@@ -466,6 +466,13 @@ class Run(Owned):
             max_epoch_seen=st.max_epoch_seen,
             authority=st.authority,
         )
+        if st.status == "finished":
+            # Taken to settle an ended run's open calls: the rule for a record after the
+            # finish asks about those calls, their approvals and the settling epoch.
+            view = self._log_view
+            view.open_calls = copy.deepcopy(st.open_calls)
+            view.approvals = copy.deepcopy(st.approvals)
+            view.settling_epoch, view.erased = st.settling_epoch, st.erased
 
     def confirm_in_log(self, ev: Event) -> None:
         """Read this run's log up to ``ev`` (acknowledged) and raise ``Fenced`` unless every
@@ -793,7 +800,10 @@ class Run(Owned):
 
 def _clear_folded(view: RunState) -> None:
     """The log view answers "is it valid" through the one acceptance rule; what the rule
-    folds besides (messages, calls) lives in ``state``, not twice."""
+    folds besides (messages, calls) lives in ``state``, not twice. An ended run's view keeps
+    its open calls and approvals: the rule for its settlement asks about them."""
+    if view.status == "finished":
+        return
     view.messages.clear()
     view.completed_calls.clear()
     view.open_calls.clear()

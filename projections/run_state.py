@@ -17,7 +17,8 @@ Validation (deterministic, identical in every reader, because partition order is
   (``operator`` set) above the current epoch, at the next seq, on a finished run with open
   calls and no erasure, makes its epoch the *settling* one; at that epoch only the steps of
   recovery on an open call are valid (TOOL_CALL_UNCERTAIN, RECONCILIATION_ATTEMPTED, a
-  TOOL_CALL_COMPLETED with ``source=reconciliation``, an APPROVAL_REQUESTED about the call).
+  TOOL_CALL_COMPLETED with ``source=reconciliation``, an APPROVAL_REQUESTED about the call),
+  and a person's APPROVAL_DECIDED on such a call's escalation (signed as any decision).
   The run stays finished: nothing it does is invoked again, only evidence is recorded.
 
 An invalid event is a fenced write: excluded from state, kept in the log, counted.
@@ -405,10 +406,11 @@ SETTLEMENT: frozenset[EventType] = frozenset(
         EventType.RECONCILIATION_ATTEMPTED,
         EventType.TOOL_CALL_COMPLETED,
         EventType.APPROVAL_REQUESTED,
+        EventType.APPROVAL_DECIDED,
     }
 )
 """The steps of recovery on an open call that are valid on a finished run, at its settling
-epoch (``_settles``)."""
+epoch (``_settles``), and a person's decision on an open call's escalation."""
 
 
 def _settles(state: RunState, ev: Event) -> bool:
@@ -437,6 +439,9 @@ def _settles(state: RunState, ev: Event) -> bool:
         m.ToolCallUncertain | m.ReconciliationAttempted | m.ToolCallCompleted | m.ApprovalRequested,
     ):
         return p.idempotency_key in state.open_calls
+    if isinstance(p, m.ApprovalDecided):
+        asked = state.approvals.get(p.approval_id)
+        return asked is not None and asked.idempotency_key in state.open_calls
     return False
 
 

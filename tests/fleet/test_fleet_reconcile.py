@@ -122,7 +122,8 @@ def test_reconcile_settles_the_refund_a_terminated_run_left_uncertain(
     assert "completed (reconciliation)" in done.stdout
     assert key in done.stdout
 
-    events = _events(s, rid)
+    raw = _events(s, rid)
+    events = _valid(raw)
     st = states(s, [rid])[rid]
     # The run stays terminated; the call is closed by evidence, not by a retry.
     assert (st.status, st.outcome) == ("finished", "terminated")
@@ -142,8 +143,12 @@ def test_reconcile_settles_the_refund_a_terminated_run_left_uncertain(
     # The receiver made the refund once; the lookup ran once; nothing invoked the tool.
     effects = {k.decode(): int(v) for k, v in redis_client.hgetall(_key(s, "effects")).items()}
     assert effects == {key: 1}
-    # Every event after the finish is valid: nothing fenced.
-    assert st.fenced_writes == 0
+    # Nothing is fenced but what the fenced worker wrote under its old epoch (its own
+    # completion of the refund, if it got that far before its lease check failed).
+    terminated_at = next(e.epoch for e in raw if e.type is EventType.RUN_FINISHED)
+    fenced = [e for e in raw if e not in events]
+    assert all(e.epoch < terminated_at for e in fenced), fenced
+    assert set(_rejections(raw)) <= {"stale_epoch", "stale_epoch_duplicate_seq"}
     verify = _cli(s, "verify", rid, "--tenant", "acme")
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
@@ -297,6 +302,12 @@ def _race_once(s: Settings, crashing: runlog.Tool, refund: runlog.Tool, attempt:
         assert outcome.why == "not_open"  # the resume settled it first
     else:
         assert [x.outcome for x in outcome.settled] == ["completed"]
+
+
+def _valid(events: list[m.Event]) -> list[m.Event]:
+    """The records the fold accepts, in log order."""
+    state = RunState()
+    return [ev for ev in events if accept(state, ev)]
 
 
 def _rejections(events: list[m.Event]) -> list[str]:
@@ -511,3 +522,62 @@ def test_a_live_runs_page_offers_reconcile_on_an_uncertain_call_and_refuses_with
         assert r.status_code == 409 and "agent registry" in r.text
     st = states(s, [rid])[rid]
     assert st.seq == seq and key in st.open_calls and st.status == "running"
+
+
+@pytest.mark.parametrize("approved", [False, True])
+def test_a_person_decides_the_conflict_a_reconcile_found_on_an_ended_run(
+    fleet_settings: Settings, redis_client: redis.Redis, approved: bool
+) -> None:
+    """The lookup finds a conflicting effect on a terminated run: escalated. The person's
+    decision is recorded in the ended run's log (a decider takes it to settle it): rejected,
+    the call closes (resolved by the person, nothing invoked); approved, the decision stands
+    but an ended run retries nothing, and a reconcile says so."""
+    s = fleet_settings
+
+    def dies(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise Crash
+
+    def never(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise AssertionError("an ended run's call is never invoked again")
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Conflict:
+        return runlog.Conflict('{"amount": 31}')
+
+    run = runlog.open_run(
+        tenant="acme",
+        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
+        settings=s,
+    )
+    with pytest.raises(Crash):
+        run.call_tool("refund", {"to": "jane", "amount": 30})
+    run.lease.release()
+    rid, key = run.run_id, next(iter(run.state.open_calls))
+    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=s)
+    refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(never)
+    runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
+    (approval,) = states(s, [rid])[rid].pending_approvals
+
+    how = runlog.decide(
+        rid,
+        approval,
+        approved=approved,
+        decided_by="ann",
+        note="checked",
+        tenant="acme",
+        settings=s,
+    )
+    assert how == "recorded"
+    st = states(s, [rid])[rid]
+    assert (st.status, st.outcome) == ("finished", "terminated")
+    assert not st.pending_approvals
+    if approved:
+        assert st.open_calls[key].status == "decided"
+        done = runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
+        assert [x.outcome for x in done.settled] == ["decided"]
+        assert key in states(s, [rid])[rid].open_calls
+    else:
+        assert st.completed_calls[key].startswith("resolved by ann")
+    events = _events(s, rid)
+    finish = next(e.seq for e in events if e.type is EventType.RUN_FINISHED)
+    assert EventType.TOOL_CALL_STARTED not in [e.type for e in events if e.seq > finish]
+    assert set(_rejections(events)) <= {"lost_claim"}, _rejections(events)
