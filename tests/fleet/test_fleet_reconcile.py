@@ -556,6 +556,11 @@ def test_a_person_decides_the_conflict_a_reconcile_found_on_an_ended_run(
     refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(never)
     runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
     (approval,) = states(s, [rid])[rid].pending_approvals
+    # The question says what each answer does to an ended run: nothing is invoked.
+    q = runlog.question(rid, approval, tenant="acme", settings=s)
+    assert q.ended == "terminated" and not q.undoable
+    assert "nothing is retried" in q.confirmation(True)
+    assert "nothing is invoked" in q.confirmation(False)
 
     how = runlog.decide(
         rid,
