@@ -7,7 +7,9 @@ the same recovery step, asked for by a person, on a process that has the run's t
 1. take the run's lease as any owner does (a live owner is waited for, never broken: the
    reconcile cannot race it), replay the log, and refuse (``NotReconcilable``, nothing
    appended) a key that is not an open call, that waits for a person's decision, or whose
-   tool declares no lookup here;
+   tool declares no lookup here and is not irreversible (an irreversible one without a
+   lookup is put to a person, as recovery's risk rule does: its question then offers what
+   the evidence allows);
 2. claim the run with a person's RUN_RESUMED (``operator``), confirmed by reading the log
    back. On a finished run (terminated) that claim makes its epoch the settling one: the
    fold then accepts recovery's records about an open call and nothing else, so the run
@@ -73,8 +75,9 @@ class Reconciliation:
 
 def reconcilable(state: RunState, tools: Iterable[Tool], keys: Sequence[str] = ()) -> list[str]:
     """The open calls of ``state`` a reconciliation with ``tools`` would settle: ``keys``
-    (each checked) or, with none given, every open call whose tool declares a lookup and
-    that waits for no person. Raises ``NotReconcilable`` naming the first key refused."""
+    (each checked) or, with none given, every open call that waits for no person and whose
+    tool declares a lookup or is irreversible (then put to a person), or that a person
+    decided (the decision applied). Raises ``NotReconcilable`` naming the first key refused."""
     by_name = {t.name: t for t in tools}
     rid = state.run_id
     check_open(state, keys)
@@ -86,7 +89,7 @@ def reconcilable(state: RunState, tools: Iterable[Tool], keys: Sequence[str] = (
         c.idempotency_key
         for c in sorted(state.open_calls.values(), key=lambda c: c.started_seq)
         if c.status == "decided"
-        or (c.status not in WAITS_FOR_A_PERSON and _lookup_of(c, by_name) is not None)
+        or (c.status not in WAITS_FOR_A_PERSON and _settleable_by(c, by_name) is not None)
     ]
     if not found:
         raise NotReconcilable(
@@ -99,9 +102,15 @@ def reconcilable(state: RunState, tools: Iterable[Tool], keys: Sequence[str] = (
     return found
 
 
-def _lookup_of(call: OpenCall, by_name: dict[str, Tool]) -> Tool | None:
+def _settleable_by(call: OpenCall, by_name: dict[str, Tool]) -> Tool | None:
+    """The call's tool when recovery can settle it here: by its lookup, or, for an
+    irreversible tool without one, by putting it to a person (the risk rule's escalation:
+    the question then offers what the evidence allows). A safe or reversible tool without
+    a lookup would be retried, which is no check, and on an ended run no act at all."""
     tool = by_name.get(call.name)
-    return tool if tool is not None and tool.reconcile is not None else None
+    if tool is None:
+        return None
+    return tool if tool.reconcile is not None or tool.risk == "irreversible" else None
 
 
 def _check(rid: str, call: OpenCall, by_name: dict[str, Tool]) -> None:
@@ -116,10 +125,10 @@ def _check(rid: str, call: OpenCall, by_name: dict[str, Tool]) -> None:
             why="waits_for_person",
             run_id=rid,
         )
-    if _lookup_of(call, by_name) is None:
+    if _settleable_by(call, by_name) is None:
         raise NotReconcilable(
-            f"{call.name} declares no lookup (reconcile=) here: nothing can check {key}; "
-            "the console's question page offers what its evidence allows",
+            f"{call.name} declares no lookup (reconcile=) here and is not irreversible "
+            f"(a person's question): nothing can check {key}",
             key=key,
             why="no_lookup",
             run_id=rid,

@@ -103,8 +103,9 @@ UI_RECONCILE_WAIT_S = 20.0
 _REFUSED_WHY = {
     "not_open": "the call is no longer uncertain: the log has its outcome",
     "waits_for_person": "the call waits for a person's decision: answer its question",
-    "no_lookup": "its tool declares no lookup (reconcile=), so nothing can check it: what the "
-    "evidence allows is a person's decision on its question",
+    "no_lookup": "its tool declares no lookup (reconcile=) and is not irreversible: recovery "
+    "would retry it, which checks nothing (and an ended run invokes nothing); undo or redo it at "
+    "the receiver",
     "none": "the run has no uncertain call a lookup can settle",
     "no_agent": "the run was not started through the agent registry: no worker has its tools",
 }

@@ -202,30 +202,48 @@ def test_reconcile_without_a_live_worker_says_so_and_writes_nothing(
     assert states(s, [rid])[rid].outcome == "terminated"
 
 
-def test_reconcile_refuses_a_call_without_a_lookup_and_a_key_that_is_not_open(
+def _terminated_in_flight(
+    settings: Settings, client: redis.Redis, agent: str, fleet: Fleet
+) -> tuple[str, str]:
+    """A run of ``agent`` terminated while its one call is in flight: (run id, key)."""
+    client.delete(_key(settings, "release"), _key(settings, "inflight"))
+    rid = runlog.start(agent, {"to": "bob"}, tenant="acme", settings=settings)
+    _wait("call in flight", lambda: client.hlen(_key(settings, "inflight")) == 1, fleet=fleet)
+    (key,) = [k.decode() for k in client.hkeys(_key(settings, "inflight"))]
+    runlog.terminate(rid, reason="stuck", by="ops", tenant="acme", settings=settings)
+    return rid, key
+
+
+def test_reconcile_puts_an_irreversible_call_without_lookup_to_a_person_and_refuses_the_rest(
     fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
 ) -> None:
+    """No lookup: an irreversible call is escalated (the risk rule's answer; its question
+    then says what each answer does to the ended run); a reversible one would be retried,
+    which checks nothing: refused, nothing appended. A key that is not open, or another
+    tenant's run, is refused too."""
     s = fleet_settings
     fleet.spawn(agents=AGENTS)
-    rid = runlog.start("charger", {"to": "bob"}, tenant="acme", settings=s)
-    _wait("charge in flight", lambda: redis_client.hlen(_key(s, "inflight")) == 1, fleet=fleet)
-    assert (
-        _cli(s, "terminate", rid, "--tenant", "acme", "--reason", "x", "--by", "ops").returncode
-        == 0
-    )
-    (key,) = [k.decode() for k in redis_client.hkeys(_key(s, "inflight"))]
-    seq = states(s, [rid])[rid].seq
-
-    nolookup = _cli(s, "reconcile", rid, key, "--tenant", "acme", "--by", "ops", "--wait", "60")
-    assert nolookup.returncode == 1
-    assert "NotReconcilable" in nolookup.stderr and "charge" in nolookup.stderr
-    notopen = _cli(s, "reconcile", rid, "no-such-key", "--tenant", "acme", "--by", "ops")
-    assert notopen.returncode == 1 and "NotReconcilable" in notopen.stderr
-    other = _cli(s, "reconcile", rid, "--tenant", "other", "--by", "ops")
-    assert other.returncode == 4
-    st = states(s, [rid])[rid]
-    assert st.seq == seq and key in st.open_calls, "nothing was appended"
+    charged, charge_key = _terminated_in_flight(s, redis_client, "charger", fleet)
+    mailed, mail_key = _terminated_in_flight(s, redis_client, "mailer", fleet)
     redis_client.set(_key(s, "release"), "1")
+
+    done = _cli(s, "reconcile", charged, charge_key, "--tenant", "acme", "--by", "ops")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "escalated" in done.stdout
+    st = states(s, [charged])[charged]
+    assert st.open_calls[charge_key].status == "escalated" and st.pending_approvals
+    assert st.outcome == "terminated"
+
+    seq = states(s, [mailed])[mailed].seq
+    nolookup = _cli(s, "reconcile", mailed, mail_key, "--tenant", "acme", "--by", "ops")
+    assert nolookup.returncode == 1
+    assert "NotReconcilable" in nolookup.stderr and "mail" in nolookup.stderr
+    notopen = _cli(s, "reconcile", mailed, "no-such-key", "--tenant", "acme", "--by", "ops")
+    assert notopen.returncode == 1 and "NotReconcilable" in notopen.stderr
+    other = _cli(s, "reconcile", mailed, "--tenant", "other", "--by", "ops")
+    assert other.returncode == 4
+    st = states(s, [mailed])[mailed]
+    assert st.seq == seq and mail_key in st.open_calls, "nothing was appended"
 
 
 def test_a_reconcile_racing_a_resume_leaves_one_consistent_log(
@@ -348,10 +366,7 @@ def test_the_consoles_reconcile_button_settles_the_call_or_says_why_not(
     s = fleet_settings
     rid, key = _terminated_refund(s, fleet, redis_client)
     redis_client.delete(_key(s, "release"), _key(s, "inflight"))
-    blind = runlog.start("charger", {"to": "bob"}, tenant="acme", settings=s)
-    _wait("charge in flight", lambda: redis_client.hlen(_key(s, "inflight")) == 1, fleet=fleet)
-    (blind_key,) = [k.decode() for k in redis_client.hkeys(_key(s, "inflight"))]
-    assert runlog.terminate(blind, reason="x", by="ops", tenant="acme", settings=s)
+    blind, blind_key = _terminated_in_flight(s, redis_client, "mailer", fleet)
     redis_client.set(_key(s, "release"), "1")
     with projecting(s, redis_client), console(s) as base:
         web = httpx.Client(base_url=base, follow_redirects=False, timeout=60)
@@ -372,7 +387,11 @@ def test_the_consoles_reconcile_button_settles_the_call_or_says_why_not(
 
         seq = states(s, [blind])[blind].seq
         no = web.post(f"/runs/{blind}/reconcile", data={"key": blind_key}, headers=acme)
-        assert no.status_code == 409 and "declares no lookup" in no.text
+        assert (
+            no.status_code == 409
+            and "declares no lookup" in no.text
+            and "Nothing was recorded" in no.text
+        )
         assert states(s, [blind])[blind].seq == seq, "nothing recorded"
 
         other = {"Authorization": f"Bearer {TOKEN_B}"}

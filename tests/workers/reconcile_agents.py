@@ -5,7 +5,8 @@ until the test releases it (``<prefix>:release``), so a test can terminate the r
 call is in flight and then let the fenced worker finish the effect: the receiver records the
 effect (a count per key, ``<prefix>:effects``, and its result for the lookup) whoever sent
 it. The lookup answers Match for a recorded effect, Unavailable while ``<prefix>:lookup_down``
-is set, else Absent. ``charge`` is irreversible with no lookup, held in flight the same way.
+is set, else Absent. ``charge`` is irreversible with no lookup and ``mail`` reversible with
+none, both held in flight the same way.
 """
 
 from __future__ import annotations
@@ -81,3 +82,16 @@ def refunder(run: runlog.Run, order: dict[str, Any]) -> str:
 def charger(run: runlog.Run, order: dict[str, Any]) -> str:
     run.call_tool("charge", {"to": order["to"], "amount": 5})
     return "charged"
+
+
+def _mail(args: dict[str, Any], *, idempotency_key: str) -> str:
+    return _held("mailed", args, idempotency_key)
+
+
+mail = runlog.tool("mail", risk="reversible")(_mail)
+
+
+@runlog.agent("mailer", tools=[mail])
+def mailer(run: runlog.Run, order: dict[str, Any]) -> str:
+    run.call_tool("mail", {"to": order["to"], "amount": 0})
+    return "mailed"
