@@ -188,8 +188,12 @@ def uncertain_report(
     *,
     now: datetime | None = None,
     deadlines_s: Mapping[str, float] | None = None,
+    tenant: str | None = None,
 ) -> UncertainReport:
-    """The uncertain-call queue with ages and overdue actions as of ``now``."""
+    """The uncertain-call queue with ages and overdue actions as of ``now``.
+
+    With ``tenant``, only that tenant's calls; the counters (kept per partition, for all
+    tenants) are then left out rather than shown for everyone."""
     at = now or datetime.now(UTC)
     limits = {**DEFAULT_DEADLINES_S, **(deadlines_s or {})}
     keys = _keys(settings, "uncertain")
@@ -203,9 +207,14 @@ def uncertain_report(
             # The run id is read from the call itself, never split out of the field name:
             # one bad id stored by an older runner must not break the queue for everyone.
             raws = client.hvals(keys.open(p))
-            calls.extend(redact_entry(json.loads(raw), secret) for raw in raws)
+            entries = (json.loads(raw) for raw in raws)
+            calls.extend(
+                redact_entry(e, secret) for e in entries if tenant is None or e["tenant"] == tenant
+            )
     except redis.RedisError as exc:
         raise _wrap(exc, "uncertain calls") from exc
+    if tenant is not None:
+        counters = {}
     oldest: dict[str, float] = {}
     by_status: dict[str, int] = {}
     overdue: list[dict[str, Any]] = []

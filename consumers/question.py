@@ -87,6 +87,9 @@ class Question:
     """What the third answer does, where the tool declared an inverse (``undoable``):
     undo what may have happened, then run the call again under a fresh key. None: not
     offered (``runlog.decide(undo_and_retry=True)`` is refused with ``NotUndoable``)."""
+    ended: str | None = None
+    """The run's outcome when it has ended (a terminate during the call): an ended run
+    invokes nothing, so approving records the decision and retries nothing."""
 
     @property
     def about_a_call(self) -> bool:
@@ -96,7 +99,12 @@ class Question:
     def undoable(self) -> bool:
         """ "Undo and retry" is an answer: an uncertain or conflicting call of a reversible
         tool that declared an inverse (``compensate=``) on its STARTED."""
-        return self.about_a_call and self.risk == "reversible" and self.compensable is True
+        return (
+            self.about_a_call
+            and self.risk == "reversible"
+            and self.compensable is True
+            and self.ended is None
+        )
 
     def undo_confirmation(self) -> str:
         """The sentence a person confirms before "undo and retry" is recorded."""
@@ -112,6 +120,10 @@ class Question:
             verb = "Approve" if approved else "Reject"
             return f"{verb}: {self.reason}. Confirm?"
         landed = _landed(len(self.attempts))
+        if self.ended is not None:
+            verb = "Approve" if approved else "Reject"
+            what = _on_ended(self, approved)
+            return f"{verb} {self.tool} ({self.idempotency_key}): {what}. Confirm?"
         if approved:
             if self.dedupes_by_key:
                 then = (
@@ -250,10 +262,17 @@ def question(tl: Timeline, approval_id: str) -> Question:
             "the receiver is NOT declared to deduplicate by this key: if "
             f"{landed} landed, this REPEATS it"
         )
+    approve = f"approve = retry {tool} with the same key {key} ({how})"
+    reject = f"reject = {_reject_effect(risk, compensable, tool, landed)}"
+    ended = st.outcome if st.status == "finished" else None
+    if ended is not None:
+        approve = f"approve = {_ENDED_APPROVE.format(outcome=ended)}"
+        reject = f"reject = {_ended_reject(risk, ended)}"
     return Question(
         **base,
-        approve=f"approve = retry {tool} with the same key {key} ({how})",
-        reject=f"reject = {_reject_effect(risk, compensable, tool, landed)}",
+        approve=approve,
+        reject=reject,
+        ended=ended,
         tool=tool,
         risk=risk,
         args_json=request.get("args_json") or latest.get("args_json"),
@@ -339,3 +358,22 @@ def _reject_effect(risk: str | None, compensable: bool | None, tool: str, landed
         f"close it without retrying (if {landed} landed, its effect stands; the note is "
         "recorded as its result)"
     )
+
+
+_ENDED_APPROVE = (
+    "record that it may run again; the run has ended ({outcome}) and invokes nothing, so "
+    "nothing is retried: make the effect at the receiver yourself if it must happen"
+)
+
+
+def _ended_reject(risk: str | None, outcome: str) -> str:
+    if risk == "reversible":
+        return (
+            f"record that it must not stand; the run has ended ({outcome}) and runs no "
+            "inverse: undo it at the receiver yourself if it happened"
+        )
+    return "close it without retrying: nothing is invoked (the run has ended)"
+
+
+def _on_ended(q: Question, approved: bool) -> str:
+    return (q.approve if approved else q.reject).split(" = ", 1)[1]

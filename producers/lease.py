@@ -91,6 +91,15 @@ class Held:
     holder: str
     ttl_ms: int
 
+    def describe(self) -> str:
+        """The holder in an operator's words: its writer id, and the host and pid that id
+        names when it is a default one (``host:pid``, a worker's ``host:pid:suffix``)."""
+        writer = self.holder.split("/", 1)[0]
+        parts = writer.split(":")
+        if len(parts) >= 2 and parts[1].isdigit():
+            return f"writer {writer} (host {parts[0]}, pid {parts[1]})"
+        return f"writer {writer}"
+
 
 @dataclass(eq=False)
 class Lease:

@@ -12,12 +12,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 
 import redis
 
 from runlog.errors import (
     AgentMismatch,
     Fenced,
+    NotReconcilable,
     RedisUnavailable,
     RunLocked,
     TenantMismatch,
@@ -48,11 +50,16 @@ CLAIM_ATTEMPTS = 5
 """Claims lost to concurrent owners before this worker gives up (it is then fenced)."""
 
 
+LEASE_WAIT_REPORT_S = 5.0
+"""How often an open that waits for another owner's lease says so again."""
+
+
 def _acquire(
     deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
 ) -> Lease:
     owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + wait_s
+    report_at = 0.0
     while True:
         got = deps.leases.try_acquire(
             tenant, run_id, owner, deps.settings.lease_ttl_ms, force=takeover
@@ -61,6 +68,20 @@ def _acquire(
             return got
         assert isinstance(got, Held)
         remaining = deadline - time.monotonic()
+        if remaining > 0 and time.monotonic() >= report_at:
+            # An owner that died keeps its lease until the TTL runs out: a resume waits that
+            # long, and says for whom and until when rather than seeming to hang.
+            until = codec.now_utc() + timedelta(milliseconds=got.ttl_ms)
+            log.warning(
+                "run %s: waiting for the lease held by %s, until %s (%.1f s) unless renewed; "
+                "giving up in %.1f s",
+                run_id,
+                got.describe(),
+                until.isoformat(timespec="milliseconds"),
+                got.ttl_ms / 1000,
+                remaining,
+            )
+            report_at = time.monotonic() + LEASE_WAIT_REPORT_S
         if remaining <= 0:
             locked = RunLocked(
                 f"run {run_id} is held by {got.holder} (lease expires in {got.ttl_ms} ms)",
@@ -307,6 +328,45 @@ def _claim(
     raise run._fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
 
 
+def claim_settlement(run: Run, by: str) -> None:
+    """Take the finished run to settle its open calls: a person's RUN_RESUMED above the
+    current epoch at the next seq, confirmed by reading the log back (the fold accepts it
+    only on a finished run with open calls, ``run_state._settles``)."""
+    for _ in range(CLAIM_ATTEMPTS):
+        st = run.state
+        if not st.open_calls:
+            # Another reconcile settled everything between our replay and our claim.
+            raise NotReconcilable(
+                f"run {run.run_id} has no open call left",
+                key=None,
+                why="not_open",
+                run_id=st.run_id,
+            )
+        payload = {
+            "previous_epoch": st.epoch,
+            "expected_prev_seq": st.seq,
+            "gap_ms": None,
+            "reason": f"{by} settles the open calls of an ended run",
+            "operator": by,
+        }
+        with run._lock:
+            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+            (delivered,) = run.barrier()
+        reader = run.deps.reader_factory()
+        try:
+            accepted = run._read_back(reader, delivered.offset + 1)
+        finally:
+            reader.close()
+        if ev.event_id in accepted:
+            run._mark_log_view()
+            return
+        # Claimed on a view the log had moved past (the read-back folded what we missed):
+        # claim again above it, as ``opening._claim`` does.
+        if run.state.max_epoch_seen > run.epoch:
+            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
+    raise run._fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
+
+
 def _index_start(run: Run, delivered: Delivered) -> None:
     try:
         run.deps.redis.set(
@@ -399,7 +459,9 @@ def submit_decision(
     key = decisions_key(deps, tenant, run_id)
 
     def take() -> Run | None:
-        return take_if_free(deps, run_id, tenant=tenant, tools=tools, reason=reason, by=decided_by)
+        return take_if_free(
+            deps, run_id, tenant=tenant, tools=tools, reason=reason, by=decided_by, settle=True
+        )
 
     run = take()
     if run is not None:
@@ -449,15 +511,18 @@ def take_if_free(
     tools: Iterable[Tool] = (),
     reason: str,
     by: str,
+    settle: bool = False,
 ) -> Run | None:
     """The run, if no one holds it, taken by person ``by`` to record their act in its log
     (a decision, a cancellation): else None, and the act goes to the owner's inbox.
 
     Taking it is an ownership change like any other (a RUN_RESUMED with ``reason``), named
-    as ``by``'s, so it is not counted as a resumption; nothing is recovered.
+    as ``by``'s, so it is not counted as a resumption; nothing is recovered. ``settle``: a
+    finished run with open calls is taken to settle them (``claim_settlement``), for a
+    decision on an ended run's escalated call.
     """
     try:
-        return open_run_with(
+        run = open_run_with(
             deps,
             run_id,
             tenant=tenant,
@@ -470,6 +535,13 @@ def take_if_free(
         )
     except RunLocked:
         return None
+    if settle and run.state.status == "finished" and run.state.open_calls:
+        try:
+            claim_settlement(run, by)
+        except BaseException:
+            run.close()
+            raise
+    return run
 
 
 def _inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:

@@ -40,7 +40,7 @@ from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.ops import drive
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
-from runlog.projections.run_state import RunState, accept
+from runlog.projections.run_state import SETTLEMENT, RunState, accept
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
@@ -222,7 +222,12 @@ class Run(Owned):
                 epoch=self.epoch,
                 seq=self.state.seq,
             )
-        if self.state.status == "finished":
+        if self.state.status == "finished" and not (
+            # A person took the finished run to settle its open calls (``runlog reconcile``):
+            # recovery's records about a call are valid at that epoch, nothing else is (a
+            # retry's STARTED is refused here, so no tool is invoked on an ended run).
+            event_type in SETTLEMENT and self.state.settling_epoch == self.epoch
+        ):
             raise RunFinished(
                 f"run {self.run_id} finished with {self.state.outcome!r}",
                 run_id=self.run_id,
@@ -461,6 +466,13 @@ class Run(Owned):
             max_epoch_seen=st.max_epoch_seen,
             authority=st.authority,
         )
+        if st.status == "finished":
+            # Taken to settle an ended run's open calls: the rule for a record after the
+            # finish asks about those calls, their approvals and the settling epoch.
+            view = self._log_view
+            view.open_calls = copy.deepcopy(st.open_calls)
+            view.approvals = copy.deepcopy(st.approvals)
+            view.settling_epoch, view.erased = st.settling_epoch, st.erased
 
     def confirm_in_log(self, ev: Event) -> None:
         """Read this run's log up to ``ev`` (acknowledged) and raise ``Fenced`` unless every
@@ -788,7 +800,10 @@ class Run(Owned):
 
 def _clear_folded(view: RunState) -> None:
     """The log view answers "is it valid" through the one acceptance rule; what the rule
-    folds besides (messages, calls) lives in ``state``, not twice."""
+    folds besides (messages, calls) lives in ``state``, not twice. An ended run's view keeps
+    its open calls and approvals: the rule for its settlement asks about them."""
+    if view.status == "finished":
+        return
     view.messages.clear()
     view.completed_calls.clear()
     view.open_calls.clear()

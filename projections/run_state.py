@@ -12,7 +12,14 @@ Validation (deterministic, identical in every reader, because partition order is
   and its ``expected_prev_seq`` is the current seq: it moves ownership to its epoch;
 * any other event is valid iff its epoch is the current epoch and its seq the next one;
 * nothing is valid after RUN_FINISHED but CONTENT_ERASED, which is valid only there: on a
-  finished run, at the next seq, above the current epoch (the eraser took the run).
+  finished run, at the next seq, above the current epoch (the eraser took the run), and the
+  settlement of the calls the run left open (``runlog reconcile``): a person's RUN_RESUMED
+  (``operator`` set) above the current epoch, at the next seq, on a finished run with open
+  calls and no erasure, makes its epoch the *settling* one; at that epoch only the steps of
+  recovery on an open call are valid (TOOL_CALL_UNCERTAIN, RECONCILIATION_ATTEMPTED, a
+  TOOL_CALL_COMPLETED with ``source=reconciliation``, an APPROVAL_REQUESTED about the call),
+  and a person's APPROVAL_DECIDED on such a call's escalation (signed as any decision).
+  The run stays finished: nothing it does is invoked again, only evidence is recorded.
 
 An invalid event is a fenced write: excluded from state, kept in the log, counted.
 """
@@ -36,7 +43,7 @@ from runlog.schemas.sealing import ERASED
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority, Verdict, decision_message
 from runlog.schemas.vocabulary import OWNERSHIP, RECORD_ONLY, STARTS, STATE_CHANGING, EventType
 
-FOLD_VERSION = 7
+FOLD_VERSION = 8
 """Bump whenever a fold rule changes meaning: snapshots of an older fold are cache misses.
 
 1: the v1 vocabulary. 2: CONTEXT_COMPACTED v2 (tail counted in turns unless the record
@@ -48,7 +55,9 @@ registered agent (version, input) and TIMER_STARTED records durable timers; a v4
 such a run lacks them, hence a miss. 6: a fork (RUN_FORKED) runs the parent's registered
 agent (name, version; its own input if given); a v5 snapshot of a fork lacks them. 7:
 CONTENT_ERASED is valid after RUN_FINISHED and erases the state's content fields; a v6
-snapshot may hold a finished run's plaintext, so it is a miss.
+snapshot may hold a finished run's plaintext, so it is a miss. 8: a finished run's open calls
+may be settled after its finish (``settling_epoch``); a v7 snapshot would refuse that
+settlement, so it is a miss.
 
 States of logs that never use a field added later compare equal to the states recorded
 before it existed: such a field is marked ``OMIT_DEFAULT`` and ``to_dict`` leaves it out
@@ -222,6 +231,9 @@ class RunState:
     erased: Erasure | None = field(default=None, metadata=OMIT_DEFAULT)
     """The erasure of the run's content (CONTENT_ERASED); None: not erased. Once set, every
     content field of the state reads ``models.ERASED``."""
+    settling_epoch: int | None = field(default=None, metadata=OMIT_DEFAULT)
+    """The epoch of a person's taking of the finished run to settle its open calls (see the
+    module docstring); None: the run was not taken after its finish."""
     authority: DecisionAuthority = field(
         default=NO_AUTHORITY, compare=False, repr=False, metadata=TRANSIENT
     )
@@ -372,7 +384,7 @@ def _owner_rule(state: RunState, ev: Event) -> bool:
             and ev.epoch > state.epoch
         )
     if state.status == "finished":
-        return False
+        return _settles(state, ev)
     if state.run_id and (ev.run_id != state.run_id or ev.tenant != state.tenant):
         return False
     if ev.seq != state.seq + 1:
@@ -386,6 +398,51 @@ def _owner_rule(state: RunState, ev: Event) -> bool:
         assert isinstance(p, m.RunResumed)
         return ev.epoch > state.epoch and p.expected_prev_seq == state.seq
     return ev.epoch == state.epoch
+
+
+SETTLEMENT: frozenset[EventType] = frozenset(
+    {
+        EventType.TOOL_CALL_UNCERTAIN,
+        EventType.RECONCILIATION_ATTEMPTED,
+        EventType.TOOL_CALL_COMPLETED,
+        EventType.APPROVAL_REQUESTED,
+        EventType.APPROVAL_DECIDED,
+    }
+)
+"""The steps of recovery on an open call that are valid on a finished run, at its settling
+epoch (``_settles``), and a person's decision on an open call's escalation."""
+
+
+def _settles(state: RunState, ev: Event) -> bool:
+    """Whether ``ev`` takes a finished run to settle its open calls, or is a step of that
+    settlement: the only writes after a finish besides the erasure."""
+    if ev.run_id != state.run_id or ev.tenant != state.tenant or ev.seq != state.seq + 1:
+        return False
+    if state.erased is not None or not state.open_calls:
+        return False
+    p = ev.payload
+    if ev.type is EventType.RUN_RESUMED:
+        assert isinstance(p, m.RunResumed)
+        return (
+            p.operator is not None and ev.epoch > state.epoch and p.expected_prev_seq == state.seq
+        )
+    if ev.type not in SETTLEMENT or state.settling_epoch is None:
+        return False
+    if not (ev.epoch == state.epoch == state.settling_epoch):
+        return False
+    if isinstance(p, m.ToolCallCompleted) and p.source != "reconciliation":
+        return False
+    if isinstance(p, m.ApprovalRequested) and p.kind not in ("uncertain_call", "conflict"):
+        return False
+    if isinstance(
+        p,
+        m.ToolCallUncertain | m.ReconciliationAttempted | m.ToolCallCompleted | m.ApprovalRequested,
+    ):
+        return p.idempotency_key in state.open_calls
+    if isinstance(p, m.ApprovalDecided):
+        asked = state.approvals.get(p.approval_id)
+        return asked is not None and asked.idempotency_key in state.open_calls
+    return False
 
 
 def rejection(state: RunState, ev: Event, forged: str | None = None) -> str | None:
@@ -447,6 +504,9 @@ def _run_resumed(st: RunState, ev: Event) -> None:
     p = ev.payload
     assert isinstance(p, m.RunResumed)
     st.epoch = ev.epoch
+    if st.status == "finished":
+        # Taken after its finish to settle its open calls: the run stays finished.
+        st.settling_epoch = ev.epoch
     if p.operator is None:
         # A person taking the run to record their act is not the run resuming.
         st.resumptions += 1
@@ -586,7 +646,7 @@ def _approval_requested(st: RunState, ev: Event) -> None:
         call = st.open_calls[p.idempotency_key]
         call.approval_id = p.approval_id
         call.status = "conflict" if p.kind == "conflict" else "escalated"
-    if p.kind == "conflict":
+    if p.kind == "conflict" and st.status != "finished":
         st.status = "escalated"
 
 

@@ -53,7 +53,16 @@ from runlog.errors import (
     KafkaUnavailable as KafkaUnavailable,
 )
 from runlog.errors import (
+    NoLiveWorker as NoLiveWorker,
+)
+from runlog.errors import (
     NotADecider as NotADecider,
+)
+from runlog.errors import (
+    NotReconcilable as NotReconcilable,
+)
+from runlog.errors import (
+    NotSettledYet as NotSettledYet,
 )
 from runlog.errors import (
     NotUndoable as NotUndoable,
@@ -110,6 +119,7 @@ if TYPE_CHECKING:
     from runlog.api import lease_metrics as lease_metrics
     from runlog.api import open_run as open_run
     from runlog.api import question as question
+    from runlog.api import reconcile as reconcile
     from runlog.api import resume as resume
     from runlog.api import serve_metrics as serve_metrics
     from runlog.api import start as start
@@ -119,6 +129,7 @@ if TYPE_CHECKING:
     from runlog.producers.context import CallContext as CallContext
     from runlog.producers.context import current_call as current_call
     from runlog.producers.forks import Fork as Fork
+    from runlog.producers.reconcile import Reconciliation as Reconciliation
     from runlog.producers.run import Run as Run
     from runlog.producers.tools import Absent as Absent
     from runlog.producers.tools import Conflict as Conflict
@@ -144,6 +155,8 @@ _PUBLIC: dict[str, str] = {
     "decide": "runlog.api",
     "cancel": "runlog.api",
     "terminate": "runlog.api",
+    "reconcile": "runlog.api",
+    "Reconciliation": "runlog.producers.reconcile",
     "forget": "runlog.api",
     "fork": "runlog.api",
     "Fork": "runlog.producers.forks",
@@ -200,6 +213,9 @@ _PUBLIC: dict[str, str] = {
     "DecisionConflict": _ERRORS,
     "NotADecider": _ERRORS,
     "NotUndoable": _ERRORS,
+    "NotReconcilable": _ERRORS,
+    "NoLiveWorker": _ERRORS,
+    "NotSettledYet": _ERRORS,
     "KafkaUnavailable": _ERRORS,
     "RedisUnavailable": _ERRORS,
 }

@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runlog.bootstrap import Services
-from runlog.errors import DecisionConflict, NotUndoable, UnknownApproval, UnknownRun
+from runlog.errors import (
+    DecisionConflict,
+    NotReconcilable,
+    NotSettledYet,
+    NotUndoable,
+    RedisUnavailable,
+    UnknownApproval,
+    UnknownRun,
+)
+from runlog.fleet.reconciling import read_reply
 from runlog.fleet.requests import forget as forget_dispatch
-from runlog.fleet.requests import pending_starts, request_dispatch, request_start, wake
+from runlog.fleet.requests import (
+    pending_starts,
+    request_dispatch,
+    request_reconcile,
+    request_start,
+    wake,
+)
+from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
@@ -24,6 +41,10 @@ from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
+from runlog.producers.reconcile import Reconciliation, settled
+from runlog.producers.reconcile import reconcile as reconcile_here
+from runlog.producers.run import _valid_kept
+from runlog.producers.tools import Tool
 from runlog.producers.writer import APPENDS, BARRIERS
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.models import UNDO_AND_RETRY
@@ -548,6 +569,89 @@ def resume(run_id: str, *, tenant: str = "default", settings: Settings | None = 
     services = Services.shared(settings or Settings())
     state = request_dispatch(services.settings, services.redis, run_id, tenant=tenant)
     return state.status
+
+
+RECONCILE_WAIT_S = 60.0
+"""How long ``reconcile`` waits for a worker of the fleet to answer its request."""
+
+
+def reconcile(
+    run_id: str,
+    key: str | None = None,
+    *,
+    by: str,
+    tenant: str = "default",
+    tools: Iterable[Tool] | None = None,
+    wait_s: float = RECONCILE_WAIT_S,
+    queue: bool = False,
+    settings: Settings | None = None,
+) -> Reconciliation:
+    """Run the declared lookup (``reconcile=``) of the uncertain call ``key`` of ``run_id``
+    (None: of every open call a lookup can settle) and record the outcome as recovery does:
+    RECONCILIATION_ATTEMPTED, a completion with ``source=reconciliation`` on a match, an
+    escalation on a conflict, the call left uncertain without evidence. A terminated run is
+    settled without being resumed; a run in progress is not executed either.
+
+    With ``tools``, here, in this process (``wait_s``: for a live owner's lease). Without,
+    by the fleet (a durable request a worker with the run's agent serves): the outcome is
+    read from the run's log once the worker answered, within ``wait_s``; else
+    ``NotSettledYet`` (the request stays queued). ``NoLiveWorker`` when no live worker
+    serves the agent (unless ``queue``), ``NotReconcilable`` for a key that is not open,
+    waits for a person, or whose tool declares no lookup; nothing is appended then."""
+    services = Services.shared(settings or Settings())
+    keys = () if key is None else (key,)
+    if tools is not None:
+        return reconcile_here(
+            services.run_deps(), run_id, tenant=tenant, tools=tools, keys=keys, by=by, wait_s=wait_s
+        )
+    req, _ = request_reconcile(
+        services.settings, services.redis, run_id, tenant=tenant, keys=keys, by=by, queue=queue
+    )
+    deadline = time.monotonic() + wait_s
+    while True:
+        reply = read_reply(services.redis, services.settings, req.request_id)
+        if reply is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise NotSettledYet(
+                f"reconcile request {req.request_id} of {run_id} was not answered in "
+                f"{wait_s:g}s: {_holder(services, tenant, run_id)}; it stays queued for a "
+                f"worker serving {req.agent!r}",
+                request_id=req.request_id,
+                run_id=run_id,
+            )
+        time.sleep(0.1)
+    if reply.get("status") == "refused":
+        if reply.get("why") == "unknown_run":
+            raise UnknownRun(reply.get("message", ""), run_id=run_id)
+        raise NotReconcilable(
+            f"{reply.get('message', '')} (worker {reply.get('worker', '?')})",
+            key=reply.get("key") or None,
+            why=reply.get("why", ""),
+            run_id=run_id,
+        )
+    reader = LogReader(services.settings)
+    try:
+        got = read_run(reader, services.redis, services.settings, tenant, run_id, keep=True)
+    finally:
+        reader.close()
+    events = _valid_kept(got.folded)
+    done = [k for k in reply.get("keys", "").split(",") if k]
+    return Reconciliation(
+        run_id,
+        int(reply.get("epoch", "0")),
+        [settled(got.state, events, k) for k in done],
+        got.state.status == "finished",
+    )
+
+
+def _holder(services: Services, tenant: str, run_id: str) -> str:
+    """Who holds the run's lease now, in words (a reconcile waits for a live owner)."""
+    try:
+        holder = services.leases.current(tenant, run_id)
+    except RedisUnavailable:
+        return "its lease holder is unknown (Redis does not answer)"
+    return "no one holds its lease" if holder is None else f"its lease is held by {holder}"
 
 
 def question(

@@ -344,3 +344,32 @@ class NotificationFailed(RunlogError):
         super().__init__(message)
         self.retryable = retryable
         self.status = status
+
+
+class NotReconcilable(RunError):
+    """A reconciliation was asked of a call it cannot settle: ``key`` is not an open call of
+    the run, waits for a person's decision (it was escalated), or its tool declares no
+    lookup (``reconcile=``) here. ``why`` says which. Nothing is appended."""
+
+    def __init__(self, message: str, *, key: str | None, why: str, run_id: str | None = None):
+        super().__init__(message, run_id=run_id)
+        self.key, self.why = key, why
+
+
+class NoLiveWorker(RunlogError):
+    """No live worker announces the agent a request needs (``runlog workers``): nothing
+    would serve the request now. ``agent`` names it."""
+
+    def __init__(self, message: str, *, agent: str) -> None:
+        super().__init__(message)
+        self.agent = agent
+
+
+class NotSettledYet(RunlogError):
+    """A reconcile request was recorded but no worker answered it within the wait: it stays
+    queued (``request_id``), and a worker serving the agent runs it when it can (a live
+    owner holding the run is waited for, never broken)."""
+
+    def __init__(self, message: str, *, request_id: str, run_id: str) -> None:
+        super().__init__(message)
+        self.request_id, self.run_id = request_id, run_id

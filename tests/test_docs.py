@@ -77,7 +77,9 @@ def test_pages_name_files_that_exist() -> None:
 
 
 def test_readme_is_short() -> None:
-    lines = README.read_text().count("\n")
+    # The doc-test marks (tests/test_doc_examples.py) are comments the reader never sees.
+    text = README.read_text()
+    lines = text.count("\n") - text.count("<!-- doc-test:")
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines: move detail into docs/"
 
 

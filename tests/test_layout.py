@@ -332,7 +332,12 @@ TEST_FOLDERS = {
     "faults",
     "explorer",
 }
-PACKAGE_WIDE_TESTS = {"test_layout.py", "test_public_api.py", "test_docs.py"}
+PACKAGE_WIDE_TESTS = {
+    "test_layout.py",
+    "test_public_api.py",
+    "test_docs.py",
+    "test_doc_examples.py",
+}
 
 
 def test_tests_are_grouped_by_what_they_test() -> None:

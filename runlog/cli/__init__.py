@@ -71,6 +71,7 @@ _NEEDS_KAFKA = frozenset(
         "start",
         "worker",
         "resume",
+        "reconcile",
     }
 )
 

@@ -1,5 +1,6 @@
 """``runlog cancel`` / ``runlog terminate``: a person stops a run, with who and why recorded
-in its log."""
+in its log. ``runlog reconcile``: a person has the fleet settle a run's uncertain calls with
+their tools' lookups."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import getpass
 import sys
 
-from runlog.api import cancel, terminate
+from runlog.api import RECONCILE_WAIT_S, cancel, reconcile, terminate
 from runlog.cli.groups import EXIT_FAILURE, print_json
 from runlog.errors import RunFinished
 
@@ -46,6 +47,40 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _common(p)
     p.set_defaults(func=_terminate)
+
+    p = sub.add_parser(
+        "reconcile",
+        help="settle a run's uncertain calls with their tools' lookups, on a worker of the fleet",
+        description=(
+            "Asks the fleet (a durable request, like a start) to run the declared lookup "
+            "(reconcile=) of KEY, or of every uncertain call of the run a lookup can settle, "
+            "on a worker that serves the run's agent, and records the outcome as recovery "
+            "does: a match completes the call (source=reconciliation), a conflict is "
+            "escalated to a person, no evidence leaves it uncertain. A terminated run is "
+            "settled without being resumed; a run held by a live owner is waited for. "
+            "Prints what the run's log then says of each key. Exits 1 when nothing was "
+            "checked: no live worker serves the agent (unless --queue), no answer within "
+            "--wait (the request stays queued), or a key that is not uncertain, waits for a "
+            "person, or has no lookup; 4 for an unknown run."
+        ),
+    )
+    p.add_argument("run_id")
+    p.add_argument("key", nargs="?", default=None, help="the call's idempotency key (default: all)")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--by", default=None, help="who asks (default: the OS user)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=RECONCILE_WAIT_S,
+        help=f"seconds to wait for a worker's answer (default {RECONCILE_WAIT_S:g})",
+    )
+    p.add_argument(
+        "--queue",
+        action="store_true",
+        help="record the request even when no live worker serves the agent now",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_reconcile)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -118,4 +153,33 @@ def _terminate(args: argparse.Namespace) -> int:
                 f"  {c['tool']:<14} key={c['idempotency_key']} risk={c['risk']} "
                 f"{c['status']} since {c['started_at']}"
             )
+    return 0
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    by = args.by or getpass.getuser()
+    done = reconcile(
+        args.run_id, args.key, by=by, tenant=args.tenant, wait_s=args.wait, queue=args.queue
+    )
+    rows = [
+        {"idempotency_key": x.key, "tool": x.name, "outcome": x.outcome, "evidence": x.evidence}
+        for x in done.settled
+    ]
+    if args.json:
+        print_json(
+            {
+                "run_id": done.run_id,
+                "tenant": args.tenant,
+                "epoch": done.epoch,
+                "run_ended": done.finished,
+                "by": by,
+                "calls": rows,
+            }
+        )
+        return 0
+    ended = " (an ended run: settled, not resumed)" if done.finished else ""
+    print(f"reconciled {done.run_id} at epoch {done.epoch} by {by}{ended}")
+    for r in rows:
+        how = "completed (reconciliation)" if r["outcome"] == "completed" else r["outcome"]
+        print(f"  {r['tool']:<14} key={r['idempotency_key']} {how}: {r['evidence']}")
     return 0

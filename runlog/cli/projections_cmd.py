@@ -82,6 +82,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("uncertain", help="the uncertain-call queue, with ages and overdue calls")
     p.add_argument("--json", action="store_true")
     p.add_argument(
+        "--tenant",
+        default=None,
+        help="only this tenant's calls (default: every tenant's); the counters, kept for all "
+        "tenants, are then not shown",
+    )
+    p.add_argument(
         "--deadline",
         action="append",
         default=[],
@@ -228,17 +234,22 @@ def _uncertain(args: argparse.Namespace) -> int:
     settings = Settings()
     client = _redis(settings)
     _warn_incomplete(client, settings, ("uncertain",))
-    rep = queries.uncertain_report(client, settings, deadlines_s=dict(args.deadline))
+    rep = queries.uncertain_report(
+        client, settings, deadlines_s=dict(args.deadline), tenant=args.tenant
+    )
     if args.json:
         print_json(rep.to_dict())
         return 0
     c = rep.counters
-    print(
-        f"opened {c.get('opened', 0)}  reconciled {c.get('reconciled', 0)}  "
-        f"retried {c.get('retried', 0)}  decided {c.get('decided', 0)}  "
-        f"failed {c.get('failed', 0)}  escalated {c.get('escalated', 0)}  "
-        f"still open {len(rep.open)}"
-    )
+    if args.tenant is not None:
+        print(f"tenant {args.tenant}: still open {len(rep.open)}")
+    else:
+        print(
+            f"opened {c.get('opened', 0)}  reconciled {c.get('reconciled', 0)}  "
+            f"retried {c.get('retried', 0)}  decided {c.get('decided', 0)}  "
+            f"failed {c.get('failed', 0)}  escalated {c.get('escalated', 0)}  "
+            f"still open {len(rep.open)}"
+        )
     for risk, age in sorted(rep.oldest_age_s.items()):
         print(f"oldest {risk}: {age:.0f}s")
     for call in rep.open:

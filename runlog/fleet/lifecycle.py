@@ -284,7 +284,18 @@ class LifecycleWriter:
     ) -> int:
         """Produce ``record`` (None: a tombstone) for ``run_id``; returns its offset. With
         a ``sealer``, the record's input is written sealed (``Record.encode``)."""
+        return self.write_value(
+            run_id, None if record is None else record.encode(sealer, run_id), timeout_s=timeout_s
+        )
+
+    def write_value(
+        self, run_id: str, value: bytes | None, *, timeout_s: float = 30.0, key: str | None = None
+    ) -> int:
+        """Produce ``value`` in ``run_id``'s partition under ``key`` (default: the run id;
+        a request about the run, ``fleet.reconciling``, has a key of its own there, so it
+        never replaces the run's dispatch record); returns its offset."""
         part = partition_for(run_id, self.settings.partitions)
+        record_key = run_id if key is None else key
         done = threading.Event()
         got: dict[str, Any] = {}
 
@@ -292,11 +303,14 @@ class LifecycleWriter:
             got["err"], got["offset"] = err, (msg.offset() if msg is not None else -1)
             done.set()
 
-        value = None if record is None else record.encode(sealer, run_id)
         with self._lock:
             try:
                 self._producer.produce(
-                    self.topic, key=run_id.encode(), value=value, partition=part, on_delivery=report
+                    self.topic,
+                    key=record_key.encode(),
+                    value=value,
+                    partition=part,
+                    on_delivery=report,
                 )
             except Exception as exc:  # BufferError, KafkaException
                 raise KafkaUnavailable(f"lifecycle record of {run_id}: {exc}") from exc

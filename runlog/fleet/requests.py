@@ -21,6 +21,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from runlog.errors import (
     AgentMismatch,
     KafkaUnavailable,
+    NoLiveWorker,
+    NotReconcilable,
     RunFinished,
     SchemaError,
     StartRefused,
@@ -29,11 +31,13 @@ from runlog.errors import (
     ValidationFailed,
 )
 from runlog.fleet.lifecycle import Record, read_latest, rebuilt, writer_for
+from runlog.fleet.reconciling import ReconcileRequest, new_request_id
 from runlog.fleet.worker import live_workers
 from runlog.log.fold import read_run
 from runlog.log.kafka import high_watermark, partitions_of, reader_config
 from runlog.log.keys import sealer_for
 from runlog.log.reader import LogReader
+from runlog.producers.reconcile import check_open
 from runlog.projections.run_state import RunState
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
@@ -174,6 +178,59 @@ def request_dispatch(
     if why:
         log.info("dispatch of %s requested: %s", rid, why)
     return state
+
+
+def request_reconcile(
+    settings: Settings,
+    client: redis.Redis,
+    run_id: str,
+    *,
+    tenant: str,
+    keys: tuple[str, ...] = (),
+    by: str,
+    queue: bool = False,
+) -> tuple[ReconcileRequest, RunState]:
+    """Ask the fleet to run the lookup of ``keys`` (default: every open call it can settle)
+    of ``run_id`` on a worker that has its agent's tools (``fleet.reconciling``); returns
+    the request and the run's state it was checked against.
+
+    Checked against the run's log first, nothing written otherwise: ``UnknownRun`` (no
+    run of this tenant), ``NotReconcilable`` (a key not open, or waiting for a person; a
+    run not started through the agent registry, whose tools no worker has), and
+    ``NoLiveWorker`` when no live worker announces the agent, unless ``queue`` (the request
+    then waits for one)."""
+    check_tenant(tenant)
+    rid = check_run_id(run_id)
+    if not by.strip():
+        raise ValidationFailed("who reconciles is required (by): it is recorded with the claim")
+    state = _state(settings, client, tenant, rid)
+    if state.status == "new" or state.tenant != tenant:
+        raise UnknownRun(f"no run {rid} for tenant {tenant}", run_id=rid)
+    check_open(state, keys)
+    agent = state.agent_name
+    if agent is None:
+        raise NotReconcilable(
+            f"run {rid} was not started through the agent registry (runlog.start): no "
+            "worker has its tools; call runlog.reconcile(..., tools=...) where they are",
+            key=None,
+            why="no_agent",
+            run_id=rid,
+        )
+    if not queue and not serves(settings, client, agent):
+        raise NoLiveWorker(
+            f"no live worker serves agent {agent!r} (runlog workers): nothing would run "
+            "the lookup now; start one, or ask again with --queue to leave the request "
+            "for the next one",
+            agent=agent,
+        )
+    req = ReconcileRequest(rid, tenant, agent, tuple(keys), by, new_request_id())
+    writer_for(settings).write_value(rid, req.encode(), key=req.key)
+    return req, state
+
+
+def serves(settings: Settings, client: redis.Redis, agent: str) -> bool:
+    """Whether a live worker announces ``agent`` (its presence entry's ``agents``)."""
+    return any(agent in w.get("agents", "").split(",") for w in live_workers(client, settings))
 
 
 def wake(settings: Settings, run_id: str, *, tenant: str, agent: str) -> None:

@@ -35,8 +35,9 @@ from typing import Any
 import redis
 
 from runlog.errors import ConfigError
-from runlog.fleet import lifecycle
+from runlog.fleet import lifecycle, reconciling
 from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
+from runlog.fleet.reconciling import ReconcileRequest, Served
 from runlog.fleet.registry import Agent
 from runlog.fleet.runner import (
     UNKNOWN_AGENT_RETRY_S,
@@ -135,6 +136,12 @@ class Worker:
         against the log already."""
         self._consumer: Any = None
         self._stop = threading.Event()
+        # Reconcile requests (``fleet.reconciling``) of the assigned partitions, by record
+        # key: served in the agents' pool, apart from the runs' table (they are no run).
+        self.requests: dict[str, tuple[int, ReconcileRequest]] = {}
+        self.requests_due: list[tuple[float, str]] = []
+        self.serving: dict[str, Future[Served]] = {}
+        self.served: queue.Queue[tuple[str, Future[Served]]] = queue.Queue()
 
     # The group ---------------------------------------------------------------------------
     def _consumer_conf(self) -> dict[str, Any]:
@@ -182,9 +189,12 @@ class Worker:
             self._catch_up(p)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        gone = {tp.partition for tp in partitions}
         for tp in partitions:
             self.tables.pop(tp.partition, None)
             self.caught_up.discard(tp.partition)
+        for key in [k for k, (p, _) in self.requests.items() if p in gone]:
+            del self.requests[key]
         consumer.incremental_unassign(partitions)
         log.info("worker %s revoked %s", self.id, sorted(tp.partition for tp in partitions))
 
@@ -194,6 +204,9 @@ class Worker:
         if table is None:
             return
         rid = key.decode()
+        if reconciling.is_request_key(rid):
+            self._apply_request(partition, rid, value)
+            return
         have = table.get(rid)
         if have is not None and have.offset >= offset:
             if have.offset == offset and value is None:
@@ -213,6 +226,63 @@ class Worker:
         table[rid] = Entry(rec, offset)
         if partition in self.caught_up:
             self._schedule(rid, table[rid])
+
+    def _apply_request(self, partition: int, key: str, value: bytes | None) -> None:
+        if value is None:
+            self.requests.pop(key, None)
+            return
+        try:
+            req = ReconcileRequest.decode(value)
+        except Exception as exc:  # noqa: BLE001 - one bad record must not stop dispatch
+            log.error("reconcile request %s: %s", key, exc)
+            return
+        self.requests[key] = (partition, req)
+        self.requests_due.append((0.0, key))
+
+    def _serve_requests(self) -> None:
+        """Launch the reconcile requests that are due, of caught-up partitions, whose agent
+        is registered here, in free slots of the agents' pool."""
+        now, later = time.monotonic(), []
+        for due, key in self.requests_due:
+            got = self.requests.get(key)
+            if got is None or key in self.serving:
+                continue
+            partition, req = got
+            free = len(self.active) + len(self.serving) < self.concurrency
+            if due > now or partition not in self.caught_up or not free:
+                later.append((due, key))
+                continue
+            agent = self.agents.get(req.agent)
+            if agent is None:
+                log.error(
+                    "reconcile of %s names agent %r, not registered here", req.run_id, req.agent
+                )
+                later.append((now + UNKNOWN_AGENT_RETRY_S, key))
+                continue
+            fut = self.pool.submit(reconciling.serve, self.deps, self.lw, req, agent, self.id)
+            self.serving[key] = fut
+            fut.add_done_callback(functools.partial(self._request_done, key))
+        self.requests_due = later
+
+    def _request_done(self, key: str, fut: Future[Served]) -> None:
+        self.served.put((key, fut))
+
+    def _reap_requests(self) -> None:
+        while True:
+            try:
+                key, fut = self.served.get_nowait()
+            except queue.Empty:
+                return
+            self.serving.pop(key, None)
+            try:
+                res = fut.result()
+            except BaseException as exc:
+                log.exception("reconcile request %s crashed: %s", key, exc)
+                res = Served("retry", 5.0, repr(exc))
+            if res.kind == "retry":
+                self.requests_due.append((time.monotonic() + res.retry_s, key))
+            else:
+                self.requests.pop(key, None)
 
     def _catch_up(self, partition: int) -> None:
         self.caught_up.add(partition)
@@ -467,8 +537,10 @@ class Worker:
                         if tp.offset >= 0 and tp.offset >= self.high.get(tp.partition, 0):
                             self._catch_up(tp.partition)
                 self._reap()
+                self._reap_requests()
                 self._fire_due()
                 self._launch()
+                self._serve_requests()
                 if time.monotonic() >= next_beat:
                     self._heartbeat()
                     next_beat = time.monotonic() + HEARTBEAT_S
@@ -477,9 +549,10 @@ class Worker:
 
     def _shutdown(self, consumer: Any, drain_s: float) -> None:
         deadline = time.monotonic() + drain_s
-        while self.active and time.monotonic() < deadline:
+        while (self.active or self.serving) and time.monotonic() < deadline:
             time.sleep(0.05)
             self._reap()
+            self._reap_requests()
         try:
             consumer.close()  # leaves the group: its partitions move at once
         except Exception as exc:  # noqa: BLE001

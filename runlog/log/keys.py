@@ -123,6 +123,18 @@ def new_kek() -> str:
     return base64.b64encode(os.urandom(32)).decode()
 
 
+def next_kek_id(settings: Settings) -> str:
+    """The id ``runlog keys new-kek`` gives a new KEK when none is named: ``k<N+1>`` after
+    the highest ``k<N>`` configured (``k1`` when none is), so appending it to ``RUNLOG_KEK``
+    makes it the current KEK without reusing an id."""
+    configured = set(load_keks(settings).by_id) if settings.kek or settings.kek_file else set()
+    numbers = [int(k[1:]) for k in configured if k[:1] == "k" and k[1:].isdigit()]
+    n = max(numbers, default=0) + 1
+    while f"k{n}" in configured:
+        n += 1
+    return f"k{n}"
+
+
 def load_keks(settings: Settings) -> Keks:
     if settings.kek is not None:
         return Keks.parse(settings.kek.get_secret_value(), where="RUNLOG_KEK")

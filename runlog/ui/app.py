@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runlog.api import cancel, decide, fork, terminate
+from runlog.api import cancel, decide, fork, reconcile, terminate
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.index import STATUSES, RunIndex, RunRow, age_text, parse_since
 from runlog.consumers.question import CALL_KINDS, question
@@ -37,7 +37,10 @@ from runlog.errors import (
     ForkRefused,
     InvalidRunId,
     KafkaUnavailable,
+    NoLiveWorker,
     NotADecider,
+    NotReconcilable,
+    NotSettledYet,
     NotUndoable,
     RunFinished,
     RunlogError,
@@ -85,8 +88,28 @@ _FLASH = {
     "cancel-queued": "Cancel requested: queued for the worker that holds the run.",
     "cancel-already": "An earlier cancel request stands.",
     "terminate-done": "Terminated: the run's owner is fenced and the run ended terminated.",
+    "reconcile-completed": "Reconciled: the lookup found the effect; the call is completed "
+    "(by evidence) in the run's log.",
+    "reconcile-escalated": "Reconciled: the lookup's evidence goes to a person (see the question).",
+    "reconcile-uncertain": "Reconciled: the lookup had no evidence either way; the call stays "
+    "uncertain (recorded in the run's log).",
+    "reconcile-retried": "Reconciled: the lookup proved the effect absent; the call was retried "
+    "with its key.",
     "undo_and_retry-recorded": "Undo and retry: recorded in the run's log.",
     "undo_and_retry-queued": "Undo and retry: queued for the worker that holds the run.",
+}
+
+
+UI_RECONCILE_WAIT_S = 20.0
+"""How long the Reconcile button waits for a worker's answer before saying it is queued."""
+_REFUSED_WHY = {
+    "not_open": "the call is no longer uncertain: the log has its outcome",
+    "waits_for_person": "the call waits for a person's decision: answer its question",
+    "no_lookup": "its tool declares no lookup (reconcile=) and is not irreversible: recovery "
+    "would retry it, which checks nothing (and an ended run invokes nothing); undo or redo it at "
+    "the receiver",
+    "none": "the run has no uncertain call a lookup can settle",
+    "no_agent": "the run was not started through the agent registry: no worker has its tools",
 }
 
 
@@ -663,6 +686,69 @@ def create_app(
         log.info("console: %s %s %s: %s (%s)", grant.name, action, run_id, reason, done)
         return RedirectResponse(f"/runs/{run_id}?done={done}", status_code=303)
 
+    async def reconcile_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
+        """The Reconcile button of an uncertain call (the uncertain page, a run's open calls):
+        the fleet runs the tool's lookup (``runlog.reconcile``) and the run's page says what
+        the log then holds; a refusal (no lookup, no live worker, not answered in time, no
+        longer uncertain) is a page that says so, never a "done"."""
+        run_id = request.path_params["run_id"]
+        ctx = {**c.context(request, grant, token), "refresh_s": 0}
+        row = await run_in_threadpool(c.visible_row, grant, run_id)
+        if row is None:
+            return _not_found(request, c, ctx, run_id)
+        form = await request.form()
+        raw = form.get("key")
+        key = raw if isinstance(raw, str) and raw else None
+
+        def refused(code: int, why: str, approval: str | None = None) -> Response:
+            return c.page(
+                request,
+                "reconcile.html",
+                code,
+                run_id=run_id,
+                key=key,
+                why=why,
+                approval=approval,
+                **ctx,
+            )
+
+        try:
+            done = await run_in_threadpool(
+                lambda: reconcile(
+                    run_id,
+                    key,
+                    by=grant.name,
+                    tenant=row.tenant,
+                    settings=c.settings,
+                    wait_s=UI_RECONCILE_WAIT_S,
+                )
+            )
+        except UnknownRun:
+            return _not_found(request, c, ctx, run_id)
+        except NotReconcilable as exc:
+            approval = None
+            if exc.why in ("no_lookup", "waits_for_person") and key is not None:
+                tl = await run_in_threadpool(c.timeline, row.tenant, run_id)
+                call = tl.state.open_calls.get(key)
+                approval = call.approval_id if call is not None else None
+            return refused(409, _REFUSED_WHY.get(exc.why, "it is not an uncertain call"), approval)
+        except NoLiveWorker as exc:
+            return refused(
+                503,
+                f"no live worker serves the run's agent {exc.agent!r}: nothing "
+                "was asked; start one (runlog worker) and try again",
+            )
+        except NotSettledYet as exc:
+            return refused(
+                202,
+                f"no worker answered within {UI_RECONCILE_WAIT_S:g} s (the run's "
+                f"owner may hold it); request {exc.request_id} stays queued",
+            )
+        outcomes = {x.outcome for x in done.settled}
+        how = outcomes.pop() if len(outcomes) == 1 else "uncertain"
+        log.info("console: %s reconciled %s %s: %s", grant.name, run_id, key or "*", how)
+        return RedirectResponse(f"/runs/{run_id}?done=reconcile-{how}", status_code=303)
+
     async def fork_view(request: Request, c: Console, grant: Grant, token: str) -> Response:
         """ "fork from here" on a timeline event: restated, confirmed, then recorded (the
         fork's lineage names the console user as who forked, and why)."""
@@ -723,6 +809,7 @@ def create_app(
             Route("/runs/{run_id}/approvals/{approval_id}", guarded(decide_view), methods=["POST"]),
             Route("/runs/{run_id}/stop/{action}", guarded(stop_view), methods=["GET", "POST"]),
             Route("/runs/{run_id}/fork", guarded(fork_view), methods=["POST"]),
+            Route("/runs/{run_id}/reconcile", guarded(reconcile_view), methods=["POST"]),
             Route("/approvals", guarded(approvals), methods=["GET"]),
             Route("/uncertain", guarded(uncertain), methods=["GET"]),
             Route("/lag", guarded(lag), methods=["GET"]),

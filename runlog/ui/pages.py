@@ -151,9 +151,13 @@ at {{ st.cancel.requested_at.isoformat() }} (seq {{ st.cancel.requested_seq }}):
 <a href="/runs/{{ run_id }}/stop/terminate" id="terminate-run">Terminate this run&hellip;</a></div>{% endif %}
 {% if left_open %}<h2>Open calls left for reconciliation</h2><table id="left-open"><thead><tr>
 <th>Tool</th><th>Key</th><th>Risk</th><th>Status</th><th>Started</th><th>Last error / evidence</th>
-</tr></thead><tbody>{% for c in left_open %}<tr><td>{{ c.name }}</td><td class="mono">{{ c.idempotency_key }}</td>
+<th></th></tr></thead><tbody>{% for c in left_open %}<tr><td>{{ c.name }}</td><td class="mono">{{ c.idempotency_key }}</td>
 <td>{{ c.risk }}</td><td>{{ c.status }}</td><td class="mono">{{ c.started_at.isoformat() }}</td>
-<td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>{% endfor %}</tbody></table>{% endif %}
+<td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td><td><form method="post" action="/runs/{{ run_id }}/reconcile" class="reconcile"><input type="hidden"
+ name="csrf" value="{{ csrf }}"><input type="hidden" name="key" value="{{ c.idempotency_key }}"><button
+ type="submit" class="reconcile" data-key="{{ c.idempotency_key }}">Reconcile</button></form></td></tr>{% endfor %}</tbody></table>
+<p class="muted">Reconcile runs the tool's declared lookup on a worker of the run's agent and records
+what it finds, as recovery does: the run is not resumed.</p>{% endif %}
 {% if forked %}<p class="flash" id="forked">Forked into <a class="mono" href="/runs/{{ forked }}">{{
  forked }}</a> (it appears here once the state projection has it).</p>{% endif %}
 {% if st.lineage %}<div class="card" id="lineage">forked from <a class="mono" id="parent"
@@ -197,11 +201,14 @@ may have happened, and what each answer does</a>{% endif %}
  value="{{ csrf }}"><input type="hidden" name="seq" value="{{ e.seq }}"><button type="submit"
  class="fork" data-seq="{{ e.seq }}">fork from here</button></form>{% endif %}</td></tr>{% endfor %}</tbody></table>
 {% if tl.calls %}<h2>Tool calls</h2><table id="calls"><thead><tr><th>Tool</th><th>Key</th><th>Risk</th>
-<th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th></tr></thead><tbody>
+<th>Attempts</th><th>Outcome</th><th>Arguments</th><th>Result</th><th>Reconciliation</th><th></th></tr></thead><tbody>
 {% for c in tl.calls %}<tr><td>{{ c.tool }}</td><td class="mono">{{ c.idempotency_key }}</td>
 <td>{{ c.risk }}</td><td class="num">{{ c.attempts }}</td><td>{{ c.outcome }}{% if c.source
  == "reconciliation" %} (by evidence){% endif %}</td><td class="mono">{{ c.args_json }}</td>
-<td class="mono">{{ c.result or "" }}</td><td>{{ c.reconciliations|join("; ") }}</td></tr>
+<td class="mono">{{ c.result or "" }}</td><td>{{ c.reconciliations|join("; ") }}</td>
+<td>{% set oc = st.open_calls.get(c.idempotency_key) %}{% if not told.ended and oc and oc.status == "uncertain" %}<form method="post" action="/runs/{{ run_id }}/reconcile" class="reconcile"><input type="hidden"
+ name="csrf" value="{{ csrf }}"><input type="hidden" name="key" value="{{ c.idempotency_key }}"><button
+ type="submit" class="reconcile" data-key="{{ c.idempotency_key }}">Reconcile</button></form>{% endif %}</td></tr>
 {% endfor %}</tbody></table>{% endif %}
 <h2>Audit trail</h2>
 <table id="audit"><thead><tr><th>At</th><th>Seq</th><th>Kind</th><th>Details</th></tr></thead><tbody>
@@ -319,13 +326,16 @@ _UNCERTAIN = """{% extends "base.html" %}{% block title %}Uncertain calls{% endb
 (key <span class="mono">{{ c.idempotency_key }}</span>, {{ c.risk }}, {{ c.status }}) open {{ c.age }},
 deadline {{ c.deadline }}</li>{% endfor %}</ul></div>{% endif %}
 <table id="uncertain"><thead><tr><th>Status</th><th>Risk</th><th>Age</th><th>Tenant</th><th>Run</th>
-<th>Tool</th><th>Key</th><th>Attempts</th><th>Arguments</th><th>Last error / evidence</th></tr></thead><tbody>
+<th>Tool</th><th>Key</th><th>Attempts</th><th>Arguments</th><th>Last error / evidence</th><th></th></tr></thead><tbody>
 {% for c in calls %}<tr><td class="{{ 'overdue' if c.overdue else '' }}">{{ "OVERDUE " if c.overdue else "" }}{{ c.status }}</td>
 <td>{{ c.risk }}</td><td class="num">{{ c.age }}</td><td>{{ c.tenant }}</td>
 <td><a class="mono" href="/runs/{{ c.run_id }}">{{ c.run_id }}</a></td><td>{{ c.tool }}</td>
 <td class="mono">{{ c.idempotency_key }}</td><td class="num">{{ c.attempts }}</td>
-<td class="mono">{{ c.args_json }}</td><td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td></tr>
-{% else %}<tr><td colspan="10" class="muted">No call of a visible tenant has an unknown outcome.</td></tr>
+<td class="mono">{{ c.args_json }}</td><td>{{ c.last_error or "" }} {{ c.last_evidence or "" }}</td>
+<td>{% if c.status not in ("escalated", "conflict", "decided") %}<form method="post" action="/runs/{{ c.run_id }}/reconcile" class="reconcile"><input type="hidden"
+ name="csrf" value="{{ csrf }}"><input type="hidden" name="key" value="{{ c.idempotency_key }}"><button
+ type="submit" class="reconcile" data-key="{{ c.idempotency_key }}">Reconcile</button></form>{% endif %}</td></tr>
+{% else %}<tr><td colspan="11" class="muted">No call of a visible tenant has an unknown outcome.</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
 
 _LAG = """{% extends "base.html" %}{% block title %}Projection lag{% endblock %}
@@ -353,6 +363,14 @@ _REQUESTED = """{% extends "base.html" %}{% block title %}Run {{ req.run_id }}{%
 <p class="muted">No event of this run is in the log yet: a <code>runlog worker</code> that
 registers the agent starts it.</p>
 <p><a href="/">Back to the runs</a></p>{% endblock %}"""
+_RECONCILE = """{% extends "base.html" %}{% block title %}Not reconciled{% endblock %}
+{% block content %}<h1>Not reconciled</h1>
+<p class="card overdue" id="refused">{% if key %}Call <span class="mono">{{ key }}</span> of run{% else %}Run{% endif %}
+<a class="mono" href="/runs/{{ run_id }}">{{ run_id }}</a>: {{ why }}. Nothing was recorded.</p>
+{% if approval %}<p><a href="/runs/{{ run_id }}/approvals/{{ approval }}" id="question">What may have
+happened, and what each answer does</a></p>{% endif %}
+<p><a href="/runs/{{ run_id }}">Back to the run</a> &middot; <a href="/uncertain">Uncertain calls</a></p>
+{% endblock %}"""
 
 _NOT_FOUND = """{% extends "base.html" %}{% block title %}Not found{% endblock %}
 {% block content %}<h1>Not found</h1><p id="notfound">{{ message }}</p>
@@ -414,6 +432,7 @@ _TEMPLATES = {
     "lag.html": _LAG,
     "notfound.html": _NOT_FOUND,
     "requested.html": _REQUESTED,
+    "reconcile.html": _RECONCILE,
 }
 
 ENV = Environment(

@@ -298,3 +298,90 @@ def test_run_state_exposes_the_public_api_names() -> None:
         assert hasattr(st, name), name
     assert st.cost == 0.25
     assert (st.usage.input_tokens, st.usage.output_tokens) == (3, 4)
+
+
+def _settlement(log: Log, *, operator: str | None = "ops") -> Event:
+    """A person's (or, ``operator=None``, a worker's) claim of a finished run."""
+    ev = log.add(
+        EventType.RUN_RESUMED,
+        epoch=log.epoch + 1,
+        previous_epoch=log.epoch,
+        expected_prev_seq=log.seq,
+        reason="reconcile by ops",
+        operator=operator,
+    )
+    return ev
+
+
+def _terminated_with_an_open_call() -> tuple[Log, Event]:
+    log = Log().start()
+    started = log.add(
+        EventType.TOOL_CALL_STARTED,
+        call_id="c",
+        name="refund",
+        args_json="{}",
+        idempotency_key="k",
+        risk="irreversible",
+    )
+    log.resume()  # terminate's takeover
+    log.add(EventType.RUN_FINISHED, outcome="terminated")
+    return log, started
+
+
+def test_a_finished_runs_open_call_is_settled_after_the_finish_by_a_persons_claim() -> None:
+    log, started = _terminated_with_an_open_call()
+    claim = _settlement(log)
+    assert is_valid(fold(log.events[:-1]), claim)
+    log.epoch, log.seq = claim.epoch, claim.seq
+    log.add(
+        EventType.RECONCILIATION_ATTEMPTED,
+        started_seq=started.seq,
+        idempotency_key="k",
+        name="refund",
+        outcome="match",
+        evidence="refunded",
+        rule="lookup",
+        action="complete",
+    )
+    log.completed(started, "refunded", idempotency_key="k", source="reconciliation")
+    st = fold(log.events)
+    assert st.fenced_writes == 0
+    assert (st.status, st.outcome) == ("finished", "terminated")
+    assert st.completed_calls == {"k": "refunded"} and not st.open_calls
+    assert st.settling_epoch == claim.epoch and st.resumptions == 1  # terminate's alone
+
+
+def test_after_a_finish_only_the_settlement_of_an_open_call_counts() -> None:
+    # A worker's claim (no operator) of a finished run: refused.
+    log, _ = _terminated_with_an_open_call()
+    _settlement(log, operator=None)
+    assert fold(log.events).fenced_writes == 1
+    # At the settling epoch: a new call, a live completion, another key, a message: refused.
+    log, started = _terminated_with_an_open_call()
+    claim = _settlement(log)
+    log.epoch, log.seq = claim.epoch, claim.seq
+    for forged in (
+        lambda: log.add(
+            EventType.TOOL_CALL_STARTED,
+            seq=log.seq + 1,
+            call_id="c2",
+            name="refund",
+            args_json="{}",
+            idempotency_key="k2",
+        ),
+        lambda: log.completed(started, "x", idempotency_key="k", seq=log.seq + 1),
+        lambda: log.completed(
+            started, "x", idempotency_key="other", source="reconciliation", seq=log.seq + 1
+        ),
+        lambda: log.user("late", seq=log.seq + 1),
+    ):
+        forged()
+    # A settlement record under the terminator's epoch (not the settling one): refused.
+    log.completed(started, "x", idempotency_key="k", source="reconciliation", epoch=claim.epoch - 1)
+    st = fold(log.events)
+    assert st.fenced_writes == 5 and "k" in st.open_calls and st.seq == claim.seq
+    # A finished run with no open call cannot be claimed at all.
+    done = Log().start()
+    done.add(EventType.RUN_FINISHED, outcome="succeeded")
+    _settlement(done)
+    assert fold(done.events).fenced_writes == 1

@@ -68,7 +68,7 @@ def test_current_versions() -> None:
         # RUN_FORKED v3 also seals ``state`` and names the fork's ``subject``.
         assert registry().current[et] == (3 if et is EventType.RUN_FORKED else since)
     assert registry().current[EventType.CONTENT_ERASED] == 1
-    assert FOLD_VERSION == 7
+    assert FOLD_VERSION == 8
 
 
 def test_v1_resumption_resolves_as_a_workers_and_counts() -> None:
