@@ -67,11 +67,14 @@ from runlog.producers.ops import drive
 from runlog.producers.run import Run
 from runlog.producers.tools import Reconciler, Risk, Tool, ToolError, ToolFn, is_async
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.models import Event, MemoryWritten
+from runlog.schemas.models import Event, MemoryWritten, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 __all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
+
+NS_SEP = "|"
+"""LangGraph's separator of nested checkpoint namespaces (``outer:task|inner:task``)."""
 
 CHECKPOINT_KEY = "langgraph.checkpoint"
 """The MEMORY_WRITTEN key of the checkpointer's records."""
@@ -94,10 +97,26 @@ def _delta(checkpoint: Checkpoint, new_versions: ChannelVersions) -> Checkpoint:
     return {**checkpoint, "channel_values": {k: values[k] for k in new_versions if k in values}}
 
 
+LEGACY_SCOPE = ":langgraph:"
+"""The tool node's first key scope, ``<thread>:langgraph:<tool-call id>``: a run whose log
+holds a call under it keeps it (its receivers hold those keys), every other run uses
+``STEP_SCOPE``."""
+
+STEP_SCOPE = ":langgraph-step:"
+"""The tool node's key scope: ``<thread>:langgraph-step:`` and a JSON array of the deletion
+generation, the task's parent namespace, step, node and path, and the call's position in its
+AI message. Never the model's tool-call id: a model may repeat one across steps or give none,
+and a model asked again may give a fresh one for the same action."""
+
+
 @dataclass
 class _Owned:
     run: Run
     view: InMemorySaver
+    legacy_keys: bool = False
+    """The run's log holds a tool-node call under ``LEGACY_SCOPE``."""
+    generation: int = 0
+    """How many deletions the thread's log holds: the steps start again after each."""
 
 
 class RunlogSaver(BaseCheckpointSaver[str]):
@@ -196,10 +215,24 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             raise ValueError(f"unknown checkpoint record kind {kind!r} in {ev.event_id}")
 
     def _fold(self, thread_id: str, end: int | None = None) -> InMemorySaver:
+        return self._fold_keys(thread_id, end)[0]
+
+    def _fold_keys(self, thread_id: str, end: int | None = None) -> tuple[InMemorySaver, bool, int]:
+        """The thread's view, whether its log holds a ``LEGACY_SCOPE`` call, and its
+        deletion generation."""
         view = InMemorySaver(serde=self.serde)
+        legacy, generation = False, 0
+        legacy_prefix = thread_id + LEGACY_SCOPE
         for ev in self._events(thread_id, end):
             self._apply(view, thread_id, ev)
-        return view
+            p = ev.payload
+            if isinstance(p, MemoryWritten) and p.key == CHECKPOINT_KEY:
+                generation += json.loads(p.value)["kind"] == "delete"
+            elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
+                legacy_prefix
+            ):
+                legacy = True
+        return view, legacy, generation
 
     def _view(self, thread_id: str) -> InMemorySaver:
         with self._lock:
@@ -243,14 +276,15 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                     f"thread {thread_id} is owned by another writer: {exc}", run_id=thread_id
                 ) from exc
             try:
-                view = self._fold(thread_id, end=run.position)
+                view, legacy, generation = self._fold_keys(thread_id, end=run.position)
             except BaseException:
                 run.close()
                 raise
+            owned = _Owned(run, view, legacy, generation)
             with self._lock:
                 for t in self._tools.values():  # tools added while the run was opening
                     run.tools.setdefault(t.name, t)
-                owned = self._owned[thread_id] = _Owned(run, view)
+                self._owned[thread_id] = owned
             return owned
 
     def _append(self, thread_id: str, record: dict[str, Any]) -> _Owned:
@@ -259,6 +293,10 @@ class RunlogSaver(BaseCheckpointSaver[str]):
 
     def _append_owned(self, thread_id: str, record: dict[str, Any]) -> _Owned:
         owned = self._own(thread_id)
+        # A put names its parent; writes name the checkpoint they belong to.
+        kind = record["kind"]
+        if kind == "put" or (kind == "writes" and self._known(owned, thread_id, record)):
+            self._check_latest(owned, thread_id, record["ns"], record["checkpoint_id"])
         try:
             # A checkpoint records what a node did: kept whatever a person asked meanwhile
             # (the graph's next step, a model turn or a tool call, sees a cancellation).
@@ -271,7 +309,63 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             self._refuse(thread_id, str(exc))
             raise
         self._apply(owned.view, thread_id, ev)
+        owned.generation += record["kind"] == "delete"
         return owned
+
+    @staticmethod
+    def _latest(owned: _Owned, thread_id: str, ns: str) -> str | None:
+        """The id of the latest checkpoint of ``ns`` in the thread's log (the view is the
+        log's fold: it was read when the run was opened, and only this owner appends)."""
+        cfg: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+        tup = owned.view.get_tuple(cfg)
+        return None if tup is None else str(tup.checkpoint["id"])
+
+    @staticmethod
+    def _known(owned: _Owned, thread_id: str, record: dict[str, Any]) -> bool:
+        """The checkpoint the writes belong to is in the log. LangGraph may hand over a
+        step's writes before that step's checkpoint (its writes and puts run in parallel):
+        writes on a checkpoint still to come cannot be stale, a later put decides."""
+        cfg: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": record["ns"],
+                "checkpoint_id": record["checkpoint_id"],
+            }
+        }
+        return owned.view.get_tuple(cfg) is not None
+
+    def _check_latest(self, owned: _Owned, thread_id: str, ns: str, based_on: str | None) -> None:
+        """Optimistic concurrency on the log: a write based on a checkpoint that is no longer
+        the latest (another process moved the thread on since this graph read it) is
+        refused like a stale owner's append. Accepting it would fork the thread and run
+        again what the newer checkpoints already did. A checkpoint without a parent (a
+        graph's input on a thread it found empty, LangGraph's API for a new root) bases on
+        nothing; a namespace with no checkpoint yet (a subgraph's first) takes any parent."""
+        if based_on is None:
+            return
+        latest = self._latest(owned, thread_id, ns)
+        if latest is None and ns:
+            return
+        if based_on != latest:
+            raise Fenced(
+                f"thread {thread_id}: a write based on checkpoint {based_on} is stale: the "
+                f"latest checkpoint in the log is {latest} (another writer moved the thread "
+                "on); read the thread again",
+                run_id=thread_id,
+                epoch=owned.run.epoch,
+                seq=owned.run.state.seq,
+            )
+
+    def check_latest(self, thread_id: str, ns: str, checkpoint_id: str | None) -> None:
+        """Raise ``Fenced`` when ``checkpoint_id`` is in the thread's log and is not the
+        latest of ``ns`` (the tool node asks before any tool runs). A checkpoint not in the
+        log yet is being written (LangGraph runs a step's tasks while its checkpoint is put,
+        unless ``durability="sync"``): its put decides."""
+        with self._thread_lock(thread_id):
+            owned = self._own(thread_id)
+            record = {"ns": ns, "checkpoint_id": checkpoint_id}
+            if checkpoint_id is not None and self._known(owned, thread_id, record):
+                self._check_latest(owned, thread_id, ns, checkpoint_id)
 
     def _refuse(self, thread_id: str, why: str) -> None:
         with self._lock:
@@ -292,6 +386,25 @@ class RunlogSaver(BaseCheckpointSaver[str]):
     def run_for(self, thread_id: str) -> Run:
         """The thread's run, owned by this saver (opened, with recovery, on first use)."""
         return self._own(thread_id).run
+
+    def call_scope(self, config: RunnableConfig, position: int, call_id: str) -> str:
+        """The key scope of the tool call at ``position`` in the AI message that the task
+        running with ``config`` answers (``STEP_SCOPE``, or ``LEGACY_SCOPE`` for a run whose
+        log already holds calls under it)."""
+        thread_id = str(config["configurable"]["thread_id"])
+        owned = self._own(thread_id)
+        if owned.legacy_keys:
+            return f"{thread_id}{LEGACY_SCOPE}{call_id}"
+        meta = config.get("metadata") or {}
+        where = [
+            owned.generation,
+            _parent_ns(config),
+            meta.get("langgraph_step"),
+            meta.get("langgraph_node"),
+            [str(p) for p in meta.get("langgraph_path", ())],
+            position,
+        ]
+        return f"{thread_id}{STEP_SCOPE}{json.dumps(where, separators=(',', ':'))}"
 
     # BaseCheckpointSaver ---------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -463,15 +576,18 @@ class RunlogToolNode:
             return {self.messages_key: []}
         thread_id = str(config["configurable"]["thread_id"])
         run = self.saver.run_for(thread_id)
+        # A task started from a checkpoint that another process has since moved past (two
+        # resumers of one thread) must not act: the newer checkpoints did this step already.
+        self.saver.check_latest(thread_id, _parent_ns(config), _task_checkpoint(config))
         out: list[ToolMessage] = []
-        for tc in ai.tool_calls:
+        for position, tc in enumerate(ai.tool_calls):
             call_id = tc["id"] or ""
             name, args = tc["name"], dict(tc["args"])
             tool = self.tools.get(name)
             if tool is None:
                 raise UnknownTool(f"the tool node has no tool {name!r}")
             args_json = canonical_json(args)
-            scope = f"{thread_id}:langgraph:{call_id}"
+            scope = self.saver.call_scope(config, position, call_id)
             key = run.idempotency_key(scope, name, args_json, 0)
             stash: list[GraphBubbleUp] = []
             token = _BUBBLE.set(stash)
@@ -496,6 +612,19 @@ class RunlogToolNode:
                 _BUBBLE.reset(token)
             out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
         return {self.messages_key: out}
+
+
+def _parent_ns(config: RunnableConfig) -> str:
+    """The checkpoint namespace the task runs in: its own namespace without its last part
+    (``node:task-id``), which names the task and not the graph."""
+    ns = str(config.get("configurable", {}).get("checkpoint_ns", ""))
+    return ns.rpartition(NS_SEP)[0]
+
+
+def _task_checkpoint(config: RunnableConfig) -> str | None:
+    """The id of the checkpoint the task was started from."""
+    found = config.get("configurable", {}).get("checkpoint_map", {}).get(_parent_ns(config))
+    return None if found is None else str(found)
 
 
 _BUBBLE: ContextVar[list[GraphBubbleUp] | None] = ContextVar(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from workers.common import ROOT, Worker, worker_env
-from workers.lg_worker import AMOUNTS, EXIT_ESCALATED, effects_key
+from workers.lg_worker import AMOUNTS, EXIT_ESCALATED, EXIT_FENCED, effects_key
 
 from runlog.integrations.langgraph import RunlogSaver
 from runlog.settings import Settings
@@ -82,3 +82,32 @@ def test_an_uncertain_irreversible_call_without_a_lookup_is_escalated_not_rerun(
     assert "escalated" in result
     assert redis_client.get(effects_key(test_settings.redis_key_prefix, 1)) == b"1"
     assert not list(tmp_path.glob("again.ran-*"))  # not re-run blindly
+
+
+def test_two_resumers_released_together_refund_once(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Two processes resume one thread (``invoke(None)``) at once, each with ``wait_s``: both
+    read the same checkpoint and run the model, whose tool-call ids are fresh each time. The
+    one that writes second writes on a checkpoint the other has moved past: it is fenced, so
+    no transfer runs twice."""
+    thread = f"lg-{uuid.uuid4().hex}"
+    setup = start(test_settings, tmp_path, "setup", thread, "--setup")
+    rc, result = setup.finish(timeout=60)
+    assert rc == 0, result["_stderr"][-4000:]
+    go = tmp_path / "go"
+    args = ("--go-file", str(go), "--fresh-ids", "--wait-s", "30")
+    resumers = [start(test_settings, tmp_path, f"r{i}", thread, *args) for i in range(2)]
+    for r in resumers:
+        r.wait_flag("ready", timeout=60)
+    go.write_text("")  # the barrier: both resume now
+    outcomes = [r.finish(timeout=120) for r in resumers]
+    codes = sorted(rc for rc, _ in outcomes)
+    assert codes == [0, EXIT_FENCED], [o[1]["_stderr"][-3000:] for o in outcomes]
+    for amount in AMOUNTS:
+        assert redis_client.get(effects_key(test_settings.redis_key_prefix, amount)) == b"1"
+    with RunlogSaver(settings=test_settings) as reader:
+        tup = reader.get_tuple({"configurable": {"thread_id": thread}})
+    assert tup is not None
+    messages = tup.checkpoint["channel_values"]["messages"]
+    assert [m.content for m in messages if m.type == "tool"] == ["moved 1", "moved 2", "moved 3"]

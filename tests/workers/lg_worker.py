@@ -11,6 +11,12 @@ and waits ``--hold-s`` (the test's window to kill it), right after the effect la
 before its completion is recorded (``--hold-at after``), or once the tool was called (its
 STARTED durable) and before the effect (``--hold-at before``). It writes ``result`` with
 the final answer when the graph ends.
+
+``--setup`` only records the task (the graph stops before the agent's first step);
+``--go-file`` makes the worker resume the thread (``invoke(None)``) once that file exists,
+so a test releases several resumers together; ``--fresh-ids`` makes the model give a new
+tool-call id each time it is asked (as real models do), ``--same-ids`` the same ``call_0``
+for every call of every step.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +40,7 @@ from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
 from runlog.settings import Settings
 
 EXIT_ESCALATED = 5
+EXIT_FENCED = 3
 
 
 def _call(i: int, amount: int) -> dict[str, Any]:
@@ -61,6 +69,12 @@ def main() -> int:
     ap.add_argument("--hold-amount", type=int, default=0, help="hold only at this transfer")
     ap.add_argument("--takeover", action="store_true")
     ap.add_argument("--no-reconcile", action="store_true", help="transfer has no lookup")
+    ap.add_argument("--wait-s", type=float, default=0.0, help="RunlogSaver(wait_s=...)")
+    ap.add_argument("--setup", action="store_true")
+    ap.add_argument("--go-file", default="")
+    ids = ap.add_mutually_exclusive_group()
+    ids.add_argument("--fresh-ids", action="store_true")
+    ids.add_argument("--same-ids", action="store_true")
     a = ap.parse_args()
     settings = Settings()
     flags = Path(a.dir)
@@ -94,18 +108,29 @@ def main() -> int:
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
         turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        model = FakeMessagesListChatModel(responses=[SCRIPT[turn]])
+        reply = SCRIPT[turn]
+        if a.fresh_ids or a.same_ids:
+            calls = [
+                {**tc, "id": uuid.uuid4().hex if a.fresh_ids else "call_0"}
+                for tc in reply.tool_calls
+            ]
+            reply = AIMessage(content=reply.content, tool_calls=calls)
+        model = FakeMessagesListChatModel(responses=[reply])
         return {"messages": [model.invoke(state["messages"])]}
 
-    saver = RunlogSaver(settings=settings, takeover=a.takeover)
+    saver = RunlogSaver(settings=settings, takeover=a.takeover, wait_s=a.wait_s)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", RunlogToolNode([tool], saver))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
-    graph = builder.compile(checkpointer=saver)
+    graph = builder.compile(checkpointer=saver, interrupt_before=["agent"] if a.setup else None)
     config = {"configurable": {"thread_id": a.thread}}
+    if a.go_file:
+        (flags / f"{a.name}.ready").write_text("")
+        while not Path(a.go_file).exists():
+            time.sleep(0.005)
     with saver:
         started = saver.get_tuple(config) is not None
         try:
@@ -117,6 +142,9 @@ def main() -> int:
         except runlog.Escalated as exc:  # an uncertain effect waits for a person
             (flags / f"{a.name}.result").write_text(json.dumps({"escalated": str(exc)}))
             return EXIT_ESCALATED
+        except runlog.Fenced as exc:  # another process moved the thread on
+            (flags / f"{a.name}.result").write_text(json.dumps({"fenced": str(exc)}))
+            return EXIT_FENCED
     final = state["messages"][-1]
     (flags / f"{a.name}.result").write_text(json.dumps({"answer": final.content}))
     return 0
