@@ -538,9 +538,12 @@ class RunlogToolNode:
     ``RunlogToolNode(tools, saver)`` runs the tool calls of the state's last AI message in
     the thread's run (the run ``saver`` owns for the thread): STARTED durable before the
     tool runs, the idempotency key and fencing token in ``runlog.current_call()``, the result
-    recorded. A call's key is bound to the thread and the model's tool-call id (ordinal 0), so
-    a node re-executed after ``interrupt()``/resume, or in a new process after a crash, gets
-    the recorded result back instead of running the tool again. A call that started and never
+    recorded. A call's key is bound to the thread, the task's step, node and path and the
+    call's position in its AI message (``STEP_SCOPE``; never the model's tool-call id, which a
+    model may repeat or omit), so a node re-executed after ``interrupt()``/resume, or in a new
+    process after a crash, gets the recorded result back instead of running the tool again.
+    A task started from a checkpoint another process has since moved past raises ``Fenced``
+    before any tool runs. A call that started and never
     completed is settled when the run is opened, before any tool runs: the tool's
     ``reconcile`` lookup, else its risk class (``safe``/``reversible`` retried with the same
     key, ``irreversible`` escalated to a person: ``runlog.Escalated`` is raised and the graph
