@@ -62,10 +62,11 @@ from runlog.bootstrap import Services
 from runlog.errors import Fenced, RunLocked, ToolFailed, UnknownTool
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
-from runlog.producers.calls import execute_logical
+from runlog.producers.calls import attempt, execute_logical, retry_key
+from runlog.producers.context import current_call
 from runlog.producers.ops import drive
 from runlog.producers.run import Run
-from runlog.producers.tools import Reconciler, Risk, Tool, ToolError, ToolFn, is_async
+from runlog.producers.tools import Reconciler, Risk, Tool, ToolFn, is_async
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.models import Event, MemoryWritten, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
@@ -78,6 +79,10 @@ NS_SEP = "|"
 
 CHECKPOINT_KEY = "langgraph.checkpoint"
 """The MEMORY_WRITTEN key of the checkpointer's records."""
+
+PAUSED_KEY = "langgraph.paused"
+"""The MEMORY_WRITTEN key of a tool call's attempt that LangGraph paused (``interrupt()``)
+before the tool made any effect: ``{"key": <idempotency key>, "attempt": <n>}``."""
 
 
 def _typed(serde: SerializerProtocol, obj: Any) -> list[str]:
@@ -117,6 +122,8 @@ class _Owned:
     """The run's log holds a tool-node call under ``LEGACY_SCOPE``."""
     generation: int = 0
     """How many deletions the thread's log holds: the steps start again after each."""
+    paused: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Idempotency key -> the attempt of it that LangGraph paused before any effect."""
 
 
 class RunlogSaver(BaseCheckpointSaver[str]):
@@ -215,24 +222,29 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             raise ValueError(f"unknown checkpoint record kind {kind!r} in {ev.event_id}")
 
     def _fold(self, thread_id: str, end: int | None = None) -> InMemorySaver:
-        return self._fold_keys(thread_id, end)[0]
-
-    def _fold_keys(self, thread_id: str, end: int | None = None) -> tuple[InMemorySaver, bool, int]:
-        """The thread's view, whether its log holds a ``LEGACY_SCOPE`` call, and its
-        deletion generation."""
         view = InMemorySaver(serde=self.serde)
-        legacy, generation = False, 0
-        legacy_prefix = thread_id + LEGACY_SCOPE
         for ev in self._events(thread_id, end):
             self._apply(view, thread_id, ev)
+        return view
+
+    def _fold_owned(self, run: Run, thread_id: str) -> _Owned:
+        """The thread's view as the run's log holds it up to where the run was opened, and
+        what that log says of the tool node's keys and paused calls."""
+        owned = _Owned(run, InMemorySaver(serde=self.serde))
+        legacy_prefix = thread_id + LEGACY_SCOPE
+        for ev in self._events(thread_id, run.position):
+            self._apply(owned.view, thread_id, ev)
             p = ev.payload
             if isinstance(p, MemoryWritten) and p.key == CHECKPOINT_KEY:
-                generation += json.loads(p.value)["kind"] == "delete"
+                owned.generation += json.loads(p.value)["kind"] == "delete"
+            elif isinstance(p, MemoryWritten) and p.key == PAUSED_KEY:
+                paused = json.loads(p.value)
+                owned.paused[paused["key"]] = paused["attempt"]
             elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
                 legacy_prefix
             ):
-                legacy = True
-        return view, legacy, generation
+                owned.legacy_keys = True
+        return owned
 
     def _view(self, thread_id: str) -> InMemorySaver:
         with self._lock:
@@ -257,17 +269,20 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                         run_id=thread_id,
                     )
                 owned = self._owned.get(thread_id)
-                tools = builtins.list(self._tools.values())
             if owned is not None:
                 return owned
             try:
+                # Without the tool node's tools: a call its owner left open is settled by
+                # the node when it reaches the call again (LangGraph runs that node first),
+                # where a tool may pause the graph. Settled here, outside any node, a tool's
+                # interrupt() could only fail, and each failure would count as an attempt
+                # of unknown outcome.
                 run = open_run(
                     thread_id,
                     tenant=self.tenant,
                     settings=self.settings,
                     wait_s=self.wait_s,
                     takeover=self.takeover,
-                    tools=tools,
                     agent="langgraph",
                     reason="langgraph checkpointer",
                 )
@@ -276,13 +291,12 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                     f"thread {thread_id} is owned by another writer: {exc}", run_id=thread_id
                 ) from exc
             try:
-                view, legacy, generation = self._fold_keys(thread_id, end=run.position)
+                owned = self._fold_owned(run, thread_id)
             except BaseException:
                 run.close()
                 raise
-            owned = _Owned(run, view, legacy, generation)
             with self._lock:
-                for t in self._tools.values():  # tools added while the run was opening
+                for t in self._tools.values():  # after recovery: see above
                     run.tools.setdefault(t.name, t)
                 self._owned[thread_id] = owned
             return owned
@@ -374,9 +388,33 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         if owned is not None:
             owned.run.close()
 
+    def note_paused(self, thread_id: str, key: str, attempt: int) -> None:
+        """Record that LangGraph paused attempt ``attempt`` of the call ``key`` inside its
+        tool (``interrupt()``) before the tool made any effect (``PAUSED_KEY``)."""
+        with self._thread_lock(thread_id):
+            owned = self._own(thread_id)
+            try:
+                owned.run._append(
+                    EventType.MEMORY_WRITTEN,
+                    key=PAUSED_KEY,
+                    value=json.dumps({"key": key, "attempt": attempt}, separators=(",", ":")),
+                )
+            except Fenced as exc:
+                self._refuse(thread_id, str(exc))
+                raise
+            owned.paused[key] = attempt
+
+    def paused_attempt(self, thread_id: str, key: str) -> int | None:
+        """The attempt of ``key`` that LangGraph paused, if that is the call's latest."""
+        owned = self._own(thread_id)
+        call = owned.run.state.open_calls.get(key)
+        if call is None or owned.paused.get(key) != call.attempt:
+            return None
+        return call.attempt
+
     def add_tools(self, tools: Iterable[Tool]) -> None:
-        """Tools the threads' runs call (``RunlogToolNode`` adds its own): given to
-        ``open_run``, so a call left uncertain by a crash is settled before the graph goes on."""
+        """Tools the threads' runs call (``RunlogToolNode`` adds its own). A call a crash
+        left open is settled by the node that reaches it again, with these tools."""
         with self._lock:
             for t in tools:
                 self._tools[t.name] = t
@@ -592,9 +630,9 @@ class RunlogToolNode:
             args_json = canonical_json(args)
             scope = self.saver.call_scope(config, position, call_id)
             key = run.idempotency_key(scope, name, args_json, 0)
-            stash: list[GraphBubbleUp] = []
-            token = _BUBBLE.set(stash)
+            token = _BUBBLE.set([])
             try:
+                self._resume_paused(run, thread_id, key)
                 content = drive(
                     run,
                     execute_logical(run, tool, args_json, key, call_id=call_id, operation_id=scope),
@@ -602,9 +640,12 @@ class RunlogToolNode:
             except Fenced as exc:
                 self.saver._refuse(thread_id, str(exc))
                 raise
+            except _Paused as paused:
+                # Recorded by the call path as an interrupted attempt; the marker says it
+                # made no effect, so the node re-executed on resume runs it again.
+                self.saver.note_paused(thread_id, paused.key, paused.attempt)
+                raise paused.bubble from None
             except ToolFailed as exc:
-                if stash:  # interrupt(): recorded as "nothing happened", raised to LangGraph
-                    raise stash[0] from None
                 out.append(
                     ToolMessage(
                         content=f"Error: {exc}", name=name, tool_call_id=call_id, status="error"
@@ -615,6 +656,44 @@ class RunlogToolNode:
                 _BUBBLE.reset(token)
             out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
         return {self.messages_key: out}
+
+    def _resume_paused(self, run: Run, thread_id: str, key: str) -> None:
+        """Run again the attempt LangGraph paused in this call's tool, or in the retry a
+        person's "undo and retry" made of it: the paused attempt made no effect, so what
+        allowed it (a lookup's absence, a person's approval, the call itself) still holds,
+        and its next attempt runs under the same key without asking anyone again. Then
+        the call path settles the call as usual (the retry's completion closes the call)."""
+        call = run.state.open_calls.get(key)
+        if call is None:
+            return
+        for candidate in (key, retry_key(run, call)):
+            attempt_no = self.saver.paused_attempt(thread_id, candidate)
+            if attempt_no is None:
+                continue
+            paused = run.state.open_calls[candidate]
+            drive(
+                run,
+                attempt(
+                    run,
+                    run.tools[paused.name],
+                    paused.args_json,
+                    candidate,
+                    call_id=paused.call_id,
+                    attempt=attempt_no + 1,
+                    operation_id=paused.operation_id,
+                ),
+            )
+
+
+class _Paused(BaseException):
+    """LangGraph paused the graph inside a tool (``interrupt()``) before the tool made an
+    effect. A BaseException, so that the call path records the attempt as interrupted and
+    stops there (an Exception would count as an attempt of unknown outcome and be retried
+    at once, where the tool could only pause again)."""
+
+    def __init__(self, bubble: GraphBubbleUp, key: str, attempt: int) -> None:
+        super().__init__(f"{type(bubble).__name__}: the tool paused the graph")
+        self.bubble, self.key, self.attempt = bubble, key, attempt
 
 
 def _parent_ns(config: RunnableConfig) -> str:
@@ -633,12 +712,13 @@ def _task_checkpoint(config: RunnableConfig) -> str | None:
 _BUBBLE: ContextVar[list[GraphBubbleUp] | None] = ContextVar(
     "runlog_langgraph_bubble", default=None
 )
+"""Set while the tool node runs its calls: a tool's pause is the node's to record."""
 
 
 def _interruptible(fn: ToolFn) -> ToolFn:
-    """``fn`` with LangGraph's control flow (``interrupt()``, ``Command`` bubbling up) turned
-    into a proven failure for runlog (the tool stopped before any effect: its key stays open,
-    so the resumed node runs it again) and handed back to the node to raise."""
+    """``fn`` with LangGraph's control flow (``interrupt()``, ``Command`` bubbling up) inside
+    the tool node turned into ``_Paused``: the attempt made no effect and the node raises
+    LangGraph's signal once the pause is recorded."""
     if is_async(fn):
         return fn  # an async tool's interrupt() is recorded as its exception says
 
@@ -646,11 +726,10 @@ def _interruptible(fn: ToolFn) -> ToolFn:
         try:
             return fn(args, idempotency_key=idempotency_key)
         except GraphBubbleUp as exc:
-            stash = _BUBBLE.get()
-            if stash is None:
+            ctx = current_call()
+            if _BUBBLE.get() is None or ctx is None:
                 raise
-            stash.append(exc)
-            raise ToolError(f"{type(exc).__name__}: the tool paused the graph") from exc
+            raise _Paused(exc, idempotency_key, ctx.attempt) from exc
 
     return call
 

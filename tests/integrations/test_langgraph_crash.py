@@ -11,13 +11,20 @@ from pathlib import Path
 
 import pytest
 import redis
-from workers.common import ROOT, Worker, worker_env
+from workers.common import ROOT, Worker, fold_log, read_log, worker_env
 from workers.lg_worker import AMOUNTS, EXIT_ESCALATED, EXIT_FENCED, effects_key
 
+import runlog
 from runlog.integrations.langgraph import RunlogSaver
+from runlog.projections.run_state import RunState
 from runlog.settings import Settings
 
 LG_WORKER = Path(__file__).resolve().parents[1] / "workers" / "lg_worker.py"
+
+
+def state_of(settings: Settings, thread: str) -> RunState:
+    """The thread's run as its log folds."""
+    return fold_log([r.event for r in read_log(settings, thread)])
 
 
 def start(settings: Settings, tmp: Path, name: str, thread: str, *args: str) -> Worker:
@@ -111,3 +118,40 @@ def test_two_resumers_released_together_refund_once(
     assert tup is not None
     messages = tup.checkpoint["channel_values"]["messages"]
     assert [m.content for m in messages if m.type == "tool"] == ["moved 1", "moved 2", "moved 3"]
+
+
+@pytest.mark.parametrize("lookup", [True, False])
+def test_a_tool_that_asks_a_person_killed_after_its_start_moves_money_once(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path, lookup: bool
+) -> None:
+    """The transfer asks a person with ``interrupt()`` before it moves money. Killed after its
+    STARTED and before it asked: the resumed graph asks (the call is settled in the node,
+    where the tool may pause the graph; its pause made no effect), and once the person
+    approves, the money moves once. Without a lookup the uncertain call goes to a person
+    first (``runlog.decide``); their approval is not used up by the tool's question."""
+    thread = f"lg-{uuid.uuid4().hex}"
+    prefix = test_settings.redis_key_prefix
+    ask = ("--ask", "--takeover", *(() if lookup else ("--no-reconcile",)))
+    w = start(test_settings, tmp_path, "w0", thread, *ask, "--hold-s", "30", "--hold-at",
+              "before", "--hold-amount", "1")  # fmt: skip
+    w.wait_flag("at-1", timeout=60)
+    w.kill()
+    if not lookup:
+        rc, result = start(test_settings, tmp_path, "w1", thread, *ask).finish(timeout=90)
+        assert rc == EXIT_ESCALATED, result["_stderr"][-4000:]
+        pending = state_of(test_settings, thread).pending_approvals
+        assert len(pending) == 1
+        (approval_id,) = pending
+        runlog.decide(thread, approval_id, approved=True, decided_by="ops", settings=test_settings)
+    rc, result = start(test_settings, tmp_path, "w2", thread, *ask).finish(timeout=90)
+    assert rc == 0, result["_stderr"][-4000:]
+    assert [q["transfer"] for q in result["interrupted"]] == [1]  # the graph asks the person
+    assert redis_client.get(effects_key(prefix, 1)) is None
+    last = start(test_settings, tmp_path, "w3", thread, *ask, "--answer", "approve")
+    rc, result = last.finish(timeout=120)
+    assert rc == 0, result["_stderr"][-4000:]
+    assert result["answer"] == "done: moved 6"
+    for amount in AMOUNTS:
+        assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
+    st = state_of(test_settings, thread)
+    assert st.status != "escalated" and not st.open_calls and not st.pending_approvals

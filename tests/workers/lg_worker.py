@@ -16,7 +16,10 @@ the final answer when the graph ends.
 ``--go-file`` makes the worker resume the thread (``invoke(None)``) once that file exists,
 so a test releases several resumers together; ``--fresh-ids`` makes the model give a new
 tool-call id each time it is asked (as real models do), ``--same-ids`` the same ``call_0``
-for every call of every step.
+for every call of every step. ``--ask`` makes the transfer ask a person with LangGraph's
+``interrupt()`` before it moves money (after the hold ``before``); the worker then reports
+the interrupt (``interrupted``) and stops, or with ``--answer`` resumes the thread with
+``Command(resume=<answer>)`` as long as the graph asks.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
+from langgraph.types import Command, interrupt
 
 import runlog
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
@@ -72,6 +76,8 @@ def main() -> int:
     ap.add_argument("--wait-s", type=float, default=0.0, help="RunlogSaver(wait_s=...)")
     ap.add_argument("--setup", action="store_true")
     ap.add_argument("--go-file", default="")
+    ap.add_argument("--ask", action="store_true")
+    ap.add_argument("--answer", default="")
     ids = ap.add_mutually_exclusive_group()
     ids.add_argument("--fresh-ids", action="store_true")
     ids.add_argument("--same-ids", action="store_true")
@@ -89,6 +95,8 @@ def main() -> int:
         if hold and a.hold_at == "before":
             (flags / f"{a.name}.at-{amount}").write_text(idempotency_key)
             time.sleep(a.hold_s)
+        if a.ask and interrupt({"transfer": amount, "key": idempotency_key}) != "approve":
+            raise runlog.ToolError(f"transfer {amount} refused")
         pipe = r.pipeline(transaction=True)  # the receiver's effect and its ledger entry
         pipe.incr(effects_key(prefix, amount))
         pipe.hset(ledger, idempotency_key, result)
@@ -133,12 +141,15 @@ def main() -> int:
             time.sleep(0.005)
     with saver:
         started = saver.get_tuple(config) is not None
+        first: Any = None if started else {"messages": [HumanMessage("move 1, then 2 and 3")]}
         try:
-            state = graph.invoke(
-                None if started else {"messages": [HumanMessage("move 1, then 2 and 3")]},
-                config,
-                durability="sync",
-            )
+            state = graph.invoke(first, config, durability="sync")
+            while "__interrupt__" in state and a.answer:
+                state = graph.invoke(Command(resume=a.answer), config, durability="sync")
+            if "__interrupt__" in state:
+                asked = [i.value for i in state["__interrupt__"]]
+                (flags / f"{a.name}.result").write_text(json.dumps({"interrupted": asked}))
+                return 0
         except runlog.Escalated as exc:  # an uncertain effect waits for a person
             (flags / f"{a.name}.result").write_text(json.dumps({"escalated": str(exc)}))
             return EXIT_ESCALATED
