@@ -38,7 +38,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -59,7 +59,8 @@ from langgraph.errors import GraphBubbleUp
 
 from runlog.api import open_run
 from runlog.bootstrap import Services
-from runlog.errors import Fenced, RunLocked, ToolFailed, UnknownTool
+from runlog.errors import Fenced, RunLocked, RunlogError, ToolFailed, UnknownTool
+from runlog.integrations._common import SUMMARY_CHARS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.producers.calls import attempt, execute_logical, retry_key
@@ -73,6 +74,15 @@ from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 __all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
+
+G = TypeVar("G")
+
+ERROR = "__error__"
+"""LangGraph's channel of a task's error (``langgraph.constants``; its value is fixed by the
+checkpoints it has written)."""
+
+ERROR_SOURCE_NODE = "__error_source_node__"
+"""Written beside ``ERROR`` when the graph routes the error to an error handler."""
 
 NS_SEP = "|"
 """LangGraph's separator of nested checkpoint namespaces (``outer:task|inner:task``)."""
@@ -155,6 +165,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         self._tools: dict[str, Tool] = {}
         self._refused: dict[str, str] = {}
         self._lock = threading.RLock()
+        self._graph: Any = None
 
     # Lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -388,6 +399,61 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         if owned is not None:
             owned.run.close()
 
+    def finish_when_done(self, graph: G) -> G:
+        """Record ``RUN_FINISHED`` when ``graph`` (compiled with this saver) ends a thread;
+        returns ``graph``.
+
+        ``succeeded`` once a checkpoint leaves nothing to run and nothing interrupted
+        (LangGraph's own ``get_state(...).next`` and ``.interrupts``, so a breakpoint or an
+        ``interrupt()`` is a pause, not an end); ``failed`` when a node raised an error the
+        graph does not route to an error handler (runlog's own stops, ``Escalated``,
+        ``Fenced`` and the like, leave the run to be resumed); ``cancelled`` when a person
+        cancelled the run (``runlog cancel``). A finished thread is a finished run: a later
+        write to it raises ``runlog.RunFinished``, so use this where a thread is one task
+        with an end, not an open-ended conversation."""
+        self._graph = graph
+        return graph
+
+    def _ended(self, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        """Finish the thread's run if the checkpoint just written ends the graph."""
+        if self._graph is None or ns:
+            return
+        config: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+        snap = self._graph.get_state(config)
+        if snap.next or snap.interrupts:
+            return
+        values = snap.values if isinstance(snap.values, dict) else {}
+        messages = values.get("messages") or []
+        summary = str(getattr(messages[-1], "content", "")) if messages else ""
+        self._finish(thread_id, "succeeded", summary[:SUMMARY_CHARS])
+
+    def _failed(self, thread_id: str, writes: Sequence[tuple[str, Any]]) -> None:
+        """Finish the thread's run failed if ``writes`` carry a node's error that ends the
+        graph."""
+        if self._graph is None or any(ch == ERROR_SOURCE_NODE for ch, _ in writes):
+            return  # routed to the graph's error handler: the graph goes on
+        for ch, exc in writes:
+            if ch == ERROR and isinstance(exc, Exception):
+                if isinstance(exc, RunlogError | GraphBubbleUp):
+                    return  # runlog's stop or LangGraph's pause: the run is to be resumed
+                self._finish(thread_id, "failed", f"{type(exc).__name__}: {exc}"[:SUMMARY_CHARS])
+                return
+
+    def _finish(self, thread_id: str, outcome: str, summary: str) -> None:
+        with self._thread_lock(thread_id):
+            owned = self._own(thread_id)
+            try:
+                owned.run.finish(outcome, summary)
+            except Fenced as exc:
+                self._refuse(thread_id, str(exc))
+                raise
+
     def note_paused(self, thread_id: str, key: str, attempt: int) -> None:
         """Record that LangGraph paused attempt ``attempt`` of the call ``key`` inside its
         tool (``interrupt()``) before the tool made any effect (``PAUSED_KEY``)."""
@@ -495,6 +561,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             "versions": _typed(self.serde, dict(new_versions)),
         }
         self._append(thread_id, record)
+        self._ended(thread_id, record["ns"], checkpoint["id"])
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -520,6 +587,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             "writes": [[ch, _typed(self.serde, v)] for ch, v in writes],
         }
         self._append(str(conf["thread_id"]), record)
+        self._failed(str(conf["thread_id"]), writes)
 
     def delete_thread(self, thread_id: str) -> None:
         """Record the thread's deletion: every reader of this checkpointer sees it empty.
@@ -622,6 +690,9 @@ class RunlogToolNode:
         self.saver.check_latest(thread_id, _parent_ns(config), _task_checkpoint(config))
         out: list[ToolMessage] = []
         for position, tc in enumerate(ai.tool_calls):
+            # A person's cancellation stops the graph before the call (``Cancelled``, once);
+            # the run ends cancelled when the saver lets it go.
+            run.check_cancelled()
             call_id = tc["id"] or ""
             name, args = tc["name"], dict(tc["args"])
             tool = self.tools.get(name)
