@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
 import dataclasses
 import json
 import threading
@@ -56,10 +57,20 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.errors import GraphBubbleUp
+from langgraph.types import interrupt
 
-from runlog.api import open_run
+from runlog.api import open_run, question
 from runlog.bootstrap import Services
-from runlog.errors import Fenced, RunLocked, RunlogError, ToolFailed, UnknownTool
+from runlog.errors import (
+    DecisionConflict,
+    Escalated,
+    Fenced,
+    RunLocked,
+    RunlogError,
+    ToolFailed,
+    UnknownTool,
+    ValidationFailed,
+)
 from runlog.integrations._common import SUMMARY_CHARS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
@@ -69,11 +80,19 @@ from runlog.producers.ops import drive
 from runlog.producers.run import Run
 from runlog.producers.tools import Reconciler, Risk, Tool, ToolFn, is_async
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.models import Event, MemoryWritten, ToolCallStarted
+from runlog.schemas.models import UNDO_AND_RETRY, Event, MemoryWritten, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 __all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
+
+DECIDED_KEY = "langgraph.decided"
+"""The MEMORY_WRITTEN key naming an approval that a ``Command(resume=...)`` answered: the
+tool node asks it again, at the same place, whenever it re-executes (LangGraph hands a
+node's resume values to its ``interrupt()`` calls by their order), and ignores the answer."""
+
+ANSWERS = ("approve", "reject", UNDO_AND_RETRY)
+"""What ``Command(resume={"answer": ..., "by": ...})`` may answer runlog's question."""
 
 G = TypeVar("G")
 
@@ -134,6 +153,8 @@ class _Owned:
     """How many deletions the thread's log holds: the steps start again after each."""
     paused: dict[str, int] = dataclasses.field(default_factory=dict)
     """Idempotency key -> the attempt of it that LangGraph paused before any effect."""
+    decided: set[str] = dataclasses.field(default_factory=set)
+    """Approvals a ``Command(resume=...)`` answered (``DECIDED_KEY``)."""
 
 
 class RunlogSaver(BaseCheckpointSaver[str]):
@@ -251,6 +272,8 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             elif isinstance(p, MemoryWritten) and p.key == PAUSED_KEY:
                 paused = json.loads(p.value)
                 owned.paused[paused["key"]] = paused["attempt"]
+            elif isinstance(p, MemoryWritten) and p.key == DECIDED_KEY:
+                owned.decided.add(json.loads(p.value)["approval_id"])
             elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
                 legacy_prefix
             ):
@@ -457,18 +480,38 @@ class RunlogSaver(BaseCheckpointSaver[str]):
     def note_paused(self, thread_id: str, key: str, attempt: int) -> None:
         """Record that LangGraph paused attempt ``attempt`` of the call ``key`` inside its
         tool (``interrupt()``) before the tool made any effect (``PAUSED_KEY``)."""
+        self._note(thread_id, PAUSED_KEY, {"key": key, "attempt": attempt})
+        self._own(thread_id).paused[key] = attempt
+
+    def note_decided(self, thread_id: str, approval_id: str) -> None:
+        """Record that a ``Command(resume=...)`` answered ``approval_id`` (``DECIDED_KEY``)."""
+        self._note(thread_id, DECIDED_KEY, {"approval_id": approval_id})
+        self._own(thread_id).decided.add(approval_id)
+
+    def decided_by_resume(self, thread_id: str, key: str) -> builtins.list[str]:
+        """The decided approvals about the call ``key`` that a ``Command(resume=...)``
+        answered, in the order they were asked."""
+        owned = self._own(thread_id)
+        return [
+            a.approval_id
+            for a in owned.run.state.approvals.values()
+            if a.idempotency_key == key
+            and a.approval_id in owned.decided
+            and a.approved is not None
+        ]
+
+    def _note(self, thread_id: str, key: str, value: dict[str, Any]) -> None:
         with self._thread_lock(thread_id):
             owned = self._own(thread_id)
             try:
                 owned.run._append(
                     EventType.MEMORY_WRITTEN,
-                    key=PAUSED_KEY,
-                    value=json.dumps({"key": key, "attempt": attempt}, separators=(",", ":")),
+                    key=key,
+                    value=json.dumps(value, separators=(",", ":")),
                 )
             except Fenced as exc:
                 self._refuse(thread_id, str(exc))
                 raise
-            owned.paused[key] = attempt
 
     def paused_attempt(self, thread_id: str, key: str) -> int | None:
         """The attempt of ``key`` that LangGraph paused, if that is the call's latest."""
@@ -703,11 +746,24 @@ class RunlogToolNode:
             key = run.idempotency_key(scope, name, args_json, 0)
             token = _BUBBLE.set([])
             try:
-                self._resume_paused(run, thread_id, key)
-                content = drive(
-                    run,
-                    execute_logical(run, tool, args_json, key, call_id=call_id, operation_id=scope),
-                )
+                # The questions a resume answered, asked again in their order so that
+                # LangGraph hands each interrupt() below the answer that is its own.
+                for approval_id in self.saver.decided_by_resume(thread_id, key):
+                    interrupt(self._question(run, approval_id))
+                while True:
+                    try:
+                        self._resume_paused(run, thread_id, key)
+                        content = drive(
+                            run,
+                            execute_logical(
+                                run, tool, args_json, key, call_id=call_id, operation_id=scope
+                            ),
+                        )
+                        break
+                    except Escalated as exc:
+                        if exc.approval_id is None:
+                            raise
+                        self._ask(run, thread_id, exc.approval_id)
             except Fenced as exc:
                 self.saver._refuse(thread_id, str(exc))
                 raise
@@ -727,6 +783,31 @@ class RunlogToolNode:
                 _BUBBLE.reset(token)
             out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
         return {self.messages_key: out}
+
+    def _question(self, run: Run, approval_id: str) -> dict[str, Any]:
+        """runlog's question for ``approval_id`` as the value of a LangGraph interrupt: the
+        tool, its arguments, the key, the evidence and what each answer does."""
+        q = question(run.run_id, approval_id, tenant=run.tenant, settings=self.saver.settings)
+        return {"runlog": "approval", "answers": list(ANSWERS), **q.to_dict()}
+
+    def _ask(self, run: Run, thread_id: str, approval_id: str) -> None:
+        """Ask a person runlog's question as a LangGraph interrupt (the graph stops with it
+        in ``result["__interrupt__"]``); once a ``Command(resume=...)`` answers it, record
+        the answer as the person's decision. Signed with this process' decider key where
+        deciders are configured; the first decision stands (one made meanwhile, e.g. with
+        ``runlog approve``, is kept and this answer dropped)."""
+        answer = interrupt(self._question(run, approval_id))
+        approved, by, note, undo = _decision(approval_id, answer)
+        # Noted first: deciding goes on to settle the call, whose tool may pause the graph.
+        self.saver.note_decided(thread_id, approval_id)
+        with contextlib.suppress(DecisionConflict):  # the first stands: the call goes on by it
+            run.decide(
+                approval_id,
+                approved=approved,
+                decided_by=by,
+                note=note,
+                answer=UNDO_AND_RETRY if undo else None,
+            )
 
     def _resume_paused(self, run: Run, thread_id: str, key: str) -> None:
         """Run again the attempt LangGraph paused in this call's tool, or in the retry a
@@ -754,6 +835,21 @@ class RunlogToolNode:
                     operation_id=paused.operation_id,
                 ),
             )
+
+
+def _decision(approval_id: str, answer: Any) -> tuple[bool, str, str, bool]:
+    """``(approved, decided_by, note, undo_and_retry)`` from a resume value
+    ``{"answer": "approve" | "reject" | "undo_and_retry", "by": <who>, "note": <why>}``."""
+    if not isinstance(answer, Mapping) or answer.get("answer") not in ANSWERS:
+        raise ValidationFailed(
+            f"approval {approval_id}: resume with {{'answer': one of {ANSWERS}, 'by': <who>, "
+            f"'note': <why>}}, not {answer!r}"
+        )
+    by = answer.get("by")
+    if not isinstance(by, str) or not by.strip():
+        raise ValidationFailed(f"approval {approval_id}: the resume value names no decider ('by')")
+    kind = answer["answer"]
+    return kind != "reject", by, str(answer.get("note") or ""), kind == UNDO_AND_RETRY
 
 
 class _Paused(BaseException):

@@ -19,7 +19,8 @@ tool-call id each time it is asked (as real models do), ``--same-ids`` the same 
 for every call of every step. ``--ask`` makes the transfer ask a person with LangGraph's
 ``interrupt()`` before it moves money (after the hold ``before``); the worker then reports
 the interrupt (``interrupted``) and stops, or with ``--answer`` resumes the thread with
-``Command(resume=<answer>)`` as long as the graph asks.
+``Command(resume=...)`` as long as the graph asks: ``<answer>`` to the transfer's question, a
+decision ``{"answer": <answer>, "by": ...}`` to runlog's (an escalated call).
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ AMOUNTS = (1, 2, 3)
 
 def effects_key(prefix: str, amount: int) -> str:
     return f"{prefix}lg:effects:{amount}"
+
+
+def answer(question: Any, said: str) -> Any:
+    """A person's answer: runlog's question takes a decision naming who decided, the
+    transfer's own question the word alone."""
+    if isinstance(question, dict) and question.get("runlog") == "approval":
+        return {"answer": said, "by": "ops@worker", "note": "checked the ledger"}
+    return said
 
 
 def main() -> int:
@@ -145,7 +154,8 @@ def main() -> int:
         try:
             state = graph.invoke(first, config, durability="sync")
             while "__interrupt__" in state and a.answer:
-                state = graph.invoke(Command(resume=a.answer), config, durability="sync")
+                answers = {i.id: answer(i.value, a.answer) for i in state["__interrupt__"]}
+                state = graph.invoke(Command(resume=answers), config, durability="sync")
             if "__interrupt__" in state:
                 asked = [i.value for i in state["__interrupt__"]]
                 (flags / f"{a.name}.result").write_text(json.dumps({"interrupted": asked}))
