@@ -24,7 +24,8 @@
   checkpoints' bytes stay in the events topic (retention is infinite) and in any consumer's
   copy of it; runlog's projections and snapshots hold nothing of them.
 
-``RunlogToolNode`` runs a graph's tools through ``run.call_tool``: see its docstring.
+``RunlogToolNode`` runs a graph's tools through runlog's call path: see its docstring.
+``finish_when_done(graph)`` records ``RUN_FINISHED`` when the graph ends a thread.
 """
 
 from __future__ import annotations
@@ -692,11 +693,13 @@ class RunlogToolNode:
     model may repeat or omit), so a node re-executed after ``interrupt()``/resume, or in a new
     process after a crash, gets the recorded result back instead of running the tool again.
     A task started from a checkpoint another process has since moved past raises ``Fenced``
-    before any tool runs. A call that started and never
-    completed is settled when the run is opened, before any tool runs: the tool's
-    ``reconcile`` lookup, else its risk class (``safe``/``reversible`` retried with the same
-    key, ``irreversible`` escalated to a person: ``runlog.Escalated`` is raised and the graph
-    stops). Never re-run blindly.
+    before any tool runs. A call that started and never completed is settled when the node
+    reaches it again: the tool's ``reconcile`` lookup, else its risk class
+    (``safe``/``reversible`` retried with the same key, ``irreversible`` escalated to a
+    person). Never re-run blindly. An escalated call pauses the graph with runlog's question
+    as a LangGraph interrupt; ``Command(resume={"answer": ..., "by": ..., "note": ...})``
+    records the person's decision (``ANSWERS``). A tool's own ``interrupt()`` ends its
+    attempt with no effect; the re-executed node runs the next attempt (``PAUSED_KEY``).
 
     ``tools`` are runlog tools (``@runlog.tool(risk=..., reconcile=...)``) or LangChain tools
     (``@langchain_core.tools.tool``), whose risk and lookup come from ``risk=`` and
