@@ -36,6 +36,7 @@ import builtins
 import contextlib
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -87,6 +88,8 @@ from runlog.settings import Settings
 
 __all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
 
+log = logging.getLogger(__name__)
+
 DECIDED_KEY = "langgraph.decided"
 """The MEMORY_WRITTEN key naming an approval that a ``Command(resume=...)`` answered: the
 tool node asks it again, at the same place, whenever it re-executes (LangGraph hands a
@@ -103,6 +106,9 @@ checkpoints it has written)."""
 
 ERROR_SOURCE_NODE = "__error_source_node__"
 """Written beside ``ERROR`` when the graph routes the error to an error handler."""
+
+PUSH = "__pregel_push"
+"""The first part of the path of a task that a ``Send`` pushed (LangGraph's ``PUSH``)."""
 
 NS_SEP = "|"
 """LangGraph's separator of nested checkpoint namespaces (``outer:task|inner:task``)."""
@@ -139,9 +145,10 @@ holds a call under it keeps it (its receivers hold those keys), every other run 
 
 STEP_SCOPE = ":langgraph-step:"
 """The tool node's key scope: ``<thread>:langgraph-step:`` and a JSON array of the deletion
-generation, the task's parent namespace, step, node and path, and the call's position in its
-AI message. Never the model's tool-call id: a model may repeat one across steps or give none,
-and a model asked again may give a fresh one for the same action."""
+generation, the task's parent namespace and step, the AI message's id, the path of a task a
+``Send`` pushed, and the call's position in its AI message. Never the model's tool-call id: a
+model may repeat one across steps or give none, and a model asked again may give a fresh one
+for the same action."""
 
 
 @dataclass
@@ -156,6 +163,11 @@ class _Owned:
     """Idempotency key -> the attempt of it that LangGraph paused before any effect."""
     decided: set[str] = dataclasses.field(default_factory=set)
     """Approvals a ``Command(resume=...)`` answered (``DECIDED_KEY``)."""
+    built_on: set[str] = dataclasses.field(default_factory=set)
+    """Checkpoints this saver put since it opened the run, and their parents: the steps its
+    graph ran. Writes on one of them are a late write of this graph's own step (LangGraph
+    hands writes over in parallel with the next step's ``put`` unless ``durability="sync"``),
+    never a stale process's."""
 
 
 class RunlogSaver(BaseCheckpointSaver[str]):
@@ -344,8 +356,10 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         owned = self._own(thread_id)
         # A put names its parent; writes name the checkpoint they belong to.
         kind = record["kind"]
-        if kind == "put" or (kind == "writes" and self._known(owned, thread_id, record)):
+        if kind == "put":
             self._check_latest(owned, thread_id, record["ns"], record["checkpoint_id"])
+        elif kind == "writes":
+            self._check_base(owned, thread_id, record["ns"], record["checkpoint_id"])
         try:
             # A checkpoint records what a node did: kept whatever a person asked meanwhile
             # (the graph's next step, a model turn or a tool call, sees a cancellation).
@@ -405,16 +419,24 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                 seq=owned.run.state.seq,
             )
 
+    def _check_base(self, owned: _Owned, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        """``_check_latest`` for what is based on a checkpoint without writing a child of
+        it (writes, a task): accepted on the latest, on a step of this saver's own graph
+        (``built_on``), or on a checkpoint not in the log yet (its ``put`` is still on its
+        way and decides)."""
+        if checkpoint_id in owned.built_on:
+            return
+        record = {"ns": ns, "checkpoint_id": checkpoint_id}
+        if self._known(owned, thread_id, record):
+            self._check_latest(owned, thread_id, ns, checkpoint_id)
+
     def check_latest(self, thread_id: str, ns: str, checkpoint_id: str | None) -> None:
-        """Raise ``Fenced`` when ``checkpoint_id`` is in the thread's log and is not the
-        latest of ``ns`` (the tool node asks before any tool runs). A checkpoint not in the
-        log yet is being written (LangGraph runs a step's tasks while its checkpoint is put,
-        unless ``durability="sync"``): its put decides."""
+        """Raise ``Fenced`` when a task started from ``checkpoint_id`` must not act: that
+        checkpoint is in the thread's log, is not the latest of ``ns``, and no step of this
+        saver's graph was built on it (the tool node asks before any tool runs)."""
         with self._thread_lock(thread_id):
-            owned = self._own(thread_id)
-            record = {"ns": ns, "checkpoint_id": checkpoint_id}
-            if checkpoint_id is not None and self._known(owned, thread_id, record):
-                self._check_latest(owned, thread_id, ns, checkpoint_id)
+            if checkpoint_id is not None:
+                self._check_base(self._own(thread_id), thread_id, ns, checkpoint_id)
 
     def _refuse(self, thread_id: str, why: str) -> None:
         with self._lock:
@@ -451,6 +473,11 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         }
         snap = self._graph.get_state(config)
         if snap.next or snap.interrupts:
+            return
+        if self._own(thread_id).run.state.open_calls:
+            # A call nobody settled (a graph changed since it started no longer reaches it):
+            # the run stays open, its call shown by ``runlog uncertain``, never "succeeded".
+            log.warning("thread %s ended with open tool calls; its run stays open", thread_id)
             return
         values = snap.values if isinstance(snap.values, dict) else {}
         messages = values.get("messages") or []
@@ -535,21 +562,26 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         """The thread's run, owned by this saver (opened, with recovery, on first use)."""
         return self._own(thread_id).run
 
-    def call_scope(self, config: RunnableConfig, position: int, call_id: str) -> str:
-        """The key scope of the tool call at ``position`` in the AI message that the task
-        running with ``config`` answers (``STEP_SCOPE``, or ``LEGACY_SCOPE`` for a run whose
-        log already holds calls under it)."""
+    def call_scope(
+        self, config: RunnableConfig, message_id: str | None, position: int, call_id: str
+    ) -> str:
+        """The key scope of the tool call at ``position`` in the AI message ``message_id``
+        that the task running with ``config`` answers (``STEP_SCOPE``, or ``LEGACY_SCOPE``
+        for a run whose log already holds calls under it)."""
         thread_id = str(config["configurable"]["thread_id"])
         owned = self._own(thread_id)
         if owned.legacy_keys:
             return f"{thread_id}{LEGACY_SCOPE}{call_id}"
         meta = config.get("metadata") or {}
+        path = [str(p) for p in meta.get("langgraph_path", ())]
+        # The node's name is left out, so a renamed node reaches the same keys; a task a
+        # ``Send`` pushed is told apart from its siblings by its path.
         where = [
             owned.generation,
             _parent_ns(config),
             meta.get("langgraph_step"),
-            meta.get("langgraph_node"),
-            [str(p) for p in meta.get("langgraph_path", ())],
+            message_id,
+            path if path[:1] == [PUSH] else None,
             position,
         ]
         return f"{thread_id}{STEP_SCOPE}{json.dumps(where, separators=(',', ':'))}"
@@ -604,7 +636,8 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             "metadata": _typed(self.serde, get_checkpoint_metadata(config, metadata)),
             "versions": _typed(self.serde, dict(new_versions)),
         }
-        self._append(thread_id, record)
+        owned = self._append(thread_id, record)
+        owned.built_on.update({checkpoint["id"], record["checkpoint_id"]} - {None})
         self._ended(thread_id, record["ns"], checkpoint["id"])
         return {
             "configurable": {
@@ -745,7 +778,7 @@ class RunlogToolNode:
             if tool is None:
                 raise UnknownTool(f"the tool node has no tool {name!r}")
             args_json = canonical_json(args)
-            scope = self.saver.call_scope(config, position, call_id)
+            scope = self.saver.call_scope(config, ai.id, position, call_id)
             key = run.idempotency_key(scope, name, args_json, 0)
             token = _BUBBLE.set([])
             try:

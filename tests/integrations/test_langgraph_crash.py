@@ -188,3 +188,34 @@ def test_a_tool_that_asks_a_person_killed_after_its_start_moves_money_once(
     if settle != "lookup":  # one decision, by whoever answered first
         (decision,) = [a for a in st.approvals.values() if a.approved is not None]
         assert decision.decided_by == ("ops" if settle == "runlog-decide" else "ops@worker")
+
+
+def test_a_resumer_whose_graph_renamed_the_tool_node_neither_repeats_nor_claims_success(
+    test_settings: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A changed graph definition: killed inside a transfer, the thread is resumed by a graph
+    whose tool node has another name. LangGraph cannot reach the old node's pending step, so
+    the graph ends there; the transfer is not made again, and the run is not recorded as
+    succeeded: it stays open with its uncertain call, for a person or the old graph."""
+    thread = f"lg-{uuid.uuid4().hex}"
+    prefix = test_settings.redis_key_prefix
+    w = start(test_settings, tmp_path, "w0", thread, "--hold-s", "30", "--hold-amount", "1",
+              "--hold-at", "before", "--takeover")  # fmt: skip
+    w.wait_flag("at-1", timeout=60)
+    w.kill()
+    changed = start(test_settings, tmp_path, "changed", thread, "--tool-node", "act",
+                    "--takeover", "--finish")  # fmt: skip
+    rc, result = changed.finish(timeout=90)
+    assert rc == 0, result["_stderr"][-4000:]
+    assert redis_client.get(effects_key(prefix, 1)) is None  # not run by the changed graph
+    st = state_of(test_settings, thread)
+    assert st.status != "finished" and len(st.open_calls) == 1
+    # The graph that started it settles it: the lookup finds nothing, the call runs once.
+    last = start(test_settings, tmp_path, "last", thread, "--takeover", "--finish")
+    rc, result = last.finish(timeout=90)
+    assert rc == 0, result["_stderr"][-4000:]
+    assert result["answer"] == "done: moved 6"
+    for amount in AMOUNTS:
+        assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
+    st = state_of(test_settings, thread)
+    assert (st.status, st.outcome) == ("finished", "succeeded") and not st.open_calls

@@ -36,7 +36,7 @@ from typing import Any
 import redis
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command, interrupt
 
@@ -87,6 +87,8 @@ def main() -> int:
     ap.add_argument("--go-file", default="")
     ap.add_argument("--ask", action="store_true")
     ap.add_argument("--answer", default="")
+    ap.add_argument("--tool-node", default="tools", help="the tool node's name in the graph")
+    ap.add_argument("--finish", action="store_true", help="saver.finish_when_done(graph)")
     ids = ap.add_mutually_exclusive_group()
     ids.add_argument("--fresh-ids", action="store_true")
     ids.add_argument("--same-ids", action="store_true")
@@ -138,11 +140,13 @@ def main() -> int:
     saver = RunlogSaver(settings=settings, takeover=a.takeover, wait_s=a.wait_s)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", RunlogToolNode([tool], saver))
+    builder.add_node(a.tool_node, RunlogToolNode([tool], saver))
     builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
+    builder.add_conditional_edges("agent", tools_condition, {"tools": a.tool_node, END: END})
+    builder.add_edge(a.tool_node, "agent")
     graph = builder.compile(checkpointer=saver, interrupt_before=["agent"] if a.setup else None)
+    if a.finish:
+        saver.finish_when_done(graph)
     config = {"configurable": {"thread_id": a.thread}}
     if a.go_file:
         (flags / f"{a.name}.ready").write_text("")
