@@ -42,11 +42,13 @@ def start(settings: Settings, tmp: Path, name: str, thread: str, *args: str) -> 
     return Worker(proc, tmp, name)
 
 
-@pytest.mark.parametrize("hold_at", ["before", "after"])
+@pytest.mark.parametrize("hold_at", ["node", "before", "after"])
 def test_killed_at_every_tool_call_each_effect_once(
     test_settings: Settings, redis_client: redis.Redis, tmp_path: Path, hold_at: str
 ) -> None:
-    """Killed at each tool call: after its STARTED is durable and before the effect
+    """Killed at each tool call: in the tool node after the step's checkpoint is durable and
+    before the call's STARTED (``node``: nothing of the call is recorded, the resumed node
+    makes it), after its STARTED is durable and before the effect
     (``before``: the lookup finds nothing, the call is retried with its key), or right after
     the effect landed and before its completion was recorded (``after``: the lookup finds
     it, the call completes from the evidence)."""
@@ -66,6 +68,9 @@ def test_killed_at_every_tool_call_each_effect_once(
         assert redis_client.get(effects_key(prefix, amount)) == b"1", amount
     if hold_at == "after":  # every effect was found by the lookup: none ran again
         assert not list(tmp_path.glob("last.ran-*"))
+    elif hold_at == "node":  # killed before each STARTED: the resumed node runs the call
+        ran = sorted(p.name for p in tmp_path.glob("*.ran-*"))
+        assert ran == ["last.ran-2", "last.ran-3", "w1.ran-1"]
     else:  # each resumed worker retried the call it was killed in, with its key
         assert [p.name for p in tmp_path.glob("last.ran-*")] == ["last.ran-3"]
     # The thread's history, read back from the log by a fresh saver, has each tool result once.

@@ -9,8 +9,9 @@ amount), and it keeps a ledger by idempotency key that the tool's ``reconcile`` 
 The worker holds at the transfer of ``--hold-amount``: it writes the flag ``at-<amount>``
 and waits ``--hold-s`` (the test's window to kill it), right after the effect landed and
 before its completion is recorded (``--hold-at after``), or once the tool was called (its
-STARTED durable) and before the effect (``--hold-at before``). It writes ``result`` with
-the final answer when the graph ends.
+STARTED durable) and before the effect (``--hold-at before``), or in the tool node before
+the call's STARTED (``--hold-at node``: the step's checkpoint is durable, nothing else).
+It writes ``result`` with the final answer when the graph ends.
 
 ``--setup`` only records the task (the graph stops before the agent's first step);
 ``--go-file`` makes the worker resume the thread (``invoke(None)``) once that file exists,
@@ -36,6 +37,7 @@ from typing import Any
 import redis
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command, interrupt
@@ -78,7 +80,7 @@ def main() -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--thread", required=True)
     ap.add_argument("--hold-s", type=float, default=0.0)
-    ap.add_argument("--hold-at", choices=("before", "after"), default="after")
+    ap.add_argument("--hold-at", choices=("node", "before", "after"), default="after")
     ap.add_argument("--hold-amount", type=int, default=0, help="hold only at this transfer")
     ap.add_argument("--takeover", action="store_true")
     ap.add_argument("--no-reconcile", action="store_true", help="transfer has no lookup")
@@ -140,7 +142,20 @@ def main() -> int:
     saver = RunlogSaver(settings=settings, takeover=a.takeover, wait_s=a.wait_s)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node(a.tool_node, RunlogToolNode([tool], saver))
+
+    class HoldingToolNode(RunlogToolNode):
+        """Holds (``--hold-at node``) once the node runs, before any call's STARTED: its
+        step's checkpoint is durable (``durability="sync"``) and nothing of the calls is."""
+
+        def __call__(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+            ai = state["messages"][-1]
+            amounts = [tc["args"]["amount"] for tc in ai.tool_calls]
+            if a.hold_at == "node" and a.hold_amount in amounts:
+                (flags / f"{a.name}.at-{a.hold_amount}").write_text("")
+                time.sleep(a.hold_s)
+            return super().__call__(state, config)
+
+    builder.add_node(a.tool_node, HoldingToolNode([tool], saver))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition, {"tools": a.tool_node, END: END})
     builder.add_edge(a.tool_node, "agent")
