@@ -695,7 +695,7 @@ def _not_undone_to_a_person(run: Run, key: str, why: str) -> Steps[None]:
     yield from _escalate(run, call, "uncertain_call", _not_undone(run, call), None)
 
 
-def _retry_key(run: Run, call: OpenCall) -> str:
+def retry_key(run: Run, call: OpenCall) -> str:
     """The fresh key the call runs under after "undo and retry" undid its latest attempt:
     bound to the call's key and to that attempt, so a receiver that deduplicates by key
     makes the effect anew (the same key would return the undone one), and every retry
@@ -707,7 +707,7 @@ def _undo_and_retry(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
     """A person chose "undo and retry": the inverse of what the latest attempt may have done
     runs as a call of its own (its own key, like any compensation); only once the log says
     it completed (``inverse_completed``) does the call run again, as a call of its own under
-    a fresh key (``_retry_key``), whose completion then closes this one with its result.
+    a fresh key (``retry_key``), whose completion then closes this one with its result.
     An inverse that fails or whose outcome is lost goes back to a person, as compensation
     does. Each step is an event, so a crash anywhere resumes at the step that is next."""
     key = call.idempotency_key
@@ -727,7 +727,7 @@ def _undo_and_retry(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
             run, run.state.open_calls[key], "uncertain_call", f"{call.name} has no inverse", None
         )
         return
-    inverse, fresh = _compensation_key(run, call), _retry_key(run, call)
+    inverse, fresh = _compensation_key(run, call), retry_key(run, call)
     if not inverse_completed(run.state, inverse):
         if inverse not in run.state.open_calls:
             yield from _reconciliation(

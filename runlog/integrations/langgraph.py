@@ -24,7 +24,8 @@
   checkpoints' bytes stay in the events topic (retention is infinite) and in any consumer's
   copy of it; runlog's projections and snapshots hold nothing of them.
 
-``RunlogToolNode`` runs a graph's tools through ``run.call_tool``: see its docstring.
+``RunlogToolNode`` runs a graph's tools through runlog's call path: see its docstring.
+``finish_when_done(graph)`` records ``RUN_FINISHED`` when the graph ends a thread.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
+import contextlib
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -56,25 +59,66 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.errors import GraphBubbleUp
+from langgraph.types import interrupt
 
-from runlog.api import open_run
+from runlog.api import open_run, question
 from runlog.bootstrap import Services
-from runlog.errors import Fenced, RunLocked, ToolFailed, UnknownTool
+from runlog.errors import (
+    DecisionConflict,
+    Escalated,
+    Fenced,
+    RunLocked,
+    RunlogError,
+    ToolFailed,
+    UnknownTool,
+    ValidationFailed,
+)
+from runlog.integrations._common import SUMMARY_CHARS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
-from runlog.producers.calls import execute_logical
+from runlog.producers.calls import attempt, execute_logical, retry_key
+from runlog.producers.context import current_call
 from runlog.producers.ops import drive
 from runlog.producers.run import Run
-from runlog.producers.tools import Reconciler, Risk, Tool, ToolError, ToolFn, is_async
+from runlog.producers.tools import Reconciler, Risk, Tool, ToolFn, is_async
 from runlog.schemas.canonical import canonical_json
-from runlog.schemas.models import Event, MemoryWritten
+from runlog.schemas.models import UNDO_AND_RETRY, Event, MemoryWritten, ToolCallStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 __all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
 
+log = logging.getLogger(__name__)
+
+DECIDED_KEY = "langgraph.decided"
+"""The MEMORY_WRITTEN key naming an approval that a ``Command(resume=...)`` answered: the
+tool node asks it again, at the same place, whenever it re-executes (LangGraph hands a
+node's resume values to its ``interrupt()`` calls by their order), and ignores the answer."""
+
+ANSWERS = ("approve", "reject", UNDO_AND_RETRY)
+"""What ``Command(resume={"answer": ..., "by": ...})`` may answer runlog's question."""
+
+G = TypeVar("G")
+
+ERROR = "__error__"
+"""LangGraph's channel of a task's error (``langgraph.constants``; its value is fixed by the
+checkpoints it has written)."""
+
+ERROR_SOURCE_NODE = "__error_source_node__"
+"""Written beside ``ERROR`` when the graph routes the error to an error handler."""
+
+PUSH = "__pregel_push"
+"""The first part of the path of a task that a ``Send`` pushed (LangGraph's ``PUSH``)."""
+
+NS_SEP = "|"
+"""LangGraph's separator of nested checkpoint namespaces (``outer:task|inner:task``)."""
+
 CHECKPOINT_KEY = "langgraph.checkpoint"
 """The MEMORY_WRITTEN key of the checkpointer's records."""
+
+PAUSED_KEY = "langgraph.paused"
+"""The MEMORY_WRITTEN key of a tool call's attempt that LangGraph paused (``interrupt()``)
+before the tool made any effect: ``{"key": <idempotency key>, "attempt": <n>}``."""
 
 
 def _typed(serde: SerializerProtocol, obj: Any) -> list[str]:
@@ -94,10 +138,36 @@ def _delta(checkpoint: Checkpoint, new_versions: ChannelVersions) -> Checkpoint:
     return {**checkpoint, "channel_values": {k: values[k] for k in new_versions if k in values}}
 
 
+LEGACY_SCOPE = ":langgraph:"
+"""The tool node's first key scope, ``<thread>:langgraph:<tool-call id>``: a run whose log
+holds a call under it keeps it (its receivers hold those keys), every other run uses
+``STEP_SCOPE``."""
+
+STEP_SCOPE = ":langgraph-step:"
+"""The tool node's key scope: ``<thread>:langgraph-step:`` and a JSON array of the deletion
+generation, the task's parent namespace and step, the AI message's id, the path of a task a
+``Send`` pushed, and the call's position in its AI message. Never the model's tool-call id: a
+model may repeat one across steps or give none, and a model asked again may give a fresh one
+for the same action."""
+
+
 @dataclass
 class _Owned:
     run: Run
     view: InMemorySaver
+    legacy_keys: bool = False
+    """The run's log holds a tool-node call under ``LEGACY_SCOPE``."""
+    generation: int = 0
+    """How many deletions the thread's log holds: the steps start again after each."""
+    paused: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Idempotency key -> the attempt of it that LangGraph paused before any effect."""
+    decided: set[str] = dataclasses.field(default_factory=set)
+    """Approvals a ``Command(resume=...)`` answered (``DECIDED_KEY``)."""
+    built_on: set[str] = dataclasses.field(default_factory=set)
+    """Checkpoints this saver put since it opened the run, and their parents: the steps its
+    graph ran. Writes on one of them are a late write of this graph's own step (LangGraph
+    hands writes over in parallel with the next step's ``put`` unless ``durability="sync"``),
+    never a stale process's."""
 
 
 class RunlogSaver(BaseCheckpointSaver[str]):
@@ -129,6 +199,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         self._tools: dict[str, Tool] = {}
         self._refused: dict[str, str] = {}
         self._lock = threading.RLock()
+        self._graph: Any = None
 
     # Lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -201,6 +272,27 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             self._apply(view, thread_id, ev)
         return view
 
+    def _fold_owned(self, run: Run, thread_id: str) -> _Owned:
+        """The thread's view as the run's log holds it up to where the run was opened, and
+        what that log says of the tool node's keys and paused calls."""
+        owned = _Owned(run, InMemorySaver(serde=self.serde))
+        legacy_prefix = thread_id + LEGACY_SCOPE
+        for ev in self._events(thread_id, run.position):
+            self._apply(owned.view, thread_id, ev)
+            p = ev.payload
+            if isinstance(p, MemoryWritten) and p.key == CHECKPOINT_KEY:
+                owned.generation += json.loads(p.value)["kind"] == "delete"
+            elif isinstance(p, MemoryWritten) and p.key == PAUSED_KEY:
+                paused = json.loads(p.value)
+                owned.paused[paused["key"]] = paused["attempt"]
+            elif isinstance(p, MemoryWritten) and p.key == DECIDED_KEY:
+                owned.decided.add(json.loads(p.value)["approval_id"])
+            elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
+                legacy_prefix
+            ):
+                owned.legacy_keys = True
+        return owned
+
     def _view(self, thread_id: str) -> InMemorySaver:
         with self._lock:
             owned = self._owned.get(thread_id)
@@ -224,17 +316,20 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                         run_id=thread_id,
                     )
                 owned = self._owned.get(thread_id)
-                tools = builtins.list(self._tools.values())
             if owned is not None:
                 return owned
             try:
+                # Without the tool node's tools: a call its owner left open is settled by
+                # the node when it reaches the call again (LangGraph runs that node first),
+                # where a tool may pause the graph. Settled here, outside any node, a tool's
+                # interrupt() could only fail, and each failure would count as an attempt
+                # of unknown outcome.
                 run = open_run(
                     thread_id,
                     tenant=self.tenant,
                     settings=self.settings,
                     wait_s=self.wait_s,
                     takeover=self.takeover,
-                    tools=tools,
                     agent="langgraph",
                     reason="langgraph checkpointer",
                 )
@@ -243,14 +338,14 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                     f"thread {thread_id} is owned by another writer: {exc}", run_id=thread_id
                 ) from exc
             try:
-                view = self._fold(thread_id, end=run.position)
+                owned = self._fold_owned(run, thread_id)
             except BaseException:
                 run.close()
                 raise
             with self._lock:
-                for t in self._tools.values():  # tools added while the run was opening
+                for t in self._tools.values():  # after recovery: see above
                     run.tools.setdefault(t.name, t)
-                owned = self._owned[thread_id] = _Owned(run, view)
+                self._owned[thread_id] = owned
             return owned
 
     def _append(self, thread_id: str, record: dict[str, Any]) -> _Owned:
@@ -259,6 +354,12 @@ class RunlogSaver(BaseCheckpointSaver[str]):
 
     def _append_owned(self, thread_id: str, record: dict[str, Any]) -> _Owned:
         owned = self._own(thread_id)
+        # A put names its parent; writes name the checkpoint they belong to.
+        kind = record["kind"]
+        if kind == "put":
+            self._check_latest(owned, thread_id, record["ns"], record["checkpoint_id"])
+        elif kind == "writes":
+            self._check_base(owned, thread_id, record["ns"], record["checkpoint_id"])
         try:
             # A checkpoint records what a node did: kept whatever a person asked meanwhile
             # (the graph's next step, a model turn or a tool call, sees a cancellation).
@@ -271,7 +372,71 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             self._refuse(thread_id, str(exc))
             raise
         self._apply(owned.view, thread_id, ev)
+        owned.generation += record["kind"] == "delete"
         return owned
+
+    @staticmethod
+    def _latest(owned: _Owned, thread_id: str, ns: str) -> str | None:
+        """The id of the latest checkpoint of ``ns`` in the thread's log (the view is the
+        log's fold: it was read when the run was opened, and only this owner appends)."""
+        cfg: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+        tup = owned.view.get_tuple(cfg)
+        return None if tup is None else str(tup.checkpoint["id"])
+
+    @staticmethod
+    def _known(owned: _Owned, thread_id: str, record: dict[str, Any]) -> bool:
+        """The checkpoint the writes belong to is in the log. LangGraph may hand over a
+        step's writes before that step's checkpoint (its writes and puts run in parallel):
+        writes on a checkpoint still to come cannot be stale, a later put decides."""
+        cfg: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": record["ns"],
+                "checkpoint_id": record["checkpoint_id"],
+            }
+        }
+        return owned.view.get_tuple(cfg) is not None
+
+    def _check_latest(self, owned: _Owned, thread_id: str, ns: str, based_on: str | None) -> None:
+        """Optimistic concurrency on the log: a write based on a checkpoint that is no longer
+        the latest (another process moved the thread on since this graph read it) is
+        refused like a stale owner's append. Accepting it would fork the thread and run
+        again what the newer checkpoints already did. A checkpoint without a parent (a
+        graph's input on a thread it found empty, LangGraph's API for a new root) bases on
+        nothing; a namespace with no checkpoint yet (a subgraph's first) takes any parent."""
+        if based_on is None:
+            return
+        latest = self._latest(owned, thread_id, ns)
+        if latest is None and ns:
+            return
+        if based_on != latest:
+            raise Fenced(
+                f"thread {thread_id}: a write based on checkpoint {based_on} is stale: the "
+                f"latest checkpoint in the log is {latest} (another writer moved the thread "
+                "on); read the thread again",
+                run_id=thread_id,
+                epoch=owned.run.epoch,
+                seq=owned.run.state.seq,
+            )
+
+    def _check_base(self, owned: _Owned, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        """``_check_latest`` for what is based on a checkpoint without writing a child of
+        it (writes, a task): accepted on the latest, on a step of this saver's own graph
+        (``built_on``), or on a checkpoint not in the log yet (its ``put`` is still on its
+        way and decides)."""
+        if checkpoint_id in owned.built_on:
+            return
+        record = {"ns": ns, "checkpoint_id": checkpoint_id}
+        if self._known(owned, thread_id, record):
+            self._check_latest(owned, thread_id, ns, checkpoint_id)
+
+    def check_latest(self, thread_id: str, ns: str, checkpoint_id: str | None) -> None:
+        """Raise ``Fenced`` when a task started from ``checkpoint_id`` must not act: that
+        checkpoint is in the thread's log, is not the latest of ``ns``, and no step of this
+        saver's graph was built on it (the tool node asks before any tool runs)."""
+        with self._thread_lock(thread_id):
+            if checkpoint_id is not None:
+                self._check_base(self._own(thread_id), thread_id, ns, checkpoint_id)
 
     def _refuse(self, thread_id: str, why: str) -> None:
         with self._lock:
@@ -280,9 +445,113 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         if owned is not None:
             owned.run.close()
 
+    def finish_when_done(self, graph: G) -> G:
+        """Record ``RUN_FINISHED`` when ``graph`` (compiled with this saver) ends a thread;
+        returns ``graph``.
+
+        ``succeeded`` once a checkpoint leaves nothing to run and nothing interrupted
+        (LangGraph's own ``get_state(...).next`` and ``.interrupts``, so a breakpoint or an
+        ``interrupt()`` is a pause, not an end); ``failed`` when a node raised an error the
+        graph does not route to an error handler (runlog's own stops, ``Escalated``,
+        ``Fenced`` and the like, leave the run to be resumed); ``cancelled`` when a person
+        cancelled the run (``runlog cancel``). A finished thread is a finished run: a later
+        write to it raises ``runlog.RunFinished``, so use this where a thread is one task
+        with an end, not an open-ended conversation."""
+        self._graph = graph
+        return graph
+
+    def _ended(self, thread_id: str, ns: str, checkpoint_id: str) -> None:
+        """Finish the thread's run if the checkpoint just written ends the graph."""
+        if self._graph is None or ns:
+            return
+        config: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+        snap = self._graph.get_state(config)
+        if snap.next or snap.interrupts:
+            return
+        if self._own(thread_id).run.state.open_calls:
+            # A call nobody settled (a graph changed since it started no longer reaches it):
+            # the run stays open, its call shown by ``runlog uncertain``, never "succeeded".
+            log.warning("thread %s ended with open tool calls; its run stays open", thread_id)
+            return
+        values = snap.values if isinstance(snap.values, dict) else {}
+        messages = values.get("messages") or []
+        summary = str(getattr(messages[-1], "content", "")) if messages else ""
+        self._finish(thread_id, "succeeded", summary[:SUMMARY_CHARS])
+
+    def _failed(self, thread_id: str, writes: Sequence[tuple[str, Any]]) -> None:
+        """Finish the thread's run failed if ``writes`` carry a node's error that ends the
+        graph."""
+        if self._graph is None or any(ch == ERROR_SOURCE_NODE for ch, _ in writes):
+            return  # routed to the graph's error handler: the graph goes on
+        for ch, exc in writes:
+            if ch == ERROR and isinstance(exc, Exception):
+                if isinstance(exc, RunlogError | GraphBubbleUp):
+                    return  # runlog's stop or LangGraph's pause: the run is to be resumed
+                self._finish(thread_id, "failed", f"{type(exc).__name__}: {exc}"[:SUMMARY_CHARS])
+                return
+
+    def _finish(self, thread_id: str, outcome: str, summary: str) -> None:
+        with self._thread_lock(thread_id):
+            owned = self._own(thread_id)
+            try:
+                owned.run.finish(outcome, summary)
+            except Fenced as exc:
+                self._refuse(thread_id, str(exc))
+                raise
+
+    def note_paused(self, thread_id: str, key: str, attempt: int) -> None:
+        """Record that LangGraph paused attempt ``attempt`` of the call ``key`` inside its
+        tool (``interrupt()``) before the tool made any effect (``PAUSED_KEY``)."""
+        self._note(thread_id, PAUSED_KEY, {"key": key, "attempt": attempt})
+        self._own(thread_id).paused[key] = attempt
+
+    def note_decided(self, thread_id: str, approval_id: str) -> None:
+        """Record that a ``Command(resume=...)`` answered ``approval_id`` (``DECIDED_KEY``)."""
+        self._note(thread_id, DECIDED_KEY, {"approval_id": approval_id})
+        self._own(thread_id).decided.add(approval_id)
+
+    def decided_by_resume(self, thread_id: str, key: str) -> builtins.list[str]:
+        """The decided approvals about the call ``key`` that a ``Command(resume=...)``
+        answered, in the order they were asked."""
+        owned = self._own(thread_id)
+        return [
+            a.approval_id
+            for a in owned.run.state.approvals.values()
+            if a.idempotency_key == key
+            and a.approval_id in owned.decided
+            and a.approved is not None
+        ]
+
+    def _note(self, thread_id: str, key: str, value: dict[str, Any]) -> None:
+        with self._thread_lock(thread_id):
+            owned = self._own(thread_id)
+            try:
+                owned.run._append(
+                    EventType.MEMORY_WRITTEN,
+                    key=key,
+                    value=json.dumps(value, separators=(",", ":")),
+                )
+            except Fenced as exc:
+                self._refuse(thread_id, str(exc))
+                raise
+
+    def paused_attempt(self, thread_id: str, key: str) -> int | None:
+        """The attempt of ``key`` that LangGraph paused, if that is the call's latest."""
+        owned = self._own(thread_id)
+        call = owned.run.state.open_calls.get(key)
+        if call is None or owned.paused.get(key) != call.attempt:
+            return None
+        return call.attempt
+
     def add_tools(self, tools: Iterable[Tool]) -> None:
-        """Tools the threads' runs call (``RunlogToolNode`` adds its own): given to
-        ``open_run``, so a call left uncertain by a crash is settled before the graph goes on."""
+        """Tools the threads' runs call (``RunlogToolNode`` adds its own). A call a crash
+        left open is settled by the node that reaches it again, with these tools."""
         with self._lock:
             for t in tools:
                 self._tools[t.name] = t
@@ -292,6 +561,30 @@ class RunlogSaver(BaseCheckpointSaver[str]):
     def run_for(self, thread_id: str) -> Run:
         """The thread's run, owned by this saver (opened, with recovery, on first use)."""
         return self._own(thread_id).run
+
+    def call_scope(
+        self, config: RunnableConfig, message_id: str | None, position: int, call_id: str
+    ) -> str:
+        """The key scope of the tool call at ``position`` in the AI message ``message_id``
+        that the task running with ``config`` answers (``STEP_SCOPE``, or ``LEGACY_SCOPE``
+        for a run whose log already holds calls under it)."""
+        thread_id = str(config["configurable"]["thread_id"])
+        owned = self._own(thread_id)
+        if owned.legacy_keys:
+            return f"{thread_id}{LEGACY_SCOPE}{call_id}"
+        meta = config.get("metadata") or {}
+        path = [str(p) for p in meta.get("langgraph_path", ())]
+        # The node's name is left out, so a renamed node reaches the same keys; a task a
+        # ``Send`` pushed is told apart from its siblings by its path.
+        where = [
+            owned.generation,
+            _parent_ns(config),
+            meta.get("langgraph_step"),
+            message_id,
+            path if path[:1] == [PUSH] else None,
+            position,
+        ]
+        return f"{thread_id}{STEP_SCOPE}{json.dumps(where, separators=(',', ':'))}"
 
     # BaseCheckpointSaver ---------------------------------------------------------------------
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -343,7 +636,9 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             "metadata": _typed(self.serde, get_checkpoint_metadata(config, metadata)),
             "versions": _typed(self.serde, dict(new_versions)),
         }
-        self._append(thread_id, record)
+        owned = self._append(thread_id, record)
+        owned.built_on.update({checkpoint["id"], record["checkpoint_id"]} - {None})
+        self._ended(thread_id, record["ns"], checkpoint["id"])
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -369,6 +664,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             "writes": [[ch, _typed(self.serde, v)] for ch, v in writes],
         }
         self._append(str(conf["thread_id"]), record)
+        self._failed(str(conf["thread_id"]), writes)
 
     def delete_thread(self, thread_id: str) -> None:
         """Record the thread's deletion: every reader of this checkpointer sees it empty.
@@ -425,13 +721,18 @@ class RunlogToolNode:
     ``RunlogToolNode(tools, saver)`` runs the tool calls of the state's last AI message in
     the thread's run (the run ``saver`` owns for the thread): STARTED durable before the
     tool runs, the idempotency key and fencing token in ``runlog.current_call()``, the result
-    recorded. A call's key is bound to the thread and the model's tool-call id (ordinal 0), so
-    a node re-executed after ``interrupt()``/resume, or in a new process after a crash, gets
-    the recorded result back instead of running the tool again. A call that started and never
-    completed is settled when the run is opened, before any tool runs: the tool's
-    ``reconcile`` lookup, else its risk class (``safe``/``reversible`` retried with the same
-    key, ``irreversible`` escalated to a person: ``runlog.Escalated`` is raised and the graph
-    stops). Never re-run blindly.
+    recorded. A call's key is bound to the thread, the task's step, node and path and the
+    call's position in its AI message (``STEP_SCOPE``; never the model's tool-call id, which a
+    model may repeat or omit), so a node re-executed after ``interrupt()``/resume, or in a new
+    process after a crash, gets the recorded result back instead of running the tool again.
+    A task started from a checkpoint another process has since moved past raises ``Fenced``
+    before any tool runs. A call that started and never completed is settled when the node
+    reaches it again: the tool's ``reconcile`` lookup, else its risk class
+    (``safe``/``reversible`` retried with the same key, ``irreversible`` escalated to a
+    person). Never re-run blindly. An escalated call pauses the graph with runlog's question
+    as a LangGraph interrupt; ``Command(resume={"answer": ..., "by": ..., "note": ...})``
+    records the person's decision (``ANSWERS``). A tool's own ``interrupt()`` ends its
+    attempt with no effect; the re-executed node runs the next attempt (``PAUSED_KEY``).
 
     ``tools`` are runlog tools (``@runlog.tool(risk=..., reconcile=...)``) or LangChain tools
     (``@langchain_core.tools.tool``), whose risk and lookup come from ``risk=`` and
@@ -463,29 +764,51 @@ class RunlogToolNode:
             return {self.messages_key: []}
         thread_id = str(config["configurable"]["thread_id"])
         run = self.saver.run_for(thread_id)
+        # A task started from a checkpoint that another process has since moved past (two
+        # resumers of one thread) must not act: the newer checkpoints did this step already.
+        self.saver.check_latest(thread_id, _parent_ns(config), _task_checkpoint(config))
         out: list[ToolMessage] = []
-        for tc in ai.tool_calls:
+        for position, tc in enumerate(ai.tool_calls):
+            # A person's cancellation stops the graph before the call (``Cancelled``, once);
+            # the run ends cancelled when the saver lets it go.
+            run.check_cancelled()
             call_id = tc["id"] or ""
             name, args = tc["name"], dict(tc["args"])
             tool = self.tools.get(name)
             if tool is None:
                 raise UnknownTool(f"the tool node has no tool {name!r}")
             args_json = canonical_json(args)
-            scope = f"{thread_id}:langgraph:{call_id}"
+            scope = self.saver.call_scope(config, ai.id, position, call_id)
             key = run.idempotency_key(scope, name, args_json, 0)
-            stash: list[GraphBubbleUp] = []
-            token = _BUBBLE.set(stash)
+            token = _BUBBLE.set([])
             try:
-                content = drive(
-                    run,
-                    execute_logical(run, tool, args_json, key, call_id=call_id, operation_id=scope),
-                )
+                # The questions a resume answered, asked again in their order so that
+                # LangGraph hands each interrupt() below the answer that is its own.
+                for approval_id in self.saver.decided_by_resume(thread_id, key):
+                    interrupt(self._question(run, approval_id))
+                while True:
+                    try:
+                        self._resume_paused(run, thread_id, key)
+                        content = drive(
+                            run,
+                            execute_logical(
+                                run, tool, args_json, key, call_id=call_id, operation_id=scope
+                            ),
+                        )
+                        break
+                    except Escalated as exc:
+                        if exc.approval_id is None:
+                            raise
+                        self._ask(run, thread_id, exc.approval_id)
             except Fenced as exc:
                 self.saver._refuse(thread_id, str(exc))
                 raise
+            except _Paused as paused:
+                # Recorded by the call path as an interrupted attempt; the marker says it
+                # made no effect, so the node re-executed on resume runs it again.
+                self.saver.note_paused(thread_id, paused.key, paused.attempt)
+                raise paused.bubble from None
             except ToolFailed as exc:
-                if stash:  # interrupt(): recorded as "nothing happened", raised to LangGraph
-                    raise stash[0] from None
                 out.append(
                     ToolMessage(
                         content=f"Error: {exc}", name=name, tool_call_id=call_id, status="error"
@@ -497,16 +820,108 @@ class RunlogToolNode:
             out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
         return {self.messages_key: out}
 
+    def _question(self, run: Run, approval_id: str) -> dict[str, Any]:
+        """runlog's question for ``approval_id`` as the value of a LangGraph interrupt: the
+        tool, its arguments, the key, the evidence and what each answer does."""
+        q = question(run.run_id, approval_id, tenant=run.tenant, settings=self.saver.settings)
+        return {"runlog": "approval", "answers": list(ANSWERS), **q.to_dict()}
+
+    def _ask(self, run: Run, thread_id: str, approval_id: str) -> None:
+        """Ask a person runlog's question as a LangGraph interrupt (the graph stops with it
+        in ``result["__interrupt__"]``); once a ``Command(resume=...)`` answers it, record
+        the answer as the person's decision. Signed with this process' decider key where
+        deciders are configured; the first decision stands (one made meanwhile, e.g. with
+        ``runlog approve``, is kept and this answer dropped)."""
+        answer = interrupt(self._question(run, approval_id))
+        approved, by, note, undo = _decision(approval_id, answer)
+        # Noted first: deciding goes on to settle the call, whose tool may pause the graph.
+        self.saver.note_decided(thread_id, approval_id)
+        with contextlib.suppress(DecisionConflict):  # the first stands: the call goes on by it
+            run.decide(
+                approval_id,
+                approved=approved,
+                decided_by=by,
+                note=note,
+                answer=UNDO_AND_RETRY if undo else None,
+            )
+
+    def _resume_paused(self, run: Run, thread_id: str, key: str) -> None:
+        """Run again the attempt LangGraph paused in this call's tool, or in the retry a
+        person's "undo and retry" made of it: the paused attempt made no effect, so what
+        allowed it (a lookup's absence, a person's approval, the call itself) still holds,
+        and its next attempt runs under the same key without asking anyone again. Then
+        the call path settles the call as usual (the retry's completion closes the call)."""
+        call = run.state.open_calls.get(key)
+        if call is None:
+            return
+        for candidate in (key, retry_key(run, call)):
+            attempt_no = self.saver.paused_attempt(thread_id, candidate)
+            if attempt_no is None:
+                continue
+            paused = run.state.open_calls[candidate]
+            drive(
+                run,
+                attempt(
+                    run,
+                    run.tools[paused.name],
+                    paused.args_json,
+                    candidate,
+                    call_id=paused.call_id,
+                    attempt=attempt_no + 1,
+                    operation_id=paused.operation_id,
+                ),
+            )
+
+
+def _decision(approval_id: str, answer: Any) -> tuple[bool, str, str, bool]:
+    """``(approved, decided_by, note, undo_and_retry)`` from a resume value
+    ``{"answer": "approve" | "reject" | "undo_and_retry", "by": <who>, "note": <why>}``."""
+    if not isinstance(answer, Mapping) or answer.get("answer") not in ANSWERS:
+        raise ValidationFailed(
+            f"approval {approval_id}: resume with {{'answer': one of {ANSWERS}, 'by': <who>, "
+            f"'note': <why>}}, not {answer!r}"
+        )
+    by = answer.get("by")
+    if not isinstance(by, str) or not by.strip():
+        raise ValidationFailed(f"approval {approval_id}: the resume value names no decider ('by')")
+    kind = answer["answer"]
+    return kind != "reject", by, str(answer.get("note") or ""), kind == UNDO_AND_RETRY
+
+
+class _Paused(BaseException):
+    """LangGraph paused the graph inside a tool (``interrupt()``) before the tool made an
+    effect. A BaseException, so that the call path records the attempt as interrupted and
+    stops there (an Exception would count as an attempt of unknown outcome and be retried
+    at once, where the tool could only pause again)."""
+
+    def __init__(self, bubble: GraphBubbleUp, key: str, attempt: int) -> None:
+        super().__init__(f"{type(bubble).__name__}: the tool paused the graph")
+        self.bubble, self.key, self.attempt = bubble, key, attempt
+
+
+def _parent_ns(config: RunnableConfig) -> str:
+    """The checkpoint namespace the task runs in: its own namespace without its last part
+    (``node:task-id``), which names the task and not the graph."""
+    ns = str(config.get("configurable", {}).get("checkpoint_ns", ""))
+    return ns.rpartition(NS_SEP)[0]
+
+
+def _task_checkpoint(config: RunnableConfig) -> str | None:
+    """The id of the checkpoint the task was started from."""
+    found = config.get("configurable", {}).get("checkpoint_map", {}).get(_parent_ns(config))
+    return None if found is None else str(found)
+
 
 _BUBBLE: ContextVar[list[GraphBubbleUp] | None] = ContextVar(
     "runlog_langgraph_bubble", default=None
 )
+"""Set while the tool node runs its calls: a tool's pause is the node's to record."""
 
 
 def _interruptible(fn: ToolFn) -> ToolFn:
-    """``fn`` with LangGraph's control flow (``interrupt()``, ``Command`` bubbling up) turned
-    into a proven failure for runlog (the tool stopped before any effect: its key stays open,
-    so the resumed node runs it again) and handed back to the node to raise."""
+    """``fn`` with LangGraph's control flow (``interrupt()``, ``Command`` bubbling up) inside
+    the tool node turned into ``_Paused``: the attempt made no effect and the node raises
+    LangGraph's signal once the pause is recorded."""
     if is_async(fn):
         return fn  # an async tool's interrupt() is recorded as its exception says
 
@@ -514,11 +929,10 @@ def _interruptible(fn: ToolFn) -> ToolFn:
         try:
             return fn(args, idempotency_key=idempotency_key)
         except GraphBubbleUp as exc:
-            stash = _BUBBLE.get()
-            if stash is None:
+            ctx = current_call()
+            if _BUBBLE.get() is None or ctx is None:
                 raise
-            stash.append(exc)
-            raise ToolError(f"{type(exc).__name__}: the tool paused the graph") from exc
+            raise _Paused(exc, idempotency_key, ctx.attempt) from exc
 
     return call
 
