@@ -126,6 +126,20 @@ class Opener(Protocol):
         ...
 
 
+class NoKeyOpener:
+    """The opener of a reader that has no key store (encryption was off when it started, or
+    no KEK is configured): every sealed value reads as ``ERASED``, as for a run whose key was
+    destroyed. Such a reader folds a sealed run's structure and keeps going, where raising
+    ``NoKeys`` would stop it for every other run as well; it tells the two apart with
+    ``is_erased`` on what it decoded (every sealed value of the record reads erased)."""
+
+    def open(self, key_id: str, nonce: bytes, ciphertext: bytes, aad: bytes) -> str | None:
+        return None
+
+
+NO_KEY_OPENER = NoKeyOpener()
+
+
 def aad(run_id: str, seq: int, path: str) -> bytes:
     """Associated data of one sealed field: run, seq and the field's path (with the item's
     index inside an array: ``tool_calls[2].args_json``)."""
