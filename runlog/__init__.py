@@ -74,6 +74,9 @@ from runlog.errors import (
     SchemaError as SchemaError,
 )
 from runlog.errors import (
+    SubjectHasOtherRuns as SubjectHasOtherRuns,
+)
+from runlog.errors import (
     TenantMismatch as TenantMismatch,
 )
 from runlog.errors import (
@@ -177,6 +180,7 @@ _PUBLIC: dict[str, str] = {
     "RunError": _ERRORS,
     "Fenced": _ERRORS,
     "ForkRefused": _ERRORS,
+    "SubjectHasOtherRuns": _ERRORS,
     "RunLocked": _ERRORS,
     "AppendOutcomeUnknown": _ERRORS,
     "TenantMismatch": _ERRORS,

@@ -177,6 +177,17 @@ class ForkRefused(RunError):
     already used by another run (or another fork). Nothing was written."""
 
 
+class SubjectHasOtherRuns(RunError):
+    """``forget`` of one run whose data subject has other runs: they share the subject's
+    key, so shredding it would erase them too, without stopping them or recording their
+    erasure. Refused, nothing written; forget the whole subject instead."""
+
+    def __init__(self, message: str, *, run_id: str, subject: str, others: list[str]) -> None:
+        super().__init__(message, run_id=run_id)
+        self.subject = subject
+        self.others = others
+
+
 class RunFinished(RunError):
     """The run has a terminal outcome; nothing more may be appended."""
 

@@ -47,6 +47,7 @@ EXPECTED_RUNLOG = [
     "RunlogError",
     "SchemaError",
     "Settings",
+    "SubjectHasOtherRuns",
     "TenantMismatch",
     "Tool",
     "ToolArgumentsError",
