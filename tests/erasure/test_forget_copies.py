@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import SecretStr
 from scan_support import redis_bytes
 
 import runlog
+from runlog.consumers import erasure
 from runlog.consumers.stores import NOTIFY, PROJECTIONS
 from runlog.log import copies
 from runlog.log import keys as keys_mod
@@ -140,3 +142,79 @@ def test_forget_leaves_no_copy_of_a_queued_item_in_redis_or_its_files(
 
     assert needle not in redis_bytes(s)
     assert needle not in _persistence(redis_client)
+
+
+def _race_once(s: Settings) -> tuple[str, dict[str, object]]:
+    """One race of a decision and a cancellation with ``forget`` of their runs' subject;
+    returns the marker they carried and what each caller was told."""
+    subject = f"user-{uuid.uuid4().hex[:8]}"
+    marker = f"RACE{uuid.uuid4().hex}"
+    outcome: dict[str, object] = {}
+    with contextlib.ExitStack() as held:
+        run = held.enter_context(runlog.open_run(tenant=TENANT, settings=s, subject=subject))
+        other = held.enter_context(runlog.open_run(tenant=TENANT, settings=s, subject=subject))
+        approval = run.request_approval("refund")
+        barrier = threading.Barrier(3)
+
+        def decide() -> None:
+            barrier.wait()
+            try:
+                outcome["decide"] = runlog.decide(
+                    run.run_id,
+                    approval,
+                    approved=True,
+                    decided_by="ops",
+                    note=f"{marker}-note",
+                    tenant=TENANT,
+                    settings=s,
+                    wait_s=0.5,
+                )
+            except runlog.RunlogError as exc:
+                outcome["decide"] = exc
+
+        def cancel() -> None:
+            barrier.wait()
+            try:
+                outcome["cancel"] = runlog.cancel(
+                    other.run_id,
+                    reason=f"{marker}-reason",
+                    by="ops",
+                    tenant=TENANT,
+                    settings=s,
+                    wait_s=0.5,
+                )
+            except runlog.RunlogError as exc:
+                outcome["cancel"] = exc
+
+        threads = [threading.Thread(target=decide), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        report = runlog.forget(
+            subject=subject, tenant=TENANT, reason="art. 17", by="dpo", settings=s
+        )
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(r.run_id for r in report.runs) == sorted([run.run_id, other.run_id])
+        for r in (run, other):
+            with contextlib.suppress(runlog.RunlogError):
+                r.append(EventType.USER_MESSAGE, content="after")
+    return marker, outcome
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_decision_racing_forget_leaves_no_copy(
+    sealed: Settings,
+    redis_client: redis.Redis,
+    runner: subprocess.Popen[bytes],
+    plain_rdb: None,
+    attempt: int,
+) -> None:
+    """A person decides (and another cancels) while ``forget`` runs: released together from
+    a barrier, with the owner busy. Whichever lands first, no note or reason is left in
+    Redis or its files: an item queued before the erasure is deleted by forget (its second
+    pass), one queued after it is withdrawn by the caller that reads the erasure."""
+    marker, outcome = _race_once(sealed)
+    assert marker.encode() not in redis_bytes(sealed), outcome
+    assert erasure.rewrite_persistence(redis_client)
+    assert marker.encode() not in _persistence(redis_client), outcome
