@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 import redis
 from erasure.test_forget_sealed import TENANT, _env, _run
+from fleet_support import Fleet, effects, wait_finished
 from projections_support import env_for, stop, wait_assigned, wait_caught_up
 from pydantic import SecretStr
 
@@ -192,3 +194,44 @@ def test_forget_finds_the_runs_in_the_log_when_the_projections_have_no_key_or_st
         assert "already erased" in done.stdout and "looked in" in done.stdout
     finally:
         assert stop(again) == 0
+
+
+def test_forget_of_a_subject_with_a_run_in_progress_on_a_live_worker(
+    sealed: Settings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A ``runlog worker`` is paying, step by step, in a run of the subject (another run of
+    it ended): ``forget --subject`` terminates the live run (its worker is fenced at its next
+    append and calls the tool no more), erases both, and the worker goes on serving."""
+    s = sealed
+    assert s.kek is not None
+    subject = f"user-{uuid.uuid4().hex[:8]}"
+    fleet = Fleet(s, tmp_path, RUNLOG_ENCRYPTION="on", RUNLOG_KEK=s.kek.get_secret_value())
+    try:
+        name = fleet.spawn()
+        ended = runlog.start(
+            "payer", {"to": "a", "steps": 1}, tenant=TENANT, settings=s, subject=subject
+        )
+        wait_finished(s, [ended], 60, fleet)
+        live = runlog.start(
+            "payer", {"to": "b", "steps": 400}, tenant=TENANT, settings=s, subject=subject
+        )
+        deadline = time.monotonic() + 60
+        while len(replay(s, redis_client, live, tenant=TENANT).state.completed_calls) < 3:
+            assert time.monotonic() < deadline, fleet.tail(name)
+            time.sleep(0.1)
+
+        report = runlog.forget(
+            subject=subject, tenant=TENANT, reason="art. 17", by="dpo", wait_s=1, settings=s
+        )
+        by_run = {r.run_id: r for r in report.runs}
+        assert sorted(by_run) == sorted([ended, live]) and by_run[live].terminated
+        paid = effects(redis_client, s)
+        time.sleep(1.0)  # twenty steps' worth: a worker still acting would have paid again
+        assert effects(redis_client, s) == paid
+        state = replay(s, redis_client, live, tenant=TENANT).state
+        assert state.outcome == "terminated" and state.erased is not None
+        other = runlog.start("payer", {"to": "c", "steps": 1}, tenant=TENANT, settings=s)
+        (st,) = wait_finished(s, [other], 60, fleet).values()
+        assert st.outcome == "succeeded" and fleet.procs[name].poll() is None
+    finally:
+        fleet.stop_all()
