@@ -343,16 +343,20 @@ def terminate(
         return done
 
 
-def _with_forks(index: RunIndex, tenant: str, runs: list[str]) -> list[str]:
-    """``runs`` and the forks of each, and theirs (the run index's lineage), in order: a
-    fork carries its parent's content (its RUN_FORKED holds the parent's state), so what
-    forgets a run (``forget``, the retention job) forgets its forks with it."""
+def _with_forks(
+    index: RunIndex, tenant: str, runs: list[str], forks: dict[str, list[str]] | None = None
+) -> list[str]:
+    """``runs`` and the forks of each, and theirs (the run index's lineage, and ``forks``
+    found in the log when the index is not current), in order: a fork carries its parent's
+    content (its RUN_FORKED holds the parent's state), so what forgets a run (``forget``,
+    the retention job) forgets its forks with it."""
     todo, out = list(runs), []
     while todo:
         rid = todo.pop(0)
         if rid not in out:
             out.append(rid)
             todo += [c.run_id for c in index.children(tenant, rid)]
+            todo += (forks or {}).get(rid, [])
     return out
 
 
@@ -400,7 +404,7 @@ def forget(
         erasure_known(deps, tenant, rid)
         of_run = run_subject(deps, tenant, rid)
         found = _subject_runs(services, index, tenant, of_run)
-        runs = _with_forks(index, tenant, [rid])
+        runs = _with_forks(index, tenant, [rid], found.forks)
         others = _left_out(found.runs, runs)
         if others and not whole_subject:
             raise SubjectHasOtherRuns(
@@ -424,7 +428,7 @@ def forget(
         runs = list(found.runs)
         with contextlib.suppress(ValueError):
             runs.append(check_run_id(subject))  # the default subject of a run is itself
-    runs = _with_forks(index, tenant, runs)
+    runs = _with_forks(index, tenant, runs, found.forks)
     # Start requests no worker took yet hold the run's input and would start the forgotten
     # subject's run: dropped (tombstoned; compaction then removes the input from the topic).
     requests = [] if subject is None else pending_starts(s, tenant, subject)
@@ -475,6 +479,8 @@ class _Found:
     runs: list[str]
     checked: str
     """Where they were looked for, and why there."""
+    forks: dict[str, list[str]] = field(default_factory=dict)
+    """Forks met in the log, by parent (empty when the index answered: it has them)."""
 
 
 def _left_out(subject_runs: Iterable[str], runs: Iterable[str]) -> list[str]:
@@ -519,7 +525,7 @@ def _subject_runs(services: Services, index: RunIndex, tenant: str, subject: str
         f"the events topic ({scan.records} record(s) of {scan.partitions} partition(s)), "
         f"because the run index is not current: {why}"
     )
-    return _Found(sorted({*scan.runs, *indexed}), checked)
+    return _Found(sorted({*scan.runs, *indexed}), checked, scan.forks)
 
 
 @dataclass
@@ -586,8 +592,8 @@ def apply_retention(
             # The forks of a covered run carry its content (and share its subject): they
             # are forgotten with it, as ``forget`` does, whenever they ended (a fork in
             # progress is stopped first), and never keep it from being covered.
-            with_forks = _with_forks(index, t, rids)
             found = _subject_runs(services, index, t, subject)
+            with_forks = _with_forks(index, t, rids, found.forks)
             newer = _left_out(found.runs, [*covered, *with_forks])
             if newer:
                 for rid in rids:

@@ -140,12 +140,14 @@ def _warn_incomplete(client: Any, settings: Settings, names: tuple[str, ...]) ->
 
 def _project(args: argparse.Namespace) -> int:
 
-    logging.getLogger().setLevel(logging.INFO)  # a service's log: what it did, as it goes
-    streaming_gc()
     settings = Settings()
     client = _redis(settings)
     if args.projection == _STATUS:
         return _status(settings, client, args.json)
+    if args.json:
+        raise ConfigError("--json goes with `runlog project status`")
+    logging.getLogger().setLevel(logging.INFO)  # a service's log: what it did, as it goes
+    streaming_gc()
     names = _names(args.projection)
     hook = None
     if args.webhook is not None and NOTIFY not in names:

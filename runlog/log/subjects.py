@@ -36,6 +36,9 @@ class SubjectScan:
     """What a scan of the events topic found for one subject of one tenant."""
 
     runs: list[str] = field(default_factory=list)
+    forks: dict[str, list[str]] = field(default_factory=dict)
+    """Every fork of the tenant the scan met, by parent: a fork carries its parent's
+    content, and the run index that knows the lineage is as stale as it is for subjects."""
     records: int = 0
     """Records read (all of them: the scan reads each partition to its end)."""
     partitions: int = 0
@@ -88,8 +91,13 @@ def scan_subject(settings: Settings, tenant: str, subject: str) -> SubjectScan:
                     if ev.run_id in seen:
                         continue  # the run's own tenant is its first start's
                     seen.add(ev.run_id)
-                    if ev.tenant == tenant and data_subject(ev.run_id, ev.payload) == subject:
+                    if ev.tenant != tenant:
+                        continue
+                    if data_subject(ev.run_id, ev.payload) == subject:
                         out.runs.append(ev.run_id)
+                    parent = getattr(ev.payload, "parent_run_id", None)
+                    if parent is not None:
+                        out.forks.setdefault(parent, []).append(ev.run_id)
             consumer.unassign()
     finally:
         consumer.close()

@@ -145,6 +145,8 @@ def test_forget_finds_the_runs_in_the_log_when_the_projections_have_no_key_or_st
     status = _cli(env_for(s), "project", "status", "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["projections"]["state"]["sealed_runs"] >= 2
+    status = _cli(env_for(s), "project", "status")
+    assert status.returncode == 0 and "sealed: no key 2 run(s)" in status.stdout, status.stdout
     shown = _cli(env_for(s), "state", first, "--tenant", TENANT, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["sealed"] == "no key"
@@ -235,3 +237,24 @@ def test_forget_of_a_subject_with_a_run_in_progress_on_a_live_worker(
         assert st.outcome == "succeeded" and fleet.procs[name].poll() is None
     finally:
         fleet.stop_all()
+
+
+def test_forget_of_a_run_follows_its_fork_in_the_log_when_no_index_lists_it(
+    sealed: Settings, redis_client: redis.Redis
+) -> None:
+    """No projection service runs, so the run index knows neither the run nor its fork: the
+    fork (it shares the run's subject) is found in the log and forgotten with it, not
+    named as another run of the subject that blocks the forget."""
+    s = sealed
+    with runlog.open_run(tenant=TENANT, settings=s) as run:
+        run.append(EventType.USER_MESSAGE, content="hello")
+        at = run.state.seq
+        run.finish("succeeded")
+    child = runlog.fork(run.run_id, at_seq=at, tenant=TENANT, forked_by="t", settings=s).run_id
+    report = runlog.forget(
+        run_id=run.run_id, tenant=TENANT, reason="art. 17", by="dpo", wait_s=1, settings=s
+    )
+    assert sorted(r.run_id for r in report.runs) == sorted([run.run_id, child])
+    assert "events topic" in report.checked
+    for rid in (run.run_id, child):
+        assert replay(s, redis_client, rid, tenant=TENANT).state.erased is not None
