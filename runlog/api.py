@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from runlog.consumers.index import RunIndex
     from runlog.consumers.question import Question
     from runlog.consumers.timeline import Timeline
-    from runlog.producers.run import Run
+    from runlog.producers.run import Run, RunDeps
     from runlog.producers.tools import Tool
 
 
@@ -405,7 +405,7 @@ def forget(
         of_run = run_subject(deps, tenant, rid)
         found = _subject_runs(services, index, tenant, of_run)
         runs = _with_forks(index, tenant, [rid], found.forks)
-        others = _left_out(found.runs, runs)
+        others = _left_out(deps, tenant, found.runs, runs)
         if others and not whole_subject:
             raise SubjectHasOtherRuns(
                 f"run {rid} belongs to data subject {of_run}, who has {len(others)} other "
@@ -483,12 +483,16 @@ class _Found:
     """Forks met in the log, by parent (empty when the index answered: it has them)."""
 
 
-def _left_out(subject_runs: Iterable[str], runs: Iterable[str]) -> list[str]:
-    """The runs of a subject that erasing ``runs`` would leave behind. They share the
-    subject's key, so its shred erases them too, unstopped and with no erasure in their log:
-    a run of a named subject is forgotten only together with all of them (``forget``
-    refuses, the retention job keeps the covered ones until the rest are covered too)."""
-    return sorted(set(subject_runs) - set(runs))
+def _left_out(
+    deps: RunDeps, tenant: str, subject_runs: Iterable[str], runs: Iterable[str]
+) -> list[str]:
+    """The runs of a subject that erasing ``runs`` would leave behind, their erasure not
+    recorded yet. They share the subject's key, so its shred erases them too, unstopped and
+    with no erasure in their log: a run of a named subject is forgotten only together with
+    all of them (``forget`` refuses, the retention job keeps the covered ones until the rest
+    are covered too). One already erased shares nothing that is still readable."""
+    rest = sorted(set(subject_runs) - set(runs))
+    return [rid for rid in rest if erasure_known(deps, tenant, rid).erased is None]
 
 
 def _index_untrusted(services: Services) -> str | None:
@@ -594,7 +598,7 @@ def apply_retention(
             # progress is stopped first), and never keep it from being covered.
             found = _subject_runs(services, index, t, subject)
             with_forks = _with_forks(index, t, rids, found.forks)
-            newer = _left_out(found.runs, [*covered, *with_forks])
+            newer = _left_out(deps, t, found.runs, [*covered, *with_forks])
             if newer:
                 for rid in rids:
                     job.kept[rid] = f"subject {subject} has {len(newer)} run(s) not covered yet"

@@ -258,3 +258,19 @@ def test_forget_of_a_run_follows_its_fork_in_the_log_when_no_index_lists_it(
     assert "events topic" in report.checked
     for rid in (run.run_id, child):
         assert replay(s, redis_client, rid, tenant=TENANT).state.erased is not None
+
+
+def test_a_run_already_erased_does_not_block_forgetting_a_later_run_of_its_subject(
+    sealed: Settings, redis_client: redis.Redis
+) -> None:
+    s = sealed
+    subject = f"user-{uuid.uuid4().hex[:8]}"
+    old = _run(s, f"OLD{uuid.uuid4().hex}", subject)
+    runlog.forget(subject=subject, tenant=TENANT, reason="art. 17", by="dpo", wait_s=1, settings=s)
+    new = _run(s, f"NEW{uuid.uuid4().hex}", subject)
+    report = runlog.forget(
+        run_id=new, tenant=TENANT, reason="art. 17", by="dpo", wait_s=1, settings=s
+    )
+    assert [r.run_id for r in report.runs] == [new]
+    assert replay(s, redis_client, new, tenant=TENANT).state.erased is not None
+    assert replay(s, redis_client, old, tenant=TENANT).state.erased is not None
