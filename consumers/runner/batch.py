@@ -21,7 +21,7 @@ from runlog.log.keys import learn
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
-from runlog.schemas.sealing import NO_KEY_OPENER, Opener, is_erased
+from runlog.schemas.sealing import NoKeyOpener, Opener
 from runlog.schemas.tenant_mac import NO_TENANT_KEYS, TenantKeys
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def _record_of(
     except SchemaError as exc:
         # A key that names no run: quarantined, never folded under some run.
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
+    unkeyed = NoKeyOpener() if keys is None else None
     try:
-        ev = decode(msg.value(), ids, NO_KEY_OPENER if keys is None else keys)
+        ev = decode(msg.value(), ids, keys if unkeyed is None else unkeyed)
         learn(keys, ev)
         if run_key != ev.run_id:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
@@ -80,7 +81,7 @@ def _record_of(
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
     value = msg.value() or b""
     forged = tenants.check(ev.tenant, msg.key(), value, msg.headers())
-    return Decoded(ev, partition, offset, forged, keys is None and is_erased(ev))
+    return Decoded(ev, partition, offset, forged, unkeyed is not None and unkeyed.asked)
 
 
 def _run_of(rec: Decoded | Rejected) -> str | None:
