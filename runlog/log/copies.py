@@ -53,6 +53,12 @@ class Copy:
     """Which content."""
     how: How
     """How ``forget`` reaches it (module docstring)."""
+    suffix: str = ""
+    """``DELETE``: the key's suffix after the run's tag (``<prefix>:{tenant:run}:``); with
+    ``many``, a pattern's (the keys' names are not known beforehand)."""
+    many: bool = False
+    projection: str = ""
+    """``FOLD``: the projection whose runner purges it ('' every projection's)."""
 
 
 COPIES: tuple[Copy, ...] = (
@@ -61,43 +67,64 @@ COPIES: tuple[Copy, ...] = (
         "<prefix>:{tenant:run}:decisions",
         "queued cancellations (reason, who) and decisions (note, answer, who)",
         DELETE,
+        INBOX,
     ),
     Copy(
         "set-aside inbox entries",
         "<prefix>:{tenant:run}:decisions:malformed",
         "inbox entries that did not parse, as they were written",
         DELETE,
+        MALFORMED,
     ),
-    Copy("cancel flag", "<prefix>:{tenant:run}:cancel", "that a cancellation waits", DELETE),
+    Copy(
+        "cancel flag",
+        "<prefix>:{tenant:run}:cancel",
+        "that a cancellation waits",
+        DELETE,
+        CANCEL_FLAG,
+    ),
     Copy(
         "snapshots",
         "<prefix>:{tenant:run}:snap, <prefix>:{tenant:run}:snap:<seq>",
         "a partial fold of the run: its conversation, tool arguments and results",
         DELETE,
+        SNAPSHOT,
+    ),
+    Copy(
+        "snapshot bodies",
+        "<prefix>:{tenant:run}:snap:<seq>:<id>",
+        "the same, advertised or left by a crash between a body and its pointer",
+        DELETE,
+        SNAPSHOT + ":*",
+        many=True,
     ),
     Copy(
         "state projection",
         "<prefix>:proj:state:{topic:p}:run|msgs|calls|appr|done|sum:<run>",
         "the run's folded state: conversation, arguments, results, summary",
         FOLD,
+        projection="state",
     ),
     Copy(
         "uncertain-call queue",
         "<prefix>:proj:uncertain:{topic:p}:open",
         "open calls with their arguments and last error or evidence",
         FOLD,
+        projection="uncertain",
     ),
     Copy(
         "audit log",
         "<prefix>:proj:audit:{topic:p}:log:<run>",
         "who did what, with reasons, notes and details",
         FOLD,
+        projection="audit",
     ),
     Copy(
         "notify queue",
         "<prefix>:proj:notify:{topic:p}:pending, <prefix>:proj:notify:dlv:{topic:p}",
         "approval requests waiting for a person and the notifications owed or delivered",
         FOLD,
+        projection="notify",
     ),
     Copy(
         "quarantine",
@@ -128,17 +155,13 @@ def snapshot_key(prefix: str, tenant: str, run_id: str) -> str:
 
 
 def run_keys(prefix: str, tenant: str, run_id: str) -> list[str]:
-    """The run's own keys that ``forget`` deletes (the ``DELETE`` copies but the snapshot
-    bodies, which ``run_key_patterns`` finds)."""
-    return [
-        inbox_key(prefix, tenant, run_id),
-        malformed_key(prefix, tenant, run_id),
-        cancel_flag_key(prefix, tenant, run_id),
-        snapshot_key(prefix, tenant, run_id),
-    ]
+    """The run's own keys that ``forget`` deletes: every ``DELETE`` copy of a known name."""
+    tag = run_tag(prefix, tenant, run_id)
+    return [f"{tag}:{c.suffix}" for c in COPIES if c.how == DELETE and not c.many]
 
 
 def run_key_patterns(prefix: str, tenant: str, run_id: str) -> list[str]:
-    """SCAN patterns of the run's keys ``forget`` deletes whose names it cannot know: the
-    snapshot bodies, advertised or orphaned by a crash between a body and its pointer."""
-    return [snapshot_key(prefix, tenant, run_id) + ":*"]
+    """SCAN patterns of the run's keys ``forget`` deletes whose names it cannot know: every
+    ``DELETE`` copy of many keys (the snapshot bodies)."""
+    tag = run_tag(prefix, tenant, run_id)
+    return [f"{tag}:{c.suffix}" for c in COPIES if c.how == DELETE and c.many]
