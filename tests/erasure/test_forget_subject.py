@@ -274,3 +274,27 @@ def test_a_run_already_erased_does_not_block_forgetting_a_later_run_of_its_subje
     assert [r.run_id for r in report.runs] == [new]
     assert replay(s, redis_client, new, tenant=TENANT).state.erased is not None
     assert replay(s, redis_client, old, tenant=TENANT).state.erased is not None
+
+
+def test_a_projection_service_with_encryption_on_and_no_key_store_says_so_and_serves(
+    sealed: Settings, redis_client: redis.Redis, unique_group: Any, tmp_path: Path
+) -> None:
+    s = sealed
+    log = tmp_path / "nokek.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runlog.cli", "project", "all", "--group", unique_group("ek")],
+            env=env_for(s, RUNLOG_ENCRYPTION="on"),
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_assigned(proc, str(log))
+        assert "no key store" in log.read_text(), log.read_text()[-2000:]
+        rid = _run(s, f"EK{uuid.uuid4().hex}", f"user-{uuid.uuid4().hex[:8]}")
+        wait_caught_up(redis_client, s)
+        assert proc.poll() is None, log.read_text()[-2000:]
+        shown = _cli(env_for(s), "state", rid, "--tenant", TENANT)
+        assert shown.returncode == 0 and "sealed     no key" in shown.stdout, shown.stdout
+    finally:
+        assert stop(proc) == 0, log.read_text()[-2000:]
