@@ -35,6 +35,7 @@ from runlog.log import keys as keys_mod
 from runlog.log.clients import redis_client as make_client
 from runlog.log.keys import new_kek
 from runlog.log.snapshots import SnapshotStore
+from runlog.producers.lease import Lease, LeaseManager
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -218,3 +219,38 @@ def test_a_decision_racing_forget_leaves_no_copy(
     assert marker.encode() not in redis_bytes(sealed), outcome
     assert erasure.rewrite_persistence(redis_client)
     assert marker.encode() not in _persistence(redis_client), outcome
+
+
+def test_a_decision_queued_after_the_erasure_is_withdrawn_by_its_caller(
+    sealed: Settings, redis_client: redis.Redis
+) -> None:
+    """The latest a decision can come: its run is erased and someone holds its lease (a
+    process that took it before it read the erasure), so the decision goes to the inbox
+    after ``forget`` purged it. The caller reads the erasure, withdraws its entry and is
+    told the run ended; nothing of the note stays."""
+    s = sealed
+    marker = f"LATE{uuid.uuid4().hex}"
+    with runlog.open_run(tenant=TENANT, settings=s, subject=f"u-{uuid.uuid4().hex[:8]}") as run:
+        approval = run.request_approval("refund")
+    runlog.forget(
+        run_id=run.run_id, tenant=TENANT, reason="art. 17", by="dpo", wait_s=1, settings=s
+    )
+    leases = LeaseManager(redis_client, key_prefix=s.redis_key_prefix)
+    held = leases.try_acquire(TENANT, run.run_id, "late-holder", 30_000)
+    assert isinstance(held, Lease)
+    try:
+        with pytest.raises(runlog.RunFinished):
+            runlog.decide(
+                run.run_id,
+                approval,
+                approved=True,
+                decided_by="ops",
+                note=f"{marker}-note",
+                tenant=TENANT,
+                settings=s,
+                wait_s=2,
+            )
+    finally:
+        held.release()
+    assert redis_client.llen(copies.inbox_key(s.redis_key_prefix, TENANT, run.run_id)) == 0
+    assert marker.encode() not in redis_bytes(s)
