@@ -21,7 +21,7 @@ from runlog.fleet.requests import pending_starts, request_dispatch, request_star
 from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
-from runlog.log.subjects import scan_subject
+from runlog.log.subjects import SubjectScan, scan_subjects
 from runlog.producers import telemetry, tracing
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
@@ -403,7 +403,7 @@ def forget(
         rid = check_run_id(run_id)
         erasure_known(deps, tenant, rid)
         of_run = run_subject(deps, tenant, rid)
-        found = _subject_runs(services, index, tenant, of_run)
+        found = _SubjectRuns(services, index)(tenant, of_run)
         runs = _with_forks(index, tenant, [rid], found.forks)
         others = _left_out(deps, tenant, found.runs, runs)
         if others and not whole_subject:
@@ -424,7 +424,7 @@ def forget(
         assert subject is not None
         if not subject.strip():
             raise ValueError("the subject is empty")
-        found = _subject_runs(services, index, tenant, subject)
+        found = _SubjectRuns(services, index)(tenant, subject)
         runs = list(found.runs)
         with contextlib.suppress(ValueError):
             runs.append(check_run_id(subject))  # the default subject of a run is itself
@@ -517,19 +517,32 @@ def _index_untrusted(services: Services) -> str | None:
     return None
 
 
-def _subject_runs(services: Services, index: RunIndex, tenant: str, subject: str) -> _Found:
-    """The runs of ``subject`` in ``tenant``: from the run index when it is current, else
-    from the events topic (``log.subjects``) and the index together."""
-    why = _index_untrusted(services)
-    indexed = index.runs_of_subject(tenant, subject)
-    if why is None:
-        return _Found(indexed, "the run index (the state projection is at the end of the log)")
-    scan = scan_subject(services.settings, tenant, subject)
-    checked = (
-        f"the events topic ({scan.records} record(s) of {scan.partitions} partition(s)), "
-        f"because the run index is not current: {why}"
-    )
-    return _Found(sorted({*scan.runs, *indexed}), checked, scan.forks)
+class _SubjectRuns:
+    """Answers "which runs has this subject" for one call of ``forget`` or the retention job:
+    from the run index when it is current, else from the events topic (``log.subjects``),
+    read once per tenant however many subjects are asked about, and the index together."""
+
+    def __init__(self, services: Services, index: RunIndex) -> None:
+        self.services = services
+        self.index = index
+        self.why: str | None = None
+        self.asked = False
+        self.scans: dict[str, SubjectScan] = {}
+
+    def __call__(self, tenant: str, subject: str) -> _Found:
+        if not self.asked:  # once per call of forget or the job: the first question
+            self.why, self.asked = _index_untrusted(self.services), True
+        indexed = self.index.runs_of_subject(tenant, subject)
+        if self.why is None:
+            return _Found(indexed, "the run index (the state projection is at the end of the log)")
+        scan = self.scans.get(tenant)
+        if scan is None:
+            scan = self.scans[tenant] = scan_subjects(self.services.settings, tenant)
+        checked = (
+            f"the events topic ({scan.records} record(s) of {scan.partitions} partition(s)), "
+            f"because the run index is not current: {self.why}"
+        )
+        return _Found(sorted({*scan.subjects.get(subject, []), *indexed}), checked, scan.forks)
 
 
 @dataclass
@@ -583,6 +596,7 @@ def apply_retention(
             if tenant is None or p.tenant == tenant
         ]
     index = RunIndex(services.redis, s)
+    subject_runs = _SubjectRuns(services, index)
     deps = services.run_deps()
     out: list[RetentionRun] = []
     for t, age, seconds in todo:
@@ -596,7 +610,7 @@ def apply_retention(
             # The forks of a covered run carry its content (and share its subject): they
             # are forgotten with it, as ``forget`` does, whenever they ended (a fork in
             # progress is stopped first), and never keep it from being covered.
-            found = _subject_runs(services, index, t, subject)
+            found = subject_runs(t, subject)
             with_forks = _with_forks(index, t, rids, found.forks)
             newer = _left_out(deps, t, found.runs, [*covered, *with_forks])
             if newer:

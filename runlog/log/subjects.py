@@ -33,9 +33,10 @@ means the broker is not answering (``KafkaUnavailable``), never a shorter answer
 
 @dataclass
 class SubjectScan:
-    """What a scan of the events topic found for one subject of one tenant."""
+    """What a scan of the events topic found for the subjects of one tenant."""
 
-    runs: list[str] = field(default_factory=list)
+    subjects: dict[str, list[str]] = field(default_factory=dict)
+    """Each data subject's runs (a run that names none is its own subject)."""
     forks: dict[str, list[str]] = field(default_factory=dict)
     """Every fork of the tenant the scan met, by parent: a fork carries its parent's
     content, and the run index that knows the lineage is as stale as it is for subjects."""
@@ -44,9 +45,10 @@ class SubjectScan:
     partitions: int = 0
 
 
-def scan_subject(settings: Settings, tenant: str, subject: str) -> SubjectScan:
-    """The runs of ``tenant`` whose data subject is ``subject`` (the run itself when its
-    first event names none), read from every partition of the events topic."""
+def scan_subjects(settings: Settings, tenant: str) -> SubjectScan:
+    """The runs of ``tenant`` by data subject (the run itself when its first event names
+    none), read from every partition of the events topic: one read answers for every
+    subject (the retention job asks about many)."""
     consumer = Consumer(reader_config(settings))
     ids = ids_for(settings)
     out = SubjectScan()
@@ -67,7 +69,7 @@ def scan_subject(settings: Settings, tenant: str, subject: str) -> SubjectScan:
                     idle += 1.0
                     if idle >= SCAN_IDLE_S:
                         raise KafkaUnavailable(
-                            f"reading {topic}[{p}] for the runs of {subject}: nothing at "
+                            f"reading {topic}[{p}] for the runs of tenant {tenant}: nothing at "
                             f"offset {pos} of {high} for {SCAN_IDLE_S:.0f}s"
                         )
                     continue
@@ -93,13 +95,12 @@ def scan_subject(settings: Settings, tenant: str, subject: str) -> SubjectScan:
                     seen.add(ev.run_id)
                     if ev.tenant != tenant:
                         continue
-                    if data_subject(ev.run_id, ev.payload) == subject:
-                        out.runs.append(ev.run_id)
+                    subject = data_subject(ev.run_id, ev.payload)
+                    out.subjects.setdefault(subject, []).append(ev.run_id)
                     parent = getattr(ev.payload, "parent_run_id", None)
                     if parent is not None:
                         out.forks.setdefault(parent, []).append(ev.run_id)
             consumer.unassign()
     finally:
         consumer.close()
-    out.runs.sort()
     return out
