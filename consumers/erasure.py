@@ -137,35 +137,41 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def purged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> bool:
-    """Whether every projection that keeps ``run_id`` has folded its erasure: each stores
-    the run's state as erased, or has never stored the run (a projection not run here)."""
+def unpurged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> list[str]:
+    """The projections that keep ``run_id`` and have not folded its erasure yet (each stores
+    the run's state as erased once it did; one that never stored the run has no copy)."""
     # The stores import this module (their purge): read their keys at call time.
     from runlog.consumers.store import RUN_STATE, ProjectionKeys
     from runlog.consumers.stores import REGISTRY
 
+    out = []
     for name in REGISTRY:
         keys = ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
         raw = _text(client.get(keys.run(partition, run_id)))
-        if raw is None:
-            continue
-        if json.loads(raw).get(RUN_STATE, {}).get("erased") is None:
-            return False
-    return True
+        if raw is not None and json.loads(raw).get(RUN_STATE, {}).get("erased") is None:
+            out.append(name)
+    return out
+
+
+def purged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> bool:
+    """Whether every projection that keeps ``run_id`` has folded its erasure."""
+    return not unpurged(client, settings, partition, run_id)
 
 
 def wait_purged(
     client: redis.Redis, settings: Settings, runs: list[tuple[int, str]], wait_s: float
-) -> bool:
+) -> list[str]:
     """Wait up to ``wait_s`` until every projection folded the erasure of each of ``runs``
-    (partition, run id); False on a timeout (a runner is down or behind: it purges when it
-    folds the record, and rewrites Redis's files then)."""
+    (partition, run id); the projections that had not when it ended (empty: all purged; a
+    runner that is down or behind purges when it folds the record, and rewrites Redis's
+    files then)."""
     deadline = time.monotonic() + wait_s
     left = list(runs)
     while True:
-        left = [(p, rid) for p, rid in left if not purged(client, settings, p, rid)]
+        behind = {(p, rid): unpurged(client, settings, p, rid) for p, rid in left}
+        left = [run for run, names in behind.items() if names]
         if not left or time.monotonic() >= deadline:
-            return not left
+            return sorted({n for names in behind.values() for n in names})
         time.sleep(0.1)
 
 

@@ -72,6 +72,8 @@ def collect(
             "lag": sum(v["lag"] for v in per.values()),
             "applied": sum(int(v["applied"] or 0) for v in per.values()),
             "quarantined": sum(int(v["quarantined"] or 0) for v in per.values()),
+            "sealed_no_key": sum(int(v["sealed_no_key"] or 0) for v in per.values()),
+            "sealed_runs": sum(int(v["sealed_runs"] or 0) for v in per.values()),
             "rebuild_incomplete": name in broken,
         }
     if "uncertain" in projections:
@@ -114,12 +116,18 @@ def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> 
     position = gauge("runlog_projection_position", "Last applied offset (-1: none).", by)
     applied = counter("runlog_projection_applied", "Records folded.", by)
     quarantined = counter("runlog_projection_quarantined", "Records quarantined.", by)
+    sealed = counter(
+        "runlog_projection_sealed_no_key",
+        "Sealed records folded without a key store (their content reads erased).",
+        by,
+    )
     for proj, body in snapshot["projections"].items():
         for part, row in body["partitions"].items():
             labels = [proj, str(part)]
             lag.add_metric(labels, row["lag"])
             applied.add_metric(labels, row["applied"])
             quarantined.add_metric(labels, row["quarantined"])
+            sealed.add_metric(labels, row.get("sealed_no_key", 0))
             position.add_metric(labels, -1 if row["position"] is None else row["position"])
     incomplete = gauge(
         "runlog_projection_rebuild_incomplete",
@@ -128,7 +136,7 @@ def families(snapshot: dict[str, Any], runner: dict[str, Any] | None = None) -> 
     )
     for proj, body in snapshot["projections"].items():
         incomplete.add_metric([proj], 1 if body.get("rebuild_incomplete") else 0)
-    out: Families = [lag, position, applied, quarantined, incomplete]
+    out: Families = [lag, position, applied, quarantined, sealed, incomplete]
     unc = snapshot.get("uncertain")
     if unc is not None:
         open_ = gauge(

@@ -284,6 +284,8 @@ def positions(
                 "position": None if raw is None else int(raw),
                 "applied": int(stats.get(b"applied", 0)),
                 "quarantined": int(stats.get(b"quarantined", 0)),
+                "sealed_no_key": int(stats.get(b"sealed_no_key", 0)),
+                "sealed_runs": int(client.hlen(keys.sealed(p))),
             }
     except redis.RedisError as exc:
         raise _wrap(exc, f"positions of {name}") from exc

@@ -123,6 +123,10 @@ class ProjectionKeys:
     def quarantine(self, partition: int) -> str:
         return f"{self.part(partition)}:quarantine"
 
+    def sealed(self, partition: int) -> str:
+        """Runs folded without their key (``sealed: no key``): run id -> first offset."""
+        return f"{self.part(partition)}:sealed"
+
     def runs(self, partition: int) -> str:
         return f"{self.part(partition)}:runs"
 
@@ -186,6 +190,12 @@ class ProjectionKeys:
         return f"{self.root}:{{{self.topic}:*"
 
 
+SEALED = "sealed"
+SEALED_NO_KEY = "no key"
+"""A run view's ``sealed`` field: the runner that folded it had no key store, so its content
+reads erased in the projection (its log still holds it, sealed)."""
+
+
 @dataclass(frozen=True)
 class Decoded:
     """One record the runner could decode: the event and where it is."""
@@ -195,6 +205,8 @@ class Decoded:
     offset: int
     forged: str | None = None
     """Why its tenant's MAC does not authenticate it (``schemas.tenant_mac``), else None."""
+    sealed_no_key: bool = False
+    """It holds sealed content and this runner has no key store: folded as erased."""
 
 
 @dataclass(frozen=True)
@@ -631,10 +643,14 @@ def load_state_view(
         pipe.hgetall(keys.approvals(partition, run_id))
         pipe.lrange(keys.messages(partition, run_id), 0, -1)
         pipe.hgetall(keys.completed(partition, run_id))
-        raw, calls, approvals, msgs, done = pipe.execute()
+        pipe.hget(keys.sealed(partition), run_id)
+        raw, calls, approvals, msgs, done, sealed = pipe.execute()
     if raw is None:
         return None
     view: dict[str, Any] = json.loads(raw)
+    if sealed is not None:
+        # Folded by a runner without keys: its content reads erased here, not in the log.
+        view[SEALED] = SEALED_NO_KEY
     if "state" in view:
         # Stored by an earlier store: the run state inside (version 1: all of it; 2: all
         # but the conversation and the stored results).

@@ -32,6 +32,7 @@ from runlog.errors import (
     RedisUnavailable,
     ToolFailed,
 )
+from runlog.log import copies
 from runlog.log.authority import signer_for
 from runlog.producers.ops import Steps, append, blocking, peek
 from runlog.projections.run_state import Approval, decision_text, standing_decision
@@ -420,7 +421,7 @@ def poll_cancel(run: Run) -> Steps[None]:
 
 def cancel_flag_key(deps: RunDeps, tenant: str, run_id: str) -> str:
     """Set beside a cancellation entry in the inbox: what a step's one GET looks at."""
-    return f"{deps.leases.run_tag(tenant, run_id)}:cancel"
+    return copies.cancel_flag_key(deps.leases.prefix, tenant, run_id)
 
 
 def inbox_key(run: Run) -> str:
@@ -433,7 +434,8 @@ def _entries(run: Run, key: str) -> list[bytes]:
 
 
 def _set_aside(run: Run, key: str, raw: bytes) -> None:
-    _redis(run, functools.partial(run.deps.redis.rpush, key + ":malformed", raw))
+    malformed = copies.malformed_key(run.deps.leases.prefix, run.tenant, run.run_id)
+    _redis(run, functools.partial(run.deps.redis.rpush, malformed, raw))
     _done(run, key, raw)
 
 
@@ -449,4 +451,4 @@ def _redis(run: Run, op: Callable[[], Any]) -> Any:
 
 
 def decisions_key(deps: RunDeps, tenant: str, run_id: str) -> str:
-    return f"{deps.leases.run_tag(tenant, run_id)}:decisions"
+    return copies.inbox_key(deps.leases.prefix, tenant, run_id)

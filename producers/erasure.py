@@ -15,7 +15,9 @@ again (every step is idempotent):
    folds the record (``consumers.erasure``), so the purge of the projections is driven by
    the log: a runner killed before it committed the purge purges on restart.
 3. **Shred** the subject's data keys through ``KeyShredder`` (idempotent).
-4. **Purge** the copies outside the projections: the run's snapshots.
+4. **Purge** the copies outside the projections that ``log.copies`` lists: the run's
+   inbox (queued cancellations and decisions, with their reasons and notes), the entries
+   set aside from it, its cancel flag and its snapshots.
 
 A re-run finds CONTENT_ERASED in the log, skips step 2 and redoes 3 and 4. The facade
 (``runlog.forget``) then waits for the projections to fold the erasures and rewrites
@@ -36,9 +38,9 @@ from typing import Protocol
 import redis
 
 from runlog.errors import Fenced, RedisUnavailable, RunFinished
+from runlog.log import copies
 from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
-from runlog.log.snapshots import SnapshotStore
 from runlog.producers import control
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import RunDeps
@@ -118,9 +120,17 @@ class ForgetReport:
     runs: list[ErasedRun] = field(default_factory=list)
     subjects: list[str] = field(default_factory=list)
     keys_shredded: list[str] = field(default_factory=list)
-    snapshots_deleted: int = 0
+    copies_deleted: int = 0
+    """Keys of the runs' own copies deleted (``log.copies``: inboxes, cancel flags,
+    snapshots)."""
     projections_purged: bool | None = None
     """Every projection runner folded the erasures (None: not waited for)."""
+    projections_behind: list[str] = field(default_factory=list)
+    """The projections that had not purged when the wait ended (their service is stopped or
+    behind: it purges when it folds the erasure; run ``forget`` again to see it done)."""
+    checked: str = ""
+    """Where the runs were looked for: the run index (when it was current) or the events
+    topic itself, and why."""
     persistence_rewritten: bool | None = None
     """Redis rewrote its AOF and RDB after the purge (None: not asked)."""
     requests_dropped: list[str] = field(default_factory=list)
@@ -216,17 +226,18 @@ def erase_run(
         )
 
 
-def purge_snapshots(deps: RunDeps, tenant: str, run_id: str) -> int:
-    """Delete every snapshot body of the run, advertised or orphaned (a crash between a
-    body's write and its pointer's swap leaves one); returns how many keys went."""
-    store = SnapshotStore(deps.redis, deps.settings)
+def purge_copies(deps: RunDeps, tenant: str, run_id: str) -> int:
+    """Delete the run's own keys that hold content outside its log (``log.copies``: its
+    inbox, the inbox entries set aside, the cancel flag, its snapshots, advertised or
+    orphaned); returns how many keys went. The projections' copies are their runners'."""
+    prefix = deps.settings.redis_key_prefix
     try:
-        n = store.delete(tenant, run_id)
-        pattern = store.pointer_key(tenant, run_id) + ":*"
-        for key in deps.redis.scan_iter(match=pattern, count=500):
-            n += int(deps.redis.delete(key))
+        n = int(deps.redis.delete(*copies.run_keys(prefix, tenant, run_id)))
+        for pattern in copies.run_key_patterns(prefix, tenant, run_id):
+            for key in deps.redis.scan_iter(match=pattern, count=500):
+                n += int(deps.redis.delete(key))
     except redis.RedisError as exc:
-        raise RedisUnavailable(f"deleting snapshots of {run_id}: {exc}") from exc
+        raise RedisUnavailable(f"deleting the copies of {run_id}: {exc}") from exc
     return n
 
 
@@ -251,7 +262,7 @@ def forget(
         report.keys_shredded.extend(shredder.shred(tenant, subject))
     drop_cached_keys(deps, report.keys_shredded)
     for r in report.runs:
-        report.snapshots_deleted += purge_snapshots(deps, tenant, r.run_id)
+        report.copies_deleted += purge_copies(deps, tenant, r.run_id)
     report.log_plaintext_runs = [
         r.run_id for r in report.runs if plaintext_left(deps, tenant, r.run_id)
     ]

@@ -21,6 +21,7 @@ from runlog.errors import (
     Fenced,
     NotReconcilable,
     RedisUnavailable,
+    RunFinished,
     RunLocked,
     TenantMismatch,
     UnknownRun,
@@ -480,6 +481,16 @@ def submit_decision(
     deadline = time.monotonic() + wait_s
     while True:
         state = _run_state(deps, tenant, run_id)
+        if state.erased is not None:
+            # Forgotten meanwhile: nobody will record it, and the inbox entry holds the
+            # note in plaintext beside an erased log. Withdrawn (``forget`` deletes the
+            # inbox too, and again after its purge, for an entry that raced its first pass).
+            _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
+            raise RunFinished(
+                f"run {run_id} was erased (forgotten) before the decision was recorded",
+                run_id=run_id,
+                seq=state.seq,
+            )
         if standing_decision(state, approval_id) is None:
             run = take()
             if run is not None:

@@ -89,6 +89,9 @@ from runlog.errors import (
     StartRefused as StartRefused,
 )
 from runlog.errors import (
+    SubjectHasOtherRuns as SubjectHasOtherRuns,
+)
+from runlog.errors import (
     TenantMismatch as TenantMismatch,
 )
 from runlog.errors import (
@@ -196,6 +199,7 @@ _PUBLIC: dict[str, str] = {
     "RunError": _ERRORS,
     "Fenced": _ERRORS,
     "ForkRefused": _ERRORS,
+    "SubjectHasOtherRuns": _ERRORS,
     "RunLocked": _ERRORS,
     "AppendOutcomeUnknown": _ERRORS,
     "TenantMismatch": _ERRORS,

@@ -16,6 +16,7 @@ from runlog.errors import (
     NotSettledYet,
     NotUndoable,
     RedisUnavailable,
+    SubjectHasOtherRuns,
     UnknownApproval,
     UnknownRun,
 )
@@ -32,10 +33,17 @@ from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.log.reader import LogReader
 from runlog.log.replay import replay
+from runlog.log.subjects import SubjectScan, scan_subjects
 from runlog.producers import telemetry, tracing
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
-from runlog.producers.erasure import NO_KEYS, ForgetReport, KeyShredder, run_subject
+from runlog.producers.erasure import (
+    NO_KEYS,
+    ForgetReport,
+    KeyShredder,
+    purge_copies,
+    run_subject,
+)
 from runlog.producers.erasure import forget as forget_runs
 from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
@@ -58,7 +66,7 @@ if TYPE_CHECKING:
     from runlog.consumers.index import RunIndex
     from runlog.consumers.question import Question
     from runlog.consumers.timeline import Timeline
-    from runlog.producers.run import Run
+    from runlog.producers.run import Run, RunDeps
     from runlog.producers.tools import Tool
 
 
@@ -351,16 +359,20 @@ def terminate(
         return done
 
 
-def _with_forks(index: RunIndex, tenant: str, runs: list[str]) -> list[str]:
-    """``runs`` and the forks of each, and theirs (the run index's lineage), in order: a
-    fork carries its parent's content (its RUN_FORKED holds the parent's state), so what
-    forgets a run (``forget``, the retention job) forgets its forks with it."""
+def _with_forks(
+    index: RunIndex, tenant: str, runs: list[str], forks: dict[str, list[str]] | None = None
+) -> list[str]:
+    """``runs`` and the forks of each, and theirs (the run index's lineage, and ``forks``
+    found in the log when the index is not current), in order: a fork carries its parent's
+    content (its RUN_FORKED holds the parent's state), so what forgets a run (``forget``,
+    the retention job) forgets its forks with it."""
     todo, out = list(runs), []
     while todo:
         rid = todo.pop(0)
         if rid not in out:
             out.append(rid)
             todo += [c.run_id for c in index.children(tenant, rid)]
+            todo += (forks or {}).get(rid, [])
     return out
 
 
@@ -371,46 +383,74 @@ def forget(
     by: str,
     subject: str | None = None,
     run_id: str | None = None,
+    whole_subject: bool = False,
     shredder: KeyShredder | None = None,
     wait_s: float = 60.0,
     settings: Settings | None = None,
 ) -> ForgetReport:
     """Erase the content of a data subject's runs (``subject``: every run of it in
-    ``tenant``, as the run index lists them, plus a run whose id it is) or of one run
-    (``run_id``), and the forks of each (they carry its content): a run in progress is
-    terminated first (its owner is fenced), each run's
-    log records CONTENT_ERASED (who, why; when), the subject's keys are shredded, the run's
-    snapshots deleted; the projection runners purge their copies when they fold the
-    erasure. Waits up to ``wait_s`` for them, then rewrites Redis's AOF and RDB. Idempotent:
-    run it again after a crash and it completes what is left.
+    ``tenant``, plus a run whose id it is) or of one run (``run_id``), and the forks of
+    each (they carry its content): a run in progress is terminated first (its owner is
+    fenced), each run's log records CONTENT_ERASED (who, why; when), the subject's keys are
+    shredded, the run's own copies (``runlog.log.copies``: inbox, cancel flag, snapshots)
+    deleted; the projection runners purge their copies when they fold the erasure. Waits up
+    to ``wait_s`` for them, then rewrites Redis's AOF and RDB. Idempotent: run it again
+    after a crash and it completes what is left.
+
+    The subject's runs come from the run index when it is current, else from the events
+    topic itself (``report.checked`` says which, and why). ``run_id`` of a subject that has
+    other runs is refused (``SubjectHasOtherRuns``, naming them: the subject's key is theirs
+    too) unless ``whole_subject``, which forgets every run of the subject.
 
     ``shredder``: the key store's destroying side (``producers.erasure.KeyShredder``);
     the composition root's by default (none: there are no keys to destroy)."""
-    from runlog.consumers import erasure as purge
     from runlog.consumers.index import RunIndex
 
     if (subject is None) == (run_id is None):
         raise ValueError("name exactly one of subject or run_id")
+    if whole_subject and run_id is None:
+        raise ValueError("whole_subject goes with run_id (a subject is forgotten whole)")
     services = Services.shared(settings or Settings())
     s = services.settings
     check_tenant(tenant)
+    deps = services.run_deps()
+    index = RunIndex(services.redis, s)
     if run_id is not None:
-        runs = [check_run_id(run_id)]
+        rid = check_run_id(run_id)
+        erasure_known(deps, tenant, rid)
+        of_run = run_subject(deps, tenant, rid)
+        found = _SubjectRuns(services, index)(tenant, of_run)
+        runs = _with_forks(index, tenant, [rid], found.forks)
+        others = _left_out(deps, tenant, found.runs, runs)
+        if others and not whole_subject:
+            raise SubjectHasOtherRuns(
+                f"run {rid} belongs to data subject {of_run}, who has {len(others)} other "
+                f"run(s): {', '.join(others)}. They share the subject's key: forgetting "
+                f"{rid} alone would erase them too, unstopped and unmarked. Forget the whole "
+                f"subject (--subject {of_run}, or --whole-subject); nothing was done "
+                f"(looked in {found.checked})",
+                run_id=rid,
+                subject=of_run,
+                others=others,
+            )
+        if whole_subject:
+            subject = of_run
+            runs = [rid, *found.runs]
     else:
         assert subject is not None
         if not subject.strip():
             raise ValueError("the subject is empty")
-        runs = RunIndex(services.redis, s).runs_of_subject(tenant, subject)
+        found = _SubjectRuns(services, index)(tenant, subject)
+        runs = list(found.runs)
         with contextlib.suppress(ValueError):
             runs.append(check_run_id(subject))  # the default subject of a run is itself
-    runs = _with_forks(RunIndex(services.redis, s), tenant, runs)
+    runs = _with_forks(index, tenant, runs, found.forks)
     # Start requests no worker took yet hold the run's input and would start the forgotten
     # subject's run: dropped (tombstoned; compaction then removes the input from the topic).
     requests = [] if subject is None else pending_starts(s, tenant, subject)
     for rid in requests:
         if rid not in runs:
             forget_dispatch(s, rid)
-    deps = services.run_deps()
     with tracing.span("forget", tenant=tenant) as span:
         existing: list[str] = []
         for rid in dict.fromkeys(runs):
@@ -423,16 +463,102 @@ def forget(
         report = forget_runs(
             deps, tenant, existing, reason=reason, by=by, shredder=shredder or shredder_for(s)
         )
+        report.checked = found.checked
         report.requests_dropped = [rid for rid in requests if rid not in runs]
         for r in report.runs:
             if r.terminated:
                 forget_dispatch(s, r.run_id)  # a run of the fleet: no worker dispatches it again
-        report.projections_purged = purge.wait_purged(
-            services.redis, s, [(r.partition, r.run_id) for r in report.runs], wait_s
-        )
-        report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+        _settle_purge(services, report, wait_s)
         tracing.annotate(span, runs=len(report.runs), keys=len(report.keys_shredded))
         return report
+
+
+def _settle_purge(services: Services, report: ForgetReport, wait_s: float) -> None:
+    """Wait for the projections' purge, delete the runs' own copies once more (an item
+    queued while the erasure was being recorded, by a caller that had not read it yet), and
+    have Redis rewrite its files."""
+    from runlog.consumers import erasure as purge
+
+    s = services.settings
+    report.projections_behind = purge.wait_purged(
+        services.redis, s, [(r.partition, r.run_id) for r in report.runs], wait_s
+    )
+    report.projections_purged = not report.projections_behind
+    deps = services.run_deps()
+    for r in report.runs:
+        report.copies_deleted += purge_copies(deps, report.tenant, r.run_id)
+    report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+
+
+@dataclass(frozen=True)
+class _Found:
+    runs: list[str]
+    checked: str
+    """Where they were looked for, and why there."""
+    forks: dict[str, list[str]] = field(default_factory=dict)
+    """Forks met in the log, by parent (empty when the index answered: it has them)."""
+
+
+def _left_out(
+    deps: RunDeps, tenant: str, subject_runs: Iterable[str], runs: Iterable[str]
+) -> list[str]:
+    """The runs of a subject that erasing ``runs`` would leave behind, their erasure not
+    recorded yet. They share the subject's key, so its shred erases them too, unstopped and
+    with no erasure in their log: a run of a named subject is forgotten only together with
+    all of them (``forget`` refuses, the retention job keeps the covered ones until the rest
+    are covered too). One already erased shares nothing that is still readable."""
+    rest = sorted(set(subject_runs) - set(runs))
+    return [rid for rid in rest if erasure_known(deps, tenant, rid).erased is None]
+
+
+def _index_untrusted(services: Services) -> str | None:
+    """Why the run index cannot answer for the log now (None: it can): the state projection
+    is behind the end of the log (its service stopped or slow), half rebuilt, or folded
+    runs without a key."""
+    from runlog.consumers import projection_metrics
+
+    s = services.settings
+    marks = projection_metrics.Watermarks(s)
+    try:
+        snap = projection_metrics.collect(services.redis, s, ("state",), marks.high)
+    finally:
+        marks.close()
+    state = snap["projections"]["state"]
+    if state["rebuild_incomplete"]:
+        return "the state projection's rebuild did not finish"
+    if state["lag"]:
+        return f"the state projection is {state['lag']} record(s) behind the log"
+    if state["sealed_runs"]:
+        return f"the state projection folded {state['sealed_runs']} run(s) without a key"
+    return None
+
+
+class _SubjectRuns:
+    """Answers "which runs has this subject" for one call of ``forget`` or the retention job:
+    from the run index when it is current, else from the events topic (``log.subjects``),
+    read once per tenant however many subjects are asked about, and the index together."""
+
+    def __init__(self, services: Services, index: RunIndex) -> None:
+        self.services = services
+        self.index = index
+        self.why: str | None = None
+        self.asked = False
+        self.scans: dict[str, SubjectScan] = {}
+
+    def __call__(self, tenant: str, subject: str) -> _Found:
+        if not self.asked:  # once per call of forget or the job: the first question
+            self.why, self.asked = _index_untrusted(self.services), True
+        indexed = self.index.runs_of_subject(tenant, subject)
+        if self.why is None:
+            return _Found(indexed, "the run index (the state projection is at the end of the log)")
+        scan = self.scans.get(tenant)
+        if scan is None:
+            scan = self.scans[tenant] = scan_subjects(self.services.settings, tenant)
+        checked = (
+            f"the events topic ({scan.records} record(s) of {scan.partitions} partition(s)), "
+            f"because the run index is not current: {self.why}"
+        )
+        return _Found(sorted({*scan.subjects.get(subject, []), *indexed}), checked, scan.forks)
 
 
 @dataclass
@@ -468,7 +594,6 @@ def apply_retention(
     job that keeps its policy as configuration). A run of a named data subject is forgotten
     only with all of the subject's runs (they share its key): while one of them is newer,
     the covered ones are kept and said so. ``dry_run``: report, change nothing."""
-    from runlog.consumers import erasure as purge
     from runlog.consumers.index import RunIndex
     from runlog.log import retention
 
@@ -487,6 +612,7 @@ def apply_retention(
             if tenant is None or p.tenant == tenant
         ]
     index = RunIndex(services.redis, s)
+    subject_runs = _SubjectRuns(services, index)
     deps = services.run_deps()
     out: list[RetentionRun] = []
     for t, age, seconds in todo:
@@ -500,8 +626,9 @@ def apply_retention(
             # The forks of a covered run carry its content (and share its subject): they
             # are forgotten with it, as ``forget`` does, whenever they ended (a fork in
             # progress is stopped first), and never keep it from being covered.
-            with_forks = _with_forks(index, t, rids)
-            newer = set(index.runs_of_subject(t, subject)) - set(covered) - set(with_forks)
+            found = subject_runs(t, subject)
+            with_forks = _with_forks(index, t, rids, found.forks)
+            newer = _left_out(deps, t, found.runs, [*covered, *with_forks])
             if newer:
                 for rid in rids:
                     job.kept[rid] = f"subject {subject} has {len(newer)} run(s) not covered yet"
@@ -513,10 +640,7 @@ def apply_retention(
             job.report = forget_runs(
                 deps, t, job.runs, reason=reason, by=by, shredder=shredder or shredder_for(s)
             )
-            job.report.projections_purged = purge.wait_purged(
-                services.redis, s, [(r.partition, r.run_id) for r in job.report.runs], wait_s
-            )
-            job.report.persistence_rewritten = purge.rewrite_persistence(services.redis, wait_s)
+            _settle_purge(services, job.report, wait_s)
         out.append(job)
     return out
 

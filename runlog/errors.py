@@ -202,8 +202,9 @@ class AgentMismatch(StartRefused):
 
 
 class NoLiveWorker(RunlogError):
-    """No live worker announces the agent a start asks for (``runlog start
-    --require-worker``): the request was not written. ``agent`` names it."""
+    """No live worker announces the agent a request needs (``runlog workers``): a start
+    with ``--require-worker`` or a reconcile request was not written, since nothing would
+    serve it now. ``agent`` names it."""
 
     def __init__(self, message: str, *, agent: str) -> None:
         super().__init__(message)
@@ -213,6 +214,17 @@ class NoLiveWorker(RunlogError):
 class ForkRefused(RunError):
     """A fork cannot be made as asked: a seq outside the parent's valid log, or a run id
     already used by another run (or another fork). Nothing was written."""
+
+
+class SubjectHasOtherRuns(RunError):
+    """``forget`` of one run whose data subject has other runs: they share the subject's
+    key, so shredding it would erase them too, without stopping them or recording their
+    erasure. Refused, nothing written; forget the whole subject instead."""
+
+    def __init__(self, message: str, *, run_id: str, subject: str, others: list[str]) -> None:
+        super().__init__(message, run_id=run_id)
+        self.subject = subject
+        self.others = others
 
 
 class RunFinished(RunError):
@@ -354,15 +366,6 @@ class NotReconcilable(RunError):
     def __init__(self, message: str, *, key: str | None, why: str, run_id: str | None = None):
         super().__init__(message, run_id=run_id)
         self.key, self.why = key, why
-
-
-class NoLiveWorker(RunlogError):
-    """No live worker announces the agent a request needs (``runlog workers``): nothing
-    would serve the request now. ``agent`` names it."""
-
-    def __init__(self, message: str, *, agent: str) -> None:
-        super().__init__(message)
-        self.agent = agent
 
 
 class NotSettledYet(RunlogError):

@@ -126,6 +126,25 @@ class Opener(Protocol):
         ...
 
 
+class NoKeyOpener:
+    """The opener of a reader that has no key store (encryption was off when it started, or
+    no KEK is configured): every sealed value reads as ``ERASED``, as for a run whose key was
+    destroyed. Such a reader folds a sealed run's structure and keeps going, where raising
+    ``NoKeys`` would stop it for every other run as well. ``asked`` tells it that a record
+    held sealed content (one opener per record), not content that was erased."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def open(self, key_id: str, nonce: bytes, ciphertext: bytes, aad: bytes) -> str | None:
+        self.asked = True
+        return None
+
+
+NO_KEY_OPENER = NoKeyOpener()
+"""One shared by readers that do not ask whether a record was sealed."""
+
+
 def aad(run_id: str, seq: int, path: str) -> bytes:
     """Associated data of one sealed field: run, seq and the field's path (with the item's
     index inside an array: ``tool_calls[2].args_json``)."""

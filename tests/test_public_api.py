@@ -53,6 +53,7 @@ EXPECTED_RUNLOG = [
     "SchemaError",
     "Settings",
     "StartRefused",
+    "SubjectHasOtherRuns",
     "TenantMismatch",
     "Tool",
     "ToolArgumentsError",

@@ -21,7 +21,7 @@ from runlog.log.keys import learn
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
 from runlog.schemas.keys import decode_key
-from runlog.schemas.sealing import Opener
+from runlog.schemas.sealing import NoKeyOpener, Opener
 from runlog.schemas.tenant_mac import NO_TENANT_KEYS, TenantKeys
 
 log = logging.getLogger(__name__)
@@ -71,15 +71,17 @@ def _record_of(
     except SchemaError as exc:
         # A key that names no run: quarantined, never folded under some run.
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
+    unkeyed = NoKeyOpener() if keys is None else None
     try:
-        ev = decode(msg.value(), ids, keys)
+        ev = decode(msg.value(), ids, keys if unkeyed is None else unkeyed)
         learn(keys, ev)
         if run_key != ev.run_id:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
     value = msg.value() or b""
-    return Decoded(ev, partition, offset, tenants.check(ev.tenant, msg.key(), value, msg.headers()))
+    forged = tenants.check(ev.tenant, msg.key(), value, msg.headers())
+    return Decoded(ev, partition, offset, forged, unkeyed is not None and unkeyed.asked)
 
 
 def _run_of(rec: Decoded | Rejected) -> str | None:
@@ -391,6 +393,15 @@ class BatchRunner(FencedRunner):
                     }
                 ),
             )
+        sealed: dict[str, int] = {}
+        unopened = [d for d in took if isinstance(d, Decoded) and d.sealed_no_key]
+        for d in unopened:
+            sealed.setdefault(d.event.run_id, d.offset)
+        if unopened:
+            # HSETNX: the run is marked where it was first met, whatever batch it was in.
+            for rid, offset in sealed.items():
+                pipe.hsetnx(keys.sealed(partition), rid, offset)
+            pipe.hincrby(keys.stats(partition), "sealed_no_key", len(unopened))
         if applied:
             pipe.hincrby(keys.stats(partition), "applied", applied)
         if bad:

@@ -18,13 +18,37 @@ from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, T
 from runlog.consumers.notify import Hook, Notifier
 from runlog.consumers.store import Handler
 from runlog.consumers.stores import NOTIFY, make_handler
-from runlog.errors import KafkaUnavailable, RegistryUnavailable, RunlogError
+from runlog.errors import KafkaUnavailable, NoKeys, RegistryUnavailable, RunlogError
 from runlog.log.authority import authority_for
-from runlog.log.keys import keys_for
+from runlog.log.keys import KeyStore, keys_for
 from runlog.log.registry import ids_for
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def _keys_or_none(settings: Settings) -> KeyStore | None:
+    """The runner's key store, or None: a runner without keys folds a sealed record's
+    structure with its content erased and marks the run ``sealed: no key`` (it never stops
+    on one: every other run of its partitions would stop with it). Said at start when
+    encryption is on, where every new record is sealed."""
+    try:
+        store = keys_for(settings)
+    except NoKeys as exc:
+        log.warning(
+            "encryption is on but this projection service has no key store (%s): sealed "
+            "records are folded with their content erased and their runs marked "
+            "'sealed: no key' (runlog project status counts them)",
+            exc,
+        )
+        return None
+    if store is None:
+        log.info(
+            "no key store (RUNLOG_KEK unset): a sealed record is folded with its content "
+            "erased and its run marked 'sealed: no key'"
+        )
+    return store
+
 
 T = TypeVar("T")
 
@@ -102,7 +126,7 @@ class RunnerBase:
         self.settings = settings
         self.topic = settings.events_topic
         self._ids = ids_for(settings)
-        self._keys = keys_for(settings)
+        self._keys = _keys_or_none(settings)
         self.redis = client
         self.handlers: list[Handler[Any]] = [
             make_handler(n, settings.redis_key_prefix, self.topic, authority_for(settings))

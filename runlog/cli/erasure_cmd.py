@@ -33,7 +33,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--subject", help="the data subject (a person or account id)")
-    which.add_argument("--run", dest="run_id", help="one run")
+    which.add_argument(
+        "--run",
+        dest="run_id",
+        help="one run (refused, naming them, when its subject has other runs: see --whole-subject)",
+    )
+    p.add_argument(
+        "--whole-subject",
+        action="store_true",
+        help="with --run: forget every run of the run's data subject (each is stopped and "
+        "records its erasure, as with --subject)",
+    )
     p.add_argument("--tenant", required=True)
     p.add_argument("--reason", required=True, help="why (required; recorded in each run's log)")
     p.add_argument("--by", default=None, help="who erases (default: the OS user)")
@@ -89,6 +99,7 @@ def _forget(args: argparse.Namespace) -> int:
             tenant=args.tenant,
             subject=args.subject,
             run_id=args.run_id,
+            whole_subject=args.whole_subject,
             reason=args.reason,
             by=by,
             wait_s=args.wait,
@@ -110,11 +121,18 @@ def _forget(args: argparse.Namespace) -> int:
             print(f"{rid}: start request dropped (no worker had started it)")
         if not report.runs and not report.requests_dropped:
             print(f"no run of {args.subject or args.run_id} in tenant {args.tenant}")
+        print(f"looked in {report.checked}")
         print(
-            f"keys shredded: {len(report.keys_shredded)}; snapshots deleted: "
-            f"{report.snapshots_deleted}; projections purged: {report.projections_purged}; "
-            f"redis files rewritten: {report.persistence_rewritten}"
+            f"keys shredded: {len(report.keys_shredded)}; copies deleted (inboxes, cancel "
+            f"flags, snapshots): {report.copies_deleted}; projections purged: "
+            f"{report.projections_purged}; redis files rewritten: {report.persistence_rewritten}"
         )
+        if report.projections_behind:
+            print(
+                f"NOT purged yet by {', '.join(report.projections_behind)}: its service is "
+                "stopped or behind (it purges when it folds the erasure); start it, then run "
+                "this again to see it done"
+            )
         _print_plaintext_kept(report)
     return 0 if _purged(report) else EXIT_FAILURE
 

@@ -19,16 +19,19 @@ from runlog.cli.progress import progress_bar
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.notify import hook_from_settings
 from runlog.consumers.runner import ProjectionRunner, rebuild, streaming_gc
-from runlog.consumers.stores import KNOWN, PROJECTIONS
+from runlog.consumers.stores import KNOWN, NOTIFY, PROJECTIONS
 from runlog.errors import ConfigError, UnknownRun
 from runlog.log.clients import redis_client
 from runlog.log.holders import status_now
 from runlog.projections.run_state import RunState
 from runlog.settings import Settings
 
-_ALL = PROJECTIONS
+# ``all`` is every projection a deployment needs: the approvals a person is asked for
+# (``notify``) included, or ``runlog approvals`` stays empty.
+_ALL = (*PROJECTIONS, *((NOTIFY,) if NOTIFY not in PROJECTIONS else ()))
 # Each registered projection (those ``all`` runs first, then the ones that run on their own).
 _CHOICES = (*_ALL, "all", *(name for name in KNOWN if name not in _ALL))
+_STATUS = "status"
 
 
 def _names(choice: str) -> tuple[str, ...]:
@@ -47,7 +50,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "notification per approval requested to --webhook."
         ),
     )
-    p.add_argument("projection", choices=_CHOICES)
+    p.add_argument(
+        "projection",
+        choices=(*_CHOICES, _STATUS),
+        help="a projection, all of them, or status: each projection's position, lag, "
+        "quarantined records and runs folded without a key (sealed: no key)",
+    )
+    p.add_argument("--json", action="store_true", help="status only: as JSON")
     p.add_argument(
         "--webhook",
         default=None,
@@ -137,15 +146,19 @@ def _warn_incomplete(client: Any, settings: Settings, names: tuple[str, ...]) ->
 
 def _project(args: argparse.Namespace) -> int:
 
-    logging.getLogger().setLevel(logging.INFO)  # a service's log: what it did, as it goes
-    streaming_gc()
     settings = Settings()
     client = _redis(settings)
+    if args.projection == _STATUS:
+        return _status(settings, client, args.json)
+    if args.json:
+        raise ConfigError("--json goes with `runlog project status`")
+    logging.getLogger().setLevel(logging.INFO)  # a service's log: what it did, as it goes
+    streaming_gc()
     names = _names(args.projection)
     hook = None
-    if args.webhook is not None and args.projection != "notify":
-        raise ConfigError("--webhook goes with `runlog project notify`")
-    if args.projection == "notify":
+    if args.webhook is not None and NOTIFY not in names:
+        raise ConfigError("--webhook goes with `runlog project notify` (or `all`)")
+    if NOTIFY in names:
         hook = hook_from_settings(settings, args.webhook)
         if hook is None:
             logging.getLogger("runlog.project").warning(
@@ -211,6 +224,11 @@ def _state(args: argparse.Namespace) -> int:
     print(f"fenced     {st['fenced_writes']} write(s) rejected by the ownership rule")
     print(f"last event {st['last_event_at']}")
     print(f"log        partition {view['partition']} first offset {view['first_offset']}")
+    if view.get("sealed"):
+        print(
+            f"sealed     {view['sealed']}: the projection service had no key store; its "
+            "content reads erased here (the log still holds it sealed)"
+        )
     if view["quarantined"]:
         print(f"QUARANTINED {len(view['quarantined'])} record(s):")
         for q in view["quarantined"]:
@@ -298,6 +316,29 @@ def _quarantine(args: argparse.Namespace) -> int:
             f"{r['error']}: {r['message']}  ({', '.join(r['projections'])})"
         )
     print(f"{len(recs)} quarantined record(s)", file=sys.stderr)
+    return 0
+
+
+def _status(settings: Settings, client: Any, as_json: bool) -> int:
+    """Each projection's progress; a run folded without a key is counted, not hidden."""
+    marks = projection_metrics.Watermarks(settings)
+    try:
+        snap = projection_metrics.collect(client, settings, _ALL, marks.high)
+    finally:
+        marks.close()
+        client.close()
+    if as_json:
+        print_json(snap)
+        return 0
+    print(f"topic {snap['topic']}")
+    for name, body in snap["projections"].items():
+        line = (
+            f"{name:<10} lag {body['lag']:>6}  applied {body['applied']:>8}  "
+            f"quarantined {body['quarantined']}  sealed: no key {body['sealed_runs']} run(s)"
+        )
+        if body["rebuild_incomplete"]:
+            line += "  REBUILD INCOMPLETE"
+        print(line)
     return 0
 
 

@@ -51,13 +51,12 @@ from typing import Any, Protocol
 import redis
 
 from runlog.errors import RedisUnavailable, RunlogError
-from runlog.log import metrics
+from runlog.log import copies, metrics
 from runlog.log.authority import authority_for, tenant_keys_for
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import FOLD_VERSION, RunState
 from runlog.schemas.codec import registry
-from runlog.schemas.keys import run_tag
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
 from runlog.settings import Settings
 
@@ -277,7 +276,7 @@ class SnapshotStore:
 
     # Keys --------------------------------------------------------------------------------
     def pointer_key(self, tenant: str, run_id: str) -> str:
-        return f"{run_tag(self.settings.redis_key_prefix, tenant, run_id)}:snap"
+        return copies.snapshot_key(self.settings.redis_key_prefix, tenant, run_id)
 
     def _body_key(self, tenant: str, run_id: str, seq: int) -> str:
         return f"{self.pointer_key(tenant, run_id)}:{seq}:{uuid.uuid4().hex[:8]}"

@@ -343,9 +343,10 @@ _LAG = """{% extends "base.html" %}{% block title %}Projection lag{% endblock %}
 <p class="muted">Records of <code>{{ snap.topic }}</code> not yet folded, per projection and
 partition (high watermark minus the next offset to apply).</p>
 <table id="lag"><thead><tr><th>Projection</th><th>Lag (records)</th><th>Applied</th>
-<th>Quarantined</th><th>Per partition (lag)</th></tr></thead><tbody>
+<th>Quarantined</th><th>Sealed, no key (runs)</th><th>Per partition (lag)</th></tr></thead><tbody>
 {% for name, body in snap.projections.items() %}<tr><td>{{ name }}</td><td class="num">{{ body.lag }}</td>
 <td class="num">{{ body.applied }}</td><td class="num">{{ body.quarantined }}</td>
+<td class="num sealed">{{ body.sealed_runs }}</td>
 <td class="mono">{% for p, row in body.partitions.items() %}{{ p }}:{{ row.lag }} {% endfor %}</td></tr>
 {% endfor %}</tbody></table>{% endblock %}"""
 

@@ -144,7 +144,7 @@ def test_forget_leaves_no_plaintext_in_redis_or_its_files(
         assert rc == 0, err + out[-1500:]
         report = json.loads(out)
         assert [r["run_id"] for r in report["runs"]] == [forgotten]
-        assert report["snapshots_deleted"] >= 2  # the pointer and the body
+        assert report["copies_deleted"] >= 2  # the snapshot pointer and its body
         assert report["projections_purged"] is True and report["persistence_rewritten"] is True
 
         assert gone.encode() not in redis_bytes(s)

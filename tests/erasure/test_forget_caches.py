@@ -63,18 +63,20 @@ def test_a_long_lived_reader_serves_erased_after_forget_without_restart(
     # This process served the subject's second run before the forget: its key is cached.
     assert two in _shown(s, second)
 
-    # `runlog forget` in another process: the first run (its subject's keys are shredded).
+    # `runlog forget` in another process: the first run and, with it, its subject's other
+    # run (they share the key it shreds).
     done = subprocess.run(
         [
             *(sys.executable, "-m", "runlog.cli", "forget", "--run", first, "--tenant", TENANT),
-            *("--reason", "art. 17", "--by", "dpo", "--wait", "1", "--json"),
+            *("--whole-subject", "--reason", "art. 17", "--by", "dpo", "--wait", "1", "--json"),
         ],
         env=_env(s),
         capture_output=True,
         timeout=120,
     )
     report = json.loads(done.stdout)
-    assert [r["run_id"] for r in report["runs"]] == [first] and report["keys_shredded"]
+    assert sorted(r["run_id"] for r in report["runs"]) == sorted([first, second])
+    assert report["keys_shredded"]
 
     # The long-lived reader serves the erased run (its log says so) and, having read the
     # erasure, the subject's other run erased too: its key is no longer in use here.
