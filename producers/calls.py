@@ -916,7 +916,8 @@ def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Step
             return  # stays uncertain; the next recovery of the call asks again
         # The request may still land meanwhile: the lookup after the deadline sees it.
         yield from blocking(functools.partial(time.sleep, max(left, 0.0)))
-        yield from recover_call(run, call)
+        if key in run.state.open_calls:
+            yield from recover_call(run, run.state.open_calls[key])
 
 
 def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
