@@ -79,6 +79,27 @@ def _spawn(env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _in_flight(
+    reader: LogReader, rids: list[str], names: set[str], within_s: float = 10.0
+) -> tuple[str, str, str] | None:
+    """A worker (among ``names``) with a call in flight, its run and the call's key: the
+    run's log holds the call's STARTED, written by that worker (a worker's ``--id`` is its
+    writer id), and no completion. Looked for until ``within_s`` has passed."""
+    until = time.monotonic() + within_s
+    while time.monotonic() < until:
+        for rid in rids:
+            evs = _events(reader, rid)
+            st = fold(evs)
+            for call in st.open_calls.values():
+                if call.status != "started":
+                    continue
+                mine = (e for e in evs if e.seq == call.started_seq and e.epoch == st.epoch)
+                writer = next((e.writer_id for e in mine), "")
+                if writer in names:
+                    return writer, rid, call.idempotency_key
+    return None
+
+
 def _events(reader: LogReader, rid: str) -> list[Event]:
     return [r.event for r in reader.read(rid, partition=reader.partition_of(rid), start=0)]
 
@@ -100,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
     killed: list[dict[str, Any]] = []
     paused: list[dict[str, Any]] = []
     frozen: dict[str, float] = {}  # worker -> when to SIGCONT it
+    # Popped from the end: the pauses first, while every run still has calls to make.
     faults = ["kill"] * args.kills + ["pause"] * args.pauses
-    rng.shuffle(faults)
     n = 0
 
     def spawn() -> None:
@@ -145,20 +166,33 @@ def run(args: argparse.Namespace) -> int:
                 if done == len(rids) and not frozen and not woke:
                     break
                 alive = [w for w, p in workers.items() if p.poll() is None and w not in frozen]
-                if faults and len(alive) > 1:
+                if faults and len(alive) > 1 and faults[-1] == "kill":
+                    faults.pop()
                     victim = rng.choice(alive)
                     proc = workers[victim]
-                    if faults.pop() == "kill":
-                        proc.send_signal(signal.SIGKILL)
-                        proc.wait(10)
-                        killed.append({"worker": victim, "pid": proc.pid, "rc": proc.returncode})
-                        print(f"SIGKILL {victim} (pid {proc.pid})", flush=True)
-                    else:
-                        proc.send_signal(signal.SIGSTOP)
-                        frozen[victim] = time.monotonic() + PAUSE_S
-                        paused.append({"worker": victim, "pid": proc.pid, "for_s": PAUSE_S})
-                        print(f"SIGSTOP {victim} (pid {proc.pid}) for {PAUSE_S:.0f} s", flush=True)
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(10)
+                    killed.append({"worker": victim, "pid": proc.pid, "rc": proc.returncode})
+                    print(f"SIGKILL {victim} (pid {proc.pid})", flush=True)
                     spawn()
+                elif faults and len(alive) > 1:
+                    # Frozen inside a call: the log shows its STARTED and no completion.
+                    caught = _in_flight(reader, rids, set(alive))
+                    if caught is not None:
+                        faults.pop()
+                        victim, rid, key = caught
+                        pid = workers[victim].pid
+                        workers[victim].send_signal(signal.SIGSTOP)
+                        frozen[victim] = time.monotonic() + PAUSE_S
+                        paused.append(
+                            {"worker": victim, "pid": pid, "for_s": PAUSE_S, "run_id": rid}
+                        )
+                        print(
+                            f"SIGSTOP {victim} (pid {pid}) for {PAUSE_S:.0f} s, "
+                            f"inside the call {key} of {rid}",
+                            flush=True,
+                        )
+                        spawn()
     finally:
         for name in frozen:
             workers[name].send_signal(signal.SIGCONT)  # a frozen process ignores SIGTERM
