@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from runlog.errors import InvalidToolDeclaration
 from runlog.producers import tracing
 from runlog.producers.bounds import ResultSink
 from runlog.producers.context import current_call
@@ -126,9 +128,21 @@ class Tool:
     def __post_init__(self) -> None:
         declared = _declared(self.receiver)
         if not declared <= set(RECEIVERS):
-            raise ValueError(f"receiver must name {RECEIVERS} or be None, not {self.receiver!r}")
-        if not self.commit_window_s > 0:
-            raise ValueError(f"commit_window_s must be positive, not {self.commit_window_s!r}")
+            raise InvalidToolDeclaration(
+                f"tool {self.name}: receiver must name {RECEIVERS} or be None, "
+                f"not {self.receiver!r}",
+                tool=self.name,
+                field="receiver",
+                value=self.receiver,
+            )
+        window = self.commit_window_s
+        if not (isinstance(window, int | float) and math.isfinite(window) and window > 0):
+            raise InvalidToolDeclaration(
+                f"tool {self.name}: commit_window_s must be positive, not {self.commit_window_s!r}",
+                tool=self.name,
+                field="commit_window_s",
+                value=self.commit_window_s,
+            )
         if self.dedupes_by_key and "dedupes_by_key" not in declared:
             declared |= {"dedupes_by_key"}
             receiver = tuple(r for r in RECEIVERS if r in declared)
@@ -138,7 +152,7 @@ class Tool:
         object.__setattr__(self, "_lookup_takes", _fence_args(self.reconcile))
 
     @property
-    def guarantees(self) -> frozenset[str]:
+    def guarantees(self) -> frozenset[Any]:
         """The receiver's declared guarantees, as a set (``receiver`` may name one or more)."""
         return _declared(self.receiver)
 
@@ -204,10 +218,14 @@ class Tool:
         return Tool(name=compensation_name(self.name), fn=undo, risk="irreversible")
 
 
-def _declared(receiver: Receiver | tuple[Receiver, ...] | None) -> frozenset[str]:
+def _declared(receiver: Any) -> frozenset[Any]:
+    """The guarantees ``receiver`` names (anything not a name or a tuple of names is one
+    unknown guarantee, refused by ``Tool``)."""
     if receiver is None:
         return frozenset()
-    return frozenset((receiver,) if isinstance(receiver, str) else receiver)
+    if isinstance(receiver, tuple | list | set | frozenset):
+        return frozenset(receiver)
+    return frozenset((receiver,))
 
 
 def _fence_args(fn: Any) -> frozenset[str]:

@@ -10,8 +10,11 @@ worker process) applied per key once the paused request went on.
 
 from __future__ import annotations
 
+import asyncio
 import signal
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -28,6 +31,9 @@ from workers.common import (
     wait_lease_gone,
 )
 
+import runlog
+import runlog.aio
+from runlog.errors import InvalidToolDeclaration
 from runlog.schemas import models as m
 from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType
@@ -152,3 +158,148 @@ def test_paused_request_on_a_receiver_that_declares_nothing_is_never_retried_on_
     (asked,) = payloads(events, EventType.APPROVAL_REQUESTED)
     assert asked.kind == "uncertain_call" and asked.idempotency_key == recon.idempotency_key
     assert ledger.per_key() == {recon.idempotency_key: 1}  # the late request, once
+
+
+# ------------------------------------------------------------ the contract, in process
+def _fence_recorder(seen: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """A tool that names the fence, and one written before it (the key only)."""
+
+    def fenced(
+        args: dict[str, Any], *, idempotency_key: str, fencing_token: int, commit_deadline: datetime
+    ) -> str:
+        ctx = runlog.current_call()
+        assert ctx is not None
+        seen.append(
+            {
+                "key": idempotency_key,
+                "token": fencing_token,
+                "deadline": commit_deadline,
+                "ctx": (ctx.fencing_token, ctx.commit_deadline),
+            }
+        )
+        return "sent"
+
+    def key_only(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ctx = runlog.current_call()
+        assert ctx is not None and ctx.commit_deadline is not None
+        seen.append({"key": idempotency_key, "ctx": (ctx.fencing_token, ctx.commit_deadline)})
+        return "sent"
+
+    return (
+        runlog.tool("fenced", risk="irreversible", commit_window_s=7)(fenced),
+        runlog.tool("key_only", risk="irreversible")(key_only),
+    )
+
+
+def _check_fence(fast: Settings, run_id: str, epoch: int, seen: list[dict[str, Any]]) -> None:
+    started = payloads(_events(fast, run_id), EventType.TOOL_CALL_STARTED)
+    at = {
+        p.idempotency_key: ev.occurred_at
+        for ev in _events(fast, run_id)
+        if isinstance((p := ev.payload), m.ToolCallStarted)
+    }
+    assert len(started) == 2 and len(seen) == 2
+    fenced, key_only = seen
+    # The deadline every reader computes from the log is the one the tool was sent.
+    assert fenced["deadline"] == at[fenced["key"]] + timedelta(seconds=7)
+    assert fenced["token"] == epoch and fenced["ctx"] == (epoch, fenced["deadline"])
+    assert key_only["ctx"] == (epoch, at[key_only["key"]] + timedelta(seconds=30))
+
+
+def test_the_fence_reaches_tools_of_either_signature_through_the_sync_driver(
+    fast: Settings,
+) -> None:
+    seen: list[dict[str, Any]] = []
+    with runlog.open_run(settings=fast, tools=list(_fence_recorder(seen))) as run:
+        assert run.call_tool("fenced", {"a": 1}) == "sent"
+        assert run.call_tool("key_only", {"a": 1}) == "sent"
+        run_id, epoch = run.run_id, run.epoch
+    _check_fence(fast, run_id, epoch, seen)
+
+
+def test_the_fence_reaches_tools_of_either_signature_through_the_async_driver(
+    fast: Settings,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> tuple[str, int]:
+        async with runlog.aio.open_run(settings=fast, tools=list(_fence_recorder(seen))) as run:
+            assert await run.call_tool("fenced", {"a": 1}) == "sent"
+            assert await run.call_tool("key_only", {"a": 1}) == "sent"
+            return run.run_id, run.epoch
+
+    run_id, epoch = asyncio.run(main())
+    _check_fence(fast, run_id, epoch, seen)
+
+
+def test_a_live_timeout_on_a_fenced_receiver_is_not_retried_on_absent(fast: Settings) -> None:
+    """The request in doubt carries this owner's own token: a lookup with the same token
+    fences nothing, so the absence is not final and a person decides."""
+    sent: list[int] = []
+
+    def pay(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> str:
+        sent.append(fencing_token)
+        raise TimeoutError("no answer: the request may still be on its way")
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> Any:
+        return runlog.Absent("not there yet")  # the request has not arrived (yet)
+
+    tool = runlog.tool("pay", risk="irreversible", reconcile=lookup, receiver="fenced")(pay)
+    with runlog.open_run(settings=fast, tools=[tool]) as run:
+        with pytest.raises(runlog.Escalated):
+            run.call_tool("pay", {"eur": 5})
+        run_id = run.run_id
+    assert len(sent) == 1  # never retried
+    events = _events(fast, run_id)
+    (recon,) = payloads(events, EventType.RECONCILIATION_ATTEMPTED)
+    assert (recon.outcome, recon.action) == ("absent", "escalate")
+    assert "own token" in recon.rule
+
+
+def test_a_safe_tool_is_retried_on_absent_without_a_declaration(fast: Settings) -> None:
+    calls: list[str] = []
+
+    def probe(args: dict[str, Any], *, idempotency_key: str) -> str:
+        calls.append(idempotency_key)
+        if len(calls) == 1:
+            raise TimeoutError("no answer")
+        return "probed"
+
+    absent = runlog.tool("probe", reconcile=lambda a, **k: runlog.Absent("none"))(probe)
+    with runlog.open_run(settings=fast, tools=[absent]) as run:
+        assert run.call_tool("probe", {}) == "probed"
+        run_id = run.run_id
+    (recon,) = payloads(_events(fast, run_id), EventType.RECONCILIATION_ATTEMPTED)
+    assert (recon.outcome, recon.action) == ("absent", "retry") and "risk=safe" in recon.rule
+    assert len(calls) == 2 and len(set(calls)) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("receiver", "idempotent"),
+        ("receiver", ("fenced", 3)),
+        ("commit_window_s", 0),
+        ("commit_window_s", float("inf")),
+        ("commit_window_s", "30"),
+    ],
+)
+def test_a_declaration_runlog_cannot_honour_is_refused_when_the_tool_is_made(
+    field: str, value: Any
+) -> None:
+    with pytest.raises(InvalidToolDeclaration) as info:
+        runlog.tool("pay", risk="irreversible", **{field: value})(lambda a, **k: "")
+    assert (info.value.tool, info.value.field, info.value.value) == ("pay", field, value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_dedupes_by_key_and_its_receiver_name_are_one_declaration() -> None:
+    def fn(a: dict[str, Any], *, idempotency_key: str) -> str:
+        return ""
+
+    old = runlog.tool("t", dedupes_by_key=True)(fn)
+    new = runlog.tool("t", receiver="dedupes_by_key")(fn)
+    both = runlog.tool("t", receiver="fenced", dedupes_by_key=True)(fn)
+    assert old.guarantees == new.guarantees == {"dedupes_by_key"}
+    assert old.dedupes_by_key and new.dedupes_by_key and both.dedupes_by_key
+    assert both.guarantees == {"fenced", "dedupes_by_key"}
