@@ -88,6 +88,36 @@ def test_paused_request_is_refused_by_a_receiver_that_honours_the_token(
     assert ledger.refused() == 1  # the paused owner's request, refused by its old token
 
 
+def test_the_lookup_itself_fences_a_paused_request_that_lands_before_the_retry(
+    fast: Settings, tmp_path: Path, ledger: Ledger, redis_client: redis.Redis
+) -> None:
+    """The late request lands between the new owner's lookup and its retry: only the floor
+    the lookup raised can refuse it (the retry has not reached the receiver yet)."""
+    rid = new_run_id()
+    fenced = ("--receiver", "fenced")
+    old = start_worker(
+        fast, tmp_path, "old", "--run-id", rid, "--charge-mode", "block-before", *fenced
+    )
+    key = old.wait_flag("in-tool")
+    old.kill(signal.SIGSTOP)
+    try:
+        wait_lease_gone(redis_client, fast)
+        new = start_worker(
+            fast, tmp_path, "new", "--run-id", rid, "--charge-mode", "block-before", *fenced
+        )
+        assert new.wait_flag("in-tool") == key  # the retry is held before the receiver
+    finally:
+        old.kill(signal.SIGCONT)
+    old.go()
+    old_code, old_result = old.finish()
+    assert old_code == EXIT_FENCED, old_result
+    assert ledger.per_key() == {} and ledger.refused() == 1  # refused by the lookup's floor
+    new.go()
+    code, result = new.finish()
+    assert code == EXIT_OK and result["status"] == "finished", result
+    assert ledger.per_key() == {key: 1}
+
+
 def test_paused_request_lands_once_on_a_receiver_that_dedupes_by_key(
     fast: Settings, tmp_path: Path, ledger: Ledger, redis_client: redis.Redis
 ) -> None:
