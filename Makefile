@@ -7,7 +7,7 @@
 #   make soak   every fault at the reliability goals' counts (~2 h; SCALE=0.01 or KILLS=.. RACES=.. etc.)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make docs   the documentation site into site/ (mkdocs build --strict: broken links fail)
-#   make demo   stack + topics, then the fleet demo: 3 workers, kill -9 (DEMO_SEED=7 DEMO_KILLS=5)
+#   make demo   stack + topics, then the fleet demo: 3 workers, kill -9 and SIGSTOP (DEMO_SEED=7 DEMO_KILLS=5 DEMO_PAUSES=2)
 #   make down   stop the local stack (and the secure one, if the tests left it running)
 #   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
@@ -29,8 +29,9 @@ PYTEST_ARGS ?=
 # supervisor (runlog.demo). Override DEMO_CMD to run something else on the same stack.
 DEMO_SEED ?= 7
 DEMO_KILLS ?= 5
+DEMO_PAUSES ?= 2
 DEMO_ARGS ?=
-DEMO_CMD ?= $(RUNLOG) demo --seed $(DEMO_SEED) --kills $(DEMO_KILLS) $(DEMO_ARGS)
+DEMO_CMD ?= $(RUNLOG) demo --seed $(DEMO_SEED) --kills $(DEMO_KILLS) --pauses $(DEMO_PAUSES) $(DEMO_ARGS)
 
 .PHONY: help venv stack topics test faults explore soak lint docs demo down status bench
 

@@ -142,9 +142,10 @@ class _Turn:
                 left.add_done_callback(lambda _: self._lock.release())
 
 
-async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup, turn: _Turn) -> Any:
-    """Await an async tool or reconciler here; run a sync one in a worker thread (it may
-    block on its own network call). The call context travels with it either way.
+async def _call(fn: Any, op: Invoke | Lookup, turn: _Turn) -> Any:
+    """Await an async tool or reconciler ``fn`` here; run a sync one in a worker thread (it
+    may block on its own network call). The call context travels with it either way, and
+    the call itself is ``op.request()``, the one the sync driver makes (key and fence).
 
     A cancellation cannot stop the thread: the request in it is still in flight and may
     still take effect, so the run's turn passes on only when it ends (a retry's lookup
@@ -153,11 +154,11 @@ async def _call(fn: Any, args: dict[str, Any], key: str, op: Invoke | Lookup, tu
 
     def call() -> Any:
         with call_context(op.ctx):
-            return fn(args, idempotency_key=key)
+            return op.request()
 
     if is_async(fn):
         with call_context(op.ctx):
-            out = fn(args, idempotency_key=key)
+            out = op.request()
     else:
         running = asyncio.ensure_future(in_thread(call))
         try:
@@ -216,9 +217,9 @@ class AsyncRun(Owned):
                 return await self._append(op.event_type, op.payload)
             return await self._emit(op.event_type, op.payload)
         if isinstance(op, Invoke):
-            return await _call(op.tool, op.args, op.ctx.idempotency_key, op, self._turn)
+            return await _call(op.tool, op, self._turn)
         if isinstance(op, Lookup):
-            return await _call(op.tool.reconcile, op.args, op.ctx.idempotency_key, op, self._turn)
+            return await _call(op.tool.reconcile, op, self._turn)
         if isinstance(op, Peek):
             try:
                 return await self._peek(op.key)

@@ -13,7 +13,13 @@ uncertain outcome. Its decisions:
 evidence              action
 ====================  ===========================================================
 Match(result)         append a completion with source=reconciliation
-Absent()              retry with the same key
+Absent()              retry with the same key only if the tool's ``receiver`` makes the
+                      absence final (``_absence``): dedupes_by_key; fenced, when the
+                      lookup carried a token above every attempt's; deadline, once the
+                      original request's deadline passed. A deadline still ahead is
+                      waited for (then the lookup is asked again); a safe tool retries;
+                      any other call goes to a person (a lookup can say "not yet",
+                      never "never")
 Conflict(detail)      stop the run; escalate to a person with both payloads; a
                       tool with ``compensate`` first undoes the conflicting effect
                       (a call of its own) and, once undone, retries with the key
@@ -41,7 +47,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
 from runlog.producers import timelines
@@ -263,7 +271,9 @@ def attempt(
         yield from _not_invoked(run, key, attempt, exc)
         raise
     t0 = time.monotonic()
-    ctx = CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq)
+    deadline = commit_deadline(started.occurred_at, tool)
+    ctx = CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq, deadline)
+    run._attempted.add(key)  # from here on a request under this owner's token may exist
     try:
         result = yield from invoke(tool, json.loads(args_json), ctx)
     except GeneratorExit:
@@ -612,7 +622,8 @@ def recover_call(run: Run, call: OpenCall) -> Steps[None]:
 
 
 def _lookup(run: Run, call: OpenCall, tool: Tool) -> Steps[Evidence]:
-    """The tool's reconciler's answer; a failing or buggy lookup is no evidence."""
+    """The tool's reconciler's answer; a failing or buggy lookup is no evidence. It is
+    asked with this owner's token (``ctx.epoch``): a fenced receiver raises its floor."""
     assert tool.reconcile is not None
     key = call.idempotency_key
     ctx = CallContext(run.run_id, run.tenant, run.epoch, key, call.attempt, call.started_seq)
@@ -802,17 +813,111 @@ def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps
     yield from _complete(run, run.state.open_calls[call.idempotency_key], evidence.result)
 
 
-def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
-    assert isinstance(evidence, Absent)
-    yield from _reconciliation(
-        run,
-        call,
-        "absent",
-        "authoritative absence and the original request can no longer commit",
-        "retry",
-        evidence.evidence,
+def commit_deadline(started_at: datetime, tool: Tool) -> datetime:
+    """The deadline an attempt's request carries: its STARTED's occurred-at plus the tool's
+    commit window. Derived from the log, so recovery computes the one the receiver got."""
+    return started_at + timedelta(seconds=tool.commit_window_s)
+
+
+CLOCK_MARGIN = timedelta(seconds=1)
+"""How far the receiver's clock may lag this worker's: a deadline counts as passed only
+this long after it, by our clock."""
+
+MAX_DEADLINE_WAIT_S = 60.0
+"""Recovery waits in place for a deadline at most this far ahead; a later one leaves the
+call uncertain, and the next recovery of it asks again."""
+
+
+@dataclass(frozen=True)
+class _Absence:
+    """What a lookup's ``Absent`` allows, by the tool's declaration."""
+
+    action: Literal["retry", "wait", "escalate"]
+    rule: str
+    until: datetime | None = None
+
+
+def _absence(run: Run, call: OpenCall, tool: Tool, now: datetime) -> _Absence:
+    """Whether ``Absent`` is final: only the receiver can stop the original request (still
+    in flight from a paused or partitioned owner, or from this one) from landing after a
+    retry. The tool's declared guarantees are tried in order; the first that makes the
+    absence final allows the retry."""
+    declared = tool.guarantees
+    if "dedupes_by_key" in declared:
+        return _Absence(
+            "retry",
+            "absent; the receiver deduplicates by key: a late original and the retry make "
+            "one effect",
+        )
+    own = call.idempotency_key in run._attempted
+    if "fenced" in declared and not own:
+        return _Absence(
+            "retry",
+            f"absent; the receiver refuses tokens below {run.epoch}, and the lookup raised "
+            "its floor to that token: every earlier request (an older token) can no longer "
+            "commit",
+        )
+    if "deadline" in declared:
+        until = commit_deadline(call.started_at, tool)
+        if now >= until + CLOCK_MARGIN:
+            return _Absence(
+                "retry",
+                f"absent after the original request's commit deadline {until.isoformat()}, "
+                "which the receiver enforces: it can no longer commit",
+            )
+        return _Absence(
+            "wait",
+            f"absent now, but the original request may commit until its deadline "
+            f"{until.isoformat()}, which the receiver enforces: ask again after it",
+            until + CLOCK_MARGIN,
+        )
+    if tool.risk == "safe":
+        return _Absence(
+            "retry", "absent; risk=safe: a repeat is harmless even if the original lands late"
+        )
+    if "fenced" in declared:
+        why = (
+            f"the request in doubt was sent under this owner's own token {run.epoch}, so the "
+            "lookup could not raise the receiver's floor above it"
+        )
+    else:
+        why = (
+            f"{tool.name} declares no receiver guarantee (fencing token, deadline or "
+            "deduplication by key)"
+        )
+    return _Absence(
+        "escalate",
+        f"absent now, but {why}: the original request could still commit and a retry could "
+        "make the effect twice; a person must decide",
     )
-    yield from _retry(run, run.state.open_calls[call.idempotency_key], "absent")
+
+
+def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
+    """Retry only on a final absence (``_absence``); otherwise wait for the deadline and
+    ask again, or ask a person. The recorded rule says which applied, and why."""
+    assert isinstance(evidence, Absent)
+    key = call.idempotency_key
+    verdict = _absence(run, call, tool, datetime.now(UTC))
+    action = {"retry": "retry", "wait": "keep_uncertain", "escalate": "escalate"}[verdict.action]
+    yield from _reconciliation(run, call, "absent", verdict.rule, action, evidence.evidence)
+    call = run.state.open_calls[key]
+    if verdict.action == "retry":
+        yield from _retry(run, call, "absent")
+    elif verdict.action == "escalate":
+        reason = (
+            f"{call.name} was absent at the lookup, but nothing stops its original request "
+            f"(started {call.started_at.isoformat()}) from landing later"
+        )
+        yield from _escalate(run, call, "uncertain_call", reason, None)
+    else:
+        assert verdict.until is not None
+        left = (verdict.until - datetime.now(UTC)).total_seconds()
+        if left > MAX_DEADLINE_WAIT_S:
+            return  # stays uncertain; the next recovery of the call asks again
+        # The request may still land meanwhile: the lookup after the deadline sees it.
+        yield from blocking(functools.partial(time.sleep, max(left, 0.0)))
+        if key in run.state.open_calls:
+            yield from recover_call(run, run.state.open_calls[key])
 
 
 def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:

@@ -1,9 +1,10 @@
 """What a tool may know about the call it is executing, without changing its signature.
 
-``runlog.current_call()`` inside a tool returns the run, tenant, writer epoch (the
-fencing token), idempotency key, attempt and STARTED seq. A receiver that stores the
-highest epoch it has seen per run can refuse a paused, fenced worker's late requests:
-the lease orders the log, the token lets the receiver order the effects.
+``runlog.current_call()`` inside a tool (or its reconciler) returns the run, tenant, the
+fencing token, idempotency key, attempt, STARTED seq and the commit deadline. The same
+token and deadline are passed to a tool that names them as keyword arguments
+(``fencing_token``, ``commit_deadline``): the context is for code deeper down that the
+tool does not hand them to.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 
 
 @dataclass(frozen=True)
@@ -19,10 +21,20 @@ class CallContext:
     run_id: str
     tenant: str
     epoch: int
-    """The writer's fencing token when the call started."""
+    """The writer's fencing token: the run's epoch when the call started (in a tool), or
+    the new owner's epoch (in a reconciler that recovery asks)."""
     idempotency_key: str
     attempt: int
     started_seq: int
+    commit_deadline: datetime | None = None
+    """When the attempt's request stops being allowed to commit (UTC): its STARTED's
+    occurred-at plus the tool's ``commit_window_s``. None in a reconciler."""
+
+    @property
+    def fencing_token(self) -> int:
+        """The token a receiver orders requests by: remember the highest per key, refuse
+        lower ones. Monotonic across takeovers (a new owner's epoch exceeds every earlier)."""
+        return self.epoch
 
 
 _current: ContextVar[CallContext | None] = ContextVar("runlog_call", default=None)

@@ -45,14 +45,31 @@ class Invoke:
     args: dict[str, Any]
     ctx: CallContext
 
+    def request(self) -> Any:
+        """The call both drivers make: the key and the fence, as the tool's receiver needs."""
+        return self.tool(
+            self.args,
+            idempotency_key=self.ctx.idempotency_key,
+            fencing_token=self.ctx.fencing_token,
+            commit_deadline=self.ctx.commit_deadline,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """Ask ``tool``'s reconciler about the call ``ctx`` describes."""
+    """Ask ``tool``'s reconciler about the call ``ctx`` describes (``ctx.fencing_token``
+    is the asking owner's, so a fenced receiver refuses the older requests first)."""
 
     tool: Tool
     args: dict[str, Any]
     ctx: CallContext
+
+    def request(self) -> Any:
+        return self.tool.lookup(
+            self.args,
+            idempotency_key=self.ctx.idempotency_key,
+            fencing_token=self.ctx.fencing_token,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +157,10 @@ def perform(run: Run, op: Op) -> Any:
         return run.emit(op.event_type, op.payload)
     if isinstance(op, Invoke):
         with call_context(op.ctx):
-            return _sync_await(
-                op.tool(op.args, idempotency_key=op.ctx.idempotency_key), f"tool {op.tool.name}"
-            )
+            return _sync_await(op.request(), f"tool {op.tool.name}")
     if isinstance(op, Lookup):
-        assert op.tool.reconcile is not None
         with call_context(op.ctx):
-            return _sync_await(
-                op.tool.reconcile(op.args, idempotency_key=op.ctx.idempotency_key),
-                f"the reconciler of {op.tool.name}",
-            )
+            return _sync_await(op.request(), f"the reconciler of {op.tool.name}")
     if isinstance(op, Peek):
         return run.deps.leases.peek(op.key)
     return op.fn()

@@ -158,6 +158,9 @@ class Run(Owned):
     _acks: AckGroup = field(default_factory=AckGroup)
     _poisoned: str | None = None
     _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    _attempted: set[str] = field(default_factory=set)
+    """Keys this owner sent a request for, so under its own token: a fenced receiver's
+    lookup with that token raises no floor above them (``producers.calls``)."""
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _log_view: RunState | None = None
     """Validity of this run's log up to ``position``, as every reader folds it: status,

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidRecordKey",
     "InvalidRunId",
     "InvalidTenant",
+    "InvalidToolDeclaration",
     "KafkaUnavailable",
     "MissingUpcaster",
     "NewerSchemaVersion",
@@ -264,6 +265,16 @@ class ToolFailed(RunError):
 
 class ToolArgumentsError(RunlogError):
     """Tool arguments are not canonicalisable JSON or exceed limits; refused before STARTED."""
+
+
+class InvalidToolDeclaration(RunlogError, ValueError):
+    """A tool declares something runlog cannot honour (an unknown receiver guarantee, a
+    commit window that is not positive): refused when the tool is made, before any call.
+    ``tool``, ``field`` and ``value`` name what was wrong. Also a ``ValueError``."""
+
+    def __init__(self, message: str, *, tool: str, field: str, value: object) -> None:
+        super().__init__(message)
+        self.tool, self.field, self.value = tool, field, value
 
 
 class UnknownTool(RunlogError):

@@ -22,7 +22,9 @@ async def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Absen
     return runlog.Absent("the bench's receiver keeps nothing")
 
 
-step = runlog.tool("step", risk="irreversible", reconcile=_lookup)(_step)
+# Irreversible for its barriers (the durable steps measured); it changes nothing, so a
+# repeat under the key makes no second effect: what dedupes_by_key declares.
+step = runlog.tool("step", risk="irreversible", reconcile=_lookup, receiver="dedupes_by_key")(_step)
 
 
 @runlog.agent("bench.first")

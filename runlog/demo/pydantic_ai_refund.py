@@ -86,7 +86,10 @@ def build(bank: Path, pause_s: float) -> RunlogAgent[None, Any]:
 
     return RunlogAgent(
         agent,
-        tools={"refund": ToolPolicy("irreversible", reconcile=find_refund)},
+        # The payment service keeps one refund per key: a repeat under it changes nothing.
+        tools={
+            "refund": ToolPolicy("irreversible", reconcile=find_refund, receiver="dedupes_by_key")
+        },
         tenant=TENANT,
     )
 

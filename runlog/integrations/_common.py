@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlog import aio
-from runlog.producers.tools import Reconciler, Risk
+from runlog.producers.tools import (
+    DEFAULT_COMMIT_WINDOW_S,
+    Receiver,
+    Reconciler,
+    Risk,
+    Tool,
+    ToolFn,
+)
 from runlog.settings import Settings
 
 SUMMARY_CHARS = 2000
@@ -23,14 +30,30 @@ SUMMARY_CHARS = 2000
 class ToolPolicy:
     """How runlog treats one of the agent's tools (a tool without one is ``safe``).
 
-    ``reconcile(args, *, idempotency_key)`` is an authoritative lookup returning
-    ``runlog.Match``/``Absent``/``Conflict``/``Unavailable`` (it may be ``async``); without
-    it an uncertain call is settled by ``risk``: ``safe`` and ``reversible`` are retried
-    with the same key, ``irreversible`` is asked of a person.
+    ``reconcile(args, *, idempotency_key[, fencing_token])`` is an authoritative lookup
+    returning ``runlog.Match``/``Absent``/``Conflict``/``Unavailable`` (it may be
+    ``async``); without it an uncertain call is settled by ``risk``: ``safe`` and
+    ``reversible`` are retried with the same key, ``irreversible`` is asked of a person.
+    ``receiver`` and ``commit_window_s`` are ``runlog.tool``'s: what the receiver does
+    with the fencing token and deadline (the tool reads both from
+    ``runlog.current_call()``); only a declared guarantee lets ``Absent`` be retried.
     """
 
     risk: Risk = "safe"
     reconcile: Reconciler | None = None
+    receiver: Receiver | tuple[Receiver, ...] | None = None
+    commit_window_s: float = DEFAULT_COMMIT_WINDOW_S
+
+    def tool(self, name: str, fn: ToolFn) -> Tool:
+        """The runlog tool named ``name`` that runs ``fn`` under this policy."""
+        return Tool(
+            name=name,
+            fn=fn,
+            risk=self.risk,
+            reconcile=self.reconcile,
+            receiver=self.receiver,
+            commit_window_s=self.commit_window_s,
+        )
 
 
 def policies(**by_name: ToolPolicy | Risk) -> dict[str, ToolPolicy]:

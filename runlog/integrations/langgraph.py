@@ -925,15 +925,18 @@ def _interruptible(fn: ToolFn) -> ToolFn:
     if is_async(fn):
         return fn  # an async tool's interrupt() is recorded as its exception says
 
-    def call(args: dict[str, Any], *, idempotency_key: str) -> Any:
+    def call(args: dict[str, Any], *, idempotency_key: str, **fence: Any) -> Any:
         try:
-            return fn(args, idempotency_key=idempotency_key)
+            return fn(args, idempotency_key=idempotency_key, **fence)
         except GraphBubbleUp as exc:
             ctx = current_call()
             if _BUBBLE.get() is None or ctx is None:
                 raise
             raise _Paused(exc, idempotency_key, ctx.attempt) from exc
 
+    # ``Tool`` reads the fence's arguments ``fn`` takes through ``__wrapped__``, so
+    # ``fence`` holds exactly those.
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
 
 

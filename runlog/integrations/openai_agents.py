@@ -297,9 +297,7 @@ class RunlogAgents:
         out = []
         for name, tool in self._functions.items():
             policy = self.policies.get(name, ToolPolicy())
-            out.append(
-                Tool(name=name, fn=_invoker(tool), risk=policy.risk, reconcile=policy.reconcile)
-            )
+            out.append(policy.tool(name, _invoker(tool)))
         return out
 
     def register(self, name: str | None = None, **options: Any) -> Callable[..., Any]:

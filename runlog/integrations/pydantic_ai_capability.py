@@ -266,7 +266,7 @@ class RunlogDurability(AbstractCapability[Any]):
             for name in await toolset.get_tools(ctx):
                 policy = self.policies.get(name, ToolPolicy())
                 fn = _invoker(name, toolset, deps, agent)
-                out.append(Tool(name=name, fn=fn, risk=policy.risk, reconcile=policy.reconcile))
+                out.append(policy.tool(name, fn))
         unknown = set(self.policies) - {t.name for t in out}
         if unknown:
             raise ValueError(f"policies for tools the agent does not have: {sorted(unknown)}")

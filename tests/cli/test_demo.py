@@ -1,9 +1,10 @@
 """The demo end to end, exactly as ``make demo`` runs it, and a decision's inbox.
 
-The end-to-end test runs ``runlog demo`` (three ``runlog worker`` processes it SIGKILLs at
-random, no supervisor) against the test stack on the test's own topics and Redis prefix,
-and reads its JSON report: every run finished, each effect once on the non-idempotent
-ledger, every run verifies, and the kills were real SIGKILLs of worker processes.
+The end-to-end test runs ``runlog demo`` (three ``runlog worker`` processes it SIGKILLs and
+SIGSTOPs/SIGCONTs at random, no supervisor) against the test stack on the test's own
+topics and Redis prefix, and reads its JSON report: every run finished, each effect once on
+the non-idempotent ledger (a paused worker's late requests included), every run verifies,
+and the kills and pauses were real signals to worker processes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from runlog.settings import Settings
 
 RUNS = 8
 KILLS = 2
+PAUSES = 2
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def demo(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     ensure_topics(s).raise_for_drift()
     report = Path(tmp_path_factory.mktemp("demo")) / "report.json"
     cmd = [sys.executable, "-m", "runlog.cli", "demo", "--runs", str(RUNS), "--kills"]
-    cmd += [str(KILLS), "--report", str(report)]
+    cmd += [str(KILLS), "--pauses", str(PAUSES), "--report", str(report)]
     try:
         proc = subprocess.run(cmd, env=fleet_env(s), capture_output=True, text=True, timeout=240)
     finally:
@@ -72,6 +74,18 @@ def test_the_demo_kills_are_sigkills_of_worker_processes(demo: dict[str, Any]) -
     assert len(demo["killed"]) == KILLS
     assert all(k["rc"] == -signal.SIGKILL for k in demo["killed"])
     assert len({k["pid"] for k in demo["killed"]}) == KILLS
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_pauses_workers_and_their_late_requests_never_double_an_effect(
+    demo: dict[str, Any],
+) -> None:
+    assert len(demo["paused"]) == PAUSES
+    assert "SIGSTOP" in demo["_stdout"] and "SIGCONT" in demo["_stdout"]
+    # Each pause froze a worker inside a call (its STARTED in the log, no completion yet).
+    assert {p["run_id"] for p in demo["paused"]} <= {r["run_id"] for r in demo["runs"]}
+    # Whatever a frozen worker had in flight landed after the takeover: refused, never applied.
+    assert set(demo["counts"].values()) == {1}
 
 
 # ------------------------------------------------------------- decisions via the inbox

@@ -212,10 +212,16 @@ def make_tools(rx: Receiver) -> list[runlog.Tool]:
 
     return [
         runlog.tool("probe", risk="safe")(fn("probe")),
-        runlog.tool("refund", risk="reversible", reconcile=lookup("refund"), compensate=undo)(
-            fn("refund")
+        runlog.tool(
+            "refund",
+            risk="reversible",
+            reconcile=lookup("refund"),
+            compensate=undo,
+            receiver="fenced",
+        )(fn("refund")),
+        runlog.tool("charge", risk="irreversible", reconcile=lookup("charge"), receiver="fenced")(
+            fn("charge")
         ),
-        runlog.tool("charge", risk="irreversible", reconcile=lookup("charge"))(fn("charge")),
         runlog.tool("ticket", risk="irreversible")(fn("ticket")),
     ]
 

@@ -42,7 +42,7 @@ from runlog.errors import (
 from runlog.log.reader import LogReader, LogRecord
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import Run, RunDeps
-from runlog.producers.tools import Absent, Evidence, Match, Tool
+from runlog.producers.tools import Absent, Evidence, Match, Tool, ToolError
 from runlog.projections.run_state import RunState, apply, is_valid
 from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType
@@ -65,37 +65,53 @@ class EffectLedger:
     """A receiver's record of effects, in a file: outside every worker, Kafka and Redis.
 
     The receiver does not deduplicate (so a repeated call shows as a duplicate effect);
-    its lookup is authoritative, which is what reconciliation needs.
+    its lookup is authoritative, which is what reconciliation needs. It is fenced (the
+    writers are threads of this process, so the floors live here): a request whose token
+    is below the highest seen for its key is refused, and a lookup raises that floor to
+    the asking owner's token first, which makes its "absent" final.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._floors: dict[str, int] = {}
         path.touch()
 
-    def apply(self, key: str) -> None:
+    def apply(self, key: str, token: int) -> bool:
         line = (key + "\n").encode()
         with self._lock:
+            if token < self._floors.get(key, 0):
+                return False
+            self._floors[key] = token
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             try:
                 os.write(fd, line)  # one small O_APPEND write: atomic across processes
             finally:
                 os.close(fd)
+        return True
+
+    def raise_floor(self, key: str, token: int) -> None:
+        with self._lock:
+            self._floors[key] = max(self._floors.get(key, 0), token)
 
     def counts(self) -> Counter[str]:
         return Counter(ln for ln in self.path.read_text().splitlines() if ln)
 
     def tool(self) -> Tool:
-        def effect(args: dict[str, Any], *, idempotency_key: str) -> str:
-            self.apply(idempotency_key)
+        def effect(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> str:
+            if not self.apply(idempotency_key, fencing_token):
+                raise ToolError(f"refused {idempotency_key}: a newer owner holds the run")
             return f"done {args['i']}"
 
-        def lookup(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+        def lookup(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> Evidence:
+            self.raise_floor(idempotency_key, fencing_token)
             if idempotency_key in self.counts():
                 return Match(f"done {args['i']}")
             return Absent("no effect with this key in the receiver's ledger")
 
-        return Tool(name="effect", fn=effect, risk="irreversible", reconcile=lookup)
+        return Tool(
+            name="effect", fn=effect, risk="irreversible", reconcile=lookup, receiver="fenced"
+        )
 
 
 # --------------------------------------------------------------------------- workload

@@ -8,7 +8,10 @@ Settings come from RUNLOG_* variables. The worker reports progress by writing fl
 with a code naming what stopped it (see ``workers.common.EXIT_*``).
 
 The ``charge`` tool applies its effect to the ledger in Redis (outside this process),
-keyed by idempotency key. Its reconciler is an authoritative lookup of that ledger.
+keyed by idempotency key, sending the call's fencing token and commit deadline with it.
+Its reconciler is an authoritative lookup of that ledger, asked with the new owner's
+token. ``--receiver`` is what the ledger honours and the tool declares (``fenced`` unless
+told; ``none``: nothing).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +41,56 @@ from runlog.testing import (  # noqa: E402
     ScriptedModel,
     Step,
 )
-from workers.common import Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
+from workers.common import (  # noqa: E402
+    REFUSED,
+    Flags,
+    Ledger,
+    by_name,
+    run_worker,
+    worker_parser,
+)
 
 
 def make_charge(opts: argparse.Namespace, flags: Flags, ledger: Ledger) -> runlog.Tool:
-    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
-        found = ledger.found(idempotency_key)
+    def lookup(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> Any:
+        found = ledger.found(idempotency_key, token=fencing_token)
         if found is None:
-            # The worker that started it is dead (killed by the test), so it cannot commit.
+            # Absent now; whether the request can still land is the receiver's declaration.
             return runlog.Absent(f"ledger has no entry {idempotency_key}")
         if found != canonical_json(args):
             return runlog.Conflict(found)
         return runlog.Match(f"charged {args['amount']} to {args['acct']}")
 
-    def charge(args: dict[str, Any], *, idempotency_key: str) -> str:
+    def charge(
+        args: dict[str, Any],
+        *,
+        idempotency_key: str,
+        fencing_token: int,
+        commit_deadline: datetime,
+    ) -> str:
         if opts.charge_mode == "block-before":
+            # The request is on its way to the receiver: a pause here is a frozen
+            # process, or a slow link holding the request, before it commits.
             flags.set("in-tool", idempotency_key)
             flags.hold()
-        ledger.apply(idempotency_key, canonical_json(args))
+        applied = ledger.apply(
+            idempotency_key, canonical_json(args), token=fencing_token, deadline=commit_deadline
+        )
+        if applied == REFUSED:
+            raise runlog.ToolError(f"the ledger refused {idempotency_key}: stale token or late")
         if opts.charge_mode == "block-after":
             flags.set("effect", idempotency_key)
             flags.hold()
         return f"charged {args['amount']} to {args['acct']}"
 
     reconcile = lookup if opts.reconcile == "ledger" else None
-    return runlog.tool("charge", risk=opts.risk, reconcile=reconcile)(charge)
+    return runlog.tool(
+        "charge",
+        risk=opts.risk,
+        reconcile=reconcile,
+        receiver=ledger.honours,
+        commit_window_s=opts.commit_window_s,
+    )(charge)
 
 
 class SignallingModel(ScriptedModel):
@@ -148,12 +177,17 @@ def main() -> int:
     ap.add_argument("--wait-s", type=float, default=None)
     ap.add_argument("--tenant", default="default")
     ap.add_argument("--approval-wait-s", type=float, default=120.0)
+    ap.add_argument(
+        "--receiver", choices=["fenced", "deadline", "dedupes_by_key", "none"], default="fenced"
+    )
+    ap.add_argument("--commit-window-s", type=float, default=30.0)
     opts = ap.parse_args()
     opts.charge_mode = opts.charge_mode or "normal"
 
     settings = Settings()
     flags = Flags(opts.dir, opts.name)
-    ledger = Ledger(redis_client(settings), settings.redis_key_prefix)
+    honours = None if opts.receiver == "none" else opts.receiver
+    ledger = Ledger(redis_client(settings), settings.redis_key_prefix, honours)
     charge = make_charge(opts, flags, ledger)
 
     def open_run() -> runlog.Run:

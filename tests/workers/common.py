@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import redis
 import runlog
 from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, LogRecord
-from runlog.producers.tools import Risk
+from runlog.producers.tools import Receiver, Risk
 from runlog.projections.run_state import RunState, accept, apply
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
@@ -66,20 +67,55 @@ class Ledger:
 
     ``count`` is how many times an effect with that idempotency key was applied;
     ``args`` holds what the effect was (for a reconciler's semantic comparison).
+
+    It is a receiver that honours runlog's tool contract as ``honours`` says (what a tool
+    on it declares as ``receiver=``): ``"fenced"`` (the default) remembers the highest
+    fencing token per key, refuses a request below it, and ``found`` with a token (a new
+    owner's lookup) raises that floor first; ``"deadline"`` refuses a request after the
+    commit deadline it carries, by Redis's clock; ``"dedupes_by_key"`` applies a key once;
+    None honours nothing (every request that arrives is applied). The token and deadline
+    are the call's (``runlog.current_call()``) unless given. Each check is one Lua script,
+    so a refusal and a lookup's floor cannot interleave.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(
+        self, client: redis.Redis, prefix: str, honours: Receiver | None = "fenced"
+    ) -> None:
         self.redis = client
+        self.honours = honours
         self.counts = f"{prefix}:ledger:counts"
         self.args = f"{prefix}:ledger:args"
         self.order = f"{prefix}:ledger:order"
+        self.floors = f"{prefix}:ledger:floors"
+        self.refusals = f"{prefix}:ledger:refused"
+        self._apply = client.register_script(_APPLY)
+        self._found = client.register_script(_FOUND)
 
-    def apply(self, key: str, args_json: str) -> int:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hincrby(self.counts, key, 1)
-        pipe.hset(self.args, key, args_json)
-        pipe.rpush(self.order, key)
-        n, _, _ = pipe.execute()
+    def apply(
+        self,
+        key: str,
+        args_json: str,
+        *,
+        token: int | None = None,
+        deadline: datetime | None = None,
+    ) -> int:
+        """The effect's count for ``key`` after this request, 0 if deduplicated, or
+        ``REFUSED`` (a stale token or a passed deadline: nothing was applied)."""
+        ctx = runlog.current_call()
+        token = token if token is not None else (ctx.fencing_token if ctx else None)
+        deadline = deadline if deadline is not None else (ctx.commit_deadline if ctx else None)
+        fenced = self.honours == "fenced" and token is not None
+        timed = self.honours == "deadline" and deadline is not None
+        n = self._apply(
+            keys=[self.counts, self.args, self.order, self.floors, self.refusals],
+            args=[
+                key,
+                args_json,
+                str(token) if fenced else "",
+                str(int(deadline.timestamp() * 1_000_000)) if timed and deadline else "",
+                "1" if self.honours == "dedupes_by_key" else "0",
+            ],
+        )
         return int(n)
 
     def count(self, key: str) -> int:
@@ -91,9 +127,105 @@ class Ledger:
     def per_key(self) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.redis.hgetall(self.counts).items()}
 
-    def found(self, key: str) -> str | None:
-        raw = self.redis.hget(self.args, key)
-        return None if raw is None else raw.decode()
+    def refused(self) -> int:
+        """Requests refused (a stale token or a passed deadline), over all keys."""
+        return sum(int(v) for v in self.redis.hvals(self.refusals))
+
+    def found(self, key: str, *, token: int | None = None) -> str | None:
+        """What the effect under ``key`` was, or None; a fenced ledger given a token (the
+        asking owner's: ``runlog.current_call()`` in a reconciler) first raises the key's
+        floor to it, so "absent" also means "an older request is refused from now on"."""
+        ctx = runlog.current_call()
+        token = token if token is not None else (ctx.fencing_token if ctx else None)
+        fence = str(token) if self.honours == "fenced" and token is not None else ""
+        raw = self._found(keys=[self.args, self.floors], args=[key, fence])
+        return None if raw is None else bytes(raw).decode()
+
+
+REFUSED = -1
+"""``Ledger.apply``: the request was refused and applied nothing."""
+
+_APPLY = """
+local key, token, deadline = ARGV[1], ARGV[3], ARGV[4]
+if token ~= '' then
+  local floor = tonumber(redis.call('HGET', KEYS[4], key) or '0')
+  if tonumber(token) < floor then
+    redis.call('HINCRBY', KEYS[5], key, 1)
+    return -1
+  end
+  redis.call('HSET', KEYS[4], key, token)
+end
+if deadline ~= '' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(deadline) then
+    redis.call('HINCRBY', KEYS[5], key, 1)
+    return -1
+  end
+end
+if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[1], key) == 1 then
+  return 0
+end
+local n = redis.call('HINCRBY', KEYS[1], key, 1)
+redis.call('HSET', KEYS[2], key, ARGV[2])
+redis.call('RPUSH', KEYS[3], key)
+return n
+"""
+
+_FOUND = """
+local key, token = ARGV[1], ARGV[2]
+if token ~= '' then
+  local floor = tonumber(redis.call('HGET', KEYS[2], key) or '0')
+  if tonumber(token) > floor then redis.call('HSET', KEYS[2], key, token) end
+end
+return redis.call('HGET', KEYS[1], key)
+"""
+
+
+def fenced_effect(
+    client: redis.Redis,
+    floors: str,
+    key: str,
+    token: int,
+    *,
+    counter: str,
+    by_key: bool = True,
+    results: str | None = None,
+    result: str = "",
+) -> bool:
+    """A fenced receiver's effect, for the test receivers that keep their own keys: unless
+    ``token`` is below the highest seen for ``key`` (``floors``), count the effect (in the
+    hash ``counter`` by key, or the plain counter ``counter``) and keep ``result`` in
+    ``results``, in one script. False: refused, nothing applied."""
+    keys = [floors, counter] + ([results] if results is not None else [])
+    mode = "hash" if by_key else "counter"
+    return bool(client.eval(_FENCED_EFFECT, len(keys), *keys, key, token, mode, result))
+
+
+def raise_floor(client: redis.Redis, floors: str, key: str, token: int | None) -> None:
+    """A fenced receiver's lookup, first half: from now on, refuse ``key``'s requests with a
+    token below ``token`` (the asking owner's; None: the caller has no token to give)."""
+    if token is not None:
+        client.eval(_RAISE_FLOOR, 1, floors, key, token)
+
+
+_FENCED_EFFECT = """
+local key, token = ARGV[1], tonumber(ARGV[2])
+if token < tonumber(redis.call('HGET', KEYS[1], key) or '0') then return 0 end
+redis.call('HSET', KEYS[1], key, ARGV[2])
+if ARGV[3] == 'hash' then
+  redis.call('HINCRBY', KEYS[2], key, 1)
+else
+  redis.call('INCR', KEYS[2])
+end
+if KEYS[3] then redis.call('HSET', KEYS[3], key, ARGV[4]) end
+return 1
+"""
+
+_RAISE_FLOOR = """
+if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+"""
 
 
 # ------------------------------------------------------------------------- reading back

@@ -54,7 +54,7 @@ def main() -> int:
             return runlog.Absent(f"ledger has no entry {idempotency_key}")
         return runlog.Match(f"charged {args['amount']}")
 
-    @runlog.tool("charge", risk="irreversible", reconcile=lookup)
+    @runlog.tool("charge", risk="irreversible", reconcile=lookup, receiver="fenced")
     def charge(args: dict[str, Any], *, idempotency_key: str) -> str:
         if opts.hold == "in-tool" and holding["step"] == opts.hold_at:
             flags.set("in-tool", idempotency_key)

@@ -59,6 +59,7 @@ def make_fetch(opts: argparse.Namespace, flags: Flags, ledger: Ledger, store: An
         risk=opts.risk,
         reconcile=lookup if opts.reconcile == "ledger" else None,
         on_large_result=keep if opts.sink else None,
+        receiver="fenced",
     )(fetch)
 
 
@@ -83,7 +84,7 @@ def make_pay_refund(opts: argparse.Namespace, ledger: Ledger) -> list[runlog.Too
         return "refunded"
 
     return [
-        runlog.tool("pay", risk="irreversible", reconcile=pay_lookup)(pay),
+        runlog.tool("pay", risk="irreversible", reconcile=pay_lookup, receiver="fenced")(pay),
         runlog.tool("refund", risk="reversible")(refund),
     ]
 

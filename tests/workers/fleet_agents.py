@@ -2,9 +2,11 @@
 
 The receiver is not idempotent: each call of ``pay`` adds one to the count of its key in
 Redis (``<prefix>:effects``) and records its result for the lookup (``<prefix>:results``),
-in one MULTI. A test asserts every count is 1 (every effect once). ``pay``'s reconciler
-looks the key up: an effect that landed is a Match, one that did not is Absent (the MULTI
-either happened or did not; nothing commits later).
+in one script. A test asserts every count is 1 (every effect once). It is fenced: it
+refuses a request whose token is below the highest it has seen for the key, and
+``pay``'s reconciler raises that floor to the asking owner's token before it looks the
+key up: an effect that landed is a Match, one that did not is Absent, and then no older
+request can land later (a paused worker's, say).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import redis
 
 import runlog
+from workers.common import fenced_effect, raise_floor
 
 PREFIX = os.environ.get("RUNLOG_REDIS_KEY_PREFIX", "runlog")
 STEP_S = float(os.environ.get("FLEET_TEST_STEP_S", "0.05"))
@@ -37,24 +40,38 @@ def results_key() -> str:
     return f"{PREFIX}:results"
 
 
-def _pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+def floors_key() -> str:
+    return f"{PREFIX}:floors"
+
+
+def _pay(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> str:
     time.sleep(STEP_S)  # the call is in flight: a kill lands here too
     result = f"paid {args['amount']} to {args['to']}"
-    pipe = client().pipeline(transaction=True)
-    pipe.hincrby(effects_key(), idempotency_key, 1)
-    pipe.hset(results_key(), idempotency_key, result)
-    pipe.execute()
+    landed = fenced_effect(
+        client(),
+        floors_key(),
+        idempotency_key,
+        fencing_token,
+        counter=effects_key(),
+        results=results_key(),
+        result=result,
+    )
+    if not landed:
+        raise runlog.ToolError(f"refused {idempotency_key}: a newer owner holds the run")
     return result
 
 
-def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+def _lookup(
+    args: dict[str, Any], *, idempotency_key: str, fencing_token: int
+) -> runlog.Match | runlog.Absent:
+    raise_floor(client(), floors_key(), idempotency_key, fencing_token)
     found = client().hget(results_key(), idempotency_key)
     if found is None:
         return runlog.Absent("no effect recorded under the key")
     return runlog.Match(found.decode())
 
 
-pay = runlog.tool("pay", risk="irreversible", reconcile=_lookup)(_pay)
+pay = runlog.tool("pay", risk="irreversible", reconcile=_lookup, receiver="fenced")(_pay)
 
 
 @runlog.agent("payer", tools=[pay])

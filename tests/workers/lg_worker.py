@@ -5,6 +5,8 @@ model (LangChain's ``FakeMessagesListChatModel``, no network), ``tools_condition
 ``RunlogToolNode``; ``RunlogSaver`` is its checkpointer. The tool ``transfer`` is an effect on a
 receiver that does not deduplicate: every request it gets moves money (a Redis counter per
 amount), and it keeps a ledger by idempotency key that the tool's ``reconcile`` looks up.
+It is fenced: it refuses a request whose token is below the highest it has seen for the
+key, and the lookup raises that floor to the asking owner's token before it answers.
 
 The worker holds at the transfer of ``--hold-amount``: it writes the flag ``at-<amount>``
 and waits ``--hold-s`` (the test's window to kill it), right after the effect landed and
@@ -34,17 +36,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import redis
-from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import RunnableConfig
-from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
-from langgraph.types import Command, interrupt
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]
 
-import runlog
-from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
-from runlog.settings import Settings
+import redis  # noqa: E402
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
+from langchain_core.runnables import RunnableConfig  # noqa: E402
+from langgraph.graph import END, START, MessagesState, StateGraph  # noqa: E402
+from langgraph.prebuilt import tools_condition  # noqa: E402
+from langgraph.types import Command, interrupt  # noqa: E402
+
+import runlog  # noqa: E402
+from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode  # noqa: E402
+from runlog.settings import Settings  # noqa: E402
+from workers.common import fenced_effect, raise_floor  # noqa: E402
 
 EXIT_ESCALATED = 5
 EXIT_FENCED = 3
@@ -100,8 +106,9 @@ def main() -> int:
     prefix = settings.redis_key_prefix
     r = redis.Redis.from_url(settings.redis_url)
     ledger = f"{prefix}lg:ledger"
+    floors = f"{prefix}lg:floors"
 
-    def transfer(args: dict[str, Any], *, idempotency_key: str) -> str:
+    def transfer(args: dict[str, Any], *, idempotency_key: str, fencing_token: int) -> str:
         amount = int(args["amount"])
         result = f"moved {amount}"
         hold = amount == a.hold_amount
@@ -110,22 +117,35 @@ def main() -> int:
             time.sleep(a.hold_s)
         if a.ask and interrupt({"transfer": amount, "key": idempotency_key}) != "approve":
             raise runlog.ToolError(f"transfer {amount} refused")
-        pipe = r.pipeline(transaction=True)  # the receiver's effect and its ledger entry
-        pipe.incr(effects_key(prefix, amount))
-        pipe.hset(ledger, idempotency_key, result)
-        pipe.execute()
+        landed = fenced_effect(  # the receiver's effect and its ledger entry, fenced
+            r,
+            floors,
+            idempotency_key,
+            fencing_token,
+            counter=effects_key(prefix, amount),
+            by_key=False,
+            results=ledger,
+            result=result,
+        )
+        if not landed:
+            raise runlog.ToolError(f"refused {idempotency_key}: a newer owner holds the run")
         (flags / f"{a.name}.ran-{amount}").write_text(idempotency_key)  # every effect
         if hold and a.hold_at == "after":
             (flags / f"{a.name}.at-{amount}").write_text(idempotency_key)
             time.sleep(a.hold_s)
         return result
 
-    def lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+    def lookup(
+        args: dict[str, Any], *, idempotency_key: str, fencing_token: int
+    ) -> runlog.Match | runlog.Absent:
+        raise_floor(r, floors, idempotency_key, fencing_token)
         got = r.hget(ledger, idempotency_key)
         return runlog.Match(got.decode()) if got is not None else runlog.Absent("no entry")
 
     reconcile = None if a.no_reconcile else lookup
-    tool = runlog.tool("transfer", risk="irreversible", reconcile=reconcile)(transfer)
+    tool = runlog.tool("transfer", risk="irreversible", reconcile=reconcile, receiver="fenced")(
+        transfer
+    )
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
         turn = sum(isinstance(m, AIMessage) for m in state["messages"])

@@ -89,11 +89,11 @@ def make_tools(ledger: Ledger, points: Points, *, aio: bool) -> list[runlog.Tool
 
         return [
             runlog.tool("lookup")(lookup),
-            runlog.tool("pay", risk="irreversible", reconcile=check)(pay),
+            runlog.tool("pay", risk="irreversible", reconcile=check, receiver="fenced")(pay),
         ]
     return [
         runlog.tool("lookup")(lookup_fn),
-        runlog.tool("pay", risk="irreversible", reconcile=pay_check)(pay_fn),
+        runlog.tool("pay", risk="irreversible", reconcile=pay_check, receiver="fenced")(pay_fn),
     ]
 
 

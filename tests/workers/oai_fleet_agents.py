@@ -26,6 +26,7 @@ from openai.types.responses import (
 
 import runlog
 from runlog.integrations.openai_agents import RunlogAgents, ToolPolicy
+from workers.common import fenced_effect, raise_floor
 
 PREFIX = os.environ.get("RUNLOG_REDIS_KEY_PREFIX", "runlog")
 STEPS = 3
@@ -67,14 +68,19 @@ class Scripted(Model):
 @function_tool
 def charge(order: int) -> str:
     """Charge one order."""
-    call = runlog.current_call()
+    call = runlog.current_call()  # a framework tool: the key and token come from here
     assert call is not None
-    _redis.hincrby(f"{PREFIX}:effects", call.idempotency_key, 1)
+    key, token = call.idempotency_key, call.fencing_token
+    if not fenced_effect(_redis, f"{PREFIX}:floors", key, token, counter=f"{PREFIX}:effects"):
+        raise runlog.ToolError(f"refused {key}: a newer owner holds the run")
     time.sleep(STEP_S)
     return f"charged order {order}"
 
 
-def _found(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+def _found(
+    args: dict[str, Any], *, idempotency_key: str, fencing_token: int
+) -> runlog.Match | runlog.Absent:
+    raise_floor(_redis, f"{PREFIX}:floors", idempotency_key, fencing_token)
     if _redis.hexists(f"{PREFIX}:effects", idempotency_key):
         return runlog.Match(f"charged order {args['order']}")
     return runlog.Absent("no effect under this key")
@@ -82,6 +88,6 @@ def _found(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runl
 
 billing = RunlogAgents(
     Agent(name="oai-billing", instructions="Charge the orders.", model=Scripted(), tools=[charge]),
-    tools={"charge": ToolPolicy("irreversible", reconcile=_found)},
+    tools={"charge": ToolPolicy("irreversible", reconcile=_found, receiver="fenced")},
 )
 billing.register("oai-billing")

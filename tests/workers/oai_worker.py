@@ -164,7 +164,7 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgents:
     return RunlogAgents(
         agent,
         tools={
-            "charge": ToolPolicy("irreversible", reconcile=found),
+            "charge": ToolPolicy("irreversible", reconcile=found, receiver="fenced"),
             "refund": ToolPolicy("irreversible"),
             "transfer": ToolPolicy("irreversible"),
         },

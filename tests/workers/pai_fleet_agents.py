@@ -36,6 +36,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import runlog
 from runlog.integrations.pydantic_ai import ToolPolicy, register
+from workers.common import fenced_effect, raise_floor
 
 PREFIX = os.environ.get("RUNLOG_REDIS_KEY_PREFIX", "runlog")
 STEP_S = float(os.environ.get("FLEET_TEST_STEP_S", "0.2"))
@@ -75,17 +76,28 @@ agent = Agent(FunctionModel(script), name="pai-charger")
 
 @agent.tool
 def charge(ctx: RunContext[None], order: str, n: int) -> str:
-    key = runlog.current_call().idempotency_key
+    call = runlog.current_call()  # a framework tool: the key and token come from here
+    key = call.idempotency_key
     time.sleep(STEP_S)  # in flight: a kill lands here
     result = f"charged {order} #{n}"
-    pipe = client().pipeline(transaction=True)
-    pipe.hincrby(f"{PREFIX}:effects", key, 1)
-    pipe.hset(f"{PREFIX}:results", key, result)
-    pipe.execute()
+    landed = fenced_effect(
+        client(),
+        f"{PREFIX}:floors",
+        key,
+        call.fencing_token,
+        counter=f"{PREFIX}:effects",
+        results=f"{PREFIX}:results",
+        result=result,
+    )
+    if not landed:
+        raise runlog.ToolError(f"refused {key}: a newer owner holds the run")
     return result
 
 
-def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+def _lookup(
+    args: dict[str, Any], *, idempotency_key: str, fencing_token: int
+) -> runlog.Match | runlog.Absent:
+    raise_floor(client(), f"{PREFIX}:floors", idempotency_key, fencing_token)
     found = client().hget(f"{PREFIX}:results", idempotency_key)
     if found is None:
         return runlog.Absent("no charge recorded under the key")
@@ -108,6 +120,6 @@ def whatif(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 register(
     "pai.charger",
     agent,
-    tools={"charge": ToolPolicy("irreversible", reconcile=_lookup)},
+    tools={"charge": ToolPolicy("irreversible", reconcile=_lookup, receiver="fenced")},
     models={"whatif": FunctionModel(whatif)},
 )

@@ -129,7 +129,7 @@ def build(opts: argparse.Namespace, settings: Settings) -> RunlogAgent[None, Any
     return RunlogAgent(
         agent,
         tools={
-            "charge": ToolPolicy("irreversible", reconcile=found),
+            "charge": ToolPolicy("irreversible", reconcile=found, receiver="fenced"),
             "refund": ToolPolicy("irreversible"),
         },
         settings=settings,

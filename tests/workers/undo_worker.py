@@ -57,7 +57,13 @@ class Bookings:
         return f"cancelled {original_key}"
 
     def tools(self) -> list[runlog.Tool]:
-        book = runlog.tool("book", risk="reversible", reconcile=self.lookup, compensate=self.cancel)
+        book = runlog.tool(
+            "book",
+            risk="reversible",
+            reconcile=self.lookup,
+            compensate=self.cancel,
+            receiver="fenced",
+        )
         return [book(self.book)]
 
 

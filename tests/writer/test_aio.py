@@ -99,7 +99,7 @@ def _tools(ledger: Ledger, *, fail_first_pay: bool = False) -> list[runlog.Tool]
 
     return [
         runlog.tool("lookup")(lookup),
-        runlog.tool("pay", risk="irreversible", reconcile=check)(pay),
+        runlog.tool("pay", risk="irreversible", reconcile=check, receiver="fenced")(pay),
     ]
 
 

@@ -221,7 +221,7 @@ def test_a_cancelled_call_whose_sync_tool_still_runs_holds_the_run_until_it_ends
             return runlog.Absent("no such payment")
         return runlog.Match(f"paid {args['to']}")
 
-    tools = [runlog.tool("pay", risk="irreversible", reconcile=check)(pay)]
+    tools = [runlog.tool("pay", risk="irreversible", reconcile=check, receiver="fenced")(pay)]
 
     async def main() -> tuple[str, str]:
         async with runlog.aio.open_run(tools=tools, settings=fast) as run:

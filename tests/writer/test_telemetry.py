@@ -66,9 +66,12 @@ def test_spans_for_open_decide_tool_calls_and_reconciliation(test_settings: Sett
             raise TimeoutError("gateway timed out after sending")
         return "paid"
 
-    pay = runlog.tool("pay", risk="irreversible", reconcile=lambda a, **k: runlog.Absent("none"))(
-        pay_fn
-    )
+    pay = runlog.tool(
+        "pay",
+        risk="irreversible",
+        reconcile=lambda a, **k: runlog.Absent("none"),
+        receiver="dedupes_by_key",
+    )(pay_fn)
     with services_for(test_settings):
         with runlog.open_run(tenant="acme", tools=[pay], settings=test_settings) as run:
             assert run.call_tool("pay", {"eur": 5}) == "paid"

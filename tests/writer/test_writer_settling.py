@@ -90,8 +90,9 @@ def test_a_failed_retry_keeps_an_earlier_uncertain_attempt_governed(
 def test_a_failed_retry_after_proven_absence_is_a_plain_failure(
     fast: Settings, ledger: Ledger
 ) -> None:
-    """The lookup proved attempt 1 absent (and unable to commit): a proven failure of the
-    retry is then the whole truth, and the call closes as failed."""
+    """The lookup proved attempt 1 absent, and the receiver deduplicates by key (so the
+    absence is final): a proven failure of the retry is then the whole truth, and the call
+    closes as failed."""
     invocations: list[str] = []
 
     def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
@@ -103,7 +104,7 @@ def test_a_failed_retry_after_proven_absence_is_a_plain_failure(
     def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
         return runlog.Absent("no payment with this key")
 
-    tool = runlog.tool("pay", risk="irreversible", reconcile=lookup)(pay)
+    tool = runlog.tool("pay", risk="irreversible", reconcile=lookup, dedupes_by_key=True)(pay)
     with runlog.open_run(settings=fast, tools=[tool]) as run:
         rid = run.run_id
         with pytest.raises(runlog.ToolFailed):

@@ -1,0 +1,136 @@
+"""The pause soak: a worker frozen inside an irreversible call, over and over, per receiver.
+
+    python tests/explorer/pause_soak.py [--pauses 10] [--receivers fenced,deadline,...]
+
+Runs on any stack (the one ``RUNLOG_BOOTSTRAP_SERVERS`` and ``RUNLOG_REDIS_URL`` name), with
+topics and a Redis key prefix of its own, removed at the end. Each pause is the sequence of
+``tests/writer/test_receiver_fence.py``: a worker (``workers/agent_worker.py``) holds its
+``charge`` request before the receiver commits it and is SIGSTOPped; another worker takes
+the run over once the lease expired and settles the call by the recovery rules; the first
+one is SIGCONTed and its request goes on. The receiver (``workers.common.Ledger``) honours
+what the tool declares. It prints, per receiver: pauses, runs finished, effects doubled,
+effects missing from a finished run, late requests refused, retries on a non-final
+absence (a tool that declares nothing), and exits 1 if any effect doubled or a retry
+followed a non-final absence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
+
+from workers.common import (  # noqa: E402
+    Ledger,
+    payloads,
+    read_log,
+    services_for,
+    start_worker,
+    wait_lease_gone,
+)
+
+from runlog.log.clients import redis_client  # noqa: E402
+from runlog.schemas.keys import new_run_id  # noqa: E402
+from runlog.schemas.vocabulary import EventType  # noqa: E402
+from runlog.settings import Settings  # noqa: E402
+from runlog.topics import delete_topics, ensure_topics  # noqa: E402
+
+RECEIVERS = ("fenced", "deadline", "dedupes_by_key", "none")
+DEADLINE_WINDOW_S = "6"
+"""The deadline receiver's commit window: past a takeover (lease 1.5 s plus a start), so
+recovery meets the absence before the deadline and waits it out."""
+
+
+def one_pause(s: Settings, receiver: str, ledger: Ledger, tally: Counter[str]) -> None:
+    rid = new_run_id()
+    extra = ["--receiver", receiver]
+    if receiver == "deadline":
+        extra += ["--commit-window-s", DEADLINE_WINDOW_S]
+    tmp = Path(tempfile.mkdtemp(prefix="pause-soak-"))
+    old = start_worker(s, tmp, "old", "--run-id", rid, "--charge-mode", "block-before", *extra)
+    try:
+        key = old.wait_flag("in-tool")
+        old.kill(signal.SIGSTOP)
+        try:
+            wait_lease_gone(ledger.redis, s)
+            new = start_worker(s, tmp, "new", "--run-id", rid, "--reconcile", "ledger", *extra)
+            new.finish()
+        finally:
+            old.kill(signal.SIGCONT)
+        old.go()
+        old.finish()
+    finally:
+        if old.proc.poll() is None:
+            old.proc.kill()
+    events = [r.event for r in read_log(s, rid)]
+    finished = any(ev.type is EventType.RUN_FINISHED for ev in events)
+    absences = [
+        r for r in payloads(events, EventType.RECONCILIATION_ATTEMPTED) if r.outcome == "absent"
+    ]
+    n = ledger.count(key)
+    tally["pauses"] += 1
+    tally["finished"] += finished
+    tally["doubled"] += n > 1
+    tally["missing"] += finished and n == 0
+    tally["retried_not_final"] += receiver == "none" and any(r.action == "retry" for r in absences)
+    tally["escalated"] += any(r.action == "escalate" for r in absences)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pauses", type=int, default=10, help="pauses per receiver")
+    ap.add_argument("--receivers", default=",".join(RECEIVERS))
+    opts = ap.parse_args()
+    prefix = f"t-pause-soak-{uuid.uuid4().hex[:8]}"
+    s = Settings().model_copy(
+        update={
+            "topic_prefix": prefix,
+            "redis_key_prefix": prefix,
+            "partitions": 3,
+            "lease_ttl_ms": 1500,
+        }
+    )
+    ensure_topics(s).raise_for_drift()
+    client = redis_client(s)
+    failed = False
+    try:
+        with services_for(s):
+            print(f"{'receiver':<16}" + "".join(f"{c:>19}" for c in COLUMNS))
+            for receiver in opts.receivers.split(","):
+                honours = None if receiver == "none" else receiver
+                ledger = Ledger(client, s.redis_key_prefix, honours)  # type: ignore[arg-type]
+                refused_before = ledger.refused()
+                tally: Counter[str] = Counter()
+                for _ in range(opts.pauses):
+                    one_pause(s, receiver, ledger, tally)
+                tally["refused"] = ledger.refused() - refused_before
+                print(f"{receiver:<16}" + "".join(f"{tally[c]:>19}" for c in COLUMNS), flush=True)
+                failed |= tally["doubled"] > 0 or tally["retried_not_final"] > 0
+    finally:
+        delete_topics(s, [s.events_topic, s.quarantine_topic, s.lifecycle_topic, s.keys_topic])
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    return 1 if failed else 0
+
+
+COLUMNS = (
+    "pauses",
+    "finished",
+    "doubled",
+    "missing",
+    "refused",
+    "escalated",
+    "retried_not_final",
+)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
