@@ -35,20 +35,26 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Agent, FunctionTool, Runner
-from agents.items import ModelResponse, TResponseOutputItem
-from agents.models.interface import Model
-from agents.tool_context import ToolContext
-from agents.usage import Usage
-from openai.types.responses import (
-    Response,
-    ResponseCompletedEvent,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-)
 from pydantic import TypeAdapter
 
 from runlog import aio
+from runlog.integrations._common import missing_extra
+
+try:
+    from agents import Agent, FunctionTool, Runner
+    from agents.items import ModelResponse, TResponseOutputItem
+    from agents.models.interface import Model
+    from agents.tool_context import ToolContext
+    from agents.usage import Usage
+    from openai.types.responses import (
+        Response,
+        ResponseCompletedEvent,
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+    )
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, __name__, "openai-agents", ("agents", "openai")) from exc
+
 from runlog.errors import RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
 from runlog.integrations._approvals import approval_for, await_decision, rejection_note

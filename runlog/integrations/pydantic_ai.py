@@ -41,32 +41,37 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic_ai import Agent, DeferredToolRequests
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelMessagesTypeAdapter,
-    ModelRequest,
-    ModelRequestPart,
-    ModelResponse,
-    RetryPromptPart,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.models import (
-    CompletedStreamedResponse,
-    Model,
-    ModelRequestParameters,
-    StreamedResponse,
-)
-from pydantic_ai.models.wrapper import WrapperModel
-from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import RunContext
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
-from pydantic_ai.usage import RunUsage, UsageLimits
-from pydantic_core import to_json
+from runlog.integrations._common import missing_extra
+
+try:
+    from pydantic_ai import Agent, DeferredToolRequests
+    from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelMessagesTypeAdapter,
+        ModelRequest,
+        ModelRequestPart,
+        ModelResponse,
+        RetryPromptPart,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.models import (
+        CompletedStreamedResponse,
+        Model,
+        ModelRequestParameters,
+        StreamedResponse,
+    )
+    from pydantic_ai.models.wrapper import WrapperModel
+    from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.tools import RunContext
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
+    from pydantic_ai.usage import RunUsage, UsageLimits
+    from pydantic_core import to_json
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, __name__, "pydantic-ai", ("pydantic_ai",)) from exc
 
 from runlog import aio
 from runlog.errors import ToolArgumentsError, ToolFailed
