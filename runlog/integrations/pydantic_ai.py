@@ -166,7 +166,7 @@ class _Execution:
         if self.base is not None:
             messages = messages[len(self.base.messages) :]  # the fork's own
             for part in self.base.pending:  # the parent's last turn: turn -1 of the fork
-                self.turn_of_call[part.tool_call_id] = -1
+                self.turn_of_call[part.tool_call_id or ""] = -1
         for message in messages:
             if message.role == "assistant":
                 turn += 1
@@ -278,7 +278,7 @@ class RunlogModel(WrapperModel):
             await _record_turn(ex, turn, response, self._cost(response))
         ex.next_turn = turn + 1
         for part in response.tool_calls:
-            ex.turn_of_call[part.tool_call_id] = turn
+            ex.turn_of_call[part.tool_call_id or ""] = turn
         return response
 
     @asynccontextmanager
@@ -384,7 +384,8 @@ async def _approval_for(ex: _Execution, part: ToolCallPart) -> str:
     """The runlog approval for an approval-required call, keyed by the call's key."""
     run = ex.run
     args_json, args = _args_json(part)
-    key = run.key_for(part.tool_name, args or {}, operation_id=ex.operation_id(part.tool_call_id))
+    operation = ex.operation_id(part.tool_call_id or "")
+    key = run.key_for(part.tool_name, args or {}, operation_id=operation)
     return await approval_for(run, part.tool_name, args_json, key)
 
 
@@ -393,8 +394,11 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     proposals = []
     for part in response.tool_calls:
         args_json, args = _args_json(part)
-        op = ex.scope(turn, part.tool_call_id)
-        proposals.append(proposal(run, op, part.tool_call_id, part.tool_name, args, args_json))
+        # A model that gives no call id (None) is recorded as giving the empty one: the key
+        # is still scoped by the turn, and the tool sees the same "" (ctx.tool_call_id or "").
+        call_id = part.tool_call_id or ""
+        op = ex.scope(turn, call_id)
+        proposals.append(proposal(run, op, call_id, part.tool_name, args, args_json))
     # Pipelined: the agent's next act on this response waits for it (a non-safe call's
     # STARTED, an approval request, RUN_FINISHED and the next model request are barriers);
     # only a safe call may run before it is durable, as the effect model allows.
