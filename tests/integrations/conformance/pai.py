@@ -1,0 +1,71 @@
+"""The conformance adapter of the Pydantic AI integration (the ``RunlogDurability``
+capability on a plain ``Agent``).
+
+The model is Pydantic AI's own ``FunctionModel``; the turn is the number of model responses
+in the conversation. A missing call id is ``None``, as a provider that sends none gives it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import runlog
+from runlog.integrations.pydantic_ai_capability import RunlogDurability, ToolPolicy
+
+from .driver import Receiver, Spec
+
+
+class PaiAdapter:
+    def execute(self, spec: Spec, receiver: Receiver) -> dict[str, Any]:
+        script = spec.script
+
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            time.sleep(script.pace_s)
+            turn = sum(1 for m in messages if isinstance(m, ModelResponse))
+            if turn >= script.steps:
+                return ModelResponse(parts=[TextPart(f"done after {turn} charges")])
+            call = ToolCallPart("charge", script.args(turn), tool_call_id=script.call_id(turn))
+            return ModelResponse(parts=[call])
+
+        def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
+            if receiver.found(spec.run_id, idempotency_key):
+                return runlog.Match(f"charged {args['cents']} for order {args['order']}")
+            return runlog.Absent("the receiver has no charge with this key")
+
+        policy = ToolPolicy("irreversible", reconcile=lookup if script.lookup else None)
+        durability = RunlogDurability(
+            tools={"charge": policy},
+            settings=spec.settings,
+            takeover=spec.takeover,
+            wait_s=spec.wait_s,
+        )
+        v2 = script.definition == "v2"
+        agent = Agent(
+            FunctionModel(model),
+            instructions="Charge politely, then say done." if v2 else "Charge, then say done.",
+            capabilities=[durability],
+        )
+
+        @agent.tool_plain
+        def charge(order: int, cents: int) -> str:
+            call = runlog.current_call()
+            assert call is not None
+            receiver.charge(spec.run_id, script, call.idempotency_key)
+            return f"charged {cents} for order {order}"
+
+        if v2:
+
+            @agent.tool_plain
+            def note(text: str) -> str:
+                return text
+
+        got = agent.run_sync("charge the orders", run_id=spec.run_id)
+        return {"outcome": "finished", "output": str(got.output)}
+
+
+ADAPTER = PaiAdapter()

@@ -1,0 +1,171 @@
+"""The same attacks on every framework integration (OpenAI Agents SDK, Pydantic AI, LangGraph):
+see ``driver.py``. Each test prints its counts (kills, effects, doubles, losses; ``-s`` shows
+them). ``RUNLOG_CONFORMANCE_KILLS`` sets the kill loop's kills per integration (50 here, 500
+in ``make soak-integrations``); ``RUNLOG_CONFORMANCE_SEED`` picks the kill points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from runlog.settings import Settings
+
+from .driver import ADAPTERS, Script, harness, stop_server, total_kills
+
+# How long after its start an execution may be killed: about one whole execution.
+WINDOW_S = 1.5
+KILLS_PER_RUN = 10
+
+# Known LangGraph bugs, fixed on another branch; each mark names its bug and flips (strict)
+# once the fix is merged, when the mark and this set are removed.
+RUN_FINISHED_MISSING = {"lg"}
+"""Integrations whose finished run is never recorded as finished (the saver appends no
+RUN_FINISHED): their runs are checked for effects, not status, until fixed."""
+LG_NO_RUN_FINISHED = pytest.mark.xfail(
+    strict=True, reason="RunlogSaver never records RUN_FINISHED: a finished thread reads running"
+)
+LG_STALE_PARENT = pytest.mark.xfail(
+    strict=True,
+    reason="RunlogSaver fences a stale owner but not a checkpoint write whose parent is no "
+    "longer the latest: a second resumer that waited for the lease repeats the charge",
+)
+LG_KEY_WITHOUT_STEP = pytest.mark.xfail(
+    strict=True,
+    reason="RunlogToolNode's key has no model step: a repeated or missing call id with the "
+    "same arguments answers the second charge from the first one's record",
+)
+
+
+REFUSES_AMBIGUOUS_IDS = {"oai": {"ModelBehaviorError", "MaxTurnsExceeded"}}
+"""The Agents SDK refuses a call without an id (``ModelBehaviorError``) and treats a call id
+it has already answered as answered (the model is asked again until ``max_turns``)."""
+
+
+def each(**marks: Any) -> list[Any]:
+    return [pytest.param(a, marks=marks[a]) if a in marks else a for a in ADAPTERS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forkserver() -> Iterator[None]:
+    yield
+    stop_server()
+
+
+def finished(adapter: str) -> bool:
+    return adapter not in RUN_FINISHED_MISSING
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_sigkills_at_random_points_leave_every_effect_once_and_none_lost(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    script = Script(steps=4)
+    with harness(adapter, fast, redis_client, "kill-loop") as h:
+        while h.counts.kills < total_kills():
+            run_id = h.new_run()
+            kills = min(KILLS_PER_RUN, total_kills() - h.counts.kills)
+            h.kill_loop(run_id, script, kills, WINDOW_S)
+            h.check(run_id, script, finished=finished(adapter))
+        assert h.counts.kills >= total_kills()
+        assert h.counts.effects == h.counts.runs * script.steps
+        assert (h.counts.doubles, h.counts.losses) == (0, 0)
+
+
+@pytest.mark.parametrize("adapter", each(lg=LG_NO_RUN_FINISHED))
+def test_a_run_driven_to_its_end_reads_finished_in_its_log(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    script = Script(steps=2)
+    with harness(adapter, fast, redis_client, "finished") as h:
+        run_id = h.new_run()
+        h.kill_at(run_id, script, "after", 1)
+        assert h.run_once(h.spec(run_id, script))["outcome"] == "finished"
+        h.check(run_id, script)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("adapter", each(lg=LG_STALE_PARENT))
+def test_two_resumers_released_together_leave_every_effect_once(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    """A run killed after its first charge, then two resumers released from a barrier, each
+    willing to wait for the lease: whichever gets it second finds the run further on (or
+    finished) and repeats nothing. Three times."""
+    script = Script(steps=3)
+    with harness(adapter, fast, redis_client, "two-resumers") as h:
+        for _ in range(3):
+            run_id = h.new_run()
+            h.kill_at(run_id, script, "after", 1)
+            outcomes = [got["outcome"] for got in h.race(run_id, script, wait_s=15.0)]
+            assert "finished" in outcomes and set(outcomes) <= {"finished", "locked"}, outcomes
+            h.check(run_id, script, finished=finished(adapter))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ids", ["repeated", "missing"])
+@pytest.mark.parametrize("adapter", each(lg=LG_KEY_WITHOUT_STEP))
+def test_repeated_or_missing_call_ids_keep_two_legitimate_charges_apart(
+    adapter: str, ids: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    """The model names every call ``call_0`` (or gives no id) and asks for the same charge at
+    every step: each step's charge is its own effect, once, under kills."""
+    script = Script(steps=3, ids=ids, same_args=True)  # type: ignore[arg-type]
+    with harness(adapter, fast, redis_client, f"{ids}-ids") as h:
+        if adapter in REFUSES_AMBIGUOUS_IDS:
+            # The framework itself refuses such a model before any tool runs, with or without
+            # runlog; what runlog adds must not change that into a charge.
+            run_id = h.new_run()
+            got = h.run_once(h.spec(run_id, script), error=True)
+            assert got["outcome"] == "error", got
+            assert got["error"].split(":")[0] in REFUSES_AMBIGUOUS_IDS[adapter], got
+            assert all(n == 1 for n in h.receiver.applied(run_id).values())
+            return
+        for _ in range(2):
+            run_id = h.new_run()
+            h.kill_loop(run_id, script, 4, WINDOW_S)
+            h.check(run_id, script, finished=finished(adapter))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_charge_killed_mid_effect_waits_for_a_person_and_their_decision_holds(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    """The charge has no lookup: killed after the receiver applied it (or before), recovery
+    cannot know, and the run asks a person. The person decides from the receiver (reject
+    what happened, approve a retry of what did not); more kills, more decisions; at the end
+    every charge happened once."""
+    script = Script(steps=3, lookup=False)
+    with harness(adapter, fast, redis_client, "decided") as h:
+        for phase in ("after", "before"):
+            run_id = h.new_run()
+            h.kill_at(run_id, script, phase, 2)
+            got = h.run_once(h.spec(run_id, script))
+            assert got["outcome"] == "escalated", got  # nothing guessed without a person
+            assert h.decide_by_truth(run_id) == 1
+            h.kill_loop(run_id, script, 3, WINDOW_S)
+            h.check(run_id, script, finished=finished(adapter))
+        assert h.counts.escalations >= 2
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_run_resumed_with_a_changed_agent_definition_replays_its_log_and_repeats_nothing(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    """Documented behaviour: replay is positional. A run killed after its second charge,
+    resumed by an agent with other instructions and one more tool, gets its recorded turns
+    from the log (the charges already made are not made again) and the new definition only
+    for the turns the log does not hold."""
+    script = Script(steps=3)
+    with harness(adapter, fast, redis_client, "changed-definition") as h:
+        run_id = h.new_run()
+        h.kill_at(run_id, script, "after", 2)
+        changed = Script(steps=3, definition="v2")
+        assert h.run_once(h.spec(run_id, changed))["outcome"] == "finished"
+        h.check(run_id, changed, finished=finished(adapter))
