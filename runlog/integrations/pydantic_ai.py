@@ -393,12 +393,13 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     run = ex.run
     proposals = []
     for part in response.tool_calls:
+        # A model that gives no call id (None, which Pydantic AI's own message schema cannot
+        # read back) is given the empty one here, in the response the agent goes on with as
+        # in the record, so a replay is the live run; the key is still scoped by the turn.
+        part.tool_call_id = part.tool_call_id or ""
         args_json, args = _args_json(part)
-        # A model that gives no call id (None) is recorded as giving the empty one: the key
-        # is still scoped by the turn, and the tool sees the same "" (ctx.tool_call_id or "").
-        call_id = part.tool_call_id or ""
-        op = ex.scope(turn, call_id)
-        proposals.append(proposal(run, op, call_id, part.tool_name, args, args_json))
+        op = ex.scope(turn, part.tool_call_id)
+        proposals.append(proposal(run, op, part.tool_call_id, part.tool_name, args, args_json))
     # Pipelined: the agent's next act on this response waits for it (a non-safe call's
     # STARTED, an approval request, RUN_FINISHED and the next model request are barriers);
     # only a safe call may run before it is durable, as the effect model allows.
