@@ -61,6 +61,8 @@ class Script:
     """The charge has a reconciler (else an uncertain charge waits for a person)."""
     definition: Literal["v1", "v2"] = "v1"
     """v2: other instructions and one more (never called) tool than v1."""
+    session: bool = False
+    """Agents SDK only: the conversation in a ``RunlogSession`` (history in the log)."""
     pace_s: float = 0.02
     """How long the model thinks and the tool waits before and after its effect."""
 
@@ -175,13 +177,23 @@ class Counts:
     escalations: int = 0
     races: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    kill_points: dict[str, int] = field(default_factory=dict)
+    """Where the kill loop's kills landed, by what the receiver saw of that execution: no
+    charge yet (opening, replaying, recovering, the model), inside a charge (STARTED, the
+    effect not yet applied), or after a charge's effect (its completion maybe unrecorded)."""
+
+    def where(self, phases: list[str]) -> None:
+        point = "in-charge" if phases[-1:] == ["before"] else "after-a-charge"
+        point = point if phases else "before-any-charge"
+        self.kill_points[point] = self.kill_points.get(point, 0) + 1
 
     def line(self, adapter: str, case: str) -> str:
         return (
             f"conformance {adapter} {case}: kills={self.kills} runs={self.runs} "
             f"executions={self.executions} effects={self.effects} doubles={self.doubles} "
             f"losses={self.losses} escalations={self.escalations} races={self.races} "
-            f"outcomes={dict(sorted(self.outcomes.items()))}"
+            f"outcomes={dict(sorted(self.outcomes.items()))} "
+            f"kill_points={dict(sorted(self.kill_points.items()))}"
         )
 
 
@@ -252,11 +264,13 @@ class Harness:
         landed = 0
         while True:
             spec = self.spec(run_id, script)
+            seen = len(self.receiver.phases(run_id))
             proc = self.spawn(spec)
             if landed < kills:
-                proc.join(self.rng.uniform(0.0, window_s))
+                self._until_kill_point(run_id, script, proc, seen, window_s)
                 if proc.is_alive():
                     self.kill(proc)
+                    self.counts.where(self.receiver.phases(run_id)[seen:])
                     landed += 1
                     continue
             got = self.outcome(spec, proc)
@@ -265,6 +279,26 @@ class Harness:
             # Only a charge without a lookup may stop for a person: decide it, go on.
             assert got["outcome"] == "escalated" and not script.lookup, got
             assert self.decide_by_truth(run_id) > 0, f"escalated with nothing to decide: {got}"
+
+    def _until_kill_point(
+        self, run_id: str, script: Script, proc: Any, seen: int, window_s: float
+    ) -> None:
+        """Wait for a seeded random kill point of this execution: a moment within
+        ``window_s`` of its start (opening, replay, recovery, a model request), or a little
+        after its n-th charge began (inside the tool) or ended (its completion being
+        recorded, the next model request), n drawn from the charges still to make."""
+        how = self.rng.choice(("time", "before", "after"))
+        if how == "time":
+            proc.join(self.rng.uniform(0.0, window_s))
+            return
+        left = max(1, script.steps - len(self.receiver.applied(run_id)))
+        nth, extra = self.rng.randint(1, left), self.rng.uniform(0.0, 2 * script.pace_s)
+        deadline = time.monotonic() + 120
+        while proc.is_alive() and time.monotonic() < deadline:
+            if self.receiver.phases(run_id)[seen:].count(how) >= nth:
+                time.sleep(extra)
+                return
+            time.sleep(0.002)
 
     def kill_at(self, run_id: str, script: Script, phase: str, nth: int) -> None:
         """One execution, SIGKILLed once the receiver saw its ``nth`` ``phase`` marker."""

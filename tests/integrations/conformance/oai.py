@@ -78,7 +78,9 @@ class OaiAdapter:
             tools=[charge, note] if v2 else [charge],
         )
         policy = ToolPolicy("irreversible", reconcile=lookup if script.lookup else None)
-        durable = RunlogAgents(agent, tools={"charge": policy}, settings=spec.settings)
+        durable = RunlogAgents(
+            agent, tools={"charge": policy}, settings=spec.settings, session=script.session
+        )
         got = asyncio.run(
             durable.run(
                 "charge the orders", run_id=spec.run_id, takeover=spec.takeover, wait_s=spec.wait_s

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import redis
+from workers.common import read_log, verdicts
 
+from runlog.integrations.openai_agents_session import recorded_ops
 from runlog.settings import Settings
 
 from .driver import ADAPTERS, Script, harness, stop_server, total_kills
@@ -76,6 +78,44 @@ def test_sigkills_at_random_points_leave_every_effect_once_and_none_lost(
         assert (h.counts.doubles, h.counts.losses) == (0, 0)
 
 
+@pytest.mark.timeout(900)
+def test_an_agents_sdk_session_holds_under_the_kill_loop(
+    fast: Settings, redis_client: redis.Redis
+) -> None:
+    """``RunlogAgents(session=True)``: the same kill loop, and the session's history (the
+    fold of its recorded operations) holds the prompt once and each charge's call and
+    output once."""
+    script = Script(steps=3, session=True)
+    with harness("oai", fast, redis_client, "session-kill-loop") as h:
+        while h.counts.kills < total_kills() // 2:
+            run_id = h.new_run()
+            h.kill_loop(run_id, script, KILLS_PER_RUN, WINDOW_S)
+            h.check(run_id, script)
+            items = session_items(fast, run_id)
+            kinds = [i.get("type", i.get("role")) for i in items]
+            assert kinds.count("user") == 1, kinds
+            assert kinds.count("function_call") == script.steps, kinds
+            assert kinds.count("function_call_output") == script.steps, kinds
+
+
+def session_items(settings: Settings, run_id: str) -> list[dict[str, Any]]:
+    """The session's items as its recorded operations fold them."""
+    events = [rec.event for rec in read_log(settings, run_id)]
+    items: list[dict[str, Any]] = []
+    for op in recorded_ops(valid(events), run_id):
+        if op["op"] == "add":
+            items.extend(op["items"])
+        elif op["op"] == "pop" and items:
+            items.pop()
+        elif op["op"] == "clear":
+            items.clear()
+    return items
+
+
+def valid(events: list[Any]) -> list[Any]:
+    return [ev for ev, ok in verdicts(events) if ok]
+
+
 @pytest.mark.parametrize("adapter", each(lg=LG_NO_RUN_FINISHED))
 def test_a_run_driven_to_its_end_reads_finished_in_its_log(
     adapter: str, fast: Settings, redis_client: redis.Redis
@@ -127,7 +167,8 @@ def test_repeated_or_missing_call_ids_keep_two_legitimate_charges_apart(
             return
         for _ in range(2):
             run_id = h.new_run()
-            h.kill_loop(run_id, script, 4, WINDOW_S)
+            h.kill_at(run_id, script, "after", 1)  # so a recorded turn is replayed
+            h.kill_loop(run_id, script, 3, WINDOW_S)
             h.check(run_id, script, finished=finished(adapter))
 
 
