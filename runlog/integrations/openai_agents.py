@@ -387,8 +387,9 @@ class RunlogAgents:
         ``run`` returns. Resuming is ``run(input, run_id=handle.run_id)`` (the same input:
         a run that died before recording its task needs it again; one that recorded it
         replays the recorded one). ``options`` are ``run``'s."""
+        loop = asyncio.get_running_loop()  # before the coroutine exists: none left unawaited
         rid = check_run_id(run_id) if run_id is not None else new_run_id()
-        return RunlogHandle(rid, asyncio.ensure_future(self.run(input, run_id=rid, **options)))
+        return RunlogHandle(rid, loop.create_task(self.run(input, run_id=rid, **options)))
 
     async def run_on(
         self,

@@ -342,3 +342,27 @@ def test_on_open_gets_the_run_id_before_the_model_is_asked(fast: Settings) -> No
     got = asyncio.run(RunlogAgents(agent, settings=fast).run("hi", on_open=on_open))
     assert seen == ["opened", "model"]
     assert opened == [got.run_id]
+
+
+def test_start_refuses_a_bad_run_id_and_a_missing_event_loop_before_anything_runs() -> None:
+    import gc
+    import warnings
+
+    from agents.testing import ScriptedModel
+
+    from runlog.errors import InvalidRunId
+    from runlog.integrations.openai_agents import RunlogAgents
+
+    durable = RunlogAgents(_streamed_agent(ScriptedModel([]), []))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError):  # no running loop: no task, no coroutine left over
+            durable.start("hi")
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+    async def bad_id() -> None:
+        durable.start("hi", run_id="two words")
+
+    with pytest.raises(InvalidRunId):
+        asyncio.run(bad_id())
