@@ -59,8 +59,9 @@ class Script:
     same_args: bool = False
     lookup: bool = True
     """The charge has a reconciler (else an uncertain charge waits for a person)."""
-    definition: Literal["v1", "v2"] = "v1"
-    """v2: other instructions and one more (never called) tool than v1."""
+    definition: Literal["v1", "v2", "v3"] = "v1"
+    """v2: other instructions and one more (never called) tool than v1; v3: v2 without the
+    charge tool (a definition the run's recorded turns cannot be replayed on)."""
     session: bool = False
     """Agents SDK only: the conversation in a ``RunlogSession`` (history in the log)."""
     pace_s: float = 0.02

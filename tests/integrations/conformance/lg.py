@@ -39,8 +39,9 @@ class LgAdapter:
 
         reconcile = lookup if script.lookup else None
         tools = [runlog.tool("charge", risk="irreversible", reconcile=reconcile)(charge)]
-        v2 = script.definition == "v2"
-        if v2:
+        if script.definition == "v3":
+            tools.clear()
+        if script.definition != "v1":
             tools.append(runlog.tool("note")(lambda args, *, idempotency_key: args["text"]))
 
         def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:

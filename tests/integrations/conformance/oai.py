@@ -70,16 +70,18 @@ class OaiAdapter:
                 return runlog.Match(f"charged {args['cents']} for order {args['order']}")
             return runlog.Absent("the receiver has no charge with this key")
 
-        v2 = script.definition == "v2"
+        v1 = script.definition == "v1"
+        tools = {"v1": [charge], "v2": [charge, note], "v3": [note]}[script.definition]
         agent = Agent(
             name="conformance",
-            instructions="Charge politely, then say done." if v2 else "Charge, then say done.",
+            instructions="Charge, then say done." if v1 else "Charge politely, then say done.",
             model=_Scripted(script),
-            tools=[charge, note] if v2 else [charge],
+            tools=tools,
         )
         policy = ToolPolicy("irreversible", reconcile=lookup if script.lookup else None)
+        policies = {} if script.definition == "v3" else {"charge": policy}
         durable = RunlogAgents(
-            agent, tools={"charge": policy}, settings=spec.settings, session=script.session
+            agent, tools=policies, settings=spec.settings, session=script.session
         )
         got = asyncio.run(
             durable.run(

@@ -39,26 +39,27 @@ class PaiAdapter:
 
         policy = ToolPolicy("irreversible", reconcile=lookup if script.lookup else None)
         durability = RunlogDurability(
-            tools={"charge": policy},
+            tools={} if script.definition == "v3" else {"charge": policy},
             settings=spec.settings,
             takeover=spec.takeover,
             wait_s=spec.wait_s,
         )
-        v2 = script.definition == "v2"
+        v1 = script.definition == "v1"
         agent = Agent(
             FunctionModel(model),
-            instructions="Charge politely, then say done." if v2 else "Charge, then say done.",
+            instructions="Charge, then say done." if v1 else "Charge politely, then say done.",
             capabilities=[durability],
         )
 
-        @agent.tool_plain
         def charge(order: int, cents: int) -> str:
             call = runlog.current_call()
             assert call is not None
             receiver.charge(spec.run_id, script, call.idempotency_key)
             return f"charged {cents} for order {order}"
 
-        if v2:
+        if script.definition != "v3":
+            agent.tool_plain(charge)
+        if not v1:
 
             @agent.tool_plain
             def note(text: str) -> str:

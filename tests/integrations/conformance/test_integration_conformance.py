@@ -210,3 +210,24 @@ def test_a_run_resumed_with_a_changed_agent_definition_replays_its_log_and_repea
         changed = Script(steps=3, definition="v2")
         assert h.run_once(h.spec(run_id, changed))["outcome"] == "finished"
         h.check(run_id, changed, finished=finished(adapter))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_resume_without_the_tool_a_recorded_call_needs_repeats_and_loses_nothing(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    """A run killed inside a charge (STARTED, the effect not applied), resumed by a definition
+    without the charge tool: whatever that execution does (refused, or stopped by its
+    framework), it charges nothing twice and closes no charge; the original definition then
+    finishes the run with every charge once."""
+    script = Script(steps=3)
+    with harness(adapter, fast, redis_client, "tool-removed") as h:
+        run_id = h.new_run()
+        h.kill_at(run_id, script, "before", 2)
+        got = h.run_once(h.spec(run_id, Script(steps=3, definition="v3")), error=True)
+        print(f"\n{adapter} resumed without its charge tool: {got['outcome']} {got.get('error')}")
+        assert got["outcome"] != "finished", got
+        assert all(n == 1 for n in h.receiver.applied(run_id).values())
+        assert h.run_once(h.spec(run_id, script))["outcome"] == "finished"
+        h.check(run_id, script, finished=finished(adapter))
