@@ -62,6 +62,8 @@ class Script:
     definition: Literal["v1", "v2", "v3"] = "v1"
     """v2: other instructions and one more (never called) tool than v1; v3: v2 without the
     charge tool (a definition the run's recorded turns cannot be replayed on)."""
+    approval: bool = False
+    """The charge needs a person's approval first (the framework's own approval flag)."""
     session: bool = False
     """Agents SDK only: the conversation in a ``RunlogSession`` (history in the log)."""
     pace_s: float = 0.02
@@ -89,6 +91,7 @@ class Spec:
     exec_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     takeover: bool = True
     wait_s: float | None = None
+    approval_wait_s: float = 0.0
 
 
 class Receiver:
@@ -277,8 +280,9 @@ class Harness:
             got = self.outcome(spec, proc)
             if got["outcome"] == "finished":
                 return got
-            # Only a charge without a lookup may stop for a person: decide it, go on.
-            assert got["outcome"] == "escalated" and not script.lookup, got
+            # Only a charge needing approval or without a lookup waits for a person.
+            assert got["outcome"] == "escalated", got
+            assert script.approval or not script.lookup, got
             assert self.decide_by_truth(run_id) > 0, f"escalated with nothing to decide: {got}"
 
     def _until_kill_point(
@@ -313,6 +317,16 @@ class Harness:
             time.sleep(0.005)
         self.kill(proc)
 
+    def kill_while_waiting(self, run_id: str, script: Script) -> None:
+        """One execution that waits for a person's decision, SIGKILLed while it waits."""
+        proc = self.spawn(self.spec(run_id, script, approval_wait_s=120.0))
+        deadline = time.monotonic() + 120
+        while not [a for a in self.approvals(run_id) if a.approved is None]:
+            assert proc.is_alive(), "the execution ended without asking a person"
+            assert time.monotonic() < deadline, "no approval was requested"
+            time.sleep(0.05)
+        self.kill(proc)
+
     def race(self, run_id: str, script: Script, wait_s: float) -> list[dict[str, Any]]:
         """Two resumers of the run released together from a barrier."""
         barrier = context().Barrier(2)
@@ -343,6 +357,11 @@ class Harness:
             decided += 1
         self.counts.escalations += decided
         return decided
+
+    def approvals(self, run_id: str) -> list[Any]:
+        """The run's approvals so far (none while it has no events yet)."""
+        events = [rec.event for rec in read_log(self.settings, run_id)]
+        return list(assert_log_sound(events).approvals.values()) if events else []
 
     def state(self, run_id: str) -> RunState:
         return assert_log_sound([rec.event for rec in read_log(self.settings, run_id)])

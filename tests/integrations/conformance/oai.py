@@ -52,7 +52,7 @@ class OaiAdapter:
         set_tracing_disabled(True)
         script = spec.script
 
-        @function_tool
+        @function_tool(needs_approval=script.approval)
         def charge(order: int, cents: int) -> str:
             """Charge an order."""
             call = runlog.current_call()
@@ -85,7 +85,11 @@ class OaiAdapter:
         )
         got = asyncio.run(
             durable.run(
-                "charge the orders", run_id=spec.run_id, takeover=spec.takeover, wait_s=spec.wait_s
+                "charge the orders",
+                run_id=spec.run_id,
+                takeover=spec.takeover,
+                wait_s=spec.wait_s,
+                approval_wait_s=spec.approval_wait_s,
             )
         )
         return {"outcome": "finished", "output": json.dumps(got.output)}

@@ -43,6 +43,7 @@ class PaiAdapter:
             settings=spec.settings,
             takeover=spec.takeover,
             wait_s=spec.wait_s,
+            approval_wait_s=spec.approval_wait_s,
         )
         v1 = script.definition == "v1"
         agent = Agent(
@@ -58,7 +59,7 @@ class PaiAdapter:
             return f"charged {cents} for order {order}"
 
         if script.definition != "v3":
-            agent.tool_plain(charge)
+            agent.tool_plain(requires_approval=script.approval)(charge)
         if not v1:
 
             @agent.tool_plain

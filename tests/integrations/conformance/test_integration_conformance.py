@@ -47,6 +47,11 @@ REFUSES_AMBIGUOUS_IDS = {"oai": {"ModelBehaviorError", "MaxTurnsExceeded"}}
 it has already answered as answered (the model is asked again until ``max_turns``)."""
 
 
+APPROVALS = ("oai", "pai")
+"""Integrations with a per-tool approval flag of their framework's own; LangGraph's tool node
+has none (its runlog approvals are the escalations of uncertain calls, tested above)."""
+
+
 def each(**marks: Any) -> list[Any]:
     return [pytest.param(a, marks=marks[a]) if a in marks else a for a in ADAPTERS]
 
@@ -87,7 +92,7 @@ def test_an_agents_sdk_session_holds_under_the_kill_loop(
     output once."""
     script = Script(steps=3, session=True)
     with harness("oai", fast, redis_client, "session-kill-loop") as h:
-        while h.counts.kills < total_kills() // 2:
+        while h.counts.kills < total_kills() // 5:
             run_id = h.new_run()
             h.kill_loop(run_id, script, KILLS_PER_RUN, WINDOW_S)
             h.check(run_id, script)
@@ -192,6 +197,26 @@ def test_a_charge_killed_mid_effect_waits_for_a_person_and_their_decision_holds(
             h.kill_loop(run_id, script, 3, WINDOW_S)
             h.check(run_id, script, finished=finished(adapter))
         assert h.counts.escalations >= 2
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("adapter", APPROVALS)
+def test_an_approval_survives_a_kill_while_waiting_and_each_approved_charge_runs_once(
+    adapter: str, fast: Settings, redis_client: redis.Redis
+) -> None:
+    """The framework's own approval flag (``needs_approval``, ``requires_approval``): the
+    execution waiting for the decision is SIGKILLed, a person approves, and the run goes on
+    under more kills (each charge asks again); every approved charge runs once."""
+    script = Script(steps=2, approval=True)
+    with harness(adapter, fast, redis_client, "approval") as h:
+        run_id = h.new_run()
+        h.kill_while_waiting(run_id, script)
+        assert h.receiver.applied(run_id) == {}  # nothing ran before a person decided
+        assert h.decide_by_truth(run_id) == 1
+        h.kill_loop(run_id, script, 4, WINDOW_S)
+        state = h.check(run_id, script)
+        assert len(state.approvals) == script.steps
+        assert all(a.approved for a in state.approvals.values())
 
 
 @pytest.mark.timeout(600)
