@@ -4,21 +4,24 @@ An integration is plugged in by an adapter (``oai.py``, ``pai.py``, ``lg.py``) t
 the same scripted agent in its framework and runs (or resumes) one run to its end:
 
 * a scripted model (the framework's own test model) proposes ``Script.steps`` charges, one
-  per model turn, then answers ``done``. Call ids are fresh, repeated (``call_0`` at every
-  turn) or missing; the charges' arguments are distinct or all the same (two legitimate
-  charges of one amount);
-* the ``charge`` tool is irreversible; it applies its effect to the ``Receiver`` (Redis,
-  outside every worker, not deduplicating: each apply counts, recorded with its key) and
-  its reconciler (when the script has one) looks the key up there.
+  per model turn, then answers ``done``. Call ids are new at every request (as a real
+  provider's), one per turn, repeated (``call_0`` at every turn) or missing; the charges'
+  arguments are distinct or all the same (two legitimate charges of one amount);
+* the ``charge`` tool is irreversible (optionally approval-required); it applies its effect
+  to the ``Receiver`` (Redis, outside every worker, not deduplicating: each apply counts,
+  recorded with its key) and its reconciler (when the script has one) looks the key up there;
+* ``Script.definition`` changes the agent: other instructions and one more tool (v2), or no
+  charge tool at all (v3).
 
 Every execution runs in a child process forked from a server that preloaded the adapters
 (``multiprocessing``'s forkserver), so a SIGKILL costs no interpreter start. The driver's
-attacks: SIGKILLs at seeded random points until the run finishes, two resumers released
-together from a barrier, an uncertain charge escalated after a kill and decided by a person
-from the receiver's truth, and a resume with a changed agent definition. ``check`` then
-counts, from the receiver alone, the effects, the doubles (a key applied twice, or more keys
-than charges) and the losses (fewer keys than charges), and folds the run's log: sound,
-finished, succeeded.
+attacks: SIGKILLs at seeded random points until the run finishes (``kill_loop``; where they
+landed is counted), two resumers released together from a barrier (``race``), a kill while
+an execution waits for a person (``kill_while_waiting``), uncertain charges escalated after a
+kill and decided by a person from the receiver's truth (``decide_by_truth``), and resumes
+with a changed definition. ``check`` then counts, from the receiver alone, the effects, the
+doubles (a key applied twice, or more keys than charges) and the losses (fewer keys than
+charges), and folds the run's log: sound, finished, succeeded.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import redis
@@ -396,10 +399,3 @@ def harness(adapter: str, settings: Settings, client: redis.Redis, case: str) ->
 def total_kills() -> int:
     """Kills per integration in the kill loop: 50 in the normal run, more for a soak."""
     return int(os.environ.get("RUNLOG_CONFORMANCE_KILLS", "50"))
-
-
-def with_(script: Script, **changes: Any) -> Script:
-    return replace(script, **changes)
-
-
-Stop = Callable[[], None]
