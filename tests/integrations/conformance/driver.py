@@ -36,7 +36,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import redis
@@ -262,8 +262,14 @@ class Harness:
         self.counts.kills += 1
 
     def run_once(self, spec: Spec, *, error: bool = False) -> dict[str, Any]:
-        """One execution to its end; ``error``: an error other than runlog's is an outcome."""
-        return self.outcome(spec, self.spawn(spec), error=error)
+        """One execution to its end; ``error``: an error other than runlog's is an outcome.
+        An execution fenced because it lost its lease (a renewal starved on a loaded
+        machine) stopped as runlog promises; the next one resumes the run."""
+        while True:
+            got = self.outcome(spec, self.spawn(spec), error=error)
+            if got["outcome"] != "fenced":
+                return got
+            spec = replace(spec, exec_id=uuid.uuid4().hex[:12])
 
     def kill_loop(self, run_id: str, script: Script, kills: int, window_s: float) -> dict[str, Any]:
         """Execute the run again and again, SIGKILLing each execution at a seeded random
@@ -283,6 +289,8 @@ class Harness:
             got = self.outcome(spec, proc)
             if got["outcome"] == "finished":
                 return got
+            if got["outcome"] == "fenced":
+                continue  # it lost its lease (a renewal starved on a loaded machine): resume
             # Only a charge needing approval or without a lookup waits for a person.
             assert got["outcome"] == "escalated", got
             assert script.approval or not script.lookup, got
