@@ -5,6 +5,7 @@
 #   make faults fault tests on their own 3-node cluster + Redis (minutes; tests/faults)
 #   make explore  the fault explorer: SEED=7 STEPS=40 [KEEP=0,3,9] one history; no SEED: seeds until one fails
 #   make soak   every fault at the reliability goals' counts (~2 h; SCALE=0.01 or KILLS=.. RACES=.. etc.)
+#   make soak-integrations  the integrations' conformance harness with 500 kills each (CONFORMANCE_KILLS=..)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make docs   the documentation site into site/ (mkdocs build --strict: broken links fail)
 #   make demo   stack + topics, then the fleet demo: 3 workers, kill -9 and SIGSTOP (DEMO_SEED=7 DEMO_KILLS=5 DEMO_PAUSES=2)
@@ -33,10 +34,10 @@ DEMO_PAUSES ?= 2
 DEMO_ARGS ?=
 DEMO_CMD ?= $(RUNLOG) demo --seed $(DEMO_SEED) --kills $(DEMO_KILLS) --pauses $(DEMO_PAUSES) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults explore soak lint docs demo down status bench
+.PHONY: help venv stack topics test faults explore soak soak-integrations lint docs demo down status bench
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -81,6 +82,13 @@ soak: venv
 		$(if $(RACES),--races $(RACES)) $(if $(LEADER_KILLS),--leader-kills $(LEADER_KILLS)) \
 		$(if $(REDIS_RESTARTS),--redis-restarts $(REDIS_RESTARTS)) \
 		$(if $(HOSTILE),--hostile $(HOSTILE)) $(SOAK_ARGS)
+
+# The conformance harness of the agent-framework integrations (tests/integrations/conformance)
+# on the local stack, with the soak's kill count instead of the 50 per integration of make test.
+CONFORMANCE_KILLS ?= 500
+soak-integrations: stack
+	RUNLOG_CONFORMANCE_KILLS=$(CONFORMANCE_KILLS) $(PY) -m pytest -q -s \
+		tests/integrations/conformance $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

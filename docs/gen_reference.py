@@ -82,6 +82,12 @@ TEST_ONLY: dict[str, tuple[str, str]] = {
         "`~/.local/state/runlog/cluster-3/faults-summary.json`",
         "where the fault suite writes its summary",
     ),
+    "RUNLOG_CONFORMANCE_KILLS": (
+        "`50`",
+        "SIGKILLs per integration in the integrations' conformance kill loop "
+        "(`make soak-integrations`: 500)",
+    ),
+    "RUNLOG_CONFORMANCE_SEED": ("`7`", "the seed of the conformance harness's kill points"),
     "RUNLOG_UI_SCREENSHOTS": ("unset", "a folder: the browser test saves the console's pages"),
     "RUNLOG_TEST_REBUILD_HALT_AT": (
         "set by the test",

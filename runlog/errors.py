@@ -25,6 +25,7 @@ __all__ = [
     "InvalidTenant",
     "InvalidToolDeclaration",
     "KafkaUnavailable",
+    "MissingExtra",
     "MissingUpcaster",
     "NewerSchemaVersion",
     "NoLiveWorker",
@@ -62,6 +63,18 @@ class RunlogError(Exception):
 
 class ConfigError(RunlogError):
     """Settings or topic configuration are wrong or have drifted."""
+
+
+class MissingExtra(ConfigError):
+    """A runlog integration was imported without the framework it integrates: the package
+    named by ``package`` is not installed; ``pip install 'runlog[<extra>]'`` installs it."""
+
+    def __init__(self, *, integration: str, extra: str, package: str) -> None:
+        super().__init__(
+            f"{integration} needs the {package!r} package, which is not installed: "
+            f"pip install 'runlog[{extra}]'"
+        )
+        self.integration, self.extra, self.package = integration, extra, package
 
 
 class NoKeys(ConfigError):

@@ -3,6 +3,7 @@
 * ``ToolPolicy``/``policies``: how runlog treats one of the agent's tools.
 * ``operation_id``: a framework tool call's scope for its idempotency key.
 * ``recorded_events``: a run's valid events, read from the log where the run lives.
+* ``missing_extra``: the error an integration raises when its framework is not installed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlog import aio
+from runlog.errors import MissingExtra
 from runlog.producers.tools import (
     DEFAULT_COMMIT_WINDOW_S,
     Receiver,
@@ -21,6 +23,20 @@ from runlog.producers.tools import (
     ToolFn,
 )
 from runlog.settings import Settings
+
+
+def missing_extra(
+    exc: ModuleNotFoundError, integration: str, extra: str, packages: tuple[str, ...]
+) -> MissingExtra | ModuleNotFoundError:
+    """What importing ``integration`` raises when ``exc`` was raised by its framework's import:
+    ``MissingExtra`` (a ``ConfigError`` naming the extra to install) when the missing module
+    is one of the framework's ``packages``; ``exc`` itself otherwise (a module missing inside
+    an installed framework is a broken install, not a missing extra)."""
+    top = (exc.name or "").split(".")[0]
+    if top in packages:
+        return MissingExtra(integration=integration, extra=extra, package=top)
+    return exc
+
 
 SUMMARY_CHARS = 2000
 """How much of an agent's output a RUN_FINISHED keeps as its summary."""

@@ -43,23 +43,28 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool
-from langchain_core.tools import tool as lc_tool
-from langgraph.checkpoint.base import (
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    get_checkpoint_id,
-    get_checkpoint_metadata,
-)
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.errors import GraphBubbleUp
-from langgraph.types import interrupt
+from runlog.integrations._common import missing_extra
+
+try:
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool
+    from langchain_core.tools import tool as lc_tool
+    from langgraph.checkpoint.base import (
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.errors import GraphBubbleUp
+    from langgraph.types import interrupt
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, __name__, "langgraph", ("langgraph", "langchain_core")) from exc
 
 from runlog.api import open_run, question
 from runlog.bootstrap import Services

@@ -30,25 +30,31 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Agent, FunctionTool, Runner
-from agents.items import ModelResponse, TResponseOutputItem
-from agents.models.interface import Model
-from agents.tool_context import ToolContext
-from agents.usage import Usage
-from openai.types.responses import (
-    Response,
-    ResponseCompletedEvent,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-)
 from pydantic import TypeAdapter
 
 from runlog import aio
+from runlog.integrations._common import missing_extra
+
+try:
+    from agents import Agent, FunctionTool, Runner
+    from agents.items import ModelResponse, TResponseOutputItem
+    from agents.models.interface import Model
+    from agents.tool_context import ToolContext
+    from agents.usage import Usage
+    from openai.types.responses import (
+        Response,
+        ResponseCompletedEvent,
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+    )
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, __name__, "openai-agents", ("agents", "openai")) from exc
+
 from runlog.errors import RunlogError, ToolFailed
 from runlog.fleet.registry import agent as register_agent
 from runlog.integrations._approvals import approval_for, await_decision, rejection_note
@@ -64,12 +70,14 @@ from runlog.integrations.openai_agents_session import RunlogSession, recorded_op
 from runlog.producers.context import CallContext, current_call
 from runlog.producers.tools import Tool
 from runlog.schemas.canonical import canonical_json
+from runlog.schemas.keys import check_run_id, new_run_id
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 __all__ = [
     "CallContext",
     "RunlogAgents",
+    "RunlogHandle",
     "RunlogModel",
     "RunlogResult",
     "RunlogSession",
@@ -93,6 +101,17 @@ class RunlogResult:
     """Model turns answered from the log instead of the model."""
     requested_turns: int
     """Model turns the wrapped model was asked for in this call."""
+
+
+@dataclass(frozen=True)
+class RunlogHandle:
+    """A run ``RunlogAgents.start`` began: its id at once, its result when awaited."""
+
+    run_id: str
+    task: asyncio.Future[RunlogResult]
+
+    def __await__(self) -> Generator[Any, None, RunlogResult]:
+        return self.task.__await__()
 
 
 @dataclass
@@ -324,9 +343,13 @@ class RunlogAgents:
         context: Any = None,
         max_turns: int = 50,
         on_event: Callable[[Any], Any] | None = None,
+        on_open: Callable[[str], Any] | None = None,
     ) -> RunlogResult:
         """Start (``run_id=None``) or resume the run and drive it to its end; the same call
         either way. ``on_event`` streams the runner's events (``Runner.run_streamed``).
+        ``on_open(run_id)`` (it may be ``async``) is called once the run is open and
+        recovered, before the model is first asked: keep a new run's id there, so a caller
+        that dies before ``run`` returns can resume it (``run(input, run_id=...)``).
         Raises ``runlog.Escalated`` when a person must decide first."""
         async with aio.open_run(
             run_id,
@@ -339,6 +362,10 @@ class RunlogAgents:
             reason=reason,
             takeover=takeover,
         ) as run:
+            if on_open is not None:
+                opened = on_open(run.run_id)
+                if asyncio.iscoroutine(opened):
+                    await opened
             got = await self.run_on(
                 run,
                 input,
@@ -350,6 +377,17 @@ class RunlogAgents:
             if run.state.status != "finished":
                 await run.finish("succeeded", str(got.output)[:SUMMARY_CHARS])
             return got
+
+    def start(self, input: str, *, run_id: str | None = None, **options: Any) -> RunlogHandle:
+        """Begin the run in a task of the running event loop and return its handle at once:
+        ``handle.run_id`` is known before anything is appended (minted here when not given),
+        so a caller can keep it before the model is ever asked; ``await handle`` is what
+        ``run`` returns. Resuming is ``run(input, run_id=handle.run_id)`` (the same input:
+        a run that died before recording its task needs it again; one that recorded it
+        replays the recorded one). ``options`` are ``run``'s."""
+        loop = asyncio.get_running_loop()  # before the coroutine exists: none left unawaited
+        rid = check_run_id(run_id) if run_id is not None else new_run_id()
+        return RunlogHandle(rid, loop.create_task(self.run(input, run_id=rid, **options)))
 
     async def run_on(
         self,

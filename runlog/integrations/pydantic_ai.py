@@ -41,32 +41,37 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic_ai import Agent, DeferredToolRequests
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelMessagesTypeAdapter,
-    ModelRequest,
-    ModelRequestPart,
-    ModelResponse,
-    RetryPromptPart,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.models import (
-    CompletedStreamedResponse,
-    Model,
-    ModelRequestParameters,
-    StreamedResponse,
-)
-from pydantic_ai.models.wrapper import WrapperModel
-from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import RunContext
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
-from pydantic_ai.usage import RunUsage, UsageLimits
-from pydantic_core import to_json
+from runlog.integrations._common import missing_extra
+
+try:
+    from pydantic_ai import Agent, DeferredToolRequests
+    from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelMessagesTypeAdapter,
+        ModelRequest,
+        ModelRequestPart,
+        ModelResponse,
+        RetryPromptPart,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.models import (
+        CompletedStreamedResponse,
+        Model,
+        ModelRequestParameters,
+        StreamedResponse,
+    )
+    from pydantic_ai.models.wrapper import WrapperModel
+    from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.tools import RunContext
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
+    from pydantic_ai.usage import RunUsage, UsageLimits
+    from pydantic_core import to_json
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, __name__, "pydantic-ai", ("pydantic_ai",)) from exc
 
 from runlog import aio
 from runlog.errors import ToolArgumentsError, ToolFailed
@@ -161,7 +166,7 @@ class _Execution:
         if self.base is not None:
             messages = messages[len(self.base.messages) :]  # the fork's own
             for part in self.base.pending:  # the parent's last turn: turn -1 of the fork
-                self.turn_of_call[part.tool_call_id] = -1
+                self.turn_of_call[part.tool_call_id or ""] = -1
         for message in messages:
             if message.role == "assistant":
                 turn += 1
@@ -273,7 +278,7 @@ class RunlogModel(WrapperModel):
             await _record_turn(ex, turn, response, self._cost(response))
         ex.next_turn = turn + 1
         for part in response.tool_calls:
-            ex.turn_of_call[part.tool_call_id] = turn
+            ex.turn_of_call[part.tool_call_id or ""] = turn
         return response
 
     @asynccontextmanager
@@ -379,7 +384,8 @@ async def _approval_for(ex: _Execution, part: ToolCallPart) -> str:
     """The runlog approval for an approval-required call, keyed by the call's key."""
     run = ex.run
     args_json, args = _args_json(part)
-    key = run.key_for(part.tool_name, args or {}, operation_id=ex.operation_id(part.tool_call_id))
+    operation = ex.operation_id(part.tool_call_id or "")
+    key = run.key_for(part.tool_name, args or {}, operation_id=operation)
     return await approval_for(run, part.tool_name, args_json, key)
 
 
@@ -387,6 +393,10 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     run = ex.run
     proposals = []
     for part in response.tool_calls:
+        # A model that gives no call id (None, which Pydantic AI's own message schema cannot
+        # read back) is given the empty one here, in the response the agent goes on with as
+        # in the record, so a replay is the live run; the key is still scoped by the turn.
+        part.tool_call_id = part.tool_call_id or ""
         args_json, args = _args_json(part)
         op = ex.scope(turn, part.tool_call_id)
         proposals.append(proposal(run, op, part.tool_call_id, part.tool_name, args, args_json))

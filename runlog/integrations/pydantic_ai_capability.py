@@ -33,19 +33,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
-from pydantic_ai.capabilities.abstract import (
-    AbstractCapability,
-    CapabilityOrdering,
-    WrapRunHandler,
-)
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
-from pydantic_ai.models import (
-    Model,
-)
-from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import RunContext
-from pydantic_ai.toolsets import AbstractToolset
+from runlog.integrations._common import missing_extra
+
+try:
+    from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
+    from pydantic_ai.capabilities.abstract import (
+        AbstractCapability,
+        CapabilityOrdering,
+        WrapRunHandler,
+    )
+    from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
+    from pydantic_ai.models import Model
+    from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.tools import RunContext
+    from pydantic_ai.toolsets import AbstractToolset
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, __name__, "pydantic-ai", ("pydantic_ai",)) from exc
 
 from runlog import aio
 from runlog.integrations._approvals import await_decision, rejection_note

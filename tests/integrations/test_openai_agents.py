@@ -295,3 +295,74 @@ def test_a_worker_killed_while_waiting_for_approval_resumes_with_the_decision_an
     assert approval.approved and approval.decided_by == "alice"
     assert approval.idempotency_key == key
     assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
+
+
+def test_a_caller_killed_in_the_first_model_call_resumes_the_run_by_the_handles_id(
+    fast: Settings, ledger: Any, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """``RunlogAgents.start`` gives the run's id before the model is first asked: the worker
+    keeps it, is SIGKILLed inside that first request, and a new worker resumes the run by
+    the kept id to its end, each charge once, the prompt recorded once."""
+    first = start(fast, tmp_path, "first", "new", "--steps", "2", "--think-s", "30")
+    run_id = first.wait_flag("run_id", timeout=90)
+    assert first.wait_flag("live", timeout=90) == "model 0"  # inside the first request
+    first.kill(signal.SIGKILL)
+    assert not payloads(events_of(fast, run_id), EventType.MODEL_TURN)
+
+    code, done = start(fast, tmp_path, "again", run_id, "--steps", "2", "--takeover").finish(120)
+    assert code == EXIT_OK, done
+    events = events_of(fast, run_id)
+    state = assert_log_sound(events)
+    assert state.status == "finished" and state.outcome == "succeeded"
+    assert len(payloads(events, EventType.USER_MESSAGE)) == 1
+    assert len(assert_effects_once(ledger, events, "charge")) == 2
+
+
+def test_on_open_gets_the_run_id_before_the_model_is_asked(fast: Settings) -> None:
+    from agents import set_tracing_disabled
+    from agents.testing import ScriptedModel, assistant_message
+
+    from runlog.integrations.openai_agents import RunlogAgents
+
+    set_tracing_disabled(True)
+    seen: list[str] = []
+
+    class Watched(ScriptedModel):
+        async def get_response(self, *a: Any, **kw: Any) -> Any:
+            seen.append("model")
+            return await super().get_response(*a, **kw)
+
+    agent = _streamed_agent(Watched([[assistant_message("hello")]]), [])
+    opened: list[str] = []
+
+    async def on_open(run_id: str) -> None:  # an async callback is awaited
+        seen.append("opened")
+        opened.append(run_id)
+
+    got = asyncio.run(RunlogAgents(agent, settings=fast).run("hi", on_open=on_open))
+    assert seen == ["opened", "model"]
+    assert opened == [got.run_id]
+
+
+def test_start_refuses_a_bad_run_id_and_a_missing_event_loop_before_anything_runs() -> None:
+    import gc
+    import warnings
+
+    from agents.testing import ScriptedModel
+
+    from runlog.errors import InvalidRunId
+    from runlog.integrations.openai_agents import RunlogAgents
+
+    durable = RunlogAgents(_streamed_agent(ScriptedModel([]), []))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError):  # no running loop: no task, no coroutine left over
+            durable.start("hi")
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+    async def bad_id() -> None:
+        durable.start("hi", run_id="two words")
+
+    with pytest.raises(InvalidRunId):
+        asyncio.run(bad_id())

@@ -48,6 +48,8 @@ from workers.common import (  # noqa: E402
     Ledger,
 )
 
+PROMPT = "Charge every order, then say done."
+
 
 def requests_key(prefix: str, run_id: str, turn: int) -> str:
     """Redis list of the nonces of every answer the model gave for ``turn`` of the run."""
@@ -177,7 +179,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--name", required=True)
-    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--run-id", required=True, help="'new': RunlogAgents.start mints one")
     ap.add_argument("--scenario", default="steps", choices=["steps", "approval", "held"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--think-s", type=float, default=0.02)
@@ -194,17 +196,19 @@ def main() -> int:
     durable = build(opts, settings)
     flags.set("started")
 
+    async def drive() -> Any:
+        options = {"takeover": opts.takeover, "wait_s": opts.wait_s}
+        options["approval_wait_s"] = opts.approval_wait_s
+        if opts.run_id != "new":
+            return await durable.run(PROMPT, run_id=opts.run_id, **options)
+        handle = durable.start(PROMPT, **options)
+        opts.run_id = handle.run_id  # the scripted model logs its answers under it
+        flags.set("run_id", handle.run_id)  # kept before the model is asked
+        return await handle
+
     code, result = EXIT_OK, {}
     try:
-        got = asyncio.run(
-            durable.run(
-                "Charge every order, then say done.",
-                run_id=opts.run_id,
-                takeover=opts.takeover,
-                wait_s=opts.wait_s,
-                approval_wait_s=opts.approval_wait_s,
-            )
-        )
+        got = asyncio.run(drive())
         result = {
             "outcome": "finished",
             "output": got.output,
