@@ -41,14 +41,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Imports the --agents modules (their @runlog.agent functions), joins the fleet's "
             "consumer group and runs the runs of its partitions: requested ones, orphans "
             "whose worker died, and waiting ones when their timer or decision comes. "
-            "SIGTERM or ^C: stop taking runs, let running ones reach their end or a wait "
-            "(--drain-s), leave the group."
+            "SIGTERM or ^C: stop taking runs, give the partitions up at once, let each "
+            "running run finish its step and hand it over to another worker (at most "
+            "--drain-s, default RUNLOG_WORKER_DRAIN_S), exit."
         ),
     )
     p.add_argument("--agents", action="append", required=True, help="module to import (repeat)")
     p.add_argument("--concurrency", type=int, default=8, help="runs executed at once")
     p.add_argument("--id", dest="worker_id", default=None, help="worker id (default host:pid)")
-    p.add_argument("--drain-s", type=float, default=30.0)
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=None,
+        help="longest drain after SIGTERM (default: RUNLOG_WORKER_DRAIN_S, 20 s)",
+    )
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="the live workers: id, host, pid, runs held, since")

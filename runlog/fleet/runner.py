@@ -31,6 +31,7 @@ from runlog.errors import (
     RunFinished,
     RunLocked,
     TenantMismatch,
+    UnknownRun,
 )
 from runlog.fleet.lifecycle import LifecycleWriter, Record
 from runlog.fleet.registry import Agent
@@ -39,6 +40,7 @@ from runlog.producers import timers
 from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
+from runlog.producers.drain import HandingOver
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import CANCELLED, Run, RunDeps
 from runlog.schemas.sealing import ERASED
@@ -46,7 +48,16 @@ from runlog.schemas.vocabulary import EventType
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["finished", "waiting_person", "waiting_until", "locked", "retry", "forget", "erased"]
+Kind = Literal[
+    "finished",
+    "waiting_person",
+    "waiting_until",
+    "locked",
+    "retry",
+    "forget",
+    "erased",
+    "handed_over",
+]
 INFRA = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)
 """Not the agent's failure: nothing is recorded, the run is dispatched again."""
 INFRA_RETRY_S = 1.0
@@ -79,7 +90,9 @@ def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
 
 def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
     """How a dispatch opens its run (sync and async alike): never waiting for a lease
-    another worker holds, the RUN_STARTED fields of the request when the run is new."""
+    another worker holds, the RUN_STARTED fields of the request when the run is new. A
+    record without an input (``open``: a resume, a handover, a dead worker's run adopted)
+    never starts a run: only a start request says what a new run starts with."""
     return {
         "tenant": rec.tenant,
         "tools": agent.tools,
@@ -87,6 +100,7 @@ def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
         "agent": agent.name,
         "reason": f"dispatched to worker {deps.writer_id}",
         "started_with": _start_fields(agent, rec),
+        "create": rec.input_json is not None or rec.input_sealed is not None,
     }
 
 
@@ -135,6 +149,23 @@ def _decided_meanwhile(deps: RunDeps, lw: LifecycleWriter, res: Result, run_id: 
     return Result("waiting_person", rec, lw.write(run_id, rec))
 
 
+def _handed_over(lw: LifecycleWriter, run: Run, tenant: str, agent: str) -> Result:
+    """The worker drains and the run reached a step's boundary: its lease is released as a
+    handover, then ``open`` is written to its lifecycle record, so whichever worker owns
+    the partition now (the drainer gave its partitions up) dispatches it at once, even if
+    it found the run locked a moment before."""
+    try:
+        run.hand_over()
+        rec = Record("open", tenant, agent)
+        return Result("handed_over", rec, lw.write(run.run_id, rec))
+    except (Fenced, RunLocked) as exc:
+        return _fenced(run.deps, exc)
+    except INFRA as exc:
+        # The lease is free: the partition's new owner still dispatches the run when its
+        # retry comes (or at once, if it had not tried yet).
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
+
+
 def _finished(lw: LifecycleWriter, run_id: str) -> Result:
     return Result("finished", None, lw.write(run_id, None))
 
@@ -180,6 +211,9 @@ def _not_opened(deps: RunDeps, run_id: str, exc: Exception) -> Result:
         return _locked(exc, deps)
     if isinstance(exc, TenantMismatch):
         log.error("start of %s refused: %s", run_id, exc)
+        return Result("forget", why=str(exc))
+    if isinstance(exc, UnknownRun):
+        log.error("dispatch of %s dropped: %s (and no start input to start it with)", run_id, exc)
         return Result("forget", why=str(exc))
     if isinstance(exc, Fenced):
         return _fenced(deps, exc)
@@ -229,7 +263,7 @@ def execute(
     try:
         with opening or contextlib.nullcontext():
             run = open_run_with(deps, run_id, **_open_args(deps, agent, rec))
-    except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
+    except (RunLocked, UnknownRun, Fenced, *INFRA) as exc:
         return _not_opened(deps, run_id, exc)
     except Escalated:
         return _decided_meanwhile(
@@ -247,6 +281,8 @@ def execute(
         if not _is_finished(run):
             run.finish("succeeded", "" if summary is None else str(summary))
         return _finished(lw, run_id)
+    except HandingOver:
+        return _handed_over(lw, run, rec.tenant, agent.name)
     except Cancelled as exc:
         return _cancelled(lw, run, exc)
     except timers.TimerPending as wait:
@@ -323,7 +359,7 @@ async def execute_async(
     try:
         async with opening or contextlib.nullcontext():
             arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec))
-    except (RunLocked, TenantMismatch, Fenced, *INFRA) as exc:
+    except (RunLocked, UnknownRun, Fenced, *INFRA) as exc:
         return _not_opened(deps, run_id, exc)
     except Escalated:
         res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
@@ -342,6 +378,8 @@ async def execute_async(
             await arun.finish("succeeded", "" if summary is None else str(summary))
         await arun.close()
         return await in_thread(_finished, lw, run_id)
+    except HandingOver:
+        return await in_thread(_handed_over, lw, run, rec.tenant, agent.name)
     except Cancelled as exc:
         return await in_thread(_cancelled, lw, run, exc)
     except timers.TimerPending as wait:
