@@ -15,7 +15,7 @@ import redis
 from runlog.errors import RedisUnavailable
 from runlog.projections.lifecycle import Holder, RunStatus, run_status
 from runlog.projections.run_state import RunState
-from runlog.schemas.keys import lease_key, live_key, session_of
+from runlog.schemas.keys import lease_key, live_key, run_tag, session_of
 from runlog.settings import Settings
 
 
@@ -33,22 +33,28 @@ def holders(
             key = lease_key(settings.redis_key_prefix, tenant, run_id)
             pipe.get(key)
             pipe.pttl(key)
+            pipe.get(f"{run_tag(settings.redis_key_prefix, tenant, run_id)}:handover")
         replies = pipe.execute()
     except redis.RedisError as exc:
         raise RedisUnavailable(f"run leases: {exc}") from exc
-    values = [
-        (None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw))
-        for raw in replies[0::2]
-    ]
+    values = [_text(raw) for raw in replies[0::3]]
     lives = _liveness(client, settings, {session_of(v) for v in values if v is not None})
     out: dict[tuple[str, str], Holder | None] = {}
     for i, run in enumerate(wanted):
-        value, pttl = values[i], int(replies[2 * i + 1])
+        value, pttl, handed = values[i], int(replies[3 * i + 1]), _text(replies[3 * i + 2])
+        alive = True
         sid = None if value is None else session_of(value)
-        if sid is not None:
-            # A lease bound to its owner's session lives as long as the session's key.
+        if value is not None and sid is not None:
+            # A lease bound to its owner's session lives as long as the session's key; one
+            # whose session is gone names a dead owner: the run is an orphan.
             pttl = lives.get(sid, -2)
-            value = value.rpartition("|")[0] if value is not None else None
+            alive = pttl >= 0
+            value, pttl = value.rpartition("|")[0], max(pttl, 0)
+        if value is None and handed is not None:
+            # Free, and its last owner let it go (a drain): the note names who.
+            by = handed.split("|")[0]
+            out[run] = Holder(owner="", epoch=0, expires_at=now, handed_over_by=by)
+            continue
         if value is None or pttl < 0:
             out[run] = None
             continue
@@ -57,8 +63,13 @@ def holders(
             owner=owner,
             epoch=int(epoch) if epoch.isdigit() else 0,
             expires_at=now + timedelta(milliseconds=int(pttl)),
+            alive=alive,
         )
     return out
+
+
+def _text(raw: object) -> str | None:
+    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _liveness(client: redis.Redis, settings: Settings, sessions: set[str | None]) -> dict[str, int]:

@@ -17,8 +17,11 @@ import pytest
 import redis
 from workers.common import TESTS
 
+from runlog.log.holders import holder
 from runlog.producers import lease as lease_mod
 from runlog.producers.lease import Held, Lease, LeaseManager
+from runlog.projections.lifecycle import run_status
+from runlog.projections.run_state import RunState
 from runlog.schemas.keys import live_key, session_of
 from runlog.settings import Settings
 
@@ -195,3 +198,34 @@ def test_a_clean_exit_frees_the_session_at_once(
         assert isinstance(got, Lease) and got.epoch == held.epoch + 1
     finally:
         other.close()
+
+
+def test_status_names_a_dead_workers_lease_and_a_handover(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """What `runlog runs`/`show`/`--json` and the console are told (the one rule, with the
+    lease read now): a run held by a live worker is running; once the worker is SIGKILLed
+    and its session's key is gone, it is orphaned and names the lease's dead holder; a run
+    its worker let go while draining is orphaned and names who handed it over."""
+    dead, handed = f"run-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
+    st = {rid: RunState(run_id=rid, tenant="t", status="running") for rid in (dead, handed)}
+    proc = Holder(test_settings, [dead])
+    try:
+        told = run_status(st[dead], holder(redis_client, test_settings, "t", dead))
+        assert told.status == "running" and told.owner_alive
+        sid = session_of(redis_client.get(manager.lease_key("t", dead)).decode())
+        proc.proc.kill()
+        _wait_gone(redis_client, live_key(test_settings.redis_key_prefix, str(sid)))
+        told = run_status(st[dead], holder(redis_client, test_settings, "t", dead))
+        assert told.status == "orphaned" and not told.owner_alive
+        assert told.owner is not None and told.owner.startswith(f"holder-{proc.proc.pid}")
+        assert told.to_dict()["owner_alive"] is False
+        assert f"lease held by holder-{proc.proc.pid}" in told.text()
+    finally:
+        proc.stop()
+    mine = manager.try_acquire("t", handed, "drainer", 60_000)
+    assert isinstance(mine, Lease)
+    manager.hand_over(mine)
+    told = run_status(st[handed], holder(redis_client, test_settings, "t", handed))
+    assert told.status == "orphaned" and told.handed_over_by == "drainer"
+    assert told.to_dict()["handed_over_by"] == "drainer" and "handed over by drainer" in told.text()
