@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from runlog import api
@@ -55,6 +56,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="longest drain after SIGTERM (default: RUNLOG_WORKER_DRAIN_S, 20 s)",
     )
+    p.add_argument(
+        "--ready-file",
+        default=None,
+        help="a file made once the worker is ready and removed when it starts to drain "
+        "(a Kubernetes readiness probe: `test -f FILE`)",
+    )
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="the live workers: id, host, pid, runs held, since")
@@ -93,8 +100,17 @@ def _worker(args: argparse.Namespace) -> int:
         settings, services.run_deps(), agents, concurrency=args.concurrency, worker_id=wid
     )
 
+    ready = Path(args.ready_file) if args.ready_file else None
+
     def stop(_sig: int, _frame: Any) -> None:
+        if ready is not None:
+            ready.unlink(missing_ok=True)  # not ready while it drains
         worker.stop()
+
+    def on_ready() -> None:
+        if ready is not None:
+            ready.write_text(f"{wid}\n")
+        print("worker ready", flush=True)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -106,8 +122,10 @@ def _worker(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        worker.run(drain_s=args.drain_s, on_ready=lambda: print("worker ready", flush=True))
+        worker.run(drain_s=args.drain_s, on_ready=on_ready)
     finally:
+        if ready is not None:
+            ready.unlink(missing_ok=True)
         services.close()
     print(f"worker {wid} stopped: {worker.stats}", flush=True)
     return EXIT_OK

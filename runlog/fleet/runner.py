@@ -110,6 +110,12 @@ def _input(run_input: str | None, rec: Record) -> Any:
 
 def _locked(exc: RunLocked, deps: RunDeps) -> Result:
     ttl = exc.holder_ttl_ms if exc.holder_ttl_ms is not None else deps.settings.lease_ttl_ms
+    if deps.settings.liveness_ttl_ms:
+        # A holder's session lives as long as its worker: trying again at every liveness
+        # TTL would cost each run held elsewhere Redis commands every few seconds. A dead
+        # worker's runs are adopted when its session ends, a drained one's are announced
+        # (an ``open`` record): only a holder outside the fleet waits this long.
+        ttl = max(ttl, deps.settings.lease_ttl_ms)
     return Result("locked", retry_s=max(0.02, ttl / 1000 + 0.02), why=str(exc))
 
 

@@ -336,6 +336,9 @@ class Worker:
 
     def _settle(self, rid: str, res: Result, launched: int = -1) -> None:
         self.adopted.pop(rid, None)  # its partition's owner acts on what it wrote
+        if res.kind == "handed_over":
+            self.stats["handed_over"] += 1  # a drain: the partition is gone already
+            return
         table = self.tables.get(partition_for(rid, self.settings.partitions))
         if table is None:
             return  # the partition moved meanwhile: its new owner reads the records
@@ -353,9 +356,6 @@ class Worker:
                 self._schedule(rid, entry)
                 return
             self._later(rid, res.retry_s)
-            return
-        if res.kind == "handed_over":
-            self.stats["handed_over"] += 1
             return
         self.stats["finished" if res.kind == "finished" else "waiting"] += 1
         entry = table.get(rid)
