@@ -14,7 +14,7 @@ import yaml
 from runlog.cli import build_parser
 from runlog.settings import Settings
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "howto" / "kubernetes.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "howto" / "kubernetes.md"
 YAML_FENCE = re.compile(r"^```yaml\n(.*?)^```", re.M | re.S)
 EXIT_ROOM_S = 5
 
