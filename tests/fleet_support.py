@@ -46,6 +46,7 @@ class Fleet:
         wait: bool = True,
         agents: str = "workers.fleet_agents",
         drain_s: float = 2,
+        ready_file: Path | None = None,
     ) -> str:
         self._n += 1
         name = f"w{self._n}"
@@ -65,6 +66,7 @@ class Fleet:
                 f"{name}-{os.getpid()}",
                 "--drain-s",
                 str(drain_s),
+                *([] if ready_file is None else ["--ready-file", str(ready_file)]),
             ],
             env=fleet_env(self.settings, **self.env),
             stdout=out,

@@ -49,7 +49,9 @@ def test_a_sigtermed_worker_hands_runs_mid_step_and_mid_sleep_to_the_other(
     steps, payers, sleepers = 40, 6, 4
     fleet = Fleet(drain_settings, tmp_path, FLEET_TEST_STEP_S="0.3")
     try:
-        first = fleet.spawn(concurrency=16, drain_s=20)
+        ready = tmp_path / "first.ready"
+        first = fleet.spawn(concurrency=16, drain_s=20, ready_file=ready)
+        assert ready.exists()  # ready: taking runs
         paying = [
             runlog.start(
                 "payer", {"to": f"p{i}", "steps": steps}, tenant="t1", settings=drain_settings
@@ -88,6 +90,7 @@ def test_a_sigtermed_worker_hands_runs_mid_step_and_mid_sleep_to_the_other(
         assert not done, f"finished before the SIGTERM: {done}"
         fleet.terminate(first)
         assert fleet.procs[first].wait(60) == 0, fleet.tail(first)
+        assert not ready.exists()  # not ready once it drains
         got = wait_finished(drain_settings, paying + sleeping, 90, fleet)
     finally:
         fleet.stop_all()
