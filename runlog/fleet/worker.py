@@ -369,7 +369,8 @@ class Worker:
         """Write this session's held set's changes (one pipeline a loop at most): runs
         added at their launch, removed at their end. A change per dispatch, none per run
         per second."""
-        if not self._held:
+        if not self._held or not self.deps.leases.liveness_ttl_ms:
+            self._held.clear()  # leases with a TTL each: no session to adopt from
             return
         changes, self._held = self._held, {}
         try:
@@ -392,6 +393,8 @@ class Worker:
         at once, not when the group moves the dead worker's partitions (its session timeout)
         and the lease would have expired. The lease decides who runs each: every live
         worker may try, one wins, the others find it held and leave it."""
+        if not self.deps.leases.liveness_ttl_ms:
+            return  # leases with a TTL each: the partition's owner resumes orphans
         client = self.deps.redis
         prefix = self.settings.redis_key_prefix
         try:
