@@ -243,6 +243,10 @@ class RunRow:
     waiting_for: str | None = None
     until: str | None = None
     """Waiting for a time: when its durable timer is due."""
+    owner_alive: bool = True
+    """False: ``owner`` is a worker that is gone (the run is an orphan)."""
+    handed_over_by: str | None = None
+    """An orphan a draining worker let go (its handover)."""
     erased_by: str = ""
     """Its content was erased (CONTENT_ERASED): by whom, when and why; else empty."""
     erased_at: str = ""
@@ -275,6 +279,8 @@ class RunRow:
             "lease_expires_at": self.lease_expires_at,
             "waiting_for": self.waiting_for,
             "until": self.until or None,
+            "owner_alive": self.owner_alive,
+            "handed_over_by": self.handed_over_by,
             **(
                 {
                     "erased": {
@@ -301,6 +307,8 @@ class RunRow:
             lease_expires_at=d["lease_expires_at"],
             waiting_for=d["waiting_for"],
             until=d["until"],
+            owner_alive=told.owner_alive,
+            handed_over_by=told.handed_over_by,
         )
 
 
@@ -561,9 +569,14 @@ class RunIndex:
                 for t in [wanted[j % len(wanted)]]
             ]
             held = holders(self.redis, self.settings, runs)
-            out["running"] = sum(1 for r in runs if held.get(r) is not None)
+            out["running"] = sum(1 for r in runs if _running(held.get(r)))
             out["orphaned"] = len(runs) - out["running"]
         return out
+
+
+def _running(held: lifecycle.Holder | None) -> bool:
+    """A holder that runs the run (alive, not a handover's note)."""
+    return held is not None and held.alive and held.handed_over_by is None
 
 
 _OPEN_PHASES = frozenset({"active", "waiting", "sleeping", "cancelling"})

@@ -34,6 +34,7 @@ from runlog.errors import (
 )
 from runlog.log import copies
 from runlog.log.authority import signer_for
+from runlog.producers.drain import HandingOver
 from runlog.producers.ops import Steps, append, blocking, peek
 from runlog.projections.run_state import Approval, decision_text, standing_decision
 from runlog.schemas.codec import now_utc
@@ -359,7 +360,8 @@ CANCEL_FLAG_FRESH_S = 0.05
 
 def check_cancel(run: Run) -> Steps[None]:
     """A step's check (before a model turn or a tool call): raise ``Cancelled`` into the
-    agent, once, when a person cancelled the run.
+    agent, once, when a person cancelled the run; raise ``HandingOver`` when the worker
+    that dispatched the run drains (``producers.drain``).
 
     The run's cancel flag is read while no cancellation is in the state: from the last
     barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
@@ -372,6 +374,8 @@ def check_cancel(run: Run) -> Steps[None]:
     cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
     """
     st = run.state
+    if run.dispatched and run.deps.draining.is_set() and st.status != "finished":
+        raise HandingOver(run.run_id)
     if st.status == "finished" or run.cancel_raised:
         return
     if st.cancel is None:

@@ -7,13 +7,29 @@ backwards even after Redis restarts empty. Keys carry a hash tag per run so a Re
 Cluster keeps a run's keys on one slot.
 
 Lease heartbeats are operational telemetry (logged and counted), never semantic events.
+
+With a liveness TTL (``liveness_ttl_ms``, the default for every process's leases) a lease
+is bound to its process's session instead of a TTL of its own: ``owner|epoch|session``,
+with no expiry, and one key per process (``<prefix>:live:<session>``, a short TTL the
+process renews) says the session is alive. A run lease is free iff it is absent
+(released) or its session's key is gone. A session's key is only ever renewed while it
+exists (``SET XX``), never made again: once seen gone, the session is dead for good, so a
+taker may read the liveness key and then take the lease in a separate step (the script
+takes it only if the lease is still the dead session's, which works on a Redis Cluster
+too, where the two keys are on different slots). The per-run fencing token is unchanged:
+acquisition bumps the epoch, and an owner's check is "the lease is still my token, and my
+session is alive" (its local deadline, or a renewal that succeeded after the read). So the
+renewal traffic is one command per process per period, whatever the number of runs.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,7 +38,7 @@ import redis
 
 from runlog.errors import RedisUnavailable
 from runlog.log.clients import ThreadGet
-from runlog.schemas.keys import lease_key, run_tag
+from runlog.schemas.keys import lease_key, live_key, run_tag, session_of
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +55,26 @@ end
 
 # ARGV[4] = '1' breaks a live lease (explicit takeover): safe because the epoch still
 # goes up, so the previous holder fails its next ownership check (it is fenced).
+# ARGV[5]: a lease value its caller saw belong to a dead session (else ''): taken only if
+# it is still the lease's value. ARGV[6]: '|' .. the taker's session ('' for a lease with
+# a TTL of its own; ARGV[2] = '0' then means no TTL: the session is its liveness).
 _ACQUIRE = (
     """
 local cur = redis.call('GET', KEYS[1])
-if cur and ARGV[4] ~= '1' then
+if cur and ARGV[4] ~= '1' and cur ~= ARGV[5] then
   return {0, cur, redis.call('PTTL', KEYS[1])}
 end
 """
     + _NEXT_EPOCH
     + """
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. e, 'PX', ARGV[2])
-return {1, tostring(e), 0}
+if ARGV[2] == '0' then
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. e .. ARGV[6])
+else
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. e .. ARGV[6], 'PX', ARGV[2])
+end
+local handed = redis.call('GET', KEYS[3])
+if handed then redis.call('DEL', KEYS[3]) end
+return {1, tostring(e), 0, handed or ''}
 """
 )
 
@@ -60,7 +85,11 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 """
     + _NEXT_EPOCH
     + """
-redis.call('SET', KEYS[1], ARGV[2] .. '|' .. e, 'PX', ARGV[4])
+if ARGV[4] == '0' then
+  redis.call('SET', KEYS[1], ARGV[2] .. '|' .. e .. ARGV[5])
+else
+  redis.call('SET', KEYS[1], ARGV[2] .. '|' .. e .. ARGV[5], 'PX', ARGV[4])
+end
 return e
 """
 )
@@ -79,6 +108,21 @@ end
 return 0
 """
 
+# A release that says so: the lease is freed and the handover note (KEYS[2]) names the
+# owner who let go, so the next acquisition (which takes the note) knows it took a run
+# handed over, not one whose owner vanished.
+_HAND_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+HANDOVER_NOTE_TTL_MS = 24 * 3600 * 1000
+"""How long a handover note waits for the next owner (a run nobody resumes keeps no key)."""
+
 METRICS: Counter[str] = Counter()
 """Process-wide ownership telemetry (never semantic events): acquired, takeovers,
 claims_lost, renewed, renew_lost, released, fenced. ``runlog.lease_metrics()`` reads it."""
@@ -90,6 +134,37 @@ class Held:
 
     holder: str
     ttl_ms: int
+    """How long the lease lives unless renewed: its own TTL, or its session's."""
+
+
+ACQUIRE_ROUNDS = 3
+"""Times an acquisition looks again when the lease changed hands under it."""
+LIVE_RENEWALS = 4
+"""Renewals of a session's liveness key per TTL: a renewal may be late three times over
+before the session dies."""
+
+
+@dataclass(eq=False)
+class Session:
+    """This process's liveness: the key its session-bound leases refer to."""
+
+    id: str
+    key: str
+    ttl_ms: int
+    info: str
+    """``worker|host|pid`` of the process: what a wait on one of its leases names."""
+    valid_until: float = 0.0
+    """A local, conservative deadline: the key surely lives until then."""
+    dead: bool = False
+    """The key was found gone (or could not be made): never renewed again."""
+
+    def locally_alive(self) -> bool:
+        return not self.dead and time.monotonic() < self.valid_until
+
+
+def sessions_key(prefix: str) -> str:
+    """The hash of sessions that said they are alive (session -> ``worker|host|pid``)."""
+    return f"{prefix}:sessions"
 
     def describe(self) -> str:
         """The holder in an operator's words: its writer id, and the host and pid that id
@@ -114,14 +189,24 @@ class Lease:
     valid_until: float
     lost: bool = False
     released: bool = False
+    handed_over_by: str | None = None
+    """The previous owner's token (``owner|epoch``) when it handed the run over (a drain)
+    instead of vanishing: read from its handover note at acquisition."""
+    session: Session | None = None
+    """The process session this lease is bound to (no TTL of its own), or None."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def token(self) -> str:
-        return f"{self.owner}|{self.epoch}"
+        tail = "" if self.session is None else f"|{self.session.id}"
+        return f"{self.owner}|{self.epoch}{tail}"
 
     def locally_valid(self) -> bool:
-        return not self.lost and not self.released and time.monotonic() < self.valid_until
+        if self.lost or self.released:
+            return False
+        if self.session is not None:
+            return self.session.locally_alive()
+        return time.monotonic() < self.valid_until
 
     def check(self) -> bool:
         """Authoritative: is this lease still the run's current lease in Redis?"""
@@ -142,6 +227,10 @@ class Lease:
         if self.released:
             return False
         ok = current == self.token
+        if ok and self.session is not None:
+            # The lease names us; it is ours only while our session lives. Asked after the
+            # lease was read: a session alive now was alive then (it never comes back).
+            ok = self.manager.session_alive(self.session)
         if not ok:
             self.lost = True
             METRICS["fenced"] += 1
@@ -164,14 +253,29 @@ class Lease:
 class LeaseManager:
     """Acquires, renews (one background thread for all leases) and releases run leases."""
 
-    def __init__(self, client: redis.Redis, *, key_prefix: str = "runlog") -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        key_prefix: str = "runlog",
+        liveness_ttl_ms: int = 0,
+        info: str = "",
+    ) -> None:
+        """``liveness_ttl_ms`` > 0: leases are bound to this process's session (see the
+        module's docstring); its TTL is the smaller of it and a lease's own ``ttl_ms``.
+        ``info``: ``worker|host|pid``, what another process waiting on a lease is told."""
         self.redis = client
+        self.liveness_ttl_ms = liveness_ttl_ms
+        self.info = info or f"{socket.gethostname()}|{socket.gethostname()}|{os.getpid()}"
+        self._session: Session | None = None
+        self._session_lock = threading.Lock()
         self._get = ThreadGet(client)
         self.prefix = key_prefix
         self._acquire = client.register_script(_ACQUIRE)
         self._raise = client.register_script(_RAISE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._hand_over = client.register_script(_HAND_OVER)
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
         self._leases_lock = threading.Lock()
         self._stop = threading.Event()
@@ -187,9 +291,17 @@ class LeaseManager:
     def epoch_key(self, tenant: str, run_id: str) -> str:
         return f"{self.run_tag(tenant, run_id)}:epoch"
 
+    def handover_key(self, tenant: str, run_id: str) -> str:
+        return f"{self.run_tag(tenant, run_id)}:handover"
+
     def _keys(self, tenant: str, run_id: str) -> list[str]:
-        """KEYS of the acquire and raise scripts: the lease, then the epoch counter."""
-        return [self.lease_key(tenant, run_id), self.epoch_key(tenant, run_id)]
+        """KEYS of the acquire and raise scripts: the lease, then the epoch counter, then
+        the handover note (the acquire script takes it)."""
+        return [
+            self.lease_key(tenant, run_id),
+            self.epoch_key(tenant, run_id),
+            self.handover_key(tenant, run_id),
+        ]
 
     # Operations ---------------------------------------------------------------------------
     def peek(self, key: str) -> bytes | None:
@@ -226,7 +338,8 @@ class LeaseManager:
         *,
         force: bool = False,
     ) -> Lease | Held:
-        """Take the run's lease if free or expired, or always with ``force`` (takeover)."""
+        """Take the run's lease if free, expired or its session's dead, or always with
+        ``force`` (takeover). Bound to this process's session when it has a liveness TTL."""
         started = time.monotonic()
         keys = self._keys(tenant, run_id)
         if force:
@@ -234,14 +347,37 @@ class LeaseManager:
             if previous is not None:
                 METRICS["forced_takeovers"] += 1
                 log.warning("lease of run=%s taken over from %s by %s", run_id, previous, owner)
-        try:
-            ok, value, pttl = self._acquire(
-                keys=keys, args=[owner, ttl_ms, floor, "1" if force else "0"]
-            )
-        except redis.RedisError as exc:
-            raise RedisUnavailable(f"lease acquire for {run_id}: {exc}") from exc
-        if not ok:
-            return Held(value.decode() if isinstance(value, bytes) else str(value), int(pttl))
+        session = self._current_session() if self.liveness_ttl_ms > 0 else None
+        tail = "" if session is None else f"|{session.id}"
+        held = Held("", 0)
+        for _ in range(ACQUIRE_ROUNDS):
+            dead = "" if force else self._dead_holder(tenant, run_id)
+            if isinstance(dead, Held):
+                return dead
+            try:
+                ok, value, pttl, *rest = self._acquire(
+                    keys=keys,
+                    args=[
+                        owner,
+                        0 if session is not None else ttl_ms,
+                        floor,
+                        "1" if force else "0",
+                        dead,
+                        tail,
+                    ],
+                )
+            except redis.RedisError as exc:
+                raise RedisUnavailable(f"lease acquire for {run_id}: {exc}") from exc
+            if ok:
+                break
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            held = Held(text, int(pttl))
+            if session_of(text) is None:
+                return held
+            # Taken by a session meanwhile: look at that session's liveness again.
+        else:
+            return Held(held.holder, self.liveness_ttl_ms or ttl_ms)
+        handed = rest[0].decode() if rest and isinstance(rest[0], bytes) and rest[0] else None
         lease = Lease(
             manager=self,
             tenant=tenant,
@@ -250,11 +386,16 @@ class LeaseManager:
             epoch=int(value),
             ttl_ms=ttl_ms,
             valid_until=started + ttl_ms / 1000 * 0.8,
+            handed_over_by=handed,
+            session=session,
         )
         METRICS["acquired"] += 1
+        if handed:
+            METRICS["taken_handed_over"] += 1
         log.info("lease acquired run=%s epoch=%s owner=%s", run_id, lease.epoch, owner)
-        with self._leases_lock:
-            self._leases.add(lease)
+        if session is None:
+            with self._leases_lock:
+                self._leases.add(lease)
         self._ensure_renewer()
         return lease
 
@@ -263,7 +404,9 @@ class LeaseManager:
         old = lease.epoch
         with lease.lock:
             try:
-                new = self._raise(keys=keys, args=[lease.token, lease.owner, floor, lease.ttl_ms])
+                tail = "" if lease.session is None else f"|{lease.session.id}"
+                ttl = 0 if lease.session is not None else lease.ttl_ms
+                new = self._raise(keys=keys, args=[lease.token, lease.owner, floor, ttl, tail])
             except redis.RedisError as exc:
                 raise RedisUnavailable(f"epoch raise for {lease.run_id}: {exc}") from exc
             if new:
@@ -282,6 +425,9 @@ class LeaseManager:
         return int(new)
 
     def renew(self, lease: Lease) -> bool:
+        if lease.session is not None:
+            # Nothing per run to renew: the lease lives while its session does.
+            return not (lease.lost or lease.released) and self.session_alive(lease.session)
         started = time.monotonic()
         with lease.lock:
             if lease.lost or lease.released:
@@ -318,6 +464,100 @@ class LeaseManager:
             self._leases.discard(lease)
         METRICS["released"] += 1
 
+    def hand_over(self, lease: Lease) -> None:
+        """Release ``lease`` as a handover (a draining worker lets its run go at a step's
+        boundary): the next owner may take it at once, and learns whose it was."""
+        with lease.lock:
+            if lease.released:
+                return
+            lease.released = True
+            keys = [self.lease_key(lease.tenant, lease.run_id)]
+            keys.append(self.handover_key(lease.tenant, lease.run_id))
+            try:
+                self._hand_over(keys=keys, args=[lease.token, HANDOVER_NOTE_TTL_MS])
+            except redis.RedisError as exc:
+                # The lease will expire by itself: a slower handover, never a double owner.
+                log.warning("lease handover failed run=%s: %s", lease.run_id, exc)
+        with self._leases_lock:
+            self._leases.discard(lease)
+        METRICS["handed_over"] += 1
+        log.info(
+            "lease handed over run=%s epoch=%s owner=%s", lease.run_id, lease.epoch, lease.owner
+        )
+
+    # Sessions (liveness) ----------------------------------------------------------------
+    def _current_session(self) -> Session:
+        """This process's live session, made (its key set, its entry in the sessions hash)
+        when there is none or the last one died."""
+        with self._session_lock:
+            current = self._session
+            if current is not None and not current.dead:
+                return current
+            sid = uuid.uuid4().hex[:16]
+            made = Session(sid, live_key(self.prefix, sid), self.liveness_ttl_ms, self.info)
+            started = time.monotonic()
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.set(made.key, made.info, px=made.ttl_ms, nx=True)
+                pipe.hset(sessions_key(self.prefix), sid, made.info)
+                pipe.execute()
+            except redis.RedisError as exc:
+                raise RedisUnavailable(f"liveness key {made.key}: {exc}") from exc
+            made.valid_until = started + made.ttl_ms / 1000 * 0.8
+            self._session = made
+            METRICS["sessions"] += 1
+            log.info("session %s started (liveness TTL %s ms)", sid, made.ttl_ms)
+        self._ensure_renewer()
+        return made
+
+    def session_id(self) -> str:
+        """This process's session (made if there is none): the one its leases name."""
+        return self._current_session().id
+
+    def session_alive(self, session: Session) -> bool:
+        """Is ``session`` alive now: by its local deadline, else by a renewal that succeeds
+        (Redis's word, asked now). A session found dead stays dead."""
+        if session.locally_alive():
+            return True
+        if session.dead:
+            return False
+        return self._renew_session(session)
+
+    def _renew_session(self, session: Session) -> bool:
+        started = time.monotonic()
+        try:
+            # XX: only while the key exists. A key that expired is never made again, so a
+            # taker that saw it gone may rely on that for good.
+            ok = self.redis.set(session.key, session.info, px=session.ttl_ms, xx=True)
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"liveness renewal of {session.key}: {exc}") from exc
+        if ok:
+            session.valid_until = max(session.valid_until, started + session.ttl_ms / 1000 * 0.8)
+            METRICS["liveness_renewed"] += 1
+            return True
+        session.dead = True
+        METRICS["session_lost"] += 1
+        log.warning("session %s lost: its liveness key expired; its leases are lost", session.id)
+        return False
+
+    def _dead_holder(self, tenant: str, run_id: str) -> str | Held:
+        """The run's lease value when it is bound to a dead session (a taker may take it),
+        ``""`` when the lease is absent or has a TTL of its own (the script decides), or
+        ``Held`` when its session lives."""
+        seen = self.current(tenant, run_id)
+        if seen is None:
+            return ""
+        sid = session_of(seen)
+        if sid is None:
+            return ""
+        try:
+            pttl = int(self.redis.pttl(live_key(self.prefix, sid)))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"liveness of {sid}: {exc}") from exc
+        if pttl == -2:
+            return seen
+        return Held(seen, pttl if pttl >= 0 else self.liveness_ttl_ms)
+
     # Renewal ---------------------------------------------------------------------------
     def _ensure_renewer(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -343,6 +583,18 @@ class LeaseManager:
                 wait = min(wait, max(0.01, due - now))
             if due_now:
                 self.renew_many(due_now)
+            session = self._session
+            if session is not None and not session.dead:
+                period = session.ttl_ms / 1000 / LIVE_RENEWALS
+                due = session.valid_until - session.ttl_ms / 1000 * 0.8 + period
+                if time.monotonic() >= due:
+                    try:
+                        self._renew_session(session)
+                    except RedisUnavailable as exc:
+                        # Not dead yet: the local deadline keeps counting down.
+                        log.warning("liveness renewal failed: %s", exc)
+                    due = time.monotonic() + period
+                wait = min(wait, max(0.01, due - time.monotonic()))
             self._stop.wait(wait)
 
     def renew_many(self, leases: list[Lease]) -> None:
@@ -386,4 +638,15 @@ class LeaseManager:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        session = self._session
+        if session is not None and not session.dead:
+            # A clean exit ends the session: any lease still bound to it is free at once.
+            session.dead = True
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.delete(session.key)
+                pipe.hdel(sessions_key(self.prefix), session.id)
+                pipe.execute()
+            except redis.RedisError as exc:
+                log.warning("session %s not ended (its key expires): %s", session.id, exc)
         self._get.close()

@@ -262,6 +262,14 @@ def check_agent(state: RunState, run_id: str, expect_agent: str | None) -> None:
     )
 
 
+def _with_handover(reason: str, lease: Lease) -> str:
+    """The claim's reason, naming the previous owner when it handed the run over (a
+    drain), so the log tells a handover from a takeover of a vanished owner's run."""
+    if lease.handed_over_by is None:
+        return reason
+    return f"{reason} (handed over by {lease.handed_over_by})"
+
+
 def _claim(
     run: Run,
     reader: LogReader,
@@ -289,7 +297,7 @@ def _claim(
                 "previous_epoch": st.epoch,
                 "expected_prev_seq": st.seq,
                 "gap_ms": gap,
-                "reason": reason or "resumed by a new owner",
+                "reason": _with_handover(reason or "resumed by a new owner", run.lease),
                 "operator": operator,
             }
             ev = run._emit(EventType.RUN_RESUMED, payload, local=False)

@@ -95,6 +95,8 @@ class RunDeps:
     """Schema ids when a registry is configured: records are then in Confluent's format."""
     tail: LogTail | None = None
     """The process's follower of the events topic (confirmations without a read-back)."""
+    draining: threading.Event = field(default_factory=threading.Event)
+    """Set by a worker that drains: its dispatched runs hand over at their next step."""
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -208,6 +210,19 @@ class Run(Owned):
                 self.barrier()
         finally:
             self.lease.release()
+            if self._confirm_reader is not None:
+                self._confirm_reader.close()
+                self._confirm_reader = None
+
+    def hand_over(self) -> None:
+        """Let the run go at a step's boundary (a draining worker): what was emitted is
+        made durable, then the lease is released as a handover (``LeaseManager.hand_over``):
+        the next owner takes it at once and its RUN_RESUMED names this owner."""
+        try:
+            if self._pending and self._poisoned is None:
+                self.barrier()
+        finally:
+            self.deps.leases.hand_over(self.lease)
             if self._confirm_reader is not None:
                 self._confirm_reader.close()
                 self._confirm_reader = None

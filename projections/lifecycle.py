@@ -16,8 +16,11 @@ status                    meaning
                           (``run.sleep``, an agent's retry) that is not due:
                           ``waiting_for="time"``, ``until`` the due time, ``since`` the
                           sleep began (its last event), whoever holds it
-``orphaned``              not finished, nobody holds it, nothing it waits for: ``since``
-                          its last valid event (what its last owner wrote last)
+``orphaned``              not finished, nothing it waits for, and nobody holds it or its
+                          lease names a worker that is gone (``owner``, ``owner_alive``
+                          false: the lease is free for the next owner); a run a draining
+                          worker let go names it (``handed_over_by``). ``since`` its last
+                          valid event (what its last owner wrote last)
 ``cancelling``            a person cancelled it (``runlog cancel``) and it has not ended
                           yet: its owner sees the request at its next step; an unowned
                           run is cancelled when next opened. ``since`` the request
@@ -90,6 +93,11 @@ class Holder:
     owner: str
     epoch: int
     expires_at: datetime
+    alive: bool = True
+    """False: the lease names a session whose liveness key is gone (its worker died): the
+    lease is free for whoever takes the run next."""
+    handed_over_by: str | None = None
+    """Set on a lease-less holder record: the run was let go by this draining owner."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,10 @@ class RunStatus:
     waiting_for: Literal["person", "time"] | None = None
     until: datetime | None = None
     """waiting for a time: when the durable timer is due."""
+    owner_alive: bool = True
+    """False: ``owner`` is a worker that is gone (its session's liveness key expired)."""
+    handed_over_by: str | None = None
+    """An orphan a draining worker let go (its handover), waiting for the next owner."""
 
     @property
     def ended(self) -> bool:
@@ -118,6 +130,8 @@ class RunStatus:
             ),
             "waiting_for": self.waiting_for,
             "until": None if self.until is None else self.until.isoformat(),
+            "owner_alive": self.owner_alive,
+            "handed_over_by": self.handed_over_by,
         }
 
     def text(self) -> str:
@@ -128,9 +142,13 @@ class RunStatus:
             head += f" until {self.until.isoformat(timespec='seconds')}"
         elif self.waiting_for is not None:
             head += f" for a {self.waiting_for}"
-        if self.owner is not None:
+        if self.owner is not None and not self.owner_alive:
+            parts.append(f"lease held by {self.owner}, expired: its worker is gone")
+        elif self.owner is not None:
             until = self.lease_expires_at.strftime("%H:%M:%S") if self.lease_expires_at else "?"
             parts.append(f"owner {self.owner}, lease until {until}")
+        if self.handed_over_by is not None:
+            parts.append(f"handed over by {self.handed_over_by}")
         if self.since is not None and self.status != "running":
             parts.append(f"since {self.since.isoformat(timespec='seconds')}")
         return head + (f" ({'; '.join(parts)})" if parts else "")
@@ -188,6 +206,10 @@ def status_from(
         return RunStatus("waiting", since, owner, expires, waiting_for="person")
     if phase == "sleeping":
         return RunStatus("waiting", since, owner, expires, waiting_for="time", until=until)
+    if holder is not None and holder.handed_over_by is not None:
+        return RunStatus("orphaned", since, handed_over_by=holder.handed_over_by)
+    if holder is not None and not holder.alive:
+        return RunStatus("orphaned", since, owner, expires, owner_alive=False)
     if holder is not None:
         return RunStatus("running", since, owner, expires)
     return RunStatus("orphaned", since)

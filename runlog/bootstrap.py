@@ -68,10 +68,20 @@ class Services:
         self.writer_id = writer_id or default_writer_id()
         self._redis = _Once(lambda: redis_client(settings))
         self._writer = _Once(lambda: EventWriter(settings))
-        self._leases = _Once(lambda: LeaseManager(self.redis, key_prefix=settings.redis_key_prefix))
+        self._leases = _Once(self._lease_manager)
         self._snapshots = _Once(lambda: SnapshotStore(self.redis, settings))
         self._tail = _Once(lambda: LogTail(settings))
         self._readers = _Once(lambda: ReaderPool(settings))
+
+    def _lease_manager(self) -> LeaseManager:
+        s = self.settings
+        liveness = min(s.liveness_ttl_ms, s.lease_ttl_ms) if s.liveness_ttl_ms else 0
+        return LeaseManager(
+            self.redis,
+            key_prefix=s.redis_key_prefix,
+            liveness_ttl_ms=liveness,
+            info=f"{self.writer_id}|{socket.gethostname()}|{os.getpid()}",
+        )
 
     @classmethod
     def shared(cls, settings: Settings) -> Services:

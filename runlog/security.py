@@ -215,9 +215,13 @@ def redis_acl_rules(key_prefix: str) -> dict[str, str]:
         raise ConfigError(f"Redis key prefix {key_prefix!r} cannot be used in an ACL pattern")
     runs = f"~{key_prefix}:{{*"
     projections = f"~{key_prefix}:proj:*"
+    # A process's session (producers.lease: the liveness key its leases refer to, the
+    # hash of sessions) and a worker's held set (the runs another worker adopts when the
+    # session dies): every process that takes a lease, or tells who holds one, needs them.
+    sessions = f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:*"
     return {
-        "worker": f"{_BASE} {_SCRIPTS} -@dangerous {runs}",
+        "worker": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {sessions}",
         "projections": f"{_BASE} -@dangerous {projections}",
-        "operator": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {projections}",
+        "operator": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {projections} {sessions}",
         "admin": "resetkeys resetchannels +@all ~* &*",
     }

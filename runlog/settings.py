@@ -83,6 +83,14 @@ class Settings(BaseSettings):
     lease_ttl_ms: int = Field(default=15_000, ge=200)
     """How long a run's writer lease lives without renewal (``RUNLOG_LEASE_TTL_MS``)."""
 
+    liveness_ttl_ms: int = Field(default=2_000, ge=0)
+    """How long a process's liveness key lives without renewal (``RUNLOG_LIVENESS_TTL_MS``;
+    renewed four times a TTL, one command per process whatever the number of its runs).
+    A run lease names its owner's session and lasts as long as that key: a dead worker's
+    runs are free this long after its last renewal. The smaller of this and
+    ``lease_ttl_ms`` applies. 0: each lease has its own TTL (``lease_ttl_ms``), renewed
+    per run."""
+
     worker_group: str | None = None
     """Consumer group of the worker fleet (``RUNLOG_WORKER_GROUP``); default
     ``<prefix>.workers``. Workers of one group share the runs by partition."""
@@ -91,6 +99,13 @@ class Settings(BaseSettings):
     """How long the group waits for a silent worker before moving its partitions
     (``RUNLOG_WORKER_SESSION_TIMEOUT_MS``; the broker's ``group.min.session.timeout.ms``,
     6 s by default, is the floor). Heartbeats go every third of it."""
+
+    worker_drain_s: float = Field(default=20.0, ge=0)
+    """How long a SIGTERMed worker lets its runs finish the step they are in before it exits
+    (``RUNLOG_WORKER_DRAIN_S``). Kubernetes kills a pod ``terminationGracePeriodSeconds``
+    (30 s by default) after its SIGTERM: keep this below that, with room for the longest
+    tool call's completion to be recorded and the process to exit
+    (docs/howto/kubernetes.md)."""
 
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
     """How long an append may wait for the broker before its outcome is unknown."""

@@ -157,8 +157,20 @@ def run_tag(key_prefix: str, tenant: str, run_id: str) -> str:
 
 
 def lease_key(key_prefix: str, tenant: str, run_id: str) -> str:
-    """The run's lease: ``owner|epoch`` with a TTL (``producers.lease``)."""
+    """The run's lease: ``owner|epoch`` with a TTL, or ``owner|epoch|session`` bound to its
+    owner's session (``producers.lease``)."""
     return f"{run_tag(key_prefix, tenant, run_id)}:lease"
+
+
+def live_key(key_prefix: str, session: str) -> str:
+    """A process session's liveness key (a short TTL its process renews)."""
+    return f"{key_prefix}:live:{session}"
+
+
+def session_of(value: str) -> str | None:
+    """The session a lease value (``owner|epoch|session``) is bound to; None: its own TTL."""
+    parts = value.split("|")
+    return parts[2] if len(parts) == 3 else None
 
 
 def start_key(key_prefix: str, tenant: str, run_id: str) -> str:

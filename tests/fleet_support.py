@@ -23,7 +23,7 @@ FLEET_ENV = {
 
 
 def fleet_env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = worker_env(settings, **FLEET_ENV, **extra)
+    env = worker_env(settings, **{**FLEET_ENV, **extra})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
     return env
 
@@ -40,7 +40,13 @@ class Fleet:
         self._n = 0
 
     def spawn(
-        self, *, concurrency: int = 8, wait: bool = True, agents: str = "workers.fleet_agents"
+        self,
+        *,
+        concurrency: int = 8,
+        wait: bool = True,
+        agents: str = "workers.fleet_agents",
+        drain_s: float = 2,
+        ready_file: Path | None = None,
     ) -> str:
         self._n += 1
         name = f"w{self._n}"
@@ -59,7 +65,8 @@ class Fleet:
                 "--id",
                 f"{name}-{os.getpid()}",
                 "--drain-s",
-                "2",
+                str(drain_s),
+                *([] if ready_file is None else ["--ready-file", str(ready_file)]),
             ],
             env=fleet_env(self.settings, **self.env),
             stdout=out,
@@ -95,6 +102,10 @@ class Fleet:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
+
+    def terminate(self, name: str) -> None:
+        """SIGTERM ``name`` (a node drain): the worker drains and exits by itself."""
+        self.procs[name].send_signal(signal.SIGTERM)
 
     def stop_all(self) -> None:
         for p in self.procs.values():

@@ -60,7 +60,8 @@ class _Workers:
         self.out = out
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, concurrency: int) -> str:
+    def spawn(self, name: str, concurrency: int, *, drain_s: float | None = 1) -> str:
+        """A worker; ``drain_s`` None: its drain deadline is the setting's default."""
         log = self.out / f"fleet-{name}.log"
         # The log is appended to across sittings: only what this worker writes counts, or
         # an earlier sitting's "caught up" would time this one's startup (imports, the
@@ -83,8 +84,7 @@ class _Workers:
                 str(concurrency),
                 "--id",
                 wid,
-                "--drain-s",
-                "1",
+                *([] if drain_s is None else ["--drain-s", str(drain_s)]),
             ],
             env=env,
             stdout=log.open("ab"),

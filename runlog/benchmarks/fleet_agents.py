@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+import redis
+
 import runlog
 from runlog.producers.async_run import AsyncRun
 from runlog.schemas.vocabulary import EventType
@@ -50,3 +52,43 @@ async def steps(run: AsyncRun, order: dict[str, Any]) -> str:
     for i in range(int(order["steps"])):
         await run.call_tool("step", {"i": i})
     return "done"
+
+
+def _receiver() -> Any:
+    """The bench's receiver: records each effect by its key (``<prefix>:effects``)."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["RUNLOG_REDIS_URL"])
+    return _client
+
+
+_client: Any = None
+
+
+async def _pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+    await asyncio.sleep(float(args["step_s"]))  # in flight: a SIGTERM or a SIGKILL lands here
+    pipe = _receiver().pipeline(transaction=True)
+    pipe.hincrby(f"{PREFIX}:effects", idempotency_key, 1)
+    pipe.hset(f"{PREFIX}:results", idempotency_key, "paid")
+    pipe.execute()
+    return "paid"
+
+
+async def _paid(args: dict[str, Any], *, idempotency_key: str) -> runlog.Match | runlog.Absent:
+    if _receiver().hget(f"{PREFIX}:results", idempotency_key) is None:
+        return runlog.Absent("no effect recorded under the key")
+    return runlog.Match("paid")
+
+
+pay = runlog.tool("pay", risk="irreversible", reconcile=_paid)(_pay)
+
+
+@runlog.agent("bench.pay", tools=[pay])
+async def pay_steps(run: AsyncRun, order: dict[str, Any]) -> str:
+    """``steps`` irreversible calls of ``step_s`` each, a durable sleep of ``sleep_s``
+    after each when it is not 0: ``runlog bench handover``'s runs mid-step and mid-sleep."""
+    for i in range(int(order["steps"])):
+        await run.call_tool("pay", {"i": i, "step_s": order["step_s"]})
+        if float(order["sleep_s"]):
+            await run.sleep(float(order["sleep_s"]))
+    return "paid"

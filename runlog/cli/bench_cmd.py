@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag", "pydantic-ai", "steps", "integrity", "fleet", "fork"],
+        choices=["lag", "pydantic-ai", "steps", "integrity", "fleet", "fork", "handover"],
         help=(
             "lag: only projection lag under a steady load, and drain rate by run length; "
             "integrity: only the CPU cost per record of tenant MACs and decider signatures "
@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "and Pydantic AI alone and on runlog); "
             "fleet: `runlog worker` processes: dispatch latency, failover of a SIGKILLed "
             "worker's open runs, durable steps per second; "
+            "handover: a SIGTERMed worker's runs (mid-step, mid-sleep; SIGKILL 2 s later or "
+            "never) to their next event on another worker, a SIGKILLed worker's failover at "
+            "--held and --many open runs, the liveness traffic in Redis, effects doubled/lost; "
             "fork: forking a long run at its last event (p50, p99) and replaying a fork "
             "against a plain run of the same length"
         ),
@@ -51,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--drain-total", type=int, default=20_000, help="lag: backlog per drain measurement"
     )
     p.add_argument("--held", type=int, default=200, help="fleet: open runs of the killed worker")
+    p.add_argument(
+        "--many", type=int, default=2000, help="handover: open runs of the larger failover"
+    )
     p.add_argument("--starts", type=int, default=50, help="fleet: starts timed on an idle fleet")
     p.add_argument("--fork-events", type=int, default=10_000, help="fork: events of the run forked")
     p.add_argument("--fork-repeats", type=int, default=9, help="fork: forks timed")
@@ -74,6 +80,17 @@ def _bench(args: argparse.Namespace) -> int:
             replays=3 if quick else 7,
         )
         print(fork.report(res))
+        return 0
+    if args.what == "handover":
+        from runlog.benchmarks import handover
+
+        res = handover.run(
+            Settings(),
+            out=args.out,
+            held=20 if args.quick else args.held,
+            many=50 if args.quick else args.many,
+        )
+        print(handover.report(res))
         return 0
     if args.what == "fleet":
         from runlog.benchmarks import fleet

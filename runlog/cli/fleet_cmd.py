@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from runlog import api
@@ -54,14 +55,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Imports the --agents modules (their @runlog.agent functions), joins the fleet's "
             "consumer group and runs the runs of its partitions: requested ones, orphans "
             "whose worker died, and waiting ones when their timer or decision comes. "
-            "SIGTERM or ^C: stop taking runs, let running ones reach their end or a wait "
-            "(--drain-s), leave the group."
+            "SIGTERM or ^C: stop taking runs, give the partitions up at once, let each "
+            "running run finish its step and hand it over to another worker (at most "
+            "--drain-s, default RUNLOG_WORKER_DRAIN_S), exit."
         ),
     )
     p.add_argument("--agents", action="append", required=True, help="module to import (repeat)")
     p.add_argument("--concurrency", type=int, default=8, help="runs executed at once")
     p.add_argument("--id", dest="worker_id", default=None, help="worker id (default host:pid)")
-    p.add_argument("--drain-s", type=float, default=30.0)
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=None,
+        help="longest drain after SIGTERM (default: RUNLOG_WORKER_DRAIN_S, 20 s)",
+    )
+    p.add_argument(
+        "--ready-file",
+        default=None,
+        help="a file made once the worker is ready and removed when it starts to drain "
+        "(a Kubernetes readiness probe: `test -f FILE`)",
+    )
     p.set_defaults(func=_worker)
 
     p = sub.add_parser(
@@ -131,8 +144,17 @@ def _worker(args: argparse.Namespace) -> int:
         settings, services.run_deps(), agents, concurrency=args.concurrency, worker_id=wid
     )
 
+    ready = Path(args.ready_file) if args.ready_file else None
+
     def stop(_sig: int, _frame: Any) -> None:
+        if ready is not None:
+            ready.unlink(missing_ok=True)  # not ready while it drains
         worker.stop()
+
+    def on_ready() -> None:
+        if ready is not None:
+            ready.write_text(f"{wid}\n")
+        print("worker ready", flush=True)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -144,8 +166,10 @@ def _worker(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        worker.run(drain_s=args.drain_s, on_ready=lambda: print("worker ready", flush=True))
+        worker.run(drain_s=args.drain_s, on_ready=on_ready)
     finally:
+        if ready is not None:
+            ready.unlink(missing_ok=True)
         services.close()
     print(f"worker {wid} stopped: {worker.stats}", flush=True)
     return EXIT_OK

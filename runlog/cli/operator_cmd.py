@@ -102,6 +102,10 @@ def _detail(row: RunRow, now: datetime) -> str:
         wait = f"until {row.until}"
     elif row.waiting_for:
         wait = f"for a {row.waiting_for}"
+    if row.handed_over_by is not None:
+        return f"handed over by {row.handed_over_by}"
+    if row.owner is not None and not row.owner_alive:
+        return f"lease held by {row.owner}, expired: its worker is gone"
     if row.owner is not None:
         left = ""
         if row.lease_expires_at:

@@ -32,6 +32,7 @@ from runlog.errors import (
     RunFinished,
     RunLocked,
     TenantMismatch,
+    UnknownRun,
 )
 from runlog.fleet.lifecycle import LifecycleWriter, Record, rebuilt
 from runlog.fleet.registry import Agent
@@ -41,6 +42,7 @@ from runlog.producers import timers
 from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
+from runlog.producers.drain import HandingOver
 from runlog.producers.opening import open_run_with
 from runlog.producers.run import CANCELLED, Run, RunDeps
 from runlog.projections.run_state import RunState
@@ -62,6 +64,7 @@ Kind = Literal[
     "rebuilt",
     "unserved",
     "ended",
+    "handed_over",
 ]
 INFRA = (AppendOutcomeUnknown, KafkaUnavailable, RedisUnavailable)
 """Not the agent's failure: nothing is recorded, the run is dispatched again."""
@@ -97,7 +100,9 @@ def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
 
 def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
     """How a dispatch opens its run (sync and async alike): never waiting for a lease
-    another worker holds, the RUN_STARTED fields of the request when the run is new."""
+    another worker holds, the RUN_STARTED fields of the request when the run is new. A
+    record without an input (``open``: a resume, a handover, a dead worker's run adopted)
+    never starts a run: only a start request says what a new run starts with."""
     return {
         "tenant": rec.tenant,
         "tools": agent.tools,
@@ -106,6 +111,7 @@ def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
         "expect_agent": agent.name,
         "reason": f"dispatched to worker {deps.writer_id}",
         "started_with": _start_fields(agent, rec),
+        "create": rec.input_json is not None or rec.input_sealed is not None,
     }
 
 
@@ -115,6 +121,12 @@ def _input(run_input: str | None, rec: Record) -> Any:
 
 def _locked(exc: RunLocked, deps: RunDeps) -> Result:
     ttl = exc.holder_ttl_ms if exc.holder_ttl_ms is not None else deps.settings.lease_ttl_ms
+    if deps.settings.liveness_ttl_ms:
+        # A holder's session lives as long as its worker: trying again at every liveness
+        # TTL would cost each run held elsewhere Redis commands every few seconds. A dead
+        # worker's runs are adopted when its session ends, a drained one's are announced
+        # (an ``open`` record): only a holder outside the fleet waits this long.
+        ttl = max(ttl, deps.settings.lease_ttl_ms)
     return Result("locked", retry_s=max(0.02, ttl / 1000 + 0.02), why=str(exc))
 
 
@@ -152,6 +164,23 @@ def _decided_meanwhile(deps: RunDeps, lw: LifecycleWriter, res: Result, run_id: 
         return res
     rec = Record("open", res.record.tenant, res.record.agent)
     return Result("waiting_person", rec, lw.write(run_id, rec))
+
+
+def _handed_over(lw: LifecycleWriter, run: Run, tenant: str, agent: str) -> Result:
+    """The worker drains and the run reached a step's boundary: its lease is released as a
+    handover, then ``open`` is written to its lifecycle record, so whichever worker owns
+    the partition now (the drainer gave its partitions up) dispatches it at once, even if
+    it found the run locked a moment before."""
+    try:
+        run.hand_over()
+        rec = Record("open", tenant, agent)
+        return Result("handed_over", rec, lw.write(run.run_id, rec))
+    except (Fenced, RunLocked) as exc:
+        return _fenced(run.deps, exc)
+    except INFRA as exc:
+        # The lease is free: the partition's new owner still dispatches the run when its
+        # retry comes (or at once, if it had not tried yet).
+        return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
 
 
 def _finished(lw: LifecycleWriter, run_id: str) -> Result:
@@ -201,6 +230,9 @@ def _not_opened(
         return _locked(exc, deps)
     if isinstance(exc, TenantMismatch | AgentMismatch):
         return _rebuild(deps, lw, run_id, rec, exc)
+    if isinstance(exc, UnknownRun):
+        log.error("dispatch of %s dropped: %s (and no start input to start it with)", run_id, exc)
+        return Result("forget", why=str(exc))
     if isinstance(exc, Fenced):
         return _fenced(deps, exc)
     return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
@@ -347,7 +379,7 @@ def execute(
     try:
         with opening or contextlib.nullcontext():
             run = open_run_with(deps, run_id, **_open_args(deps, agent, rec))
-    except (RunLocked, TenantMismatch, AgentMismatch, Fenced, *INFRA) as exc:
+    except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return _not_opened(deps, lw, run_id, rec, exc)
     except Escalated:
         return _decided_meanwhile(
@@ -365,6 +397,8 @@ def execute(
         if not _is_finished(run):
             run.finish("succeeded", "" if summary is None else str(summary))
         return _finished(lw, run_id)
+    except HandingOver:
+        return _handed_over(lw, run, rec.tenant, agent.name)
     except Cancelled as exc:
         return _cancelled(lw, run, exc)
     except timers.TimerPending as wait:
@@ -441,7 +475,7 @@ async def execute_async(
     try:
         async with opening or contextlib.nullcontext():
             arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec))
-    except (RunLocked, TenantMismatch, AgentMismatch, Fenced, *INFRA) as exc:
+    except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return await in_thread(_not_opened, deps, lw, run_id, rec, exc)
     except Escalated:
         res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
@@ -460,6 +494,8 @@ async def execute_async(
             await arun.finish("succeeded", "" if summary is None else str(summary))
         await arun.close()
         return await in_thread(_finished, lw, run_id)
+    except HandingOver:
+        return await in_thread(_handed_over, lw, run, rec.tenant, agent.name)
     except Cancelled as exc:
         return await in_thread(_cancelled, lw, run, exc)
     except timers.TimerPending as wait:

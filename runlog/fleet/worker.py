@@ -49,9 +49,10 @@ from runlog.fleet.runner import (
 )
 from runlog.log.clients import async_redis_client
 from runlog.log.tail import WINDOW
+from runlog.producers.lease import sessions_key
 from runlog.producers.run import RunDeps
 from runlog.schemas import codec
-from runlog.schemas.keys import partition_for
+from runlog.schemas.keys import live_key, partition_for
 from runlog.schemas.registry import registry
 from runlog.settings import Settings
 
@@ -66,6 +67,15 @@ pool's readers (as many as it keeps idle, ``ReaderPool``'s ``keep``), and each o
 milliseconds; the rest wait their turn in their slot."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
+ADOPT_POLL_S = 0.25
+"""How often a worker looks for dead sessions (one ``HGETALL`` and one ``EXISTS`` per
+session: the fleet's size, never its number of runs)."""
+HELD_TTL_S = 7 * 24 * 3600
+"""How long a session's set of held runs outlives its last change (a dead session's is
+deleted by whoever adopts its runs)."""
+HEARTBEAT_MAX_MS = 300
+"""The group heartbeat's longest interval: when a worker drains, the others learn of the
+rebalance at their next heartbeat and take its partitions then."""
 
 
 def workers_key(settings: Settings, worker_id: str = "*") -> str:
@@ -80,6 +90,12 @@ def live_workers(client: redis.Redis, settings: Settings) -> list[dict[str, str]
         if raw:
             out.append({_text(k): _text(v) for k, v in raw.items()})
     return sorted(out, key=lambda w: (w.get("since", ""), w.get("id", "")))
+
+
+def held_key(settings: Settings, session: str) -> str:
+    """The runs a worker's session holds (run id -> ``tenant\tagent``): what another
+    worker adopts when the session dies."""
+    return f"{settings.redis_key_prefix}:held:{session}"
 
 
 def _text(v: Any) -> str:
@@ -117,6 +133,13 @@ class Worker:
         self.heap: list[tuple[float, int, str]] = []
         self._seq = 0
         self.active: dict[str, Future[Result]] = {}
+        self.launched: dict[str, int] = {}
+        self.adopted: dict[str, Entry] = {}
+        """Runs of a dead worker's session this worker dispatches although their
+        partitions are not (yet) its own (``_adopt``)."""
+        self._held: dict[str, str | None] = {}
+        """Changes to this session's held set not yet written (run id -> value, None: gone)."""
+        """The lifecycle offset of the record each active dispatch was launched on."""
         self.results: queue.Queue[tuple[str, Future[Result]]] = queue.Queue()
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="runlog-agent")
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -134,6 +157,7 @@ class Worker:
         self.unserved: dict[str, int] = {}
         """Runs whose record (at this offset) names an agent not served here, checked
         against the log already."""
+        self.stats["handed_over"] = 0  # runs let go at a step's boundary while draining
         self._consumer: Any = None
         self._stop = threading.Event()
         # Reconcile requests (``fleet.reconciling``) of the assigned partitions, by record
@@ -148,7 +172,9 @@ class Worker:
         session = self.settings.worker_session_timeout_ms
         tunables = {
             "session.timeout.ms": session,
-            "heartbeat.interval.ms": max(100, session // 3),
+            # Often enough that a drained worker's partitions reach the others within a
+            # fraction of a second (a member learns of a rebalance at its next heartbeat).
+            "heartbeat.interval.ms": max(100, min(session // 3, HEARTBEAT_MAX_MS)),
             "fetch.wait.max.ms": 100,
         }
         common = self.settings.kafka_common()  # RUNLOG_KAFKA_EXTRA may tune the group
@@ -308,7 +334,8 @@ class Worker:
 
     def _entry(self, rid: str) -> Entry | None:
         table = self.tables.get(partition_for(rid, self.settings.partitions))
-        return None if table is None else table.get(rid)
+        found = None if table is None else table.get(rid)
+        return found if found is not None else self.adopted.get(rid)
 
     def _fire_due(self) -> None:
         now = time.monotonic()
@@ -357,6 +384,9 @@ class Worker:
             else:
                 fut = self.pool.submit(execute, self.deps, self.lw, rid, rec, agent, self._opening)
             self.active[rid] = fut
+            self.launched[rid] = entry.offset
+            if agent is not None:  # a check of the log takes no lease: nothing to adopt
+                self._held[rid] = f"{rec.tenant}\t{rec.agent}"
             self.stats["dispatched" if agent is not None else "checked"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
 
@@ -400,12 +430,14 @@ class Worker:
             except queue.Empty:
                 return
             self.active.pop(rid, None)
+            launched = self.launched.pop(rid, -1)
+            self._held[rid] = None
             try:
                 res = fut.result()
             except BaseException as exc:
                 log.exception("dispatch of %s crashed: %s", rid, exc)
                 res = Result("retry", retry_s=5.0, why=repr(exc))
-            self._settle(rid, res)
+            self._settle(rid, res, launched)
             rec = self.tombstoned.pop(rid, None)
             if rec is not None and res.kind in ("locked", "retry", "unserved"):
                 # The dispatch wrote nothing: the tombstone that came meanwhile was not its.
@@ -413,7 +445,11 @@ class Worker:
                 if table is not None and rid not in table:
                     self._check_end(rid, rec)
 
-    def _settle(self, rid: str, res: Result) -> None:
+    def _settle(self, rid: str, res: Result, launched: int = -1) -> None:
+        self.adopted.pop(rid, None)  # its partition's owner acts on what it wrote
+        if res.kind == "handed_over":
+            self.stats["handed_over"] += 1  # a drain: the partition is gone already
+            return
         table = self.tables.get(partition_for(rid, self.settings.partitions))
         if table is None:
             return  # the partition moved meanwhile: its new owner reads the records
@@ -433,6 +469,12 @@ class Worker:
             return
         if res.kind in ("locked", "retry"):
             self.stats["locked" if res.kind == "locked" else "retried"] += 1
+            entry = table.get(rid)
+            if entry is not None and entry.offset > launched:
+                # A record came while this dispatch tried (a drained worker's handover
+                # writes ``open`` once it let the run go): try again now, not at the retry.
+                self._schedule(rid, entry)
+                return
             self._later(rid, res.retry_s)
             return
         self.stats[res.kind if res.kind in ("finished", "rebuilt") else "waiting"] += 1
@@ -441,6 +483,73 @@ class Worker:
             entry = table[rid] = Entry(res.record, res.offset)
         if entry is not None:
             self._schedule(rid, entry)  # a newer record (a decision, a resume) came meanwhile
+
+    # Dead sessions ------------------------------------------------------------------------
+    def _write_held(self) -> None:
+        """Write this session's held set's changes (one pipeline a loop at most): runs
+        added at their launch, removed at their end. A change per dispatch, none per run
+        per second."""
+        if not self._held or not self.deps.leases.liveness_ttl_ms:
+            self._held.clear()  # leases with a TTL each: no session to adopt from
+            return
+        changes, self._held = self._held, {}
+        try:
+            session = self.deps.leases.session_id()
+            key = held_key(self.settings, session)
+            pipe = self.deps.redis.pipeline(transaction=False)
+            added: dict[Any, Any] = {rid: v for rid, v in changes.items() if v is not None}
+            gone = [rid for rid, v in changes.items() if v is None]
+            if added:
+                pipe.hset(key, mapping=added)
+            if gone:
+                pipe.hdel(key, *gone)
+            pipe.expire(key, HELD_TTL_S)
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - Redis down: the partition owner still retries
+            log.warning("worker %s could not record the runs it holds: %s", self.id, exc)
+
+    def _adopt(self) -> None:
+        """Dispatch the runs of every session whose liveness key is gone (its worker died):
+        at once, not when the group moves the dead worker's partitions (its session timeout)
+        and the lease would have expired. The lease decides who runs each: every live
+        worker may try, one wins, the others find it held and leave it."""
+        if not self.deps.leases.liveness_ttl_ms:
+            return  # leases with a TTL each: the partition's owner resumes orphans
+        client = self.deps.redis
+        prefix = self.settings.redis_key_prefix
+        try:
+            sessions = [_text(s) for s in client.hkeys(sessions_key(prefix))]
+            mine = self.deps.leases.session_id()
+            others = [s for s in sessions if s != mine]
+            if not others:
+                return
+            pipe = client.pipeline(transaction=False)
+            for s in others:
+                pipe.exists(live_key(prefix, s))
+            dead = [s for s, alive in zip(others, pipe.execute(), strict=True) if not alive]
+            for s in dead:
+                runs = client.hgetall(held_key(self.settings, s))
+                for raw_rid, raw in runs.items():
+                    self._adopt_run(_text(raw_rid), _text(raw))
+                pipe = client.pipeline(transaction=False)
+                pipe.hdel(sessions_key(prefix), s)
+                pipe.delete(held_key(self.settings, s))
+                pipe.execute()
+                log.info("worker %s: session %s is dead, %d runs adopted", self.id, s, len(runs))
+        except Exception as exc:  # noqa: BLE001 - the partition owner still retries them
+            log.warning("worker %s could not look for dead sessions: %s", self.id, exc)
+
+    def _adopt_run(self, rid: str, value: str) -> None:
+        tenant, _, agent = value.partition("\t")
+        if rid in self.active or rid in self.queued or agent not in self.agents:
+            return
+        table = self.tables.get(partition_for(rid, self.settings.partitions))
+        entry = None if table is None else table.get(rid)
+        if entry is None:
+            # Its partition is not ours: an ``open`` without an input (it never starts a run
+            # that has no events).
+            entry = self.adopted[rid] = Entry(Record("open", tenant, agent), -1)
+        self._schedule(rid, entry)
 
     # Presence ----------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -499,7 +608,11 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
 
-    def run(self, *, drain_s: float = 30.0, on_ready: Callable[[], None] | None = None) -> None:
+    def run(
+        self, *, drain_s: float | None = None, on_ready: Callable[[], None] | None = None
+    ) -> None:
+        """Dispatch until ``stop``, then drain (``_shutdown``) for at most ``drain_s``
+        (default: the ``worker_drain_s`` setting)."""
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(self._consumer_conf(), logger=log)
@@ -517,7 +630,7 @@ class Worker:
             on_lost=self._on_revoke,
         )
         self._warm()
-        next_beat = 0.0
+        next_beat = next_adopt = 0.0
         if on_ready is not None:
             on_ready()
         try:
@@ -541,22 +654,47 @@ class Worker:
                 self._fire_due()
                 self._launch()
                 self._serve_requests()
+                self._write_held()
+                if time.monotonic() >= next_adopt:
+                    self._adopt()
+                    next_adopt = time.monotonic() + ADOPT_POLL_S
                 if time.monotonic() >= next_beat:
                     self._heartbeat()
                     next_beat = time.monotonic() + HEARTBEAT_S
         finally:
-            self._shutdown(consumer, drain_s)
+            self._shutdown(consumer, self.settings.worker_drain_s if drain_s is None else drain_s)
 
     def _shutdown(self, consumer: Any, drain_s: float) -> None:
-        deadline = time.monotonic() + drain_s
-        while (self.active or self.serving) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            self._reap()
-            self._reap_requests()
+        """Drain: take no new work, give the partitions up at once (their timers and starts
+        move to the other workers now, not after the drain), let each running run finish
+        the step it is in and hand it over (``producers.drain``), then go. A run whose step
+        outlasts ``drain_s`` is left to its lease: it is resumed when that expires, its call
+        uncertain only if this process is killed before the step completes."""
+        self.deps.draining.set()
         try:
             consumer.close()  # leaves the group: its partitions move at once
         except Exception as exc:  # noqa: BLE001
             log.warning("closing the lifecycle consumer: %s", exc)
+        self.tables.clear()
+        self.caught_up.clear()
+        self.heap.clear()
+        self.ready.clear()
+        self.queued.clear()
+        self.adopted.clear()
+        log.info("worker %s draining %d runs (at most %.1f s)", self.id, len(self.active), drain_s)
+        deadline = time.monotonic() + drain_s
+        while (self.active or self.serving) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self._reap()
+            self._reap_requests()
+            self._write_held()
+        if self.active:
+            log.warning(
+                "worker %s: %d runs still in a step at the drain deadline: %s",
+                self.id,
+                len(self.active),
+                sorted(self.active)[:10],
+            )
         with contextlib.suppress(redis.RedisError):
             self.deps.redis.delete(workers_key(self.settings, self.id))
         self.pool.shutdown(wait=False, cancel_futures=True)

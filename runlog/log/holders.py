@@ -15,7 +15,7 @@ import redis
 from runlog.errors import RedisUnavailable
 from runlog.projections.lifecycle import Holder, RunStatus, run_status
 from runlog.projections.run_state import RunState
-from runlog.schemas.keys import lease_key
+from runlog.schemas.keys import lease_key, live_key, run_tag, session_of
 from runlog.settings import Settings
 
 
@@ -33,23 +33,57 @@ def holders(
             key = lease_key(settings.redis_key_prefix, tenant, run_id)
             pipe.get(key)
             pipe.pttl(key)
+            pipe.get(f"{run_tag(settings.redis_key_prefix, tenant, run_id)}:handover")
         replies = pipe.execute()
     except redis.RedisError as exc:
         raise RedisUnavailable(f"run leases: {exc}") from exc
+    values = [_text(raw) for raw in replies[0::3]]
+    lives = _liveness(client, settings, {session_of(v) for v in values if v is not None})
     out: dict[tuple[str, str], Holder | None] = {}
     for i, run in enumerate(wanted):
-        raw, pttl = replies[2 * i], replies[2 * i + 1]
-        if raw is None or int(pttl) < 0:
+        value, pttl, handed = values[i], int(replies[3 * i + 1]), _text(replies[3 * i + 2])
+        alive = True
+        sid = None if value is None else session_of(value)
+        if value is not None and sid is not None:
+            # A lease bound to its owner's session lives as long as the session's key; one
+            # whose session is gone names a dead owner: the run is an orphan.
+            pttl = lives.get(sid, -2)
+            alive = pttl >= 0
+            value, pttl = value.rpartition("|")[0], max(pttl, 0)
+        if value is None and handed is not None:
+            # Free, and its last owner let it go (a drain): the note names who.
+            by = handed.split("|")[0]
+            out[run] = Holder(owner="", epoch=0, expires_at=now, handed_over_by=by)
+            continue
+        if value is None or pttl < 0:
             out[run] = None
             continue
-        value = raw.decode() if isinstance(raw, bytes) else str(raw)
         owner, _, epoch = value.rpartition("|")
         out[run] = Holder(
             owner=owner,
             epoch=int(epoch) if epoch.isdigit() else 0,
             expires_at=now + timedelta(milliseconds=int(pttl)),
+            alive=alive,
         )
     return out
+
+
+def _text(raw: object) -> str | None:
+    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _liveness(client: redis.Redis, settings: Settings, sessions: set[str | None]) -> dict[str, int]:
+    """Each session's liveness key's PTTL (-2: gone): one pipelined PTTL per session."""
+    named = sorted(s for s in sessions if s is not None)
+    if not named:
+        return {}
+    try:
+        pipe = client.pipeline(transaction=False)
+        for sid in named:
+            pipe.pttl(live_key(settings.redis_key_prefix, sid))
+        return {sid: int(p) for sid, p in zip(named, pipe.execute(), strict=True)}
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"liveness keys: {exc}") from exc
 
 
 def holder(client: redis.Redis, settings: Settings, tenant: str, run_id: str) -> Holder | None:

@@ -89,6 +89,31 @@ def test_leases_on_the_cluster(on_cluster: Settings) -> None:
         taken.release()
 
 
+def test_session_bound_leases_on_the_cluster(on_cluster: Settings) -> None:
+    """Leases bound to a process's session, with the liveness key on another master than
+    most of the runs: held while the session lives, free (the epoch one up) once it ends,
+    and the ex-owner's checks refuse."""
+    client = make_client(on_cluster)
+    holder = LeaseManager(client, key_prefix=on_cluster.redis_key_prefix, liveness_ttl_ms=1_000)
+    taker = LeaseManager(client, key_prefix=on_cluster.redis_key_prefix, liveness_ttl_ms=1_000)
+    runs = [f"cluster-session-{i}" for i in range(12)]
+    assert len(_masters(client, [holder.lease_key("t", r) for r in runs])) == 3
+    try:
+        held = [holder.try_acquire("t", r, "a", 60_000) for r in runs]
+        assert all(isinstance(x, Lease) for x in held)
+        for r, lease in zip(runs, held, strict=True):
+            got = taker.try_acquire("t", r, "b", 60_000)
+            assert isinstance(got, Held) and got.holder == lease.token  # type: ignore[union-attr]
+        holder.close()  # the session ends: its key is deleted
+        for r, lease in zip(runs, held, strict=True):
+            assert isinstance(lease, Lease) and not lease.check()
+            got = taker.try_acquire("t", r, "b", 60_000)
+            assert isinstance(got, Lease) and got.epoch == lease.epoch + 1
+    finally:
+        holder.close()
+        taker.close()
+
+
 def test_runs_open_append_and_resume_on_the_cluster(on_cluster: Settings) -> None:
     fast = on_cluster.model_copy(update={"lease_ttl_ms": 2_000})
     ids = []

@@ -29,6 +29,7 @@ from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, LogRecord
 from runlog.producers.tools import Receiver, Risk
 from runlog.projections.run_state import RunState, accept, apply
+from runlog.schemas.keys import live_key, session_of
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -513,14 +514,23 @@ def start_worker(
 
 
 def wait_lease_gone(client: redis.Redis, settings: Settings, timeout: float = 15.0) -> None:
-    """Wait until no run of this test holds a lease (expiry after a pause or a kill)."""
+    """Wait until no run of this test holds a lease (expiry after a pause or a kill): no
+    lease key, or only leases whose owner's session is gone (its liveness key expired)."""
     deadline = time.monotonic() + timeout
     pattern = f"{settings.redis_key_prefix}:*:lease"
     while time.monotonic() < deadline:
-        if not any(True for _ in client.scan_iter(match=pattern)):
+        if not any(_held(client, settings, key) for key in client.scan_iter(match=pattern)):
             return
         time.sleep(0.02)
     raise AssertionError("lease did not expire")
+
+
+def _held(client: redis.Redis, settings: Settings, key: bytes) -> bool:
+    value = client.get(key)
+    if value is None:
+        return False
+    session = session_of(value.decode())
+    return session is None or bool(client.exists(live_key(settings.redis_key_prefix, session)))
 
 
 def delete_prefix(client: redis.Redis, prefix: str, *, keep: tuple[str, ...] = ()) -> int:

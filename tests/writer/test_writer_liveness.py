@@ -1,0 +1,231 @@
+"""Run leases bound to their process's session: one liveness key per process, renewed by
+the process, whatever the number of its runs; a run lease is free once that key is gone;
+the per-run fencing token is unchanged, and a paused ex-owner is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from workers.common import TESTS
+
+from runlog.log.holders import holder
+from runlog.producers import lease as lease_mod
+from runlog.producers.lease import Held, Lease, LeaseManager
+from runlog.projections.lifecycle import run_status
+from runlog.projections.run_state import RunState
+from runlog.schemas.keys import live_key, session_of
+from runlog.settings import Settings
+
+pytestmark = pytest.mark.timeout(60)
+LIVENESS_MS = 1000
+
+
+@pytest.fixture
+def manager(test_settings: Settings, redis_client: redis.Redis) -> Iterator[LeaseManager]:
+    mgr = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=LIVENESS_MS
+    )
+    yield mgr
+    mgr.close()
+
+
+class Holder:
+    """``tests/workers/session_holder.py``: a real process holding session-bound leases."""
+
+    def __init__(self, settings: Settings, runs: list[str]) -> None:
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+        )
+        env["RUNLOG_REDIS_URL"] = settings.redis_url
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(TESTS / "workers" / "session_holder.py"),
+                settings.redis_key_prefix,
+                "t",
+                str(LIVENESS_MS),
+                *runs,
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self._line()
+        assert line[0] == "held", line
+        self.epochs = [int(e) for e in line[1:]]
+
+    def _line(self) -> list[str]:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().split()
+
+    def check(self) -> list[bool]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("check\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        assert line[0] == "check", line
+        return [v == "True" for v in line[1:]]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def _wait_gone(client: redis.Redis, key: str) -> None:
+    deadline = time.monotonic() + 10 * LIVENESS_MS / 1000
+    while client.exists(key):
+        assert time.monotonic() < deadline, f"{key} outlived its TTL"
+        time.sleep(0.05)
+
+
+def test_a_live_session_holds_its_runs_without_renewing_them_one_by_one(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """200 leases held through three liveness TTLs: none is renewed on its own (the
+    renewals are the session's), and every one is still held: another manager is told
+    whose it is and for how long its session lives without renewal."""
+    runs = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(200)]
+    leases = [manager.try_acquire("t", r, "a", 60_000) for r in runs]
+    assert all(isinstance(x, Lease) for x in leases)
+    per_run, sessions = lease_mod.METRICS["renewed"], lease_mod.METRICS["liveness_renewed"]
+    time.sleep(3 * LIVENESS_MS / 1000)
+    assert lease_mod.METRICS["renewed"] == per_run  # no run lease renewed on its own
+    assert lease_mod.METRICS["liveness_renewed"] > sessions
+    other = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=LIVENESS_MS
+    )
+    try:
+        for rid, mine in zip(runs, leases, strict=True):
+            assert isinstance(mine, Lease) and mine.check()
+            held = other.try_acquire("t", rid, "b", 60_000)
+            assert isinstance(held, Held), held
+            assert held.holder == mine.token and 0 < held.ttl_ms <= LIVENESS_MS
+            assert session_of(held.holder) == manager.session_id()
+    finally:
+        other.close()
+
+
+def test_a_killed_holders_runs_are_free_once_its_session_key_is_gone(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    runs = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(20)]
+    holder = Holder(test_settings, runs)
+    try:
+        value = redis_client.get(manager.lease_key("t", runs[0]))
+        assert value is not None and redis_client.pttl(manager.lease_key("t", runs[0])) == -1
+        sid = session_of(value.decode())
+        assert sid is not None
+        assert all(isinstance(manager.try_acquire("t", r, "b", 60_000), Held) for r in runs)
+        holder.proc.kill()
+        _wait_gone(redis_client, live_key(test_settings.redis_key_prefix, sid))
+        for rid, epoch in zip(runs, holder.epochs, strict=True):
+            got = manager.try_acquire("t", rid, "b", 60_000)
+            assert isinstance(got, Lease), got
+            assert got.epoch == epoch + 1  # the fencing token goes up as on any takeover
+            assert got.handed_over_by is None  # an orphan, not a handover
+    finally:
+        holder.stop()
+
+
+def test_a_paused_ex_owner_is_refused_whether_or_not_its_runs_were_taken(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """SIGSTOP the holder past its liveness TTL. One run is taken by another owner meanwhile,
+    the other is not taken by anyone: after SIGCONT the ex-owner's checks refuse both (a
+    session once gone is never renewed again, so the untaken lease is not its any more)."""
+    taken, untaken = f"run-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
+    holder = Holder(test_settings, [taken, untaken])
+    try:
+        assert holder.check() == [True, True]
+        sid = session_of(redis_client.get(manager.lease_key("t", taken)).decode())
+        assert sid is not None
+        holder.proc.send_signal(signal.SIGSTOP)
+        _wait_gone(redis_client, live_key(test_settings.redis_key_prefix, sid))
+        got = manager.try_acquire("t", taken, "b", 60_000)
+        assert isinstance(got, Lease) and got.epoch == holder.epochs[0] + 1
+        holder.proc.send_signal(signal.SIGCONT)
+        assert holder.check() == [False, False]
+        # Its session stays dead: the untaken lease is free for the next owner.
+        assert not redis_client.exists(live_key(test_settings.redis_key_prefix, sid))
+        assert isinstance(manager.try_acquire("t", untaken, "c", 60_000), Lease)
+    finally:
+        holder.stop()
+
+
+def test_a_handover_is_seen_by_the_next_owner(
+    manager: LeaseManager, redis_client: redis.Redis, test_settings: Settings
+) -> None:
+    rid = f"run-{uuid.uuid4().hex[:8]}"
+    first = manager.try_acquire("t", rid, "a", 60_000)
+    assert isinstance(first, Lease)
+    manager.hand_over(first)
+    assert not first.check()
+    nxt = manager.try_acquire("t", rid, "b", 60_000)
+    assert isinstance(nxt, Lease)
+    assert nxt.handed_over_by == first.token and nxt.epoch == first.epoch + 1
+    nxt.release()
+    again = manager.try_acquire("t", rid, "c", 60_000)
+    assert isinstance(again, Lease) and again.handed_over_by is None  # a plain release
+
+
+def test_a_clean_exit_frees_the_session_at_once(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    mgr = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=60_000
+    )
+    rid = f"run-{uuid.uuid4().hex[:8]}"
+    held: Any = mgr.try_acquire("t", rid, "a", 60_000)
+    assert isinstance(held, Lease)
+    mgr.close()
+    other = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=LIVENESS_MS
+    )
+    try:
+        got = other.try_acquire("t", rid, "b", 60_000)
+        assert isinstance(got, Lease) and got.epoch == held.epoch + 1
+    finally:
+        other.close()
+
+
+def test_status_names_a_dead_workers_lease_and_a_handover(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """What `runlog runs`/`show`/`--json` and the console are told (the one rule, with the
+    lease read now): a run held by a live worker is running; once the worker is SIGKILLed
+    and its session's key is gone, it is orphaned and names the lease's dead holder; a run
+    its worker let go while draining is orphaned and names who handed it over."""
+    dead, handed = f"run-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
+    st = {rid: RunState(run_id=rid, tenant="t", status="running") for rid in (dead, handed)}
+    proc = Holder(test_settings, [dead])
+    try:
+        told = run_status(st[dead], holder(redis_client, test_settings, "t", dead))
+        assert told.status == "running" and told.owner_alive
+        sid = session_of(redis_client.get(manager.lease_key("t", dead)).decode())
+        proc.proc.kill()
+        _wait_gone(redis_client, live_key(test_settings.redis_key_prefix, str(sid)))
+        told = run_status(st[dead], holder(redis_client, test_settings, "t", dead))
+        assert told.status == "orphaned" and not told.owner_alive
+        assert told.owner is not None and told.owner.startswith(f"holder-{proc.proc.pid}")
+        assert told.to_dict()["owner_alive"] is False
+        assert f"lease held by holder-{proc.proc.pid}" in told.text()
+    finally:
+        proc.stop()
+    mine = manager.try_acquire("t", handed, "drainer", 60_000)
+    assert isinstance(mine, Lease)
+    manager.hand_over(mine)
+    told = run_status(st[handed], holder(redis_client, test_settings, "t", handed))
+    assert told.status == "orphaned" and told.handed_over_by == "drainer"
+    assert told.to_dict()["handed_over_by"] == "drainer" and "handed over by drainer" in told.text()
