@@ -136,6 +136,15 @@ class Held:
     ttl_ms: int
     """How long the lease lives unless renewed: its own TTL, or its session's."""
 
+    def describe(self) -> str:
+        """The holder in an operator's words: its writer id, and the host and pid that id
+        names when it is a default one (``host:pid``, a worker's ``host:pid:suffix``)."""
+        writer = self.holder.split("/", 1)[0]
+        parts = writer.split(":")
+        if len(parts) >= 2 and parts[1].isdigit():
+            return f"writer {writer} (host {parts[0]}, pid {parts[1]})"
+        return f"writer {writer}"
+
 
 ACQUIRE_ROUNDS = 3
 """Times an acquisition looks again when the lease changed hands under it."""
@@ -165,15 +174,6 @@ class Session:
 def sessions_key(prefix: str) -> str:
     """The hash of sessions that said they are alive (session -> ``worker|host|pid``)."""
     return f"{prefix}:sessions"
-
-    def describe(self) -> str:
-        """The holder in an operator's words: its writer id, and the host and pid that id
-        names when it is a default one (``host:pid``, a worker's ``host:pid:suffix``)."""
-        writer = self.holder.split("/", 1)[0]
-        parts = writer.split(":")
-        if len(parts) >= 2 and parts[1].isdigit():
-            return f"writer {writer} (host {parts[0]}, pid {parts[1]})"
-        return f"writer {writer}"
 
 
 @dataclass(eq=False)
