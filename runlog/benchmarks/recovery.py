@@ -28,6 +28,7 @@ from typing import Any
 from runlog.benchmarks.common import TENANT, Scratch, summary, worker_env, workload_payload
 from runlog.bootstrap import Services
 from runlog.producers.opening import open_run_with
+from runlog.schemas.keys import live_key, session_of
 from runlog.settings import Settings
 
 SNAPSHOT_INTERVAL = 500
@@ -64,12 +65,26 @@ def _new_run(deps: Any) -> str:
         return str(run.run_id)
 
 
+def _lease_ttl_ms(deps: Any, run_id: str) -> int:
+    """How long the run's lease lives unless renewed: its own TTL, or, for a lease bound to
+    its process's session, the TTL left on that session's liveness key."""
+    leases = deps.leases
+    key = leases.lease_key(TENANT, run_id)
+    pttl = int(deps.redis.pttl(key))
+    if pttl >= 0:
+        return pttl
+    value = deps.redis.get(key)
+    session = session_of(value.decode()) if value is not None else None
+    if session is None:
+        return pttl
+    return int(deps.redis.pttl(live_key(leases.prefix, session)))
+
+
 def _handoff(deps: Any, settings: Settings, how: str) -> dict[str, float]:
 
     run_id = _new_run(deps)
     proc = _spawn_worker(settings, run_id)
-    leases = deps.leases
-    pttl = int(deps.redis.pttl(leases.lease_key(TENANT, run_id)))
+    pttl = _lease_ttl_ms(deps, run_id)
     t0 = time.perf_counter()
     os.kill(proc.pid, signal.SIGTERM if how == "release" else signal.SIGKILL)
     if how == "takeover":

@@ -405,9 +405,10 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
     fleet_settings: Settings, redis_client: redis.Redis, answer: str
 ) -> None:
     """Reconciled in this process, with the tools (no fleet): an ended run whose lookup
-    finds no matching effect. Absent: recorded, and the retry the rule asks for is not made
-    (an ended run invokes nothing); unavailable: stays uncertain; conflict: escalated to a
-    person with both payloads, the run still terminated."""
+    finds no matching effect. Absent: the refund's receiver declares nothing that makes an
+    absence final (its original request may still land), so a person is asked, and nothing
+    is invoked; unavailable: stays uncertain; conflict: escalated to a person with both
+    payloads, the run still terminated."""
     s = fleet_settings
 
     def dies(args: dict[str, Any], *, idempotency_key: str) -> str:
@@ -438,9 +439,7 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
     done = runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
     (settled,) = done.settled
     assert done.finished
-    assert settled.outcome == {"absent": "uncertain", "unavailable": "uncertain"}.get(
-        answer, "escalated"
-    )
+    assert settled.outcome == {"unavailable": "uncertain"}.get(answer, "escalated")
     assert settled.evidence.startswith(answer)
     events = _events(s, rid)
     finish = next(e.seq for e in events if e.type is EventType.RUN_FINISHED)
@@ -451,6 +450,8 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
     assert (st.status, st.outcome) == ("finished", "terminated") and key in st.open_calls
     if answer == "conflict":
         assert st.open_calls[key].status == "conflict" and st.pending_approvals
+    if answer == "absent":
+        assert st.pending_approvals, "a person is asked about the absent refund"
 
 
 def test_two_reconciles_of_a_terminated_run_at_once_record_one_settlement(

@@ -4,6 +4,7 @@ ended with, and ``runlog runs`` lists it as finished, not orphaned."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -21,6 +22,7 @@ from workers.common import fold_log, read_log
 import runlog
 from runlog.consumers.runner import ProjectionRunner
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
+from runlog.producers.approvals import CANCEL_FLAG_FRESH_S
 from runlog.projections.run_state import RunState
 from runlog.settings import Settings
 
@@ -110,6 +112,10 @@ def test_a_cancelled_graph_finishes_cancelled_before_its_next_call(
         """A step that a person cancels the run during."""
         ran.append(n)
         runlog.cancel(thread, reason="wrong order", by="ops", settings=test_settings, wait_s=0)
+        # An owner sees a cancellation by its next step unless it came within
+        # CANCEL_FLAG_FRESH_S of that step (then by the one after): wait that out, so the
+        # next call is the one that must not run.
+        time.sleep(2 * CANCEL_FLAG_FRESH_S)
         return f"step {n}"
 
     script = [AIMessage("", tool_calls=[_call("step", 1), _call("step", 2)]), AIMessage("done")]
