@@ -57,7 +57,10 @@ def test_paused_worker_is_fenced_and_its_stale_writes_excluded(
 ) -> None:
     t0 = time.monotonic()
     settings = healthy
-    ttl = settings.lease_ttl_ms / 1000
+    # A lease bound to its process's session lives as long as the session's liveness key
+    # (the shorter of the two TTLs); with liveness off, as long as its own TTL.
+    live_ms = settings.liveness_ttl_ms
+    ttl = (min(live_ms, settings.lease_ttl_ms) if live_ms else settings.lease_ttl_ms) / 1000
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), str(WORKER.parent)])}
     for rnd in range(ROUNDS):
         run_id = new_run_id()
