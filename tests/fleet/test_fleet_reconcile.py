@@ -328,6 +328,22 @@ def _valid(events: list[m.Event]) -> list[m.Event]:
     return [ev for ev in events if accept(state, ev)]
 
 
+def _terminated_during_refund(settings: Settings, dies: Any, lookup: Any) -> tuple[str, str]:
+    """A run whose irreversible refund (``dies``, with ``lookup``) crashed after its STARTED,
+    then terminated by an operator: the call is left open. Returns the run id and its key."""
+    run = runlog.open_run(
+        tenant="acme",
+        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
+        settings=settings,
+    )
+    with pytest.raises(Crash):
+        run.call_tool("refund", {"to": "jane", "amount": 30})
+    run.lease.release()
+    rid, key = run.run_id, next(iter(run.state.open_calls))
+    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=settings)
+    return rid, key
+
+
 def _rejections(events: list[m.Event]) -> list[str]:
     """Why the fold refused each record it refused, in log order."""
     state, out = RunState(), []
@@ -424,16 +440,7 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
             return runlog.Conflict('{"amount": 31}')
         return runlog.Unavailable("the provider's lookup is down")
 
-    run = runlog.open_run(
-        tenant="acme",
-        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
-        settings=s,
-    )
-    with pytest.raises(Crash):
-        run.call_tool("refund", {"to": "jane", "amount": 30})
-    run.lease.release()
-    rid, key = run.run_id, next(iter(run.state.open_calls))
-    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=s)
+    rid, key = _terminated_during_refund(s, dies, lookup)
 
     refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(never)
     done = runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
@@ -470,16 +477,7 @@ def test_two_reconciles_of_a_terminated_run_at_once_record_one_settlement(
         found = redis_client.hget(results, idempotency_key)
         return runlog.Absent("none") if found is None else runlog.Match(found.decode())
 
-    run = runlog.open_run(
-        tenant="acme",
-        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
-        settings=s,
-    )
-    with pytest.raises(Crash):
-        run.call_tool("refund", {"to": "jane", "amount": 30})
-    run.lease.release()
-    rid, key = run.run_id, next(iter(run.state.open_calls))
-    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=s)
+    rid, key = _terminated_during_refund(s, dies, lookup)
     refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)
     barrier = threading.Barrier(2)
     got: list[Any] = []
@@ -563,16 +561,7 @@ def test_a_person_decides_the_conflict_a_reconcile_found_on_an_ended_run(
     def lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Conflict:
         return runlog.Conflict('{"amount": 31}')
 
-    run = runlog.open_run(
-        tenant="acme",
-        tools=[runlog.tool("refund", risk="irreversible", reconcile=lookup)(dies)],
-        settings=s,
-    )
-    with pytest.raises(Crash):
-        run.call_tool("refund", {"to": "jane", "amount": 30})
-    run.lease.release()
-    rid, key = run.run_id, next(iter(run.state.open_calls))
-    runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=s)
+    rid, key = _terminated_during_refund(s, dies, lookup)
     refund = runlog.tool("refund", risk="irreversible", reconcile=lookup)(never)
     runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
     (approval,) = states(s, [rid])[rid].pending_approvals
