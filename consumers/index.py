@@ -39,6 +39,7 @@ from typing import Any
 import redis
 
 from runlog.errors import ConfigError, RedisUnavailable
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.holders import holders
 from runlog.projections import lifecycle
 from runlog.projections.run_state import RunState
@@ -389,7 +390,7 @@ class RunIndex:
             found: set[str] = set()
             for keys in self.parts:
                 found |= {_s(r) for r in self.redis.smembers(keys.subject(tenant, subject))}
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"runs of subject {subject}: {exc}") from exc
         return sorted(found)
 
@@ -408,7 +409,7 @@ class RunIndex:
             for rid, keys in found:
                 pipe.hget(keys.summary(rid), "erased_by")
             erased = pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index of {tenant}: {exc}") from exc
         return sorted(rid for (rid, _), gone in zip(found, erased, strict=True) if not gone)
 
@@ -418,7 +419,7 @@ class RunIndex:
             found: set[str] = set()
             for keys in self.parts:
                 found |= {_s(t) for t in self.redis.smembers(keys.tenants)}
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index tenants: {exc}") from exc
         return sorted(found)
 
@@ -471,7 +472,7 @@ class RunIndex:
                 else:
                     pipe.zrevrangebyscore(key, top, low, start=0, num=limit + 1, withscores=True)
             replies = pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index: {exc}") from exc
         candidates: list[tuple[float, str, int]] = []
         per = 2 if after is not None else 1
@@ -491,7 +492,7 @@ class RunIndex:
             for _, rid, part in chosen:
                 pipe.hgetall(self.parts[part].summary(rid))
             raws = pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index summaries: {exc}") from exc
         rows = self._live([r for r in (_row(raw) for raw in raws) if r is not None])
         if status is not None:
@@ -517,7 +518,7 @@ class RunIndex:
             for keys in self.parts:
                 pipe.hgetall(keys.summary(run_id))
             raws = pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index: {exc}") from exc
         for raw in raws:
             if raw:
@@ -533,7 +534,7 @@ class RunIndex:
             for keys in self.parts:
                 pipe.smembers(keys.children(tenant, parent))
             found = sorted({_s(m) for got in pipe.execute() for m in got})
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index: {exc}") from exc
         rows = [row for rid in found if (row := self.find(rid)) is not None]
         return sorted((r for r in rows if r.tenant == tenant), key=lambda r: r.started_at)
@@ -550,7 +551,7 @@ class RunIndex:
                     else:
                         pipe.zcard(key)
             replies = pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"run index: {exc}") from exc
         n = len(self.parts) * len(wanted)
         out: dict[str, int] = {s: 0 for s in STATUSES}

@@ -40,6 +40,7 @@ import redis
 from runlog.consumers.store import ProjectionKeys, dumps
 from runlog.consumers.stores import NOTIFY
 from runlog.errors import ConfigError, NotificationFailed, RedisUnavailable
+from runlog.log.clients import REDIS_ERRORS
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,11 @@ class Notifier:
             try:
                 done = self.deliver_due()
                 delay = self.poll_s
-            except (redis.RedisError, RedisUnavailable) as exc:
+            except REDIS_ERRORS as exc:
+                log.warning("notifications: Redis: %s (retrying in %.1fs)", exc, delay)
+                done = 0
+                delay = min(delay * 2, 5.0)
+            except RedisUnavailable as exc:
                 log.warning("notifications: Redis: %s (retrying in %.1fs)", exc, delay)
                 done = 0
                 delay = min(delay * 2, 5.0)

@@ -20,6 +20,7 @@ from runlog.consumers.redaction import redact_entry, secret_fields
 from runlog.consumers.store import RUN_STATE, ProjectionKeys, load_state_view
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import RedisUnavailable, TenantMismatch
+from runlog.log.clients import REDIS_ERRORS
 from runlog.schemas.keys import check_run_id, partition_for
 from runlog.settings import Settings
 
@@ -98,7 +99,7 @@ def _read_run(
     try:
         p = _find_run(client, keys, settings, run_id)
         return None if p is None else read(keys, p)
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise _wrap(exc, f"{name} projection of {run_id}") from exc
 
 
@@ -211,7 +212,7 @@ def uncertain_report(
             calls.extend(
                 redact_entry(e, secret) for e in entries if tenant is None or e["tenant"] == tenant
             )
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise _wrap(exc, "uncertain calls") from exc
     if tenant is not None:
         counters = {}
@@ -265,7 +266,7 @@ def quarantined(
                     ident = (rec["topic"], rec["partition"], rec["offset"])
                     entry = found.setdefault(ident, {**rec, "projections": []})
                     entry["projections"].append(name)
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise _wrap(exc, "quarantine") from exc
     return [found[k] for k in sorted(found)]
 
@@ -287,7 +288,7 @@ def positions(
                 "sealed_no_key": int(stats.get(b"sealed_no_key", 0)),
                 "sealed_runs": int(client.hlen(keys.sealed(p))),
             }
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise _wrap(exc, f"positions of {name}") from exc
     return out
 
@@ -383,7 +384,7 @@ def approvals_report(
                         "notification": _delivery(raw),
                     }
                 )
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise _wrap(exc, "pending approvals") from exc
     found.sort(key=lambda a: (a["requested_at"], a["id"]))
     return ApprovalsReport(found, tracked)

@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import fold_range, locate
 from runlog.log.reader import LogReader
 from runlog.log.snapshots import SnapshotStore
@@ -93,7 +94,7 @@ def measure(
             load_ms.append((time.perf_counter() - t0) * 1000)
             body_bytes = len(client.get(snap.key) or b"")
     finally:
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(*REDIS_ERRORS):
             store.delete(tenant, run_id)
     total = statistics.median(replay_ms)
     return Measured(
@@ -183,7 +184,7 @@ def scratch_settings(settings: Settings) -> Settings:
 def drop_scratch(settings: Settings, client: redis.Redis) -> list[str]:
     """Delete the scratch topics and keys; the topics that could not be deleted (with why)."""
     failed = delete_topics(settings, [spec.name for spec in topic_specs(settings)])
-    with contextlib.suppress(redis.RedisError):
+    with contextlib.suppress(*REDIS_ERRORS):
         keys = list(client.scan_iter(match=f"{settings.redis_key_prefix}:*", count=1000))
         if keys:
             client.delete(*keys)

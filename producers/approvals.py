@@ -21,8 +21,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from runlog.errors import (
     CallUncertain,
     Cancelled,
@@ -34,6 +32,7 @@ from runlog.errors import (
 )
 from runlog.log import copies
 from runlog.log.authority import signer_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.producers.drain import HandingOver
 from runlog.producers.ops import Steps, append, blocking, peek
 from runlog.projections.run_state import Approval, decision_text, standing_decision
@@ -450,7 +449,7 @@ def _done(run: Run, key: str, raw: bytes) -> None:
 def _redis(run: Run, op: Callable[[], Any]) -> Any:
     try:
         return op()
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"Redis for run {run.run_id}: {exc}") from exc
 
 

@@ -28,11 +28,10 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import redis
 import redis.asyncio as aioredis
 
 from runlog.errors import RedisUnavailable, RunlogError
-from runlog.log.clients import loop_get, loop_mget
+from runlog.log.clients import REDIS_ERRORS, loop_get, loop_mget
 from runlog.producers import approvals, calls, timers
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
@@ -223,7 +222,7 @@ class AsyncRun(Owned):
         if isinstance(op, Peek):
             try:
                 return await self._peek(op.key)
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"GET {op.key}: {exc}") from exc
         assert isinstance(op, Blocking)
         return await _thread_to_its_end(op.fn)
@@ -267,7 +266,7 @@ class AsyncRun(Owned):
             return run.emit(event_type, payload, **kw)
         try:
             raw = await self._peek(self._keys[0])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise run._fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
         if not lease.confirm(raw.decode() if isinstance(raw, bytes) else raw):
             raise run._fenced(f"lease of epoch {run.epoch} is no longer current")
@@ -301,7 +300,7 @@ class AsyncRun(Owned):
             else:
                 try:
                     raw, flag = await self._get(self._keys)
-                except redis.RedisError as exc:
+                except REDIS_ERRORS as exc:
                     raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
             run._still_owned(ok, pending)

@@ -35,10 +35,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import redis
-
 from runlog.errors import Fenced, RedisUnavailable, RunFinished
 from runlog.log import copies
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.producers import control
@@ -236,7 +235,7 @@ def purge_copies(deps: RunDeps, tenant: str, run_id: str) -> int:
         for pattern in copies.run_key_patterns(prefix, tenant, run_id):
             for key in deps.redis.scan_iter(match=pattern, count=500):
                 n += int(deps.redis.delete(key))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"deleting the copies of {run_id}: {exc}") from exc
     return n
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import redis
 
 from runlog.errors import RedisUnavailable
-from runlog.log.clients import ThreadGet
+from runlog.log.clients import REDIS_ERRORS, ThreadGet
 from runlog.schemas.keys import lease_key, live_key, run_tag, session_of
 
 log = logging.getLogger(__name__)
@@ -308,14 +308,14 @@ class LeaseManager:
         """``GET key`` over this thread's own connection: a step's check on the hot path."""
         try:
             raw: bytes | None = self._get(key)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"GET {key}: {exc}") from exc
         return raw
 
     def current(self, tenant: str, run_id: str) -> str | None:
         try:
             raw = self._get(self.lease_key(tenant, run_id))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return raw.decode() if isinstance(raw, bytes) else raw
 
@@ -324,7 +324,7 @@ class LeaseManager:
         in one ``MGET``."""
         try:
             raw, other = self._get.many((self.lease_key(tenant, run_id), key))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return (raw.decode() if isinstance(raw, bytes) else raw), other
 
@@ -366,7 +366,7 @@ class LeaseManager:
                         tail,
                     ],
                 )
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"lease acquire for {run_id}: {exc}") from exc
             if ok:
                 break
@@ -407,7 +407,7 @@ class LeaseManager:
                 tail = "" if lease.session is None else f"|{lease.session.id}"
                 ttl = 0 if lease.session is not None else lease.ttl_ms
                 new = self._raise(keys=keys, args=[lease.token, lease.owner, floor, ttl, tail])
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"epoch raise for {lease.run_id}: {exc}") from exc
             if new:
                 # Under the lock: a renewal must never send the old token once Redis holds
@@ -437,7 +437,7 @@ class LeaseManager:
                     keys=[self.lease_key(lease.tenant, lease.run_id)],
                     args=[lease.token, lease.ttl_ms],
                 )
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 # Not lost yet: the local deadline keeps counting down without renewal.
                 log.warning("lease renew failed run=%s: %s", lease.run_id, exc)
                 return False
@@ -457,7 +457,7 @@ class LeaseManager:
             lease.released = True
             try:
                 self._release(keys=[self.lease_key(lease.tenant, lease.run_id)], args=[lease.token])
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 # The lease will expire by itself; nothing else to do.
                 log.warning("lease release failed run=%s: %s", lease.run_id, exc)
         with self._leases_lock:
@@ -475,7 +475,7 @@ class LeaseManager:
             keys.append(self.handover_key(lease.tenant, lease.run_id))
             try:
                 self._hand_over(keys=keys, args=[lease.token, HANDOVER_NOTE_TTL_MS])
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 # The lease will expire by itself: a slower handover, never a double owner.
                 log.warning("lease handover failed run=%s: %s", lease.run_id, exc)
         with self._leases_lock:
@@ -501,7 +501,7 @@ class LeaseManager:
                 pipe.set(made.key, made.info, px=made.ttl_ms, nx=True)
                 pipe.hset(sessions_key(self.prefix), sid, made.info)
                 pipe.execute()
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"liveness key {made.key}: {exc}") from exc
             made.valid_until = started + made.ttl_ms / 1000 * 0.8
             self._session = made
@@ -529,7 +529,7 @@ class LeaseManager:
             # XX: only while the key exists. A key that expired is never made again, so a
             # taker that saw it gone may rely on that for good.
             ok = self.redis.set(session.key, session.info, px=session.ttl_ms, xx=True)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness renewal of {session.key}: {exc}") from exc
         if ok:
             session.valid_until = max(session.valid_until, started + session.ttl_ms / 1000 * 0.8)
@@ -552,7 +552,7 @@ class LeaseManager:
             return ""
         try:
             pttl = int(self.redis.pttl(live_key(self.prefix, sid)))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness of {sid}: {exc}") from exc
         if pttl == -2:
             return seen
@@ -613,7 +613,7 @@ class LeaseManager:
             )
         try:
             answers = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             # Not lost yet: the local deadlines keep counting down without renewal.
             log.warning("lease renewal of %d runs failed: %s", len(live), exc)
             return
@@ -647,6 +647,6 @@ class LeaseManager:
                 pipe.delete(session.key)
                 pipe.hdel(sessions_key(self.prefix), session.id)
                 pipe.execute()
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("session %s not ended (its key expires): %s", session.id, exc)
         self._get.close()

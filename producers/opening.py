@@ -14,8 +14,6 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 
-import redis
-
 from runlog.errors import (
     AgentMismatch,
     Fenced,
@@ -27,6 +25,7 @@ from runlog.errors import (
     UnknownRun,
 )
 from runlog.log.authority import authority_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.producers.approvals import (
@@ -383,7 +382,7 @@ def _index_start(run: Run, delivered: Delivered) -> None:
             f"{delivered.partition}:{delivered.offset}",
             nx=True,
         )
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         # Only an optimisation: readers fall back to the run id's time or a scan.
         log.warning("could not index the start of %s: %s", run.run_id, exc)
 
@@ -566,7 +565,7 @@ def take_if_free(
 def _inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:
     try:
         op()
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
 
 

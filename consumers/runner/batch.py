@@ -17,6 +17,7 @@ from runlog.consumers.runner.fencing import FencedRunner
 from runlog.consumers.store import Batch, Decoded, Handler, Rejected, Writes, dumps
 from runlog.errors import KafkaUnavailable, SchemaError
 from runlog.log.authority import tenant_keys_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.keys import learn
 from runlog.projections.run_state import advance
 from runlog.schemas.codec import SchemaIds, decode
@@ -106,7 +107,7 @@ class BatchRunner(FencedRunner):
             self.rewrite_owed = False
             try:
                 erasure.rewrite_persistence(self.redis)
-            except redis.RedisError as exc:  # never the runner's end: forget retries it
+            except REDIS_ERRORS as exc:  # never the runner's end: forget retries it
                 log.warning("could not rewrite Redis's files after a purge: %s", exc)
 
     # Quarantine -------------------------------------------------------------------

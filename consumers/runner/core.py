@@ -20,6 +20,7 @@ from runlog.consumers.store import Handler
 from runlog.consumers.stores import NOTIFY, make_handler
 from runlog.errors import KafkaUnavailable, NoKeys, RegistryUnavailable, RunlogError
 from runlog.log.authority import authority_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.keys import KeyStore, keys_for
 from runlog.log.registry import ids_for
 from runlog.settings import Settings
@@ -178,7 +179,7 @@ class RunnerBase:
         while True:
             try:
                 return fn()
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 if not transient_redis_error(exc):
                     raise
                 err: Exception = exc

@@ -18,6 +18,7 @@ from confluent_kafka import TopicPartition
 
 from runlog.consumers.runner.core import RunnerBase, Stopped
 from runlog.errors import RunlogError
+from runlog.log.clients import REDIS_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class _RebuildMarker:
             try:
                 for key in self.keys:
                     _renew_if_ours(self.client, key, self.value)
-            except redis.RedisError as exc:  # the next renewal may pass; the TTL is long
+            except REDIS_ERRORS as exc:  # the next renewal may pass; the TTL is long
                 log.warning("renewing the rebuild marker failed: %s", exc)
 
     def __enter__(self) -> _RebuildMarker:

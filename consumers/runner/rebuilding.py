@@ -13,6 +13,7 @@ from runlog.consumers.runner.loop import ProjectionRunner
 from runlog.consumers.stores import make_handler
 from runlog.errors import RedisUnavailable
 from runlog.log.authority import authority_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.settings import Settings
 
 
@@ -114,5 +115,5 @@ def rebuild(
             for h in handlers:
                 _delete_if_ours(client, h.keys.incomplete_marker(), marker.value)
             return targets
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc

@@ -38,6 +38,7 @@ from runlog.errors import (
 )
 from runlog.fleet.lifecycle import LifecycleWriter
 from runlog.fleet.registry import Agent
+from runlog.log.clients import REDIS_ERRORS
 from runlog.producers.reconcile import reconcile
 from runlog.producers.run import RunDeps
 from runlog.settings import Settings
@@ -120,14 +121,14 @@ def write_reply(
         client.set(
             reply_key(settings, request_id), json.dumps(reply, sort_keys=True), ex=REPLY_TTL_S
         )
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"reply to reconcile request {request_id}: {exc}") from exc
 
 
 def read_reply(client: redis.Redis, settings: Settings, request_id: str) -> dict[str, str] | None:
     try:
         raw = client.get(reply_key(settings, request_id))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"reply to reconcile request {request_id}: {exc}") from exc
     if raw is None:
         return None

@@ -47,7 +47,7 @@ from runlog.fleet.runner import (
     execute,
     execute_async,
 )
-from runlog.log.clients import async_redis_client
+from runlog.log.clients import REDIS_ERRORS, async_redis_client
 from runlog.log.tail import WINDOW
 from runlog.producers.lease import sessions_key
 from runlog.producers.run import RunDeps
@@ -569,7 +569,7 @@ class Worker:
             pipe.hset(key, mapping=fields)
             pipe.pexpire(key, int(HEARTBEAT_S * 3 * 1000))
             pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("worker %s could not refresh its presence: %s", self.id, exc)
 
     # The loop ----------------------------------------------------------------------------
@@ -695,7 +695,7 @@ class Worker:
                 len(self.active),
                 sorted(self.active)[:10],
             )
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(*REDIS_ERRORS):
             self.deps.redis.delete(workers_key(self.settings, self.id))
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.loop is not None:

@@ -24,6 +24,14 @@ from redis._parsers import BaseParser
 from runlog.errors import ConfigError
 from runlog.settings import Settings
 
+REDIS_ERRORS: tuple[type[Exception], ...] = (
+    redis.RedisError,
+    redis.exceptions.RedisClusterException,
+)
+"""What a Redis call may raise when Redis fails. A cluster client that reaches no node
+raises ``RedisClusterUnreachableError``, which is not a ``RedisError``: a handler that
+caught only the latter let a cluster outage end the thread it ran in."""
+
 
 def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
     opts = _options(settings, kw)

@@ -40,6 +40,7 @@ import redis
 
 from runlog.errors import ConfigError, RedisUnavailable
 from runlog.log.authority import authority_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.reader import LogReader, LogRecord
 from runlog.projections.run_state import RunState, accept, is_valid
 from runlog.schemas.keys import run_id_time_ms, start_key
@@ -77,7 +78,7 @@ def start_index(
     """
     try:
         raw = client.get(start_key(settings.redis_key_prefix, tenant, run_id))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"start index of {run_id}: {exc}") from exc
     if raw is None:
         return None

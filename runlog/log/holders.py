@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import redis
 
 from runlog.errors import RedisUnavailable
+from runlog.log.clients import REDIS_ERRORS
 from runlog.projections.lifecycle import Holder, RunStatus, run_status
 from runlog.projections.run_state import RunState
 from runlog.schemas.keys import lease_key, live_key, run_tag, session_of
@@ -35,7 +36,7 @@ def holders(
             pipe.pttl(key)
             pipe.get(f"{run_tag(settings.redis_key_prefix, tenant, run_id)}:handover")
         replies = pipe.execute()
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"run leases: {exc}") from exc
     values = [_text(raw) for raw in replies[0::3]]
     lives = _liveness(client, settings, {session_of(v) for v in values if v is not None})
@@ -82,7 +83,7 @@ def _liveness(client: redis.Redis, settings: Settings, sessions: set[str | None]
         for sid in named:
             pipe.pttl(live_key(settings.redis_key_prefix, sid))
         return {sid: int(p) for sid, p in zip(named, pipe.execute(), strict=True)}
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"liveness keys: {exc}") from exc
 
 

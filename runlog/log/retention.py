@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 import redis
 
 from runlog.errors import ConfigError, RedisUnavailable
+from runlog.log.clients import REDIS_ERRORS
 from runlog.schemas.keys import check_tenant
 from runlog.settings import Settings
 
@@ -65,7 +66,7 @@ def set_policy(
     )
     try:
         client.hset(policy_key(settings), tenant, json.dumps(asdict(policy), sort_keys=True))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"retention policy of {tenant}: {exc}") from exc
     return policy
 
@@ -74,7 +75,7 @@ def clear_policy(client: redis.Redis, settings: Settings, tenant: str) -> bool:
     """Remove ``tenant``'s policy; False if it had none."""
     try:
         return bool(client.hdel(policy_key(settings), tenant))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"retention policy of {tenant}: {exc}") from exc
 
 
@@ -82,6 +83,6 @@ def policies(client: redis.Redis, settings: Settings) -> list[Policy]:
     """Every tenant's policy, by tenant."""
     try:
         raw = client.hgetall(policy_key(settings))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"retention policies: {exc}") from exc
     return sorted((Policy(**json.loads(v)) for v in raw.values()), key=lambda p: p.tenant)

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from runlog.errors import RedisUnavailable
+from runlog.log.clients import REDIS_ERRORS
 from runlog.settings import Settings
 
 
@@ -29,7 +30,7 @@ def set_aside_offsets(client: redis.Redis, settings: Settings, partition: int) -
     """Offsets set aside in ``partition`` of the events topic."""
     try:
         fields = client.hkeys(set_aside_key(settings))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"set-aside records of {settings.events_topic}: {exc}") from exc
     out: set[int] = set()
     for raw in fields:
@@ -61,14 +62,14 @@ def set_aside(
         return bool(
             client.hsetnx(set_aside_key(settings), f"{partition}:{offset}", json.dumps(entry))
         )
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"setting aside {partition}:{offset}: {exc}") from exc
 
 
 def list_set_aside(client: redis.Redis, settings: Settings) -> list[dict[str, Any]]:
     try:
         raw = client.hgetall(set_aside_key(settings))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"set-aside records of {settings.events_topic}: {exc}") from exc
     out: list[dict[str, Any]] = []
     for k, v in raw.items():

@@ -53,6 +53,7 @@ import redis
 from runlog.errors import RedisUnavailable, RunlogError
 from runlog.log import copies, metrics
 from runlog.log.authority import authority_for, tenant_keys_for
+from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import FOLD_VERSION, RunState
@@ -288,7 +289,7 @@ class SnapshotStore:
             raise ValueError("interval must be >= 0")
         try:
             self.redis.hset(self.pointer_key(tenant, run_id), "interval", str(interval))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"snapshot interval of {run_id}: {exc}") from exc
         with self._lock:
             self._intervals[(tenant, run_id)] = interval
@@ -300,7 +301,7 @@ class SnapshotStore:
             return known
         try:
             raw = self.redis.hmget(self.pointer_key(tenant, run_id), ["interval", "seq"])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"snapshot interval of {run_id}: {exc}") from exc
         value = self.interval if raw[0] is None else int(raw[0])
         with self._lock:
@@ -336,7 +337,10 @@ class SnapshotStore:
                 return False
             self.write(run)
             return True
-        except (RunlogError, redis.RedisError) as exc:
+        except REDIS_ERRORS as exc:
+            log.warning("snapshot of %s at seq %s skipped: %s", run.run_id, run.state.seq, exc)
+            return False
+        except RunlogError as exc:
             log.warning("snapshot of %s at seq %s skipped: %s", run.run_id, run.state.seq, exc)
             return False
 
@@ -401,7 +405,7 @@ class SnapshotStore:
             self.redis.set(key, body)
             self._wait_durable()
             self._swap(keys=[self.pointer_key(tenant, run_id)], args=[key, state.seq])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"snapshot of {run_id} at seq {state.seq}: {exc}") from exc
         metrics.incr("snapshot_writes")
         metrics.timing("snapshot_put_ms", (time.perf_counter() - t0) * 1000)
@@ -433,7 +437,7 @@ class SnapshotStore:
     def _pointer(self, tenant: str, run_id: str) -> dict[str, str]:
         try:
             raw = self.redis.hgetall(self.pointer_key(tenant, run_id))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"snapshot pointer of {run_id}: {exc}") from exc
         return {
             (k.decode() if isinstance(k, bytes) else str(k)): (
@@ -454,7 +458,7 @@ class SnapshotStore:
                 continue
             try:
                 raw = self.redis.get(key)
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"snapshot body of {run_id}: {exc}") from exc
             try:
                 out.append(
@@ -513,7 +517,7 @@ class SnapshotStore:
         metrics.incr("snapshot_discontinuities")
         try:
             self._quarantine(keys=[self.pointer_key(tenant, run_id)], args=[str(seq)])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             log.warning("could not quarantine snapshot %s of %s: %s", seq, run_id, exc)
         with self._lock:
             self._last_seq.pop((tenant, run_id), None)
@@ -524,7 +528,7 @@ class SnapshotStore:
         keys = [v for k, v in ptr.items() if k in ("current", "previous", "quarantined")]
         try:
             return int(self.redis.delete(self.pointer_key(tenant, run_id), *keys))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"deleting snapshots of {run_id}: {exc}") from exc
 
 

@@ -114,6 +114,37 @@ def test_session_bound_leases_on_the_cluster(on_cluster: Settings) -> None:
         taker.close()
 
 
+def test_renewal_lives_through_a_cluster_outage(on_cluster: Settings) -> None:
+    """A cluster client that reaches no node raises an error that is not a ``RedisError``.
+    The renewal thread must take it as an outage and go on: with the cluster back after
+    longer than the liveness TTL, the lease is known lost (the session's key expired) and
+    a taker gets the run one epoch up, instead of a dead thread and a lease that never
+    learns it was lost."""
+    client = make_client(on_cluster)
+    holder = LeaseManager(client, key_prefix=on_cluster.redis_key_prefix, liveness_ttl_ms=1_000)
+    state = StackConfig.from_env().state_dir
+    try:
+        lease = holder.try_acquire("t", "cluster-outage", "a", 60_000)
+        assert isinstance(lease, Lease)
+        redis_cluster.down(state)
+        time.sleep(1.5)  # every renewal in these periods reaches no node
+        thread = holder._thread
+        assert thread is not None and thread.is_alive()
+        redis_cluster.up(state)
+        assert not lease.check()
+        taker = LeaseManager(
+            make_client(on_cluster), key_prefix=on_cluster.redis_key_prefix, liveness_ttl_ms=1_000
+        )
+        try:
+            got = taker.try_acquire("t", "cluster-outage", "b", 60_000)
+            assert isinstance(got, Lease) and got.epoch == lease.epoch + 1
+        finally:
+            taker.close()
+    finally:
+        redis_cluster.up(state)
+        holder.close()
+
+
 def test_runs_open_append_and_resume_on_the_cluster(on_cluster: Settings) -> None:
     fast = on_cluster.model_copy(update={"lease_ttl_ms": 2_000})
     ids = []
