@@ -29,7 +29,7 @@ from ui_support import TOKEN_A, TOKEN_B, console, projecting
 import runlog
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState, accept, rejection

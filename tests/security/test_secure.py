@@ -43,7 +43,8 @@ from runlog import stack
 from runlog.bootstrap import Services
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.consumers.store import ProjectionKeys
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
 from runlog.fleet.reconciling import read_reply, write_reply
 from runlog.fleet.worker import live_workers, workers_key
