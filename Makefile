@@ -8,6 +8,7 @@
 #   make soak-integrations  the integrations' conformance harness with 500 kills each (CONFORMANCE_KILLS=..)
 #   make lint   ruff check, ruff format --check, mypy (strict)
 #   make docs   the documentation site into site/ (mkdocs build --strict: broken links fail)
+#   make reference  rewrite the generated reference pages (docs/reference/cli.md, settings.md)
 #   make demo   stack + topics, then the fleet demo: 3 workers, kill -9 and SIGSTOP (DEMO_SEED=7 DEMO_KILLS=5 DEMO_PAUSES=2)
 #   make down   stop the local stack (and the secure one, if the tests left it running)
 #   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
@@ -34,10 +35,10 @@ DEMO_PAUSES ?= 2
 DEMO_ARGS ?=
 DEMO_CMD ?= $(RUNLOG) demo --seed $(DEMO_SEED) --kills $(DEMO_KILLS) --pauses $(DEMO_PAUSES) $(DEMO_ARGS)
 
-.PHONY: help venv stack topics test faults explore soak soak-integrations lint docs demo down status bench
+.PHONY: help venv stack topics test faults explore soak soak-integrations lint docs reference demo down status bench
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(STAMP)
 
@@ -98,6 +99,11 @@ lint: venv
 # The site documents this tree (docs/hooks.py puts it first on sys.path); no stack needed.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
+
+# The CLI and settings pages are generated from the code and checked in (readable on GitHub);
+# tests/test_docs.py fails when they are stale.
+reference: venv
+	$(PY) docs/gen_reference.py
 
 # The demo talks to the stack just started (its ports may be overridden by RUNLOG_STACK_*).
 demo: stack

@@ -5,6 +5,11 @@ part of the runlog package. The CLI page is rendered from ``runlog.cli.build_par
 settings page from the classes that read ``RUNLOG_*`` variables (``runlog.settings.Settings``
 and the console's settings, read from their source so no optional extra is imported), the
 stack's port table, and the ``RUNLOG_*`` names found anywhere in the package's code.
+
+The generated text is checked in, between ``<!-- generated: NAME -->`` and
+``<!-- end generated: NAME -->`` in its page, so the pages read whole on GitHub too;
+``tests/test_docs.py`` fails when it is not what the code generates now, and
+``make reference`` (``python docs/gen_reference.py``) rewrites it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import ast
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -283,6 +289,26 @@ def settings_markdown() -> str:
     return "\n".join(lines)
 
 
+def _stable_formatter(base: type[argparse.HelpFormatter]) -> type[argparse.HelpFormatter]:
+    """``base`` that writes an option the same on every Python (3.13 shortened
+    ``-o FILE, --out FILE`` to ``-o, --out FILE``), so the checked-in page stays current."""
+
+    class Stable(base):  # type: ignore[valid-type,misc]
+        def _format_action_invocation(self, action: argparse.Action) -> str:
+            if not action.option_strings or action.nargs == 0:
+                return str(super()._format_action_invocation(action))
+            args = self._format_args(action, self._get_default_metavar_for_optional(action))
+            return ", ".join(f"{option} {args}" for option in action.option_strings)
+
+    return Stable
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    parser.formatter_class = _stable_formatter(parser.formatter_class)
+    parser.color = False  # type: ignore[attr-defined]  # Python 3.14 colours help on a tty
+    return parser.format_help().rstrip()
+
+
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -310,7 +336,7 @@ def cli_markdown() -> str:
             "## `runlog`",
             "",
             "```text",
-            parser.format_help().rstrip(),
+            _help(parser),
             "```",
             "",
         ]
@@ -323,7 +349,7 @@ def cli_markdown() -> str:
                         f"{'#' * depth} `{full}`",
                         "",
                         "```text",
-                        sub.format_help().rstrip(),
+                        _help(sub),
                         "```",
                         "",
                     ]
@@ -337,3 +363,45 @@ def cli_markdown() -> str:
         else:
             os.environ["COLUMNS"] = old
     return "\n".join(lines)
+
+
+GENERATED = {
+    "cli": ("reference/cli.md", cli_markdown),
+    "settings": ("reference/settings.md", settings_markdown),
+}
+"""What each generated region holds: its page (under docs/) and the function that renders it."""
+
+
+def begin(name: str) -> str:
+    return f"<!-- generated: {name} -->"
+
+
+def end(name: str) -> str:
+    return f"<!-- end generated: {name} -->"
+
+
+def fill(page: str, name: str, text: str) -> str:
+    """``page`` with its region ``name`` (between the two markers) holding ``text``."""
+    head, sep, rest = page.partition(begin(name))
+    if not sep:
+        raise ValueError(f"no {begin(name)} in the page")
+    _old, sep, tail = rest.partition(end(name))
+    if not sep:
+        raise ValueError(f"{begin(name)} without {end(name)}")
+    return f"{head}{begin(name)}\n\n{text.strip()}\n\n{end(name)}{tail}"
+
+
+def main() -> None:
+    """Rewrite the generated regions of the checked-in pages (``make reference``)."""
+    for name, (page, render) in GENERATED.items():
+        path = ROOT / "docs" / page
+        old = path.read_text()
+        new = fill(old, name, render())
+        if new != old:
+            path.write_text(new)
+            print(f"docs/{page}: updated")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this tree's runlog, not an installed one
+    main()

@@ -1,7 +1,9 @@
 """MkDocs hook: fills the generated reference pages (see docs/gen_reference.py).
 
-A page holding ``<!-- generated: cli -->`` or ``<!-- generated: settings -->`` gets that
-marker replaced by the page generated from the code at build time.
+A page's region between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``
+(NAME: ``cli``, ``settings``) is rendered again from the code at build time, so the site
+never shows a stale copy; the copy checked in is for GitHub, and tests/test_docs.py keeps
+it current.
 """
 
 from __future__ import annotations
@@ -29,14 +31,9 @@ gen = importlib.util.module_from_spec(_spec)
 sys.modules["gen_reference"] = gen  # dataclasses look their module up there
 _spec.loader.exec_module(gen)
 
-MARKERS = {
-    "<!-- generated: cli -->": gen.cli_markdown,
-    "<!-- generated: settings -->": gen.settings_markdown,
-}
-
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    for marker, render in MARKERS.items():
-        if marker in markdown:
-            markdown = markdown.replace(marker, render())
+    for name, (_page, render) in gen.GENERATED.items():
+        if gen.begin(name) in markdown:
+            markdown = gen.fill(markdown, name, render())
     return markdown

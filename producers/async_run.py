@@ -200,7 +200,13 @@ class AsyncRun(Owned):
         """The underlying ``Run`` (its identity and state; call its methods from a thread)."""
         return self._run
 
+    @property
+    def key_scheme(self) -> int:
+        """``Run.key_scheme``: the idempotency-key scheme of this run."""
+        return self._run.key_scheme
+
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
+        """``Run.key_for``: the key the next ``call_tool(name, args)`` will use."""
         return self._run.key_for(name, args, operation_id=operation_id)
 
     async def __aenter__(self) -> AsyncRun:

@@ -23,7 +23,7 @@ Absent()              retry with the same key only if the tool's ``receiver`` ma
 Conflict(detail)      stop the run; escalate to a person with both payloads; a
                       tool with ``compensate`` first undoes the conflicting effect
                       (a call of its own) and, once undone, retries with the key
-Unavailable(reason)   keep the call uncertain (absence of evidence is not permission)
+Inconclusive(reason)  keep the call uncertain (absence of evidence is not permission)
 no reconciler         safe: retry; reversible: retry, compensation may be needed;
                       irreversible: escalate to a person
 person decided        approved: retry with the same key; rejected: close the call
@@ -61,10 +61,10 @@ from runlog.producers.tools import (
     Absent,
     Conflict,
     Evidence,
+    Inconclusive,
     Match,
     Tool,
     ToolError,
-    Unavailable,
 )
 from runlog.projections.run_state import OpenCall, inverse_completed
 from runlog.schemas import models as m
@@ -630,10 +630,10 @@ def _lookup(run: Run, call: OpenCall, tool: Tool) -> Steps[Evidence]:
     try:
         evidence = yield from lookup(tool, json.loads(call.args_json), ctx)
     except Exception as exc:  # noqa: BLE001 - a failing lookup is simply no evidence
-        return Unavailable(f"lookup raised {type(exc).__name__}: {exc}")
-    if not isinstance(evidence, Match | Absent | Conflict | Unavailable):
+        return Inconclusive(f"lookup raised {type(exc).__name__}: {exc}")
+    if not isinstance(evidence, Match | Absent | Conflict | Inconclusive):
         # A reconciler bug is no evidence either; never let it block the run forever.
-        return Unavailable(f"reconciler returned {evidence!r}, not Match/Absent/...")
+        return Inconclusive(f"reconciler returned {evidence!r}, not Match/Absent/...")
     return evidence
 
 
@@ -974,8 +974,8 @@ def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> St
     )
 
 
-def _on_unavailable(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
-    assert isinstance(evidence, Unavailable)
+def _on_inconclusive(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
+    assert isinstance(evidence, Inconclusive)
     yield from _reconciliation(
         run,
         call,
@@ -1003,7 +1003,7 @@ _ON_EVIDENCE: dict[type, Callable[[Run, OpenCall, Tool, Evidence], Steps[None]]]
     Match: _on_match,
     Absent: _on_absent,
     Conflict: _on_conflict,
-    Unavailable: _on_unavailable,
+    Inconclusive: _on_inconclusive,
 }
 _BY_RISK: dict[str, tuple[str, str]] = {
     "safe": ("risk=safe: repeating it is harmless", "retry"),

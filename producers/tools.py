@@ -68,13 +68,15 @@ class Conflict:
 
 
 @dataclass(frozen=True)
-class Unavailable:
-    """The lookup could not answer (timeout, stale, down): no evidence either way."""
+class Inconclusive:
+    """The lookup could not tell (it timed out, its source was stale or down): no evidence
+    either way, so the call stays uncertain. Evidence, not an error: return it, never raise
+    it. (Named ``Unavailable`` before; ``runlog.Unavailable`` still works, with a warning.)"""
 
     reason: str
 
 
-Evidence = Match | Absent | Conflict | Unavailable
+Evidence = Match | Absent | Conflict | Inconclusive
 ToolFn = Callable[..., str | Awaitable[str]]
 """``fn(args, *, idempotency_key[, fencing_token][, commit_deadline]) -> str``, or an
 ``async def`` of it (``runlog.aio`` awaits it; the sync API runs it to completion). The
@@ -313,7 +315,7 @@ def tool(
     key. ``receiver`` declares what the receiver does with them (``Receiver``); a tool
     that declares nothing is never retried on ``Absent`` unless it is ``safe``.
     ``reconcile(args, *, idempotency_key[, fencing_token])`` returns ``Match``, ``Absent``,
-    ``Conflict`` or ``Unavailable`` from an authoritative lookup (the token is the new
+    ``Conflict`` or ``Inconclusive`` from an authoritative lookup (the token is the new
     owner's); without it, recovery routes by ``risk``.
     A result over 256 KiB (UTF-8) is recorded cut, with its SHA-256 and length;
     ``on_large_result(idempotency_key, whole_result) -> reference`` keeps it elsewhere.

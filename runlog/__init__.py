@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from runlog.errors import (
@@ -136,10 +137,10 @@ if TYPE_CHECKING:
     from runlog.producers.run import Run as Run
     from runlog.producers.tools import Absent as Absent
     from runlog.producers.tools import Conflict as Conflict
+    from runlog.producers.tools import Inconclusive as Inconclusive
     from runlog.producers.tools import Match as Match
     from runlog.producers.tools import Tool as Tool
     from runlog.producers.tools import ToolError as ToolError
-    from runlog.producers.tools import Unavailable as Unavailable
     from runlog.producers.tools import tool as tool
     from runlog.schemas.codec import decode as decode
     from runlog.schemas.codec import encode as encode
@@ -176,7 +177,7 @@ _PUBLIC: dict[str, str] = {
     "Match": "runlog.producers.tools",
     "Absent": "runlog.producers.tools",
     "Conflict": "runlog.producers.tools",
-    "Unavailable": "runlog.producers.tools",
+    "Inconclusive": "runlog.producers.tools",
     "current_call": "runlog.producers.context",
     "CallContext": "runlog.producers.context",
     # events and settings
@@ -238,7 +239,26 @@ _PUBLIC_MODULES = (
 )
 
 
+# Old public names, kept one release: each still works and warns (DeprecationWarning) on
+# access. Not in ``__all__``; tests/test_public_api.py pins this table too.
+_DEPRECATED: dict[str, tuple[str, str]] = {
+    # name -> (its new name, why it was renamed)
+    "Unavailable": (
+        "Inconclusive",
+        "it is a reconciler's evidence (the lookup could not tell), not an error",
+    ),
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new, why = _DEPRECATED[name]
+        warnings.warn(
+            f"runlog.{name} is deprecated: use runlog.{new} ({why})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return __getattr__(new)
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'runlog' has no attribute {name!r}")

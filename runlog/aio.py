@@ -32,9 +32,11 @@ __all__ = [
     "AsyncRun",
     "cancel",
     "decide",
+    "forget",
     "fork",
     "open_run",
     "question",
+    "reconcile",
     "resume",
     "start",
     "terminate",
@@ -126,3 +128,7 @@ start = _awaitable(api.start)
 """``runlog.start``, run in a worker thread: returns once the request is acknowledged."""
 resume = _awaitable(api.resume)
 """``runlog.resume``, run in a worker thread."""
+reconcile = _awaitable(api.reconcile)
+"""``runlog.reconcile``, run in a worker thread."""
+forget = _awaitable(api.forget)
+"""``runlog.forget``, run in a worker thread."""

@@ -7,7 +7,10 @@
   and documents each (nothing rendered as UNDOCUMENTED);
 - the generated CLI page holds every subcommand of ``runlog.cli.build_parser()``;
 - every source or test file a page names (``consumers/store.py``, ``tests/writer/...``)
-  exists, so a page cannot go on naming a module after it moved.
+  exists, so a page cannot go on naming a module after it moved;
+- the generated reference pages checked in (CLI, settings) are what the code generates now;
+- every page says whom it is for in its first lines, and the architecture page's layer
+  table names the layers ``tests/test_layout.py`` enforces.
 """
 
 from __future__ import annotations
@@ -185,3 +188,50 @@ def test_cli_page_has_every_command() -> None:
     assert len(commands) > 20
     missing = [c for c in commands if f"`{c}`" not in page]
     assert not missing, f"the CLI page lacks: {missing}"
+
+
+def test_generated_reference_pages_are_current() -> None:
+    """The CLI and settings pages are checked in whole, so GitHub shows them; regenerate
+    them with ``make reference`` when this fails."""
+    gen = _gen()
+    stale = []
+    for name, (page, render) in gen.GENERATED.items():
+        text = (DOCS / page).read_text()
+        if gen.fill(text, name, render()) != text:
+            stale.append(f"docs/{page}")
+    assert not stale, f"stale generated pages (run `make reference`): {stale}"
+
+
+def test_generated_region_check_sees_a_stale_page() -> None:
+    gen = _gen()
+    page = f"# X\n\n{gen.begin('cli')}\n\nold\n\n{gen.end('cli')}\n\nafter\n"
+    assert gen.fill(page, "cli", "old") == page
+    assert gen.fill(page, "cli", "new") != page
+    assert gen.fill(page, "cli", "new").endswith(f"new\n\n{gen.end('cli')}\n\nafter\n")
+
+
+AUDIENCE = re.compile(r"^\*For .+\*$")
+
+
+def test_every_page_says_whom_it_is_for() -> None:
+    """Within its first lines (after the title), an italic ``*For ...*`` paragraph."""
+    missing = []
+    for page in sorted(DOCS.rglob("*.md")):
+        head = "\n".join(page.read_text().splitlines()[1:8])
+        paragraphs = [p.replace("\n", " ") for p in head.split("\n\n")]
+        if not any(AUDIENCE.match(p.strip()) for p in paragraphs):
+            missing.append(str(page.relative_to(ROOT)))
+    assert not missing, f"pages that do not say whom they are for: {missing}"
+
+
+def test_architecture_page_names_every_layer() -> None:
+    spec = importlib.util.spec_from_file_location("test_layout", ROOT / "tests" / "test_layout.py")
+    assert spec is not None and spec.loader is not None
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    rows = {}
+    for line in (DOCS / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and "`runlog" in cells[1]:
+            rows[cells[0]] = set(re.findall(r"`(runlog[\w.]*)`", cells[1]))
+    assert {layer: set(modules) for layer, modules in layout.LAYERS} == rows

@@ -47,7 +47,7 @@ class ToolPolicy:
     """How runlog treats one of the agent's tools (a tool without one is ``safe``).
 
     ``reconcile(args, *, idempotency_key[, fencing_token])`` is an authoritative lookup
-    returning ``runlog.Match``/``Absent``/``Conflict``/``Unavailable`` (it may be
+    returning ``runlog.Match``/``Absent``/``Conflict``/``Inconclusive`` (it may be
     ``async``); without it an uncertain call is settled by ``risk``: ``safe`` and
     ``reversible`` are retried with the same key, ``irreversible`` is asked of a person.
     ``receiver`` and ``commit_window_s`` are ``runlog.tool``'s: what the receiver does

@@ -54,7 +54,7 @@ def _make_runs(s: Settings) -> dict[str, str]:
         raise TimeoutError("bank timed out after the request was sent")
 
     wire = runlog.tool(
-        "wire", risk="irreversible", reconcile=lambda a, **k: runlog.Unavailable("bank down")
+        "wire", risk="irreversible", reconcile=lambda a, **k: runlog.Inconclusive("bank down")
     )(wire_fn)
     book = runlog.tool(
         "book", risk="reversible", reconcile=lambda a, **k: runlog.Conflict("2B, not 1A")

@@ -136,7 +136,7 @@ class Receiver:
 
     def lookup(self, tool: str, key: str, args: dict[str, Any]) -> Evidence:
         if self.r.lpop(self.k(f"recon:{self.run_id}:{tool}")) is not None:
-            return runlog.Unavailable("the receiver's lookup timed out")
+            return runlog.Inconclusive("the receiver's lookup timed out")
         # Raising the fence first makes "absent" final: a late request of an older owner
         # can no longer commit, which is what lets recovery retry on absence.
         found = self.r.eval(

@@ -438,7 +438,7 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
             return runlog.Absent("no refund under the key")
         if answer == "conflict":
             return runlog.Conflict('{"amount": 31}')
-        return runlog.Unavailable("the provider's lookup is down")
+        return runlog.Inconclusive("the provider's lookup is down")
 
     rid, key = _terminated_during_refund(s, dies, lookup)
 

@@ -51,7 +51,7 @@ def test_uncertain_queue_from_real_recovery(
         "book", risk="reversible", reconcile=lambda a, **k: runlog.Conflict("seat 2B not 1A")
     )(_flaky("booked"))
     unavailable = runlog.tool(
-        "wire", risk="irreversible", reconcile=lambda a, **k: runlog.Unavailable("bank down")
+        "wire", risk="irreversible", reconcile=lambda a, **k: runlog.Inconclusive("bank down")
     )(_flaky("wired"))
 
     def ship_fn(args: dict[str, Any], *, idempotency_key: str) -> str:
@@ -64,7 +64,7 @@ def test_uncertain_queue_from_real_recovery(
         assert run_a.call_tool("pay", {"n": 1}) == "p-1"  # Match -> completed by evidence
         assert run_a.call_tool("mail", {"to": "x"}) == "sent"  # Absent -> retried, same key
         with pytest.raises(runlog.CallUncertain):
-            run_a.call_tool("wire", {"eur": 5})  # Unavailable -> stays uncertain
+            run_a.call_tool("wire", {"eur": 5})  # Inconclusive -> stays uncertain
         wire_key = next(iter(run_a.state.open_calls))
         wire_started = run_a.state.open_calls[wire_key].started_at
         run_a.finish("done")

@@ -42,8 +42,8 @@ def _lost(args: dict[str, Any], *, idempotency_key: str) -> str:
     raise TimeoutError(f"gateway timed out; request was card={CARD}")
 
 
-def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Unavailable:
-    return runlog.Unavailable(json.dumps({"echo": json.dumps({"card": CARD})}))
+def _lookup(args: dict[str, Any], *, idempotency_key: str) -> runlog.Inconclusive:
+    return runlog.Inconclusive(json.dumps({"echo": json.dumps({"card": CARD})}))
 
 
 def _run(s: Settings) -> str:

@@ -4,7 +4,7 @@
 until the test releases it (``<prefix>:release``), so a test can terminate the run while the
 call is in flight and then let the fenced worker finish the effect: the receiver records the
 effect (a count per key, ``<prefix>:effects``, and its result for the lookup) whoever sent
-it. The lookup answers Match for a recorded effect, Unavailable while ``<prefix>:lookup_down``
+it. The lookup answers Match for a recorded effect, Inconclusive while ``<prefix>:lookup_down``
 is set, else Absent. ``charge`` is irreversible with no lookup and ``mail`` reversible with
 none, both held in flight the same way.
 """
@@ -54,9 +54,9 @@ def _refund(args: dict[str, Any], *, idempotency_key: str) -> str:
 
 def _lookup(
     args: dict[str, Any], *, idempotency_key: str
-) -> runlog.Match | runlog.Absent | runlog.Unavailable:
+) -> runlog.Match | runlog.Absent | runlog.Inconclusive:
     if client().exists(key("lookup_down")):
-        return runlog.Unavailable("the payment provider's lookup is down")
+        return runlog.Inconclusive("the payment provider's lookup is down")
     client().hincrby(key("lookups"), idempotency_key, 1)
     found = client().hget(key("results"), idempotency_key)
     if found is None:

@@ -206,7 +206,7 @@ def test_a_fork_inside_an_open_call_settles_it_by_the_parents_evidence(
 
     def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
         if not available["yes"]:
-            return runlog.Unavailable("ledger down")
+            return runlog.Inconclusive("ledger down")
         found = any(r["key"] == idempotency_key for r in world.requests())
         return (
             runlog.Match(f"charged {args['n']} ({idempotency_key})") if found else runlog.Absent("")

@@ -170,7 +170,7 @@ def test_reconciliation_unavailable_keeps_the_call_uncertain_and_never_retries(
     charge = Charge(ledger, "timeout-before")
 
     def down(args: dict[str, Any], *, idempotency_key: str) -> Any:
-        return runlog.Unavailable("ledger query timed out")
+        return runlog.Inconclusive("ledger query timed out")
 
     with runlog.open_run(settings=fast, tools=[charge.tool(risk="safe", reconcile=down)]) as run:
         seq = run.state.seq
@@ -410,7 +410,7 @@ def test_a_conflict_stops_every_other_effect_until_a_person_decides(
     lost = Charge(ledger, "timeout-before")
 
     def unavailable(args: dict[str, Any], *, idempotency_key: str) -> Any:
-        return runlog.Unavailable("ledger lookup is down")
+        return runlog.Inconclusive("ledger lookup is down")
 
     def tools(reconcile_charge: Any, reconcile_refund: Any) -> list[Any]:
         refund = runlog.tool("refund", risk="safe", reconcile=reconcile_refund)(lost)  # type: ignore[arg-type]
