@@ -190,6 +190,10 @@ def test_cli_page_has_every_command() -> None:
     assert not missing, f"the CLI page lacks: {missing}"
 
 
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
 def test_generated_reference_pages_are_current() -> None:
     """The CLI and settings pages are checked in whole, so GitHub shows them; regenerate
     them with ``make reference`` when this fails."""
@@ -197,7 +201,9 @@ def test_generated_reference_pages_are_current() -> None:
     stale = []
     for name, (page, render) in gen.GENERATED.items():
         text = (DOCS / page).read_text()
-        if gen.fill(text, name, render()) != text:
+        # Compared word by word: argparse wraps a usage line differently from one Python
+        # to the next (3.13 keeps the choices and "..." on one line), which is not staleness.
+        if _words(gen.fill(text, name, render())) != _words(text):
             stale.append(f"docs/{page}")
     assert not stale, f"stale generated pages (run `make reference`): {stale}"
 
