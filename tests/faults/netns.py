@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -105,6 +106,8 @@ class Node:
     netns: str
     address: str
     faults: dict[tuple[str, str], Fault] = field(default_factory=dict)
+    dropped: int = 0
+    """Packets the node's fault rules dropped so far (nft counters, summed across rewrites)."""
 
 
 class Nemesis:
@@ -293,16 +296,30 @@ class Nemesis:
         netns = self.nodes[node].netns
         return _run(["ip", "netns", "exec", netns, "nft", "list", "table", "inet", FAULT_TABLE])
 
+    def dropped(self, node: str) -> int:
+        """Packets ``node``'s faults have dropped so far: evidence a fault took effect."""
+        n = self.nodes[node]
+        with self._lock:
+            return n.dropped + self._counted(n)
+
+    def _counted(self, node: Node) -> int:
+        listing = _run(
+            ["ip", "netns", "exec", node.netns, "nft", "list", "table", "inet", FAULT_TABLE],
+            check=False,
+        )
+        return sum(int(m) for m in re.findall(r"counter packets (\d+)", listing))
+
     def _apply(self, node: Node) -> None:
+        node.dropped += self._counted(node)
         out: list[str] = []
         inp: list[str] = []
         for f in node.faults.values():
             ports = ", ".join(map(str, self.services[f.service]))
             rand = f"numgen random mod 100 < {f.percent} " if f.percent < 100 else ""
             if f.direction in ("both", "out"):
-                out.append(f'    oifname "eth0" tcp dport {{ {ports} }} {rand}drop')
+                out.append(f'    oifname "eth0" tcp dport {{ {ports} }} {rand}counter drop')
             if f.direction in ("both", "in"):
-                inp.append(f'    iifname "eth0" tcp sport {{ {ports} }} {rand}drop')
+                inp.append(f'    iifname "eth0" tcp sport {{ {ports} }} {rand}counter drop')
         body = (
             f"table inet {FAULT_TABLE}\n"
             f"delete table inet {FAULT_TABLE}\n"

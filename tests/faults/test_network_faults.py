@@ -318,7 +318,8 @@ def test_partition_worker_cut_from_kafka_outcome_unknown(
 def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
     healthy: Settings, nemesis: Nemesis, report: FaultReport, tmp_path: Path
 ) -> None:
-    """30 % of the packets to Kafka and Redis dropped, then the link to Redis flapping.
+    """20-40 % of the packets to Kafka and Redis dropped for 3 s, then the link to Redis
+    flapping for 3 s (cut 1 s, healed 0.5 s).
 
     Timeouts fire while requests may still land. A worker that stops (a clear error) is
     replaced in the same namespace, as a supervisor would; the run must finish with every
@@ -334,20 +335,21 @@ def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
     nemesis.drop("w1", "kafka", loss)
     nemesis.drop("w1", "redis", loss)
     report.faults[f"loss: {loss}% of packets to Kafka and Redis dropped"] += 1
-    phase_end = time.monotonic() + 4
+    phase_end = time.monotonic() + 3
     flapping = None
     deadline = time.monotonic() + 90
-    generation, codes = 0, []
+    generation, codes, lossy = 0, [], 0
     while time.monotonic() < deadline:
         generation += 1
         name = f"netns-loss-g{generation}"
-        proc = ep.spawn(name, hold=False)
+        proc = ep.spawn(name, hold=False, pace_s=0.3)  # >= 7 s: spans both phases
         while proc.poll() is None:
             if flapping is None and time.monotonic() > phase_end:
+                lossy = nemesis.dropped("w1")
                 nemesis.heal("w1")
-                flapping = nemesis.flap("w1", "redis", down_s=1.0, up_s=1.0)
-                report.faults["flap: worker's link to Redis cut 1 s, healed 1 s"] += 1
-                phase_end = time.monotonic() + 4
+                flapping = nemesis.flap("w1", "redis", down_s=1.0, up_s=0.5)
+                report.faults["flap: worker's link to Redis cut 1 s, healed 0.5 s"] += 1
+                phase_end = time.monotonic() + 3
             elif flapping is not None and time.monotonic() > phase_end:
                 flapping.set()
             time.sleep(0.05)
@@ -362,10 +364,13 @@ def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
     time.sleep(0.1)
     nemesis.heal("w1")
     assert codes and codes[-1] == 0, f"the run did not finish: exits {codes}"
+    assert flapping is not None and lossy > 0, "the loss phase dropped nothing"
+    assert nemesis.dropped("w1") > lossy, "the flapping link dropped nothing"
     state, _ = ep.check(report, "loss-flap")
     report.notes.append(
         f"loss {loss}% then flap, seed {ep.seed}: {generation} worker processes "
-        f"(exits {codes}), {len(state.completed_calls)} effects, "
+        f"(exits {codes}), {lossy} packets dropped by the loss, "
+        f"{nemesis.dropped('w1') - lossy} by the flaps, {len(state.completed_calls)} effects, "
         f"fenced_writes={state.fenced_writes}"
     )
     report.durations["loss_flap"] = time.monotonic() - t0
