@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci_support import IN_CI
 from faultkit import FaultReport, wait_full_isr
+from netns import Nemesis, nemesis_or_fail
 
 from runlog import stack
 from runlog.errors import RunlogError
@@ -78,6 +80,18 @@ def _heal(cfg: stack.StackConfig, s: Settings) -> None:
     if stack.redis_pid(cfg) is None:
         stack.start_redis(cfg)
     wait_full_isr(s)
+
+
+@pytest.fixture
+def nemesis(cluster: stack.StackConfig) -> Iterator[Nemesis]:
+    """The network nemesis (tests/faults/netns.py) on a fresh bridge, torn down after.
+
+    Its services are the cluster's brokers and Redis. A machine that cannot make network
+    namespaces fails the test under CI (never skips there), and skips it elsewhere.
+    """
+    services = {"kafka": [n.kafka_port for n in cluster.nodes()], "redis": [cluster.redis_port]}
+    with nemesis_or_fail(services, ci=IN_CI) as nem:
+        yield nem
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,381 @@
+"""The network nemesis: processes in network namespaces, links cut and degraded by nftables.
+
+Every fault test so far talked over one loopback, so a process was reachable or dead. Here
+a worker runs in a network namespace of its own, joined by a veth pair to a private bridge
+(``rlnem0``, 10.231.0.1/24; the namespace is 10.231.0.N), and reaches the fault cluster's
+brokers and Redis over that link: the nemesis can then cut one service off (both ways or
+one way), drop a share of its packets, or flap the link, while the rest stays reachable.
+
+How traffic crosses (no change to the cluster, which listens on 127.0.0.1 only):
+
+* in a node's namespace, ``nat output`` rewrites 127.0.0.1:PORT (each port of a service:
+  brokers' advertised listeners, Redis) to the bridge's 10.231.0.1:PORT, so the worker
+  uses the same addresses as every other client, and ``postrouting`` masquerades it;
+* on the bridge, ``nat prerouting`` rewrites 10.231.0.1:PORT back to 127.0.0.1:PORT and
+  ``nat input`` makes the source 127.0.0.1 (Redis' protected mode accepts loopback only);
+  ``route_localnet`` is set on the bridge and in the namespace, nothing else.
+
+Only the service ports named at construction are translated, only to 127.0.0.1 and the
+bridge's own address: no address outside this machine's own namespaces is ever a target,
+and ``ip_forward`` is not touched. Faults are rules of one table in the node's own
+namespace (``inet rlnem_faults``), rewritten atomically on every change; matching
+``oifname eth0 tcp dport PORT`` in ``postrouting`` (the node's requests) and ``iifname
+eth0 tcp sport PORT`` in ``prerouting`` (the service's replies). Not in ``output``: a
+packet to 127.0.0.1 is routed to ``lo`` there, and rerouted to eth0 only after the
+output hooks (after the DNAT), so an ``oifname eth0`` rule in ``output`` never matches.
+``drop``, not ``reject``: a partition is silence, so clients find out by their timeouts,
+as they would across a real network.
+
+Everything created is named with the prefix (``rlnem``): :meth:`Nemesis.teardown` kills
+the processes in the namespaces and removes namespaces, links and tables, and
+:meth:`Nemesis.setup` first removes any left by a run that was killed before its teardown.
+
+Clock skew is the process's real clock: :meth:`Nemesis.popen` with ``skew_s`` runs the
+command under libfaketime (``faketime -f +30s``), which shifts the wall clock
+(``time.time``, ``datetime.now``) by that much (and the monotonic clock by the same
+constant, which changes no interval: ``FAKETIME_DONT_FAKE_MONOTONIC=1`` breaks Python's
+``time.sleep``, whose ``clock_nanosleep`` deadline libfaketime then rejects). Not yet
+usable for a runlog worker: with Debian 12's libfaketime 0.9.10 and glibc 2.36,
+librdkafka's timed waits are not translated (its metadata request fails after 30 s at
++30 s, times out at -30 s, against a healthy broker), so no test uses it yet; see
+docs/reliability.md.
+
+Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), ``ip`` (iproute2), ``nft`` (nftables) and,
+for skew, ``faketime`` (Debian's faketime + libfaketime): ``.ci/run`` installs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "rlnem"
+BRIDGE = f"{PREFIX}0"
+SUBNET = "10.231.0"
+"""A /24 of the private 10/8 range; setup refuses it if any route of the machine overlaps."""
+GATEWAY = f"{SUBNET}.1"
+FAULT_TABLE = "rlnem_faults"
+NAT_TABLE = "rlnem_nat"
+DIRECTIONS = ("both", "out", "in")
+"""``out``: the node's packets to the service are dropped; ``in``: the service's replies."""
+
+
+class NemesisUnavailable(RuntimeError):
+    """This machine cannot make network namespaces (not root, no ip/nft, no veth)."""
+
+
+def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -> str:
+    proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=30)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def check_available(*, skew: bool = False) -> None:
+    """Raise :class:`NemesisUnavailable` saying what is missing."""
+    missing = [t for t in ("ip", "nft") + (("faketime",) if skew else ()) if not shutil.which(t)]
+    if missing:
+        raise NemesisUnavailable(
+            f"missing {', '.join(missing)}: apt-get install iproute2 nftables faketime libfaketime"
+        )
+    if os.geteuid() != 0:
+        raise NemesisUnavailable("network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)")
+
+
+@dataclass(frozen=True)
+class Fault:
+    service: str
+    direction: str
+    percent: int
+    """100: a cut; below: that share of packets dropped at random (nft ``numgen random``)."""
+
+
+@dataclass
+class Node:
+    """One namespace: its name, its address on the bridge and its active faults."""
+
+    name: str
+    netns: str
+    address: str
+    faults: dict[tuple[str, str], Fault] = field(default_factory=dict)
+    dropped: int = 0
+    """Packets the node's fault rules dropped so far (nft counters, summed across rewrites)."""
+
+
+class Nemesis:
+    """Namespaces on a private bridge, reaching the root namespace's ``services`` ports.
+
+    ``services`` maps a name to the TCP ports (on 127.0.0.1) it listens on, e.g.
+    ``{"kafka": [29092, 29094, 29096], "redis": [26379]}``. Use as a context manager, or
+    call :meth:`setup` and (always, in a ``finally``) :meth:`teardown`.
+    """
+
+    def __init__(self, services: Mapping[str, Sequence[int]]) -> None:
+        if not services:
+            raise ValueError("no services to reach")
+        self.services = {k: sorted(int(p) for p in v) for k, v in services.items()}
+        self.nodes: dict[str, Node] = {}
+        self.procs: list[subprocess.Popen[Any]] = []
+        self.log: list[tuple[float, str]] = []
+        """(monotonic time, what) of every fault and heal: the episode's history."""
+        self._lock = threading.Lock()
+        self._flappers: list[tuple[threading.Thread, threading.Event]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Nemesis:
+        self.setup()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    @property
+    def _ports(self) -> list[int]:
+        return sorted({p for ports in self.services.values() for p in ports})
+
+    def setup(self) -> None:
+        check_available()
+        cleanup_stale()
+        routes = _run(["ip", "-4", "route", "show"])
+        if any(line.startswith(f"{SUBNET}.") for line in routes.splitlines()):
+            raise NemesisUnavailable(f"{SUBNET}.0/24 is already routed on this machine")
+        try:
+            _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        except RuntimeError as exc:
+            raise NemesisUnavailable(f"cannot make a bridge: {exc}") from exc
+        try:
+            _run(["ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE])
+            _run(["ip", "link", "set", BRIDGE, "up"])
+            _sysctl(f"net.ipv4.conf.{BRIDGE}.route_localnet", 1)
+            ports = ", ".join(map(str, self._ports))
+            _run(
+                ["nft", "-f", "-"],
+                stdin=(
+                    f"table ip {NAT_TABLE} {{\n"
+                    "  chain pre { type nat hook prerouting priority -100;\n"
+                    f'    iifname "{BRIDGE}" ip daddr {GATEWAY} tcp dport {{ {ports} }}'
+                    " dnat to 127.0.0.1; }\n"
+                    "  chain inp { type nat hook input priority 100;\n"
+                    f'    iifname "{BRIDGE}" ip daddr 127.0.0.1 snat to 127.0.0.1; }}\n'
+                    "}\n"
+                ),
+            )
+        except Exception:
+            cleanup_stale()
+            raise
+
+    def teardown(self) -> None:
+        """Stop flappers and every process started here; remove everything created."""
+        for thread, stop in self._flappers:
+            stop.set()
+            thread.join(timeout=5)
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        cleanup_stale()
+        self.nodes.clear()
+
+    # ------------------------------------------------------------------ nodes and processes
+
+    def add_node(self, name: str) -> Node:
+        """A namespace ``rlnem-NAME`` at the next address, reaching every service."""
+        if name in self.nodes:
+            raise ValueError(f"node {name} exists")
+        index = len(self.nodes) + 11
+        netns, host_end = f"{PREFIX}-{name}", f"{PREFIX}h{index}"
+        address = f"{SUBNET}.{index}"
+        _run(["ip", "netns", "add", netns])
+        node = Node(name, netns, address)
+        self.nodes[name] = node
+        _run(
+            ["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", netns]
+        )
+        _run(["ip", "link", "set", host_end, "master", BRIDGE, "up"])
+        ns = ["ip", "-n", netns]
+        _run([*ns, "addr", "add", f"{address}/24", "dev", "eth0"])
+        _run([*ns, "link", "set", "lo", "up"])
+        _run([*ns, "link", "set", "eth0", "up"])
+        _run([*ns, "route", "add", "default", "via", GATEWAY])
+        for conf in ("all", "eth0"):
+            _sysctl(f"net.ipv4.conf.{conf}.route_localnet", 1, netns=netns)
+        ports = ", ".join(map(str, self._ports))
+        _run(
+            ["ip", "netns", "exec", netns, "nft", "-f", "-"],
+            stdin=(
+                f"table ip {NAT_TABLE} {{\n"
+                "  chain out { type nat hook output priority -100;\n"
+                f"    ip daddr 127.0.0.1 tcp dport {{ {ports} }} dnat to {GATEWAY}; }}\n"
+                "  chain post { type nat hook postrouting priority 100;\n"
+                '    oifname "eth0" masquerade; }\n'
+                "}\n"
+            ),
+        )
+        self._apply(node)
+        return node
+
+    def popen(
+        self,
+        node: str,
+        argv: Sequence[str],
+        *,
+        skew_s: float | None = None,
+        **kwargs: Any,
+    ) -> subprocess.Popen[Any]:
+        """Start ``argv`` in ``node``'s namespace (under libfaketime if ``skew_s``)."""
+        prefix = ["ip", "netns", "exec", self.nodes[node].netns]
+        if skew_s:
+            check_available(skew=True)
+            prefix += ["faketime", "-f", f"{skew_s:+.0f}s"]
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen([*prefix, *argv], **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    # ------------------------------------------------------------------ faults
+
+    def cut(self, node: str, service: str, direction: str = "both") -> None:
+        """Drop every packet between ``node`` and ``service`` (one way, or both)."""
+        self.drop(node, service, 100, direction)
+
+    def drop(self, node: str, service: str, percent: int, direction: str = "both") -> None:
+        """Drop ``percent`` % of the packets between ``node`` and ``service``."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction {direction!r} not in {DIRECTIONS}")
+        if service not in self.services:
+            raise ValueError(f"unknown service {service!r}")
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent {percent} not in 1..100")
+        n = self.nodes[node]
+        with self._lock:
+            n.faults[(service, direction)] = Fault(service, direction, percent)
+            self._apply(n)
+            what = "cut" if percent == 100 else f"drop {percent}%"
+            self.log.append((time.monotonic(), f"{what} {node}<->{service} ({direction})"))
+
+    def heal(self, node: str, service: str | None = None) -> None:
+        """Remove ``node``'s faults on ``service`` (every service if None)."""
+        n = self.nodes[node]
+        with self._lock:
+            for key in [k for k in n.faults if service is None or k[0] == service]:
+                del n.faults[key]
+            self._apply(n)
+            self.log.append((time.monotonic(), f"heal {node}<->{service or 'all'}"))
+
+    def flap(
+        self, node: str, service: str, *, down_s: float, up_s: float, direction: str = "both"
+    ) -> threading.Event:
+        """Cut and heal the link in turn until the returned event is set (then healed)."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                self.cut(node, service, direction)
+                stop.wait(down_s)
+                self.heal(node, service)
+                stop.wait(up_s)
+
+        thread = threading.Thread(target=loop, daemon=True, name=f"flap-{node}-{service}")
+        self._flappers.append((thread, stop))
+        thread.start()
+        return stop
+
+    def rules(self, node: str) -> str:
+        """The node's fault table as nft lists it (for a failure message)."""
+        netns = self.nodes[node].netns
+        return _run(["ip", "netns", "exec", netns, "nft", "list", "table", "inet", FAULT_TABLE])
+
+    def dropped(self, node: str) -> int:
+        """Packets ``node``'s faults have dropped so far: evidence a fault took effect."""
+        n = self.nodes[node]
+        with self._lock:
+            return n.dropped + self._counted(n)
+
+    def _counted(self, node: Node) -> int:
+        listing = _run(
+            ["ip", "netns", "exec", node.netns, "nft", "list", "table", "inet", FAULT_TABLE],
+            check=False,
+        )
+        return sum(int(m) for m in re.findall(r"counter packets (\d+)", listing))
+
+    def _apply(self, node: Node) -> None:
+        node.dropped += self._counted(node)
+        out: list[str] = []
+        inp: list[str] = []
+        for f in node.faults.values():
+            ports = ", ".join(map(str, self.services[f.service]))
+            rand = f"numgen random mod 100 < {f.percent} " if f.percent < 100 else ""
+            if f.direction in ("both", "out"):
+                out.append(f'    oifname "eth0" tcp dport {{ {ports} }} {rand}counter drop')
+            if f.direction in ("both", "in"):
+                inp.append(f'    iifname "eth0" tcp sport {{ {ports} }} {rand}counter drop')
+        body = (
+            f"table inet {FAULT_TABLE}\n"
+            f"delete table inet {FAULT_TABLE}\n"
+            f"table inet {FAULT_TABLE} {{\n"
+            "  chain out {\n    type filter hook postrouting priority 0;\n"
+            + "".join(r + "\n" for r in out)
+            + "  }\n  chain inp {\n    type filter hook prerouting priority 0;\n"
+            + "".join(r + "\n" for r in inp)
+            + "  }\n}\n"
+        )
+        _run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], stdin=body)
+
+
+@contextlib.contextmanager
+def nemesis_or_fail(services: Mapping[str, Sequence[int]], *, ci: bool) -> Iterator[Nemesis]:
+    """A set-up :class:`Nemesis`, torn down after; where namespaces cannot be made, the
+    test fails under CI (``ci``) and is skipped elsewhere, saying why."""
+    import pytest
+
+    nem = Nemesis(services)
+    try:
+        nem.setup()
+    except NemesisUnavailable as exc:
+        nem.teardown()
+        message = f"network namespaces cannot be made here: {exc}"
+        if ci:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield nem
+    finally:
+        nem.teardown()
+
+
+def _sysctl(key: str, value: int, *, netns: str | None = None) -> None:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    _run([*prefix, "sysctl", "-qw", f"{key}={value}"])
+
+
+def cleanup_stale() -> None:
+    """Remove every namespace, link and table this module makes (its prefix), with their
+    processes: what a killed run left, or the end of a run."""
+    if not shutil.which("ip"):
+        return
+    for line in _run(["ip", "netns", "list"], check=False).splitlines():
+        netns = line.split()[0] if line.strip() else ""
+        if not netns.startswith(f"{PREFIX}-"):
+            continue
+        for pid in _run(["ip", "netns", "pids", netns], check=False).split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
+        _run(["ip", "netns", "del", netns], check=False)
+    for line in _run(["ip", "-o", "link", "show"], check=False).splitlines():
+        parts = line.split(":")
+        name = parts[1].strip().split("@")[0] if len(parts) > 1 else ""
+        if name.startswith(PREFIX):
+            _run(["ip", "link", "del", name], check=False)
+    if shutil.which("nft"):
+        _run(["nft", "delete", "table", "ip", NAT_TABLE], check=False)
