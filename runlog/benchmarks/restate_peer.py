@@ -6,8 +6,9 @@ Kafka's jars, ``~/.cache/runlog``); its Python handlers run in a process of thei
 served over HTTP/2 (``restate_handler``: ``restate-sdk`` and Hypercorn, the ``peers``
 extra). The bench starts the server on loopback with its default configuration (its
 default durability: the log and the partition store on local RocksDB, fsync per write
-batch) in a state directory of its own beside the stack's, starts the handler process,
-registers it with the server's admin API and times invocations through the ingress:
+batch; only its usage telemetry turned off) in a state directory of its own beside the
+stack's, starts the handler process, registers it with the server's admin API and times
+invocations through the ingress:
 
 * ``one_run``: one invocation of ``n`` steps (after one of 20 to warm up): wall time per
   step, as ``runlog_safe`` is timed;
@@ -153,6 +154,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_answers(port: int) -> bool:
+    with socket.create_connection((HOST, port), 1):
+        return True
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
     with open(f"/proc/{pid}/stat") as fh:
@@ -283,9 +289,7 @@ def running(binary: Path) -> Iterator[Restate]:
             _wait_for(
                 "the Restate admin API", lambda: _http(admin, "GET", "/health")[0] == 200, procs
             )
-            _wait_for(
-                "the handler process", lambda: socket.create_connection((HOST, sdk), 1), procs
-            )
+            _wait_for("the handler process", lambda: _port_answers(sdk), procs)
             status, body = _http(
                 admin, "POST", "/deployments", {"uri": f"http://{HOST}:{sdk}"}, timeout=60
             )
