@@ -196,16 +196,24 @@ def table(res: dict[str, Any]) -> str:
             note("  PostgresSaver", stp["postgres"])
         fan = stp.get("fanout")
         if fan:
-            fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']} irreversible calls"
-            for how in ("event_loop", "threads"):
-                v = fan[how]
+            fan_head = f"  {fan['runs']} runs x {fan['calls_per_run']}"
+            for how, what in (
+                ("event_loop_safe", "safe calls, event loop"),
+                ("event_loop", "irreversible calls, event loop"),
+                ("threads", "irreversible calls, threads"),
+            ):
+                v = fan.get(how)
+                if v is None:
+                    continue
                 rows.append(
                     (
-                        f"{fan_head}, {how.replace('_', ' ')}",
-                        f"{v['events_per_s']:,.0f} events/s",
-                        f"CPU {v['cpu_ms_per_event']:.3f} ms/event",
+                        f"{fan_head} {what}",
+                        f"{v['steps_per_s']:,.0f} steps/s",
+                        f"CPU {v['cpu_ms_per_step']:.3f} ms/step "
+                        f"({v['events_per_s']:,.0f} events/s)",
                     )
                 )
+        _restate_rows(stp.get("restate"), rows)
     pai = res.get("pydantic_ai")
     if pai and "systems" in pai:
         rows.append((f"9. a Pydantic AI agent step ({pai['steps_per_repeat']} steps)", "", ""))
@@ -220,6 +228,26 @@ def table(res: dict[str, Any]) -> str:
     lines = [*head, "", f"{'':{width}}{'min / median / max':{vwidth}}unit"]
     lines += [f"{a:{width}}{b:{vwidth}}{c}".rstrip() for a, b, c in rows]
     return "\n".join(lines)
+
+
+def _restate_rows(rst: dict[str, Any] | None, rows: list[tuple[str, str, str]]) -> None:
+    """Section 8's Restate rows (``benchmarks/restate_peer.py``), or why there are none."""
+    if rst is None:
+        return
+    if "status" in rst:
+        rows.append(("  restate", rst["status"], ""))
+        return
+    one = rst["one_run"]
+    rows.append(("  restate", f"{rst['server']}, {rst['sdk']}, processes of their own", ""))
+    head = "  restate_ctx_run"
+    rows.append((head, _mmm(one["ms_per_step"]), "ms/step"))
+    rows.append((f"{head} SDK CPU", _mmm(one["sdk_cpu_ms_per_step"]), "ms/step"))
+    rows.append((f"{head} server CPU", _mmm(one["server_cpu_ms_per_step"]), "ms/step"))
+    fan = rst["fanout"]
+    head = f"  {fan['runs']} runs x {fan['steps_per_run']} restate ctx.run steps at once"
+    rows.append((head, _mmm(fan["steps_per_s"]), "steps/s"))
+    rows.append((f"{head}, SDK CPU", _mmm(fan["sdk_cpu_ms_per_step"]), "ms/step"))
+    rows.append((f"{head}, server CPU", _mmm(fan["server_cpu_ms_per_step"]), "ms/step"))
 
 
 def _machine_lines(res: dict[str, Any]) -> list[str]:

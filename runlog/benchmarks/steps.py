@@ -20,14 +20,17 @@ of N steps, each recorded durably before the next, each calling a tool that retu
   ``PostgresSaver`` (``langgraph-checkpoint-postgres``), measured only when
   ``RUNLOG_BENCH_POSTGRES_URL`` names a Postgres server to use (the result says why not);
 * ``dbos_step``: a DBOS workflow calling one ``@DBOS.step`` per step on SQLite;
+* ``restate``: Restate's Rust server and a Python handler making one ``ctx.run`` per step, in
+  processes of their own (``benchmarks/restate_peer.py``): one run of N steps, and the
+  ``fanout`` shape below as ``runs`` invocations at once, with the CPU of each process;
 * ``openai_agents_*`` / ``pydantic_ai_*``: an agent framework's step (a model turn and its
   tool call), the framework alone and on runlog (``benchmarks/frameworks.py``).
 
 Per system: wall time per step (median over repeats) and process CPU per step.
 
 ``fanout``: 100 runs making irreversible calls at once, driven from one event loop
-(``runlog.aio``) and from 100 threads (the sync API): events per second and process CPU
-per event.
+(``runlog.aio``) and from 100 threads (the sync API), and safe calls from one event loop:
+events and steps per second, process CPU per event and per step.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from typing import Annotated, Any, TypedDict
 from confluent_kafka import Producer
 
 import runlog
-from runlog.benchmarks import frameworks
+from runlog.benchmarks import frameworks, restate_peer
 from runlog.benchmarks.common import TENANT, summary
 from runlog.log.clients import async_redis_client, redis_client
 from runlog.producers.async_run import open_async
@@ -125,7 +128,8 @@ def _runlog_aio(deps: RunDeps, settings: Settings, risk: Risk) -> Iterator[Loop]
 
 def fanout(deps: RunDeps, settings: Settings, *, runs: int, calls: int) -> dict[str, Any]:
     """``runs`` runs each making ``calls`` irreversible calls at once: from one event loop
-    and from one thread per run. Events/s and process CPU (ms) per event of each."""
+    and from one thread per run; and ``event_loop_safe``, safe calls from one event loop.
+    Events/s, steps (calls)/s and process CPU (ms) per event and per step of each."""
 
     def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
         return RESULT
@@ -133,7 +137,17 @@ def fanout(deps: RunDeps, settings: Settings, *, runs: int, calls: int) -> dict[
     async def apay(args: dict[str, Any], *, idempotency_key: str) -> str:
         return RESULT
 
-    events = runs * calls * 2
+    steps = runs * calls
+    events = steps * 2  # STARTED and COMPLETED, of either risk
+
+    def figures(wall: float, cpu: float) -> dict[str, float]:
+        return {
+            "events_per_s": events / wall,
+            "cpu_ms_per_event": cpu / events * 1000,
+            "steps_per_s": steps / wall,
+            "cpu_ms_per_step": cpu / steps * 1000,
+        }
+
     out: dict[str, Any] = {"runs": runs, "calls_per_run": calls}
 
     # Threads: every run opened first, then released together.
@@ -158,11 +172,10 @@ def fanout(deps: RunDeps, settings: Settings, *, runs: int, calls: int) -> dict[
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     for r in opened:
         r.close()
-    out["threads"] = {"events_per_s": events / wall, "cpu_ms_per_event": cpu / events * 1000}
+    out["threads"] = figures(wall, cpu)
 
-    atool = runlog.tool("pay", risk="irreversible")(apay)
-
-    async def main() -> tuple[float, float]:
+    async def main(risk: Risk) -> tuple[float, float]:
+        atool = runlog.tool("pay", risk=risk)(apay)
         aredis = async_redis_client(settings)
         aruns = await asyncio.gather(
             *(
@@ -182,8 +195,8 @@ def fanout(deps: RunDeps, settings: Settings, *, runs: int, calls: int) -> dict[
         await aredis.aclose()
         return wall, cpu
 
-    wall, cpu = asyncio.run(main())
-    out["event_loop"] = {"events_per_s": events / wall, "cpu_ms_per_event": cpu / events * 1000}
+    out["event_loop"] = figures(*asyncio.run(main("irreversible")))
+    out["event_loop_safe"] = figures(*asyncio.run(main("safe")))
     return out
 
 
@@ -391,4 +404,8 @@ def measure(
             "cpu_ms_per_step": summary(cpus[name]),
         }
     out["fanout"] = fanout(deps, settings, runs=fanout_runs, calls=fanout_calls)
+    # Restate's server and SDK process beside this one, both shapes (or why not).
+    out["restate"] = restate_peer.measure(
+        n=n, repeats=repeats, runs=fanout_runs, steps_per_run=fanout_calls
+    )
     return out

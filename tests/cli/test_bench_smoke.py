@@ -65,6 +65,11 @@ def test_quick_bench_reports_every_section_with_positive_numbers(
         bad = {p: v for p, v in figures.items() if not v > 0}
         assert not bad, f"{section}: non-positive figures {bad}"
     assert res["throughput"]["by_runs"].keys() == {"1", "10", "100"}
+    # Restate is measured beside runlog where its server and SDK can be had; else the row
+    # says why. A failure while measuring it is neither.
+    restate = saved["steps"]["restate"]
+    assert "one_run" in restate or restate["status"].startswith("not measured"), restate
+    assert saved["steps"]["fanout"]["event_loop_safe"]["steps_per_s"] > 0
     assert (out / "results.txt").read_text().startswith("runlog bench (quick")
     if importlib.util.find_spec("matplotlib") is not None:
         assert saved["plots"], "matplotlib is installed but no plot was written"
@@ -83,3 +88,24 @@ def test_fork_bench_forks_at_the_last_event_and_replays_fork_and_plain_run(
     for key in ("first_s", "p50_s", "p99_s", "fork_replay_ms", "plain_replay_ms", "ratio"):
         assert res[key] > 0, key
     assert "fork / plain" in fork.report(res)
+
+
+def test_the_restate_row_says_why_when_its_server_cannot_be_had(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from runlog.benchmarks import report, restate_peer
+
+    # No binary given, none cached, no npm to fetch one with.
+    monkeypatch.delenv(restate_peer.SERVER_ENV, raising=False)
+    monkeypatch.setenv("RUNLOG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    res = restate_peer.measure(n=10, repeats=1, runs=2, steps_per_run=2)
+    assert res["status"].startswith("not measured: "), res
+    assert ("npm" in res["status"]) != ("restate-sdk" in res["status"]), res
+    # A binary that is not one.
+    monkeypatch.setenv(restate_peer.SERVER_ENV, str(tmp_path / "missing"))
+    res = restate_peer.measure(n=10, repeats=1, runs=2, steps_per_run=2)
+    assert res["status"].startswith("not measured: "), res
+    rows: list[tuple[str, str, str]] = []
+    report._restate_rows(res, rows)
+    assert rows == [("  restate", res["status"], "")]
