@@ -50,6 +50,7 @@ from typing import Any
 from runlog.benchmarks.common import TENANT, Scratch, machine, percentile
 from runlog.bootstrap import Services
 from runlog.consumers import snapshot_plan as sp
+from runlog.errors import RunlogError
 from runlog.log.kafka import reader_config
 from runlog.log.snapshots import SnapshotStore
 from runlog.producers.opening import open_run_with
@@ -119,10 +120,10 @@ def _loop_turn(run: Run, turn: int, *, compact_every: int = 25) -> None:
 
 def _write_loop(
     deps: Any, events: int, *, interval: int = 0, batch: int = 100
-) -> tuple[str, list[tuple[int, float]], tuple[int, float]]:
+) -> tuple[str, list[tuple[int, float, float]], tuple[int, float]]:
     """A closed run of about ``events`` records: its id, [(seq reached, seconds per record
-    of the batch, snapshot writes included)], (snapshot writes, their seconds)."""
-    samples: list[tuple[int, float]] = []
+    of the batch with its snapshot write, without it)], (snapshot writes, their seconds)."""
+    samples: list[tuple[int, float, float]] = []
     writes, snap_s = 0, 0.0
     with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
         if deps.snapshots is not None:
@@ -135,18 +136,23 @@ def _write_loop(
                 _loop_turn(run, turn)
                 turn += 1
             run.barrier()
+            appended = time.perf_counter() - t0
             if deps.snapshots is not None:  # as ``append`` does after each durable append
                 t1 = time.perf_counter()
                 if deps.snapshots.maybe_write(run):
                     snap_s += time.perf_counter() - t1
                     writes += 1
-            samples.append((run.state.seq, (time.perf_counter() - t0) / (run.state.seq - before)))
+            n = run.state.seq - before
+            samples.append((run.state.seq, (time.perf_counter() - t0) / n, appended / n))
         return str(run.run_id), samples, (writes, snap_s)
 
 
-def _window_cost(samples: list[tuple[int, float]], lo: int, hi: int) -> float:
-    """Median seconds per record of the batches that ended in ``(lo, hi]``."""
-    got = [s for seq, s in samples if lo < seq <= hi]
+def _window_cost(
+    samples: list[tuple[int, float, float]], lo: int, hi: int, *, snapshots: bool = True
+) -> float:
+    """Median seconds per record of the batches that ended in ``(lo, hi]`` (with their
+    snapshot writes, or without)."""
+    got = [with_s if snapshots else bare for seq, with_s, bare in samples if lo < seq <= hi]
     return statistics.median(got) if got else float("nan")
 
 
@@ -238,11 +244,19 @@ def conversation(deps: Any, *, calls: int = 100, tokens: int = 200_000) -> dict[
 # --------------------------------------------------------------------------- resumes
 
 
-def _resumes(deps: Any, run_id: str, n: int) -> list[float]:
+def _resumes(deps: Any, run_id: str, n: int, failed: list[str] | None = None) -> list[float]:
+    """Seconds of each of ``n`` opens of a closed run; an open that fails (a replay so long
+    that the process's liveness lapsed, and the lease with it) goes to ``failed``."""
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        run = open_run_with(deps, run_id, tenant=TENANT)
+        try:
+            run = open_run_with(deps, run_id, tenant=TENANT)
+        except RunlogError as exc:
+            if failed is None:
+                raise
+            failed.append(f"{type(exc).__name__} after {time.perf_counter() - t0:.1f} s: {exc}")
+            continue
         out.append(time.perf_counter() - t0)
         run.close()
     return out
@@ -296,6 +310,8 @@ def long_runs(
         long_id, samples, (snap_writes, snap_s) = _write_loop(sdeps, events, interval=k_long)
         wrote = time.perf_counter() - t0
         first, last = _window_cost(samples, 0, 1000), _window_cost(samples, events - 1000, events)
+        bare_first = _window_cost(samples, 0, 1000, snapshots=False)
+        bare_last = _window_cost(samples, events - 1000, events, snapshots=False)
         store = sdeps.snapshots
         assert isinstance(store, SnapshotStore)
         body = sdeps.redis.get(
@@ -308,6 +324,7 @@ def long_runs(
             "first_1000_us_per_event": first * 1e6,
             "last_1000_us_per_event": last * 1e6,
             "append_ratio_last_over_first": last / first,
+            "appends_only_ratio_last_over_first": bare_last / bare_first,
             "snapshot_interval": k_long,
             "snapshot_writes": snap_writes,
             "snapshot_write_ms_mean": snap_s / max(1, snap_writes) * 1000,
@@ -315,16 +332,19 @@ def long_runs(
         }
         echo("scale: resumes ...")
         res: dict[str, Any] = {}
+        nan = float("nan")
         for label, plain_id, snap_id in (
             (str(base_events), rid4k, snap4k),
             (str(events), long_id, long_id),
         ):
-            n = repeats if label == str(base_events) else max(3, repeats // 3)
-            full = _resumes(pdeps, plain_id, n)
-            with_snap = _resumes(sdeps, snap_id, repeats)
+            n = repeats if label == str(base_events) else max(3, repeats // 6)
+            failed: list[str] = []
+            full = _resumes(pdeps, plain_id, n, failed)
+            with_snap = _resumes(sdeps, snap_id, repeats, failed)
             res[label] = {
-                "replay_p50_ms": percentile(full, 50) * 1000,
-                "replay_p99_ms": percentile(full, 99) * 1000,
+                "replay_p50_ms": percentile(full, 50) * 1000 if full else nan,
+                "replay_p99_ms": percentile(full, 99) * 1000 if full else nan,
+                "failed": failed,
                 "snapshot_p50_ms": percentile(with_snap, 50) * 1000,
                 "snapshot_p99_ms": percentile(with_snap, 99) * 1000,
                 "samples": [len(full), len(with_snap)],
@@ -612,7 +632,8 @@ def report(res: dict[str, Any]) -> str:
             f"{lr['snapshot_write_ms_mean']:.0f} ms, last body {lr['snapshot_body_bytes']} bytes",
             f"    append: first 1000 {lr['first_1000_us_per_event']:.0f} us/event, last 1000 "
             f"{lr['last_1000_us_per_event']:.0f} us/event, ratio "
-            f"{lr['append_ratio_last_over_first']:.2f}   [{ref['append_ratio']}]",
+            f"{lr['append_ratio_last_over_first']:.2f} (appends alone, without the snapshot "
+            f"writes: {lr['appends_only_ratio_last_over_first']:.2f})   [{ref['append_ratio']}]",
             f"  formula inputs: replay {p['replay_ms_per_event'] * 1000:.1f} us/event, snapshot "
             f"load {p['snapshot_load_ms']:.1f} ms, open {p['open_fixed_ms']:.1f} ms -> interval "
             f"{p['interval_4k_50ms']} for 50 ms, {p['interval_long_100ms']} for 100 ms",
@@ -624,6 +645,8 @@ def report(res: dict[str, Any]) -> str:
                 f"{r['replay_p99_ms']:.1f} ms; from a snapshot p50 {r['snapshot_p50_ms']:.1f} "
                 f"p99 {r['snapshot_p99_ms']:.1f} ms   [{tag}; {ref['snapshot_vs_replay']}]"
             )
+            for why in r.get("failed", []):
+                lines.append(f"    an open failed: {why}")
     opens = res.get("opens_at_once")
     if opens or res.get("timers"):
         lines.append("many runs")

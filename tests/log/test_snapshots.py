@@ -99,6 +99,8 @@ def test_a_canonical_body_is_checked_without_serialising_it_again(
     fails either way."""
     state = fold(synthetic_log(["turn", "call", "complete"] * 5, 1))
     raw = _body(state)
+    # What encode_body writes is the canonical JSON of the body, digest included.
+    assert raw == json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
     respelled = json.dumps(json.loads(raw), indent=1).encode()
     tampered = raw.replace(b'"turns":', b'"turns":1', 1)
     slow: list[int] = []
