@@ -495,7 +495,7 @@ def timers(
         lifecycle.writer_for(s).write("r-warm-" + os.urandom(4).hex(), None)
         rss0 = _rss_kib(wpid)
         keys0 = _redis_bytes(_redis(s), s.redis_key_prefix)
-        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED}))
+        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
         # Long enough for every run to start and wait, and for a second worker's start-up.
         due = time.time() + (20 + waiting * 0.01 if margin_s is None else margin_s)
         order = {"until": due}
@@ -525,6 +525,7 @@ def timers(
         client = _redis(s)
         leases = sum(client.exists(lease_key(s.redis_key_prefix, TENANT, r)) for r in rids[:200])
         res["leases_held_of_200_sampled"] = int(leases)
+        res["leases_sampled"] = min(200, len(rids))
         nkeys, rbytes, kinds = _redis_bytes(client, s.redis_key_prefix)
         res["redis_keys"] = nkeys - keys0[0]
         res["redis_bytes_per_waiting_run"] = (rbytes - keys0[1]) / waiting
@@ -541,21 +542,32 @@ def timers(
         workers.spawn("timers-2", 64)
         res["second_worker_startup_s"] = time.monotonic() - t1
         res["second_worker_lifecycle_records"] = lrec
-        # Every timer falls due within the same second; each run finishes right after.
-        seen: dict[str, float] = {}
+        # Every timer falls due within the same second; each run finishes right after. A
+        # fire is a dispatch of the run after its due time: its RUN_RESUMED then.
+        finished: dict[str, float] = {}
         deadline = due + 300
-        while len(seen) < len(want) and time.time() < deadline:
+        while len(finished) < len(want) and time.time() < deadline:
             for rid in follower.poll(0.2) & want:
-                if rid not in seen:
-                    seen[rid] = time.time()
-        delays = [t - due for t in seen.values()]
-        finished = EventType.RUN_FINISHED.value
-        resumed = EventType.RUN_RESUMED.value
-        res["fired"] = len(seen)
-        res["fired_twice"] = sum(
-            follower.counts.get(r, Counter())[resumed] > 1
-            or sum(1 for ev in follower.events.get(r, []) if ev.type.value == finished) > 1
-            for r in want
+                for ev in follower.events[rid]:
+                    if ev.type is EventType.RUN_FINISHED:
+                        finished.setdefault(rid, ev.occurred_at.timestamp())
+        delays = [t - due for t in finished.values()]
+        fires: Counter[int] = Counter()
+        early: int = 0
+        for r in want:
+            resumed = [
+                ev.occurred_at.timestamp()
+                for ev in follower.events.get(r, [])
+                if ev.type is EventType.RUN_RESUMED
+            ]
+            fires[sum(t >= due for t in resumed)] += 1
+            early += any(t < due for t in resumed)
+        res["fired"] = len(finished)
+        res["fires_per_run"] = {str(k): v for k, v in sorted(fires.items())}
+        res["fired_twice"] = sum(v for k, v in fires.items() if k > 1)
+        res["redispatched_before_due"] = early
+        res["timers_started_twice"] = sum(
+            follower.counts.get(r, Counter())[EventType.TIMER_STARTED.value] > 1 for r in want
         )
         if delays:
             res["fire_p50_s"] = percentile(delays, 50)
@@ -660,7 +672,8 @@ def report(res: dict[str, Any]) -> str:
     if t:
         lines += [
             f"  {t['waiting_runs']} runs on durable timers: all waiting {t['all_waiting_s']:.1f} s "
-            f"after the first start; leases held: {t['leases_held_of_200_sampled']} of 200 sampled",
+            f"after the first start; leases held: {t['leases_held_of_200_sampled']} of "
+            f"{t['leases_sampled']} sampled",
             f"    per waiting run: Redis {t['redis_bytes_per_waiting_run']:.0f} bytes, lifecycle "
             f"topic {t['lifecycle_bytes_per_waiting_run']:.0f} bytes, worker "
             f"{t['worker_rss_kib_per_waiting_run']:.2f} KiB "
@@ -668,7 +681,8 @@ def report(res: dict[str, Any]) -> str:
             f"    a fresh worker's start-up beside {t['second_worker_lifecycle_records']} "
             f"lifecycle records (the first one stopped): {t['second_worker_startup_s']:.1f} s",
             f"    timers due in one second: {t['fired']} of {t['waiting_runs']} fired, "
-            f"{t['fired_twice']} more than once; due to RUN_FINISHED p50 "
+            f"{t['fired_twice']} more than once ({t['redispatched_before_due']} runs also "
+            f"dispatched again before due: a lease lost while starting); due to RUN_FINISHED p50 "
             f"{t.get('fire_p50_s', nan):.2f} s, p99 {t.get('fire_p99_s', nan):.2f} s"
             f"   [{ref['timers']}]",
         ]
