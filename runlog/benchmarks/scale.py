@@ -147,6 +147,34 @@ def _write_loop(
         return str(run.run_id), samples, (writes, snap_s)
 
 
+def _append_rounds(deps: Any, long_id: str, interval: int, rounds: int, n: int = 1_000) -> Any:
+    """Seconds per record of ``n`` appends to the long run and to a new run, alternated
+    ``rounds`` times (the same batches, snapshot writes included): on a machine whose load
+    drifts, a ratio inside each round says whether the cost grows with the run's length,
+    where its first and last thousand events, minutes apart, compare two loads."""
+    out: dict[str, list[float]] = {"long": [], "new": []}
+    for _ in range(rounds):
+        for which in ("new", "long"):
+            with open_run_with(
+                deps, long_id if which == "long" else None, tenant=TENANT, recover=False
+            ) as run:
+                if deps.snapshots is not None and which == "new":
+                    deps.snapshots.set_interval(TENANT, run.run_id, interval)
+                t0 = time.perf_counter()
+                start = run.state.seq
+                turn = start * 10  # call ids of their own
+                while run.state.seq - start < n:
+                    before = run.state.seq
+                    while run.state.seq - before < 95:
+                        _loop_turn(run, turn)
+                        turn += 1
+                    run.barrier()
+                    if deps.snapshots is not None:
+                        deps.snapshots.maybe_write(run)
+                out[which].append((time.perf_counter() - t0) / (run.state.seq - start))
+    return out
+
+
 def _window_cost(
     samples: list[tuple[int, float, float]], lo: int, hi: int, *, snapshots: bool = True
 ) -> float:
@@ -330,6 +358,12 @@ def long_runs(
             "snapshot_write_ms_mean": snap_s / max(1, snap_writes) * 1000,
             "snapshot_body_bytes": len(body or b""),
         }
+        echo("scale: 1,000 appends to the long run against a new run, alternated ...")
+        rounds = _append_rounds(sdeps, long_id, k_long, 3 if repeats >= 10 else 1)
+        per_round = [a / b for a, b in zip(rounds["long"], rounds["new"], strict=True)]
+        out["long_run"]["alternated_us_per_event_long"] = [x * 1e6 for x in rounds["long"]]
+        out["long_run"]["alternated_us_per_event_new"] = [x * 1e6 for x in rounds["new"]]
+        out["long_run"]["alternated_ratio_long_over_new"] = statistics.median(per_round)
         echo("scale: resumes ...")
         res: dict[str, Any] = {}
         nan = float("nan")
@@ -646,6 +680,8 @@ def report(res: dict[str, Any]) -> str:
             f"{lr['last_1000_us_per_event']:.0f} us/event, ratio "
             f"{lr['append_ratio_last_over_first']:.2f} (appends alone, without the snapshot "
             f"writes: {lr['appends_only_ratio_last_over_first']:.2f})   [{ref['append_ratio']}]",
+            f"    1000 appends to the long run / to a new run, alternated (median of rounds): "
+            f"{lr['alternated_ratio_long_over_new']:.2f}   [{ref['append_ratio']}]",
             f"  formula inputs: replay {p['replay_ms_per_event'] * 1000:.1f} us/event, snapshot "
             f"load {p['snapshot_load_ms']:.1f} ms, open {p['open_fixed_ms']:.1f} ms -> interval "
             f"{p['interval_4k_50ms']} for 50 ms, {p['interval_long_100ms']} for 100 ms",
