@@ -147,7 +147,9 @@ def _write_loop(
         return str(run.run_id), samples, (writes, snap_s)
 
 
-def _append_rounds(deps: Any, long_id: str, interval: int, rounds: int, n: int = 1_000) -> Any:
+def _append_rounds(
+    deps: Any, long_id: str, interval: int, rounds: int, n: int = 1_000, *, snapshots: bool = True
+) -> Any:
     """Seconds per record of ``n`` appends to the long run and to a new run, alternated
     ``rounds`` times (the same batches, snapshot writes included): on a machine whose load
     drifts, a ratio inside each round says whether the cost grows with the run's length,
@@ -169,7 +171,7 @@ def _append_rounds(deps: Any, long_id: str, interval: int, rounds: int, n: int =
                         _loop_turn(run, turn)
                         turn += 1
                     run.barrier()
-                    if deps.snapshots is not None:
+                    if deps.snapshots is not None and snapshots:
                         deps.snapshots.maybe_write(run)
                 out[which].append((time.perf_counter() - t0) / (run.state.seq - start))
     return out
@@ -364,6 +366,10 @@ def long_runs(
         out["long_run"]["alternated_us_per_event_long"] = [x * 1e6 for x in rounds["long"]]
         out["long_run"]["alternated_us_per_event_new"] = [x * 1e6 for x in rounds["new"]]
         out["long_run"]["alternated_ratio_long_over_new"] = statistics.median(per_round)
+        bare = _append_rounds(sdeps, long_id, k_long, len(per_round), snapshots=False)
+        out["long_run"]["alternated_ratio_without_snapshot_writes"] = statistics.median(
+            [a / b for a, b in zip(bare["long"], bare["new"], strict=True)]
+        )
         echo("scale: resumes ...")
         res: dict[str, Any] = {}
         nan = float("nan")
@@ -681,7 +687,8 @@ def report(res: dict[str, Any]) -> str:
             f"{lr['append_ratio_last_over_first']:.2f} (appends alone, without the snapshot "
             f"writes: {lr['appends_only_ratio_last_over_first']:.2f})   [{ref['append_ratio']}]",
             f"    1000 appends to the long run / to a new run, alternated (median of rounds): "
-            f"{lr['alternated_ratio_long_over_new']:.2f}   [{ref['append_ratio']}]",
+            f"{lr['alternated_ratio_long_over_new']:.2f}; without the snapshot writes "
+            f"{lr['alternated_ratio_without_snapshot_writes']:.2f}   [{ref['append_ratio']}]",
             f"  formula inputs: replay {p['replay_ms_per_event'] * 1000:.1f} us/event, snapshot "
             f"load {p['snapshot_load_ms']:.1f} ms, open {p['open_fixed_ms']:.1f} ms -> interval "
             f"{p['interval_4k_50ms']} for 50 ms, {p['interval_long_100ms']} for 100 ms",

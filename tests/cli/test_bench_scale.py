@@ -28,6 +28,7 @@ def test_scale_long_runs_and_opens_report_positive_figures(test_settings: Settin
     lr = long["long_run"]
     assert lr["events"] >= 1_200 and lr["snapshot_writes"] >= 1 and lr["snapshot_body_bytes"] > 0
     assert lr["append_ratio_last_over_first"] > 0 and lr["alternated_ratio_long_over_new"] > 0
+    assert lr["alternated_ratio_without_snapshot_writes"] > 0
     assert set(long["resume"]) == {"300", "1200"}
     for figures in long["resume"].values():
         assert all(figures[k] > 0 for k in ("replay_p99_ms", "snapshot_p99_ms"))
