@@ -11,7 +11,7 @@
 #   make reference  rewrite the generated reference pages (docs/reference/cli.md, settings.md)
 #   make demo   stack + topics, then the fleet demo: 3 workers, kill -9 and SIGSTOP (DEMO_SEED=7 DEMO_KILLS=5 DEMO_PAUSES=2)
 #   make down   stop the local stack (and the secure one, if the tests left it running)
-#   make bench  stack, then every benchmark (full: minutes) into bench-results/ (BENCH_ARGS=--quick)
+#   make bench  stack, then every benchmark and bench scale into bench-results/ (BENCH_ARGS=--quick)
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
@@ -112,6 +112,7 @@ demo: stack
 bench: stack
 	$(PY) -m pip install -q -e '.[bench,peers]'
 	$(RUNLOG) bench $(BENCH_ARGS)
+	$(RUNLOG) bench scale $(BENCH_ARGS)
 
 down:
 	@if test -x $(RUNLOG); then $(RUNLOG) stack down; rc=$$?; $(RUNLOG) stack down --secure >/dev/null; exit $$rc; \

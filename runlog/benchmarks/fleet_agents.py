@@ -92,3 +92,12 @@ async def pay_steps(run: AsyncRun, order: dict[str, Any]) -> str:
         if float(order["sleep_s"]):
             await run.sleep(float(order["sleep_s"]))
     return "paid"
+
+
+@runlog.agent("bench.nap")
+async def nap(run: AsyncRun, order: dict[str, Any]) -> str:
+    """A durable sleep until ``until`` (epoch seconds), then done: ``runlog bench scale``'s
+    runs waiting on timers that fall due in the same second. Waiting holds no worker: the
+    sleep releases the run, and its due time dispatches it again."""
+    await run.sleep(max(0.0, float(order["until"]) - time.time()))
+    return "woke"

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["lag", "pydantic-ai", "steps", "integrity", "fleet", "fork", "handover"],
+        choices=["lag", "pydantic-ai", "steps", "integrity", "fleet", "fork", "handover", "scale"],
         help=(
             "lag: only projection lag under a steady load, and drain rate by run length; "
             "integrity: only the CPU cost per record of tenant MACs and decider signatures "
@@ -42,7 +42,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "never) to their next event on another worker, a SIGKILLed worker's failover at "
             "--held and --many open runs, the liveness traffic in Redis, effects doubled/lost; "
             "fork: forking a long run at its last event (p50, p99) and replaying a fork "
-            "against a plain run of the same length"
+            "against a plain run of the same length; "
+            "scale: long runs (bytes per token, append cost at the start and end of a "
+            "--long-events run, resume with and without snapshots) and many runs (opens at "
+            "once, --waiting runs on durable timers due in one second), beside references"
         ),
     )
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke)")
@@ -63,10 +66,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--fork-length", type=int, default=2_000, help="fork: events of the fork replayed"
     )
+    p.add_argument("--long-events", type=int, default=100_000, help="scale: events of the long run")
+    p.add_argument(
+        "--waiting", type=int, default=10_000, help="scale: runs waiting on timers at once"
+    )
     p.set_defaults(func=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.what == "scale":
+        from runlog.benchmarks import scale
+
+        res = scale.run(
+            Settings(),
+            out=args.out,
+            quick=args.quick,
+            events=10_000 if args.quick else args.long_events,
+            waiting=300 if args.quick else args.waiting,
+        )
+        print(scale.report(res))
+        return 0
     if args.what == "fork":
         from runlog.benchmarks import fork
 

@@ -39,8 +39,20 @@ def redis_client(settings: Settings, **kw: Any) -> redis.Redis:
         # A RedisCluster answers the same commands (every multi-key command runlog sends
         # names keys of one hash slot); typed as redis.Redis for the callers.
         return cast(redis.Redis, redis.cluster.RedisCluster.from_url(settings.redis_url, **opts))
-    client: redis.Redis = redis.Redis.from_url(settings.redis_url, **opts)
-    return client
+    # redis-py's default pool holds 100 connections and refuses the 101st ("Too many
+    # connections"): 500 threads opening runs at once on one process's client made 358 of
+    # them fail with RedisUnavailable. This pool makes a thread wait for a connection.
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=SYNC_CONNECTIONS, timeout=SYNC_POOL_WAIT_S, **opts
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+SYNC_CONNECTIONS = 100
+"""Connections of one synchronous client (redis-py's own default); a thread beyond them
+waits for one to come back instead of failing."""
+SYNC_POOL_WAIT_S = 30.0
+"""How long a thread waits for a free connection before ``ConnectionError``."""
 
 
 class ThreadGet:

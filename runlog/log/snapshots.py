@@ -44,6 +44,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -153,6 +154,32 @@ def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_DIGEST_AT = b'{"deciders":"'
+"""How a body written by ``encode_body`` begins: its keys are sorted, so ``digest`` comes
+second, right after ``deciders`` (a string, which cannot hold an unescaped quote)."""
+
+
+def _digest_matches(raw: bytes, body: dict[str, Any]) -> bool:
+    """Whether ``body`` (parsed from ``raw``) matches its digest.
+
+    A body ``encode_body`` wrote is the canonical JSON of its fields, so the canonical JSON
+    of the rest is ``raw`` without its ``"digest":"...",`` pair: hashing that slice spares
+    a second serialisation of the whole state, which cost as much as parsing it. Any other
+    spelling of a body (keys reordered, spaces) is checked the long way, and is as valid.
+    """
+    digest = body.get("digest")
+    if not isinstance(digest, str):
+        return False
+    pair = b'"digest":"' + digest.encode() + b'",'
+    if raw.startswith(_DIGEST_AT):
+        at = raw.find(b',"digest":"', len(_DIGEST_AT))
+        if at > 0 and raw.startswith(pair, at + 1):
+            rest = raw[: at + 1] + raw[at + 1 + len(pair) :]
+            if hashlib.sha256(rest).hexdigest() == digest:
+                return True
+    return digest == _digest(body)
+
+
 def encode_body(
     state: RunState,
     *,
@@ -164,6 +191,29 @@ def encode_body(
 ) -> bytes:
     """``tenant_macs``: ``TenantKeys.fingerprint`` of the keys the fold checked the run's
     records with (which records it counts depends on them, like ``deciders``)."""
+    return _encode(
+        state,
+        state.to_dict(),
+        tenant=tenant,
+        run_id=run_id,
+        partition=partition,
+        offset=offset,
+        tenant_macs=tenant_macs,
+    )[0]
+
+
+def _encode(
+    state: RunState,
+    state_dict: dict[str, Any],
+    *,
+    tenant: str,
+    run_id: str,
+    partition: int,
+    offset: int,
+    tenant_macs: str,
+) -> tuple[bytes, str]:
+    """``encode_body`` of a state already turned into ``state_dict``; (body, written_at)."""
+    written_at = datetime.now(UTC).isoformat()
     body: dict[str, Any] = {
         "format": FORMAT,
         "fold_version": FOLD_VERSION,
@@ -174,15 +224,23 @@ def encode_body(
         "epoch": state.epoch,
         "partition": partition,
         "offset": offset,
-        "written_at": datetime.now(UTC).isoformat(),
-        "state": state.to_dict(),
+        "written_at": written_at,
+        "state": state_dict,
         # The decider keys the state was folded under: which decisions it counts depends on
         # them, so a reader that trusts other keys must not continue it (a cache miss).
         "deciders": state.authority.fingerprint(),
         "tenant_macs": tenant_macs,
     }
-    body["digest"] = _digest(body)
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    # The canonical JSON of the rest is serialised once: hashed, then the digest spliced in
+    # where sorting puts it (second, after "deciders"), which is what serialising the body
+    # with its digest would give, without a second pass over the whole state.
+    rest = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(rest.encode()).hexdigest()
+    head = '{"deciders":' + json.dumps(body["deciders"]) + ","
+    if not rest.startswith(head):  # pragma: no cover - a key sorted before "deciders"
+        body["digest"] = digest
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), written_at
+    return (head + f'"digest":"{digest}",' + rest[len(head) :]).encode(), written_at
 
 
 def decode_body(
@@ -204,7 +262,7 @@ def decode_body(
         raise SnapshotInvalid("unparsable", str(exc)) from exc
     if not isinstance(body, dict):
         raise SnapshotInvalid("unparsable", "body is not an object")
-    if body.get("digest") != _digest(body):
+    if not _digest_matches(raw, body):
         raise SnapshotInvalid("digest", f"body {key} does not match its digest")
     if body.get("format") != FORMAT:
         raise SnapshotInvalid("format", f"snapshot format {body.get('format')} (know {FORMAT})")
@@ -350,10 +408,13 @@ class SnapshotStore:
             raise ValueError(f"run {run.run_id} has no acknowledged record to snapshot")
         offset = run.last_offset + 1
         t0 = time.perf_counter()
-        state = run.state
+        state, state_dict = run.state, None
         if self.from_log:
             state = self.fold_log(run.tenant, run.run_id, run.partition, offset)
-            if state.digest() != run.state.digest():
+            # Equal durable fields, equal digests: the dicts are compared, and the log's is
+            # the one stored, each state turned into a dict once.
+            state_dict = state.to_dict()
+            if state_dict != run.state.to_dict():
                 metrics.incr("snapshot_live_divergences")
                 log.warning(
                     "run %s: live state at seq %s differs from the log's fold at seq %s "
@@ -362,7 +423,14 @@ class SnapshotStore:
                     run.state.seq,
                     state.seq,
                 )
-        snap = self.put(run.tenant, run.run_id, state, partition=run.partition, offset=offset)
+        snap = self._put(
+            run.tenant,
+            run.run_id,
+            state,
+            partition=run.partition,
+            offset=offset,
+            state_dict=state_dict,
+        )
         metrics.timing("snapshot_write_ms", (time.perf_counter() - t0) * 1000)
         return snap
 
@@ -389,15 +457,31 @@ class SnapshotStore:
         self, tenant: str, run_id: str, state: RunState, *, partition: int, offset: int
     ) -> Snapshot:
         """Store ``state`` as the run's current snapshot, tail starting at ``offset``."""
+        return self._put(tenant, run_id, state, partition=partition, offset=offset)
+
+    def _put(
+        self,
+        tenant: str,
+        run_id: str,
+        state: RunState,
+        *,
+        partition: int,
+        offset: int,
+        state_dict: dict[str, Any] | None = None,
+    ) -> Snapshot:
         if state.run_id != run_id or state.tenant != tenant:
             raise ValueError(f"state of {state.tenant}/{state.run_id} is not {tenant}/{run_id}")
-        body = encode_body(
+        if state_dict is None:
+            state_dict = state.to_dict()
+        macs = tenant_keys_for(self.settings).fingerprint(tenant)
+        body, written_at = _encode(
             state,
+            state_dict,
             tenant=tenant,
             run_id=run_id,
             partition=partition,
             offset=offset,
-            tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
+            tenant_macs=macs,
         )
         key = self._body_key(tenant, run_id, state.seq)
         t0 = time.perf_counter()
@@ -411,14 +495,19 @@ class SnapshotStore:
         metrics.timing("snapshot_put_ms", (time.perf_counter() - t0) * 1000)
         with self._lock:
             self._last_seq[(tenant, run_id)] = state.seq
-        return decode_body(
-            body,
+        # What a load of this body would give, without parsing back what was just written:
+        # a state of its own (from the dict stored), never the caller's live one.
+        return Snapshot(
             key=key,
-            tenant=tenant,
             run_id=run_id,
+            tenant=tenant,
+            seq=state.seq,
+            epoch=state.epoch,
             partition=partition,
-            authority=authority_for(self.settings),
-            tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
+            offset=offset,
+            fold_version=FOLD_VERSION,
+            written_at=written_at,
+            state=RunState.from_dict(state_dict, authority_for(self.settings)),
         )
 
     def _wait_durable(self) -> None:
@@ -450,8 +539,15 @@ class SnapshotStore:
         self, tenant: str, run_id: str, *, partition: int | None = None
     ) -> list[Snapshot | SnapshotInvalid]:
         """Every stored snapshot (current, then previous), validated or with its error."""
+        return list(self._candidates(tenant, run_id, partition=partition))
+
+    def _candidates(
+        self, tenant: str, run_id: str, *, partition: int | None = None
+    ) -> Iterator[Snapshot | SnapshotInvalid]:
+        """The stored snapshots, current first, each read and validated only when asked for:
+        a load that can use the current one never parses the previous (a body holds the
+        whole state, so that would double the load)."""
         ptr = self._pointer(tenant, run_id)
-        out: list[Snapshot | SnapshotInvalid] = []
         for field in ("current", "previous"):
             key = ptr.get(field)
             if key is None:
@@ -461,20 +557,17 @@ class SnapshotStore:
             except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"snapshot body of {run_id}: {exc}") from exc
             try:
-                out.append(
-                    decode_body(
-                        raw if isinstance(raw, bytes) else None,
-                        key=key,
-                        tenant=tenant,
-                        run_id=run_id,
-                        partition=partition,
-                        authority=authority_for(self.settings),
-                        tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
-                    )
+                yield decode_body(
+                    raw if isinstance(raw, bytes) else None,
+                    key=key,
+                    tenant=tenant,
+                    run_id=run_id,
+                    partition=partition,
+                    authority=authority_for(self.settings),
+                    tenant_macs=tenant_keys_for(self.settings).fingerprint(tenant),
                 )
             except SnapshotInvalid as exc:
-                out.append(exc)
-        return out
+                yield exc
 
     def load(
         self,
@@ -490,7 +583,7 @@ class SnapshotStore:
         self.last_miss = None
         found: tuple[RunState, int] | None = None
         reasons: list[str] = []
-        for cand in self.candidates(tenant, run_id, partition=partition):
+        for cand in self._candidates(tenant, run_id, partition=partition):
             if isinstance(cand, SnapshotInvalid):
                 reasons.append(cand.reason)
                 log.warning("snapshot of %s unusable (%s); trying the next", run_id, cand)

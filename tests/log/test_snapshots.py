@@ -18,7 +18,13 @@ from runlog.bootstrap import Services
 from runlog.consumers.verify import verify_run
 from runlog.log import metrics
 from runlog.log.replay import replay
-from runlog.log.snapshots import SnapshotInvalid, SnapshotStore, decode_body, encode_body
+from runlog.log.snapshots import (
+    Snapshot,
+    SnapshotInvalid,
+    SnapshotStore,
+    decode_body,
+    encode_body,
+)
 from runlog.producers.opening import open_run_with
 from runlog.projections.run_state import RunState, fold
 from runlog.schemas.vocabulary import EventType
@@ -83,6 +89,38 @@ def test_bad_bodies_are_rejected_with_a_reason(mutate: object, reason: str) -> N
     with pytest.raises(SnapshotInvalid) as err:
         decode_body(bad, key="k", tenant="t", run_id="r-synthetic", partition=0)
     assert err.value.reason == reason
+
+
+def test_a_canonical_body_is_checked_without_serialising_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The digest of a body ``encode_body`` wrote is checked on its bytes; a body spelled
+    otherwise (spaces, key order) is checked the long way and is as valid; a changed byte
+    fails either way."""
+    state = fold(synthetic_log(["turn", "call", "complete"] * 5, 1))
+    raw = _body(state)
+    # What encode_body writes is the canonical JSON of the body, digest included.
+    assert raw == json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":")).encode()
+    respelled = json.dumps(json.loads(raw), indent=1).encode()
+    tampered = raw.replace(b'"turns":', b'"turns":1', 1)
+    slow: list[int] = []
+    real = snapshots_mod._digest
+    monkeypatch.setattr(snapshots_mod, "_digest", lambda b: slow.append(1) or real(b))
+
+    def check(body: bytes) -> Snapshot | SnapshotInvalid:
+        try:
+            return decode_body(body, key="k", tenant="t", run_id="r-synthetic", partition=0)
+        except SnapshotInvalid as exc:
+            return exc
+
+    fast = check(raw)
+    assert isinstance(fast, Snapshot) and not slow
+    assert fast.state.digest() == state.digest()
+    long_way = check(respelled)
+    assert isinstance(long_way, Snapshot) and slow
+    assert long_way.state.digest() == state.digest()
+    bad = check(tampered)
+    assert isinstance(bad, SnapshotInvalid) and bad.reason == "digest"
 
 
 def _rewrite(raw: bytes, keep_digest: bool = False, **changes: object) -> bytes:
@@ -207,6 +245,41 @@ def test_a_bad_snapshot_falls_back_to_full_replay(
             assert now["snapshot_misses"] >= misses["snapshot_misses"] + 1 or (
                 store.last_miss is not None
             )
+    finally:
+        services.close()
+
+
+def test_a_resume_reads_only_the_snapshot_it_uses(
+    test_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body holds the whole state: a load whose current snapshot is usable must not read
+    and validate the previous one too (that once made the snapshot path slower than the
+    full replay it replaces). The previous one is still the fallback."""
+    s = _snap_settings(test_settings, 5)
+    services = Services(s)
+    try:
+        deps = services.run_deps()
+        store: SnapshotStore = deps.snapshots
+        with open_run_with(deps, tenant="acme") as run:
+            _work(run, 8)
+            run_id, partition = run.run_id, run.partition
+        assert len(store.candidates("acme", run_id)) == 2
+        decoded: list[str] = []
+        real = snapshots_mod.decode_body
+
+        def counting(raw: bytes | None, **kw: object) -> Snapshot:
+            decoded.append(str(kw["key"]))
+            return real(raw, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(snapshots_mod, "decode_body", counting)
+        got = store.load("acme", run_id, partition=partition, count=False)
+        assert got is not None and len(decoded) == 1
+        # The current body gone: the previous one is read, and used.
+        current = deps.redis.hget(store.pointer_key("acme", run_id), "current")
+        deps.redis.delete(current)
+        decoded.clear()
+        fallback = store.load("acme", run_id, partition=partition, count=False)
+        assert fallback is not None and fallback[0].seq < got[0].seq and len(decoded) == 2
     finally:
         services.close()
 
