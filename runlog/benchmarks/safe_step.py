@@ -12,9 +12,9 @@ alike:
 * ``irreversible``: M calls of an irreversible one (two barriers, STARTED confirmed first).
 
 Prints the medians over the chunks of wall (ms) and process CPU (us) per step, and the
-ratios safe / floor and irreversible / safe. Uses only what older versions of runlog have
-too, so the same file run by another tree's interpreter compares two versions in one
-sitting (alternate them).
+ratios safe / floor and irreversible / safe (``--json``: as JSON too). Uses only what
+older versions of runlog have too, so the same file run by another tree's interpreter
+compares two versions in one sitting (alternate them).
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=500, help="floor and safe steps per chunk")
     p.add_argument("--chunks", type=int, default=5, help="chunks of each loop, alternating")
     p.add_argument("--irreversible", type=int, default=100, help="irreversible steps per chunk")
+    p.add_argument("--json", action="store_true", help="also print the figures as JSON")
     a = p.parse_args()
     out = measure(steps=a.steps, chunks=a.chunks, irreversible=a.irreversible)
     line = " ".join(
@@ -118,7 +119,8 @@ def main() -> None:
     if "irreversible_over_safe" in out:
         line += f" irreversible/safe {out['irreversible_over_safe']:.2f}"
     print(line)
-    print(json.dumps(out))
+    if a.json:
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":
