@@ -32,9 +32,9 @@ from runlog.errors import (
 )
 from runlog.log import copies
 from runlog.log.authority import signer_for
-from runlog.log.clients import REDIS_ERRORS, UNREAD
+from runlog.log.clients import REDIS_ERRORS
 from runlog.producers.drain import HandingOver
-from runlog.producers.ops import Steps, append, blocking, peek, peek_ahead
+from runlog.producers.ops import Steps, append, blocking, peek
 from runlog.projections.run_state import Approval, decision_text, standing_decision
 from runlog.schemas.codec import now_utc
 from runlog.schemas.models import ANSWERS
@@ -366,15 +366,12 @@ def check_cancel(run: Run) -> Steps[None]:
     The run's cancel flag is read while no cancellation is in the state: from the last
     barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
     append durably cost no round trip of their own) when that read is at most
-    ``CANCEL_FLAG_FRESH_S`` old and no step took it yet. Else (a pipelined safe call, an
-    owner that paused) from the ``GET`` the step before sent for this one when it found no
-    barrier's read either (``Run.cancel_ahead``: sent then, its reply read now, so a run of
-    pipelined steps waits for no round trip), on the same terms; else by a ``GET`` here,
-    which the async driver leaves for the next step to take on the same terms. A read made
-    during one step serves at most the step after it. So the owner sees a cancellation by
-    its next step, or by the one after when it came less than ``CANCEL_FLAG_FRESH_S``
-    before the step. When the flag is set, the inbox's cancellation is recorded first
-    (``record_cancel``). After
+    ``CANCEL_FLAG_FRESH_S`` old and no step took it yet, else by a ``GET`` here (a pipelined
+    safe call, an owner that paused), which the next step may take on the same terms (a
+    read made during one step serves at most that step and the next). So the owner sees a
+    cancellation by its next step, or by the one after when it came less than
+    ``CANCEL_FLAG_FRESH_S`` before the step. When
+    the flag is set, the inbox's cancellation is recorded first (``record_cancel``). After
     ``Cancelled`` was raised the agent's steps run again (its clean-up), and the run ends
     cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
     """
@@ -385,18 +382,9 @@ def check_cancel(run: Run) -> Steps[None]:
         return
     if st.cancel is None:
         read, run.cancel_flag = run.cancel_flag, None
-        ahead, run.cancel_ahead = run.cancel_ahead, None
-        now = time.monotonic()
         seen = None
-        taken = read is not None and now - read[1] <= CANCEL_FLAG_FRESH_S
-        if taken:
-            assert read is not None
+        if read is not None and time.monotonic() - read[1] <= CANCEL_FLAG_FRESH_S:
             seen = read[0]
-        elif ahead is not None and now - ahead[1] <= CANCEL_FLAG_FRESH_S:
-            got = yield from blocking(ahead[0].result)  # the reply is here by now
-            if got is not UNREAD:
-                seen = got is not None
-        own: tuple[bool, float] | None = None
         if seen is None:
             asked = time.monotonic()
             try:
@@ -406,18 +394,10 @@ def check_cancel(run: Run) -> Steps[None]:
                 # asks Redis too, and fences the run if it cannot. The request waits in the
                 # inbox.
                 return
-            own = (seen, asked)
-        if not seen and not taken:
-            # No barrier brought this step's read, so none may bring the next step's: ask
-            # for it now and read it when that step comes (the sync driver), else leave
-            # this step's own read for it. A read serves at most the step after the one
-            # it was made in.
-            sent = time.monotonic()
-            nxt = yield from peek_ahead(run.cancel_flag_key)
-            if nxt is not None:
-                run.cancel_ahead = (nxt, sent)
-            elif own is not None:
-                run.cancel_flag = own
+            if not seen:
+                # Read during this step, so it may serve the next one too (once, while
+                # fresh): a pipelined step pays one round trip every other step.
+                run.cancel_flag = (False, asked)
         if not seen:
             return
         yield from poll_cancel(run)

@@ -220,8 +220,6 @@ class AsyncRun(Owned):
         if isinstance(op, Lookup):
             return await _call(op.tool.reconcile, op, self._turn)
         if isinstance(op, Peek):
-            if op.ahead:
-                return None  # the loop's GET is pipelined already: no reply to keep
             try:
                 return await self._peek(op.key)
             except REDIS_ERRORS as exc:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import redis
 
 from runlog.errors import RedisUnavailable
-from runlog.log.clients import REDIS_ERRORS, Ahead, ThreadGet
+from runlog.log.clients import REDIS_ERRORS, ThreadGet
 from runlog.schemas.keys import lease_key, live_key, run_tag, session_of
 
 log = logging.getLogger(__name__)
@@ -311,15 +311,6 @@ class LeaseManager:
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"GET {key}: {exc}") from exc
         return raw
-
-    def peek_ahead(self, key: str) -> Ahead | None:
-        """``GET key`` sent now over this thread's connection, its reply read by the next
-        step (``Ahead.result``); None where that cannot be (a cluster client, a failed
-        send): the next step then asks itself."""
-        try:
-            return self._get.ahead(key)
-        except REDIS_ERRORS:
-            return None
 
     def current(self, tenant: str, run_id: str) -> str | None:
         try:

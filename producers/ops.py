@@ -22,7 +22,6 @@ from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.log.clients import Ahead
     from runlog.producers.run import Run
 
 T = TypeVar("T")
@@ -84,13 +83,9 @@ class Blocking:
 @dataclass(frozen=True, slots=True)
 class Peek:
     """One Redis ``GET`` a step asks on the hot path (is a cancellation waiting?): the sync
-    driver asks over its thread's connection, the async one awaits its loop's client.
-
-    ``ahead``: sent now for the next step to read (the sync driver's ``Ahead``; None where
-    the driver cannot, the async one)."""
+    driver asks over its thread's connection, the async one awaits its loop's client."""
 
     key: str
-    ahead: bool = False
 
 
 Op = Append | Invoke | Lookup | Blocking | Peek
@@ -127,12 +122,6 @@ def lookup(tool: Tool, args: dict[str, Any], ctx: CallContext) -> Steps[Evidence
 def peek(key: str) -> Steps[bytes | None]:
     out = yield Peek(key)
     return cast("bytes | None", out)
-
-
-def peek_ahead(key: str) -> Steps[Ahead | None]:
-    """``GET key`` sent for the next step to read (``Ahead.result``), where the driver can."""
-    out = yield Peek(key, ahead=True)
-    return cast("Ahead | None", out)
 
 
 def blocking(fn: Callable[[], T]) -> Steps[T]:
@@ -173,8 +162,6 @@ def perform(run: Run, op: Op) -> Any:
         with call_context(op.ctx):
             return _sync_await(op.request(), f"the reconciler of {op.tool.name}")
     if isinstance(op, Peek):
-        if op.ahead:
-            return run.deps.leases.peek_ahead(op.key)
         return run.deps.leases.peek(op.key)
     return op.fn()
 

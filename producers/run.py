@@ -30,7 +30,6 @@ from runlog.errors import (
     ValidationFailed,
 )
 from runlog.log.authority import tenant_keys_for
-from runlog.log.clients import Ahead
 from runlog.log.fold import Folded, SnapshotSource, read_run
 from runlog.log.keys import sealer_for
 from runlog.log.reader import LogReader
@@ -190,9 +189,6 @@ class Run(Owned):
     with the lease), or as the last step's own ``GET`` found it unset, and when
     (``time.monotonic``), not yet taken by a step's cancel check (None: no such read since
     the last check). ``approvals.check_cancel``."""
-    cancel_ahead: tuple[Ahead, float] | None = None
-    """A ``GET`` of the cancel flag the last step sent for the next one to read, and when
-    it was sent (``time.monotonic``); the sync driver's, None otherwise."""
     _cancel_flag_key: str | None = None
 
     def __enter__(self) -> Run:

@@ -75,59 +75,14 @@ class ThreadGet:
             return list(self._client.mget(list(keys)))
         return list(self._ask(keys, ("MGET", *keys)))
 
-    def ahead(self, key: str) -> Ahead | None:
-        """``GET key`` sent now, its reply read later (``Ahead.result``) in this thread: a
-        step asks for the next step's read, which then waits for no round trip. None for
-        a cluster client, or when the send failed (the connection is dropped: the next
-        ask connects anew). One is outstanding per thread: a newer one, or any ``GET``
-        or ``MGET`` of this thread, reads the reply of the one before first."""
-        if not self._direct:
-            return None
+    def _ask(self, cache: str | tuple[str, ...], command: tuple[str, ...]) -> Any:
         conn = self._conn()
-        packed = self._pack(conn, key, ("GET", key))
-        try:
-            self._settle(conn)
-            conn.send_packed_command(packed)
-        except (redis.ConnectionError, redis.TimeoutError):
-            conn.disconnect()
-            return None
-        except BaseException:
-            conn.disconnect()
-            raise
-        sent = self._local.ahead = Ahead(self, conn)
-        return sent
-
-    def _settle(self, conn: Any) -> None:
-        """Read the reply of this thread's outstanding ``ahead`` (if any) off ``conn``,
-        before anything else is sent on it."""
-        sent: Ahead | None = getattr(self._local, "ahead", None)
-        if sent is None:
-            return
-        self._local.ahead = None
-        if sent.conn is not conn:
-            return  # sent on a connection since replaced: that reply went with it
-        try:
-            sent.value = conn.read_response()
-            sent.read = True
-        except Exception:  # noqa: BLE001 - left unread: its step asks again, and says why
-            conn.disconnect()  # nothing was sent after it: no other reply is lost
-        except BaseException:
-            conn.disconnect()
-            raise
-
-    def _pack(self, conn: Any, cache: str | tuple[str, ...], command: tuple[str, ...]) -> Any:
         packed = self._packed.get(cache)
         if packed is None:
             if len(self._packed) >= PACKED_KEPT:
                 self._packed.clear()
             packed = self._packed[cache] = [b"".join(conn.pack_command(*command))]
-        return packed
-
-    def _ask(self, cache: str | tuple[str, ...], command: tuple[str, ...]) -> Any:
-        conn = self._conn()
-        packed = self._pack(conn, cache, command)
         try:
-            self._settle(conn)
             return self._get(conn, packed)
         except (redis.ConnectionError, redis.TimeoutError):
             return self._get(conn, packed)  # connects anew
@@ -162,30 +117,6 @@ class ThreadGet:
             conns, self._conns = list(self._conns), weakref.WeakSet()
         for conn in conns:
             conn.disconnect()  # type: ignore[no-untyped-call]
-
-
-UNREAD = object()
-"""``Ahead.result`` when its reply cannot be had here: ask again."""
-
-
-class Ahead:
-    """A ``GET`` that ``ThreadGet.ahead`` sent and whose reply is read later."""
-
-    __slots__ = ("conn", "owner", "read", "thread", "value")
-
-    def __init__(self, owner: ThreadGet, conn: Any) -> None:
-        self.owner = owner
-        self.conn = conn
-        self.thread = threading.get_ident()
-        self.read = False
-        self.value: Any = None
-
-    def result(self) -> Any:
-        """The reply (read now if it was not yet), or ``UNREAD``: asked from another
-        thread than the one that sent it, or its connection failed (then dropped)."""
-        if not self.read and threading.get_ident() == self.thread:
-            self.owner._settle(self.conn)
-        return self.value if self.read else UNREAD
 
 
 class LoopGet:

@@ -19,14 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from runlog.log.clients import (
-    UNREAD,
-    LoopGet,
-    ThreadGet,
-    async_redis_client,
-    loop_get,
-    redis_client,
-)
+from runlog.log.clients import LoopGet, ThreadGet, async_redis_client, loop_get, redis_client
 from runlog.settings import Settings
 
 
@@ -126,45 +119,6 @@ def test_threads_each_get_their_own_answers(get: ThreadGet, keys: dict[str, str]
     for t in threads:
         t.join()
     assert wrong == []
-
-
-def test_a_get_sent_ahead_and_the_gets_after_it_each_get_their_own_reply(
-    get: ThreadGet, keys: dict[str, str]
-) -> None:
-    """``ahead`` leaves a reply on the thread's connection: whatever this thread asks next
-    (a GET, an MGET, another ahead) must read that reply off first, into its ``Ahead``."""
-    names = list(keys)
-    first = get.ahead(names[0])
-    assert first is not None
-    assert get(names[1]) == b"value-1"  # reads `first`'s reply off, then its own
-    second = get.ahead(names[2])
-    third = get.ahead(names[3])  # reads `second`'s reply off first
-    assert get.many((names[4], names[5])) == [b"value-4", b"value-5"]
-    assert second is not None and third is not None
-    assert [a.result() for a in (third, first, second)] == [b"value-3", b"value-0", b"value-2"]
-    last = get.ahead(names[6])
-    assert last is not None and last.result() == b"value-6"  # read when asked
-    assert get(names[7]) == b"value-7"
-
-
-def test_a_get_sent_ahead_is_not_read_from_another_thread_nor_after_a_drop(
-    get: ThreadGet, keys: dict[str, str]
-) -> None:
-    names = list(keys)
-    sent = get.ahead(names[0])
-    assert sent is not None
-    elsewhere: list[object] = []
-    t = threading.Thread(target=lambda: elsewhere.append(sent.result()))
-    t.start()
-    t.join()
-    assert elsewhere == [UNREAD]  # that thread's connection holds no such reply
-    assert get(names[1]) == b"value-1"  # and this one's reply is still read in order
-    assert sent.result() == b"value-0"
-    dropped = get.ahead(names[2])
-    assert dropped is not None
-    get.close()  # the connection goes, with the reply on it
-    assert dropped.result() is UNREAD
-    assert get(names[3]) == b"value-3"  # on a fresh connection
 
 
 def test_packed_gets_answer_their_own_key_past_the_cache(
