@@ -354,7 +354,8 @@ def record_cancel(run: Run, requested_by: str, reason: str) -> Steps[bool]:
 
 
 CANCEL_FLAG_FRESH_S = 0.05
-"""How old the barrier's read of the cancel flag may be for a step's check to use it."""
+"""How old a read of the cancel flag (a barrier's, or the last step's own) may be for a
+step's check to use it."""
 
 
 def check_cancel(run: Run) -> Steps[None]:
@@ -366,8 +367,10 @@ def check_cancel(run: Run) -> Steps[None]:
     barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
     append durably cost no round trip of their own) when that read is at most
     ``CANCEL_FLAG_FRESH_S`` old and no step took it yet, else by a ``GET`` here (a pipelined
-    safe call, an owner that paused). So the owner sees a cancellation by its next step, or
-    by the one after when it came less than ``CANCEL_FLAG_FRESH_S`` before the step. When
+    safe call, an owner that paused), which the next step may take on the same terms (a
+    read made during one step serves at most that step and the next). So the owner sees a
+    cancellation by its next step, or by the one after when it came less than
+    ``CANCEL_FLAG_FRESH_S`` before the step. When
     the flag is set, the inbox's cancellation is recorded first (``record_cancel``). After
     ``Cancelled`` was raised the agent's steps run again (its clean-up), and the run ends
     cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
@@ -383,6 +386,7 @@ def check_cancel(run: Run) -> Steps[None]:
         if read is not None and time.monotonic() - read[1] <= CANCEL_FLAG_FRESH_S:
             seen = read[0]
         if seen is None:
+            asked = time.monotonic()
             try:
                 seen = (yield from peek(run.cancel_flag_key)) is not None
             except RedisUnavailable:
@@ -390,6 +394,10 @@ def check_cancel(run: Run) -> Steps[None]:
                 # asks Redis too, and fences the run if it cannot. The request waits in the
                 # inbox.
                 return
+            if not seen:
+                # Read during this step, so it may serve the next one too (once, while
+                # fresh): a pipelined step pays one round trip every other step.
+                run.cancel_flag = (False, asked)
         if not seen:
             return
         yield from poll_cancel(run)

@@ -186,8 +186,10 @@ class Run(Owned):
     and the run ends cancelled when finished or closed."""
     cancel_flag: tuple[bool, float] | None = None
     """The run's cancel flag as the last barrier's ownership check read it (one ``MGET``
-    with the lease), and when (``time.monotonic``), not yet taken by a step's cancel check
-    (None: no such read since the last check). ``approvals.check_cancel``."""
+    with the lease), or as the last step's own ``GET`` found it unset, and when
+    (``time.monotonic``), not yet taken by a step's cancel check (None: no such read since
+    the last check). ``approvals.check_cancel``."""
+    _cancel_flag_key: str | None = None
 
     def __enter__(self) -> Run:
         return self
@@ -753,7 +755,9 @@ class Run(Owned):
     # Cancellation ----------------------------------------------------------------------
     @property
     def cancel_flag_key(self) -> str:
-        return approvals.cancel_flag_key(self.deps, self.tenant, self.run_id)
+        if self._cancel_flag_key is None:  # constant per run, asked for at every check
+            self._cancel_flag_key = approvals.cancel_flag_key(self.deps, self.tenant, self.run_id)
+        return self._cancel_flag_key
 
     def check_cancelled(self) -> None:
         """Raise ``Cancelled`` (once) if a person cancelled the run: call before a step of

@@ -166,8 +166,10 @@ class Tool:
         fencing_token: int | None = None,
         commit_deadline: datetime | None = None,
     ) -> str | Awaitable[str]:
-        fence = {"fencing_token": fencing_token, "commit_deadline": commit_deadline}
-        kw = {k: v for k, v in fence.items() if k in self._takes}
+        kw: dict[str, Any] = {}
+        if self._takes:  # most tools take neither: nothing to build per call
+            fence = {"fencing_token": fencing_token, "commit_deadline": commit_deadline}
+            kw = {k: v for k, v in fence.items() if k in self._takes}
         if not tracing.enabled():
             return self.fn(args, idempotency_key=idempotency_key, **kw)
         ctx = current_call()

@@ -1,9 +1,11 @@
 """A step's cancel check rides the barrier's ownership check: one round trip to Redis per
-durable append, none of its own (the cancel flag comes in the same ``MGET`` as the lease).
-The guarantee stays: the owner sees a cancellation by its next step or the one after."""
+durable append, none of its own (the cancel flag comes in the same ``MGET`` as the lease);
+pipelined steps read the flag every other step. The guarantee stays: the owner sees a
+cancellation by its next step or the one after."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import redis
 from workers.common import read_log
 
 import runlog
+from runlog.producers.approvals import CANCEL_FLAG_FRESH_S
 from runlog.projections.run_state import fold
 from runlog.settings import Settings
 
@@ -71,3 +74,37 @@ def test_a_cancel_is_seen_by_the_next_step_or_the_one_after(
                     run.call_tool(tool, {"i": i})
             assert steps <= 2, (tool, steps)
         assert fold(r.event for r in read_log(test_settings, run.run_id)).outcome == "cancelled"
+
+
+def test_pipelined_safe_calls_read_the_cancel_flag_every_other_step(
+    test_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Safe calls append with no barrier, so no ownership check brings the flag: a step's
+    own read serves it and the step after (once), never a third."""
+    note = runlog.tool("note", risk="safe")(lambda args, *, idempotency_key: "noted")
+    with runlog.open_run(tenant="t", settings=test_settings, tools=[note]) as run:
+        run.call_tool("note", {"i": -1})
+        trips = RoundTrips(monkeypatch)
+        for i in range(CALLS):
+            run.call_tool("note", {"i": i})
+        reads = trips.count
+    assert CALLS // 2 <= reads <= CALLS // 2 + 2, reads
+
+
+def test_a_stale_read_of_the_last_step_is_not_taken(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A read older than CANCEL_FLAG_FRESH_S serves no step: a cancellation that came before
+    a slow step's check is seen by that very step."""
+    note = runlog.tool("note", risk="safe")(lambda args, *, idempotency_key: "noted")
+    with runlog.open_run(tenant="t", settings=test_settings, tools=[note]) as run:
+        run.call_tool("note", {"i": 0})
+        if run.cancel_flag is None:  # that call took an earlier read: the next reads its own
+            run.call_tool("note", {"i": 1})
+        assert run.cancel_flag is not None  # the last call's own read, left for the next
+        runlog.cancel(
+            run.run_id, reason="stop", by="ops", tenant="t", settings=test_settings, wait_s=0
+        )
+        time.sleep(2 * CANCEL_FLAG_FRESH_S)
+        with pytest.raises(runlog.Cancelled):
+            run.call_tool("note", {"i": 2})
