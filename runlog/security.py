@@ -217,8 +217,11 @@ def redis_acl_rules(key_prefix: str) -> dict[str, str]:
     projections = f"~{key_prefix}:proj:*"
     # A process's session (producers.lease: the liveness key its leases refer to, the
     # hash of sessions) and a worker's held set (the runs another worker adopts when the
-    # session dies): every process that takes a lease, or tells who holds one, needs them.
-    sessions = f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:*"
+    # session dies), and the list a draining worker announces its runs on: every process
+    # that takes a lease, or tells who holds one, needs them.
+    sessions = (
+        f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:* ~{key_prefix}:handoffs"
+    )
     return {
         "worker": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {sessions}",
         "projections": f"{_BASE} -@dangerous {projections}",
