@@ -34,6 +34,7 @@ from runlog.errors import (
     TenantMismatch,
     UnknownRun,
 )
+from runlog.fleet import handoffs
 from runlog.fleet.lifecycle import LifecycleWriter, Record, rebuilt
 from runlog.fleet.registry import Agent
 from runlog.log.fold import read_run
@@ -172,12 +173,16 @@ def _decided_meanwhile(deps: RunDeps, lw: LifecycleWriter, res: Result, run_id: 
 
 def _handed_over(lw: LifecycleWriter, run: Run, tenant: str, agent: str) -> Result:
     """The worker drains and the run reached a step's boundary: its lease is released as a
-    handover, then ``open`` is written to its lifecycle record, so whichever worker owns
-    the partition now (the drainer gave its partitions up) dispatches it at once, even if
-    it found the run locked a moment before."""
+    handover, announced to the live workers (``fleet.handoffs``: one takes it at once),
+    then ``open`` is written to its lifecycle record, so whichever worker owns the
+    partition now (the drainer gave its partitions up) dispatches it too, even if it
+    found the run locked a moment before: the lease decides."""
     try:
         run.hand_over()
         rec = Record("open", tenant, agent)
+        # The live workers first (one Redis push): they take the run now, without waiting
+        # for this record's acknowledgement nor for the group to move its partition.
+        handoffs.announce(run.deps.redis, run.deps.settings, [(run.run_id, rec)])
         return Result("handed_over", rec, lw.write(run.run_id, rec))
     except (Fenced, RunLocked) as exc:
         return _fenced(run.deps, exc)

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from runlog.errors import ConfigError
-from runlog.fleet import lifecycle, reconciling
+from runlog.fleet import handoffs, lifecycle, reconciling
 from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
 from runlog.fleet.reconciling import ReconcileRequest, Served
 from runlog.fleet.registry import Agent
@@ -67,10 +67,11 @@ fetch cost more than the read) and slows the runs already going. A few at a time
 pool's readers (as many as it keeps idle, ``ReaderPool``'s ``keep``), and each open is a few
 milliseconds; the rest wait their turn in their slot."""
 ADOPTING = 64
-"""Adopted runs a worker opens at once when their partition was read once for all of them
-(``Prefetch``): such an open reads nothing of its own (its replay comes from the pass, its
-claim is read back from the process's log tail), so it makes no consumer, and what bounds
-it is round trips to Redis and the broker's acknowledgement, not readers."""
+"""Runs a worker opens at once when it takes them over (a dead session's, a drained
+worker's) and their partition is read once for all of them (``Prefetch``, at most
+``OPENING`` passes at once): such an open reads nothing of its own (its replay comes from
+the pass, its claim is read back from the process's log tail), so it borrows no reader's
+consumer, and what bounds it is round trips to Redis and the broker, not readers."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 ADOPT_POLL_S = 0.25
@@ -82,9 +83,6 @@ deleted by whoever adopts its runs)."""
 HANDOFF_WAIT_S = 1
 """How long a worker's ``BLPOP`` on the handoffs list blocks (one command a second per
 idle worker, whatever the number of runs)."""
-HANDOFF_TTL_MS = 60_000
-"""How long an announcement nobody popped is kept (the partitions' owners have the runs by
-then through the lifecycle records)."""
 HANDOFF_HORIZON_S = 10.0
 """A draining worker announces its partitions' durable sleeps that end within this much
 (the rest are due after the group has moved the partitions)."""
@@ -111,13 +109,6 @@ def held_key(settings: Settings, session: str) -> str:
     """The runs a worker's session holds (run id -> ``tenant\tagent``): what another
     worker adopts when the session dies."""
     return f"{settings.redis_key_prefix}:held:{session}"
-
-
-def handoffs_key(settings: Settings) -> str:
-    """The list a draining worker announces its runs on (``_announce``): each live worker
-    blocks on it (``BLPOP``) and dispatches what it pops at once, where the partition's
-    next owner would only learn of them once the group has moved the partition."""
-    return f"{settings.redis_key_prefix}:handoffs"
 
 
 def _text(v: Any) -> str:
@@ -171,6 +162,8 @@ class Worker:
         self._opening = threading.BoundedSemaphore(OPENING)
         self._opening_async: asyncio.Semaphore | None = None
         self._adopting = threading.BoundedSemaphore(ADOPTING)
+        self._reads = threading.BoundedSemaphore(OPENING)
+        """Passes (``Prefetch``) read at once: each borrows a reader, as an open does."""
         self._adopting_async: asyncio.Semaphore | None = None
         self._aredis: Any = None
         self.since = codec.now_utc().isoformat()
@@ -489,13 +482,6 @@ class Worker:
         return out
 
     def _reap(self) -> None:
-        handed: list[tuple[str, Record]] = []
-        try:
-            self._reap_into(handed)
-        finally:
-            self._announce(handed)
-
-    def _reap_into(self, handed: list[tuple[str, Record]]) -> None:
         while True:
             try:
                 rid, fut = self.results.get_nowait()
@@ -510,8 +496,6 @@ class Worker:
                 log.exception("dispatch of %s crashed: %s", rid, exc)
                 res = Result("retry", retry_s=5.0, why=repr(exc))
             self._settle(rid, res, launched)
-            if res.kind == "handed_over" and res.record is not None:
-                handed.append((rid, res.record))
             rec = self.tombstoned.pop(rid, None)
             if rec is not None and res.kind in ("locked", "retry", "unserved"):
                 # The dispatch wrote nothing: the tombstone that came meanwhile was not its.
@@ -625,10 +609,9 @@ class Worker:
             p = partition_for(rid, self.settings.partitions)
             by_partition.setdefault(p, {})[rid] = tenant
         for p, group in by_partition.items():
-            if len(group) > 1:
-                shared = Prefetch(p, group)
-                for rid in group:
-                    self.prefetch[rid] = shared
+            shared = Prefetch(p, group, self._reads)
+            for rid in group:
+                self.prefetch[rid] = shared
 
     def _adopt_run(self, rid: str, value: str) -> bool:
         """Schedule a dead session's run; whether it was."""
@@ -645,26 +628,11 @@ class Worker:
         return rid in self.queued
 
     # Handoffs (a draining worker's runs) ----------------------------------------------------
-    def _announce(self, runs: list[tuple[str, Record]]) -> None:
-        """Tell the live workers of runs they may dispatch now (``handoffs_key``): a run
-        this draining worker handed over (``open``), or a durable sleep of a partition it
-        gave up (``waiting_until``). Records without input only: one never starts a run."""
-        if not runs:
-            return
-        key = handoffs_key(self.settings)
-        try:
-            pipe = self.deps.redis.pipeline(transaction=False)
-            pipe.rpush(key, *[rid.encode() + b"\0" + rec.encode() for rid, rec in runs])
-            pipe.pexpire(key, HANDOFF_TTL_MS)
-            pipe.execute()
-        except REDIS_ERRORS as exc:  # the lifecycle records still reach the new owners
-            log.warning("worker %s could not announce %d runs: %s", self.id, len(runs), exc)
-
     def _listen(self) -> None:
         """Pop announcements while this worker takes work (one ``BLPOP`` a second when
         idle). One popped after the drain began is pushed back for another worker."""
         client = self.deps.redis
-        key = handoffs_key(self.settings)
+        key = handoffs.handoffs_key(self.settings)
         while self._listening.is_set():
             try:
                 got = client.blpop([key], timeout=HANDOFF_WAIT_S)
@@ -682,14 +650,20 @@ class Worker:
             self.handoffs.put(value if isinstance(value, bytes) else str(value).encode())
 
     def _take_handoffs(self) -> None:
+        taken: dict[str, str] = {}
+        try:
+            self._take_handoffs_into(taken)
+        finally:
+            self._prefetch(taken)  # the runs taken now: one pass over each partition
+
+    def _take_handoffs_into(self, taken: dict[str, str]) -> None:
         while True:
             try:
                 raw = self.handoffs.get_nowait()
             except queue.Empty:
                 return
-            rid_raw, _, value = raw.partition(b"\0")
             try:
-                rid, rec = rid_raw.decode(), Record.decode(value)
+                rid, rec = handoffs.parse(raw)
             except Exception as exc:  # noqa: BLE001 - one bad announcement must not stop dispatch
                 log.error("handoff announcement: %s", exc)
                 continue
@@ -701,6 +675,8 @@ class Worker:
             if entry is None or entry.record is None or entry.record.state != rec.state:
                 entry = self.adopted[rid] = Entry(rec, -1)
             self._schedule(rid, entry)
+            if rid in self.queued:
+                taken[rid] = rec.tenant
 
     # Presence ----------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -831,7 +807,10 @@ class Worker:
             consumer.close()  # leaves the group: its partitions move at once
         except Exception as exc:  # noqa: BLE001
             log.warning("closing the lifecycle consumer: %s", exc)
-        self._announce(self._soon_due())
+        # The sleeps about to end on the partitions given up: woken on time by another
+        # worker, not once the group has moved them. (Each run handed over is announced
+        # by its dispatch, the moment its lease is free: ``runner._handed_over``.)
+        handoffs.announce(self.deps.redis, self.settings, self._soon_due())
         self.tables.clear()
         self.caught_up.clear()
         self.heap.clear()

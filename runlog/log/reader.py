@@ -390,8 +390,12 @@ class Prefetch:
     that read. A read that fails leaves every open to read for itself.
     """
 
-    def __init__(self, partition: int, runs: dict[str, str]) -> None:
+    def __init__(
+        self, partition: int, runs: dict[str, str], reads: threading.Semaphore | None = None
+    ) -> None:
+        """``reads``: a bound on the passes read at once (each is a reader's consumer)."""
         self.partition = partition
+        self._reads = reads
         self.runs = dict(runs)
         """run id -> tenant (what its start index is keyed by)."""
         self.start = -1
@@ -410,7 +414,11 @@ class Prefetch:
             if self._state == "new":
                 self._state = "failed"
                 try:
-                    self._read(settings, client, factory)
+                    if self._reads is None:
+                        self._read(settings, client, factory)
+                    else:
+                        with self._reads:
+                            self._read(settings, client, factory)
                     self._state = "loaded"
                     log.info(
                         "partition %s read once for %d runs (offsets %s to %s)",

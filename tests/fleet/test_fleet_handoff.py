@@ -1,4 +1,4 @@
-"""A draining worker announces the runs it hands over (``Worker._announce``), and a live
+"""A draining worker announces the runs it hands over (``fleet.handoffs``), and a live
 worker that serves their agent takes them at once, whether or not it owns their
 partitions yet; a worker that is itself draining passes what it pops on to the others.
 Real Redis; the workers are not started (no group), their announcement list is real."""
@@ -13,9 +13,10 @@ from datetime import timedelta
 import pytest
 
 from runlog.bootstrap import Services
+from runlog.fleet.handoffs import announce, handoffs_key
 from runlog.fleet.lifecycle import Record
 from runlog.fleet.registry import Agent
-from runlog.fleet.worker import Worker, handoffs_key
+from runlog.fleet.worker import Worker
 from runlog.schemas import codec
 from runlog.settings import Settings
 
@@ -65,12 +66,14 @@ def test_a_live_worker_takes_a_handed_over_run_and_a_sleep_of_a_drained_partitio
     _listening(taker)
     try:
         due = codec.now_utc() + timedelta(seconds=3)
-        drainer._announce(
+        announce(
+            drainer.deps.redis,
+            test_settings,
             [
                 ("r-handed", Record("open", "t1", "payer")),
                 ("r-asleep", Record("waiting_until", "t1", "payer", due_at=due)),
                 ("r-other", Record("open", "t1", "not-served-here")),
-            ]
+            ],
         )
         _taken(taker)
         while len(taker.ready) + len(taker.heap) < 2:
@@ -92,7 +95,7 @@ def test_a_draining_worker_passes_what_it_pops_to_the_others(
     time.sleep(0.2)  # its BLPOP waits
     drainer.deps.draining.set()
     try:
-        drainer._announce([("r-handed", Record("open", "t1", "payer"))])
+        announce(drainer.deps.redis, test_settings, [("r-handed", Record("open", "t1", "payer"))])
         listener.join(10)
         assert not listener.is_alive(), "a draining worker's listener goes"
         assert drainer.deps.redis.llen(handoffs_key(test_settings)) == 1  # passed on
