@@ -803,14 +803,16 @@ class Worker:
         uncertain only if this process is killed before the step completes."""
         self.deps.draining.set()
         self._listening.clear()
+        # The sleeps about to end on the partitions given up: woken on time by another
+        # worker, not once the group has moved them. (Each run handed over is announced
+        # by its dispatch, the moment its lease is free: ``runner._handed_over``.) Read
+        # before the consumer closes: its revocation drops the partitions' tables.
+        soon = self._soon_due()
         try:
             consumer.close()  # leaves the group: its partitions move at once
         except Exception as exc:  # noqa: BLE001
             log.warning("closing the lifecycle consumer: %s", exc)
-        # The sleeps about to end on the partitions given up: woken on time by another
-        # worker, not once the group has moved them. (Each run handed over is announced
-        # by its dispatch, the moment its lease is free: ``runner._handed_over``.)
-        handoffs.announce(self.deps.redis, self.settings, self._soon_due())
+        handoffs.announce(self.deps.redis, self.settings, soon)
         self.tables.clear()
         self.caught_up.clear()
         self.heap.clear()
