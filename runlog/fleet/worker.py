@@ -83,6 +83,9 @@ deleted by whoever adopts its runs)."""
 HANDOFF_WAIT_S = 1
 """How long a worker's ``BLPOP`` on the handoffs list blocks (one command a second per
 idle worker, whatever the number of runs)."""
+HANDOFF_BATCH = 64
+"""Announcements a worker pops in one round trip (the runs it then takes are replayed
+from one pass over each partition)."""
 HANDOFF_HORIZON_S = 10.0
 """A draining worker announces its partitions' durable sleeps that end within this much
 (the rest are due after the group has moved the partitions)."""
@@ -630,24 +633,27 @@ class Worker:
     # Handoffs (a draining worker's runs) ----------------------------------------------------
     def _listen(self) -> None:
         """Pop announcements while this worker takes work (one ``BLPOP`` a second when
-        idle). One popped after the drain began is pushed back for another worker."""
+        idle; a burst is taken ``HANDOFF_BATCH`` at a time, one round trip each). What is
+        popped after the drain began is pushed back for another worker."""
         client = self.deps.redis
         key = handoffs.handoffs_key(self.settings)
         while self._listening.is_set():
             try:
                 got = client.blpop([key], timeout=HANDOFF_WAIT_S)
+                more = client.lpop(key, HANDOFF_BATCH - 1) if got is not None else None
             except REDIS_ERRORS as exc:
                 log.warning("worker %s: handoffs: %s", self.id, exc)
                 time.sleep(HANDOFF_WAIT_S)
                 continue
             if got is None:
                 continue
+            values = [got[1], *(more or [])]
             if not self._listening.is_set() or self.deps.draining.is_set():
                 with contextlib.suppress(*REDIS_ERRORS):
-                    client.lpush(key, got[1])
+                    client.lpush(key, *reversed(values))  # back at the head, in order
                 return
-            value = got[1]
-            self.handoffs.put(value if isinstance(value, bytes) else str(value).encode())
+            for value in values:
+                self.handoffs.put(value if isinstance(value, bytes) else str(value).encode())
 
     def _take_handoffs(self) -> None:
         taken: dict[str, str] = {}
