@@ -16,7 +16,6 @@ After a batch that purged, the runner asks Redis to rewrite its own persistence
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import redis
 
 from runlog.schemas.models import ERASED
-from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -131,48 +129,6 @@ def queue_scrub(pipe: Any, key: str, run_id: str = "", *, upto: int | None = Non
     # EVAL by name: a Redis Cluster pipeline has no eval() of its own.
     bound = "" if upto is None else str(upto)
     pipe.execute_command("EVAL", SCRUB_LUA, 1, key, ERASED, run_id, bound, *CONTENT_FIELDS)
-
-
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def unpurged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> list[str]:
-    """The projections that keep ``run_id`` and have not folded its erasure yet (each stores
-    the run's state as erased once it did; one that never stored the run has no copy)."""
-    # The stores import this module (their purge): read their keys at call time.
-    from runlog.consumers.store import RUN_STATE, ProjectionKeys
-    from runlog.consumers.stores import REGISTRY
-
-    out = []
-    for name in REGISTRY:
-        keys = ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
-        raw = _text(client.get(keys.run(partition, run_id)))
-        if raw is not None and json.loads(raw).get(RUN_STATE, {}).get("erased") is None:
-            out.append(name)
-    return out
-
-
-def purged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> bool:
-    """Whether every projection that keeps ``run_id`` has folded its erasure."""
-    return not unpurged(client, settings, partition, run_id)
-
-
-def wait_purged(
-    client: redis.Redis, settings: Settings, runs: list[tuple[int, str]], wait_s: float
-) -> list[str]:
-    """Wait up to ``wait_s`` until every projection folded the erasure of each of ``runs``
-    (partition, run id); the projections that had not when it ended (empty: all purged; a
-    runner that is down or behind purges when it folds the record, and rewrites Redis's
-    files then)."""
-    deadline = time.monotonic() + wait_s
-    left = list(runs)
-    while True:
-        behind = {(p, rid): unpurged(client, settings, p, rid) for p, rid in left}
-        left = [run for run, names in behind.items() if names]
-        if not left or time.monotonic() >= deadline:
-            return sorted({n for names in behind.values() for n in names})
-        time.sleep(0.1)
 
 
 PERSISTENCE_WAIT_S = 60.0

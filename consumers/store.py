@@ -75,9 +75,9 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from runlog.consumers import erasure
+from runlog.projections.messages import Message
 from runlog.projections.run_state import (
     Approval,
-    Message,
     OpenCall,
     RunState,
     Step,
@@ -680,16 +680,3 @@ class Projection:
     """Its store half: how its per-run states are loaded, folded and written."""
     in_all: bool = True
     """Run by ``runlog project all`` (notify runs on its own, with a hook)."""
-
-
-_REGISTERED = ("PROJECTIONS", "KNOWN", "NOTIFY", "make_handler")
-
-
-def __getattr__(name: str) -> Any:
-    # The registry's names, where callers have long imported them from. Lazily: the
-    # registry imports the projections' modules, and they import this one.
-    if name in _REGISTERED:
-        from runlog.consumers import stores
-
-        return getattr(stores, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -898,6 +898,14 @@ def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Step
     assert isinstance(evidence, Absent)
     key = call.idempotency_key
     verdict = _absence(run, call, tool, datetime.now(UTC))
+    final_on_ended = verdict.action == "retry" and run.state.status == "finished"
+    if final_on_ended:
+        # The record says what is done: an ended run invokes nothing more, so the retry
+        # the evidence allows is not made, and a person closes the call.
+        verdict = _Absence(
+            "escalate",
+            f"{verdict.rule}; the run has ended, so nothing is retried: a person closes the call",
+        )
     action = {"retry": "retry", "wait": "keep_uncertain", "escalate": "escalate"}[verdict.action]
     yield from _reconciliation(run, call, "absent", verdict.rule, action, evidence.evidence)
     call = run.state.open_calls[key]
@@ -908,6 +916,8 @@ def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Step
             f"{call.name} was absent at the lookup, but nothing stops its original request "
             f"(started {call.started_at.isoformat()}) from landing later"
         )
+        if final_on_ended:
+            reason = f"{call.name} was absent for good at the lookup; the run has ended"
         yield from _escalate(run, call, "uncertain_call", reason, None)
     else:
         assert verdict.until is not None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from runlog.projections.messages import Message, ToolResult
 from runlog.schemas import models as m
 from runlog.schemas.models import Event
 from runlog.schemas.sealing import ERASED
@@ -120,17 +121,15 @@ class Lineage:
 
 def run_forked(st: RunState, ev: Event) -> None:
     """The fork's first event: the parent's state at the fork point, under the fork's name."""
-    from runlog.projections.run_state import RunState
-
     p = ev.payload
     assert isinstance(p, m.RunForked)
     if p.state == ERASED:
         # The parent's content at the fork point was sealed under the subject's key and the
         # key is destroyed: the fork folds as structure only (an empty prefix, its lineage
         # and its own later events kept). Its subject was forgotten, so is its content.
-        parent = RunState(authority=st.authority)
+        parent = type(st)(authority=st.authority)
     else:
-        parent = RunState.from_dict(unpack_state(p.state), st.authority)
+        parent = type(st).from_dict(unpack_state(p.state), st.authority)
     for name in ("messages", "turns", "input_tokens", "output_tokens", "cost_usd"):
         setattr(st, name, getattr(parent, name))
     for name in ("completed_calls", "open_calls", "approvals", "compactions", "denials"):
@@ -186,8 +185,6 @@ def run_forked(st: RunState, ev: Event) -> None:
 
 
 def fork_effect_resolved(st: RunState, ev: Event) -> None:
-    from runlog.projections.run_state import Message, ToolResult
-
     p = ev.payload
     assert isinstance(p, m.ForkEffectResolved)
     lineage = st.lineage

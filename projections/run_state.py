@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from runlog.errors import UnknownEventType
 from runlog.projections.lineage import Lineage, fork_effect_resolved, run_forked, unpack_state
+from runlog.projections.messages import Message, ToolResult
 from runlog.schemas import models as m
 from runlog.schemas.keys import compensated_tool
 from runlog.schemas.models import Event
@@ -73,23 +74,6 @@ of the fold that the reader sets, like the decider keys it trusts."""
 
 Status = Literal["new", "running", "escalated", "finished"]
 CallStatus = Literal["started", "uncertain", "escalated", "conflict", "decided"]
-
-
-@dataclass
-class ToolResult:
-    call_id: str
-    name: str
-    content: str
-    is_error: bool = False
-
-
-@dataclass
-class Message:
-    role: Literal["user", "assistant", "tool"]
-    content: str = ""
-    trust: Literal["user", "model", "tool", "untrusted"] = "user"
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    tool_result: ToolResult | None = None
 
 
 @dataclass

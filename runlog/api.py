@@ -478,9 +478,10 @@ def _settle_purge(services: Services, report: ForgetReport, wait_s: float) -> No
     queued while the erasure was being recorded, by a caller that had not read it yet), and
     have Redis rewrite its files."""
     from runlog.consumers import erasure as purge
+    from runlog.consumers import stores
 
     s = services.settings
-    report.projections_behind = purge.wait_purged(
+    report.projections_behind = stores.wait_purged(
         services.redis, s, [(r.partition, r.run_id) for r in report.runs], wait_s
     )
     report.projections_purged = not report.projections_behind

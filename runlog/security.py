@@ -217,14 +217,22 @@ def redis_acl_rules(key_prefix: str) -> dict[str, str]:
     projections = f"~{key_prefix}:proj:*"
     # A process's session (producers.lease: the liveness key its leases refer to, the
     # hash of sessions) and a worker's held set (the runs another worker adopts when the
-    # session dies), and the list a draining worker announces its runs on: every process
-    # that takes a lease, or tells who holds one, needs them.
-    sessions = (
-        f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:* ~{key_prefix}:handoffs"
-    )
+    # session dies): every process that takes a lease, or tells who holds one, needs them.
+    sessions = f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:*"
+    # The fleet: each worker's presence entry (which agents it serves, read by a start
+    # that requires a worker), a reconcile request's reply (the worker writes it, the
+    # operator reads it) and the list a draining worker announces its runs on.
+    fleet = f"~{key_prefix}:workers:* ~{key_prefix}:reconcile:* ~{key_prefix}:handoffs"
+    # Records an operator set aside (runlog.log.setaside): every reader of runs skips them,
+    # so every role that reads runs reads the list; only the operator writes it.
+    set_aside = f"{key_prefix}:setaside:*"
+    operator_only = f"~{set_aside} ~{key_prefix}:retention"
     return {
-        "worker": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {sessions}",
-        "projections": f"{_BASE} -@dangerous {projections}",
-        "operator": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {projections} {sessions}",
+        "worker": f"{_BASE} {_SCRIPTS} -@dangerous {runs} {sessions} {fleet} %R~{set_aside}",
+        "projections": f"{_BASE} -@dangerous {projections} %R~{set_aside}",
+        "operator": (
+            f"{_BASE} {_SCRIPTS} -@dangerous {runs} {projections} {sessions} {fleet} "
+            f"{operator_only}"
+        ),
         "admin": "resetkeys resetchannels +@all ~* &*",
     }

@@ -14,7 +14,7 @@ from workers.common import FAST_TAKEOVER, worker_env
 
 from runlog.consumers import queries
 from runlog.consumers.projection_metrics import Watermarks
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import fold
 from runlog.settings import Settings

@@ -236,6 +236,97 @@ def test_no_import_cycle_between_packages() -> None:
             visit(node, [node])
 
 
+def _runtime_imports(module: str, path: Path) -> set[str]:
+    """The runlog modules ``module`` imports when it runs: at its top and inside its
+    functions alike (an import moved into a function still runs), not under
+    ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+        for stmt in node.body
+        for sub in ast.walk(stmt)
+    }
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_pkg else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            subs = {f"{target}.{a.name}" for a in node.names} & MODULES.keys()
+            out.update(subs or {target})
+    return {t for t in out if t in MODULES and t != module}
+
+
+def _module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_modules_even_behind_a_function_level_import() -> None:
+    """A function-level import may load a module late (the CLI, an optional extra), never
+    hide a cycle: with every import counted where it runs, the modules form no cycle."""
+    graph = {module: _runtime_imports(module, path) for module, path in MODULES.items()}
+    cycles = _module_cycles(graph)
+    assert not cycles, "module import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    """The checker itself: an import inside a function counts, a typing-only one does not,
+    and two modules importing each other are a cycle."""
+    mod = tmp_path / "mod.py"
+    mod.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from runlog.settings import Settings\n"
+        "def later() -> None:\n    from runlog.errors import RunlogError\n"
+    )
+    assert _runtime_imports("runlog.mod", mod) == {"runlog.errors"}
+    graph = {"runlog.errors": {"runlog.mod"}, "runlog.mod": _runtime_imports("runlog.mod", mod)}
+    assert _module_cycles(graph) == [["runlog.errors", "runlog.mod"]]
+
+
 def test_a_lower_layer_test_would_catch_an_upward_import(tmp_path: Path) -> None:
     """The checker itself: an upward import in a fold module is reported."""
     bad = tmp_path / "bad.py"

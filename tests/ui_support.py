@@ -17,7 +17,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
 from runlog.ui.app import create_app
 from runlog.ui.auth import UiSettings

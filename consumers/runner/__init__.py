@@ -53,13 +53,14 @@ TRYAGAIN.
 The package, by reason to change: ``core`` (the runner's state, positions, retries),
 ``fencing`` (rebuild markers and how a live runner yields to a rebuild), ``batch`` (decode,
 quarantine, fold and commit one partition batch), ``loop`` (the consumer: ``run`` and
-``catch_up``) and ``rebuilding`` (``rebuild``: a projection from zero, live runners fenced).
+``catch_up``, and ``rebuild`` with it) and ``rebuilding`` (a projection from zero, live
+runners fenced, with the runner it is given: it never names the loop, which names it).
 """
 
 from runlog.consumers.runner.core import RunnerStats, Stopped, default_group, transient_redis_error
 from runlog.consumers.runner.fencing import ProjectionRebuilt, RebuildBusy, RebuildIncomplete
-from runlog.consumers.runner.loop import ProjectionRunner, streaming_gc
-from runlog.consumers.runner.rebuilding import delete_projection, rebuild
+from runlog.consumers.runner.loop import ProjectionRunner, rebuild, streaming_gc
+from runlog.consumers.runner.rebuilding import delete_projection
 
 __all__ = [
     "ProjectionRebuilt",

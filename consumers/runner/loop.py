@@ -8,12 +8,14 @@ import contextlib
 import functools
 import gc
 import logging
+import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from runlog.consumers.notify import Notifier
@@ -21,8 +23,10 @@ from runlog.consumers.queries import incomplete
 from runlog.consumers.runner.batch import BatchRunner
 from runlog.consumers.runner.core import Stopped
 from runlog.consumers.runner.fencing import RebuildIncomplete
+from runlog.consumers.runner.rebuilding import rebuild_with
 from runlog.errors import KafkaUnavailable
 from runlog.log.kafka import group_config, high_watermark, partitions_of
+from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,9 @@ class ProjectionRunner(BatchRunner):
 
     Not thread-safe; ``stop()`` may be called from any thread or a signal handler.
     """
+
+    def _refold(self, names: list[str]) -> None:
+        rebuild(self.redis, self.settings, names, takeover=True, stop=self._stop)
 
     # Positions --------------------------------------------------------------------
     def _check_positions(self) -> None:
@@ -321,3 +328,25 @@ class ProjectionRunner(BatchRunner):
             self._producer.flush(10)
             self._producer = None
         self._assigned = set()
+
+
+def rebuild(
+    client: redis.Redis,
+    settings: Settings,
+    names: Sequence[str],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    takeover: bool = False,
+    stop: threading.Event | None = None,
+) -> dict[int, int]:
+    """Rebuild projections ``names`` from offset zero, live runners fenced, not raced
+    (``rebuilding.rebuild_with``, which says how a rebuild that dies is completed)."""
+    return rebuild_with(
+        lambda: ProjectionRunner(settings, client, names),
+        client,
+        settings,
+        names,
+        progress=progress,
+        takeover=takeover,
+        stop=stop,
+    )

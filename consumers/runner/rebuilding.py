@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
 from runlog.consumers.runner.fencing import _delete_if_ours, _RebuildMarker
-from runlog.consumers.runner.loop import ProjectionRunner
 from runlog.consumers.stores import make_handler
 from runlog.errors import RedisUnavailable
 from runlog.log.authority import authority_for
@@ -46,7 +45,21 @@ def _delete(client: redis.Redis, keys: list[Any]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
-def rebuild(
+class Refolder(Protocol):
+    """A runner that folds projections from zero (``ProjectionRunner``)."""
+
+    _stop: threading.Event
+
+    def catch_up(
+        self,
+        *,
+        progress: Callable[[int, int], None] | None = ...,
+        generations: dict[tuple[str, int], int] | None = ...,
+    ) -> dict[int, int]: ...
+
+
+def rebuild_with(
+    new_runner: Callable[[], Refolder],
     client: redis.Redis,
     settings: Settings,
     names: Sequence[str],
@@ -55,7 +68,8 @@ def rebuild(
     takeover: bool = False,
     stop: threading.Event | None = None,
 ) -> dict[int, int]:
-    """Delete the projections and fold the log from offset zero up to today's watermarks.
+    """Delete the projections and fold the log from offset zero up to today's watermarks,
+    with the runner ``new_runner`` makes (``runner.rebuild``: a ``ProjectionRunner``).
 
     Live runners of these projections are fenced, not raced: the rebuild first marks the
     projections as rebuilding, then increments every partition's generation (a live
@@ -106,7 +120,7 @@ def rebuild(
             generations = {(h.name, p): int(next(gens)) for h in handlers for p in parts}
             for name in names:
                 delete_projection(client, settings, name)
-            runner = ProjectionRunner(settings, client, names)
+            runner = new_runner()
             if stop is not None:
                 runner._stop = stop
             targets = runner.catch_up(progress=progress, generations=generations)

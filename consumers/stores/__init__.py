@@ -7,11 +7,16 @@ plus its line below.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
-from runlog.consumers.store import Handler, Projection, ProjectionKeys
+import redis
+
+from runlog.consumers.store import RUN_STATE, Handler, Projection, ProjectionKeys
 from runlog.consumers.stores import audit, notify, state, uncertain
 from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
+from runlog.settings import Settings
 
 REGISTRY: dict[str, Projection] = {
     p.name: p
@@ -38,3 +43,44 @@ def make_handler(
     if projection is None:
         raise ValueError(f"unknown projection {name!r}; expected one of {', '.join(KNOWN)}")
     return projection.handler(ProjectionKeys(prefix, name, topic), authority)
+
+
+# ------------------------------------------------------------------ erasure's progress
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def unpurged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> list[str]:
+    """The projections that keep ``run_id`` and have not folded its erasure yet (each stores
+    the run's state as erased once it did; one that never stored the run has no copy)."""
+    out = []
+    for name in REGISTRY:
+        keys = ProjectionKeys(settings.redis_key_prefix, name, settings.events_topic)
+        raw = _text(client.get(keys.run(partition, run_id)))
+        if raw is not None and json.loads(raw).get(RUN_STATE, {}).get("erased") is None:
+            out.append(name)
+    return out
+
+
+def purged(client: redis.Redis, settings: Settings, partition: int, run_id: str) -> bool:
+    """Whether every projection that keeps ``run_id`` has folded its erasure."""
+    return not unpurged(client, settings, partition, run_id)
+
+
+def wait_purged(
+    client: redis.Redis, settings: Settings, runs: list[tuple[int, str]], wait_s: float
+) -> list[str]:
+    """Wait up to ``wait_s`` until every projection folded the erasure of each of ``runs``
+    (partition, run id); the projections that had not when it ended (empty: all purged; a
+    runner that is down or behind purges when it folds the record, and rewrites Redis's
+    files then)."""
+    deadline = time.monotonic() + wait_s
+    left = list(runs)
+    while True:
+        behind = {(p, rid): unpurged(client, settings, p, rid) for p, rid in left}
+        left = [run for run, names in behind.items() if names]
+        if not left or time.monotonic() >= deadline:
+            return sorted({n for names in behind.values() for n in names})
+        time.sleep(0.1)

@@ -53,7 +53,7 @@ except ModuleNotFoundError as exc:
 from runlog import aio
 from runlog.integrations._approvals import await_decision, rejection_note
 from runlog.integrations._common import SUMMARY_CHARS, ToolPolicy, recorded_events
-from runlog.integrations.pydantic_ai import (
+from runlog.integrations._pydantic_ai_parts import (
     _LIVE,
     DEFERRED_MARK,
     RunlogModel,

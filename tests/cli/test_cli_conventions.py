@@ -27,7 +27,7 @@ from workers.common import services_for
 import runlog
 from runlog.cli import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_STACK_DOWN, EXIT_USAGE
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import NOTIFY, PROJECTIONS
+from runlog.consumers.stores import NOTIFY, PROJECTIONS
 from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ from workers.common import worker_env
 
 import runlog
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.keys import Keks, new_kek
 from runlog.producers import opening
 from runlog.settings import Settings

@@ -23,7 +23,7 @@ from projections_support import env_for
 from runlog.bootstrap import Services
 from runlog.cli import main
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, TenantMismatch
 from runlog.log.reader import LogReader
 from runlog.producers.approvals import decisions_key

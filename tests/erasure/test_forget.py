@@ -27,9 +27,9 @@ from workers.common import EXIT_FENCED, read_log, start_worker, verdicts
 
 import runlog
 import runlog.api
-from runlog.consumers import erasure
-from runlog.consumers.runner.rebuilding import rebuild
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers import erasure, stores
+from runlog.consumers.runner import rebuild
+from runlog.consumers.stores import PROJECTIONS
 from runlog.consumers.verify import verify_run
 from runlog.log.clients import redis_client as make_client
 from runlog.log.snapshots import SnapshotStore
@@ -246,7 +246,7 @@ def test_kill_9_between_shredding_and_purging_completes_on_restart(
         wait_assigned(proc, log)
         deadline = time.monotonic() + 60
         part = erased_partition(s, forgotten)
-        while not erasure.purged(redis_client, s, part, forgotten):
+        while not stores.purged(redis_client, s, part, forgotten):
             assert time.monotonic() < deadline, Path(log).read_text()[-2000:]
             time.sleep(0.1)
         projections = repr(dump(redis_client, s))

@@ -14,7 +14,7 @@ from test_forget import TENANT, make_run
 
 import runlog.api
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.clients import redis_client as make_client
 from runlog.settings import Settings
 from runlog.stack import StackConfig, redis_cluster

@@ -27,8 +27,8 @@ from scan_support import events_records, on_disk, redis_bytes
 
 import runlog
 from runlog.consumers import erasure
-from runlog.consumers.runner.rebuilding import rebuild
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.runner import rebuild
+from runlog.consumers.stores import PROJECTIONS
 from runlog.consumers.verify import verify_run
 from runlog.log import keys as keys_mod
 from runlog.log.keys import keys_for, new_kek

@@ -29,7 +29,7 @@ from ui_support import TOKEN_A, TOKEN_B, console, projecting
 import runlog
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.kafka import reader_config
 from runlog.log.reader import LogReader
 from runlog.projections.run_state import RunState, accept, rejection
@@ -459,6 +459,44 @@ def test_a_lookup_without_a_match_on_an_ended_run_invokes_nothing_and_says_so(
         assert st.open_calls[key].status == "conflict" and st.pending_approvals
     if answer == "absent":
         assert st.pending_approvals, "a person is asked about the absent refund"
+
+
+@pytest.mark.parametrize("receiver", ["fenced", "dedupes_by_key"])
+def test_an_absence_made_final_on_an_ended_run_records_no_retry_and_asks_a_person(
+    fleet_settings: Settings, redis_client: redis.Redis, receiver: str
+) -> None:
+    """The receiver makes the lookup's absence final, which on a live run allows a retry.
+    On an ended run nothing is invoked, so the record must not say "retry": it says that
+    the absence was final and the run has ended, and a person is asked to close the call."""
+    s = fleet_settings
+
+    def dies(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise Crash
+
+    def never(args: dict[str, Any], *, idempotency_key: str) -> str:
+        raise AssertionError("an ended run's call is never invoked again")
+
+    def lookup(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        return runlog.Absent("no refund under the key")
+
+    rid, key = _terminated_during_refund(s, dies, lookup)
+    refund = runlog.tool("refund", risk="irreversible", reconcile=lookup, receiver=receiver)(never)
+    done = runlog.reconcile(rid, key, by="ops", tenant="acme", tools=[refund], settings=s)
+    (settled,) = done.settled
+    assert done.finished and settled.outcome == "escalated"
+    events = _events(s, rid)
+    finish = next(e.seq for e in events if e.type is EventType.RUN_FINISHED)
+    recorded = [
+        e.payload
+        for e in events
+        if e.seq > finish and isinstance(e.payload, m.ReconciliationAttempted)
+    ]
+    assert [(r.outcome, r.action) for r in recorded] == [("absent", "escalate")]
+    after = [e.type for e in events if e.seq > finish]
+    assert EventType.TOOL_CALL_STARTED not in after and EventType.TOOL_CALL_COMPLETED not in after
+    st = states(s, [rid])[rid]
+    assert (st.status, st.outcome) == ("finished", "terminated")
+    assert st.open_calls[key].status == "escalated" and st.pending_approvals
 
 
 def test_two_reconciles_of_a_terminated_run_at_once_record_one_settlement(

@@ -30,7 +30,8 @@ from runlog.cli import main as cli_main
 from runlog.consumers import queries
 from runlog.consumers.notify import Notifier, Webhook
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import NOTIFY, ProjectionKeys
+from runlog.consumers.store import ProjectionKeys
+from runlog.consumers.stores import NOTIFY
 from runlog.errors import Escalated
 from runlog.projections.notify import identity
 from runlog.schemas.vocabulary import EventType

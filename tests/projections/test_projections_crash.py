@@ -26,7 +26,7 @@ from runlog.consumers import queries
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.projection_metrics import Watermarks
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
 
 

@@ -20,7 +20,7 @@ from projections_support import (
 from runlog.consumers import queries
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
 
 

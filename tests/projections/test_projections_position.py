@@ -22,7 +22,8 @@ from projections_support import dump, wait_caught_up
 
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.consumers.store import ProjectionKeys
+from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}

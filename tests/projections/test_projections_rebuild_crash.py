@@ -34,7 +34,8 @@ from workers.common import TESTS
 from runlog.consumers import projection_metrics, queries
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, RebuildIncomplete
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.consumers.store import ProjectionKeys
+from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)

@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
 
 

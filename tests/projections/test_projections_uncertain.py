@@ -12,7 +12,7 @@ from projections_support import replayed_states
 import runlog
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.log.reader import LogReader
 from runlog.schemas import models as m
 from runlog.settings import Settings

@@ -43,9 +43,13 @@ from runlog import stack
 from runlog.bootstrap import Services
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import PROJECTIONS, ProjectionKeys
+from runlog.consumers.store import ProjectionKeys
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
+from runlog.fleet.reconciling import read_reply, write_reply
+from runlog.fleet.worker import live_workers, workers_key
 from runlog.log.clients import async_redis_client, loop_get, redis_client
+from runlog.log.setaside import set_aside, set_aside_key, set_aside_offsets
 from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.opening import open_run_with, submit_decision
 from runlog.producers.writer import DeliveryFailed, EventWriter
@@ -501,6 +505,38 @@ def test_operator_cannot_change_topics_or_permissions(
         for command in (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "dir")):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 client.execute_command(*command)
+
+
+def test_each_role_reaches_the_fleet_keys_it_needs_and_no_more(
+    secure_stack: stack.StackConfig, prefix: str
+) -> None:
+    """A secure worker announces itself (the agents it serves) and answers reconcile
+    requests; the operator lists workers, reads the answers and sets records aside; every
+    role that reads runs reads the set-aside list, and only the operator writes it."""
+    worker = _settings(secure_stack, "worker", prefix)
+    operator = _settings(secure_stack, "operator", prefix)
+    projections = _settings(secure_stack, "projections", prefix)
+    me = f"w-acl-{uuid.uuid4().hex[:6]}"
+    with (
+        redis_client(worker) as w,
+        redis_client(operator) as o,
+        redis_client(projections) as p,
+    ):
+        w.hset(workers_key(worker, me), mapping={"id": me, "agents": "payer"})
+        w.expire(workers_key(worker, me), 30)
+        write_reply(w, worker, me, {"status": "settled"})
+        assert me in {x.get("id") for x in live_workers(o, operator)}
+        assert read_reply(o, operator, me) == {"status": "settled"}
+        assert set_aside(o, operator, 0, 10**9, by="ops", reason="acl test", error="none")
+        for client, settings in ((w, worker), (p, projections), (o, operator)):
+            assert 10**9 in set_aside_offsets(client, settings, 0)
+        for client, settings in ((w, worker), (p, projections)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.hset(set_aside_key(settings), "0:1", "{}")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            p.hgetall(workers_key(projections, me))
+        o.hdel(set_aside_key(operator), f"0:{10**9}")
+        w.delete(workers_key(worker, me))
 
 
 # ------------------------------------------------------------------------------ secrets

@@ -36,7 +36,7 @@ from runlog import stack
 from runlog.bootstrap import Services
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.consumers.verify import verify_run
 from runlog.errors import NotADecider
 from runlog.log.clients import redis_client

@@ -22,7 +22,7 @@ from runlog.consumers import queries
 from runlog.consumers.index import RunIndex
 from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import InvalidTenant
 from runlog.log.clients import redis_client as make_client
 from runlog.producers.lease import Held, Lease, LeaseManager
@@ -247,7 +247,7 @@ def test_notifications_on_the_cluster(on_cluster: Settings) -> None:
     """The notify projection queues in its position's transaction and the delivery loop
     claims with scripts: every key of one partition in one slot, partitions over masters."""
     from runlog.consumers.notify import Notifier
-    from runlog.consumers.store import NOTIFY
+    from runlog.consumers.stores import NOTIFY
 
     client = make_client(on_cluster)
     asked = set()

@@ -31,7 +31,7 @@ import runlog
 from runlog.bootstrap import Services
 from runlog.consumers.queries import get_audit
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import DecisionConflict
 from runlog.producers.approvals import decisions_key
 from runlog.projections import audit

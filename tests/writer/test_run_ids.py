@@ -29,7 +29,7 @@ from projections_support import env_for, start_runner, stop, wait_assigned
 import runlog
 from runlog.consumers import queries
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import PROJECTIONS
+from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import InvalidRecordKey, InvalidRunId
 from runlog.schemas import codec
 from runlog.schemas.keys import MAX_RUN_ID_LEN, check_run_id, decode_key, new_run_id
