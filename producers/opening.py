@@ -27,7 +27,7 @@ from runlog.errors import (
 from runlog.log.authority import authority_for
 from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
-from runlog.log.reader import LogReader
+from runlog.log.reader import LogReader, Prefetch
 from runlog.producers.approvals import (
     check_answer,
     decisions_key,
@@ -109,6 +109,7 @@ def open_run_with(
     started_with: Mapping[str, str] | None = None,
     subject: str | None = None,
     expect_agent: str | None = None,
+    prefetch: Prefetch | None = None,
 ) -> Run:
     """Start a new run or resume an existing one: the same call either way.
 
@@ -128,6 +129,9 @@ def open_run_with(
     ``takeover=True`` breaks a live lease at once instead of waiting for it to expire:
     for a supervisor that knows the owner died (it saw the process exit). If the owner
     was alive after all, fencing stops it at its next append.
+
+    ``prefetch``: a pass over the run's partition made for many runs at once (a worker
+    adopting a dead worker's runs); the replay reads from it when it covers the run.
     """
 
     start = {"agent": agent, "goal": goal, **(started_with or {})}
@@ -141,7 +145,7 @@ def open_run_with(
     try:
         reader = deps.reader_factory()
         try:
-            run = _replay(deps, reader, lease, tools)
+            run = _replay(deps, reader, lease, tools, prefetch)
             if not create and run.state.status == "new":
                 raise UnknownRun(f"run {rid} has no events", run_id=rid)
             check_agent(run.state, rid, expect_agent)
@@ -196,23 +200,38 @@ def _start_fresh(
         raise
 
 
-def _replay(deps: RunDeps, reader: LogReader, lease: Lease, tools: Iterable[Tool]) -> Run:
+def _replay(
+    deps: RunDeps,
+    reader: LogReader,
+    lease: Lease,
+    tools: Iterable[Tool],
+    prefetch: Prefetch | None = None,
+) -> Run:
     rid, tenant = lease.run_id, lease.tenant
+    end = None
+    if prefetch is not None and prefetch.load(deps.settings, deps.redis, deps.reader_factory):
+        # The run as the pass read it, up to where the pass stopped: ``_claim`` reads the
+        # run back from there, so what was appended since is seen before the claim counts.
+        reader.prefetch, end = prefetch, prefetch.end
     # With the process's log tail, the partition comes from the writer's count (checked
     # against the deployment's once, as a fresh run's placement is): a requested run the
     # tail has never seen is then opened without the reader asking the broker anything.
     # ``_claim`` reads the run back from where the tail had read to.
-    got = read_run(
-        reader,
-        deps.redis,
-        deps.settings,
-        tenant,
-        rid,
-        snapshots=deps.snapshots,
-        keep=True,
-        tail=deps.tail,
-        partition=None if deps.tail is None else partition_for(rid, deps.partition_count()),
-    )
+    try:
+        got = read_run(
+            reader,
+            deps.redis,
+            deps.settings,
+            tenant,
+            rid,
+            snapshots=deps.snapshots,
+            keep=True,
+            end=end,
+            tail=deps.tail,
+            partition=None if deps.tail is None else partition_for(rid, deps.partition_count()),
+        )
+    finally:
+        reader.prefetch = None
     if got.snapshot_miss is not None:
         log.warning("snapshot of %s does not continue into the log; full replay", rid)
     state = got.state

@@ -220,9 +220,9 @@ def redis_acl_rules(key_prefix: str) -> dict[str, str]:
     # session dies): every process that takes a lease, or tells who holds one, needs them.
     sessions = f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:*"
     # The fleet: each worker's presence entry (which agents it serves, read by a start
-    # that requires a worker) and a reconcile request's reply (the worker writes it, the
-    # operator reads it).
-    fleet = f"~{key_prefix}:workers:* ~{key_prefix}:reconcile:*"
+    # that requires a worker), a reconcile request's reply (the worker writes it, the
+    # operator reads it) and the list a draining worker announces its runs on.
+    fleet = f"~{key_prefix}:workers:* ~{key_prefix}:reconcile:* ~{key_prefix}:handoffs"
     # Records an operator set aside (runlog.log.setaside): every reader of runs skips them,
     # so every role that reads runs reads the list; only the operator writes it.
     set_aside = f"{key_prefix}:setaside:*"

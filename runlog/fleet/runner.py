@@ -34,10 +34,12 @@ from runlog.errors import (
     TenantMismatch,
     UnknownRun,
 )
+from runlog.fleet import handoffs
 from runlog.fleet.lifecycle import LifecycleWriter, Record, rebuilt
 from runlog.fleet.registry import Agent
 from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
+from runlog.log.reader import Prefetch
 from runlog.producers import timers
 from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
@@ -98,7 +100,9 @@ def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
     return fields
 
 
-def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
+def _open_args(
+    deps: RunDeps, agent: Agent, rec: Record, prefetch: Prefetch | None = None
+) -> dict[str, Any]:
     """How a dispatch opens its run (sync and async alike): never waiting for a lease
     another worker holds, the RUN_STARTED fields of the request when the run is new. A
     record without an input (``open``: a resume, a handover, a dead worker's run adopted)
@@ -112,6 +116,7 @@ def _open_args(deps: RunDeps, agent: Agent, rec: Record) -> dict[str, Any]:
         "reason": f"dispatched to worker {deps.writer_id}",
         "started_with": _start_fields(agent, rec),
         "create": rec.input_json is not None or rec.input_sealed is not None,
+        "prefetch": prefetch,
     }
 
 
@@ -168,12 +173,16 @@ def _decided_meanwhile(deps: RunDeps, lw: LifecycleWriter, res: Result, run_id: 
 
 def _handed_over(lw: LifecycleWriter, run: Run, tenant: str, agent: str) -> Result:
     """The worker drains and the run reached a step's boundary: its lease is released as a
-    handover, then ``open`` is written to its lifecycle record, so whichever worker owns
-    the partition now (the drainer gave its partitions up) dispatches it at once, even if
-    it found the run locked a moment before."""
+    handover, announced to the live workers (``fleet.handoffs``: one takes it at once),
+    then ``open`` is written to its lifecycle record, so whichever worker owns the
+    partition now (the drainer gave its partitions up) dispatches it too, even if it
+    found the run locked a moment before: the lease decides."""
     try:
         run.hand_over()
         rec = Record("open", tenant, agent)
+        # The live workers first (one Redis push): they take the run now, without waiting
+        # for this record's acknowledgement nor for the group to move its partition.
+        handoffs.announce(run.deps.redis, run.deps.settings, [(run.run_id, rec)])
         return Result("handed_over", rec, lw.write(run.run_id, rec))
     except (Fenced, RunLocked) as exc:
         return _fenced(run.deps, exc)
@@ -369,16 +378,18 @@ def execute(
     rec: Record,
     agent: Agent,
     opening: threading.Semaphore | None = None,
+    prefetch: Prefetch | None = None,
 ) -> Result:
     """Dispatch ``run_id`` once in this thread (a sync agent). ``opening``: the worker's
-    bound on opens at once (``Worker.OPENING``)."""
+    bound on opens at once (``Worker.OPENING``); ``prefetch``: a pass over the run's
+    partition made for many adopted runs at once (``Prefetch``)."""
     opened = _opened(deps, lw, run_id, rec)
     if isinstance(opened, Result):
         return opened
     rec = opened
     try:
         with opening or contextlib.nullcontext():
-            run = open_run_with(deps, run_id, **_open_args(deps, agent, rec))
+            run = open_run_with(deps, run_id, **_open_args(deps, agent, rec, prefetch))
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return _not_opened(deps, lw, run_id, rec, exc)
     except Escalated:
@@ -465,16 +476,17 @@ async def execute_async(
     rec: Record,
     agent: Agent,
     opening: asyncio.Semaphore | None = None,
+    prefetch: Prefetch | None = None,
 ) -> Result:
     """Dispatch ``run_id`` once in this event loop (an ``async def`` agent). ``opening``:
-    the worker's bound on opens at once (``Worker.OPENING``)."""
+    the worker's bound on opens at once (``Worker.OPENING``); ``prefetch`` as ``execute``'s."""
     opened = rec if rec.input_sealed is None else await in_thread(_opened, deps, lw, run_id, rec)
     if isinstance(opened, Result):
         return opened
     rec = opened
     try:
         async with opening or contextlib.nullcontext():
-            arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec))
+            arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec, prefetch))
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return await in_thread(_not_opened, deps, lw, run_id, rec, exc)
     except Escalated:

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from runlog.errors import ConfigError
-from runlog.fleet import lifecycle, reconciling
+from runlog.fleet import handoffs, lifecycle, reconciling
 from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
 from runlog.fleet.reconciling import ReconcileRequest, Served
 from runlog.fleet.registry import Agent
@@ -48,6 +48,7 @@ from runlog.fleet.runner import (
     execute_async,
 )
 from runlog.log.clients import REDIS_ERRORS, async_redis_client
+from runlog.log.reader import Prefetch
 from runlog.log.tail import WINDOW
 from runlog.producers.lease import sessions_key
 from runlog.producers.run import RunDeps
@@ -65,6 +66,12 @@ orphans opened all at once makes a consumer per open (its connections, metadata 
 fetch cost more than the read) and slows the runs already going. A few at a time reuse the
 pool's readers (as many as it keeps idle, ``ReaderPool``'s ``keep``), and each open is a few
 milliseconds; the rest wait their turn in their slot."""
+ADOPTING = 64
+"""Runs a worker opens at once when it takes them over (a dead session's, a drained
+worker's) and their partition is read once for all of them (``Prefetch``, at most
+``OPENING`` passes at once): such an open reads nothing of its own (its replay comes from
+the pass, its claim is read back from the process's log tail), so it borrows no reader's
+consumer, and what bounds it is round trips to Redis and the broker, not readers."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 ADOPT_POLL_S = 0.25
@@ -73,6 +80,15 @@ session: the fleet's size, never its number of runs)."""
 HELD_TTL_S = 7 * 24 * 3600
 """How long a session's set of held runs outlives its last change (a dead session's is
 deleted by whoever adopts its runs)."""
+HANDOFF_WAIT_S = 1
+"""How long a worker's ``BLPOP`` on the handoffs list blocks (one command a second per
+idle worker, whatever the number of runs)."""
+HANDOFF_BATCH = 64
+"""Announcements a worker pops in one round trip (the runs it then takes are replayed
+from one pass over each partition)."""
+HANDOFF_HORIZON_S = 10.0
+"""A draining worker announces its partitions' durable sleeps that end within this much
+(the rest are due after the group has moved the partitions)."""
 HEARTBEAT_MAX_MS = 300
 """The group heartbeat's longest interval: when a worker drains, the others learn of the
 rebalance at their next heartbeat and take its partitions then."""
@@ -137,6 +153,9 @@ class Worker:
         self.adopted: dict[str, Entry] = {}
         """Runs of a dead worker's session this worker dispatches although their
         partitions are not (yet) its own (``_adopt``)."""
+        self.prefetch: dict[str, Prefetch] = {}
+        """An adopted run's pass over its partition, made for all the runs adopted with it
+        (``Prefetch``): used by its first dispatch only."""
         self._held: dict[str, str | None] = {}
         """Changes to this session's held set not yet written (run id -> value, None: gone)."""
         """The lifecycle offset of the record each active dispatch was launched on."""
@@ -145,6 +164,10 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._opening = threading.BoundedSemaphore(OPENING)
         self._opening_async: asyncio.Semaphore | None = None
+        self._adopting = threading.BoundedSemaphore(ADOPTING)
+        self._reads = threading.BoundedSemaphore(OPENING)
+        """Passes (``Prefetch``) read at once: each borrows a reader, as an open does."""
+        self._adopting_async: asyncio.Semaphore | None = None
         self._aredis: Any = None
         self.since = codec.now_utc().isoformat()
         self.stats = {"dispatched": 0, "finished": 0, "waiting": 0, "locked": 0, "retried": 0}
@@ -160,6 +183,9 @@ class Worker:
         self.stats["handed_over"] = 0  # runs let go at a step's boundary while draining
         self._consumer: Any = None
         self._stop = threading.Event()
+        self.handoffs: queue.Queue[bytes] = queue.Queue()
+        """Announcements popped by the listener (``_listen``), taken by the main loop."""
+        self._listening = threading.Event()
         # Reconcile requests (``fleet.reconciling``) of the assigned partitions, by record
         # key: served in the agents' pool, apart from the runs' table (they are no run).
         self.requests: dict[str, tuple[int, ReconcileRequest]] = {}
@@ -359,6 +385,7 @@ class Worker:
         while self.ready and len(self.active) < self.concurrency:
             rid = self.ready.popleft()
             self.queued.discard(rid)
+            prefetch = self.prefetch.pop(rid, None)
             entry = self._entry(rid)
             if entry is None or entry.record is None or rid in self.active:
                 continue
@@ -377,12 +404,28 @@ class Worker:
                 loop = self._event_loop()
                 fut = asyncio.run_coroutine_threadsafe(
                     execute_async(
-                        self.deps, self._aredis, self.lw, rid, rec, agent, self._opening_async
+                        self.deps,
+                        self._aredis,
+                        self.lw,
+                        rid,
+                        rec,
+                        agent,
+                        self._opening_async if prefetch is None else self._adopting_async,
+                        prefetch,
                     ),
                     loop,
                 )
             else:
-                fut = self.pool.submit(execute, self.deps, self.lw, rid, rec, agent, self._opening)
+                fut = self.pool.submit(
+                    execute,
+                    self.deps,
+                    self.lw,
+                    rid,
+                    rec,
+                    agent,
+                    self._opening if prefetch is None else self._adopting,
+                    prefetch,
+                )
             self.active[rid] = fut
             self.launched[rid] = entry.offset
             if agent is not None:  # a check of the log takes no lease: nothing to adopt
@@ -415,6 +458,7 @@ class Worker:
                 asyncio.set_event_loop(loop)
                 self._aredis = async_redis_client(self.settings)
                 self._opening_async = asyncio.Semaphore(OPENING)
+                self._adopting_async = asyncio.Semaphore(ADOPTING)
                 ready.set()
                 loop.run_forever()
 
@@ -422,6 +466,23 @@ class Worker:
             ready.wait()
             self.loop = loop
         return self.loop
+
+    def _soon_due(self) -> list[tuple[str, Record]]:
+        """This worker's partitions' durable sleeps ending within ``HANDOFF_HORIZON_S``
+        that no dispatch of its holds: announced when it drains, so that they are woken on
+        time by another worker, not once the group has moved their partition."""
+        horizon = codec.now_utc().timestamp() + HANDOFF_HORIZON_S
+        out = []
+        for table in self.tables.values():
+            for rid, entry in table.items():
+                rec = entry.record
+                if rec is None or rec.state != "waiting_until" or rec.due_at is None:
+                    continue
+                if rid not in self.active and rec.due_at.timestamp() <= horizon:
+                    out.append(
+                        (rid, Record("waiting_until", rec.tenant, rec.agent, due_at=rec.due_at))
+                    )
+        return out
 
     def _reap(self) -> None:
         while True:
@@ -529,8 +590,12 @@ class Worker:
             dead = [s for s, alive in zip(others, pipe.execute(), strict=True) if not alive]
             for s in dead:
                 runs = client.hgetall(held_key(self.settings, s))
+                taken = {}
                 for raw_rid, raw in runs.items():
-                    self._adopt_run(_text(raw_rid), _text(raw))
+                    rid, value = _text(raw_rid), _text(raw)
+                    if self._adopt_run(rid, value):
+                        taken[rid] = value.partition("\t")[0]
+                self._prefetch(taken)
                 pipe = client.pipeline(transaction=False)
                 pipe.hdel(sessions_key(prefix), s)
                 pipe.delete(held_key(self.settings, s))
@@ -539,10 +604,23 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the partition owner still retries them
             log.warning("worker %s could not look for dead sessions: %s", self.id, exc)
 
-    def _adopt_run(self, rid: str, value: str) -> None:
+    def _prefetch(self, runs: dict[str, str]) -> None:
+        """One pass over each partition for the runs adopted together (run id -> tenant):
+        their opens replay from it, not from a read of the partition each."""
+        by_partition: dict[int, dict[str, str]] = {}
+        for rid, tenant in runs.items():
+            p = partition_for(rid, self.settings.partitions)
+            by_partition.setdefault(p, {})[rid] = tenant
+        for p, group in by_partition.items():
+            shared = Prefetch(p, group, self._reads)
+            for rid in group:
+                self.prefetch[rid] = shared
+
+    def _adopt_run(self, rid: str, value: str) -> bool:
+        """Schedule a dead session's run; whether it was."""
         tenant, _, agent = value.partition("\t")
         if rid in self.active or rid in self.queued or agent not in self.agents:
-            return
+            return False
         table = self.tables.get(partition_for(rid, self.settings.partitions))
         entry = None if table is None else table.get(rid)
         if entry is None:
@@ -550,6 +628,61 @@ class Worker:
             # that has no events).
             entry = self.adopted[rid] = Entry(Record("open", tenant, agent), -1)
         self._schedule(rid, entry)
+        return rid in self.queued
+
+    # Handoffs (a draining worker's runs) ----------------------------------------------------
+    def _listen(self) -> None:
+        """Pop announcements while this worker takes work (one ``BLPOP`` a second when
+        idle; a burst is taken ``HANDOFF_BATCH`` at a time, one round trip each). What is
+        popped after the drain began is pushed back for another worker."""
+        client = self.deps.redis
+        key = handoffs.handoffs_key(self.settings)
+        while self._listening.is_set():
+            try:
+                got = client.blpop([key], timeout=HANDOFF_WAIT_S)
+                more = client.lpop(key, HANDOFF_BATCH - 1) if got is not None else None
+            except REDIS_ERRORS as exc:
+                log.warning("worker %s: handoffs: %s", self.id, exc)
+                time.sleep(HANDOFF_WAIT_S)
+                continue
+            if got is None:
+                continue
+            values = [got[1], *(more or [])]
+            if not self._listening.is_set() or self.deps.draining.is_set():
+                with contextlib.suppress(*REDIS_ERRORS):
+                    client.lpush(key, *reversed(values))  # back at the head, in order
+                return
+            for value in values:
+                self.handoffs.put(value if isinstance(value, bytes) else str(value).encode())
+
+    def _take_handoffs(self) -> None:
+        taken: dict[str, str] = {}
+        try:
+            self._take_handoffs_into(taken)
+        finally:
+            self._prefetch(taken)  # the runs taken now: one pass over each partition
+
+    def _take_handoffs_into(self, taken: dict[str, str]) -> None:
+        while True:
+            try:
+                raw = self.handoffs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                rid, rec = handoffs.parse(raw)
+            except Exception as exc:  # noqa: BLE001 - one bad announcement must not stop dispatch
+                log.error("handoff announcement: %s", exc)
+                continue
+            if rec.input_json is not None or rec.input_sealed is not None:
+                continue  # never a start: those come with the partition
+            if rid in self.active or rid in self.queued or rec.agent not in self.agents:
+                continue
+            entry = self._entry(rid)
+            if entry is None or entry.record is None or entry.record.state != rec.state:
+                entry = self.adopted[rid] = Entry(rec, -1)
+            self._schedule(rid, entry)
+            if rid in self.queued:
+                taken[rid] = rec.tenant
 
     # Presence ----------------------------------------------------------------------------
     def _heartbeat(self) -> None:
@@ -630,6 +763,9 @@ class Worker:
             on_lost=self._on_revoke,
         )
         self._warm()
+        if self.deps.leases.liveness_ttl_ms:
+            self._listening.set()
+            threading.Thread(target=self._listen, name="runlog-handoffs", daemon=True).start()
         next_beat = next_adopt = 0.0
         if on_ready is not None:
             on_ready()
@@ -651,6 +787,7 @@ class Worker:
                             self._catch_up(tp.partition)
                 self._reap()
                 self._reap_requests()
+                self._take_handoffs()
                 self._fire_due()
                 self._launch()
                 self._serve_requests()
@@ -671,16 +808,24 @@ class Worker:
         outlasts ``drain_s`` is left to its lease: it is resumed when that expires, its call
         uncertain only if this process is killed before the step completes."""
         self.deps.draining.set()
+        self._listening.clear()
+        # The sleeps about to end on the partitions given up: woken on time by another
+        # worker, not once the group has moved them. (Each run handed over is announced
+        # by its dispatch, the moment its lease is free: ``runner._handed_over``.) Read
+        # before the consumer closes: its revocation drops the partitions' tables.
+        soon = self._soon_due()
         try:
             consumer.close()  # leaves the group: its partitions move at once
         except Exception as exc:  # noqa: BLE001
             log.warning("closing the lifecycle consumer: %s", exc)
+        handoffs.announce(self.deps.redis, self.settings, soon)
         self.tables.clear()
         self.caught_up.clear()
         self.heap.clear()
         self.ready.clear()
         self.queued.clear()
         self.adopted.clear()
+        self.prefetch.clear()
         log.info("worker %s draining %d runs (at most %.1f s)", self.id, len(self.active), drain_s)
         deadline = time.monotonic() + drain_s
         while (self.active or self.serving) and time.monotonic() < deadline:

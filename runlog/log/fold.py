@@ -105,7 +105,9 @@ def locate(
 ) -> Location:
     """Where a full read of the run starts, and how that was found."""
     partition = reader.partition_of(run_id)
-    hint = start_index(client, settings, tenant, run_id, partition=partition)
+    hint = None if reader.prefetch is None else reader.prefetch.start_of(tenant, run_id)
+    if hint is None:
+        hint = start_index(client, settings, tenant, run_id, partition=partition)
     if hint is not None:
         return Location(partition, hint, "index")
     if run_id_time_ms(run_id) is not None:

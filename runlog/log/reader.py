@@ -9,6 +9,7 @@ records whose key is the run id.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Generator
@@ -32,9 +33,11 @@ from runlog.log.keys import keys_for, learn
 from runlog.log.registry import ids_for
 from runlog.log.setaside import set_aside_offsets
 from runlog.schemas.codec import decode
-from runlog.schemas.keys import partition_for, run_id_time_ms
+from runlog.schemas.keys import partition_for, run_id_time_ms, start_key
 from runlog.schemas.models import Event
 from runlog.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # How far before a run id's creation time to start looking: covers producer clock skew.
 START_SKEW_MS = 60_000
@@ -115,6 +118,8 @@ class LogReader:
         there and a writer would start the run again from seq 1. So every reader compares
         the topic with ``RUNLOG_PARTITIONS`` before locating anything.
         """
+        if self.prefetch is not None and self.prefetch.partitions is not None:
+            return self.prefetch.partitions  # checked by the pass's reader moments ago
         if self._partitions is None:
             count = len(partitions_of(self._consumer, self.topic))
             if count != self.settings.partitions:
@@ -179,6 +184,10 @@ class LogReader:
             return int(found.offset)
         return OFFSET_BEGINNING
 
+    prefetch: Prefetch | None = None
+    """Records of many runs read at once (``Prefetch``): a read of one of those runs that
+    lies inside what it read is answered from it, without asking the broker."""
+
     def read(
         self,
         run_id: str,
@@ -195,13 +204,32 @@ class LogReader:
         must never resume past a fact it cannot read), unless an operator set it aside.
         """
         part = self.partition_of(run_id) if partition is None else partition
+        if self.prefetch is not None and start is not None and end is not None:
+            held = self.prefetch.records(run_id, part, start, end)
+            if held is not None:
+                yield from held
+                return
+        for _, rec in self.read_keys({run_id}, partition=part, start=start, end=end):
+            yield rec
+
+    def read_keys(
+        self,
+        run_ids: set[str],
+        *,
+        partition: int,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> Generator[tuple[str, LogRecord], None, None]:
+        """``(run id, event)`` of any of ``run_ids`` (all in ``partition``) in log order,
+        the run id being the record's key: ``read`` of many runs in one pass."""
+        part = partition
         stop = self.high_watermark(part) if end is None else end
         # No start: the partition's beginning. Seeking by an index or the id's time is
         # ``runlog.log.fold``'s job, which checks what such a start finds.
         offset = OFFSET_BEGINNING if start is None else start
         if stop == 0 or (offset != OFFSET_BEGINNING and offset >= stop):
             return
-        key = run_id.encode()
+        keys = {r.encode() for r in run_ids}
         if offset < 0:
             # The beginning as an offset: ``want`` below can then stop at ``stop`` (asking
             # for 500 records waits out consume()'s whole timeout when fewer are left).
@@ -243,18 +271,19 @@ class LogReader:
                     if off >= stop:
                         return
                     nxt = off + 1
-                    if msg.key() == key:
+                    key = msg.key()
+                    if key is not None and key in keys:
                         try:
                             ev = decode(msg.value() or b"", self._ids, self._keys)
                         except SchemaError as exc:
                             if off in self._set_aside(part):
                                 continue  # a person decided it does not count: skip it
-                            raise self._unreadable(run_id, part, off, exc) from exc
+                            raise self._unreadable(key.decode(), part, off, exc) from exc
                         learn(self._keys, ev)
                         forged = self._tenants.check(
                             ev.tenant, key, msg.value() or b"", _headers(msg)
                         )
-                        yield LogRecord(ev, part, off, forged)
+                        yield key.decode(), LogRecord(ev, part, off, forged)
                     if nxt >= stop:
                         return
         finally:
@@ -264,6 +293,11 @@ class LogReader:
 def _headers(msg: Any) -> list[tuple[str, str | bytes | None]]:
     """A consumed message's headers as confluent_kafka returns them (a list of pairs)."""
     return cast(list[tuple[str, str | bytes | None]], msg.headers() or [])
+
+
+COUNT_RECHECK_S = 1.0
+"""How long a partition count one pooled reader had from the broker serves the pool's
+other readers (``ReaderPool.get``)."""
 
 
 class ReaderPool:
@@ -283,6 +317,8 @@ class ReaderPool:
         self.keep = keep
         self._idle: list[_PooledReader] = []
         self._lock = threading.Lock()
+        self._count: int | None = None
+        self._count_at = -COUNT_RECHECK_S
         self._closed = False
 
     def get(self) -> LogReader:
@@ -290,10 +326,19 @@ class ReaderPool:
             reader = self._idle.pop() if self._idle else None
         if reader is None:
             return _PooledReader(self)
-        # The partition count is asked of the broker again on each use (over the open
-        # connection: a millisecond), so a topic recreated meanwhile is still refused.
-        reader._partitions = None
+        # The partition count is asked of the broker again (over the open connection), so
+        # a topic recreated meanwhile is still refused; at most once every
+        # ``COUNT_RECHECK_S`` for the whole pool: a burst of opens (a worker taking over a
+        # drained or dead worker's runs) would otherwise wait for one metadata request
+        # each, on a loaded broker as long as the replay's own fetch.
+        with self._lock:
+            fresh = time.monotonic() - self._count_at < COUNT_RECHECK_S
+            reader._partitions = self._count if fresh else None
         return reader
+
+    def _counted(self, count: int) -> None:
+        with self._lock:
+            self._count, self._count_at = count, time.monotonic()
 
     def _give_back(self, reader: _PooledReader) -> None:
         with self._lock:
@@ -315,8 +360,122 @@ class _PooledReader(LogReader):
         super().__init__(pool.settings)
         self._pool = pool
 
+    def partition_count(self) -> int:
+        known = self._partitions
+        count = super().partition_count()
+        if known is None and self.prefetch is None:
+            self._pool._counted(count)  # asked of the broker just now
+        return count
+
     def close(self) -> None:
         self._pool._give_back(self)
 
     def discard(self) -> None:
         LogReader.close(self)
+
+
+class Prefetch:
+    """The records of many runs of one partition, read in one pass (``read_keys``).
+
+    A worker that adopts a dead worker's runs opens hundreds of them at once, and each
+    open's replay would read the partition from that run's start to its high watermark:
+    the same records once per run, most of them other runs'. One pass from the earliest
+    start serves every one of them instead (``LogReader.read`` answers from it a read
+    that lies inside it). A replay that stops at ``end`` is the run as the log held it
+    then; the claim reads the run back from ``end`` on, as it always reads from where
+    the replay stopped, so records written after the pass (a paused ex-owner's) are
+    still seen before anything is acted on.
+
+    Thread-safe: the first open that needs it reads it (``load``), the others wait for
+    that read. A read that fails leaves every open to read for itself.
+    """
+
+    def __init__(
+        self, partition: int, runs: dict[str, str], reads: threading.Semaphore | None = None
+    ) -> None:
+        """``reads``: a bound on the passes read at once (each is a reader's consumer)."""
+        self.partition = partition
+        self._reads = reads
+        self.runs = dict(runs)
+        """run id -> tenant (what its start index is keyed by)."""
+        self.start = -1
+        self.end = -1
+        self.partitions: int | None = None
+        """The topic's partition count, as the pass's reader checked it."""
+        self._starts: dict[str, int] = {}
+        self._records: dict[str, list[LogRecord]] = {}
+        self._lock = threading.Lock()
+        self._state = "new"
+
+    def load(self, settings: Settings, client: redis.Redis, factory: Any) -> bool:
+        """Read the partition once (``factory()``: a reader), from the earliest of the
+        runs' start indexes (one ``MGET``) to its high watermark; whether it holds them."""
+        with self._lock:
+            if self._state == "new":
+                self._state = "failed"
+                try:
+                    if self._reads is None:
+                        self._read(settings, client, factory)
+                    else:
+                        with self._reads:
+                            self._read(settings, client, factory)
+                    self._state = "loaded"
+                    log.info(
+                        "partition %s read once for %d runs (offsets %s to %s)",
+                        self.partition,
+                        len(self.runs),
+                        self.start,
+                        self.end,
+                    )
+                except Exception as exc:  # noqa: BLE001 - every open reads for itself instead
+                    self._records.clear()
+                    log.warning(
+                        "partition %s not read for %d runs at once (%s): each reads its own",
+                        self.partition,
+                        len(self.runs),
+                        exc,
+                    )
+            return self._state == "loaded"
+
+    def _read(self, settings: Settings, client: redis.Redis, factory: Any) -> None:
+        ids = sorted(self.runs)
+        raw = client.mget([start_key(settings.redis_key_prefix, self.runs[r], r) for r in ids])
+        starts: dict[str, int] = {}
+        for rid, value in zip(ids, raw, strict=True):
+            if value is None:
+                continue  # not indexed: that run's own read locates it
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            part, offset = (int(x) for x in text.split(":")[:2])
+            if part == self.partition:
+                starts[rid] = offset  # another partition: the run's own look-up refuses it
+        if not starts:
+            raise LookupError("no start index")
+        reader = factory()
+        try:
+            self.partitions = reader.partition_count()
+            self.end = reader.high_watermark(self.partition)
+            self.start = min(starts.values())
+            self._starts = starts
+            got: dict[str, list[LogRecord]] = {r: [] for r in ids}
+            for rid, rec in reader.read_keys(
+                set(ids), partition=self.partition, start=self.start, end=self.end
+            ):
+                got[rid].append(rec)
+            self._records = got
+        finally:
+            reader.close()
+
+    def start_of(self, tenant: str, run_id: str) -> int | None:
+        """The run's start index (of ``tenant``'s) as the pass read it, or None."""
+        if self._state != "loaded" or self.runs.get(run_id) != tenant:
+            return None
+        return self._starts.get(run_id)
+
+    def records(self, run_id: str, partition: int, start: int, end: int) -> list[LogRecord] | None:
+        """The run's records in ``[start, end)`` if this pass covers that range, else None."""
+        if self._state != "loaded" or partition != self.partition:
+            return None
+        held = self._records.get(run_id)
+        if held is None or start < self.start or end > self.end:
+            return None
+        return [rec for rec in held if start <= rec.offset < end]
