@@ -1,6 +1,7 @@
 """The pause soak: a worker frozen inside an irreversible call, over and over, per receiver.
 
     python tests/explorer/pause_soak.py [--pauses 10] [--receivers fenced,deadline,...]
+        [--parallel 1]
 
 Runs on any stack (the one ``RUNLOG_BOOTSTRAP_SERVERS`` and ``RUNLOG_REDIS_URL`` name), with
 topics and a Redis key prefix of its own, removed at the end. Each pause is the sequence of
@@ -11,7 +12,8 @@ one is SIGCONTed and its request goes on. The receiver (``workers.common.Ledger`
 what the tool declares. It prints, per receiver: pauses, runs finished, effects doubled,
 effects missing from a finished run, late requests refused, retries on a non-final
 absence (a tool that declares nothing), and exits 1 if any effect doubled or a retry
-followed a non-final absence.
+followed a non-final absence. ``--parallel N`` runs N pauses at once, each on a run of its
+own (each waits for its own run's lease to expire, not for every lease of the soak).
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ import argparse
 import signal
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,11 +38,10 @@ from workers.common import (  # noqa: E402
     read_log,
     services_for,
     start_worker,
-    wait_lease_gone,
 )
 
 from runlog.log.clients import redis_client  # noqa: E402
-from runlog.schemas.keys import new_run_id  # noqa: E402
+from runlog.schemas.keys import lease_key, live_key, new_run_id, session_of  # noqa: E402
 from runlog.schemas.vocabulary import EventType  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
 from runlog.topics import delete_topics, ensure_topics  # noqa: E402
@@ -46,6 +50,24 @@ RECEIVERS = ("fenced", "deadline", "dedupes_by_key", "none")
 DEADLINE_WINDOW_S = "6"
 """The deadline receiver's commit window: past a takeover (lease 1.5 s plus a start), so
 recovery meets the absence before the deadline and waits it out."""
+
+
+def wait_run_lease_gone(ledger: Ledger, s: Settings, rid: str, timeout: float = 30.0) -> None:
+    """Wait until the run's lease is free: no lease key, or its owner's session is gone."""
+    key = lease_key(s.redis_key_prefix, "default", rid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = ledger.redis.get(key)
+        if value is None:
+            return
+        session = session_of(value.decode())
+        if session is not None and not ledger.redis.exists(live_key(s.redis_key_prefix, session)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the lease of {rid} did not expire")
+
+
+LOCK = threading.Lock()
 
 
 def one_pause(s: Settings, receiver: str, ledger: Ledger, tally: Counter[str]) -> None:
@@ -59,7 +81,7 @@ def one_pause(s: Settings, receiver: str, ledger: Ledger, tally: Counter[str]) -
         key = old.wait_flag("in-tool")
         old.kill(signal.SIGSTOP)
         try:
-            wait_lease_gone(ledger.redis, s)
+            wait_run_lease_gone(ledger, s, rid)
             new = start_worker(s, tmp, "new", "--run-id", rid, "--reconcile", "ledger", *extra)
             new.finish()
         finally:
@@ -75,18 +97,23 @@ def one_pause(s: Settings, receiver: str, ledger: Ledger, tally: Counter[str]) -
         r for r in payloads(events, EventType.RECONCILIATION_ATTEMPTED) if r.outcome == "absent"
     ]
     n = ledger.count(key)
-    tally["pauses"] += 1
-    tally["finished"] += finished
-    tally["doubled"] += n > 1
-    tally["missing"] += finished and n == 0
-    tally["retried_not_final"] += receiver == "none" and any(r.action == "retry" for r in absences)
-    tally["escalated"] += any(r.action == "escalate" for r in absences)
+    with LOCK:
+        tally["pauses"] += 1
+        tally["effects"] += n
+        tally["finished"] += finished
+        tally["doubled"] += n > 1
+        tally["missing"] += finished and n == 0
+        tally["retried_not_final"] += receiver == "none" and any(
+            r.action == "retry" for r in absences
+        )
+        tally["escalated"] += any(r.action == "escalate" for r in absences)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pauses", type=int, default=10, help="pauses per receiver")
     ap.add_argument("--receivers", default=",".join(RECEIVERS))
+    ap.add_argument("--parallel", type=int, default=1, help="pauses at once (runs of their own)")
     opts = ap.parse_args()
     prefix = f"t-pause-soak-{uuid.uuid4().hex[:8]}"
     s = Settings().model_copy(
@@ -108,11 +135,24 @@ def main() -> int:
                 ledger = Ledger(client, s.redis_key_prefix, honours)  # type: ignore[arg-type]
                 refused_before = ledger.refused()
                 tally: Counter[str] = Counter()
-                for _ in range(opts.pauses):
-                    one_pause(s, receiver, ledger, tally)
+                t0 = time.monotonic()
+                with ThreadPoolExecutor(max(1, opts.parallel)) as pool:
+                    done = [
+                        pool.submit(one_pause, s, receiver, ledger, tally)
+                        for _ in range(opts.pauses)
+                    ]
+                    for f in done:
+                        try:
+                            f.result()
+                        except AssertionError as exc:  # a worker that hung or exited early
+                            with LOCK:
+                                tally["broken"] += 1
+                            print(f"  {receiver}: {str(exc)[:600]}", file=sys.stderr, flush=True)
+                tally["seconds"] = round(time.monotonic() - t0)
                 tally["refused"] = ledger.refused() - refused_before
                 print(f"{receiver:<16}" + "".join(f"{tally[c]:>19}" for c in COLUMNS), flush=True)
                 failed |= tally["doubled"] > 0 or tally["retried_not_final"] > 0
+                failed |= tally["broken"] > 0
     finally:
         delete_topics(s, [s.events_topic, s.quarantine_topic, s.lifecycle_topic, s.keys_topic])
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
@@ -123,12 +163,15 @@ def main() -> int:
 
 COLUMNS = (
     "pauses",
+    "effects",
     "finished",
     "doubled",
     "missing",
     "refused",
     "escalated",
     "retried_not_final",
+    "broken",
+    "seconds",
 )
 
 
