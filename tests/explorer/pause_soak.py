@@ -1,7 +1,7 @@
 """The pause soak: a worker frozen inside an irreversible call, over and over, per receiver.
 
     python tests/explorer/pause_soak.py [--pauses 10] [--receivers fenced,deadline,...]
-        [--parallel 1]
+        [--parallel 1] [--minutes M]
 
 Runs on any stack (the one ``RUNLOG_BOOTSTRAP_SERVERS`` and ``RUNLOG_REDIS_URL`` name), with
 topics and a Redis key prefix of its own, removed at the end. Each pause is the sequence of
@@ -13,12 +13,15 @@ what the tool declares. It prints, per receiver: pauses, runs finished, effects 
 effects missing from a finished run, late requests refused, retries on a non-final
 absence (a tool that declares nothing), and exits 1 if any effect doubled or a retry
 followed a non-final absence. ``--parallel N`` runs N pauses at once, each on a run of its
-own (each waits for its own run's lease to expire, not for every lease of the soak).
+own (each waits for its own run's lease to expire, not for every lease of the soak); the
+receivers take turns, and the table is printed every 100 pauses and at the end, so a soak
+stopped by ``--minutes`` (no pause starts after that) still says exactly what it ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -91,14 +94,17 @@ def one_pause(s: Settings, receiver: str, ledger: Ledger, tally: Counter[str]) -
     finally:
         if old.proc.poll() is None:
             old.proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
     events = [r.event for r in read_log(s, rid)]
     finished = any(ev.type is EventType.RUN_FINISHED for ev in events)
     absences = [
         r for r in payloads(events, EventType.RECONCILIATION_ATTEMPTED) if r.outcome == "absent"
     ]
     n = ledger.count(key)
+    refused = int(ledger.redis.hget(ledger.refusals, key) or 0)
     with LOCK:
         tally["pauses"] += 1
+        tally["refused"] += refused
         tally["effects"] += n
         tally["finished"] += finished
         tally["doubled"] += n > 1
@@ -114,6 +120,7 @@ def main() -> int:
     ap.add_argument("--pauses", type=int, default=10, help="pauses per receiver")
     ap.add_argument("--receivers", default=",".join(RECEIVERS))
     ap.add_argument("--parallel", type=int, default=1, help="pauses at once (runs of their own)")
+    ap.add_argument("--minutes", type=float, default=0, help="start no pause after this long")
     opts = ap.parse_args()
     prefix = f"t-pause-soak-{uuid.uuid4().hex[:8]}"
     s = Settings().model_copy(
@@ -127,32 +134,42 @@ def main() -> int:
     ensure_topics(s).raise_for_drift()
     client = redis_client(s)
     failed = False
+    receivers = opts.receivers.split(",")
+    ledgers = {
+        r: Ledger(client, s.redis_key_prefix, None if r == "none" else r)  # type: ignore[arg-type]
+        for r in receivers
+    }
+    tallies: dict[str, Counter[str]] = {r: Counter() for r in receivers}
+    stop_at = time.monotonic() + opts.minutes * 60 if opts.minutes else float("inf")
+    t0 = time.monotonic()
+
+    def one(receiver: str) -> None:
+        if time.monotonic() > stop_at:
+            return
+        try:
+            one_pause(s, receiver, ledgers[receiver], tallies[receiver])
+        except AssertionError as exc:  # a worker that hung or exited early
+            with LOCK:
+                tallies[receiver]["broken"] += 1
+            print(f"  {receiver}: {str(exc)[:600]}", file=sys.stderr, flush=True)
+
+    def table() -> None:
+        print(f"after {time.monotonic() - t0:.0f} s:")
+        print(f"{'receiver':<16}" + "".join(f"{c:>19}" for c in COLUMNS))
+        for r in receivers:
+            print(f"{r:<16}" + "".join(f"{tallies[r][c]:>19}" for c in COLUMNS), flush=True)
+
     try:
-        with services_for(s):
-            print(f"{'receiver':<16}" + "".join(f"{c:>19}" for c in COLUMNS))
-            for receiver in opts.receivers.split(","):
-                honours = None if receiver == "none" else receiver
-                ledger = Ledger(client, s.redis_key_prefix, honours)  # type: ignore[arg-type]
-                refused_before = ledger.refused()
-                tally: Counter[str] = Counter()
-                t0 = time.monotonic()
-                with ThreadPoolExecutor(max(1, opts.parallel)) as pool:
-                    done = [
-                        pool.submit(one_pause, s, receiver, ledger, tally)
-                        for _ in range(opts.pauses)
-                    ]
-                    for f in done:
-                        try:
-                            f.result()
-                        except AssertionError as exc:  # a worker that hung or exited early
-                            with LOCK:
-                                tally["broken"] += 1
-                            print(f"  {receiver}: {str(exc)[:600]}", file=sys.stderr, flush=True)
-                tally["seconds"] = round(time.monotonic() - t0)
-                tally["refused"] = ledger.refused() - refused_before
-                print(f"{receiver:<16}" + "".join(f"{tally[c]:>19}" for c in COLUMNS), flush=True)
-                failed |= tally["doubled"] > 0 or tally["retried_not_final"] > 0
-                failed |= tally["broken"] > 0
+        with services_for(s), ThreadPoolExecutor(max(1, opts.parallel)) as pool:
+            work = [pool.submit(one, r) for _ in range(opts.pauses) for r in receivers]
+            for i, f in enumerate(work, start=1):
+                f.result()
+                if i % 100 == 0:
+                    table()
+            table()
+        for r in receivers:
+            failed |= tallies[r]["doubled"] > 0 or tallies[r]["retried_not_final"] > 0
+            failed |= tallies[r]["broken"] > 0
     finally:
         delete_topics(s, [s.events_topic, s.quarantine_topic, s.lifecycle_topic, s.keys_topic])
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
@@ -171,7 +188,6 @@ COLUMNS = (
     "escalated",
     "retried_not_final",
     "broken",
-    "seconds",
 )
 
 
