@@ -1216,14 +1216,23 @@ class Explorer:
         self.custom_plans[rid] = [[tool, {"n": 0, "amount": 1 + step.b % 99}]]
         began = time.monotonic()
         self.ledger.rpush(self.lk(f"fault:{rid}:{tool}"), "hold")
-        old = self.spawn_worker(rid)
-        assert old is not None
         held = self.lk(f"held:{rid}")
         deadline = time.monotonic() + 60
+        tries = 0
+        old: Proc | None = None
         while (key := self.ledger.get(held)) is None:
-            if old.proc.poll() is not None or time.monotonic() > deadline:
-                return f"could not: {old.name} of {rid} never reached its {tool} call"
+            if old is None or old.proc.poll() is not None:
+                # A worker that stopped before its call (a registry outage or a Redis fault
+                # of the steps before) is started again, twice at most, as a caller would.
+                if tries == 3 or time.monotonic() > deadline:
+                    return f"could not: no worker of {rid} reached its {tool} call"
+                if old is not None:
+                    time.sleep(max(1.0, self.registry_until - time.monotonic()))
+                    self.cont_paused()  # what ended meanwhile ends now, as between steps
+                old, tries = self.spawn_worker(rid), tries + 1
+                assert old is not None
             time.sleep(0.02)
+        assert old is not None
         record: dict[str, Any] = {"run": rid, "tool": tool, "how": how, "key": key.decode()}
         self.out.pauses.append(record)
         old.proc.send_signal(signal.SIGSTOP)
@@ -2136,7 +2145,10 @@ class Checker:
             check=False,
         )
         if done.returncode != 0 and not ex.grown:
-            return [f"runlog verify --all exited {done.returncode}: {done.stdout[-1500:]}"]
+            return [
+                f"runlog verify --all exited {done.returncode}: {done.stdout[-1500:]}"
+                f"{done.stderr[-1500:]}"
+            ]
         return []
 
     def liveness(self, states: dict[str, RunState]) -> list[str]:
