@@ -354,10 +354,13 @@ def drive(run: runlog.Run, plan: list[list[Any]], journal: Journal, pace_s: floa
                 run.call_tool(tool, args)
                 break
             except runlog.ToolFailed:
-                # A proven failure: the same call again is the same action (same key).
+                # A proven failure: the same call again is the same action (same key). A
+                # safe call's records are pipelined: durable (and acked) after a barrier.
+                run.barrier()
                 journal.ack(run)
                 if attempt == 2:
                     raise
+        run.barrier()
         journal.ack(run)
         content = f"after call {i}"
         if not any(m.content == content for m in run.state.messages):
@@ -451,6 +454,7 @@ async def drive_async(
     got = await asyncio.gather(
         *(run.call_tool(tool, args) for tool, args in plan), return_exceptions=True
     )
+    await run.barrier()  # a safe call's records are pipelined: durable after a barrier
     journal.ack(run)
     for (tool, args), result in zip(plan, got, strict=True):
         if isinstance(result, runlog.ToolFailed):
@@ -459,9 +463,11 @@ async def drive_async(
                     await run.call_tool(tool, args)
                     break
                 except runlog.ToolFailed:
+                    await run.barrier()
                     journal.ack(run)
                     if attempt == 1:
                         raise
+            await run.barrier()
             journal.ack(run)
         elif isinstance(result, BaseException):
             raise result
