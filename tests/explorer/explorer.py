@@ -15,7 +15,9 @@ runners, a ``runlog rebuild`` killed part way, the schema registry paused or ref
 connections in the histories that write Confluent's wire format through one
 (``REGISTRY_SHARE``), Redis restarted with its data, without it or rolled back to an older
 copy, a partition leader killed or a broker restarted, partitions added
-to the events topic, hostile records produced into it). Steps name their targets by
+to the events topic, hostile records produced into it), and a worker frozen inside a
+call of each tool kind while its run is taken over and the call reconciled
+(``pause_call``: SIGSTOP, takeover, SIGCONT). Steps name their targets by
 index ("the 2nd live worker"), so a history still means something with any of its steps
 dropped: that is what shrinking relies on. Timing is real (processes, brokers), so a
 replay is the same history, not the same interleaving to the microsecond.
@@ -215,6 +217,33 @@ stream of its own, ``through_the_console``, so the older streams of a seed are u
 OWNER_STATES = ("as-is", "kill-first", "owner-live")
 TOOL_SET = "|".join(TOOLS)
 
+# A worker frozen inside a call (``pause_call``), for every tool kind: a run of its own whose
+# one call is held (the fault ``hold``) just before its request goes to the receiver; the
+# worker is SIGSTOPped there, its run taken over (the lease broken at once, or left to
+# expire as after a GC pause) and the call reconciled by the new owner, then the worker is
+# SIGCONTed and its request goes on. The tools (tests/explorer/worker.py): every risk, and
+# every receiver declaration, none included. (risk and lookup, what the receiver declares)
+PAUSE_TOOLS: dict[str, tuple[str, str]] = {
+    "probe": ("safe, no lookup", "nothing"),
+    "refund": ("reversible, lookup, compensate", "fenced"),
+    "charge": ("irreversible, lookup", "fenced"),
+    "ticket": ("irreversible, no lookup", "nothing"),
+    "wire": ("irreversible, lookup", "deadline"),
+    "credit": ("irreversible, lookup", "dedupes_by_key"),
+    "letter": ("irreversible, lookup", "nothing"),
+}
+RETRY_ALLOWED = frozenset(("refund", "charge", "wire", "credit"))
+"""Risky tools whose receiver declaration makes a lookup's "absent" final, so recovery may
+retry them: an effect doubled after a pause is a violation, whatever a person approved."""
+DECLARES_NOTHING = frozenset(("ticket", "letter"))
+"""Risky tools whose receiver declares nothing: never retried on "absent" (nor without a
+lookup) before a person decided; recovery waits or asks, and records the rule why."""
+PAUSE_STEPS_PER = 30
+"""A history gets one ``pause_call`` per this many steps (one at least)."""
+PAUSE_HOWS = ("break", "expire")
+"""How the run is taken over: its lease broken at once (``takeover=True``), or left to
+expire (the frozen worker's session and lease time out) and the run resumed."""
+
 
 @dataclass(frozen=True)
 class Step:
@@ -283,7 +312,38 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
         out.append(Step(kind, a, b, arg))
         if extra.random() < NEW_RATE:
             out.append(new_step(extra))
-    return with_registry_outages(seed, through_the_console(seed, out[:steps]))[:steps]
+    history = with_registry_outages(seed, through_the_console(seed, out[:steps]))[:steps]
+    return history + paused_calls(seed, len(history))
+
+
+def paused_calls(seed: int, n: int) -> list[Step]:
+    """The ``pause_call`` steps of a history of ``n`` steps, from a stream of the seed's own
+    (``pause:<seed>``). They are appended after the ``n`` steps, so every other step keeps
+    its index (a kept list of an older seed means what it meant), and each is executed
+    right after step ``a`` (``in_order``): interleaved, not at the end."""
+    if n < 3:
+        return []
+    rng = random.Random(f"pause:{seed}")
+    return [
+        Step(
+            "pause_call",
+            rng.randrange(2, n),
+            rng.randrange(1000),
+            f"{rng.choice(list(PAUSE_TOOLS))} {rng.choice(PAUSE_HOWS)}",
+        )
+        for _ in range(max(1, n // PAUSE_STEPS_PER))
+    ]
+
+
+def in_order(full: list[Step], kept: list[int]) -> list[int]:
+    """The order ``kept`` steps execute in: by index, a ``pause_call`` right after the step
+    it names (``a``), whether that step is kept or not."""
+
+    def place(i: int) -> tuple[int, int, int]:
+        s = full[i]
+        return (s.a, 1, i) if s.kind == "pause_call" else (i, 0, i)
+
+    return sorted(kept, key=place)
 
 
 def uses_registry(seed: int) -> bool:
@@ -737,6 +797,8 @@ class Outcome:
     acks: int = 0
     effects: int = 0
     doubled_allowed: int = 0
+    pauses: list[dict[str, Any]] = field(default_factory=list)
+    """One per ``pause_call`` executed: tool, key, how, effects, exits, what recovery did."""
     quarantined: int = 0
     runs: int = 0
     finished: int = 0
@@ -771,6 +833,9 @@ class Explorer:
         self.journal = self.dir / "journal.jsonl"
         self.journal.touch()
         self.runs: list[str] = []
+        self.pause_runs: list[str] = []
+        """Runs of ``pause_call`` steps: out of ``runs``, so no other step's target moves."""
+        self.custom_plans: dict[str, list[list[Any]]] = {}
         self.workers: list[Proc] = []
         self.runners: list[Proc] = []
         self.down_nodes: list[int] = []
@@ -819,7 +884,8 @@ class Explorer:
         # tenant, sync, the plan of its index.
         plan = self.plans.setdefault(run_id, self.runs.index(run_id) if run_id in self.runs else 0)
         tenant = self.tenants.setdefault(run_id, "default")
-        cmd += ["--plan", json.dumps(plan_for(self.seed, plan))]
+        script = self.custom_plans.get(run_id) or plan_for(self.seed, plan)
+        cmd += ["--plan", json.dumps(script)]
         cmd += ["--journal", str(self.journal), f"--tenant={tenant}"]
         if self.modes.setdefault(run_id, "sync") == "async":
             cmd.append("--async")
@@ -864,6 +930,11 @@ class Explorer:
 
     def run_of(self, a: int) -> str | None:
         return self.runs[a % len(self.runs)] if self.runs else None
+
+    @property
+    def every_run(self) -> list[str]:
+        """The runs the checker covers: the history's and its ``pause_call`` runs."""
+        return self.runs + self.pause_runs
 
     def cont_paused(self, *, all_of_them: bool = False) -> None:
         now = time.monotonic()
@@ -1087,6 +1158,8 @@ class Explorer:
             return f"restart node {node}"
         if k == "rebuild_kill":
             return self.rebuild_kill(step.b)
+        if k == "pause_call":
+            return self.pause_call(step)
         if k == "registry_outage":
             if self.registry is None:
                 return "skip: no registry in this history"
@@ -1129,6 +1202,90 @@ class Explorer:
             self.out.faults["partitions added"] += 1
             return f"events topic grown to {PARTITIONS + 3} partitions"
         raise ValueError(f"unknown step {k}")
+
+    def pause_call(self, step: Step) -> str:
+        """A worker frozen inside a call of one tool kind (``PAUSE_TOOLS``), on a run of its
+        own: held just before its request goes to the receiver, SIGSTOPped, its run taken
+        over (``PAUSE_HOWS``) and the call reconciled by the new owner (which runs until it
+        stops: finished, waiting for a person or waiting out a deadline), then SIGCONTed
+        with its request released. The checker counts what the receiver applied."""
+        assert self.out is not None
+        tool, how = step.arg.split()
+        rid = f"{self.ns}-pause{len(self.pause_runs)}"
+        self.pause_runs.append(rid)
+        self.custom_plans[rid] = [[tool, {"n": 0, "amount": 1 + step.b % 99}]]
+        began = time.monotonic()
+        self.ledger.rpush(self.lk(f"fault:{rid}:{tool}"), "hold")
+        held = self.lk(f"held:{rid}")
+        deadline = time.monotonic() + 60
+        tries = 0
+        old: Proc | None = None
+        while (key := self.ledger.get(held)) is None:
+            if old is None or old.proc.poll() is not None:
+                # A worker that stopped before its call (a registry outage or a Redis fault
+                # of the steps before) is started again, twice at most, as a caller would.
+                if tries == 3 or time.monotonic() > deadline:
+                    return f"could not: no worker of {rid} reached its {tool} call"
+                if old is not None:
+                    time.sleep(max(1.0, self.registry_until - time.monotonic()))
+                    self.cont_paused()  # what ended meanwhile ends now, as between steps
+                old, tries = self.spawn_worker(rid), tries + 1
+                assert old is not None
+            time.sleep(0.02)
+        assert old is not None
+        record: dict[str, Any] = {"run": rid, "tool": tool, "how": how, "key": key.decode()}
+        self.out.pauses.append(record)
+        old.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            if how == "expire":
+                self.wait_lease_free(rid)
+            new = self.spawn_worker(rid, takeover=how == "break")
+            assert new is not None
+            try:
+                new.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                new.proc.kill()
+                new.proc.wait(timeout=10)
+            record["new_exit"] = EXIT_NAMES.get(new.proc.returncode, str(new.proc.returncode))
+        finally:
+            self.ledger.set(self.lk(f"release:{rid}"), "1")
+            with contextlib.suppress(ProcessLookupError):
+                old.proc.send_signal(signal.SIGCONT)
+        frozen = time.monotonic() - t0
+        try:
+            old.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            old.proc.kill()
+            old.proc.wait(timeout=10)
+        record["old_exit"] = EXIT_NAMES.get(old.proc.returncode, str(old.proc.returncode))
+        record["effects"] = int(self.ledger.hget(self.lk("L:count"), record["key"]) or 0)
+        record["seconds"] = round(time.monotonic() - began, 1)
+        self.out.faults[f"SIGSTOP inside a {tool} call, run taken over ({how})"] += 1
+        return (
+            f"{old.name} frozen in {tool} of {rid} for {frozen:.1f} s, taken over ({how}) by "
+            f"{new.name}: {record['new_exit']}; woken: {record['old_exit']}; "
+            f"{record['effects']} effect(s)"
+        )
+
+    def wait_lease_free(self, rid: str, timeout: float = 30.0) -> None:
+        """Until the run's lease is free: gone, or its owner's session expired."""
+        from runlog.schemas.keys import lease_key, live_key, session_of
+
+        key = lease_key(self.s.redis_key_prefix, self.tenants.get(rid, "default"), rid)
+        deadline = time.monotonic() + timeout
+        with contextlib.closing(self.r()) as r:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    value = r.get(key)
+                    if value is None:
+                        return
+                    session = session_of(value.decode())
+                    if session is not None and not r.exists(
+                        live_key(self.s.redis_key_prefix, session)
+                    ):
+                        return
+                time.sleep(0.05)
 
     def decide(
         self,
@@ -1597,7 +1754,7 @@ class Checker:
             problems.append(f"planted: {planted} all ran")
         problems += self.doubles()
         if not self.ex.down_nodes:
-            for rid in self.ex.runs:
+            for rid in self.ex.every_run:
                 try:
                     events = self.ex.read(rid)
                 except Exception:  # noqa: BLE001 - checked again at the end, healed
@@ -1706,7 +1863,7 @@ class Checker:
         end_decisions = 0
         for _round in range(6):
             open_runs = []
-            for rid in ex.runs:
+            for rid in ex.every_run:
                 st = fold_valid(ex.read(rid))
                 if st.status == "finished":
                     continue
@@ -1737,13 +1894,16 @@ class Checker:
             ex.spawn_runner()
         states: dict[str, RunState] = {}
         approved: Counter[str] = Counter()
-        for rid in ex.runs:
-            events = ex.read(rid)
+        logs: dict[str, list[Event]] = {}
+        for rid in ex.every_run:
+            events = logs[rid] = ex.read(rid)
             problems += [f"{rid}: {p}" for p in log_problems(events)]
             states[rid] = fold_valid(events)
             approved.update(approvals_of(events))
             problems += [f"{rid}: {p}" for p in self.acks(rid, events)]
         problems += self.doubles(approved)
+        problems += self.paused_calls(logs)
+        problems += [f"{rid}: {p}" for rid, ev in logs.items() for p in absence_problems(ev)]
         problems += self.forgotten(states)
         problems += self.tenants(states)
         problems += self.decisions_final(states)
@@ -1753,9 +1913,56 @@ class Checker:
         problems += self.liveness(states)
         counts, _, _, _ = self.ledger()
         ex.out.effects = sum(counts.values())
-        ex.out.runs = len(ex.runs)
+        ex.out.runs = len(ex.every_run)
         ex.out.finished = sum(1 for st in states.values() if st.status == "finished")
         ex.out.waiting = ex.out.runs - ex.out.finished
+        return problems
+
+    def paused_calls(self, logs: dict[str, list[Event]]) -> list[str]:
+        """Every ``pause_call``: what the receiver applied under the frozen call's key, in
+        the end (after the woken request and whatever recovery and a person did). A tool
+        whose declaration allows a retry (``RETRY_ALLOWED``) has at most one effect, unless
+        a compensation undid one; a tool that declares nothing (``DECLARES_NOTHING``) was
+        not retried before a person decided, and the new owner recorded why (a rule, and
+        the action: wait or ask a person)."""
+        counts, _, undone, _ = self.ledger()
+        problems = []
+        for rec in self.ex.out.pauses if self.ex.out is not None else []:
+            tool, key, rid = rec["tool"], rec["key"], rec["run"]
+            rec["effects"] = n = counts.get(key, 0)
+            rec["undone"] = u = undone.get(key, 0)
+            rec["doubled"] = n > 1 + u
+            events = logs.get(rid, [])
+            recon = [
+                (ev.seq, ev.payload)
+                for ev, ok in verdicts(events)
+                if ok
+                and ev.type is EventType.RECONCILIATION_ATTEMPTED
+                and ev.payload.idempotency_key == key
+            ]
+            rec["recovery"] = [f"{p.outcome}->{p.action}" for _, p in recon]
+            what = f"pause of {tool} ({PAUSE_TOOLS[tool][1]}) in {rid}, key {key}"
+            if tool in RETRY_ALLOWED and rec["doubled"]:
+                problems.append(f"{what}: its effect happened {n} times ({u} undone)")
+            if tool not in DECLARES_NOTHING:
+                continue
+            decided = next(
+                (
+                    ev.seq
+                    for ev, ok in verdicts(events)
+                    if ok and ev.type is EventType.APPROVAL_DECIDED
+                ),
+                None,
+            )
+            before = [p for seq, p in recon if decided is None or seq < decided]
+            if not before:
+                problems.append(f"{what}: the new owner recorded no reconciliation of it")
+            for p in before:
+                if p.action not in ("escalate", "keep_uncertain") or not p.rule:
+                    problems.append(
+                        f"{what}: recovery did {p.action!r} on {p.outcome!r} before a "
+                        f"person decided (rule {p.rule!r})"
+                    )
         return problems
 
     def acks(self, rid: str, events: list[Event]) -> list[str]:
@@ -1847,7 +2054,7 @@ class Checker:
                         f"{rid}: {aid} rejected a refund whose effect {key} happened, "
                         "and nothing undid it (a reversible call's rejection is compensated)"
                     )
-        for rid in self.ex.runs:
+        for rid in self.ex.every_run:
             for ev in self.ex.read(rid):
                 if (
                     ev.type is EventType.APPROVAL_DECIDED
@@ -1938,7 +2145,10 @@ class Checker:
             check=False,
         )
         if done.returncode != 0 and not ex.grown:
-            return [f"runlog verify --all exited {done.returncode}: {done.stdout[-1500:]}"]
+            return [
+                f"runlog verify --all exited {done.returncode}: {done.stdout[-1500:]}"
+                f"{done.stderr[-1500:]}"
+            ]
         return []
 
     def liveness(self, states: dict[str, RunState]) -> list[str]:
@@ -1962,6 +2172,21 @@ class Checker:
                 f"open calls {sorted(st.open_calls)}"
             )
         return problems
+
+
+def absence_problems(events: list[Event]) -> list[str]:
+    """A retry on a lookup's "absent" of a risky tool whose receiver declares nothing: an
+    absence that is not final (the original request could still land) never allows one."""
+    return [
+        f"{ev.payload.name} {ev.payload.idempotency_key} retried on a non-final absence "
+        f"(seq {ev.seq}, rule {ev.payload.rule!r})"
+        for ev, ok in verdicts(events)
+        if ok
+        and ev.type is EventType.RECONCILIATION_ATTEMPTED
+        and ev.payload.outcome == "absent"
+        and ev.payload.action not in ("escalate", "keep_uncertain")
+        and ev.payload.name in DECLARES_NOTHING
+    ]
 
 
 def approvals_of(events: list[Event]) -> Counter[str]:
@@ -2052,6 +2277,7 @@ def explore(
 ) -> Outcome:
     full = generate(seed, steps)
     kept = list(range(len(full))) if keep is None else [i for i in keep if i < len(full)]
+    kept = in_order(full, kept)
     registry = registry_for(cfg) if uses_registry(seed) else None
     ex = Explorer(cfg, ledger, seed, registry)
     try:
@@ -2082,7 +2308,7 @@ def cleanup(ex: Explorer) -> None:
 
 
 def replay_command(seed: int, steps: int, kept: list[int]) -> str:
-    keep = ",".join(map(str, kept))
+    keep = ",".join(map(str, sorted(kept)))
     return f"make explore SEED={seed} STEPS={steps} KEEP={keep}"
 
 
@@ -2149,6 +2375,8 @@ def report(out: Outcome) -> str:
         f"  faults: {dict(out.faults)}",
         f"  exits: {dict(out.exits)}",
     ]
+    if out.pauses:
+        lines.append("  paused calls: " + "; ".join(pause_line(p) for p in out.pauses))
     if out.failed:
         lines.append("  VIOLATIONS:")
         lines += [f"    {v}" for v in out.violations]
@@ -2156,6 +2384,19 @@ def report(out: Outcome) -> str:
         lines += [f"    {h}" for h in out.history]
         lines.append(f"  replay: {replay_command(out.seed, out.steps, out.kept)}")
     return "\n".join(lines)
+
+
+def pause_line(p: dict[str, Any]) -> str:
+    """One ``pause_call``: tool, how taken over, effects (doubled?), what recovery did."""
+    doubled = ""
+    if p.get("doubled"):
+        doubled = " DOUBLED" if p["tool"] in RETRY_ALLOWED else " (a person approved a retry)"
+    recovery = ",".join(p.get("recovery", [])) or "-"
+    return (
+        f"{p['tool']} ({PAUSE_TOOLS[p['tool']][1]}, {p['how']}): {p.get('effects')} effect(s)"
+        f"{doubled}, recovery {recovery}, new owner {p.get('new_exit')}, "
+        f"woken {p.get('old_exit')}, {p.get('seconds')} s"
+    )
 
 
 def load_seeds() -> list[dict[str, Any]]:

@@ -15,11 +15,25 @@ an uncertain outcome, change a receiver outside every worker (a private Redis, t
   unavailable);
 * ``ticket``  irreversible, no lookup: an uncertain ticket waits for a person.
 
-Like the demo's ledger, the receivers refuse a request whose fencing token
+Like the demo's ledger, the receivers of these four refuse a request whose fencing token
 (``runlog.current_call().epoch``) is older than one they have seen for the run, and a
 lookup raises that fence before it answers: so "absent" is final (a paused worker's late
 request can no longer commit), which is the contract README asks of a receiver before
 recovery may retry on absence.
+
+Three more tools, only in the runs of the explorer's ``pause_call`` step (a worker frozen
+inside its call while the run is taken over), cover the other receiver declarations, each
+irreversible with an authoritative lookup:
+
+* ``wire``    ``receiver="deadline"``: the receiver refuses a request past the commit
+  deadline it carries (by the ledger's clock), ``commit_window_s`` = ``WIRE_WINDOW_S``;
+* ``credit``  ``receiver="dedupes_by_key"``: a key's effect is applied once;
+* ``letter``  declares nothing, and its receiver honours nothing: every request that
+  arrives is applied, so "absent" is never final and recovery must not retry on it.
+
+The fault ``hold`` (queued like the others) makes the call write its key to the ledger
+(``held:<run>``) and wait, its request not sent yet, until the explorer releases it
+(``release:<run>``): the moment the explorer freezes the worker.
 
 Receiver and reconciler faults are queued in the ledger by the explorer (``fault:<run>:<tool>``,
 ``recon:<run>:<tool>``) and taken one per call, so a fault hits the next call of that tool
@@ -88,6 +102,23 @@ redis.call('HSET', KEYS[4], ARGV[3], ARGV[5])
 redis.call('HSET', KEYS[5], ARGV[3], ARGV[1])
 return 1
 """
+APPLY_UNFENCED_LUA = """
+if ARGV[5] == 'deadline' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[6]) then
+    redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
+    return 0
+  end
+end
+if ARGV[5] == 'dedupes_by_key' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  return 1
+end
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[4])
+return 1
+"""
 LOOKUP_LUA = """
 local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if tonumber(ARGV[2]) > seen then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
@@ -130,6 +161,38 @@ class Receiver:
         if not done:
             raise runlog.ToolError("refused: a newer owner of this run has called (fencing token)")
 
+    def apply_as(self, honours: str, tool: str, key: str, args: dict[str, Any]) -> None:
+        """The receivers of the pause-only tools: ``deadline`` refuses a request past its
+        commit deadline, ``dedupes_by_key`` applies a key once, ``none`` applies anything."""
+        ctx = runlog.current_call()
+        deadline_us = 0 if ctx is None else int(ctx.commit_deadline.timestamp() * 1_000_000)
+        done = self.r.eval(
+            APPLY_UNFENCED_LUA,
+            5,
+            self.k("L:count"),
+            self.k("L:args"),
+            self.k("L:tool"),
+            self.k("L:run"),
+            self.k("L:refused"),
+            key,
+            canonical_json(args),
+            tool,
+            self.run_id,
+            honours,
+            deadline_us,
+        )
+        if not done:
+            raise runlog.ToolError("refused: past the request's commit deadline")
+
+    def hold(self, key: str) -> None:
+        """Say which call is held, then wait (unsent) until the explorer releases it."""
+        self.r.set(self.k(f"held:{self.run_id}"), key)
+        deadline = time.monotonic() + 300
+        while not self.r.exists(self.k(f"release:{self.run_id}")):
+            if time.monotonic() > deadline:
+                raise TimeoutError("held for 300 s and never released")
+            time.sleep(0.02)
+
     def next_fault(self, tool: str) -> str:
         raw = self.r.lpop(self.k(f"fault:{self.run_id}:{tool}"))
         return "normal" if raw is None else raw.decode()
@@ -145,6 +208,16 @@ class Receiver:
         if found is None:
             # The worker that sent it is dead or got its answer: nothing can commit later.
             return runlog.Absent(f"no effect under {key}")
+        if found.decode() != canonical_json(args):
+            return runlog.Conflict(found.decode())
+        return runlog.Match(f"{tool} {canonical_json(args)}")
+
+    def lookup_plain(self, tool: str, key: str, args: dict[str, Any]) -> Evidence:
+        """The pause-only tools' lookup: what is there now, raising no fence (an absence
+        is final only by what the tool's receiver declares)."""
+        found = self.r.hget(self.k("L:args"), key)
+        if found is None:
+            return runlog.Absent(f"no effect under {key} (yet)")
         if found.decode() != canonical_json(args):
             return runlog.Conflict(found.decode())
         return runlog.Match(f"{tool} {canonical_json(args)}")
@@ -171,15 +244,26 @@ def fail(failure: Failure) -> NoReturn:
     raise error(message)
 
 
+PAUSE_ONLY: dict[str, str] = {"wire": "deadline", "credit": "dedupes_by_key", "letter": "none"}
+"""The pause-only tools and what their receivers honour."""
+WIRE_WINDOW_S = 4.0
+"""``wire``'s commit window: a takeover may come before or after the deadline."""
+
+
 def make_tools(rx: Receiver) -> list[runlog.Tool]:
     def body(tool: str, args: dict[str, Any], key: str) -> str:
         mode = rx.next_fault(tool)
+        if mode == "hold":
+            rx.hold(key)
         if mode in FAILS_BEFORE_THE_EFFECT:
             fail(FAILS_BEFORE_THE_EFFECT[mode])
         if mode == "conflict":
             rx.apply(tool, key, {**args, "tampered": True})
             raise TimeoutError("timed out after the receiver applied something else")
-        rx.apply(tool, key, args)
+        if tool in PAUSE_ONLY:
+            rx.apply_as(PAUSE_ONLY[tool], tool, key, args)
+        else:
+            rx.apply(tool, key, args)
         if mode in FAILS_AFTER_THE_EFFECT:
             fail(FAILS_AFTER_THE_EFFECT[mode])
         if mode == "huge":
@@ -197,6 +281,12 @@ def make_tools(rx: Receiver) -> list[runlog.Tool]:
     def lookup(tool: str) -> Any:
         def find(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
             return rx.lookup(tool, idempotency_key, args)
+
+        return find
+
+    def plain_lookup(tool: str) -> Any:
+        def find(args: dict[str, Any], *, idempotency_key: str) -> Evidence:
+            return rx.lookup_plain(tool, idempotency_key, args)
 
         return find
 
@@ -223,6 +313,20 @@ def make_tools(rx: Receiver) -> list[runlog.Tool]:
             fn("charge")
         ),
         runlog.tool("ticket", risk="irreversible")(fn("ticket")),
+        runlog.tool(
+            "wire",
+            risk="irreversible",
+            reconcile=plain_lookup("wire"),
+            receiver="deadline",
+            commit_window_s=WIRE_WINDOW_S,
+        )(fn("wire")),
+        runlog.tool(
+            "credit",
+            risk="irreversible",
+            reconcile=plain_lookup("credit"),
+            receiver="dedupes_by_key",
+        )(fn("credit")),
+        runlog.tool("letter", risk="irreversible", reconcile=plain_lookup("letter"))(fn("letter")),
     ]
 
 
@@ -250,10 +354,13 @@ def drive(run: runlog.Run, plan: list[list[Any]], journal: Journal, pace_s: floa
                 run.call_tool(tool, args)
                 break
             except runlog.ToolFailed:
-                # A proven failure: the same call again is the same action (same key).
+                # A proven failure: the same call again is the same action (same key). A
+                # safe call's records are pipelined: durable (and acked) after a barrier.
+                run.barrier()
                 journal.ack(run)
                 if attempt == 2:
                     raise
+        run.barrier()
         journal.ack(run)
         content = f"after call {i}"
         if not any(m.content == content for m in run.state.messages):
@@ -347,6 +454,7 @@ async def drive_async(
     got = await asyncio.gather(
         *(run.call_tool(tool, args) for tool, args in plan), return_exceptions=True
     )
+    await run.barrier()  # a safe call's records are pipelined: durable after a barrier
     journal.ack(run)
     for (tool, args), result in zip(plan, got, strict=True):
         if isinstance(result, runlog.ToolFailed):
@@ -355,9 +463,11 @@ async def drive_async(
                     await run.call_tool(tool, args)
                     break
                 except runlog.ToolFailed:
+                    await run.barrier()
                     journal.ack(run)
                     if attempt == 1:
                         raise
+            await run.barrier()
             journal.ack(run)
         elif isinstance(result, BaseException):
             raise result
