@@ -1557,7 +1557,7 @@ class Explorer:
 
         from runlog.log.registry import ids_for
         from runlog.schemas import models as m
-        from runlog.schemas.codec import encode, new_event_id, now_utc
+        from runlog.schemas.codec import build_event, encode
 
         valid: list[Event] = []
         for i in range(len(self.runs)):  # the first run from ``a`` on with a valid event
@@ -1573,17 +1573,16 @@ class Explorer:
             return None
         rid = valid[-1].run_id
         last = valid[-1]
-        ev = Event(
-            event_id=new_event_id(),
+        # Of the type's current schema version, as a real stale writer would write it (a
+        # v1 record of a type sealed since v2 is refused as malformed, never as stale).
+        ev = build_event(
+            EventType.GUARDRAIL_TRIGGERED,
+            m.GuardrailTriggered(guardrail="zombie", severity="info", action="none"),
             run_id=rid,
             tenant=last.tenant,
             seq=last.seq + 1,
             epoch=last.epoch - 1,
-            type=EventType.GUARDRAIL_TRIGGERED,
-            schema_version=1,
-            occurred_at=now_utc(),
             writer_id="zombie",
-            payload=m.GuardrailTriggered(guardrail="zombie", severity="info", action="none"),
         )
         if self._producer is None:
             self._producer = Producer({**self.s.kafka_common(), "linger.ms": 5})
