@@ -69,6 +69,11 @@ OTHER: dict[str, tuple[str, str]] = {
         "a Postgres server `runlog bench steps` measures LangGraph's `PostgresSaver` on "
         "(without one that row says why it was not measured)",
     ),
+    "RUNLOG_BENCH_RESTATE_SERVER": (
+        "unset",
+        "a `restate-server` binary `runlog bench steps` runs Restate with (unset: the copy "
+        "it fetches from the npm registry and caches under `~/.cache/runlog`)",
+    ),
 }
 STACK_KINDS = {
     "STACK": "the local stack (`runlog stack up`)",
@@ -89,7 +94,7 @@ TEST_ONLY: dict[str, tuple[str, str]] = {
         "where the fault suite writes its summary",
     ),
     "RUNLOG_CONFORMANCE_KILLS": (
-        "`50`",
+        "`30`",
         "SIGKILLs per integration in the integrations' conformance kill loop "
         "(`make soak-integrations`: 500)",
     ),

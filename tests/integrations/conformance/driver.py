@@ -443,4 +443,4 @@ def harness(adapter: str, settings: Settings, client: redis.Redis, case: str) ->
 
 def total_kills() -> int:
     """Kills per integration in the kill loop: 50 in the normal run, more for a soak."""
-    return int(os.environ.get("RUNLOG_CONFORMANCE_KILLS", "50"))
+    return int(os.environ.get("RUNLOG_CONFORMANCE_KILLS", "30"))

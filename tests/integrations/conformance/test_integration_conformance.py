@@ -1,6 +1,6 @@
 """The same attacks on every framework integration (OpenAI Agents SDK, Pydantic AI, LangGraph):
 see ``driver.py``. Each test prints its counts (kills, effects, doubles, losses; ``-s`` shows
-them). ``RUNLOG_CONFORMANCE_KILLS`` sets the kill loop's kills per integration (50 here, 500
+them). ``RUNLOG_CONFORMANCE_KILLS`` sets the kill loop's kills per integration (30 here, 500
 in ``make soak-integrations``); ``RUNLOG_CONFORMANCE_SEED`` picks the kill points.
 """
 
