@@ -34,27 +34,35 @@ Clock skew is the process's real clock: :meth:`Nemesis.popen` with ``skew_s`` ru
 command under libfaketime (``faketime -f +30s``), which shifts the wall clock
 (``time.time``, ``datetime.now``) by that much (and the monotonic clock by the same
 constant, which changes no interval: ``FAKETIME_DONT_FAKE_MONOTONIC=1`` breaks Python's
-``time.sleep``, whose ``clock_nanosleep`` deadline libfaketime then rejects). Not yet
-usable for a runlog worker: with Debian 12's libfaketime 0.9.10 and glibc 2.36,
-librdkafka's timed waits are not translated (its metadata request fails after 30 s at
-+30 s, times out at -30 s, against a healthy broker), so no test uses it yet; see
-docs/reliability.md.
+``time.sleep``, whose ``clock_nanosleep`` deadline libfaketime then rejects). Alone,
+libfaketime 0.9.10 (Debian 12, glibc 2.36) leaves librdkafka unusable: librdkafka waits
+with C11's ``cnd_timedwait``, an absolute ``CLOCK_REALTIME`` deadline it computes from the
+faked clock, and glibc's ``cnd_timedwait`` calls its internal ``pthread_cond_timedwait``,
+which libfaketime cannot wrap, so no deadline is translated back to the real clock (strace:
+a 500 ms wait becomes a ``futex(FUTEX_WAIT_BITSET|FUTEX_CLOCK_REALTIME)`` until real time +
+30.5 s; the 44 ms reconnect backoff after the bootstrap broker is replaced lasts 30 s, so
+the first metadata request fails). :func:`faketime_shim` builds ``faketime_c11.c`` (a
+``cnd_timedwait`` that calls the exported ``pthread_cond_timedwait``, which libfaketime
+translates) with the machine's C compiler, and ``popen`` preloads it ahead of libfaketime.
 
 Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), ``ip`` (iproute2), ``nft`` (nftables) and,
-for skew, ``faketime`` (Debian's faketime + libfaketime): ``.ci/run`` installs them.
+for skew, ``faketime`` (Debian's faketime + libfaketime) and ``cc``: ``.ci/run`` installs them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 PREFIX = "rlnem"
@@ -81,10 +89,12 @@ def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -
 
 def check_available(*, skew: bool = False) -> None:
     """Raise :class:`NemesisUnavailable` saying what is missing."""
-    missing = [t for t in ("ip", "nft") + (("faketime",) if skew else ()) if not shutil.which(t)]
+    wanted = ("ip", "nft") + (("faketime", "cc") if skew else ())
+    missing = [t for t in wanted if not shutil.which(t)]
     if missing:
         raise NemesisUnavailable(
-            f"missing {', '.join(missing)}: apt-get install iproute2 nftables faketime libfaketime"
+            f"missing {', '.join(missing)}: apt-get install iproute2 nftables faketime "
+            "libfaketime gcc libc6-dev"
         )
     if os.geteuid() != 0:
         raise NemesisUnavailable("network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)")
@@ -237,7 +247,12 @@ class Nemesis:
         prefix = ["ip", "netns", "exec", self.nodes[node].netns]
         if skew_s:
             check_available(skew=True)
+            env = dict(kwargs.get("env") or os.environ)
+            # faketime appends libfaketime to LD_PRELOAD: the shim comes first.
+            env["LD_PRELOAD"] = " ".join(filter(None, [faketime_shim(), env.get("LD_PRELOAD")]))
+            kwargs["env"] = env
             prefix += ["faketime", "-f", f"{skew_s:+.0f}s"]
+            self.log.append((time.monotonic(), f"skew {node} {skew_s:+.0f}s: {argv[-1][:60]}"))
         kwargs.setdefault("start_new_session", True)
         proc = subprocess.Popen([*prefix, *argv], **kwargs)
         self.procs.append(proc)
@@ -352,6 +367,22 @@ def nemesis_or_fail(services: Mapping[str, Sequence[int]], *, ci: bool) -> Itera
         yield nem
     finally:
         nem.teardown()
+
+
+SHIM_SOURCE = Path(__file__).with_name("faketime_c11.c")
+
+
+def faketime_shim() -> str:
+    """The path of ``faketime_c11.c`` built as a shared object (once per source text)."""
+    source = SHIM_SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:12]
+    out = Path(tempfile.gettempdir()) / f"{PREFIX}-faketime-c11-{digest}.so"
+    if not out.exists():
+        tmp = out.with_name(f"{out.name}.{os.getpid()}")
+        cc = ["cc", "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SHIM_SOURCE), "-lpthread"]
+        _run(cc)
+        tmp.replace(out)
+    return str(out)
 
 
 def _sysctl(key: str, value: int, *, netns: str | None = None) -> None:

@@ -10,7 +10,11 @@ message ``hold_at`` the effect happens, then the tool waits in the receiver unti
 ``hold_dir/release`` exists, after writing ``hold_dir/held``: the test injects its
 network fault there, so the call's COMPLETED is appended across the fault. Each
 acknowledged append is one JSON line in the acks file, written after it returned.
-Exit codes: 0 finished, 3 fenced, 4 another clear error, 1 anything else.
+Optional: ``wait_s`` (how long opening waits for another owner's lease), ``sleep_at`` and
+``sleep_s`` (a durable timer at that message: ``run.sleep``; an agent re-executed past it
+reaches it again first, as re-executed code does), ``approval_at`` and ``deadline_s`` (a
+person asked at that message, with a deadline; once per run). Exit codes: 0 finished,
+3 fenced, 4 another clear error, 1 anything else.
 """
 
 from __future__ import annotations
@@ -121,12 +125,25 @@ def main(spec: dict[str, Any]) -> int:
             acks.flush()
 
         try:
-            run = open_run_with(services.run_deps(), spec["run_id"], tools=[tool], goal="netns")
+            run = open_run_with(
+                services.run_deps(),
+                spec["run_id"],
+                tools=[tool],
+                goal="netns",
+                wait_s=spec.get("wait_s"),
+            )
             print(f"READY epoch={run.epoch} seq={run.state.seq}", flush=True)
             done = sum(1 for m in run.state.messages if m.role == "user")
+            sleep_at, approval_at = spec.get("sleep_at"), spec.get("approval_at")
+            if sleep_at is not None and done > sleep_at:
+                run.sleep(float(spec["sleep_s"]))
             while done < int(spec.get("target", 20)):
                 ev = run.append(EventType.USER_MESSAGE, content=f"m{done}")
                 ack(ev.seq, ev.epoch, ev.event_id)
+                if done == sleep_at:
+                    run.sleep(float(spec["sleep_s"]))
+                if done == approval_at and not run.state.approvals:
+                    run.request_approval("skew", deadline_s=float(spec["deadline_s"]))
                 if done % every == 0:
                     run.call_tool("effect", {"run": run.run_id, "i": done})
                     ack(run.state.seq, run.epoch, None)

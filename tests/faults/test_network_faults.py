@@ -119,12 +119,14 @@ class Episode:
     def held_key(self) -> str:
         return (self.hold / "held").read_text()
 
-    def load_acks(self, worker: str) -> None:
+    def load_acks(self, worker: str, skew_s: float = 0.0) -> None:
+        """The worker's acknowledgements, at real time (its wall clock less ``skew_s``)."""
         lines = self.acks.read_text().splitlines() if self.acks.exists() else []
         for ln in lines:
             a = json.loads(ln)
+            wall = a["wall"] - skew_s
             self.journal.acks.append(
-                Ack(self.run_id, worker, a["seq"], a["epoch"], a["event_id"], a["wall"], a["wall"])
+                Ack(self.run_id, worker, a["seq"], a["epoch"], a["event_id"], wall, wall)
             )
         self.acks.unlink(missing_ok=True)
 
