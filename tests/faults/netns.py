@@ -348,6 +348,103 @@ class Nemesis:
         _run(["ip", "netns", "exec", node.netns, "nft", "-f", "-"], stdin=body)
 
 
+QUORUM_TABLE = "rlnem_quorum"
+QUORUM_CGROUP = f"{PREFIX}-quorum"
+
+
+class QuorumCut:
+    """One node of the local KRaft cluster cut from the controller quorum, on loopback.
+
+    Every node listens on 127.0.0.1, so a node's own connections are told apart by its
+    process: it is moved into a cgroup v2 of its own (``rlnem-quorum``), and an nftables
+    table in the root namespace (``inet rlnem_quorum``, ``output`` hook) drops what that
+    cgroup sends to the other nodes' controller ports (``socket cgroupv2``) and whatever
+    anybody sends to the node's own controller port. Its broker port stays reachable, by
+    clients and by the other brokers: a broker that still serves but cannot heartbeat,
+    vote or fetch the metadata log. A socket keeps the cgroup it was made in, so the cut
+    then aborts every connection to a controller port (``ss -K``): everyone reconnects,
+    the node's new connections in its new cgroup. :meth:`heal` removes the table and
+    moves the process back; :func:`cleanup_stale` removes what a killed run left.
+
+    nft resolves a ``socket cgroupv2`` path under /sys/fs/cgroup; where cgroup v2 is
+    mounted elsewhere (a hybrid hierarchy), nft runs in a private mount namespace with it
+    mounted there (the kernel's rule holds the cgroup's id, not the path).
+    """
+
+    def __init__(self, pid: int, own_port: int, other_ports: Sequence[int]) -> None:
+        self.pid = pid
+        self.own_port = own_port
+        self.other_ports = sorted(other_ports)
+        self.root = _cgroup2_root()
+        self.origin = ""
+        self.dropped = 0
+
+    def cut(self) -> None:
+        cleanup_quorum()
+        for line in Path(f"/proc/{self.pid}/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                self.origin = line[3:]
+        group = self.root / QUORUM_CGROUP
+        group.mkdir(exist_ok=True)
+        (group / "cgroup.procs").write_text(f"{self.pid}\n")
+        others = ", ".join(map(str, self.other_ports))
+        _nft_with_cgroup2(
+            self.root,
+            f"table inet {QUORUM_TABLE} {{\n"
+            "  chain out { type filter hook output priority 0;\n"
+            f'    socket cgroupv2 level 1 "{QUORUM_CGROUP}" tcp dport {{ {others} }}'
+            " counter drop\n"
+            f"    tcp dport {self.own_port} counter drop\n"
+            "  }\n}\n",
+        )
+        # A socket keeps the cgroup it was made in: abort every connection to a controller
+        # (``ss -K``), so the node's reconnections are its cgroup's and others' reconnect.
+        ports = [self.own_port, *self.other_ports]
+        match = " or ".join(f"dport = :{p}" for p in ports)
+        _run(["ss", "-K", "-tn", f"( {match} )"])
+
+    def counted(self) -> int:
+        listing = _run(["nft", "list", "table", "inet", QUORUM_TABLE], check=False)
+        return sum(int(m) for m in re.findall(r"counter packets (\d+)", listing))
+
+    def heal(self) -> None:
+        self.dropped += self.counted()
+        _run(["nft", "delete", "table", "inet", QUORUM_TABLE], check=False)
+        with contextlib.suppress(OSError):
+            target = self.root / self.origin.lstrip("/")
+            (target / "cgroup.procs").write_text(f"{self.pid}\n")
+        cleanup_quorum()
+
+
+def _cgroup2_root() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    raise NemesisUnavailable("no cgroup v2 hierarchy is mounted")
+
+
+def _nft_with_cgroup2(root: Path, ruleset: str) -> None:
+    if root == Path("/sys/fs/cgroup"):
+        _run(["nft", "-f", "-"], stdin=ruleset)
+        return
+    script = "mount -t cgroup2 none /sys/fs/cgroup && exec nft -f -"
+    _run(["unshare", "-m", "sh", "-c", script], stdin=ruleset)
+
+
+def cleanup_quorum() -> None:
+    """Remove the quorum table and cgroup (its processes moved back to the root group)."""
+    if shutil.which("nft"):
+        _run(["nft", "delete", "table", "inet", QUORUM_TABLE], check=False)
+    with contextlib.suppress(NemesisUnavailable, OSError):
+        root = _cgroup2_root()
+        group = root / QUORUM_CGROUP
+        if group.exists():
+            for pid in (group / "cgroup.procs").read_text().split():
+                (root / "cgroup.procs").write_text(pid + "\n")
+            group.rmdir()
+
+
 @contextlib.contextmanager
 def nemesis_or_fail(services: Mapping[str, Sequence[int]], *, ci: bool) -> Iterator[Nemesis]:
     """A set-up :class:`Nemesis`, torn down after; where namespaces cannot be made, the
@@ -410,3 +507,4 @@ def cleanup_stale() -> None:
             _run(["ip", "link", "del", name], check=False)
     if shutil.which("nft"):
         _run(["nft", "delete", "table", "ip", NAT_TABLE], check=False)
+    cleanup_quorum()
