@@ -72,6 +72,7 @@ SUBNET = "10.231.0"
 GATEWAY = f"{SUBNET}.1"
 FAULT_TABLE = "rlnem_faults"
 NAT_TABLE = "rlnem_nat"
+PROXY_TABLE = "rlnem_proxy"
 DIRECTIONS = ("both", "out", "in")
 """``out``: the node's packets to the service are dropped; ``in``: the service's replies."""
 
@@ -138,6 +139,7 @@ class Nemesis:
         """(monotonic time, what) of every fault and heal: the episode's history."""
         self._lock = threading.Lock()
         self._flappers: list[tuple[threading.Thread, threading.Event]] = []
+        self._routes: list[tuple[str, int, int]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,6 +307,31 @@ class Nemesis:
         self._flappers.append((thread, stop))
         thread.start()
         return stop
+
+    def route_through(self, node: str, port: int, proxy_port: int) -> None:
+        """``node``'s new connections to ``port`` go to ``proxy_port`` on 127.0.0.1 instead
+        (a proxy on the path, e.g. tests/faults/delayproxy.py, which connects on to
+        ``port``): a rule of the root namespace's ``ip rlnem_proxy`` table, ahead of the
+        bridge's own translation. Connections already made keep their way."""
+        if port not in self._ports:
+            raise ValueError(f"port {port} is not a service port")
+        with self._lock:
+            self._routes.append((self.nodes[node].address, port, proxy_port))
+            rules = "".join(
+                f'    iifname "{BRIDGE}" ip saddr {addr} ip daddr {GATEWAY} tcp dport {p}'
+                f" dnat to 127.0.0.1:{pp}\n"
+                for addr, p, pp in self._routes
+            )
+            _run(
+                ["nft", "-f", "-"],
+                stdin=(
+                    f"table ip {PROXY_TABLE}\ndelete table ip {PROXY_TABLE}\n"
+                    f"table ip {PROXY_TABLE} {{\n"
+                    "  chain pre { type nat hook prerouting priority -150;\n"
+                    f"{rules}  }}\n}}\n"
+                ),
+            )
+            self.log.append((time.monotonic(), f"route {node}->{port} via proxy {proxy_port}"))
 
     def rules(self, node: str) -> str:
         """The node's fault table as nft lists it (for a failure message)."""
@@ -507,4 +534,5 @@ def cleanup_stale() -> None:
             _run(["ip", "link", "del", name], check=False)
     if shutil.which("nft"):
         _run(["nft", "delete", "table", "ip", NAT_TABLE], check=False)
+        _run(["nft", "delete", "table", "ip", PROXY_TABLE], check=False)
     cleanup_quorum()

@@ -83,7 +83,8 @@ class Episode:
     ) -> Any:
         spec = {
             "settings": {k: getattr(self.settings, k) for k in SETTING_KEYS}
-            | {"delivery_timeout_ms": DELIVERY_TIMEOUT_MS},
+            | {"delivery_timeout_ms": DELIVERY_TIMEOUT_MS}
+            | extra.pop("settings_extra", {}),
             "run_id": self.run_id,
             "writer_id": name,
             "acks": str(self.acks),
