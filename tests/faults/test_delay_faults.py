@@ -3,9 +3,9 @@
 The kernel has no netem, so the delay is a proxy on the path (tests/faults/delayproxy.py):
 the worker runs in a namespace of the nemesis, whose connections to each broker are
 routed through a proxy of their own (``Nemesis.route_through``; Redis is reached
-directly). The proxies pass bytes at once until the worker is inside a tool call (the effect done, its
-COMPLETED not appended yet); then every byte waits ``DELAY_S`` each way, so the
-COMPLETED's produce request takes longer than the worker's delivery timeout (1 s, the
+directly). The proxies pass bytes at once until the worker is inside a tool call (the
+effect done, its COMPLETED not appended yet); then every byte waits ``DELAY_S`` each
+way, so the COMPLETED's produce request takes longer than the worker's delivery timeout (1 s, the
 least runlog accepts): the worker is told the outcome is unknown and stops, while the
 request still lands. A new worker resumes through the healed proxies and finishes.
 
