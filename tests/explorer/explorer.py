@@ -240,6 +240,12 @@ DECLARES_NOTHING = frozenset(("ticket", "letter"))
 lookup) before a person decided; recovery waits or asks, and records the rule why."""
 PAUSE_STEPS_PER = 30
 """A history gets one ``pause_call`` per this many steps (one at least)."""
+NETWORK = bool(os.environ.get("EXPLORER_NETWORK"))
+"""``EXPLORER_NETWORK=1``: histories also cut brokers from the controller quorum
+(``quorum_cut`` steps, from a stream of the seed's own: ``network_faults``). Off by
+default, so a recorded seed's history is what it was; on, a seed still names one history."""
+NETWORK_STEPS_PER = 15
+"""With ``NETWORK``, one ``quorum_cut`` per this many steps (one at least)."""
 PAUSE_HOWS = ("break", "expire")
 """How the run is taken over: its lease broken at once (``takeover=True``), or left to
 expire (the frozen worker's session and lease time out) and the run resumed."""
@@ -313,7 +319,24 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
         if extra.random() < NEW_RATE:
             out.append(new_step(extra))
     history = with_registry_outages(seed, through_the_console(seed, out[:steps]))[:steps]
-    return history + paused_calls(seed, len(history))
+    extra_steps = paused_calls(seed, len(history))
+    if NETWORK and cluster:
+        extra_steps += network_faults(seed, len(history))
+    return history + extra_steps
+
+
+def network_faults(seed: int, n: int) -> list[Step]:
+    """The ``quorum_cut`` steps of a history of ``n`` steps (``EXPLORER_NETWORK=1``), from
+    a stream of the seed's own (``network:<seed>``), appended after the ``n`` steps and each
+    executed right after step ``a`` (``in_order``), as ``pause_call`` is. ``b`` picks the
+    partition whose leader is cut and how long (2-10 s)."""
+    if n < 3:
+        return []
+    rng = random.Random(f"network:{seed}")
+    return [
+        Step("quorum_cut", rng.randrange(2, n), rng.randrange(1000))
+        for _ in range(max(1, n // NETWORK_STEPS_PER))
+    ]
 
 
 def paused_calls(seed: int, n: int) -> list[Step]:
@@ -335,13 +358,17 @@ def paused_calls(seed: int, n: int) -> list[Step]:
     ]
 
 
+AFTER_A_STEP = ("pause_call", "quorum_cut")
+"""Steps appended after a history's own, each executed right after the step ``a`` names."""
+
+
 def in_order(full: list[Step], kept: list[int]) -> list[int]:
     """The order ``kept`` steps execute in: by index, a ``pause_call`` right after the step
     it names (``a``), whether that step is kept or not."""
 
     def place(i: int) -> tuple[int, int, int]:
         s = full[i]
-        return (s.a, 1, i) if s.kind == "pause_call" else (i, 0, i)
+        return (s.a, 1, i) if s.kind in AFTER_A_STEP else (i, 0, i)
 
     return sorted(kept, key=place)
 
@@ -1160,6 +1187,8 @@ class Explorer:
             return self.rebuild_kill(step.b)
         if k == "pause_call":
             return self.pause_call(step)
+        if k == "quorum_cut":
+            return self.quorum_cut(step.b)
         if k == "registry_outage":
             if self.registry is None:
                 return "skip: no registry in this history"
@@ -1202,6 +1231,36 @@ class Explorer:
             self.out.faults["partitions added"] += 1
             return f"events topic grown to {PARTITIONS + 3} partitions"
         raise ValueError(f"unknown step {k}")
+
+    def quorum_cut(self, b: int) -> str:
+        """Cut the leader of partition ``b`` (mod the count) from the controller quorum for
+        2-10 s (tests/faults/netns.py, ``QuorumCut``), the workers running, then heal."""
+        assert self.out is not None
+        if self.down_nodes:
+            self.heal_nodes()
+        from faultkit import partition_leaders
+        from netns import QuorumCut
+
+        leaders = partition_leaders(self.s)
+        part = b % len(leaders)
+        leader = leaders[part][0]
+        pid = stack.node_pid(self.cfg, leader) if leader >= 0 else None
+        if pid is None:
+            return "skip: no leader"
+        node = self.cfg.node(leader)
+        others = [n.controller_port for n in self.cfg.nodes() if n.node_id != leader]
+        cut = QuorumCut(pid, node.controller_port, others)
+        hold_s = 2 + b % 9
+        cut.cut()
+        try:
+            time.sleep(hold_s)
+        finally:
+            cut.heal()
+        self.out.faults["broker cut from the controller quorum"] += 1
+        return (
+            f"cut node {leader} (leader of partition {part}) from the quorum for {hold_s} s "
+            f"({cut.dropped} controller packets dropped)"
+        )
 
     def pause_call(self, step: Step) -> str:
         """A worker frozen inside a call of one tool kind (``PAUSE_TOOLS``), on a run of its

@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "explorer"))
 
+import explorer
 from explorer import (
     PAUSE_TOOLS,
     LedgerServer,
@@ -45,7 +46,10 @@ HISTORIES = {
 digest of their text): a kind added later comes from a stream of its own and is appended."""
 
 
-def test_pause_calls_leave_every_older_step_where_it_was() -> None:
+def test_pause_calls_leave_every_older_step_where_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(explorer, "NETWORK", False)
     for (seed, steps), digest in HISTORIES.items():
         full = generate(seed, steps)
         older = json.dumps([s.text() for s in full[:steps]]).encode()
@@ -60,6 +64,26 @@ def test_pause_calls_leave_every_older_step_where_it_was() -> None:
     drawn = {tuple(s.arg.split()) for seed in range(200) for s in generate(seed, 40)[40:]}
     assert {t for t, _ in drawn} == set(PAUSE_TOOLS)
     assert {h for _, h in drawn} == {"break", "expire"}
+
+
+def test_network_steps_leave_every_other_step_where_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``EXPLORER_NETWORK=1`` appends ``quorum_cut`` steps and changes no other step."""
+    for (seed, steps), digest in HISTORIES.items():
+        monkeypatch.setattr(explorer, "NETWORK", False)
+        plain = generate(seed, steps)
+        monkeypatch.setattr(explorer, "NETWORK", True)
+        full = generate(seed, steps)
+        assert full[: len(plain)] == plain, seed
+        older = json.dumps([s.text() for s in full[:steps]]).encode()
+        assert hashlib.sha256(older).hexdigest()[:16] == digest, seed
+        cuts = full[len(plain) :]
+        assert cuts and all(s.kind == "quorum_cut" for s in cuts), seed
+        assert generate(seed, steps) == full  # a seed still names one history
+        order = in_order(full, list(range(len(full))))
+        for i, s in enumerate(cuts, start=len(plain)):
+            assert order.index(i) == order.index(s.a) + 1
 
 
 @pytest.fixture(scope="module")
