@@ -20,9 +20,9 @@ from typing import Any
 
 from runlog.errors import Escalated, ToolFailed
 from runlog.producers import calls
+from runlog.producers._engine import Run
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.ops import drive
-from runlog.producers.run import Run
 from runlog.projections.lineage import FORK_QUESTION, logical_of
 from runlog.projections.run_state import Approval, RunState, messages_in_last_turns
 from runlog.schemas.canonical import canonical_json

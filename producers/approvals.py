@@ -42,7 +42,7 @@ from runlog.schemas.signing import DecisionAuthority, Signature, decision_messag
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run, RunDeps
+    from runlog.producers._engine import Run, RunDeps
 
 log = logging.getLogger(__name__)
 

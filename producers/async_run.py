@@ -33,10 +33,10 @@ import redis.asyncio as aioredis
 from runlog.errors import RedisUnavailable, RunlogError
 from runlog.log.clients import REDIS_ERRORS, loop_get, loop_mget
 from runlog.producers import approvals, calls, timers
+from runlog.producers._engine import CANCELLED, Owned, Run, RunDeps
 from runlog.producers.context import call_context
 from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Peek, Steps, advance
-from runlog.producers.run import CANCELLED, Owned, Run, RunDeps
 from runlog.producers.tools import is_async
 from runlog.producers.writer import Ack, AckGroup, EventWriter
 from runlog.projections.run_state import RunState
@@ -273,9 +273,9 @@ class AsyncRun(Owned):
         try:
             raw = await self._peek(self._keys[0])
         except REDIS_ERRORS as exc:
-            raise run._fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
+            raise run.fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
         if not lease.confirm(raw.decode() if isinstance(raw, bytes) else raw):
-            raise run._fenced(f"lease of epoch {run.epoch} is no longer current")
+            raise run.fenced(f"lease of epoch {run.epoch} is no longer current")
         return run.emit_confirmed(event_type, payload if payload is not None else kw)
 
     async def barrier(self) -> None:
@@ -285,21 +285,21 @@ class AsyncRun(Owned):
 
     async def _barrier(self) -> None:
         run = self._run
-        pending = run._take_pending()
+        pending = run.take_pending()
         if pending:
             try:
                 await _acknowledged(
                     run.deps.writer,
-                    run._acks,
+                    run.acks,
                     [p.ack for p in pending],
                     run.delivery_wait_s,
                     inline=self._loop is not None and _OPEN_RUNS.get(self._loop) == 1,
                 )
             except BaseException:
-                run._interrupted(pending)
+                run.interrupted(pending)
                 raise
         for p in pending:
-            run._delivered(p, p.ack.outcome)
+            run.delivered(p, p.ack.outcome)
         if pending:
             if run.lease.released:
                 ok = False
@@ -307,9 +307,9 @@ class AsyncRun(Owned):
                 try:
                     raw, flag = await self._get(self._keys)
                 except REDIS_ERRORS as exc:
-                    raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
+                    raise run.fenced(f"ownership unconfirmed after append: {exc}") from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
-            run._still_owned(ok, pending)
+            run.still_owned(ok, pending)
             if ok:
                 run.cancel_flag = (flag is not None, time.monotonic())
 
@@ -419,7 +419,7 @@ class AsyncRun(Owned):
 
     async def since_last_turn(self) -> list[Event]:
         async with self._turn():
-            if self._run._pending:
+            if self._run.pending:
                 await self._barrier()
             return await _thread_to_its_end(self._run.since_last_turn)
 
@@ -429,8 +429,8 @@ class AsyncRun(Owned):
         run = self._run
         async with self._turn():
             await self._drive(approvals.check_cancel(run))  # a step (``Run.sleep``)
-            nxt = timers.next_timer(run.state, run._sleeps)
-            run._sleeps += 1
+            nxt = timers.next_timer(run.state, run.sleeps)
+            run.sleeps += 1
             if nxt.recorded is not None:
                 due = nxt.recorded.due_at
             else:
@@ -468,7 +468,7 @@ class AsyncRun(Owned):
                 log.warning("run %s: could not end cancelled: %s", run.run_id, exc)
         async with self._turn():
             try:
-                if run._pending and run._poisoned is None:
+                if run.pending and run.poisoned is None:
                     await self._barrier()
             finally:
                 self._leave_loop()

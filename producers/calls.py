@@ -75,7 +75,7 @@ from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Run
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +93,9 @@ def call_tool(
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
     yield from check_cancel(run)  # a person's cancellation stops the run before this call
-    occurrence, args_json, key = run._next_call(name, args, operation_id)  # before STARTED
+    occurrence, args_json, key = run.next_call(name, args, operation_id)  # before STARTED
     call_id = call_id or f"call-{random.getrandbits(48):012x}"
-    run._occurrences[occurrence] += 1
+    run.occurrences[occurrence] += 1
     try:
         return (
             yield from execute_logical(
@@ -107,7 +107,7 @@ def call_tool(
         # fenced): asking again must reach the same key. A fresh one would make a
         # retry-after-failure a *different* action, and a re-execution after a crash
         # would then recompute the failed key and run the effect a second time.
-        run._occurrences[occurrence] -= 1
+        run.occurrences[occurrence] -= 1
         raise
 
 
@@ -273,7 +273,7 @@ def attempt(
     t0 = time.monotonic()
     deadline = commit_deadline(started.occurred_at, tool)
     ctx = CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq, deadline)
-    run._attempted.add(key)  # from here on a request under this owner's token may exist
+    run.attempted.add(key)  # from here on a request under this owner's token may exist
     try:
         result = yield from invoke(tool, json.loads(args_json), ctx)
     except GeneratorExit:
@@ -849,7 +849,7 @@ def _absence(run: Run, call: OpenCall, tool: Tool, now: datetime) -> _Absence:
             "absent; the receiver deduplicates by key: a late original and the retry make "
             "one effect",
         )
-    own = call.idempotency_key in run._attempted
+    own = call.idempotency_key in run.attempted
     if "fenced" in declared and not own:
         return _Absence(
             "retry",

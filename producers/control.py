@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runlog.errors import Fenced, RunFinished, UnknownRun
+from runlog.producers._engine import TERMINATED, RunDeps
 from runlog.producers.approvals import cancel_entry, cancel_flag_key, decisions_key, record_cancel
 from runlog.producers.opening import _inbox, _run_state, open_run_with, take_if_free
 from runlog.producers.ops import drive
-from runlog.producers.run import TERMINATED, RunDeps
 from runlog.projections.run_state import OpenCall, RunState
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.vocabulary import EventType

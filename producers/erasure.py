@@ -41,8 +41,8 @@ from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.producers import control
+from runlog.producers._engine import RunDeps
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import RunDeps
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Payload, data_subject
 from runlog.schemas.sealing import readable_fields
@@ -207,18 +207,18 @@ def erase_run(
         if run.state.status != "finished":
             raise Fenced(f"run {run_id} was resumed while being erased", run_id=run_id)
         payload = {"subject": subject, "key_ids": list(key_ids), "erased_by": by, "reason": reason}
-        with run._lock:
+        with run.lock:
             # The writer's usual path refuses a finished run: this is the one event that
             # comes after the finish, at the next seq, under the eraser's higher epoch.
-            ev = run._emit(EventType.CONTENT_ERASED, payload, local=False)
+            ev = run.send(EventType.CONTENT_ERASED, payload, local=False)
             (delivered,) = run.barrier()
         reader = deps.reader_factory()
         try:
-            accepted = run._read_back(reader, delivered.offset + 1)
+            accepted = run.read_back(reader, delivered.offset + 1)
         finally:
             reader.close()
         if ev.event_id not in accepted:
-            raise run._fenced(f"the erasure of {run_id} at seq {ev.seq} lost to another writer")
+            raise run.fenced(f"the erasure of {run_id} at seq {ev.seq} lost to another writer")
         log.warning("run %s: content erased by %s (%s), subject %s", run_id, by, reason, subject)
         return ErasedRun(
             run_id, subject, ev.seq, delivered.partition, delivered.offset, terminated=terminated

@@ -26,8 +26,8 @@ from typing import Any
 from runlog.errors import ForkRefused, TenantMismatch, UnknownRun
 from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
+from runlog.producers._engine import Run, RunDeps, valid_kept
 from runlog.producers.opening import _acquire, _index_start
-from runlog.producers.run import Run, RunDeps, _valid_kept
 from runlog.projections.lineage import ForkedEffect, logical_of, pack_state
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import models as m
@@ -106,7 +106,7 @@ def read_parent(deps: RunDeps, tenant: str, parent_id: str, at_seq: int) -> Pare
             run_id=parent_id,
             seq=at_seq,
         )
-    events = _valid_kept(got.folded)
+    events = valid_kept(got.folded)
     state = RunState(authority=authority_for(deps.settings))
     for ev in events[:at_seq]:
         accept(state, ev)
@@ -246,10 +246,10 @@ def fork_run_with(
                 partition=got.partition,
                 position=got.end,
             )
-            with run._lock:
-                ev = run._emit(EventType.RUN_FORKED, payload, local=False)
+            with run.lock:
+                ev = run.send(EventType.RUN_FORKED, payload, local=False)
                 (delivered,) = run.barrier()
-            accepted = run._read_back(reader, delivered.offset + 1)
+            accepted = run.read_back(reader, delivered.offset + 1)
             if ev.event_id not in accepted:
                 # Another writer began this run id first: it is this fork, or a refusal.
                 return _already(run.state, payload, rid, tenant)

@@ -28,6 +28,7 @@ from runlog.log.authority import authority_for
 from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, Prefetch
+from runlog.producers._engine import Run, RunDeps, valid_kept
 from runlog.producers.approvals import (
     check_answer,
     decisions_key,
@@ -36,7 +37,6 @@ from runlog.producers.approvals import (
 )
 from runlog.producers.approvals import conflict as approvals_conflict
 from runlog.producers.lease import METRICS, Held, Lease
-from runlog.producers.run import Run, RunDeps, _valid_kept
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Delivered
 from runlog.projections.run_state import RunState, standing_decision
@@ -187,11 +187,11 @@ def _start_fresh(
             partition=partition,
             position=0,
         )
-        with run._lock:
-            run._emit(EventType.RUN_STARTED, dict(start), local=True)
+        with run.lock:
+            run.send(EventType.RUN_STARTED, dict(start), local=True)
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
-        run._mark_log_view()
+        run.mark_log_view()
         _index_start(run, delivered)
         log.info("run %s started at epoch %s", rid, run.epoch)
         return run
@@ -248,13 +248,13 @@ def _replay(
         partition=got.partition,
         position=got.end,
         first_offset=got.folded.first_offset,
-        _since_turn=None if got.source == "snapshot" else [],
+        since_turn=None if got.source == "snapshot" else [],
     )
-    kept = _valid_kept(got.folded)
+    kept = valid_kept(got.folded)
     if any(ev.type is EventType.MODEL_TURN for ev in kept):
-        run._since_turn = []
+        run.since_turn = []
     for ev in kept:
-        run._note(ev)
+        run.note(ev)
     if state.max_epoch_seen >= lease.epoch:
         # Redis forgot epochs the log remembers (restart without persistence): go above them.
         lease.raise_floor(state.max_epoch_seen)
@@ -306,7 +306,7 @@ def _claim(
     for _ in range(CLAIM_ATTEMPTS):
         st = run.state
         if st.status == "new":
-            ev = run._emit(EventType.RUN_STARTED, dict(start), local=False)
+            ev = run.send(EventType.RUN_STARTED, dict(start), local=False)
         else:
             gap = None
             if st.last_event_at is not None:
@@ -318,13 +318,13 @@ def _claim(
                 "reason": _with_handover(reason or "resumed by a new owner", run.lease),
                 "operator": operator,
             }
-            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+            ev = run.send(EventType.RUN_RESUMED, payload, local=False)
         (delivered,) = run.barrier()
-        accepted = run._read_back(reader, delivered.offset + 1)
+        accepted = run.read_back(reader, delivered.offset + 1)
         # Our own event must be the one the log accepted: after Redis lost its data, a
         # writer holding the same epoch number could otherwise confirm our claim for us.
         if ev.event_id in accepted:
-            run._mark_log_view()
+            run.mark_log_view()
             if ev.type is EventType.RUN_STARTED:
                 _index_start(run, delivered)
             else:
@@ -346,13 +346,13 @@ def _claim(
             return
         log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
         if run.state.max_epoch_seen > run.epoch:
-            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
+            raise run.fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
         if run.state.epoch >= run.epoch:
             # Same epoch number in the log (Redis forgot it): move above it, then claim.
             run.lease.raise_floor(run.state.max_epoch_seen)
             if run.lease.lost:
-                raise run._fenced("lease lost while moving above a colliding epoch")
-    raise run._fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
+                raise run.fenced("lease lost while moving above a colliding epoch")
+    raise run.fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
 
 
 def claim_settlement(run: Run, by: str) -> None:
@@ -376,22 +376,22 @@ def claim_settlement(run: Run, by: str) -> None:
             "reason": f"{by} settles the open calls of an ended run",
             "operator": by,
         }
-        with run._lock:
-            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+        with run.lock:
+            ev = run.send(EventType.RUN_RESUMED, payload, local=False)
             (delivered,) = run.barrier()
         reader = run.deps.reader_factory()
         try:
-            accepted = run._read_back(reader, delivered.offset + 1)
+            accepted = run.read_back(reader, delivered.offset + 1)
         finally:
             reader.close()
         if ev.event_id in accepted:
-            run._mark_log_view()
+            run.mark_log_view()
             return
         # Claimed on a view the log had moved past (the read-back folded what we missed):
         # claim again above it, as ``opening._claim`` does.
         if run.state.max_epoch_seen > run.epoch:
-            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
-    raise run._fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
+            raise run.fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
+    raise run.fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
 
 
 def _index_start(run: Run, delivered: Delivered) -> None:

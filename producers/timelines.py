@@ -41,7 +41,7 @@ from runlog.projections.run_state import Approval, RunState
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Run
 
 QUESTION = FORK_QUESTION
 

@@ -27,9 +27,9 @@ from runlog.benchmarks.common import Scratch, percentile
 from runlog.benchmarks.synthetic import write_synthetic_run
 from runlog.bootstrap import Services
 from runlog.log.replay import replay
+from runlog.producers._engine import Run
 from runlog.producers.forks import fork_run_with
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 

@@ -53,8 +53,8 @@ from runlog.consumers import snapshot_plan as sp
 from runlog.errors import RunlogError
 from runlog.log.kafka import reader_config
 from runlog.log.snapshots import SnapshotStore
+from runlog.producers._engine import Run
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run
 from runlog.schemas.keys import lease_key
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings

@@ -41,12 +41,12 @@ from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.log.reader import Prefetch
 from runlog.producers import timers
+from runlog.producers._engine import CANCELLED, Run, RunDeps
 from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.drain import HandingOver
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import CANCELLED, Run, RunDeps
 from runlog.projections.run_state import RunState
 from runlog.schemas import codec
 from runlog.schemas.keys import partition_for

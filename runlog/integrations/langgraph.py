@@ -81,10 +81,10 @@ from runlog.errors import (
 from runlog.integrations._common import SUMMARY_CHARS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
+from runlog.producers._engine import Run
 from runlog.producers.calls import attempt, execute_logical, retry_key
 from runlog.producers.context import current_call
 from runlog.producers.ops import drive
-from runlog.producers.run import Run
 from runlog.producers.tools import Reconciler, Risk, Tool, ToolFn, is_async
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.models import UNDO_AND_RETRY, Event, MemoryWritten, ToolCallStarted
@@ -368,7 +368,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         try:
             # A checkpoint records what a node did: kept whatever a person asked meanwhile
             # (the graph's next step, a model turn or a tool call, sees a cancellation).
-            ev = owned.run._append(
+            ev = owned.run.record(
                 EventType.MEMORY_WRITTEN,
                 key=CHECKPOINT_KEY,
                 value=json.dumps(record, separators=(",", ":")),
@@ -537,7 +537,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         with self._thread_lock(thread_id):
             owned = self._own(thread_id)
             try:
-                owned.run._append(
+                owned.run.record(
                     EventType.MEMORY_WRITTEN,
                     key=key,
                     value=json.dumps(value, separators=(",", ":")),

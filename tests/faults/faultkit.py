@@ -40,8 +40,8 @@ from runlog.errors import (
     RunLocked,
 )
 from runlog.log.reader import LogReader, LogRecord
+from runlog.producers._engine import Run, RunDeps
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Absent, Evidence, Match, Tool, ToolError
 from runlog.projections.run_state import RunState, apply, is_valid
 from runlog.schemas.keys import new_run_id

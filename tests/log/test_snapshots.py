@@ -139,7 +139,7 @@ def _snap_settings(test_settings: Settings, interval: int) -> Settings:
 
 
 def _work(run: object, n: int) -> None:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Run
 
     assert isinstance(run, Run)
     for i in range(n):

@@ -82,7 +82,7 @@ def main() -> int:
             def read_back(self: Any, reader: Any, end: int) -> Any:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-            forks.Run._read_back = read_back  # type: ignore[method-assign]
+            forks.Run.read_back = read_back  # type: ignore[method-assign]
         made = runlog.fork(
             opts.parent,
             tenant=opts.tenant,

@@ -23,9 +23,9 @@ import runlog
 from runlog.bootstrap import Services
 from runlog.log.clients import async_redis_client
 from runlog.log.reader import LogReader
+from runlog.producers._engine import Run
 from runlog.producers.async_run import open_async
 from runlog.producers.lease import LeaseManager
-from runlog.producers.run import Run
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -291,10 +291,10 @@ def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            unchecked = [p.event.event_id for p in run.sync._pending]
+            unchecked = [p.event.event_id for p in run.sync.pending]
             assert unchecked == [ev.event_id], "a cancelled wait dropped its append unchecked"
             await run.barrier()
-            assert run.sync._pending == []
+            assert run.sync.pending == []
             await run.finish("succeeded")
             return run.run_id, ev.seq
 

@@ -436,7 +436,7 @@ def test_a_barrier_follows_when_other_appends_are_outstanding(test_settings: Set
         # The other run's appends left with the flush made for the follower (not at the
         # linger's end): their reports come within moments.
         deadline = time.monotonic() + 10
-        while any(p.ack.outcome is None for p in other._pending):
+        while any(p.ack.outcome is None for p in other.pending):
             assert time.monotonic() < deadline, "the other run's appends waited the linger"
             time.sleep(0.01)
         other.barrier()
