@@ -1,9 +1,12 @@
-"""A run as its writer sees it: one owner and the append pipeline.
+"""The engine of a run, private to the package: one owner and the append pipeline.
 
-The handle users hold (``runlog.Run``): identity, state, ``append``/``emit``/``barrier``
-with the ownership guard and the durability barrier, and the entry points of the tool-call
-path (``runlog.producers.calls``) and of approvals (``runlog.producers.approvals``).
-Opening a run is ``runlog.producers.opening``.
+``Engine`` is what the handles users hold (``runlog.Run``, ``runlog.aio.AsyncRun``, in
+``runlog.producers.handle``) drive: the lease guard, encoding and sending, acknowledgements
+and the durability barrier, the log confirmation, the cancel flag, the keys, and the entry
+points of the tool-call path (``runlog.producers.calls``) and of approvals
+(``runlog.producers.approvals``). The modules that drive a run use its public members, its
+interface within the package; users never see it. Opening a run is
+``runlog.producers.opening``.
 """
 
 from __future__ import annotations
@@ -71,11 +74,11 @@ MAX_EVENT_BYTES = 900_000
 class Snapshots(SnapshotSource, Protocol):
     """A snapshot store the writer resumes from and keeps current after each append."""
 
-    def maybe_write(self, run: Run) -> bool:
+    def maybe_write(self, run: Engine) -> bool:
         """Snapshot ``run`` if it advanced an interval since its last one; never raises."""
         ...
 
-    def due(self, run: Run) -> bool:
+    def due(self, run: Engine) -> bool:
         """Whether ``maybe_write`` may write now, answered without I/O (True when unsure)."""
         ...
 
@@ -124,7 +127,7 @@ class _Pending:
 
 
 class Owned:
-    """A run's identity as its owner holds it: both handles (``Run``, ``AsyncRun``)."""
+    """A run's identity as its owner holds it (its lease)."""
 
     lease: Lease
 
@@ -143,8 +146,8 @@ class Owned:
 
 
 @dataclass
-class Run(Owned):
-    """An owned run. Use as a context manager: closing releases the lease."""
+class Engine(Owned):
+    """An owned run's engine. A context manager: closing releases the lease."""
 
     deps: RunDeps
     lease: Lease
@@ -191,7 +194,7 @@ class Run(Owned):
     the last check). ``approvals.check_cancel``."""
     _cancel_flag_key: str | None = None
 
-    def __enter__(self) -> Run:
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:

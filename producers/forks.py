@@ -26,7 +26,7 @@ from typing import Any
 from runlog.errors import ForkRefused, TenantMismatch, UnknownRun
 from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
-from runlog.producers._engine import Run, RunDeps, valid_kept
+from runlog.producers._engine import Engine, RunDeps, valid_kept
 from runlog.producers.opening import _acquire, _index_start
 from runlog.projections.lineage import ForkedEffect, logical_of, pack_state
 from runlog.projections.run_state import RunState, accept
@@ -238,7 +238,7 @@ def fork_run_with(
             got = read_run(reader, deps.redis, deps.settings, tenant, rid)
             if got.state.status != "new":
                 return _already(got.state, payload, rid, tenant)
-            run = Run(
+            run = Engine(
                 deps=deps,
                 lease=lease,
                 state=got.state,

@@ -28,7 +28,7 @@ from runlog.log.authority import authority_for
 from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, Prefetch
-from runlog.producers._engine import Run, RunDeps, valid_kept
+from runlog.producers._engine import Engine, RunDeps, valid_kept
 from runlog.producers.approvals import (
     check_answer,
     decisions_key,
@@ -110,7 +110,7 @@ def open_run_with(
     subject: str | None = None,
     expect_agent: str | None = None,
     prefetch: Prefetch | None = None,
-) -> Run:
+) -> Engine:
     """Start a new run or resume an existing one: the same call either way.
 
     ``operator``: the person whose act (a decision, a cancellation, a termination) this
@@ -168,7 +168,7 @@ def open_run_with(
 
 def _start_fresh(
     deps: RunDeps, tenant: str, tools: Iterable[Tool], start: Mapping[str, str]
-) -> Run:
+) -> Engine:
     """Start a run under an id minted here: nothing to replay and no race to lose.
 
     The id holds 64 random bits and nobody else knows it yet, so no other writer can have
@@ -179,7 +179,7 @@ def _start_fresh(
     partition = partition_for(rid, deps.partition_count())
     lease = _acquire(deps, tenant, rid, 0)
     try:
-        run = Run(
+        run = Engine(
             deps=deps,
             lease=lease,
             state=RunState(authority=authority_for(deps.settings)),
@@ -206,7 +206,7 @@ def _replay(
     lease: Lease,
     tools: Iterable[Tool],
     prefetch: Prefetch | None = None,
-) -> Run:
+) -> Engine:
     rid, tenant = lease.run_id, lease.tenant
     end = None
     if prefetch is not None and prefetch.load(deps.settings, deps.redis, deps.reader_factory):
@@ -240,7 +240,7 @@ def _replay(
             f"run id {rid} belongs to another tenant; choose another run id",
             run_id=rid,
         )
-    run = Run(
+    run = Engine(
         deps=deps,
         lease=lease,
         state=state,
@@ -289,7 +289,7 @@ def _with_handover(reason: str, lease: Lease) -> str:
 
 
 def _claim(
-    run: Run,
+    run: Engine,
     reader: LogReader,
     start: Mapping[str, str],
     *,
@@ -355,7 +355,7 @@ def _claim(
     raise run.fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
 
 
-def claim_settlement(run: Run, by: str) -> None:
+def claim_settlement(run: Engine, by: str) -> None:
     """Take the finished run to settle its open calls: a person's RUN_RESUMED above the
     current epoch at the next seq, confirmed by reading the log back (the fold accepts it
     only on a finished run with open calls, ``run_state._settles``)."""
@@ -394,7 +394,7 @@ def claim_settlement(run: Run, by: str) -> None:
     raise run.fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
 
 
-def _index_start(run: Run, delivered: Delivered) -> None:
+def _index_start(run: Engine, delivered: Delivered) -> None:
     try:
         run.deps.redis.set(
             run.deps.start_key(run.tenant, run.run_id),
@@ -485,7 +485,7 @@ def submit_decision(
     reason = f"decision by {decided_by}"
     key = decisions_key(deps, tenant, run_id)
 
-    def take() -> Run | None:
+    def take() -> Engine | None:
         return take_if_free(
             deps, run_id, tenant=tenant, tools=tools, reason=reason, by=decided_by, settle=True
         )
@@ -549,7 +549,7 @@ def take_if_free(
     reason: str,
     by: str,
     settle: bool = False,
-) -> Run | None:
+) -> Engine | None:
     """The run, if no one holds it, taken by person ``by`` to record their act in its log
     (a decision, a cancellation): else None, and the act goes to the owner's inbox.
 

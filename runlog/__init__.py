@@ -130,10 +130,10 @@ if TYPE_CHECKING:
     from runlog.api import terminate as terminate
     from runlog.consumers.question import Question as Question
     from runlog.fleet.registry import agent as agent
-    from runlog.producers._engine import Run as Run
     from runlog.producers.context import CallContext as CallContext
     from runlog.producers.context import current_call as current_call
     from runlog.producers.forks import Fork as Fork
+    from runlog.producers.handle import Run as Run
     from runlog.producers.reconcile import Reconciliation as Reconciliation
     from runlog.producers.tools import Absent as Absent
     from runlog.producers.tools import Conflict as Conflict
@@ -155,7 +155,7 @@ _ERRORS = "runlog.errors"
 _PUBLIC: dict[str, str] = {
     # runs, decisions, the question a person answers
     "open_run": "runlog.api",
-    "Run": "runlog.producers._engine",
+    "Run": "runlog.producers.handle",
     "decide": "runlog.api",
     "cancel": "runlog.api",
     "terminate": "runlog.api",

@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from runlog import api
 from runlog.bootstrap import Services
 from runlog.log.clients import async_redis_client
-from runlog.producers._engine import Run
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
+from runlog.producers.handle import Run
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 

@@ -48,6 +48,7 @@ from runlog.producers.erasure import (
 from runlog.producers.erasure import forget as forget_runs
 from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
+from runlog.producers.handle import Run
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
 from runlog.producers.reconcile import Reconciliation, settled
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     from runlog.consumers.index import RunIndex
     from runlog.consumers.question import Question
     from runlog.consumers.timeline import Timeline
-    from runlog.producers._engine import Run, RunDeps
+    from runlog.producers._engine import RunDeps
     from runlog.producers.tools import Tool
 
 
@@ -106,18 +107,20 @@ def open_run(
         check_run_id(run_id)
     services = Services.shared(settings or Settings())
     with tracing.span("open_run", run_id=run_id, tenant=tenant, takeover=takeover) as span:
-        run = open_run_with(
-            services.run_deps(),
-            run_id,
-            tenant=tenant,
-            tools=tools,
-            wait_s=wait_s,
-            agent=agent,
-            goal=goal,
-            reason=reason,
-            recover=recover,
-            takeover=takeover,
-            subject=subject,
+        run = Run(
+            open_run_with(
+                services.run_deps(),
+                run_id,
+                tenant=tenant,
+                tools=tools,
+                wait_s=wait_s,
+                agent=agent,
+                goal=goal,
+                reason=reason,
+                recover=recover,
+                takeover=takeover,
+                subject=subject,
+            )
         )
         tracing.annotate(
             span,

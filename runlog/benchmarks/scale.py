@@ -53,7 +53,7 @@ from runlog.consumers import snapshot_plan as sp
 from runlog.errors import RunlogError
 from runlog.log.kafka import reader_config
 from runlog.log.snapshots import SnapshotStore
-from runlog.producers._engine import Run
+from runlog.producers._engine import Engine
 from runlog.producers.opening import open_run_with
 from runlog.schemas.keys import lease_key
 from runlog.schemas.vocabulary import EventType
@@ -75,7 +75,7 @@ REFERENCES = {
 # --------------------------------------------------------------------------- the workload
 
 
-def _loop_turn(run: Run, turn: int, *, compact_every: int = 25) -> None:
+def _loop_turn(run: Engine, turn: int, *, compact_every: int = 25) -> None:
     """One turn of an agent loop: 4 records (5 with a compaction), emitted (not awaited)."""
     call = f"t{turn}"
     key = f"k{turn:031d}"

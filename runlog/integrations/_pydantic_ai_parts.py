@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from runlog.integrations._common import missing_extra
+from runlog.producers.handle import engine_of
 
 try:
     from pydantic_ai import Agent
@@ -141,7 +142,7 @@ class _Execution:
         the parent's logical action (``runlog.producers.timelines`` decides what it does);
         outside a fork both are the run's own."""
         offset = 0 if self.base is None else self.base.turns
-        return operation_id(self.run.sync.key_scope, offset + turn, tool_call_id)
+        return operation_id(engine_of(self.run).key_scope, offset + turn, tool_call_id)
 
 
 @dataclass(frozen=True)
