@@ -85,7 +85,7 @@ NO_KEYS = NoKeys()
 
 def known(deps: RunDeps, tenant: str, run_id: str) -> RunState:
     """The run's state from its log; ``UnknownRun`` for a run this tenant does not have."""
-    return control._known(deps, tenant, run_id)
+    return control.known_state(deps, tenant, run_id)
 
 
 subject_of = data_subject
@@ -186,8 +186,8 @@ def erase_run(
 ) -> ErasedRun:
     """Stop ``run_id`` if it is in progress and append its CONTENT_ERASED (steps 1 and 2);
     an erasure already in the log is returned as it is."""
-    control._words(reason, by)
-    state = control._known(deps, tenant, run_id)
+    control.check_words(reason, by)
+    state = control.known_state(deps, tenant, run_id)
     terminated = False
     if state.erased is None and state.status != "finished":
         try:
@@ -251,7 +251,7 @@ def forget(
 ) -> ForgetReport:
     """Erase the content of ``run_ids`` (steps 1 to 4 of the module docstring): intent in
     each run's log first, then the subjects' keys shredded, then the snapshots purged."""
-    control._words(reason, by)
+    control.check_words(reason, by)
     report = ForgetReport(tenant, reason, by)
     for rid in dict.fromkeys(run_ids):
         keys = _listed(shredder, tenant, run_subject(deps, tenant, rid))

@@ -27,7 +27,7 @@ from runlog.errors import ForkRefused, TenantMismatch, UnknownRun
 from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
 from runlog.producers._engine import Engine, RunDeps, valid_kept
-from runlog.producers.opening import _acquire, _index_start
+from runlog.producers.opening import acquire, index_start
 from runlog.projections.lineage import ForkedEffect, logical_of, pack_state
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import models as m
@@ -231,7 +231,7 @@ def fork_run_with(
         subject=subject_of(parent.state, parent_id),
     )
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-    lease = _acquire(deps, tenant, rid, wait)
+    lease = acquire(deps, tenant, rid, wait)
     try:
         reader = deps.reader_factory()
         try:
@@ -253,7 +253,7 @@ def fork_run_with(
             if ev.event_id not in accepted:
                 # Another writer began this run id first: it is this fork, or a refusal.
                 return _already(run.state, payload, rid, tenant)
-            _index_start(run, delivered)
+            index_start(run, delivered)
         finally:
             reader.close()
         log.info("run %s forked from %s at seq %s", rid, parent_id, at_seq)

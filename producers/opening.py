@@ -54,7 +54,7 @@ LEASE_WAIT_REPORT_S = 5.0
 """How often an open that waits for another owner's lease says so again."""
 
 
-def _acquire(
+def acquire(
     deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
 ) -> Lease:
     owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
@@ -141,7 +141,7 @@ def open_run_with(
         return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-    lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
+    lease = acquire(deps, tenant, rid, wait, takeover=takeover)
     try:
         reader = deps.reader_factory()
         try:
@@ -177,7 +177,7 @@ def _start_fresh(
     """
     rid = new_run_id()
     partition = partition_for(rid, deps.partition_count())
-    lease = _acquire(deps, tenant, rid, 0)
+    lease = acquire(deps, tenant, rid, 0)
     try:
         run = Engine(
             deps=deps,
@@ -192,7 +192,7 @@ def _start_fresh(
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
         run.mark_log_view()
-        _index_start(run, delivered)
+        index_start(run, delivered)
         log.info("run %s started at epoch %s", rid, run.epoch)
         return run
     except BaseException:
@@ -326,7 +326,7 @@ def _claim(
         if ev.event_id in accepted:
             run.mark_log_view()
             if ev.type is EventType.RUN_STARTED:
-                _index_start(run, delivered)
+                index_start(run, delivered)
             else:
                 METRICS["takeovers"] += 1
             log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
@@ -394,7 +394,7 @@ def claim_settlement(run: Engine, by: str) -> None:
     raise run.fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
 
 
-def _index_start(run: Engine, delivered: Delivered) -> None:
+def index_start(run: Engine, delivered: Delivered) -> None:
     try:
         run.deps.redis.set(
             run.deps.start_key(run.tenant, run.run_id),
@@ -502,16 +502,16 @@ def submit_decision(
                 answer=answer,
             )
         return "recorded"
-    _inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
+    decision_inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
     how = "queued"
     deadline = time.monotonic() + wait_s
     while True:
-        state = _run_state(deps, tenant, run_id)
+        state = read_state(deps, tenant, run_id)
         if state.erased is not None:
             # Forgotten meanwhile: nobody will record it, and the inbox entry holds the
             # note in plaintext beside an erased log. Withdrawn (``forget`` deletes the
             # inbox too, and again after its purge, for an entry that raced its first pass).
-            _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
+            decision_inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
             raise RunFinished(
                 f"run {run_id} was erased (forgotten) before the decision was recorded",
                 run_id=run_id,
@@ -533,7 +533,7 @@ def submit_decision(
             ):
                 return how
             # Another decision stands: ours must not wait for an owner to drop it.
-            _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
+            decision_inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
             raise approvals_conflict(run_id, standing)
         if time.monotonic() >= deadline:
             return "queued"
@@ -581,14 +581,14 @@ def take_if_free(
     return run
 
 
-def _inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:
+def decision_inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:
     try:
         op()
     except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
 
 
-def _run_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+def read_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
     reader = deps.reader_factory()
     try:
         return read_run(reader, deps.redis, deps.settings, tenant, run_id).state

@@ -522,12 +522,12 @@ def timers(
     import asyncio
 
     from runlog import aio
-    from runlog.benchmarks.fleet import _Follower, _Workers
+    from runlog.benchmarks.fleet import Follower, WorkerProcs
     from runlog.fleet import lifecycle
 
     scratch = Scratch.create(base)
     s = scratch.settings
-    workers = _Workers(s, out_dir)
+    workers = WorkerProcs(s, out_dir)
     res: dict[str, Any] = {"waiting_runs": waiting}
     try:
         workers.spawn("timers", 64)
@@ -535,7 +535,7 @@ def timers(
         lifecycle.writer_for(s).write("r-warm-" + os.urandom(4).hex(), None)
         rss0 = _rss_kib(wpid)
         keys0 = _redis_bytes(_redis(s), s.redis_key_prefix)
-        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
+        follower = Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
         # Long enough for every run to start and wait, and for a second worker's start-up.
         due = time.time() + (20 + waiting * 0.01 if margin_s is None else margin_s)
         order = {"until": due}
