@@ -330,10 +330,10 @@ def load_run_state(
 ) -> dict[str, Any]:
     """The ``RunState.to_dict`` shape from its stored parts (raw Redis replies)."""
     data = dict(scalar)
-    data["open_calls"] = {_text(k): json.loads(v) for k, v in sorted(calls.items())}
-    data["approvals"] = {_text(k): json.loads(v) for k, v in sorted(approvals.items())}
+    data["open_calls"] = {text(k): json.loads(v) for k, v in sorted(calls.items())}
+    data["approvals"] = {text(k): json.loads(v) for k, v in sorted(approvals.items())}
     data["messages"] = [json.loads(m) for m in messages or []]
-    data["completed_calls"] = {_text(k): _text(v) for k, v in sorted((completed or {}).items())}
+    data["completed_calls"] = {text(k): text(v) for k, v in sorted((completed or {}).items())}
     return data
 
 
@@ -656,14 +656,14 @@ def load_state_view(
         # but the conversation and the stored results).
         if view.get("version", 1) >= 2:
             view["state"]["messages"] = [json.loads(m) for m in msgs]
-            view["state"]["completed_calls"] = {_text(k): _text(v) for k, v in sorted(done.items())}
+            view["state"]["completed_calls"] = {text(k): text(v) for k, v in sorted(done.items())}
         return view
     scalar = view.pop(RUN_STATE, {})
     view["state"] = load_run_state(scalar, calls, approvals, msgs, done)
     return view
 
 
-def _text(value: bytes | str) -> str:
+def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from runlog.errors import Escalated, ToolFailed
 from runlog.producers import calls
+from runlog.producers._engine import Engine
 from runlog.producers.bounds import TEXT_BYTES, bound_text
+from runlog.producers.handle import Handle, engine_of
 from runlog.producers.ops import drive
-from runlog.producers.run import Run
 from runlog.projections.lineage import FORK_QUESTION, logical_of
 from runlog.projections.run_state import Approval, RunState, messages_in_last_turns
 from runlog.schemas.canonical import canonical_json
@@ -113,8 +114,9 @@ class AgentLoop:
     """How long to wait for a person's decision before stopping with ``Escalated``."""
     on_event: Callable[[str], None] = field(default=lambda _msg: None)
 
-    def run(self, run: Run, *, user_message: str | None = None) -> RunState:
+    def run(self, run: Handle | Engine, *, user_message: str | None = None) -> RunState:
         """Drive ``run`` to its end (or to a point that needs a person)."""
+        run = engine_of(run)
         st = run.state
         if st.status in ("running", "escalated"):
             run.poll_decisions()  # queued decisions (needed when opened with recover=False)
@@ -140,7 +142,7 @@ class AgentLoop:
         return run.state
 
     # Steps ------------------------------------------------------------------------------
-    def _model_step(self, run: Run, step: ModelStep) -> None:
+    def _model_step(self, run: Engine, step: ModelStep) -> None:
         if step.think_s:
             time.sleep(step.think_s)
         # A worker that died between a trip's record and this step's MODEL_TURN re-runs the
@@ -192,7 +194,7 @@ class AgentLoop:
         self._finish_pending_calls(run)
 
     @staticmethod
-    def _fresh_key(run: Run, call: Call, args_json: str, taken: set[str]) -> str:
+    def _fresh_key(run: Engine, call: Call, args_json: str, taken: set[str]) -> str:
         """The key of the next occurrence of this (scope, tool, args) in the run.
 
         Occurrence n gets ordinal n: the first ordinal whose key the log has not used yet,
@@ -209,7 +211,7 @@ class AgentLoop:
                 return key
             ordinal += 1
 
-    def _compact(self, run: Run, step: CompactStep) -> None:
+    def _compact(self, run: Engine, step: CompactStep) -> None:
         before = len(run.state.messages)
         run.append(
             EventType.CONTEXT_COMPACTED,
@@ -222,11 +224,11 @@ class AgentLoop:
         kept = len(run.state.messages) - 2  # minus the task and the summary
         self.on_event(f"context compacted: kept {step.kept_turns} turn(s), {kept} message(s)")
 
-    def _approval(self, run: Run, step: ApprovalStep) -> None:
+    def _approval(self, run: Engine, step: ApprovalStep) -> None:
         run.request_approval(step.reason, kind="action")
         self.on_event(f"approval requested: {step.reason}")
 
-    def _pending_action_approval(self, run: Run) -> str | None:
+    def _pending_action_approval(self, run: Engine) -> str | None:
         """The approval gating the last model turn's calls, if the script put one before it."""
         pos = self.model.position(run.state)
         script = self.model.script
@@ -239,7 +241,7 @@ class AgentLoop:
         actions = [a for a in run.state.approvals.values() if _scripted(a)]
         return actions[-1].approval_id if actions else None
 
-    def _finish_pending_calls(self, run: Run) -> None:
+    def _finish_pending_calls(self, run: Engine) -> None:
         """Execute the last model turn's calls that have no outcome in the log yet."""
         st = run.state
         last = None
@@ -255,7 +257,7 @@ class AgentLoop:
                 continue
             self._execute_proposal(run, proposal)
 
-    def _execute_proposal(self, run: Run, proposal: dict[str, Any]) -> None:
+    def _execute_proposal(self, run: Engine, proposal: dict[str, Any]) -> None:
         name, args_json, call_id = proposal["name"], proposal["args_json"], proposal["call_id"]
         denial = self._denial(run, name, json.loads(args_json))
         if denial is not None:
@@ -282,7 +284,7 @@ class AgentLoop:
         except ToolFailed as exc:
             self.on_event(f"{name} failed: {exc}")
 
-    def _denial(self, run: Run, name: str, args: dict[str, Any]) -> tuple[str, str] | None:
+    def _denial(self, run: Engine, name: str, args: dict[str, Any]) -> tuple[str, str] | None:
         approval_id = self._pending_action_approval(run)
         if approval_id is not None:
             decided = self._await_decision(run, approval_id)
@@ -296,7 +298,7 @@ class AgentLoop:
                 return ("policy", reason)
         return None
 
-    def _await_decision(self, run: Run, approval_id: str) -> bool:
+    def _await_decision(self, run: Engine, approval_id: str) -> bool:
         deadline = time.monotonic() + self.approval_wait_s
         while True:
             approval = run.state.approvals[approval_id]

@@ -42,13 +42,13 @@ from runlog.schemas.signing import DecisionAuthority, Signature, decision_messag
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run, RunDeps
+    from runlog.producers._engine import Engine, RunDeps
 
 log = logging.getLogger(__name__)
 
 
 def request_approval(
-    run: Run,
+    run: Engine,
     reason: str,
     *,
     kind: str = "action",
@@ -152,7 +152,7 @@ def refuse_forged(
 
 
 def record_decision(
-    run: Run,
+    run: Engine,
     approval_id: str,
     *,
     approved: bool,
@@ -244,7 +244,7 @@ def conflict(run_id: str, standing: Approval) -> DecisionConflict:
     )
 
 
-def poll_decisions(run: Run, decide: Callable[..., Steps[None]]) -> Steps[int]:
+def poll_decisions(run: Engine, decide: Callable[..., Steps[None]]) -> Steps[int]:
     """Record decisions people submitted while this worker held the lease.
 
     An entry is removed only after its APPROVAL_DECIDED is valid in the log's order
@@ -340,7 +340,7 @@ def cancel_of(raw: bytes | str) -> tuple[str, str] | None:
     return str(d.get("requested_by", "")), str(d.get("reason", ""))
 
 
-def record_cancel(run: Run, requested_by: str, reason: str) -> Steps[bool]:
+def record_cancel(run: Engine, requested_by: str, reason: str) -> Steps[bool]:
     """Append RUN_CANCEL_REQUESTED unless a cancellation stands or the run ended; True if
     this call appended it. It counts once the log's order says so (read back to it), like
     a decision: a stale owner's record is fenced there (``Fenced``)."""
@@ -358,7 +358,7 @@ CANCEL_FLAG_FRESH_S = 0.05
 step's check to use it."""
 
 
-def check_cancel(run: Run) -> Steps[None]:
+def check_cancel(run: Engine) -> Steps[None]:
     """A step's check (before a model turn or a tool call): raise ``Cancelled`` into the
     agent, once, when a person cancelled the run; raise ``HandingOver`` when the worker
     that dispatched the run drains (``producers.drain``).
@@ -414,7 +414,7 @@ def check_cancel(run: Run) -> Steps[None]:
     )
 
 
-def poll_cancel(run: Run) -> Steps[None]:
+def poll_cancel(run: Engine) -> Steps[None]:
     """Record the cancellation waiting in the inbox (decisions there are left for
     ``poll_decisions``), then clear the flag."""
     key = inbox_key(run)
@@ -435,26 +435,26 @@ def cancel_flag_key(deps: RunDeps, tenant: str, run_id: str) -> str:
     return copies.cancel_flag_key(deps.leases.prefix, tenant, run_id)
 
 
-def inbox_key(run: Run) -> str:
+def inbox_key(run: Engine) -> str:
     return decisions_key(run.deps, run.tenant, run.run_id)
 
 
-def _entries(run: Run, key: str) -> list[bytes]:
+def _entries(run: Engine, key: str) -> list[bytes]:
     entries: list[bytes] = _redis(run, functools.partial(run.deps.redis.lrange, key, 0, -1))
     return entries
 
 
-def _set_aside(run: Run, key: str, raw: bytes) -> None:
+def _set_aside(run: Engine, key: str, raw: bytes) -> None:
     malformed = copies.malformed_key(run.deps.leases.prefix, run.tenant, run.run_id)
     _redis(run, functools.partial(run.deps.redis.rpush, malformed, raw))
     _done(run, key, raw)
 
 
-def _done(run: Run, key: str, raw: bytes) -> None:
+def _done(run: Engine, key: str, raw: bytes) -> None:
     _redis(run, functools.partial(run.deps.redis.lrem, key, 1, raw))  # type: ignore[arg-type]
 
 
-def _redis(run: Run, op: Callable[[], Any]) -> Any:
+def _redis(run: Engine, op: Callable[[], Any]) -> Any:
     try:
         return op()
     except REDIS_ERRORS as exc:

@@ -33,13 +33,13 @@ import redis.asyncio as aioredis
 from runlog.errors import RedisUnavailable, RunlogError
 from runlog.log.clients import REDIS_ERRORS, loop_get, loop_mget
 from runlog.producers import approvals, calls, timers
+from runlog.producers._engine import CANCELLED, Engine, RunDeps
 from runlog.producers.context import call_context
+from runlog.producers.handle import Handle, Run
 from runlog.producers.opening import open_run_with
 from runlog.producers.ops import Append, Blocking, Done, Invoke, Lookup, Op, Peek, Steps, advance
-from runlog.producers.run import CANCELLED, Owned, Run, RunDeps
 from runlog.producers.tools import is_async
 from runlog.producers.writer import Ack, AckGroup, EventWriter
-from runlog.projections.run_state import RunState
 from runlog.schemas.models import Event, Payload
 from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import EventType
@@ -84,7 +84,7 @@ async def open_async(
     if recover and run.state.status != "finished":
         try:
             await arun.poll_decisions()
-            await arun.recover()
+            await arun._recover()
         except BaseException:
             arun._leave_loop()
             await in_thread(run.lease.release)
@@ -178,12 +178,11 @@ def _retrieved(done: asyncio.Future[Any]) -> None:
         done.exception()
 
 
-class AsyncRun(Owned):
+class AsyncRun(Handle):
     """An owned run in an event loop. ``async with`` closes it (releasing the lease)."""
 
-    def __init__(self, run: Run, aredis: aioredis.Redis) -> None:
-        self.lease = run.lease
-        self._run = run
+    def __init__(self, run: Engine, aredis: aioredis.Redis) -> None:
+        self._engine = run
         self._get = loop_mget(aredis)
         self._peek = loop_get(aredis)
         self._keys = (run.deps.leases.lease_key(run.tenant, run.run_id), run.cancel_flag_key)
@@ -191,23 +190,14 @@ class AsyncRun(Owned):
         self._turn = _Turn()
         _OPEN_RUNS[self._loop] = _OPEN_RUNS.get(self._loop, 0) + 1
 
-    @property
-    def state(self) -> RunState:
-        return self._run.state
-
-    @property
-    def sync(self) -> Run:
-        """The underlying ``Run`` (its identity and state; call its methods from a thread)."""
-        return self._run
-
-    @property
-    def key_scheme(self) -> int:
-        """``Run.key_scheme``: the idempotency-key scheme of this run."""
-        return self._run.key_scheme
-
-    def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
-        """``Run.key_for``: the key the next ``call_tool(name, args)`` will use."""
-        return self._run.key_for(name, args, operation_id=operation_id)
+    def __getattr__(self, name: str) -> Any:
+        if name == "sync":  # a ``Run`` over the same engine, to call from a thread
+            return self._deprecated(name, Run(self._engine))
+        if name == "lease":
+            return self._deprecated(name, self._engine.lease)
+        if name == "recover":
+            return self._deprecated(name, self._recover)
+        raise AttributeError(f"'AsyncRun' object has no attribute {name!r}")
 
     async def __aenter__(self) -> AsyncRun:
         return self
@@ -254,7 +244,7 @@ class AsyncRun(Owned):
         **kw: Any,
     ) -> Event:
         """Pipeline an event without waiting; ``await barrier()`` makes it durable."""
-        return self._run.emit(event_type, payload, **kw)
+        return self._engine.emit(event_type, payload, **kw)
 
     async def _emit(
         self,
@@ -265,7 +255,7 @@ class AsyncRun(Owned):
         """``emit`` with the lease's Redis check awaited, when one is due: a lease whose
         local validity ran out (its renewal late, the process busy) is confirmed before the
         append (``Run._guard``), and that check must not block the loop's thread."""
-        run = self._run
+        run = self._engine
         lease = run.lease
         if lease.locally_valid() or lease.lost or lease.released:
             # Valid: no check is due. Lost or released: ``_guard`` refuses without Redis.
@@ -273,9 +263,9 @@ class AsyncRun(Owned):
         try:
             raw = await self._peek(self._keys[0])
         except REDIS_ERRORS as exc:
-            raise run._fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
+            raise run.fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
         if not lease.confirm(raw.decode() if isinstance(raw, bytes) else raw):
-            raise run._fenced(f"lease of epoch {run.epoch} is no longer current")
+            raise run.fenced(f"lease of epoch {run.epoch} is no longer current")
         return run.emit_confirmed(event_type, payload if payload is not None else kw)
 
     async def barrier(self) -> None:
@@ -284,22 +274,22 @@ class AsyncRun(Owned):
             await self._barrier()
 
     async def _barrier(self) -> None:
-        run = self._run
-        pending = run._take_pending()
+        run = self._engine
+        pending = run.take_pending()
         if pending:
             try:
                 await _acknowledged(
                     run.deps.writer,
-                    run._acks,
+                    run.acks,
                     [p.ack for p in pending],
                     run.delivery_wait_s,
                     inline=self._loop is not None and _OPEN_RUNS.get(self._loop) == 1,
                 )
             except BaseException:
-                run._interrupted(pending)
+                run.interrupted(pending)
                 raise
         for p in pending:
-            run._delivered(p, p.ack.outcome)
+            run.delivered(p, p.ack.outcome)
         if pending:
             if run.lease.released:
                 ok = False
@@ -307,9 +297,9 @@ class AsyncRun(Owned):
                 try:
                     raw, flag = await self._get(self._keys)
                 except REDIS_ERRORS as exc:
-                    raise run._fenced(f"ownership unconfirmed after append: {exc}") from exc
+                    raise run.fenced(f"ownership unconfirmed after append: {exc}") from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
-            run._still_owned(ok, pending)
+            run.still_owned(ok, pending)
             if ok:
                 run.cancel_flag = (flag is not None, time.monotonic())
 
@@ -325,12 +315,12 @@ class AsyncRun(Owned):
         once), as at ``call_tool``."""
         async with self._turn():
             if EventType(event_type) is not EventType.RUN_FINISHED:
-                await self._drive(approvals.check_cancel(self._run))
+                await self._drive(approvals.check_cancel(self._engine))
             return await self._append(event_type, payload, **kw)
 
     async def check_cancelled(self) -> None:
         """``Run.check_cancelled``: raise ``Cancelled`` (once) if a person cancelled the run."""
-        await self._drive(approvals.check_cancel(self._run))
+        await self._drive(approvals.check_cancel(self._engine))
 
     async def _append(
         self,
@@ -340,9 +330,9 @@ class AsyncRun(Owned):
     ) -> Event:
         ev = await self._emit(event_type, payload, **kw)
         await self._barrier()
-        snapshots = self._run.deps.snapshots
-        if snapshots is not None and snapshots.due(self._run):
-            await _thread_to_its_end(functools.partial(snapshots.maybe_write, self._run))
+        snapshots = self._engine.deps.snapshots
+        if snapshots is not None and snapshots.due(self._engine):
+            await _thread_to_its_end(functools.partial(snapshots.maybe_write, self._engine))
         return ev
 
     # Tools, approvals, the end -----------------------------------------------------------
@@ -371,7 +361,7 @@ class AsyncRun(Owned):
         ``close``, wait until that thread is done.
         """
         return await self._drive(
-            calls.call_tool(self._run, name, args, operation_id=operation_id, call_id=call_id)
+            calls.call_tool(self._engine, name, args, operation_id=operation_id, call_id=call_id)
         )
 
     async def request_approval(
@@ -385,7 +375,7 @@ class AsyncRun(Owned):
         """``Run.request_approval``: ask a person, optionally by a deadline."""
         return await self._drive(
             approvals.request_approval(
-                self._run, reason, kind=kind, deadline_s=deadline_s, **fields
+                self._engine, reason, kind=kind, deadline_s=deadline_s, **fields
             )
         )
 
@@ -401,7 +391,7 @@ class AsyncRun(Owned):
     ) -> None:
         await self._drive(
             calls.decide(
-                self._run,
+                self._engine,
                 approval_id,
                 approved=approved,
                 decided_by=decided_by,
@@ -412,25 +402,25 @@ class AsyncRun(Owned):
         )
 
     async def poll_decisions(self) -> int:
-        return await self._drive(approvals.poll_decisions(self._run, calls.decide))
+        return await self._drive(approvals.poll_decisions(self._engine, calls.decide))
 
-    async def recover(self) -> None:
-        await self._drive(calls.recover(self._run))
+    async def _recover(self) -> None:
+        await self._drive(calls.recover(self._engine))
 
     async def since_last_turn(self) -> list[Event]:
         async with self._turn():
-            if self._run._pending:
+            if self._engine.pending:
                 await self._barrier()
-            return await _thread_to_its_end(self._run.since_last_turn)
+            return await _thread_to_its_end(self._engine.since_last_turn)
 
     async def sleep(self, seconds: float) -> None:
         """``Run.sleep`` for an event loop: the same durable timer, awaited (in a worker
         of the fleet, a timer not yet due releases the run instead)."""
-        run = self._run
+        run = self._engine
         async with self._turn():
             await self._drive(approvals.check_cancel(run))  # a step (``Run.sleep``)
-            nxt = timers.next_timer(run.state, run._sleeps)
-            run._sleeps += 1
+            nxt = timers.next_timer(run.state, run.sleeps)
+            run.sleeps += 1
             if nxt.recorded is not None:
                 due = nxt.recorded.due_at
             else:
@@ -444,7 +434,7 @@ class AsyncRun(Owned):
 
     async def finish(self, outcome: str, summary: str = "") -> Event:
         """Append RUN_FINISHED (durable) and release the lease; see ``Run.finish``."""
-        run = self._run
+        run = self._engine
         outcome, summary = run.final_outcome(outcome, summary)
         async with self._turn():
             try:
@@ -459,7 +449,7 @@ class AsyncRun(Owned):
 
     async def close(self) -> None:
         """Await pipelined appends (best effort) and release the lease."""
-        run = self._run
+        run = self._engine
         if run.ends_cancelled():
             try:
                 await self.finish(CANCELLED)
@@ -468,7 +458,7 @@ class AsyncRun(Owned):
                 log.warning("run %s: could not end cancelled: %s", run.run_id, exc)
         async with self._turn():
             try:
-                if run._pending and run._poisoned is None:
+                if run.pending and run.poisoned is None:
                     await self._barrier()
             finally:
                 self._leave_loop()

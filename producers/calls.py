@@ -75,13 +75,13 @@ from runlog.schemas.signing import Signature
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Engine
 
 log = logging.getLogger(__name__)
 
 
 def call_tool(
-    run: Run,
+    run: Engine,
     name: str,
     args: dict[str, Any],
     *,
@@ -93,9 +93,9 @@ def call_tool(
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
     yield from check_cancel(run)  # a person's cancellation stops the run before this call
-    occurrence, args_json, key = run._next_call(name, args, operation_id)  # before STARTED
+    occurrence, args_json, key = run.next_call(name, args, operation_id)  # before STARTED
     call_id = call_id or f"call-{random.getrandbits(48):012x}"
-    run._occurrences[occurrence] += 1
+    run.occurrences[occurrence] += 1
     try:
         return (
             yield from execute_logical(
@@ -107,12 +107,12 @@ def call_tool(
         # fenced): asking again must reach the same key. A fresh one would make a
         # retry-after-failure a *different* action, and a re-execution after a crash
         # would then recompute the failed key and run the effect a second time.
-        run._occurrences[occurrence] -= 1
+        run.occurrences[occurrence] -= 1
         raise
 
 
 def execute_logical(
-    run: Run,
+    run: Engine,
     tool: Tool,
     args_json: str,
     key: str,
@@ -136,7 +136,7 @@ def execute_logical(
 
 
 def execute(
-    run: Run,
+    run: Engine,
     tool: Tool,
     args_json: str,
     key: str,
@@ -161,7 +161,7 @@ def execute(
 
 
 def decide(
-    run: Run,
+    run: Engine,
     approval_id: str,
     *,
     approved: bool,
@@ -190,7 +190,7 @@ def decide(
         yield from recover_call(run, run.state.open_calls[key])
 
 
-def _stop_if_conflict(run: Run) -> None:
+def _stop_if_conflict(run: Engine) -> None:
     """A conflict stops the run: no effect of any call until a person decides.
 
     The run is stopped by the conflict's approval request, and also by a conflict
@@ -209,7 +209,7 @@ def _stop_if_conflict(run: Run) -> None:
     )
 
 
-def _settled(run: Run, key: str) -> str:
+def _settled(run: Engine, key: str) -> str:
     if key in run.state.completed_calls:
         return run.state.completed_calls[key]
     call = run.state.open_calls.get(key)
@@ -230,7 +230,7 @@ def _settled(run: Run, key: str) -> str:
 
 
 def attempt(
-    run: Run,
+    run: Engine,
     tool: Tool,
     args_json: str,
     key: str,
@@ -273,7 +273,7 @@ def attempt(
     t0 = time.monotonic()
     deadline = commit_deadline(started.occurred_at, tool)
     ctx = CallContext(run.run_id, run.tenant, run.epoch, key, attempt, started.seq, deadline)
-    run._attempted.add(key)  # from here on a request under this owner's token may exist
+    run.attempted.add(key)  # from here on a request under this owner's token may exist
     try:
         result = yield from invoke(tool, json.loads(args_json), ctx)
     except GeneratorExit:
@@ -320,7 +320,7 @@ def attempt(
     return run.state.completed_calls.get(key, content)
 
 
-def _not_invoked(run: Run, key: str, attempt: int, exc: BaseException) -> Steps[None]:
+def _not_invoked(run: Engine, key: str, attempt: int, exc: BaseException) -> Steps[None]:
     """``exc`` stopped the attempt before its tool was handed the request (a task cancelled
     or ^C in the STARTED's barrier or confirmation): in this process that is a proof that
     this attempt had no effect, so it is recorded (pipelined; the next barrier makes it
@@ -363,7 +363,7 @@ def _not_invoked(run: Run, key: str, attempt: int, exc: BaseException) -> Steps[
     )
 
 
-def _pipelined_if_able(run: Run, event_type: EventType, **payload: Any) -> Steps[None]:
+def _pipelined_if_able(run: Engine, event_type: EventType, **payload: Any) -> Steps[None]:
     """Record what an interrupted attempt proves, without waiting (the interruption goes
     on at once), if the run can still append; else the call stays open, which every
     reader takes as uncertain (the safe side)."""
@@ -373,7 +373,7 @@ def _pipelined_if_able(run: Run, event_type: EventType, **payload: Any) -> Steps
         log.info("run %s: %s not recorded: %s", run.run_id, event_type.value, exc)
 
 
-def _uncertain(run: Run, started: Event, error: str) -> Steps[str]:
+def _uncertain(run: Engine, started: Event, error: str) -> Steps[str]:
     """The live attempt's outcome is unknown: say so, then let the recovery rules decide."""
     p = started.payload
     assert isinstance(p, m.ToolCallStarted)
@@ -414,7 +414,7 @@ MAX_ATTEMPTS = 5
 """Attempts per key before recovery stops retrying and asks a person."""
 
 
-def recover(run: Run) -> Steps[None]:
+def recover(run: Engine) -> Steps[None]:
     """Settle every open call of ``run`` that its tools allow settling now."""
     # Conflicts first: a conflict whose request was lost must stop the run before any
     # other call is retried.
@@ -433,7 +433,7 @@ def recover(run: Run) -> Steps[None]:
 
 
 def _reconciliation(
-    run: Run, call: OpenCall, outcome: str, rule: str, action: str, evidence: str = ""
+    run: Engine, call: OpenCall, outcome: str, rule: str, action: str, evidence: str = ""
 ) -> Steps[None]:
     yield from append(
         EventType.RECONCILIATION_ATTEMPTED,
@@ -447,7 +447,7 @@ def _reconciliation(
     )
 
 
-def _complete(run: Run, call: OpenCall, content: str) -> Steps[None]:
+def _complete(run: Engine, call: OpenCall, content: str) -> Steps[None]:
     tool = run.tools.get(call.name)
     content = bound_result(content, call.idempotency_key, tool.on_large_result if tool else None)
     yield from append(
@@ -462,7 +462,9 @@ def _complete(run: Run, call: OpenCall, content: str) -> Steps[None]:
     )
 
 
-def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | None) -> Steps[None]:
+def _escalate(
+    run: Engine, call: OpenCall, kind: str, reason: str, detail: str | None
+) -> Steps[None]:
     yield from request_approval(
         run,
         reason,
@@ -478,7 +480,7 @@ def _escalate(run: Run, call: OpenCall, kind: str, reason: str, detail: str | No
     )
 
 
-def _re_request(run: Run, call: OpenCall) -> Steps[None]:
+def _re_request(run: Engine, call: OpenCall) -> Steps[None]:
     if call.status == "conflict":
         found = (call.last_evidence or "").removeprefix("conflict: ")
         both = json.dumps({"intended": json.loads(call.args_json), "found": found}, sort_keys=True)
@@ -488,7 +490,7 @@ def _re_request(run: Run, call: OpenCall) -> Steps[None]:
         yield from _escalate(run, call, "uncertain_call", reason, None)
 
 
-def _compensable(run: Run, call: OpenCall) -> bool:
+def _compensable(run: Engine, call: OpenCall) -> bool:
     """The call's tool has an inverse, and no inverse of an earlier effect of this call
     completed (a conflict that outlives its compensation is a person's to decide)."""
     tool = run.tools.get(call.name)
@@ -504,7 +506,7 @@ def _compensation_args(call: OpenCall) -> str:
     return canonical_json({"args": json.loads(call.args_json), "of": call.idempotency_key})
 
 
-def _compensation_key(run: Run, call: OpenCall, attempt: int | None = None) -> str:
+def _compensation_key(run: Engine, call: OpenCall, attempt: int | None = None) -> str:
     """The key of the inverse of the effect ``call``'s attempt ``attempt`` (default: its
     latest, the one whose effect recovery or a person is looking at) had.
 
@@ -519,7 +521,7 @@ def _compensation_key(run: Run, call: OpenCall, attempt: int | None = None) -> s
     )
 
 
-def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
+def _compensate(run: Engine, call: OpenCall) -> Steps[str | None]:
     """Run the inverse of the effect of ``call``'s latest attempt as a call of its own
     (started, completed, failed or uncertain, like any); returns its key once it
     completed, else None: "compensated" is recorded only for an effect actually undone."""
@@ -548,7 +550,7 @@ def _compensate(run: Run, call: OpenCall) -> Steps[str | None]:
     return key if inverse_completed(run.state, key) else None
 
 
-def _not_undone(run: Run, call: OpenCall) -> str:
+def _not_undone(run: Engine, call: OpenCall) -> str:
     """Why the effect of ``call`` is not known to be undone, for the person asked next."""
     key = _compensation_key(run, call)
     if key in run.state.completed_calls:
@@ -559,7 +561,7 @@ def _not_undone(run: Run, call: OpenCall) -> str:
     return f"the compensation of {call.name} did not complete"
 
 
-def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) -> Steps[None]:
+def _retry(run: Engine, call: OpenCall, outcome: str, *, approved: bool = False) -> Steps[None]:
     """Retry with the same key; after ``MAX_ATTEMPTS`` a person decides (unless one did)."""
     tool = run.tools[call.name]
     if call.attempt >= MAX_ATTEMPTS and not approved:
@@ -585,7 +587,7 @@ def _retry(run: Run, call: OpenCall, outcome: str, *, approved: bool = False) ->
     )
 
 
-def recover_call(run: Run, call: OpenCall) -> Steps[None]:
+def recover_call(run: Engine, call: OpenCall) -> Steps[None]:
     """Take the next recovery step for ``call``: the module table, read top to bottom."""
     key = call.idempotency_key
     if key not in run.state.open_calls:
@@ -621,7 +623,7 @@ def recover_call(run: Run, call: OpenCall) -> Steps[None]:
         yield from _on_risk(run, call, tool)
 
 
-def _lookup(run: Run, call: OpenCall, tool: Tool) -> Steps[Evidence]:
+def _lookup(run: Engine, call: OpenCall, tool: Tool) -> Steps[Evidence]:
     """The tool's reconciler's answer; a failing or buggy lookup is no evidence. It is
     asked with this owner's token (``ctx.epoch``): a fenced receiver raises its floor."""
     assert tool.reconcile is not None
@@ -637,7 +639,7 @@ def _lookup(run: Run, call: OpenCall, tool: Tool) -> Steps[Evidence]:
     return evidence
 
 
-def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
+def _on_decision(run: Engine, call: OpenCall, tool: Tool | None) -> Steps[None]:
     """A person decided: approved retries with the same key; rejected closes the call
     (after undoing what may have happened, when the tool has an inverse)."""
     key = call.idempotency_key
@@ -698,7 +700,7 @@ def _on_decision(run: Run, call: OpenCall, tool: Tool | None) -> Steps[None]:
         )
 
 
-def _not_undone_to_a_person(run: Run, key: str, why: str) -> Steps[None]:
+def _not_undone_to_a_person(run: Engine, key: str, why: str) -> Steps[None]:
     """A decided call whose inverse did not complete goes back to a person: the
     reconciliation says ``why``, and the call is escalated as uncertain again."""
     yield from _reconciliation(run, run.state.open_calls[key], "decided", why, "escalate")
@@ -706,7 +708,7 @@ def _not_undone_to_a_person(run: Run, key: str, why: str) -> Steps[None]:
     yield from _escalate(run, call, "uncertain_call", _not_undone(run, call), None)
 
 
-def retry_key(run: Run, call: OpenCall) -> str:
+def retry_key(run: Engine, call: OpenCall) -> str:
     """The fresh key the call runs under after "undo and retry" undid its latest attempt:
     bound to the call's key and to that attempt, so a receiver that deduplicates by key
     makes the effect anew (the same key would return the undone one), and every retry
@@ -714,7 +716,7 @@ def retry_key(run: Run, call: OpenCall) -> str:
     return run.idempotency_key(call.idempotency_key, call.name, call.args_json, call.attempt)
 
 
-def _undo_and_retry(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
+def _undo_and_retry(run: Engine, call: OpenCall, tool: Tool) -> Steps[None]:
     """A person chose "undo and retry": the inverse of what the latest attempt may have done
     runs as a call of its own (its own key, like any compensation); only once the log says
     it completed (``inverse_completed``) does the call run again, as a call of its own under
@@ -800,7 +802,7 @@ def _undo_and_retry(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
         yield from _complete(run, run.state.open_calls[key], run.state.completed_calls[fresh])
 
 
-def _on_match(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
+def _on_match(run: Engine, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     assert isinstance(evidence, Match)
     yield from _reconciliation(
         run,
@@ -837,7 +839,7 @@ class _Absence:
     until: datetime | None = None
 
 
-def _absence(run: Run, call: OpenCall, tool: Tool, now: datetime) -> _Absence:
+def _absence(run: Engine, call: OpenCall, tool: Tool, now: datetime) -> _Absence:
     """Whether ``Absent`` is final: only the receiver can stop the original request (still
     in flight from a paused or partitioned owner, or from this one) from landing after a
     retry. The tool's declared guarantees are tried in order; the first that makes the
@@ -849,7 +851,7 @@ def _absence(run: Run, call: OpenCall, tool: Tool, now: datetime) -> _Absence:
             "absent; the receiver deduplicates by key: a late original and the retry make "
             "one effect",
         )
-    own = call.idempotency_key in run._attempted
+    own = call.idempotency_key in run.attempted
     if "fenced" in declared and not own:
         return _Absence(
             "retry",
@@ -892,7 +894,7 @@ def _absence(run: Run, call: OpenCall, tool: Tool, now: datetime) -> _Absence:
     )
 
 
-def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
+def _on_absent(run: Engine, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     """Retry only on a final absence (``_absence``); otherwise wait for the deadline and
     ask again, or ask a person. The recorded rule says which applied, and why."""
     assert isinstance(evidence, Absent)
@@ -930,7 +932,7 @@ def _on_absent(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Step
             yield from recover_call(run, run.state.open_calls[key])
 
 
-def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
+def _on_conflict(run: Engine, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     """Stop the run and ask a person with both payloads; a reversible tool with an inverse
     first undoes the conflicting effect and, once undone, retries with the key."""
     assert isinstance(evidence, Conflict)
@@ -974,7 +976,7 @@ def _on_conflict(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> St
     )
 
 
-def _on_inconclusive(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
+def _on_inconclusive(run: Engine, call: OpenCall, tool: Tool, evidence: Evidence) -> Steps[None]:
     assert isinstance(evidence, Inconclusive)
     yield from _reconciliation(
         run,
@@ -986,7 +988,7 @@ def _on_inconclusive(run: Run, call: OpenCall, tool: Tool, evidence: Evidence) -
     )
 
 
-def _on_risk(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
+def _on_risk(run: Engine, call: OpenCall, tool: Tool) -> Steps[None]:
     """No reconciler: the tool's risk class decides, by ``_BY_RISK``."""
     rule, action = _BY_RISK[tool.risk]
     yield from _reconciliation(run, call, "no_reconciler", rule, action)
@@ -999,7 +1001,7 @@ def _on_risk(run: Run, call: OpenCall, tool: Tool) -> Steps[None]:
 
 
 # The module table as code: evidence first, then (without a lookup) the risk class.
-_ON_EVIDENCE: dict[type, Callable[[Run, OpenCall, Tool, Evidence], Steps[None]]] = {
+_ON_EVIDENCE: dict[type, Callable[[Engine, OpenCall, Tool, Evidence], Steps[None]]] = {
     Match: _on_match,
     Absent: _on_absent,
     Conflict: _on_conflict,

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runlog.errors import Fenced, RunFinished, UnknownRun
+from runlog.producers._engine import TERMINATED, RunDeps
 from runlog.producers.approvals import cancel_entry, cancel_flag_key, decisions_key, record_cancel
-from runlog.producers.opening import _inbox, _run_state, open_run_with, take_if_free
+from runlog.producers.opening import decision_inbox, open_run_with, read_state, take_if_free
 from runlog.producers.ops import drive
-from runlog.producers.run import TERMINATED, RunDeps
 from runlog.projections.run_state import OpenCall, RunState
 from runlog.schemas.keys import check_run_id, check_tenant
 from runlog.schemas.vocabulary import EventType
@@ -37,18 +37,18 @@ CANCEL_WAIT_S = 5.0
 """How long ``request_cancel`` watches the log for a queued request to be recorded."""
 
 
-def _words(reason: str, by: str) -> None:
+def check_words(reason: str, by: str) -> None:
     if not reason.strip():
         raise ValueError("a reason is required: it is recorded with the request")
     if not by.strip():
         raise ValueError("who asks is required (by): it is recorded with the request")
 
 
-def _known(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+def known_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
     """The run's state from its log; another tenant's run is refused as unknown."""
     check_run_id(run_id)
     check_tenant(tenant)
-    state = _run_state(deps, tenant, run_id)
+    state = read_state(deps, tenant, run_id)
     if not state.run_id or state.tenant != tenant:
         raise UnknownRun(f"no run {run_id} for tenant {tenant}", run_id=run_id)
     return state
@@ -86,8 +86,8 @@ def request_cancel(
     cancellation stands; the first one is kept). Raises ``RunFinished`` when the run has
     ended (nothing to cancel), ``UnknownRun`` for a run this tenant does not have.
     """
-    _words(reason, by)
-    state = _known(deps, tenant, run_id)
+    check_words(reason, by)
+    state = known_state(deps, tenant, run_id)
     if state.status == "finished":
         raise _ended(state)
     if wake is not None:
@@ -133,22 +133,22 @@ def _request_cancel(
         pipe.set(flag, "1")
         pipe.execute()
 
-    _inbox(deps, run_id, push)
+    decision_inbox(deps, run_id, push)
     deadline = time.monotonic() + wait_s
     while True:
-        state = _run_state(deps, tenant, run_id)
+        state = read_state(deps, tenant, run_id)
         if state.cancel is None and state.status != "finished":
             try:
                 took = record_if_free()
             except (Fenced, RunFinished):
                 took = None
             if took is not None:
-                state = _run_state(deps, tenant, run_id)
+                state = read_state(deps, tenant, run_id)
         if state.cancel is not None:
             return "recorded"
         if state.status == "finished":
             # Ended before anyone recorded the request: it has nothing left to stop.
-            _inbox(deps, run_id, functools.partial(deps.redis.lrem, key, 1, entry))
+            decision_inbox(deps, run_id, functools.partial(deps.redis.lrem, key, 1, entry))
             raise _ended(state)
         if time.monotonic() >= deadline:
             return "queued"
@@ -178,8 +178,8 @@ def terminate(deps: RunDeps, run_id: str, *, tenant: str, reason: str, by: str) 
     run has already ended (a cancel or another terminate may have won a race), and
     ``Fenced`` if yet another owner took the run between the takeover and the record.
     """
-    _words(reason, by)
-    state = _known(deps, tenant, run_id)
+    check_words(reason, by)
+    state = known_state(deps, tenant, run_id)
     if state.status == "finished":
         raise _ended(state)
     run = open_run_with(

@@ -41,8 +41,8 @@ from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.producers import control
+from runlog.producers._engine import RunDeps
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import RunDeps
 from runlog.projections.run_state import RunState
 from runlog.schemas.models import Payload, data_subject
 from runlog.schemas.sealing import readable_fields
@@ -85,7 +85,7 @@ NO_KEYS = NoKeys()
 
 def known(deps: RunDeps, tenant: str, run_id: str) -> RunState:
     """The run's state from its log; ``UnknownRun`` for a run this tenant does not have."""
-    return control._known(deps, tenant, run_id)
+    return control.known_state(deps, tenant, run_id)
 
 
 subject_of = data_subject
@@ -186,8 +186,8 @@ def erase_run(
 ) -> ErasedRun:
     """Stop ``run_id`` if it is in progress and append its CONTENT_ERASED (steps 1 and 2);
     an erasure already in the log is returned as it is."""
-    control._words(reason, by)
-    state = control._known(deps, tenant, run_id)
+    control.check_words(reason, by)
+    state = control.known_state(deps, tenant, run_id)
     terminated = False
     if state.erased is None and state.status != "finished":
         try:
@@ -207,18 +207,18 @@ def erase_run(
         if run.state.status != "finished":
             raise Fenced(f"run {run_id} was resumed while being erased", run_id=run_id)
         payload = {"subject": subject, "key_ids": list(key_ids), "erased_by": by, "reason": reason}
-        with run._lock:
+        with run.lock:
             # The writer's usual path refuses a finished run: this is the one event that
             # comes after the finish, at the next seq, under the eraser's higher epoch.
-            ev = run._emit(EventType.CONTENT_ERASED, payload, local=False)
+            ev = run.send(EventType.CONTENT_ERASED, payload, local=False)
             (delivered,) = run.barrier()
         reader = deps.reader_factory()
         try:
-            accepted = run._read_back(reader, delivered.offset + 1)
+            accepted = run.read_back(reader, delivered.offset + 1)
         finally:
             reader.close()
         if ev.event_id not in accepted:
-            raise run._fenced(f"the erasure of {run_id} at seq {ev.seq} lost to another writer")
+            raise run.fenced(f"the erasure of {run_id} at seq {ev.seq} lost to another writer")
         log.warning("run %s: content erased by %s (%s), subject %s", run_id, by, reason, subject)
         return ErasedRun(
             run_id, subject, ev.seq, delivered.partition, delivered.offset, terminated=terminated
@@ -251,7 +251,7 @@ def forget(
 ) -> ForgetReport:
     """Erase the content of ``run_ids`` (steps 1 to 4 of the module docstring): intent in
     each run's log first, then the subjects' keys shredded, then the snapshots purged."""
-    control._words(reason, by)
+    control.check_words(reason, by)
     report = ForgetReport(tenant, reason, by)
     for rid in dict.fromkeys(run_ids):
         keys = _listed(shredder, tenant, run_subject(deps, tenant, rid))

@@ -26,8 +26,8 @@ from typing import Any
 from runlog.errors import ForkRefused, TenantMismatch, UnknownRun
 from runlog.log.authority import authority_for
 from runlog.log.fold import read_run
-from runlog.producers.opening import _acquire, _index_start
-from runlog.producers.run import Run, RunDeps, _valid_kept
+from runlog.producers._engine import Engine, RunDeps, valid_kept
+from runlog.producers.opening import acquire, index_start
 from runlog.projections.lineage import ForkedEffect, logical_of, pack_state
 from runlog.projections.run_state import RunState, accept
 from runlog.schemas import models as m
@@ -106,7 +106,7 @@ def read_parent(deps: RunDeps, tenant: str, parent_id: str, at_seq: int) -> Pare
             run_id=parent_id,
             seq=at_seq,
         )
-    events = _valid_kept(got.folded)
+    events = valid_kept(got.folded)
     state = RunState(authority=authority_for(deps.settings))
     for ev in events[:at_seq]:
         accept(state, ev)
@@ -231,14 +231,14 @@ def fork_run_with(
         subject=subject_of(parent.state, parent_id),
     )
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-    lease = _acquire(deps, tenant, rid, wait)
+    lease = acquire(deps, tenant, rid, wait)
     try:
         reader = deps.reader_factory()
         try:
             got = read_run(reader, deps.redis, deps.settings, tenant, rid)
             if got.state.status != "new":
                 return _already(got.state, payload, rid, tenant)
-            run = Run(
+            run = Engine(
                 deps=deps,
                 lease=lease,
                 state=got.state,
@@ -246,14 +246,14 @@ def fork_run_with(
                 partition=got.partition,
                 position=got.end,
             )
-            with run._lock:
-                ev = run._emit(EventType.RUN_FORKED, payload, local=False)
+            with run.lock:
+                ev = run.send(EventType.RUN_FORKED, payload, local=False)
                 (delivered,) = run.barrier()
-            accepted = run._read_back(reader, delivered.offset + 1)
+            accepted = run.read_back(reader, delivered.offset + 1)
             if ev.event_id not in accepted:
                 # Another writer began this run id first: it is this fork, or a refusal.
                 return _already(run.state, payload, rid, tenant)
-            _index_start(run, delivered)
+            index_start(run, delivered)
         finally:
             reader.close()
         log.info("run %s forked from %s at seq %s", rid, parent_id, at_seq)

@@ -28,6 +28,7 @@ from runlog.log.authority import authority_for
 from runlog.log.clients import REDIS_ERRORS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader, Prefetch
+from runlog.producers._engine import Engine, RunDeps, valid_kept
 from runlog.producers.approvals import (
     check_answer,
     decisions_key,
@@ -36,7 +37,6 @@ from runlog.producers.approvals import (
 )
 from runlog.producers.approvals import conflict as approvals_conflict
 from runlog.producers.lease import METRICS, Held, Lease
-from runlog.producers.run import Run, RunDeps, _valid_kept
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Delivered
 from runlog.projections.run_state import RunState, standing_decision
@@ -54,7 +54,7 @@ LEASE_WAIT_REPORT_S = 5.0
 """How often an open that waits for another owner's lease says so again."""
 
 
-def _acquire(
+def acquire(
     deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
 ) -> Lease:
     owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
@@ -110,7 +110,7 @@ def open_run_with(
     subject: str | None = None,
     expect_agent: str | None = None,
     prefetch: Prefetch | None = None,
-) -> Run:
+) -> Engine:
     """Start a new run or resume an existing one: the same call either way.
 
     ``operator``: the person whose act (a decision, a cancellation, a termination) this
@@ -141,7 +141,7 @@ def open_run_with(
         return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
     wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-    lease = _acquire(deps, tenant, rid, wait, takeover=takeover)
+    lease = acquire(deps, tenant, rid, wait, takeover=takeover)
     try:
         reader = deps.reader_factory()
         try:
@@ -168,7 +168,7 @@ def open_run_with(
 
 def _start_fresh(
     deps: RunDeps, tenant: str, tools: Iterable[Tool], start: Mapping[str, str]
-) -> Run:
+) -> Engine:
     """Start a run under an id minted here: nothing to replay and no race to lose.
 
     The id holds 64 random bits and nobody else knows it yet, so no other writer can have
@@ -177,9 +177,9 @@ def _start_fresh(
     """
     rid = new_run_id()
     partition = partition_for(rid, deps.partition_count())
-    lease = _acquire(deps, tenant, rid, 0)
+    lease = acquire(deps, tenant, rid, 0)
     try:
-        run = Run(
+        run = Engine(
             deps=deps,
             lease=lease,
             state=RunState(authority=authority_for(deps.settings)),
@@ -187,12 +187,12 @@ def _start_fresh(
             partition=partition,
             position=0,
         )
-        with run._lock:
-            run._emit(EventType.RUN_STARTED, dict(start), local=True)
+        with run.lock:
+            run.send(EventType.RUN_STARTED, dict(start), local=True)
             (delivered,) = run.barrier()
         run.position = delivered.offset + 1
-        run._mark_log_view()
-        _index_start(run, delivered)
+        run.mark_log_view()
+        index_start(run, delivered)
         log.info("run %s started at epoch %s", rid, run.epoch)
         return run
     except BaseException:
@@ -206,7 +206,7 @@ def _replay(
     lease: Lease,
     tools: Iterable[Tool],
     prefetch: Prefetch | None = None,
-) -> Run:
+) -> Engine:
     rid, tenant = lease.run_id, lease.tenant
     end = None
     if prefetch is not None and prefetch.load(deps.settings, deps.redis, deps.reader_factory):
@@ -240,7 +240,7 @@ def _replay(
             f"run id {rid} belongs to another tenant; choose another run id",
             run_id=rid,
         )
-    run = Run(
+    run = Engine(
         deps=deps,
         lease=lease,
         state=state,
@@ -248,13 +248,13 @@ def _replay(
         partition=got.partition,
         position=got.end,
         first_offset=got.folded.first_offset,
-        _since_turn=None if got.source == "snapshot" else [],
+        since_turn=None if got.source == "snapshot" else [],
     )
-    kept = _valid_kept(got.folded)
+    kept = valid_kept(got.folded)
     if any(ev.type is EventType.MODEL_TURN for ev in kept):
-        run._since_turn = []
+        run.since_turn = []
     for ev in kept:
-        run._note(ev)
+        run.note(ev)
     if state.max_epoch_seen >= lease.epoch:
         # Redis forgot epochs the log remembers (restart without persistence): go above them.
         lease.raise_floor(state.max_epoch_seen)
@@ -289,7 +289,7 @@ def _with_handover(reason: str, lease: Lease) -> str:
 
 
 def _claim(
-    run: Run,
+    run: Engine,
     reader: LogReader,
     start: Mapping[str, str],
     *,
@@ -306,7 +306,7 @@ def _claim(
     for _ in range(CLAIM_ATTEMPTS):
         st = run.state
         if st.status == "new":
-            ev = run._emit(EventType.RUN_STARTED, dict(start), local=False)
+            ev = run.send(EventType.RUN_STARTED, dict(start), local=False)
         else:
             gap = None
             if st.last_event_at is not None:
@@ -318,15 +318,15 @@ def _claim(
                 "reason": _with_handover(reason or "resumed by a new owner", run.lease),
                 "operator": operator,
             }
-            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+            ev = run.send(EventType.RUN_RESUMED, payload, local=False)
         (delivered,) = run.barrier()
-        accepted = run._read_back(reader, delivered.offset + 1)
+        accepted = run.read_back(reader, delivered.offset + 1)
         # Our own event must be the one the log accepted: after Redis lost its data, a
         # writer holding the same epoch number could otherwise confirm our claim for us.
         if ev.event_id in accepted:
-            run._mark_log_view()
+            run.mark_log_view()
             if ev.type is EventType.RUN_STARTED:
-                _index_start(run, delivered)
+                index_start(run, delivered)
             else:
                 METRICS["takeovers"] += 1
             log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
@@ -346,16 +346,16 @@ def _claim(
             return
         log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
         if run.state.max_epoch_seen > run.epoch:
-            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
+            raise run.fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
         if run.state.epoch >= run.epoch:
             # Same epoch number in the log (Redis forgot it): move above it, then claim.
             run.lease.raise_floor(run.state.max_epoch_seen)
             if run.lease.lost:
-                raise run._fenced("lease lost while moving above a colliding epoch")
-    raise run._fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
+                raise run.fenced("lease lost while moving above a colliding epoch")
+    raise run.fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
 
 
-def claim_settlement(run: Run, by: str) -> None:
+def claim_settlement(run: Engine, by: str) -> None:
     """Take the finished run to settle its open calls: a person's RUN_RESUMED above the
     current epoch at the next seq, confirmed by reading the log back (the fold accepts it
     only on a finished run with open calls, ``run_state._settles``)."""
@@ -376,25 +376,25 @@ def claim_settlement(run: Run, by: str) -> None:
             "reason": f"{by} settles the open calls of an ended run",
             "operator": by,
         }
-        with run._lock:
-            ev = run._emit(EventType.RUN_RESUMED, payload, local=False)
+        with run.lock:
+            ev = run.send(EventType.RUN_RESUMED, payload, local=False)
             (delivered,) = run.barrier()
         reader = run.deps.reader_factory()
         try:
-            accepted = run._read_back(reader, delivered.offset + 1)
+            accepted = run.read_back(reader, delivered.offset + 1)
         finally:
             reader.close()
         if ev.event_id in accepted:
-            run._mark_log_view()
+            run.mark_log_view()
             return
         # Claimed on a view the log had moved past (the read-back folded what we missed):
         # claim again above it, as ``opening._claim`` does.
         if run.state.max_epoch_seen > run.epoch:
-            raise run._fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
-    raise run._fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
+            raise run.fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) took the run")
+    raise run.fenced(f"could not claim {run.run_id} to settle it after {CLAIM_ATTEMPTS} attempts")
 
 
-def _index_start(run: Run, delivered: Delivered) -> None:
+def index_start(run: Engine, delivered: Delivered) -> None:
     try:
         run.deps.redis.set(
             run.deps.start_key(run.tenant, run.run_id),
@@ -485,7 +485,7 @@ def submit_decision(
     reason = f"decision by {decided_by}"
     key = decisions_key(deps, tenant, run_id)
 
-    def take() -> Run | None:
+    def take() -> Engine | None:
         return take_if_free(
             deps, run_id, tenant=tenant, tools=tools, reason=reason, by=decided_by, settle=True
         )
@@ -502,16 +502,16 @@ def submit_decision(
                 answer=answer,
             )
         return "recorded"
-    _inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
+    decision_inbox(deps, run_id, lambda: deps.redis.rpush(key, entry))
     how = "queued"
     deadline = time.monotonic() + wait_s
     while True:
-        state = _run_state(deps, tenant, run_id)
+        state = read_state(deps, tenant, run_id)
         if state.erased is not None:
             # Forgotten meanwhile: nobody will record it, and the inbox entry holds the
             # note in plaintext beside an erased log. Withdrawn (``forget`` deletes the
             # inbox too, and again after its purge, for an entry that raced its first pass).
-            _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
+            decision_inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
             raise RunFinished(
                 f"run {run_id} was erased (forgotten) before the decision was recorded",
                 run_id=run_id,
@@ -533,7 +533,7 @@ def submit_decision(
             ):
                 return how
             # Another decision stands: ours must not wait for an owner to drop it.
-            _inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
+            decision_inbox(deps, run_id, lambda: deps.redis.lrem(key, 1, entry))
             raise approvals_conflict(run_id, standing)
         if time.monotonic() >= deadline:
             return "queued"
@@ -549,7 +549,7 @@ def take_if_free(
     reason: str,
     by: str,
     settle: bool = False,
-) -> Run | None:
+) -> Engine | None:
     """The run, if no one holds it, taken by person ``by`` to record their act in its log
     (a decision, a cancellation): else None, and the act goes to the owner's inbox.
 
@@ -581,14 +581,14 @@ def take_if_free(
     return run
 
 
-def _inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:
+def decision_inbox(deps: RunDeps, run_id: str, op: Callable[[], object]) -> None:
     try:
         op()
     except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"decision inbox of {run_id}: {exc}") from exc
 
 
-def _run_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
+def read_state(deps: RunDeps, tenant: str, run_id: str) -> RunState:
     reader = deps.reader_factory()
     try:
         return read_run(reader, deps.redis, deps.settings, tenant, run_id).state

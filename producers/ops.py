@@ -22,7 +22,7 @@ from runlog.schemas.models import Event, Payload
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Engine
 
 T = TypeVar("T")
 
@@ -149,11 +149,11 @@ def _sync_await(value: Any, what: str) -> Any:
     )
 
 
-def perform(run: Run, op: Op) -> Any:
+def perform(run: Engine, op: Op) -> Any:
     """Do ``op`` in this thread."""
     if isinstance(op, Append):
         if op.durable:
-            return run._append(op.event_type, op.payload)
+            return run.record(op.event_type, op.payload)
         return run.emit(op.event_type, op.payload)
     if isinstance(op, Invoke):
         with call_context(op.ctx):
@@ -166,13 +166,13 @@ def perform(run: Run, op: Op) -> Any:
     return op.fn()
 
 
-def drive(run: Run, steps: Steps[T]) -> T:
+def drive(run: Engine, steps: Steps[T]) -> T:
     """Run ``steps`` to its result, performing each request in this thread.
 
     An exception of a request is thrown back into the rule at the ``yield`` that asked
     for it, exactly as if the rule had made the call itself.
     """
-    with run._lock:
+    with run.lock:
         nxt = advance(steps)
         while not isinstance(nxt, Done):
             nxt = advance(steps, *outcome(perform, run, nxt))

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 from runlog.errors import NotReconcilable, RunFinished
 from runlog.producers import calls
+from runlog.producers._engine import Engine, RunDeps
 from runlog.producers.opening import claim_settlement, open_run_with
 from runlog.producers.ops import drive
-from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Tool
 from runlog.projections.run_state import OpenCall, RunState
 from runlog.schemas.models import Event, ReconciliationAttempted
@@ -191,7 +191,7 @@ def reconcile(
         )
 
 
-def _settled(run: Run, key: str, name: str) -> Settled:
+def _settled(run: Engine, key: str, name: str) -> Settled:
     return settled(run.state, run.since_last_turn(), key, name)
 
 

@@ -41,7 +41,7 @@ from runlog.projections.run_state import Approval, RunState
 from runlog.schemas.vocabulary import EventType
 
 if TYPE_CHECKING:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Engine
 
 QUESTION = FORK_QUESTION
 
@@ -60,7 +60,7 @@ class Execute:
     key: str
 
 
-def own_key(run: Run, logical: str) -> str | None:
+def own_key(run: Engine, logical: str) -> str | None:
     """The key under which this timeline (its prefix included) holds the action: completed
     first, else open; None if it never met it."""
     lineage = run.state.lineage
@@ -77,7 +77,7 @@ def own_key(run: Run, logical: str) -> str | None:
 
 
 def resolve(
-    run: Run, tool: Tool, args_json: str, logical: str, *, call_id: str
+    run: Engine, tool: Tool, args_json: str, logical: str, *, call_id: str
 ) -> Steps[Inherited | Execute]:
     """What the fork's call with logical key ``logical`` does (the module table)."""
     lineage = run.state.lineage
@@ -156,7 +156,7 @@ def evidence(effect: ForkedEffect) -> dict[str, object]:
 
 
 def _resolved(
-    run: Run,
+    run: Engine,
     effect: ForkedEffect,
     call_id: str,
     resolution: str,

@@ -133,8 +133,8 @@ if TYPE_CHECKING:
     from runlog.producers.context import CallContext as CallContext
     from runlog.producers.context import current_call as current_call
     from runlog.producers.forks import Fork as Fork
+    from runlog.producers.handle import Run as Run
     from runlog.producers.reconcile import Reconciliation as Reconciliation
-    from runlog.producers.run import Run as Run
     from runlog.producers.tools import Absent as Absent
     from runlog.producers.tools import Conflict as Conflict
     from runlog.producers.tools import Inconclusive as Inconclusive
@@ -155,7 +155,7 @@ _ERRORS = "runlog.errors"
 _PUBLIC: dict[str, str] = {
     # runs, decisions, the question a person answers
     "open_run": "runlog.api",
-    "Run": "runlog.producers.run",
+    "Run": "runlog.producers.handle",
     "decide": "runlog.api",
     "cancel": "runlog.api",
     "terminate": "runlog.api",

@@ -24,7 +24,7 @@ from runlog import api
 from runlog.bootstrap import Services
 from runlog.log.clients import async_redis_client
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
-from runlog.producers.run import Run
+from runlog.producers.handle import Run
 from runlog.schemas.keys import check_run_id
 from runlog.settings import Settings
 

@@ -35,6 +35,7 @@ from runlog.log.reader import LogReader
 from runlog.log.replay import replay
 from runlog.log.subjects import SubjectScan, scan_subjects
 from runlog.producers import telemetry, tracing
+from runlog.producers._engine import valid_kept
 from runlog.producers.control import CANCEL_WAIT_S, Termination, request_cancel
 from runlog.producers.control import terminate as terminate_run
 from runlog.producers.erasure import (
@@ -47,11 +48,11 @@ from runlog.producers.erasure import (
 from runlog.producers.erasure import forget as forget_runs
 from runlog.producers.erasure import known as erasure_known
 from runlog.producers.forks import Fork, fork_run_with
+from runlog.producers.handle import Run
 from runlog.producers.lease import METRICS
 from runlog.producers.opening import DECISION_WAIT_S, open_run_with, submit_decision
 from runlog.producers.reconcile import Reconciliation, settled
 from runlog.producers.reconcile import reconcile as reconcile_here
-from runlog.producers.run import _valid_kept
 from runlog.producers.tools import Tool
 from runlog.producers.writer import APPENDS, BARRIERS
 from runlog.schemas.keys import check_run_id, check_tenant
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     from runlog.consumers.index import RunIndex
     from runlog.consumers.question import Question
     from runlog.consumers.timeline import Timeline
-    from runlog.producers.run import Run, RunDeps
+    from runlog.producers._engine import RunDeps
     from runlog.producers.tools import Tool
 
 
@@ -106,18 +107,20 @@ def open_run(
         check_run_id(run_id)
     services = Services.shared(settings or Settings())
     with tracing.span("open_run", run_id=run_id, tenant=tenant, takeover=takeover) as span:
-        run = open_run_with(
-            services.run_deps(),
-            run_id,
-            tenant=tenant,
-            tools=tools,
-            wait_s=wait_s,
-            agent=agent,
-            goal=goal,
-            reason=reason,
-            recover=recover,
-            takeover=takeover,
-            subject=subject,
+        run = Run(
+            open_run_with(
+                services.run_deps(),
+                run_id,
+                tenant=tenant,
+                tools=tools,
+                wait_s=wait_s,
+                agent=agent,
+                goal=goal,
+                reason=reason,
+                recover=recover,
+                takeover=takeover,
+                subject=subject,
+            )
         )
         tracing.annotate(
             span,
@@ -760,7 +763,7 @@ def reconcile(
         got = read_run(reader, services.redis, services.settings, tenant, run_id, keep=True)
     finally:
         reader.close()
-    events = _valid_kept(got.folded)
+    events = valid_kept(got.folded)
     done = [k for k in reply.get("keys", "").split(",") if k]
     return Reconciliation(
         run_id,

@@ -22,8 +22,8 @@ from runlog.log.reader import ReaderPool
 from runlog.log.registry import ids_for
 from runlog.log.snapshots import SnapshotStore
 from runlog.log.tail import LogTail
+from runlog.producers._engine import RunDeps
 from runlog.producers.lease import LeaseManager
-from runlog.producers.run import RunDeps
 from runlog.producers.writer import EventWriter
 from runlog.settings import Settings
 

@@ -168,7 +168,13 @@ def _import_closure(roots: tuple[str, ...]) -> dict[str, str]:
 
 
 # The worker facade: what a worker imports to open and use a run.
-WORKER_FACADE = ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap", "runlog.producers.run")
+WORKER_FACADE = (
+    "runlog",
+    "runlog.api",
+    "runlog.aio",
+    "runlog.bootstrap",
+    "runlog.producers._engine",
+)
 
 
 def test_the_worker_facade_loads_no_projection_service() -> None:
@@ -330,7 +336,7 @@ def test_the_cycle_check_sees_an_import_inside_a_function(tmp_path: Path) -> Non
 def test_a_lower_layer_test_would_catch_an_upward_import(tmp_path: Path) -> None:
     """The checker itself: an upward import in a fold module is reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from runlog.producers.run import Run\n")
+    bad.write_text("from runlog.producers._engine import Run\n")
     ((target, _),) = _imports("runlog.projections.bad", bad)
     assert _layer(_unit(target)) > _layer(_unit("runlog.projections.bad"))
 
@@ -479,3 +485,74 @@ def test_modules_live_in_their_layers() -> None:
     for module, layer in HOMES.items():
         assert module in MODULES, f"{module} moved: update HOMES and the docs that name it"
         assert LAYERS[_layer(_unit(module))][0] == layer, module
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_defined(tree: ast.AST) -> set[str]:
+    """The ``_``-names a module defines: functions, classes, assigned names and attributes
+    (``self._x = ...``, class and dataclass fields), parameters."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return {n for n in names if _private(n)}
+
+
+def _foreign_private_uses(sources: dict[str, str]) -> list[str]:
+    """Where a module touches another module's ``_``-names: ``from m import _name``, and
+    ``x._name`` (x not ``self``, ``cls`` or ``super()``) for a ``_name`` that some runlog
+    module defines and this one does not (its own privates, on any object, are its own;
+    a name no runlog module defines is a third party's). Dunders are not private."""
+    trees = {m: ast.parse(src) for m, src in sources.items()}
+    defined = {m: _private_defined(t) for m, t in trees.items()}
+    ours = set().union(*defined.values())
+    found: list[str] = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                found += [
+                    f"{module}:{node.lineno}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if _private(a.name)
+                ]
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                    continue
+                if isinstance(owner, ast.Call) and ast.unparse(owner.func) == "super":
+                    continue
+                if node.attr in ours - defined[module]:
+                    found.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_touches_another_modules_private_names() -> None:
+    """A module's ``_``-names are its own: what other modules use is named as an interface
+    (the run's engine is reached through its public members, from a handle by
+    ``handle.engine_of``). Counted over every module of the package: zero."""
+    found = _foreign_private_uses({m: p.read_text() for m, p in MODULES.items()})
+    assert not found, f"{len(found)} uses of another module's _-names:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_sees_both_kinds_of_access() -> None:
+    """The checker itself: an import of a private name and an attribute access to another
+    module's private member count; the module's own, ``self``'s and a dunder do not."""
+    sources = {
+        "runlog.a": "class A:\n    def __init__(self):\n        self._x = 1\n"
+        "def _helper():\n    return 1\n",
+        "runlog.b": "from runlog.a import _helper\n"
+        "def f(a):\n    return a._x, a.__class__\n"
+        "class B:\n    def __init__(self):\n        self._y = 2\n"
+        "    def g(self, other):\n        return self._y + other._y\n",
+    }
+    found = _foreign_private_uses(sources)
+    assert [f.split(": ", 1)[1] for f in found] == ["from runlog.a import _helper", "a._x"]

@@ -44,7 +44,7 @@ def _ours(raw: Any, value: str) -> bool:
     return (raw.decode() if isinstance(raw, bytes) else raw) == value
 
 
-def _delete_if_ours(client: redis.Redis, key: str, value: str) -> None:
+def delete_if_ours(client: redis.Redis, key: str, value: str) -> None:
     """Delete a marker only if it still holds this rebuild's value.
 
     WATCH and MULTI, not a script: projection services may not run scripts (their Redis
@@ -77,7 +77,7 @@ def _renew_if_ours(client: redis.Redis, key: str, value: str) -> None:
             pass
 
 
-class _RebuildMarker:
+class RebuildMarker:
     """The rebuild's marker on each projection, renewed while it runs.
 
     Live runners wait while it exists; its TTL frees them if the rebuild dies. Whether they
@@ -113,7 +113,7 @@ class _RebuildMarker:
         for key in self.keys:
             if not self.client.set(key, self.value, ex=REBUILD_MARKER_TTL_S, nx=True):
                 for k in taken:
-                    _delete_if_ours(self.client, k, self.value)
+                    delete_if_ours(self.client, k, self.value)
                 raise RebuildBusy(f"another rebuild holds {key}")
             taken.append(key)
 
@@ -125,7 +125,7 @@ class _RebuildMarker:
             except REDIS_ERRORS as exc:  # the next renewal may pass; the TTL is long
                 log.warning("renewing the rebuild marker failed: %s", exc)
 
-    def __enter__(self) -> _RebuildMarker:
+    def __enter__(self) -> RebuildMarker:
         if self.exclusive:
             self._take()
         else:
@@ -138,7 +138,7 @@ class _RebuildMarker:
         self._thread.join(timeout=5)
         for key in self.keys:
             # A later rebuild may have taken the marker over: it is its own to remove.
-            _delete_if_ours(self.client, key, self.value)
+            delete_if_ours(self.client, key, self.value)
 
 
 class FencedRunner(RunnerBase):

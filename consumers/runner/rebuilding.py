@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import redis
 
-from runlog.consumers.runner.fencing import _delete_if_ours, _RebuildMarker
+from runlog.consumers.runner.fencing import RebuildMarker, delete_if_ours
 from runlog.consumers.stores import make_handler
 from runlog.errors import RedisUnavailable
 from runlog.log.authority import authority_for
@@ -98,7 +98,7 @@ def rebuild_with(
     ]
     parts = range(settings.partitions)
     try:
-        with _RebuildMarker(
+        with RebuildMarker(
             client, [h.keys.rebuild_marker() for h in handlers], exclusive=takeover
         ) as marker:
             # Durable before anything is deleted: from here on, a death leaves the
@@ -127,7 +127,7 @@ def rebuild_with(
             # Complete: only now may runners trust and write the projection again. Only
             # our own mark: one set by a rebuild that started since is that one's to clear.
             for h in handlers:
-                _delete_if_ours(client, h.keys.incomplete_marker(), marker.value)
+                delete_if_ours(client, h.keys.incomplete_marker(), marker.value)
             return targets
     except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"rebuilding {', '.join(names)}: {exc}") from exc

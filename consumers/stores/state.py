@@ -15,9 +15,9 @@ from runlog.consumers.store import (
     Handler,
     Projection,
     Rejected,
-    _text,
     dumps,
     message_json,
+    text,
 )
 from runlog.projections import state_view
 from runlog.projections.run_state import RunState, Step
@@ -75,7 +75,7 @@ class StateHandler(Handler[state_view.StateView]):
     ) -> None:
         msgs, done = replies
         data["messages"] = [json.loads(m) for m in msgs]
-        data["completed_calls"] = {_text(k): _text(v) for k, v in sorted(done.items())}
+        data["completed_calls"] = {text(k): text(v) for k, v in sorted(done.items())}
 
     def done(self, state: state_view.StateView) -> bool:
         return state.state.status == "finished"

@@ -24,7 +24,7 @@ from runlog import stack
 from runlog.benchmarks.common import make_events, percentile, summary, timed_appends
 from runlog.log.keys import FileKeyStore, Keks
 from runlog.log.registry import RegistryIds
-from runlog.producers.run import RunDeps
+from runlog.producers._engine import RunDeps
 from runlog.schemas import codec
 from runlog.schemas.registry import WriterSchema, registry
 from runlog.settings import Settings

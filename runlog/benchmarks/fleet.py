@@ -47,14 +47,14 @@ from runlog.settings import Settings
 TENANT = "bench"
 
 
-def _pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     vals = sorted(values)
     if not vals:
         return float("nan")
     return vals[min(len(vals) - 1, max(0, round(q * (len(vals) - 1))))]
 
 
-class _Workers:
+class WorkerProcs:
     def __init__(self, settings: Settings, out: Path) -> None:
         self.settings = settings
         self.out = out
@@ -119,7 +119,7 @@ def _events(reader: LogReader, rid: str) -> list[Event]:
     return [r.event for r in reader.read(rid, partition=part, start=0)]
 
 
-class _Follower:
+class Follower:
     """The bench's observer: one consumer on every partition of the events topic, read once
     from the beginning and then followed, each record decoded once.
 
@@ -183,16 +183,16 @@ class _Follower:
         self._consumer.close()
 
 
-def _wait(
+def wait_until(
     settings: Settings,
     rids: list[str],
     done: Any,
     timeout: float,
-    follower: _Follower | None = None,
+    follower: Follower | None = None,
 ) -> dict[str, RunState]:
     """Until ``done(state)`` of every run; ``follower``: one already following (closed here)."""
     deadline = time.monotonic() + timeout
-    follower = follower or _Follower(settings)
+    follower = follower or Follower(settings)
     try:
         got = {rid: fold([]) for rid in rids}
         while True:
@@ -207,7 +207,7 @@ def _wait(
         follower.close()
 
 
-def _finishes(follower: _Follower, rids: list[str], timeout: float) -> dict[str, str]:
+def _finishes(follower: Follower, rids: list[str], timeout: float) -> dict[str, str]:
     """Each run's outcome, once its RUN_FINISHED arrived (``follower`` closed here)."""
     deadline = time.monotonic() + timeout
     wanted, out = set(rids), dict[str, str]()
@@ -226,7 +226,7 @@ def _finishes(follower: _Follower, rids: list[str], timeout: float) -> dict[str,
 
 
 def dispatch(settings: Settings, out: Path, n: int) -> dict[str, Any]:
-    workers = _Workers(settings, out)
+    workers = WorkerProcs(settings, out)
     try:
         workers.spawn("idle", 8)
         lat: list[float] = []
@@ -254,18 +254,18 @@ def dispatch(settings: Settings, out: Path, n: int) -> dict[str, Any]:
         "starts": n,
         "first_ms": first,
         "p50_ms": statistics.median(lat),
-        "p99_ms": _pct(lat, 0.99),
+        "p99_ms": pct(lat, 0.99),
         "max_ms": max(lat),
     }
 
 
 def failover(settings: Settings, out: Path, n: int) -> dict[str, Any]:
-    workers = _Workers(settings, out)
+    workers = WorkerProcs(settings, out)
     try:
         victim = workers.spawn("holder", n + 10)
         order = {"steps": 10_000, "every_s": 0.5, "until": time.time() + 120}
         rids = [start("bench.hold", order, tenant=TENANT, settings=settings) for _ in range(n)]
-        _wait(settings, rids, lambda st: st.seq >= 2, 120)
+        wait_until(settings, rids, lambda st: st.seq >= 2, 120)
         workers.spawn("heir", n + 10)  # takes partitions; the holder keeps its leases
         time.sleep(1.0)
         killed_at = time.time()
@@ -273,7 +273,7 @@ def failover(settings: Settings, out: Path, n: int) -> dict[str, Any]:
         bound_s = (settings.lease_ttl_ms + settings.worker_session_timeout_ms) / 1000 + 2
         deadline = time.monotonic() + bound_s + 60
         after: dict[str, float] = {}
-        follower = _Follower(settings)
+        follower = Follower(settings)
         try:
             while len(after) < n and time.monotonic() < deadline:
                 for rid in follower.poll(0.2) - after.keys():
@@ -290,7 +290,7 @@ def failover(settings: Settings, out: Path, n: int) -> dict[str, Any]:
         "runs": n,
         "resumed": len(after),
         "p50_s": statistics.median(lat) if lat else float("nan"),
-        "p99_s": _pct(lat, 0.99),
+        "p99_s": pct(lat, 0.99),
         "max_s": max(lat) if lat else float("nan"),
         "bound_s": bound_s,
         "lease_ttl_ms": settings.lease_ttl_ms,
@@ -311,7 +311,7 @@ async def _start_all(settings: Settings, agent: str, order: Any, n: int) -> list
 def steps(
     settings: Settings, out: Path, runs: int, per_run: int, n_workers: int = 1
 ) -> dict[str, Any]:
-    workers = _Workers(settings, out)
+    workers = WorkerProcs(settings, out)
     try:
         for i in range(n_workers):
             # Each new worker's "caught up" comes once the group gave it its partitions
@@ -324,7 +324,7 @@ def steps(
         lifecycle.writer_for(settings).write(new_run_id(), None)
         # The observer too: its consumer's connections and first fetch are its own cost,
         # not the fleet's (one process awaits its runs and needs none).
-        follower = _Follower(settings, only=frozenset({EventType.RUN_FINISHED}))
+        follower = Follower(settings, only=frozenset({EventType.RUN_FINISHED}))
         follower.poll(0.5)
         t0 = time.monotonic()
         # The requests go at once, as ``one_process`` opens its runs at once: each

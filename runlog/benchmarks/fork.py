@@ -27,14 +27,14 @@ from runlog.benchmarks.common import Scratch, percentile
 from runlog.benchmarks.synthetic import write_synthetic_run
 from runlog.bootstrap import Services
 from runlog.log.replay import replay
+from runlog.producers._engine import Engine
 from runlog.producers.forks import fork_run_with
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
 
-def _extend(run: Run, length: int) -> None:
+def _extend(run: Engine, length: int) -> None:
     """Append the synthetic run's mix of events to ``run`` until it has ``length`` events."""
     i = 0
     while run.state.seq < length:

@@ -32,7 +32,7 @@ import redis
 
 from runlog.api import start
 from runlog.benchmarks.common import Scratch
-from runlog.benchmarks.fleet import TENANT, _Follower, _pct, _wait, _Workers
+from runlog.benchmarks.fleet import TENANT, Follower, WorkerProcs, pct, wait_until
 from runlog.schemas.models import TimerStarted
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -90,7 +90,7 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
         "p50": statistics.median(values),
-        "p99": _pct(values, 0.99),
+        "p99": pct(values, 0.99),
         "max": max(values),
     }
 
@@ -107,15 +107,15 @@ def sigterm(
     """SIGTERM (then SIGKILL ``kill_after_s`` later, if given) a worker whose ``n`` runs
     are mid-step (``sleep_s`` 0) or mid-sleep."""
     steps, step_s = (30, 0.5) if not sleep_s else (12, 0.2)
-    workers = _Workers(settings, out)
+    workers = WorkerProcs(settings, out)
     try:
         victim = workers.spawn("drained", n + 10, drain_s=None)
         order = {"steps": steps, "step_s": step_s, "sleep_s": sleep_s}
         rids = [start("bench.pay", order, tenant=TENANT, settings=settings) for _ in range(n)]
-        _wait(settings, rids, lambda st: len(st.completed_calls) >= 2, 180)
+        wait_until(settings, rids, lambda st: len(st.completed_calls) >= 2, 180)
         workers.spawn("heir", n + 10)
         time.sleep(1.0)
-        follower = _Follower(settings)
+        follower = Follower(settings)
         follower.poll(0.5)
         term_at = time.time()
         workers.procs["drained"].terminate()
@@ -169,13 +169,13 @@ def sigterm(
 
 def sigkill(settings: Settings, out: Path, n: int) -> dict[str, Any]:
     """A worker holding ``n`` open runs: its Redis commands per second, then SIGKILL."""
-    workers = _Workers(settings, out)
+    workers = WorkerProcs(settings, out)
     client = redis.Redis.from_url(settings.redis_url)
     try:
         victim = workers.spawn("holder", n + 10)
         order = {"steps": 10_000, "every_s": 3600, "until": time.time() + 3600}
         rids = [start("bench.hold", order, tenant=TENANT, settings=settings) for _ in range(n)]
-        _wait(settings, rids, lambda st: st.seq >= 2, 600)
+        wait_until(settings, rids, lambda st: st.seq >= 2, 600)
         time.sleep(2.0)
         first, t0 = _commandstats(client), time.monotonic()
         time.sleep(WINDOW_S)
@@ -183,7 +183,7 @@ def sigkill(settings: Settings, out: Path, n: int) -> dict[str, Any]:
         delta = {k: (last.get(k, 0) - first.get(k, 0)) / took for k in last}
         workers.spawn("heir", n + 10)
         time.sleep(1.0)
-        follower = _Follower(settings)
+        follower = Follower(settings)
         follower.poll(0.5)
         killed_at = workers.kill("holder")
         after: dict[str, float] = {}

@@ -34,7 +34,7 @@ def _pos_keys(settings: Settings) -> list[str]:
     return [keys.pos(p) for p in range(settings.partitions)]
 
 
-class _Sampler(threading.Thread):
+class Sampler(threading.Thread):
     """Records (time, positions) whenever a position moves."""
 
     def __init__(self, client: Any, keys: list[str], interval_s: float = SAMPLE_S) -> None:
@@ -78,7 +78,7 @@ def _one(
 ) -> dict[str, Any]:
 
     proc = _spawn_runner(settings)
-    sampler = _Sampler(deps.redis, _pos_keys(settings))
+    sampler = Sampler(deps.redis, _pos_keys(settings))
     sampler.start()
     opened, _ = open_many(deps, runs)
     try:

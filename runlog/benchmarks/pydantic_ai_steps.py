@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runlog.benchmarks.common import TENANT, summary
-from runlog.producers.run import RunDeps
+from runlog.producers._engine import RunDeps
 from runlog.settings import Settings
 
 RESULT = "r" * 300

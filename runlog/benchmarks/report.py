@@ -224,7 +224,7 @@ def table(res: dict[str, Any]) -> str:
         rows.append(("9. a Pydantic AI agent step", str(pai["status"]), ""))
     width = max(len(r[0]) for r in rows) + 2
     vwidth = max(len(r[1]) for r in rows) + 2
-    head = _machine_lines(res)
+    head = machine_lines(res)
     lines = [*head, "", f"{'':{width}}{'min / median / max':{vwidth}}unit"]
     lines += [f"{a:{width}}{b:{vwidth}}{c}".rstrip() for a, b, c in rows]
     return "\n".join(lines)
@@ -250,7 +250,7 @@ def _restate_rows(rst: dict[str, Any] | None, rows: list[tuple[str, str, str]]) 
     rows.append((f"{head}, server CPU", _mmm(fan["server_cpu_ms_per_step"]), "ms/step"))
 
 
-def _machine_lines(res: dict[str, Any]) -> list[str]:
+def machine_lines(res: dict[str, Any]) -> list[str]:
     m = res["machine"]
     s = res["settings"]
     return [

@@ -48,7 +48,7 @@ from typing import Any
 
 from runlog.benchmarks.common import summary
 from runlog.stack.config import StackConfig
-from runlog.stack.processes import _locked
+from runlog.stack.processes import locked
 
 RESTATE_VERSION = "1.7.12"
 NPM_PACKAGE = "@restatedev/restate-server"
@@ -102,7 +102,7 @@ def server_binary(cache_dir: Path | None = None) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise Unavailable(f"no `npm` on PATH to fetch {package} (or set {SERVER_ENV})")
-    with _locked(cache / ".lock"):
+    with locked(cache / ".lock"):
         if target.is_file():
             return target
         work = cache / f".restate-{os.getpid()}"

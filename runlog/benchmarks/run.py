@@ -152,7 +152,7 @@ def run_all(
         "settings": settings_summary(s0),
         "failed": [],
     }
-    echo(report._machine_lines({**res, "elapsed_s": 0.0})[1])
+    echo(report.machine_lines({**res, "elapsed_s": 0.0})[1])
     # Each section runs as step(deps, settings) on its own scratch topics.
     Step = Callable[[Any, Settings], dict[str, Any]]
     r = plan.repeats

@@ -66,11 +66,14 @@ def measure(*, steps: int, chunks: int, irreversible: int) -> dict[str, Any]:
             runlog.tool("pay", risk="irreversible")(lambda args, *, idempotency_key: RESULT),
         ]
         with open_run_with(svc.run_deps(), None, tenant=TENANT, tools=tools, recover=False) as run:
+            # The calls go through the handle users hold (``runlog.Run``), whichever version
+            # runs this: an older ``open_run_with`` returns one, a newer one its engine.
+            handle = run if isinstance(run, runlog.Run) else runlog.Run(run)
 
             def calls(name: str) -> Callable[[int], None]:
                 def loop(n: int) -> None:
                     for i in range(n):
-                        run.call_tool(name, {"i": i, "u": uuid.uuid4().hex})
+                        handle.call_tool(name, {"i": i, "u": uuid.uuid4().hex})
 
                 return loop
 

@@ -53,8 +53,8 @@ from runlog.consumers import snapshot_plan as sp
 from runlog.errors import RunlogError
 from runlog.log.kafka import reader_config
 from runlog.log.snapshots import SnapshotStore
+from runlog.producers._engine import Engine
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run
 from runlog.schemas.keys import lease_key
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -75,7 +75,7 @@ REFERENCES = {
 # --------------------------------------------------------------------------- the workload
 
 
-def _loop_turn(run: Run, turn: int, *, compact_every: int = 25) -> None:
+def _loop_turn(run: Engine, turn: int, *, compact_every: int = 25) -> None:
     """One turn of an agent loop: 4 records (5 with a compaction), emitted (not awaited)."""
     call = f"t{turn}"
     key = f"k{turn:031d}"
@@ -522,12 +522,12 @@ def timers(
     import asyncio
 
     from runlog import aio
-    from runlog.benchmarks.fleet import _Follower, _Workers
+    from runlog.benchmarks.fleet import Follower, WorkerProcs
     from runlog.fleet import lifecycle
 
     scratch = Scratch.create(base)
     s = scratch.settings
-    workers = _Workers(s, out_dir)
+    workers = WorkerProcs(s, out_dir)
     res: dict[str, Any] = {"waiting_runs": waiting}
     try:
         workers.spawn("timers", 64)
@@ -535,7 +535,7 @@ def timers(
         lifecycle.writer_for(s).write("r-warm-" + os.urandom(4).hex(), None)
         rss0 = _rss_kib(wpid)
         keys0 = _redis_bytes(_redis(s), s.redis_key_prefix)
-        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
+        follower = Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
         # Long enough for every run to start and wait, and for a second worker's start-up.
         due = time.time() + (20 + waiting * 0.01 if margin_s is None else margin_s)
         order = {"until": due}

@@ -31,7 +31,7 @@ from typing import Any
 
 from runlog.benchmarks.common import percentile, worker_env
 from runlog.benchmarks.drain import drain_rate, fresh_settings
-from runlog.benchmarks.lag import _Sampler
+from runlog.benchmarks.lag import Sampler
 from runlog.consumers.store import ProjectionKeys
 from runlog.consumers.stores import PROJECTIONS
 from runlog.log.clients import redis_client
@@ -69,7 +69,7 @@ def steady(
     # One sampler over every (projection, partition): index i * partitions + p.
     pos_keys = [k.pos(p) for k in keys for p in parts]
     # 5 ms, not the latency benchmark's 1 ms: it shares the two cores with the runner.
-    sampler = _Sampler(client, pos_keys, SAMPLE_S)
+    sampler = Sampler(client, pos_keys, SAMPLE_S)
     runner = subprocess.Popen(
         [sys.executable, "-m", "runlog.benchmarks.worker", "project", ",".join(PROJECTIONS)],
         env=worker_env(settings),

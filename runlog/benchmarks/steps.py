@@ -54,9 +54,9 @@ import runlog
 from runlog.benchmarks import frameworks, restate_peer
 from runlog.benchmarks.common import TENANT, summary
 from runlog.log.clients import async_redis_client, redis_client
+from runlog.producers._engine import RunDeps
 from runlog.producers.async_run import open_async
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import RunDeps
 from runlog.producers.tools import Risk
 from runlog.producers.writer import producer_config
 from runlog.settings import Settings

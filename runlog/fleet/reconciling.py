@@ -39,8 +39,8 @@ from runlog.errors import (
 from runlog.fleet.lifecycle import LifecycleWriter
 from runlog.fleet.registry import Agent
 from runlog.log.clients import REDIS_ERRORS
+from runlog.producers._engine import RunDeps
 from runlog.producers.reconcile import reconcile
-from runlog.producers.run import RunDeps
 from runlog.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -41,12 +41,13 @@ from runlog.log.fold import read_run
 from runlog.log.keys import keys_for
 from runlog.log.reader import Prefetch
 from runlog.producers import timers
+from runlog.producers._engine import CANCELLED, Engine, RunDeps
 from runlog.producers.approvals import decisions_key
 from runlog.producers.async_run import AsyncRun, in_thread, open_async
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.drain import HandingOver
+from runlog.producers.handle import Run, engine_of
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import CANCELLED, Run, RunDeps
 from runlog.projections.run_state import RunState
 from runlog.schemas import codec
 from runlog.schemas.keys import partition_for
@@ -88,7 +89,7 @@ class Result:
     why: str = ""
 
 
-def _is_finished(run: Run) -> bool:
+def _is_finished(run: Engine) -> bool:
     """Whether the agent finished the run itself (read again after it ran)."""
     return run.state.status == "finished"
 
@@ -171,7 +172,7 @@ def _decided_meanwhile(deps: RunDeps, lw: LifecycleWriter, res: Result, run_id: 
     return Result("waiting_person", rec, lw.write(run_id, rec))
 
 
-def _handed_over(lw: LifecycleWriter, run: Run, tenant: str, agent: str) -> Result:
+def _handed_over(lw: LifecycleWriter, run: Engine, tenant: str, agent: str) -> Result:
     """The worker drains and the run reached a step's boundary: its lease is released as a
     handover, announced to the live workers (``fleet.handoffs``: one takes it at once),
     then ``open`` is written to its lifecycle record, so whichever worker owns the
@@ -208,7 +209,7 @@ def _erased(lw: LifecycleWriter, run_id: str) -> Result:
         return Result("retry", retry_s=INFRA_RETRY_S, why=str(exc))
 
 
-def _cancelled(lw: LifecycleWriter, run: Run, exc: BaseException | None) -> Result:
+def _cancelled(lw: LifecycleWriter, run: Engine, exc: BaseException | None) -> Result:
     """A person cancelled the run: it ends ``cancelled`` (``Run.final_outcome``), whether
     the agent let ``Cancelled`` out or was about to wait (a cancelled run waits for no
     person and no time), never ``failed`` and never dispatched again."""
@@ -404,7 +405,7 @@ def execute(
         if run.state.status == "finished":
             run.close()
             return _finished(lw, run_id)
-        summary = agent.fn(run, _input(run.state.agent_input, rec))
+        summary = agent.fn(Run(run), _input(run.state.agent_input, rec))
         if not _is_finished(run):
             run.finish("succeeded", "" if summary is None else str(summary))
         return _finished(lw, run_id)
@@ -440,7 +441,7 @@ def execute(
 
 
 def _agent_failed(
-    lw: LifecycleWriter, run: Run, agent: Agent, rec: Record, exc: Exception
+    lw: LifecycleWriter, run: Engine, agent: Agent, rec: Record, exc: Exception
 ) -> Result:
     """The agent raised: a retry after its policy's delay, or the run ends failed; a run a
     person cancelled meanwhile ends cancelled (never retried), also when the retry's own
@@ -492,7 +493,7 @@ async def execute_async(
     except Escalated:
         res = await in_thread(_waiting_person, lw, run_id, rec.tenant, agent.name)
         return await in_thread(_decided_meanwhile, deps, lw, res, run_id)
-    run = arun.sync
+    run = engine_of(arun)
     run.dispatched = True
     try:
         if run.state.erased is not None:
@@ -540,7 +541,7 @@ async def execute_async(
 async def _agent_failed_async(
     lw: LifecycleWriter, arun: AsyncRun, agent: Agent, rec: Record, exc: Exception
 ) -> Result:
-    run = arun.sync
+    run = engine_of(arun)
     if run.state.cancel is not None:
         return await in_thread(_cancelled, lw, run, exc)
     try:

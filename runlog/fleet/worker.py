@@ -50,8 +50,8 @@ from runlog.fleet.runner import (
 from runlog.log.clients import REDIS_ERRORS, async_redis_client
 from runlog.log.reader import Prefetch
 from runlog.log.tail import WINDOW
+from runlog.producers._engine import RunDeps
 from runlog.producers.lease import sessions_key
-from runlog.producers.run import RunDeps
 from runlog.schemas import codec
 from runlog.schemas.keys import live_key, partition_for
 from runlog.schemas.registry import registry

@@ -14,6 +14,7 @@ from typing import Any
 
 from runlog import aio
 from runlog.errors import MissingExtra
+from runlog.producers.handle import engine_of
 from runlog.producers.tools import (
     DEFAULT_COMMIT_WINDOW_S,
     Receiver,
@@ -119,5 +120,5 @@ def valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[An
 async def recorded_events(run: aio.AsyncRun) -> list[Any]:
     """``valid_events`` of an open run, read where the run lives (whoever opened it: a
     fleet worker's settings, not the agent's), off the event loop."""
-    settings = run.sync.deps.settings
+    settings = engine_of(run).deps.settings
     return await asyncio.to_thread(valid_events, settings, run.tenant, run.run_id)

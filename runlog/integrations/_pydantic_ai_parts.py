@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from runlog.integrations._common import missing_extra
+from runlog.producers.handle import engine_of
 
 try:
     from pydantic_ai import Agent
@@ -94,11 +95,11 @@ class _Live:
     """The message of the ``ModelRetry`` the tool raised, as recorded."""
 
 
-_LIVE: ContextVar[_Live | None] = ContextVar("runlog_pydantic_ai_call", default=None)
+LIVE: ContextVar[_Live | None] = ContextVar("runlog_pydantic_ai_call", default=None)
 
 
 @dataclass
-class _Execution:
+class Execution:
     """One ``RunlogAgent.run`` call: the run, the recorded turns, the turn counter."""
 
     run: aio.AsyncRun
@@ -109,8 +110,8 @@ class _Execution:
     turn_of_call: dict[str, int] = field(default_factory=dict)
     failures: dict[tuple[int, str], str] = field(default_factory=dict)
     """Proven failures in the log by (turn, model's call id): what the agent was told."""
-    base: _ForkBase | None = None
-    """A fork's: the conversation it took from its parent (see ``_ForkBase``)."""
+    base: ForkBase | None = None
+    """A fork's: the conversation it took from its parent (see ``ForkBase``)."""
     shown_before: list[ModelMessage] = field(default_factory=list)
     """Messages the model is shown before the agent's own (a fork's parent conversation,
     when the agent's loop was not handed it as its ``message_history``)."""
@@ -141,11 +142,11 @@ class _Execution:
         the parent's logical action (``runlog.producers.timelines`` decides what it does);
         outside a fork both are the run's own."""
         offset = 0 if self.base is None else self.base.turns
-        return operation_id(self.run.sync.key_scope, offset + turn, tool_call_id)
+        return operation_id(engine_of(self.run).key_scope, offset + turn, tool_call_id)
 
 
 @dataclass(frozen=True)
-class _ForkBase:
+class ForkBase:
     """What a fork of a Pydantic AI run starts from: the parent's conversation at the fork
     point (its state's messages, compactions applied), as Pydantic AI messages, and the
     prompt the fork was given (its first USER_MESSAGE), if any."""
@@ -194,19 +195,19 @@ def history_of(messages: list[Message]) -> list[ModelMessage]:
     return out
 
 
-def _fork_base(events: list[Any]) -> _ForkBase:
+def fork_base(events: list[Any]) -> ForkBase:
     """A fork's starting point, from its own log: RUN_FORKED holds the parent's state at the
     fork point; the fork's first USER_MESSAGE after it is the prompt it was given."""
     at_fork = fold(events[:1])
     prompt = next((e.payload.content for e in events[1:] if e.type is EventType.USER_MESSAGE), None)
-    return _ForkBase(at_fork.messages, at_fork.turns, history_of(at_fork.messages), prompt)
+    return ForkBase(at_fork.messages, at_fork.turns, history_of(at_fork.messages), prompt)
 
 
 class RunlogModel(WrapperModel):
     """Answers each request from the run's log when it holds that turn, else asks the
     wrapped model and records the response (MODEL_TURN) before it is used."""
 
-    def __init__(self, wrapped: Model, execution: _Execution, cost: _Cost) -> None:
+    def __init__(self, wrapped: Model, execution: Execution, cost: Cost) -> None:
         super().__init__(wrapped)
         self._execution = execution
         self._cost = cost
@@ -255,7 +256,7 @@ class RunlogModel(WrapperModel):
 class RunlogToolset(WrapperToolset[DepsT]):
     """Sends every call of the wrapped toolset through ``AsyncRun.call_tool``."""
 
-    def __init__(self, wrapped: AbstractToolset[DepsT], execution: _Execution) -> None:
+    def __init__(self, wrapped: AbstractToolset[DepsT], execution: Execution) -> None:
         super().__init__(wrapped)
         self._execution = execution
 
@@ -266,7 +267,7 @@ class RunlogToolset(WrapperToolset[DepsT]):
         call_id = ctx.tool_call_id or ""
         _replay_failure(ex, call_id, approved=ctx.tool_call_approved)
         live = _Live(ctx, tool, self.wrapped)
-        token = _LIVE.set(live)
+        token = LIVE.set(live)
         try:
             recorded = await ex.run.call_tool(
                 name,
@@ -279,14 +280,14 @@ class RunlogToolset(WrapperToolset[DepsT]):
                 raise live.deferred from None
             raise ModelRetry(live.retry or str(exc)) from exc
         finally:
-            _LIVE.reset(token)
+            LIVE.reset(token)
         return recorded
 
 
 DEFERRED_MARK = " asked to be deferred: "
 
 
-def _replay_failure(ex: _Execution, call_id: str, *, approved: bool) -> None:
+def _replay_failure(ex: Execution, call_id: str, *, approved: bool) -> None:
     """Raise again, without running the tool, a proven failure the agent already acted on.
 
     A failure records no key (the action may be tried again), so without this a replayed
@@ -308,10 +309,10 @@ def _replay_failure(ex: _Execution, call_id: str, *, approved: bool) -> None:
         raise ModelRetry(content)
 
 
-_Cost = Callable[[ModelResponse], float]
+Cost = Callable[[ModelResponse], float]
 
 
-def _default_cost(response: ModelResponse) -> float:
+def default_cost(response: ModelResponse) -> float:
     """The response's price from Pydantic AI's price data, or 0.0 when it has none."""
     try:
         return float(response.cost().total_price)
@@ -319,7 +320,7 @@ def _default_cost(response: ModelResponse) -> float:
         return 0.0
 
 
-def _encode_result(value: Any) -> str:
+def encode_result(value: Any) -> str:
     """A tool's return value as the text runlog records: a string as it is, anything else
     as the JSON Pydantic AI would have sent the model. The agent is given this text, live
     and on replay alike, so a resumed run sees exactly what the dead one saw."""
@@ -335,7 +336,7 @@ def _args_json(part: ToolCallPart) -> tuple[str, dict[str, Any] | None]:
         return raw or "{}", None
 
 
-async def _approval_for(ex: _Execution, part: ToolCallPart) -> str:
+async def approval_for_part(ex: Execution, part: ToolCallPart) -> str:
     """The runlog approval for an approval-required call, keyed by the call's key."""
     run = ex.run
     args_json, args = _args_json(part)
@@ -344,7 +345,7 @@ async def _approval_for(ex: _Execution, part: ToolCallPart) -> str:
     return await approval_for(run, part.tool_name, args_json, key)
 
 
-async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost: float) -> None:
+async def _record_turn(ex: Execution, turn: int, response: ModelResponse, cost: float) -> None:
     run = ex.run
     proposals = []
     for part in response.tool_calls:
@@ -371,7 +372,7 @@ async def _record_turn(ex: _Execution, turn: int, response: ModelResponse, cost:
     )
 
 
-def _response_of(payload: Any) -> ModelResponse:
+def response_of(payload: Any) -> ModelResponse:
     """A recorded MODEL_TURN as the response the model gave."""
     if payload.response_json:
         (message,) = ModelMessagesTypeAdapter.validate_json(payload.response_json)
@@ -390,5 +391,5 @@ def _model_of(agent: Agent[Any, Any]) -> Model:
     return model
 
 
-def _fresh_context(agent: Agent[Any, Any], deps: Any, *, tool_name: str | None = None) -> Any:
+def fresh_context(agent: Agent[Any, Any], deps: Any, *, tool_name: str | None = None) -> Any:
     return RunContext(deps=deps, model=_model_of(agent), usage=RunUsage(), tool_name=tool_name)

@@ -81,10 +81,11 @@ from runlog.errors import (
 from runlog.integrations._common import SUMMARY_CHARS
 from runlog.log.fold import read_run
 from runlog.log.reader import LogReader
+from runlog.producers._engine import Engine
 from runlog.producers.calls import attempt, execute_logical, retry_key
 from runlog.producers.context import current_call
+from runlog.producers.handle import Run, engine_of
 from runlog.producers.ops import drive
-from runlog.producers.run import Run
 from runlog.producers.tools import Reconciler, Risk, Tool, ToolFn, is_async
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.models import UNDO_AND_RETRY, Event, MemoryWritten, ToolCallStarted
@@ -282,7 +283,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         what that log says of the tool node's keys and paused calls."""
         owned = _Owned(run, InMemorySaver(serde=self.serde))
         legacy_prefix = thread_id + LEGACY_SCOPE
-        for ev in self._events(thread_id, run.position):
+        for ev in self._events(thread_id, engine_of(run).position):
             self._apply(owned.view, thread_id, ev)
             p = ev.payload
             if isinstance(p, MemoryWritten) and p.key == CHECKPOINT_KEY:
@@ -349,7 +350,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                 raise
             with self._lock:
                 for t in self._tools.values():  # after recovery: see above
-                    run.tools.setdefault(t.name, t)
+                    engine_of(run).tools.setdefault(t.name, t)
                 self._owned[thread_id] = owned
             return owned
 
@@ -368,7 +369,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         try:
             # A checkpoint records what a node did: kept whatever a person asked meanwhile
             # (the graph's next step, a model turn or a tool call, sees a cancellation).
-            ev = owned.run._append(
+            ev = engine_of(owned.run).record(
                 EventType.MEMORY_WRITTEN,
                 key=CHECKPOINT_KEY,
                 value=json.dumps(record, separators=(",", ":")),
@@ -537,7 +538,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         with self._thread_lock(thread_id):
             owned = self._own(thread_id)
             try:
-                owned.run._append(
+                engine_of(owned.run).record(
                     EventType.MEMORY_WRITTEN,
                     key=key,
                     value=json.dumps(value, separators=(",", ":")),
@@ -561,7 +562,7 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             for t in tools:
                 self._tools[t.name] = t
                 for owned in self._owned.values():
-                    owned.run.tools[t.name] = t
+                    engine_of(owned.run).tools[t.name] = t
 
     def run_for(self, thread_id: str) -> Run:
         """The thread's run, owned by this saver (opened, with recovery, on first use)."""
@@ -768,7 +769,7 @@ class RunlogToolNode:
         if ai is None or not ai.tool_calls:
             return {self.messages_key: []}
         thread_id = str(config["configurable"]["thread_id"])
-        run = self.saver.run_for(thread_id)
+        run = engine_of(self.saver.run_for(thread_id))
         # A task started from a checkpoint that another process has since moved past (two
         # resumers of one thread) must not act: the newer checkpoints did this step already.
         self.saver.check_latest(thread_id, _parent_ns(config), _task_checkpoint(config))
@@ -825,13 +826,13 @@ class RunlogToolNode:
             out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
         return {self.messages_key: out}
 
-    def _question(self, run: Run, approval_id: str) -> dict[str, Any]:
+    def _question(self, run: Engine, approval_id: str) -> dict[str, Any]:
         """runlog's question for ``approval_id`` as the value of a LangGraph interrupt: the
         tool, its arguments, the key, the evidence and what each answer does."""
         q = question(run.run_id, approval_id, tenant=run.tenant, settings=self.saver.settings)
         return {"runlog": "approval", "answers": list(ANSWERS), **q.to_dict()}
 
-    def _ask(self, run: Run, thread_id: str, approval_id: str) -> None:
+    def _ask(self, run: Engine, thread_id: str, approval_id: str) -> None:
         """Ask a person runlog's question as a LangGraph interrupt (the graph stops with it
         in ``result["__interrupt__"]``); once a ``Command(resume=...)`` answers it, record
         the answer as the person's decision. Signed with this process' decider key where
@@ -850,7 +851,7 @@ class RunlogToolNode:
                 answer=UNDO_AND_RETRY if undo else None,
             )
 
-    def _resume_paused(self, run: Run, thread_id: str, key: str) -> None:
+    def _resume_paused(self, run: Engine, thread_id: str, key: str) -> None:
         """Run again the attempt LangGraph paused in this call's tool, or in the retry a
         person's "undo and retry" made of it: the paused attempt made no effect, so what
         allowed it (a lookup's absence, a person's approval, the call itself) still holds,

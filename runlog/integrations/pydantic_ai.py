@@ -56,14 +56,14 @@ from runlog.integrations._common import (
     recorded_events,
 )
 from runlog.integrations._pydantic_ai_parts import (
+    Cost,
     DepsT,
     OutputT,
     RunlogModel,
     RunlogResult,
     RunlogToolset,
-    _Cost,
-    _default_cost,
-    _fork_base,
+    default_cost,
+    fork_base,
 )
 from runlog.integrations.pydantic_ai_capability import RunlogDurability
 from runlog.producers.context import CallContext, current_call
@@ -99,7 +99,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
         tenant: str = "default",
         settings: Settings | None = None,
         name: str | None = None,
-        cost: _Cost = _default_cost,
+        cost: Cost = default_cost,
     ) -> None:
         self.wrapped = agent
         self.policies = dict(tools or {})
@@ -190,7 +190,7 @@ class RunlogAgent(Generic[DepsT, OutputT]):
             # so a fork given no prompt goes on from it (the parent's pending calls first);
             # the capability records the prompt and numbers the turns (read once, here).
             events = await recorded_events(run)
-            base = _fork_base(events)
+            base = fork_base(events)
             history = base.history
             prompt = user_prompt if base.prompt is None else base.prompt
         cap = self._capability(run, approval_wait_s, events)

@@ -54,19 +54,19 @@ from runlog import aio
 from runlog.integrations._approvals import await_decision, rejection_note
 from runlog.integrations._common import SUMMARY_CHARS, ToolPolicy, recorded_events
 from runlog.integrations._pydantic_ai_parts import (
-    _LIVE,
     DEFERRED_MARK,
+    LIVE,
+    Cost,
+    Execution,
+    ForkBase,
     RunlogModel,
     RunlogToolset,
-    _approval_for,
-    _Cost,
-    _default_cost,
-    _encode_result,
-    _Execution,
-    _fork_base,
-    _ForkBase,
-    _fresh_context,
-    _response_of,
+    approval_for_part,
+    default_cost,
+    encode_result,
+    fork_base,
+    fresh_context,
+    response_of,
 )
 from runlog.producers.tools import Tool, ToolError
 from runlog.schemas.vocabulary import EventType
@@ -78,7 +78,7 @@ __all__ = ["RunlogDurability", "ToolPolicy"]
 @dataclass
 class _Open:
     run: aio.AsyncRun
-    ex: _Execution
+    ex: Execution
 
 
 class RunlogDurability(AbstractCapability[Any]):
@@ -98,7 +98,7 @@ class RunlogDurability(AbstractCapability[Any]):
         takeover: bool = False,
         wait_s: float | None = None,
         approval_wait_s: float = 0.0,
-        cost: _Cost = _default_cost,
+        cost: Cost = default_cost,
     ) -> None:
         self.policies = dict(tools or {})
         self.tenant = tenant
@@ -195,18 +195,18 @@ class RunlogDurability(AbstractCapability[Any]):
         then give no prompt: the agent goes on with the parent's pending calls), or, given
         none, the model is shown it before the agent's own messages."""
         events = self._events if self._events is not None else await _own_events(run)
-        recorded = [_response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
+        recorded = [response_of(e.payload) for e in events if e.type is EventType.MODEL_TURN]
         prompt = ctx.prompt if isinstance(ctx.prompt, str) else None
-        base: _ForkBase | None = None
+        base: ForkBase | None = None
         if run.state.lineage is None:
             if not any(m.role == "user" for m in run.state.messages):
                 if prompt is None:
                     raise ValueError(f"run {run.run_id} has no task yet: pass a text prompt")
                 run.emit(EventType.USER_MESSAGE, content=prompt)  # durable before the model
         else:
-            base = _fork_base(events)
+            base = fork_base(events)
             _fork_prompt(run, base, prompt, history_given=bool(ctx.messages))
-        ex = _Execution(run, recorded, ctx.deps, base=base)
+        ex = Execution(run, recorded, ctx.deps, base=base)
         if base is not None and not ctx.messages:
             ex.shown_before = list(base.history)
         self._open = _Open(run, ex)
@@ -248,7 +248,7 @@ class RunlogDurability(AbstractCapability[Any]):
         results = DeferredToolResults()
         for part in requests.approvals:
             approval = await await_decision(
-                ex.run, await _approval_for(ex, part), self.approval_wait_s
+                ex.run, await approval_for_part(ex, part), self.approval_wait_s
             )
             results.approvals[part.tool_call_id] = (
                 True if approval.approved else ToolDenied(rejection_note(approval))
@@ -263,7 +263,7 @@ class RunlogDurability(AbstractCapability[Any]):
         agent = self._agent
         if agent is None:
             raise RuntimeError("RunlogDurability used without an agent")
-        ctx = _fresh_context(agent, deps)
+        ctx = fresh_context(agent, deps)
         out: list[Tool] = []
         for toolset in agent.toolsets:
             for name in await toolset.get_tools(ctx):
@@ -285,7 +285,7 @@ async def _own_events(run: aio.AsyncRun) -> list[Any]:
 
 
 def _fork_prompt(
-    run: aio.AsyncRun, base: _ForkBase, prompt: str | None, *, history_given: bool
+    run: aio.AsyncRun, base: ForkBase, prompt: str | None, *, history_given: bool
 ) -> None:
     """A fork's new prompt, recorded the first time (before the model is asked); a
     resumption passes it again, as for any run. Without one the agent goes on from the
@@ -321,7 +321,7 @@ class _LazyToolset(RunlogToolset[Any]):
         return self if inner is self.wrapped else _LazyToolset(inner, self._cap)
 
     @property
-    def _execution(self) -> _Execution:
+    def _execution(self) -> Execution:
         if self._cap._open is None:
             raise RuntimeError("a tool was called outside a runlog run")
         return self._cap._open.ex
@@ -338,12 +338,12 @@ def _invoker(
     (recovery before the agent runs) the tool's own toolset with a fresh context."""
 
     async def invoke(args: dict[str, Any], *, idempotency_key: str) -> str:
-        live = _LIVE.get()
+        live = LIVE.get()
         if live is not None:
             target, ctx, tool = live.toolset, live.ctx, live.tool
         else:
             target = toolset
-            ctx = _fresh_context(agent, deps, tool_name=name)
+            ctx = fresh_context(agent, deps, tool_name=name)
             tool = (await toolset.get_tools(ctx))[name]
         try:
             value = await target.call_tool(name, args, ctx, tool)
@@ -355,6 +355,6 @@ def _invoker(
             if live is not None:
                 live.retry = exc.message
             raise ToolError(exc.message) from exc
-        return _encode_result(value)
+        return encode_result(value)
 
     return invoke

@@ -64,7 +64,7 @@ from runlog.settings import Settings
 
 
 class LiveRun(Protocol):
-    """What a snapshot needs of a writer's run (``runlog.producers.run.Run`` is one)."""
+    """What a snapshot needs of a writer's run (``runlog.producers._engine.Run`` is one)."""
 
     @property
     def run_id(self) -> str: ...

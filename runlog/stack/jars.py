@@ -13,10 +13,10 @@ from pathlib import Path
 
 from runlog.errors import StackError
 from runlog.stack.config import KAFKA_VERSION, POM_PATH, Echo, StackConfig
-from runlog.stack.processes import _locked
+from runlog.stack.processes import locked
 
 
-def _java() -> str:
+def java_binary() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin/java").is_file():
         return str(Path(java_home) / "bin/java")
@@ -29,7 +29,7 @@ def _java() -> str:
     return java
 
 
-def _check_java_version(java: str) -> None:
+def check_java_version(java: str) -> None:
     try:
         out = subprocess.run(
             [java, "-version"], capture_output=True, text=True, timeout=30, check=False
@@ -60,7 +60,7 @@ def resolve_jars(config: StackConfig, echo: Echo | None = None) -> Path:
     want = _pom_hash()
     if stamp.is_file() and stamp.read_text().strip() == want:
         return target
-    with _locked(config.cache_dir / ".lock"):
+    with locked(config.cache_dir / ".lock"):
         if stamp.is_file() and stamp.read_text().strip() == want:
             return target
         mvn = shutil.which("mvn")

@@ -14,10 +14,10 @@ from typing import Any
 from runlog.errors import StackError
 from runlog.stack import secure as _secure
 from runlog.stack.config import HOST, LOG4J2_PATH, NodeSpec, StackConfig
-from runlog.stack.processes import _spawn
+from runlog.stack.processes import spawn
 
 
-def _server_properties(config: StackConfig, node: NodeSpec) -> str:
+def server_properties(config: StackConfig, node: NodeSpec) -> str:
     voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in config.nodes())
     rf = min(3, config.node_count)
     min_isr = max(1, rf - 1)
@@ -73,7 +73,7 @@ def _server_properties(config: StackConfig, node: NodeSpec) -> str:
     )
 
 
-def _kafka_marker(node: NodeSpec) -> str:
+def kafka_marker(node: NodeSpec) -> str:
     return str(node.server_properties)
 
 
@@ -135,19 +135,19 @@ def _format_storage(
         raise StackError(f"formatting {node.data_dir} failed (exit {proc.returncode}):\n{output}")
 
 
-def _start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec) -> int:
+def start_kafka_node(config: StackConfig, java: str, jars: Path, node: NodeSpec) -> int:
     node.dir.mkdir(parents=True, exist_ok=True)
     node.log_dir.mkdir(parents=True, exist_ok=True)
-    node.server_properties.write_text(_server_properties(config, node))
+    node.server_properties.write_text(server_properties(config, node))
     cluster_id = _ensure_cluster_id(config, java, jars, node)
     _format_storage(config, java, jars, node, cluster_id)
     argv = [*_java_argv(config, java, jars, node), "kafka.Kafka", str(node.server_properties)]
-    pid = _spawn(argv, cwd=node.dir, stdout=node.stdout_log, env=os.environ)
+    pid = spawn(argv, cwd=node.dir, stdout=node.stdout_log, env=os.environ)
     node.pid_file.write_text(f"{pid}\n")
     return pid
 
 
-def _kafka_ready(bootstrap: str, brokers: int = 1, conf: Mapping[str, Any] | None = None) -> bool:
+def kafka_ready(bootstrap: str, brokers: int = 1, conf: Mapping[str, Any] | None = None) -> bool:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 

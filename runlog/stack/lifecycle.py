@@ -13,22 +13,22 @@ from pathlib import Path
 from runlog.errors import StackError
 from runlog.stack import secure as _secure
 from runlog.stack.config import HOST, Echo, NodeSpec, ServiceStatus, StackConfig, StackStatus
-from runlog.stack.jars import _check_java_version, _java, resolve_jars
-from runlog.stack.kafka import _kafka_marker, _kafka_ready, _server_properties, _start_kafka_node
+from runlog.stack.jars import check_java_version, java_binary, resolve_jars
+from runlog.stack.kafka import kafka_marker, kafka_ready, server_properties, start_kafka_node
 from runlog.stack.processes import (
-    _live_pid,
-    _locked,
-    _port_answers,
-    _port_taken_error,
-    _stop_pid,
-    _tail,
+    live_pid,
+    locked,
+    port_answers,
+    port_taken_error,
+    stop_pid,
+    tail_of,
 )
 from runlog.stack.redis_server import (
-    _REDIS_MARKER,
-    _redis_conf,
-    _redis_ping,
-    _redis_server,
-    _start_redis,
+    REDIS_MARKER,
+    redis_conf,
+    redis_ping,
+    redis_server,
+    spawn_redis,
 )
 
 
@@ -40,11 +40,11 @@ def status(config: StackConfig | None = None, *, role: str = "admin") -> StackSt
     cfg = config or StackConfig.from_env()
     services: list[ServiceStatus] = []
     for node in cfg.nodes():
-        pid = _live_pid(node.pid_file, _kafka_marker(node))
+        pid = live_pid(node.pid_file, kafka_marker(node))
         services.append(
             ServiceStatus(
                 name=f"kafka-{node.node_id}" if cfg.node_count > 1 else "kafka",
-                running=pid is not None and _port_answers(node.kafka_port),
+                running=pid is not None and port_answers(node.kafka_port),
                 managed=True,
                 address=(
                     f"{HOST}:{node.kafka_port} SASL_SSL (internal mTLS {HOST}:"
@@ -61,17 +61,17 @@ def status(config: StackConfig | None = None, *, role: str = "admin") -> StackSt
         services.append(
             ServiceStatus(
                 name="redis",
-                running=_redis_ping(cfg.external_redis_url),
+                running=redis_ping(cfg.external_redis_url),
                 managed=False,
                 address=cfg.external_redis_url,
             )
         )
     else:
-        pid = _live_pid(cfg.redis_pid_file, _REDIS_MARKER)
+        pid = live_pid(cfg.redis_pid_file, REDIS_MARKER)
         services.append(
             ServiceStatus(
                 name="redis",
-                running=pid is not None and _port_answers(cfg.redis_port),
+                running=pid is not None and port_answers(cfg.redis_port),
                 managed=True,
                 address=f"{HOST}:{cfg.redis_port}" + (" TLS, ACL users" if cfg.secure else ""),
                 pid=pid,
@@ -126,22 +126,22 @@ def up(
     """Start the stack if it is not running; wait until Kafka and Redis answer real calls."""
     cfg = config or StackConfig.from_env()
     say: Echo = echo or (lambda _msg: None)
-    with _locked(cfg.state_dir / "stack.lock"):
+    with locked(cfg.state_dir / "stack.lock"):
         started: list[str] = []
         # Find (or install) everything before starting anything, so a missing tool
         # does not leave half a stack running.
         redis_bin: str | None = None
         if cfg.secure:
             _secure.ensure_material(cfg)
-        if not cfg.external_redis_url and _live_pid(cfg.redis_pid_file, _REDIS_MARKER) is None:
-            redis_bin = _redis_server(cfg, say)
+        if not cfg.external_redis_url and live_pid(cfg.redis_pid_file, REDIS_MARKER) is None:
+            redis_bin = redis_server(cfg, say)
         # Kafka ---------------------------------------------------------------------
         kafka_pids: dict[int, int] = {}
         to_start: list[NodeSpec] = []
         for node in cfg.nodes():
-            pid = _live_pid(node.pid_file, _kafka_marker(node))
+            pid = live_pid(node.pid_file, kafka_marker(node))
             if pid is not None:
-                if node.server_properties.read_text() != _server_properties(cfg, node):
+                if node.server_properties.read_text() != server_properties(cfg, node):
                     raise StackError(
                         f"Kafka node {node.node_id} (pid {pid}) is running with other settings "
                         f"than requested (see {node.server_properties}); "
@@ -158,33 +158,33 @@ def up(
                     (node.internal_port, "Kafka inter-broker", "RUNLOG_SECURE_INTERNAL_PORT")
                 )
             for port, what, var in ports:
-                if _port_answers(port):
-                    raise _port_taken_error(port, what, var)
+                if port_answers(port):
+                    raise port_taken_error(port, what, var)
             to_start.append(node)
         if to_start:
-            java = _java()
-            _check_java_version(java)
+            java = java_binary()
+            check_java_version(java)
             jars = resolve_jars(cfg, echo=say)
             for node in to_start:
-                kafka_pids[node.node_id] = _start_kafka_node(cfg, java, jars, node)
+                kafka_pids[node.node_id] = start_kafka_node(cfg, java, jars, node)
                 started.append(f"kafka node {node.node_id}")
         # Redis ---------------------------------------------------------------------
         if cfg.external_redis_url:
-            if not _redis_ping(cfg.external_redis_url):
+            if not redis_ping(cfg.external_redis_url):
                 raise StackError(
                     f"RUNLOG_REDIS_URL={cfg.external_redis_url} does not answer PING; "
                     "start that Redis or unset RUNLOG_REDIS_URL to let runlog start one"
                 )
-        elif (redis_pid := _live_pid(cfg.redis_pid_file, _REDIS_MARKER)) is not None:
-            if cfg.redis_conf.read_text() != _redis_conf(cfg):
+        elif (redis_pid := live_pid(cfg.redis_pid_file, REDIS_MARKER)) is not None:
+            if cfg.redis_conf.read_text() != redis_conf(cfg):
                 raise StackError(
                     f"redis-server (pid {redis_pid}) is running with other settings than "
                     f"requested (see {cfg.redis_conf}); run `runlog stack down` first"
                 )
         else:
-            if _port_answers(cfg.redis_port):
-                raise _port_taken_error(cfg.redis_port, "Redis", cfg.port_vars[2])
-            _start_redis(cfg, redis_bin or _redis_server(cfg, say))
+            if port_answers(cfg.redis_port):
+                raise port_taken_error(cfg.redis_port, "Redis", cfg.port_vars[2])
+            spawn_redis(cfg, redis_bin or redis_server(cfg, say))
             started.append("redis")
         if started:
             say(f"starting {', '.join(started)} ...")
@@ -202,23 +202,23 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
     redis_ok = False
     while True:
         for node in list(pending_kafka):
-            if _live_pid(node.pid_file, _kafka_marker(node)) is None:
+            if live_pid(node.pid_file, kafka_marker(node)) is None:
                 raise StackError(
                     f"Kafka node {node.node_id} exited during startup.\n"
-                    f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
-                    f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
+                    f"--- {node.server_log} (tail) ---\n{tail_of(node.server_log)}\n"
+                    f"--- {node.stdout_log} (tail) ---\n{tail_of(node.stdout_log, 20)}"
                 )
-            if _port_answers(node.kafka_port) and _kafka_ready(
+            if port_answers(node.kafka_port) and kafka_ready(
                 f"{HOST}:{node.kafka_port}", cfg.node_count, cfg.kafka_client_conf()
             ):
                 pending_kafka.remove(node)
         if not redis_ok:
-            if not cfg.external_redis_url and _live_pid(cfg.redis_pid_file, _REDIS_MARKER) is None:
+            if not cfg.external_redis_url and live_pid(cfg.redis_pid_file, REDIS_MARKER) is None:
                 raise StackError(
                     f"redis-server exited during startup.\n--- {cfg.redis_log} (tail) ---\n"
-                    f"{_tail(cfg.redis_log)}\n{_tail(cfg.redis_dir / 'stdout.log', 10)}"
+                    f"{tail_of(cfg.redis_log)}\n{tail_of(cfg.redis_dir / 'stdout.log', 10)}"
                 )
-            redis_ok = _redis_ping(cfg.redis_url, **cfg.redis_client_kwargs())
+            redis_ok = redis_ping(cfg.redis_url, **cfg.redis_client_kwargs())
         if not pending_kafka and redis_ok:
             return
         if time.monotonic() > deadline:
@@ -227,13 +227,13 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
                 parts.append(
                     f"Kafka {HOST}:{node.kafka_port} does not answer a metadata request "
                     f"listing {cfg.node_count} broker(s).\n"
-                    f"--- {node.server_log} (tail) ---\n{_tail(node.server_log)}\n"
-                    f"--- {node.stdout_log} (tail) ---\n{_tail(node.stdout_log, 20)}"
+                    f"--- {node.server_log} (tail) ---\n{tail_of(node.server_log)}\n"
+                    f"--- {node.stdout_log} (tail) ---\n{tail_of(node.stdout_log, 20)}"
                 )
             if not redis_ok:
                 parts.append(
                     f"Redis {cfg.redis_url} does not answer PING.\n"
-                    f"--- {cfg.redis_log} (tail) ---\n{_tail(cfg.redis_log)}"
+                    f"--- {cfg.redis_log} (tail) ---\n{tail_of(cfg.redis_log)}"
                 )
             raise StackError("\n".join(parts))
         time.sleep(0.25)
@@ -242,25 +242,25 @@ def _wait_ready(cfg: StackConfig, timeout: float) -> None:
 def down(config: StackConfig | None = None, *, timeout: float = 60.0) -> StackStatus:
     """Stop Kafka and (runlog's own) Redis: SIGTERM, wait, then SIGKILL. Data is kept."""
     cfg = config or StackConfig.from_env()
-    with _locked(cfg.state_dir / "stack.lock"):
+    with locked(cfg.state_dir / "stack.lock"):
         # SIGTERM every node at once: stopped one by one, the last nodes of a cluster lose
         # their controller quorum and wait out the timeout in a controlled shutdown.
         running = [
             (node, pid)
             for node in reversed(cfg.nodes())
-            if (pid := _live_pid(node.pid_file, _kafka_marker(node))) is not None
+            if (pid := live_pid(node.pid_file, kafka_marker(node))) is not None
         ]
         for _node, pid in running:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         for node, pid in running:
-            _stop_pid(pid, _kafka_marker(node), timeout)
+            stop_pid(pid, kafka_marker(node), timeout)
         for node in cfg.nodes():
             node.pid_file.unlink(missing_ok=True)
         if not cfg.external_redis_url:
-            pid = _live_pid(cfg.redis_pid_file, _REDIS_MARKER)
+            pid = live_pid(cfg.redis_pid_file, REDIS_MARKER)
             if pid is not None:
-                _stop_pid(pid, _REDIS_MARKER, timeout)
+                stop_pid(pid, REDIS_MARKER, timeout)
             cfg.redis_pid_file.unlink(missing_ok=True)
     return status(cfg)
 
@@ -273,7 +273,7 @@ def init_secure(config: StackConfig) -> Path:
     """
     if not config.secure:
         raise StackError("init is for the secure stack (--secure)")
-    with _locked(config.state_dir / "stack.lock"):
+    with locked(config.state_dir / "stack.lock"):
         _secure.ensure_material(config)
         _secure.write_redis_acl(config)
     return config.state_dir

@@ -22,7 +22,7 @@ _log = logging.getLogger("runlog.stack")
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """An exclusive advisory lock, so two concurrent ``up`` calls start one stack."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as fh:
@@ -33,7 +33,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _port_answers(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
+def port_answers(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
@@ -83,14 +83,14 @@ def _pid_alive(pid: int, marker: str) -> bool:
     return True
 
 
-def _live_pid(pid_file: Path, marker: str) -> int | None:
+def live_pid(pid_file: Path, marker: str) -> int | None:
     pid = _read_pid(pid_file)
     if pid is not None and _pid_alive(pid, marker):
         return pid
     return None
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def tail_of(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -98,7 +98,7 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
 
 
-def _spawn(argv: list[str], *, cwd: Path, stdout: Path, env: Mapping[str, str]) -> int:
+def spawn(argv: list[str], *, cwd: Path, stdout: Path, env: Mapping[str, str]) -> int:
     """Start ``argv`` detached from this process (own session), stdout/stderr to a file."""
     stdout.parent.mkdir(parents=True, exist_ok=True)
     with stdout.open("ab") as out, open(os.devnull, "rb") as devnull:
@@ -115,7 +115,7 @@ def _spawn(argv: list[str], *, cwd: Path, stdout: Path, env: Mapping[str, str]) 
     return proc.pid
 
 
-def _stop_pid(pid: int, marker: str, timeout: float) -> None:
+def stop_pid(pid: int, marker: str, timeout: float) -> None:
     if not _pid_alive(pid, marker):
         return
     with contextlib.suppress(ProcessLookupError):
@@ -133,7 +133,7 @@ def _stop_pid(pid: int, marker: str, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _port_taken_error(port: int, what: str, env_var: str) -> StackError:
+def port_taken_error(port: int, what: str, env_var: str) -> StackError:
     return StackError(
         f"port {HOST}:{port} ({what}) is in use by a process that is not runlog's stack "
         f"in this state dir; stop it or choose another port with {env_var}=..."
@@ -158,17 +158,17 @@ def _wait_gone(pid: int, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def _signal_and_wait(pid_file: Path, marker: str, sig: int, *, stop_timeout: float) -> int | None:
+def signal_and_wait(pid_file: Path, marker: str, sig: int, *, stop_timeout: float) -> int | None:
     """Signal the live process of ``pid_file`` and wait until it has exited: SIGKILL at
     once, any other signal as a clean stop (SIGKILL after ``stop_timeout``). Returns the
     pid signalled, or None if it was not running."""
-    pid = _live_pid(pid_file, marker)
+    pid = live_pid(pid_file, marker)
     if pid is None:
         return None
     if sig == signal.SIGKILL:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     else:
-        _stop_pid(pid, marker, timeout=stop_timeout)
+        stop_pid(pid, marker, timeout=stop_timeout)
     _wait_gone(pid)
     return pid

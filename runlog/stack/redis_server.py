@@ -13,10 +13,10 @@ from typing import Any
 from runlog.errors import StackError
 from runlog.stack import secure as _secure
 from runlog.stack.config import HOST, Echo, StackConfig
-from runlog.stack.processes import _spawn
+from runlog.stack.processes import spawn
 
 
-def _redis_ping(url: str, **kw: Any) -> bool:
+def redis_ping(url: str, **kw: Any) -> bool:
     import redis
 
     try:
@@ -29,7 +29,7 @@ def _redis_ping(url: str, **kw: Any) -> bool:
         return False
 
 
-def _redis_server(config: StackConfig, echo: Echo | None) -> str:
+def redis_server(config: StackConfig, echo: Echo | None) -> str:
     found = shutil.which("redis-server")
     if found:
         return found
@@ -57,10 +57,10 @@ def _redis_server(config: StackConfig, echo: Echo | None) -> str:
 
 # redis-server rewrites its process title ("redis-server 127.0.0.1:PORT"), so the config
 # path is not in /proc/PID/cmdline; the pid file in our state dir identifies our server.
-_REDIS_MARKER = "redis-server"
+REDIS_MARKER = "redis-server"
 
 
-def _redis_conf(config: StackConfig) -> str:
+def redis_conf(config: StackConfig) -> str:
     listen = (
         "\n".join(_secure.redis_conf_lines(config))
         if config.secure
@@ -83,12 +83,12 @@ def _redis_conf(config: StackConfig) -> str:
     )
 
 
-def _start_redis(config: StackConfig, server: str) -> int:
+def spawn_redis(config: StackConfig, server: str) -> int:
     (config.redis_dir / "data").mkdir(parents=True, exist_ok=True)
     if config.secure:
         _secure.write_redis_acl(config)
-    config.redis_conf.write_text(_redis_conf(config))
-    pid = _spawn(
+    config.redis_conf.write_text(redis_conf(config))
+    pid = spawn(
         [server, str(config.redis_conf)],
         cwd=config.redis_dir,
         stdout=config.redis_dir / "stdout.log",

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from runlog.errors import StackError
 from runlog.stack.config import HOST, StackConfig
-from runlog.stack.jars import _java
-from runlog.stack.processes import _live_pid, _locked, _port_answers, _spawn, _stop_pid, _tail
+from runlog.stack.jars import java_binary
+from runlog.stack.processes import live_pid, locked, port_answers, spawn, stop_pid, tail_of
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
@@ -105,7 +105,7 @@ def fetch(paths: RegistryPaths, echo: Echo | None = None) -> Path:
     """The registry's runner jar, fetched with Maven once and kept in the cache."""
     if paths.jar.is_file():
         return paths.jar
-    with _locked(paths.cache.parent / ".lock"):
+    with locked(paths.cache.parent / ".lock"):
         if paths.jar.is_file():
             return paths.jar
         mvn = shutil.which("mvn")
@@ -152,7 +152,7 @@ def answers(url: str, timeout: float = 1.0) -> bool:
 
 
 def running(paths: RegistryPaths) -> int | None:
-    return _live_pid(paths.pid_file, _MARKER)
+    return live_pid(paths.pid_file, _MARKER)
 
 
 def up(
@@ -166,14 +166,14 @@ def up(
     pid = running(paths)
     if pid is None:
         for port in (paths.port, paths.port + 1):
-            if _port_answers(port):
+            if port_answers(port):
                 raise StackError(
                     f"port {port} is taken (schema registry); set RUNLOG_STACK_REGISTRY_PORT "
                     "to move the registry and its management port (the next one)"
                 )
         jar = fetch(paths, echo)
         argv = [
-            _java(),
+            java_binary(),
             "-Xmx256m",
             f"-Dquarkus.http.host={HOST}",
             f"-Dquarkus.http.port={paths.port}",
@@ -183,16 +183,18 @@ def up(
             str(jar),
         ]
         paths.state.mkdir(parents=True, exist_ok=True)
-        pid = _spawn(argv, cwd=paths.state, stdout=paths.log, env=os.environ)
+        pid = spawn(argv, cwd=paths.state, stdout=paths.log, env=os.environ)
         paths.pid_file.write_text(f"{pid}\n")
         if echo:
             echo(f"starting schema registry on {paths.url} ...")
     deadline = time.monotonic() + timeout
     while not answers(paths.url):
         if running(paths) is None:
-            raise StackError(f"the schema registry exited.\n{_tail(paths.log)}")
+            raise StackError(f"the schema registry exited.\n{tail_of(paths.log)}")
         if time.monotonic() > deadline:
-            raise StackError(f"schema registry not ready after {timeout:.0f}s.\n{_tail(paths.log)}")
+            raise StackError(
+                f"schema registry not ready after {timeout:.0f}s.\n{tail_of(paths.log)}"
+            )
         time.sleep(0.25)
     if advertise:
         paths.advertised.write_text(f"{paths.url}\n")
@@ -203,7 +205,7 @@ def down(cfg: StackConfig, *, timeout: float = 30.0) -> None:
     paths = RegistryPaths.of(cfg)
     pid = running(paths)
     if pid is not None:
-        _stop_pid(pid, _MARKER, timeout)
+        stop_pid(pid, _MARKER, timeout)
     paths.pid_file.unlink(missing_ok=True)
     paths.advertised.unlink(missing_ok=True)
 

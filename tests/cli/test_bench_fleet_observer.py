@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import runlog
-from runlog.benchmarks.fleet import _finishes, _Follower
+from runlog.benchmarks.fleet import Follower, _finishes
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -36,7 +36,7 @@ def test_the_observer_decodes_only_finishes_and_counts_every_other_record(
     ok, failed = _run(test_settings, 3, "succeeded"), _run(test_settings, 1, "failed")
     still_open = _run(test_settings, 2, None)
 
-    follower = _Follower(test_settings, only=frozenset({EventType.RUN_FINISHED}))
+    follower = Follower(test_settings, only=frozenset({EventType.RUN_FINISHED}))
     outcomes = _finishes(follower, [ok, failed], 30)
 
     assert outcomes == {ok: "succeeded", failed: "failed"}
@@ -52,7 +52,7 @@ def test_the_observer_decodes_only_finishes_and_counts_every_other_record(
 
 def test_an_observer_of_every_record_folds_each_run(test_settings: Settings) -> None:
     rid = _run(test_settings, 2, "succeeded")
-    follower = _Follower(test_settings)
+    follower = Follower(test_settings)
     deadline = time.monotonic() + 30
     try:
         while rid not in follower.states or follower.states[rid].status != "finished":

@@ -26,9 +26,9 @@ from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, TenantMismatch
 from runlog.log.reader import LogReader
+from runlog.producers._engine import RunDeps
 from runlog.producers.approvals import decisions_key
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import RunDeps
 from runlog.producers.writer import EventWriter, producer_config
 from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType

@@ -666,11 +666,11 @@ class RegistryServer:
         from registry_support import Gate
 
         from runlog.stack import registry as stack_registry
-        from runlog.stack.jars import _java
+        from runlog.stack.jars import java_binary
 
         if self.proc is None or self.proc.poll() is not None:
             jar = stack_registry.fetch(self.paths)
-            argv = [_java(), "-Xmx256m", "-Dquarkus.http.host=127.0.0.1"]
+            argv = [java_binary(), "-Xmx256m", "-Dquarkus.http.host=127.0.0.1"]
             argv += [
                 f"-Dquarkus.http.port={self.paths.port}",
                 "-Dquarkus.management.host=127.0.0.1",

@@ -40,8 +40,8 @@ from runlog.errors import (
     RunLocked,
 )
 from runlog.log.reader import LogReader, LogRecord
+from runlog.producers._engine import Engine, RunDeps
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import Run, RunDeps
 from runlog.producers.tools import Absent, Evidence, Match, Tool, ToolError
 from runlog.projections.run_state import RunState, apply, is_valid
 from runlog.schemas.keys import new_run_id
@@ -143,7 +143,7 @@ class Journal:
     """Errors that are not clear (a bug): type and message."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def ack(self, run: Run, worker: str, event_id: str | None) -> None:
+    def ack(self, run: Engine, worker: str, event_id: str | None) -> None:
         with self.lock:
             self.acks.append(
                 Ack(

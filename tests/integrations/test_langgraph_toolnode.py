@@ -17,6 +17,7 @@ from langgraph.types import Command, interrupt
 from runlog import current_call
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
 from runlog.producers.calls import execute_logical
+from runlog.producers.handle import engine_of
 from runlog.producers.ops import drive
 from runlog.schemas.canonical import canonical_json
 from runlog.settings import Settings
@@ -137,7 +138,7 @@ def test_a_run_keyed_by_tool_call_id_keeps_its_keys(test_settings: Settings) -> 
     with saver:
         stop.invoke({"messages": [HumanMessage("charge 7")]}, config)
         # The call as the earlier tool node ran it, before its node's writes were saved.
-        run = saver.run_for(thread)
+        run = engine_of(saver.run_for(thread))
         old_scope = f"{thread}:langgraph:c-1"
         args_json = canonical_json({"amount": 7})
         key = run.idempotency_key(old_scope, "charge", args_json, 0)

@@ -139,9 +139,9 @@ def _snap_settings(test_settings: Settings, interval: int) -> Settings:
 
 
 def _work(run: object, n: int) -> None:
-    from runlog.producers.run import Run
+    from runlog.producers._engine import Engine
 
-    assert isinstance(run, Run)
+    assert isinstance(run, Engine)
     for i in range(n):
         run.append(EventType.USER_MESSAGE, content=f"hello {i}")
         run.append(EventType.MODEL_TURN, text=f"turn {i}", usage={"input_tokens": i})

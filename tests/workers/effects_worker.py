@@ -20,6 +20,7 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
+from runlog.producers.handle import engine_of  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
 from runlog.testing import AgentLoop, FinishStep, ModelStep, ScriptedModel  # noqa: E402
 from workers.common import STOPPED_BY_FINISHING, Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
@@ -146,7 +147,8 @@ def scenario_guardrail(run: runlog.Run, opts: argparse.Namespace, flags: Flags) 
     loop = AgentLoop(model, guardrails=[tripwire])
     if opts.hold_after:
         # Hold between the guardrail record and the model turn: wrap append.
-        original = run.append
+        engine = engine_of(run)  # the loop drives the run's engine
+        original = engine.append
 
         def append(event_type: Any, payload: Any = None, **kw: Any) -> Any:
             ev = original(event_type, payload, **kw)
@@ -155,7 +157,7 @@ def scenario_guardrail(run: runlog.Run, opts: argparse.Namespace, flags: Flags) 
                 flags.hold()
             return ev
 
-        run.append = append  # type: ignore[method-assign]
+        engine.append = append  # type: ignore[method-assign]
     loop.run(run, user_message="check the account")
 
 

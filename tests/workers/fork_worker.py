@@ -69,20 +69,20 @@ def main() -> int:
     settings = Settings()
     if opts.what == "make":
         if opts.die == "before-ack":
-            real_barrier = forks.Run.barrier
+            real_barrier = forks.Engine.barrier
 
             def barrier(self: Any) -> Any:
                 time.sleep(0.02)  # the record may be on its way to the broker, or not yet
                 os.kill(os.getpid(), signal.SIGKILL)
                 return real_barrier(self)
 
-            forks.Run.barrier = barrier  # type: ignore[method-assign]
+            forks.Engine.barrier = barrier  # type: ignore[method-assign]
         elif opts.die == "after-ack":
 
             def read_back(self: Any, reader: Any, end: int) -> Any:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-            forks.Run._read_back = read_back  # type: ignore[method-assign]
+            forks.Engine.read_back = read_back  # type: ignore[method-assign]
         made = runlog.fork(
             opts.parent,
             tenant=opts.tenant,

@@ -25,7 +25,7 @@ sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
 from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers.run import Run  # noqa: E402
+from runlog.producers._engine import Engine  # noqa: E402
 from runlog.producers.writer import EventWriter  # noqa: E402
 from runlog.settings import Settings  # noqa: E402
 from workers.common import Ledger  # noqa: E402
@@ -45,18 +45,18 @@ class Points:
 
 
 def instrument(points: Points) -> None:
-    submit, owned = EventWriter.submit, Run._still_owned
+    submit, owned = EventWriter.submit, Engine.still_owned
 
     def counted_submit(self: EventWriter, *args: Any, **kw: Any) -> None:
         points.mark()
         submit(self, *args, **kw)
 
-    def counted_owned(self: Run, *args: Any, **kw: Any) -> None:
+    def counted_owned(self: Engine, *args: Any, **kw: Any) -> None:
         points.mark()
         owned(self, *args, **kw)
 
     EventWriter.submit = counted_submit  # type: ignore[method-assign]
-    Run._still_owned = counted_owned  # type: ignore[method-assign]
+    Engine.still_owned = counted_owned  # type: ignore[method-assign]
 
 
 def make_tools(ledger: Ledger, points: Points, *, aio: bool) -> list[runlog.Tool]:

@@ -23,9 +23,10 @@ import runlog
 from runlog.bootstrap import Services
 from runlog.log.clients import async_redis_client
 from runlog.log.reader import LogReader
+from runlog.producers._engine import Engine
 from runlog.producers.async_run import open_async
+from runlog.producers.handle import engine_of
 from runlog.producers.lease import LeaseManager
-from runlog.producers.run import Run
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 
@@ -38,9 +39,9 @@ def loop_thread_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     seen: list[str] = []
     loop_threads: set[int] = set()
     blocking = [
-        (Run, "barrier"),
-        (Run, "confirm_in_log"),
-        (Run, "since_last_turn"),
+        (Engine, "barrier"),
+        (Engine, "confirm_in_log"),
+        (Engine, "since_last_turn"),
         (LeaseManager, "current"),
         (LeaseManager, "try_acquire"),
         (LogReader, "read"),
@@ -142,13 +143,13 @@ def test_a_lease_whose_renewal_is_late_is_confirmed_without_blocking_the_loop(
 
     async def main() -> tuple[str, str, int]:
         async with runlog.aio.open_run(tools=tools, settings=fast) as run:
-            lease = run.sync.lease
+            lease = engine_of(run).lease
             lease.valid_until = 0.0  # as if every renewal had been late
             paid = await run.call_tool("pay", {"i": 7})
             lease.valid_until = 0.0
             await run.append(EventType.USER_MESSAGE, content="still mine")
             await run.finish("succeeded")
-            return run.run_id, paid, run.sync.epoch
+            return run.run_id, paid, engine_of(run).epoch
 
     run_id, paid, epoch = asyncio.run(main())
     assert paid == "paid 7"
@@ -165,8 +166,8 @@ def test_a_lost_lease_found_by_the_awaited_check_fences_the_append(
 
     async def main() -> str:
         async with runlog.aio.open_run(tools=tools, settings=fast) as run:
-            lease = run.sync.lease
-            redis_client.delete(run.sync.deps.leases.lease_key(run.sync.tenant, run.run_id))
+            lease = engine_of(run).lease
+            redis_client.delete(engine_of(run).deps.leases.lease_key(run.tenant, run.run_id))
             lease.valid_until = 0.0
             with pytest.raises(runlog.Fenced):
                 await run.call_tool("pay", {"i": 8})
@@ -291,10 +292,10 @@ def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            unchecked = [p.event.event_id for p in run.sync._pending]
+            unchecked = [p.event.event_id for p in engine_of(run).pending]
             assert unchecked == [ev.event_id], "a cancelled wait dropped its append unchecked"
             await run.barrier()
-            assert run.sync._pending == []
+            assert engine_of(run).pending == []
             await run.finish("succeeded")
             return run.run_id, ev.seq
 

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 
 import runlog
 from runlog.log.reader import LogReader
+from runlog.producers.handle import engine_of
 from runlog.producers.writer import BARRIERS, EventWriter, producer_config
 from runlog.projections.run_state import fold
 from runlog.schemas.keys import partition_for
@@ -436,7 +437,7 @@ def test_a_barrier_follows_when_other_appends_are_outstanding(test_settings: Set
         # The other run's appends left with the flush made for the follower (not at the
         # linger's end): their reports come within moments.
         deadline = time.monotonic() + 10
-        while any(p.ack.outcome is None for p in other._pending):
+        while any(p.ack.outcome is None for p in engine_of(other).pending):
             assert time.monotonic() < deadline, "the other run's appends waited the linger"
             time.sleep(0.01)
         other.barrier()

@@ -34,6 +34,7 @@ from workers.effects_worker import result_text
 
 import runlog
 from runlog.bootstrap import Services
+from runlog.producers.handle import engine_of
 from runlog.producers.writer import DeliveryFailed
 from runlog.schemas import models as m
 from runlog.schemas.keys import new_run_id
@@ -239,7 +240,7 @@ def test_finish_is_idempotent_when_the_run_resumes_from_a_snapshot(
             first = run.finish("succeeded", "done")
             rid = run.run_id
         with runlog.open_run(rid, settings=snap) as again:
-            assert again._since_turn is None, "expected a resumption from the snapshot"
+            assert engine_of(again).since_turn is None, "expected a resumption from the snapshot"
             assert again.finish("succeeded").event_id == first.event_id
             with pytest.raises(runlog.RunFinished):
                 again.finish("failed")

@@ -22,8 +22,8 @@ from workers.common import Ledger, assert_log_sound, delete_prefix, read_log, ve
 import runlog
 from runlog.bootstrap import Services
 from runlog.log.reader import LogReader
+from runlog.producers._engine import RunDeps
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import RunDeps
 from runlog.schemas.keys import new_run_id
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings

@@ -19,8 +19,8 @@ from workers.common import assert_log_sound, read_log
 import runlog
 from runlog.bootstrap import Services
 from runlog.log.reader import LogReader, Prefetch
+from runlog.producers._engine import RunDeps
 from runlog.producers.opening import open_run_with
-from runlog.producers.run import RunDeps
 from runlog.schemas.keys import new_run_id, partition_for
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings

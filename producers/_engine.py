@@ -1,9 +1,12 @@
-"""A run as its writer sees it: one owner and the append pipeline.
+"""The engine of a run, private to the package: one owner and the append pipeline.
 
-The handle users hold (``runlog.Run``): identity, state, ``append``/``emit``/``barrier``
-with the ownership guard and the durability barrier, and the entry points of the tool-call
-path (``runlog.producers.calls``) and of approvals (``runlog.producers.approvals``).
-Opening a run is ``runlog.producers.opening``.
+``Engine`` is what the handles users hold (``runlog.Run``, ``runlog.aio.AsyncRun``, in
+``runlog.producers.handle``) drive: the lease guard, encoding and sending, acknowledgements
+and the durability barrier, the log confirmation, the cancel flag, the keys, and the entry
+points of the tool-call path (``runlog.producers.calls``) and of approvals
+(``runlog.producers.approvals``). The modules that drive a run use its public members, its
+interface within the package; users never see it. Opening a run is
+``runlog.producers.opening``.
 """
 
 from __future__ import annotations
@@ -71,11 +74,11 @@ MAX_EVENT_BYTES = 900_000
 class Snapshots(SnapshotSource, Protocol):
     """A snapshot store the writer resumes from and keeps current after each append."""
 
-    def maybe_write(self, run: Run) -> bool:
+    def maybe_write(self, run: Engine) -> bool:
         """Snapshot ``run`` if it advanced an interval since its last one; never raises."""
         ...
 
-    def due(self, run: Run) -> bool:
+    def due(self, run: Engine) -> bool:
         """Whether ``maybe_write`` may write now, answered without I/O (True when unsure)."""
         ...
 
@@ -124,7 +127,7 @@ class _Pending:
 
 
 class Owned:
-    """A run's identity as its owner holds it: both handles (``Run``, ``AsyncRun``)."""
+    """A run's identity as its owner holds it (its lease)."""
 
     lease: Lease
 
@@ -143,8 +146,8 @@ class Owned:
 
 
 @dataclass
-class Run(Owned):
-    """An owned run. Use as a context manager: closing releases the lease."""
+class Engine(Owned):
+    """An owned run's engine. A context manager: closing releases the lease."""
 
     deps: RunDeps
     lease: Lease
@@ -156,14 +159,14 @@ class Run(Owned):
     first_offset: int | None = None
     last_offset: int | None = None
     """Offset of this run's last acknowledged record."""
-    _pending: list[_Pending] = field(default_factory=list)
-    _acks: AckGroup = field(default_factory=AckGroup)
-    _poisoned: str | None = None
-    _occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    _attempted: set[str] = field(default_factory=set)
+    pending: list[_Pending] = field(default_factory=list)
+    acks: AckGroup = field(default_factory=AckGroup)
+    poisoned: str | None = None
+    occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    attempted: set[str] = field(default_factory=set)
     """Keys this owner sent a request for, so under its own token: a fenced receiver's
     lookup with that token raises no floor above them (``producers.calls``)."""
-    _lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     _log_view: RunState | None = None
     """Validity of this run's log up to ``position``, as every reader folds it: status,
     seq and epoch only (the rule needs no more). None until the claim is confirmed."""
@@ -173,12 +176,12 @@ class Run(Owned):
     """Event id of the last own record the view was extended over, when it accepted it."""
     _confirm_reader: LogReader | None = None
     _key_scheme: int | None = None
-    _sleeps: int = 0
+    sleeps: int = 0
     """``sleep`` calls made through this handle: the next one names timer ``_sleeps``."""
     dispatched: bool = False
     """Opened by a worker of the fleet: a ``sleep`` not yet due unwinds to the worker
     (``TimerPending``) instead of waiting in this thread."""
-    _since_turn: list[Event] | None = field(default_factory=list)
+    since_turn: list[Event] | None = field(default_factory=list)
     """Valid events after the last MODEL_TURN; None when the replay did not see that far
     back (it started at a snapshot), so ``since_last_turn`` must read the log for it."""
     cancel_raised: bool = False
@@ -191,7 +194,7 @@ class Run(Owned):
     the last check). ``approvals.check_cancel``."""
     _cancel_flag_key: str | None = None
 
-    def __enter__(self) -> Run:
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -208,7 +211,7 @@ class Run(Owned):
                 except RunlogError as exc:
                     # The request stays in the log: the next owner ends the run.
                     log.warning("run %s: could not end cancelled: %s", self.run_id, exc)
-            elif self._pending and self._poisoned is None:
+            elif self.pending and self.poisoned is None:
                 self.barrier()
         finally:
             self.lease.release()
@@ -221,7 +224,7 @@ class Run(Owned):
         made durable, then the lease is released as a handover (``LeaseManager.hand_over``):
         the next owner takes it at once and its RUN_RESUMED names this owner."""
         try:
-            if self._pending and self._poisoned is None:
+            if self.pending and self.poisoned is None:
                 self.barrier()
         finally:
             self.deps.leases.hand_over(self.lease)
@@ -230,14 +233,14 @@ class Run(Owned):
                 self._confirm_reader = None
 
     # Appending --------------------------------------------------------------------------
-    def _fenced(self, why: str) -> Fenced:
-        self._poisoned = why
+    def fenced(self, why: str) -> Fenced:
+        self.poisoned = why
         return Fenced(why, run_id=self.run_id, epoch=self.epoch, seq=self.state.seq)
 
     def _usable(self, event_type: EventType) -> None:
-        if self._poisoned is not None:
+        if self.poisoned is not None:
             raise Fenced(
-                f"run {self.run_id} can no longer append here: {self._poisoned}",
+                f"run {self.run_id} can no longer append here: {self.poisoned}",
                 run_id=self.run_id,
                 epoch=self.epoch,
                 seq=self.state.seq,
@@ -262,9 +265,9 @@ class Run(Owned):
         try:
             ok = not self.lease.lost and self.lease.check()
         except RedisUnavailable as exc:
-            raise self._fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
+            raise self.fenced(f"no valid lease and Redis cannot confirm one: {exc}") from exc
         if not ok:
-            raise self._fenced(f"lease of epoch {self.epoch} is no longer current")
+            raise self.fenced(f"lease of epoch {self.epoch} is no longer current")
 
     def _build(self, event_type: EventType, payload: Payload | dict[str, Any]) -> Event:
         return codec.build_event(
@@ -289,9 +292,9 @@ class Run(Owned):
         Nothing may act on an emitted event before the barrier returns.
         """
         et = EventType(event_type)
-        with self._lock:
+        with self.lock:
             self._usable(et)
-            return self._emit(et, payload if payload is not None else kw, local=True)
+            return self.send(et, payload if payload is not None else kw, local=True)
 
     def emit_confirmed(
         self, event_type: EventType | str, payload: Payload | dict[str, Any]
@@ -299,11 +302,11 @@ class Run(Owned):
         """``emit`` by a caller that confirmed the lease in Redis itself just before
         (``AsyncRun``, which awaits that check where ``_guard`` would block its loop)."""
         et = EventType(event_type)
-        with self._lock:
+        with self.lock:
             self._usable(et)
-            return self._emit(et, payload, local=True, guard=False)
+            return self.send(et, payload, local=True, guard=False)
 
-    def _emit(
+    def send(
         self,
         et: EventType,
         payload: Payload | dict[str, Any],
@@ -324,7 +327,7 @@ class Run(Owned):
             )
         if guard:
             self._guard()
-        ack = self._acks.new()
+        ack = self.acks.new()
         headers = codec.headers(ev)
         mac = tenant_keys_for(self.deps.settings).header(ev.tenant, self.run_id.encode(), value)
         if mac is not None:
@@ -338,8 +341,8 @@ class Run(Owned):
             self.partition,
         )
         if local and accept(self.state, ev):
-            self._note(ev)
-        self._pending.append(_Pending(ev, ack))
+            self.note(ev)
+        self.pending.append(_Pending(ev, ack))
         return ev
 
     def _sealer(self, ev: Event) -> Sealer | None:
@@ -354,20 +357,20 @@ class Run(Owned):
 
     def barrier(self) -> list[Delivered]:
         """Wait until every emitted event is acknowledged, then re-check ownership."""
-        with self._lock:
-            pending = self._take_pending()
+        with self.lock:
+            pending = self.take_pending()
             try:
-                self.deps.writer.wait(self._acks, [p.ack for p in pending], self.delivery_wait_s)
+                self.deps.writer.wait(self.acks, [p.ack for p in pending], self.delivery_wait_s)
             except BaseException:
-                self._interrupted(pending)
+                self.interrupted(pending)
                 raise
-            done = [self._delivered(p, p.ack.outcome) for p in pending]
+            done = [self.delivered(p, p.ack.outcome) for p in pending]
             if pending:
                 try:
                     ok, flag = self.lease.check_with(self.cancel_flag_key)
                 except RedisUnavailable as exc:
-                    raise self._fenced(f"ownership unconfirmed after append: {exc}") from exc
-                self._still_owned(ok, pending)
+                    raise self.fenced(f"ownership unconfirmed after append: {exc}") from exc
+                self.still_owned(ok, pending)
                 self.cancel_flag = (flag is not None, time.monotonic())
             return done
 
@@ -376,21 +379,21 @@ class Run(Owned):
     def delivery_wait_s(self) -> float:
         return self.deps.settings.delivery_timeout_ms / 1000 + 5
 
-    def _take_pending(self) -> list[_Pending]:
+    def take_pending(self) -> list[_Pending]:
         """The appends a barrier is about to wait for (its wait sends them at once)."""
-        pending, self._pending = self._pending, []
+        pending, self.pending = self.pending, []
         return pending
 
-    def _interrupted(self, unchecked: list[_Pending]) -> None:
+    def interrupted(self, unchecked: list[_Pending]) -> None:
         """A wait interrupted (a task cancelled, ^C) leaves these appends unchecked: the
         next barrier checks them, so a failed one is never taken as written."""
-        self._pending[:0] = unchecked
+        self.pending[:0] = unchecked
 
-    def _delivered(self, p: _Pending, outcome: Outcome | None) -> Delivered:
+    def delivered(self, p: _Pending, outcome: Outcome | None) -> Delivered:
         """Account for one append's acknowledgement, or poison the run with its failure
         (None: no report within the wait, so the outcome is unknown)."""
         if isinstance(outcome, DeliveryFailed):
-            self._poisoned = f"append of seq {p.event.seq} failed: {outcome}"
+            self.poisoned = f"append of seq {p.event.seq} failed: {outcome}"
             if outcome.unknown:
                 raise AppendOutcomeUnknown(
                     f"broker did not confirm seq {p.event.seq} ({outcome}); the next "
@@ -401,15 +404,15 @@ class Run(Owned):
                 ) from outcome
             raise KafkaUnavailable(f"append of seq {p.event.seq} refused: {outcome}") from outcome
         if not isinstance(outcome, Delivered):
-            self._poisoned = f"no delivery report for seq {p.event.seq}"
+            self.poisoned = f"no delivery report for seq {p.event.seq}"
             raise AppendOutcomeUnknown(
-                self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=p.event.seq
+                self.poisoned, run_id=self.run_id, epoch=self.epoch, seq=p.event.seq
             ) from outcome
         d = outcome
         if d.partition != self.partition:
             # Cannot happen while sends name the partition; if it ever does, the
             # run's order is broken and no later append of it may be trusted.
-            self._poisoned = f"seq {p.event.seq} landed in partition {d.partition}"
+            self.poisoned = f"seq {p.event.seq} landed in partition {d.partition}"
             raise ConfigError(
                 f"run {self.run_id} lives in partition {self.partition} but seq "
                 f"{p.event.seq} was written to partition {d.partition}"
@@ -422,9 +425,9 @@ class Run(Owned):
             self._own[d.offset] = p.event
         return d
 
-    def _still_owned(self, ok: bool, pending: list[_Pending]) -> None:
+    def still_owned(self, ok: bool, pending: list[_Pending]) -> None:
         if not ok:
-            raise self._fenced(f"ownership lost while seq {pending[-1].event.seq} was appended")
+            raise self.fenced(f"ownership lost while seq {pending[-1].event.seq} was appended")
 
     def _advance_view(self, offset: int, ev: Event) -> None:
         """Extend the confirmed log view over this writer's own record at ``offset`` when
@@ -454,12 +457,12 @@ class Run(Owned):
         A step of the agent's: a person's cancellation is raised here first (``Cancelled``,
         once), as at ``call_tool`` and as ``AsyncRun.append`` does; RUN_FINISHED is exempt
         (a cancelled run's end is recorded by it)."""
-        with self._lock:
+        with self.lock:
             if EventType(event_type) is not EventType.RUN_FINISHED:
                 self.check_cancelled()
-            return self._append(event_type, payload, **kw)
+            return self.record(event_type, payload, **kw)
 
-    def _append(
+    def record(
         self,
         event_type: EventType | str,
         payload: Payload | dict[str, Any] | None = None,
@@ -468,13 +471,13 @@ class Run(Owned):
         """``append`` without the step's cancel check: the rules' own appends
         (``ops.perform``), e.g. a call's completion, which must be recorded whatever a
         person asked meanwhile."""
-        with self._lock:
+        with self.lock:
             ev = self.emit(event_type, payload, **kw)
             self.barrier()
             self._after_durable()
             return ev
 
-    def _mark_log_view(self) -> None:
+    def mark_log_view(self) -> None:
         """The log up to ``position`` is exactly what this run's state was folded from."""
         st = self.state
         self._log_view = RunState(
@@ -505,7 +508,7 @@ class Run(Owned):
         effect nobody could undo is started only after it.
         """
         if self._log_view is None or self.last_offset is None:
-            raise self._fenced(f"seq {ev.seq} cannot be confirmed: no confirmed claim")
+            raise self.fenced(f"seq {ev.seq} cannot be confirmed: no confirmed claim")
         if self._confirmed_by_tail(ev):
             return
         end = self.last_offset + 1
@@ -522,13 +525,13 @@ class Run(Owned):
         except KafkaUnavailable as exc:
             # Unconfirmed is not refused: the tool must not run, and this writer cannot know
             # what the log holds any more. The next open_run learns it from the log.
-            self._poisoned = f"seq {ev.seq} could not be confirmed in the log: {exc}"
+            self.poisoned = f"seq {ev.seq} could not be confirmed in the log: {exc}"
             raise AppendOutcomeUnknown(
-                self._poisoned, run_id=self.run_id, epoch=self.epoch, seq=ev.seq
+                self.poisoned, run_id=self.run_id, epoch=self.epoch, seq=ev.seq
             ) from exc
         self._moved_to(end)
         if not accepted:
-            raise self._fenced(
+            raise self.fenced(
                 f"seq {ev.seq} of epoch {self.epoch} is not valid in the log (a newer owner "
                 f"of epoch {view.max_epoch_seen} claimed the run, though Redis says we own it)"
             )
@@ -565,11 +568,11 @@ class Run(Owned):
         if self.deps.snapshots is not None:
             self.deps.snapshots.maybe_write(self)
 
-    def _note(self, ev: Event) -> None:
+    def note(self, ev: Event) -> None:
         if ev.type is EventType.MODEL_TURN:
-            self._since_turn = []
-        elif self._since_turn is not None:
-            self._since_turn.append(ev)
+            self.since_turn = []
+        elif self.since_turn is not None:
+            self.since_turn.append(ev)
 
     def since_last_turn(self) -> list[Event]:
         """The run's valid events after its last MODEL_TURN (all of them if it has none).
@@ -578,9 +581,9 @@ class Run(Owned):
         that the log already holds, though the fold does not keep it (a guardrail trip, the
         RUN_FINISHED event itself).
         """
-        with self._lock:
-            if self._since_turn is None:
-                if self._pending:
+        with self.lock:
+            if self.since_turn is None:
+                if self.pending:
                     self.barrier()
                 end = max(self.position, (self.last_offset or -1) + 1)
                 reader = self.deps.reader_factory()
@@ -596,10 +599,10 @@ class Run(Owned):
                     )
                 finally:
                     reader.close()
-                self._since_turn = []
-                for ev in _valid_kept(got.folded):
-                    self._note(ev)
-            return list(self._since_turn)
+                self.since_turn = []
+                for ev in valid_kept(got.folded):
+                    self.note(ev)
+            return list(self.since_turn)
 
     # Tools -----------------------------------------------------------------------------
     @property
@@ -626,9 +629,9 @@ class Run(Owned):
 
     def key_for(self, name: str, args: dict[str, Any], *, operation_id: str | None = None) -> str:
         """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
-        return self._next_call(name, args, operation_id)[2]
+        return self.next_call(name, args, operation_id)[2]
 
-    def _next_call(
+    def next_call(
         self, name: str, args: dict[str, Any], operation_id: str | None
     ) -> tuple[tuple[str, str, str], str, str]:
         """``(occurrence, args_json, key)`` of the next call of ``name`` with ``args``: the
@@ -636,7 +639,7 @@ class Run(Owned):
         re-executed loop reaches the same keys. Raises on arguments JSON cannot carry."""
         args_json = canonical_json(args)
         occurrence = (operation_id or self.key_scope, name, args_json)
-        ordinal = self._occurrences[occurrence]
+        ordinal = self.occurrences[occurrence]
         return occurrence, args_json, self.idempotency_key(*occurrence, ordinal)
 
     def call_tool(
@@ -721,14 +724,14 @@ class Run(Owned):
         again stops here instead of going back to sleep.
         """
         self.check_cancelled()
-        with self._lock:
-            nxt = timers.next_timer(self.state, self._sleeps)
-            self._sleeps += 1
+        with self.lock:
+            nxt = timers.next_timer(self.state, self.sleeps)
+            self.sleeps += 1
             if nxt.recorded is not None:
                 due = nxt.recorded.due_at
             else:
                 fields = timers.payload(nxt.ordinal, seconds, timers.SLEEP)
-                self._append(EventType.TIMER_STARTED, fields)  # checked above
+                self.record(EventType.TIMER_STARTED, fields)  # checked above
                 due = self.state.timers[nxt.ordinal].due_at
         timers.wait_or_raise(self.run_id, due, block=not self.dispatched)
 
@@ -770,7 +773,7 @@ class Run(Owned):
             self.cancel_raised
             and self.state.cancel is not None
             and self.state.status != "finished"
-            and self._poisoned is None
+            and self.poisoned is None
             and not self.lease.released
         )
 
@@ -783,7 +786,7 @@ class Run(Owned):
         return CANCELLED, why if not summary or outcome == CANCELLED else f"{why}; {summary}"
 
     # Reading back ----------------------------------------------------------------------
-    def _read_back(self, reader: LogReader, end: int) -> set[str]:
+    def read_back(self, reader: LogReader, end: int) -> set[str]:
         """Fold this run's records up to ``end``; returns the ids of the events accepted.
 
         When the process's log tail shows that every record of this run in the range is
@@ -798,7 +801,7 @@ class Run(Owned):
         for rec in reader.read(self.run_id, partition=self.partition, start=self.position, end=end):
             if accept(self.state, rec.event, rec.forged):
                 accepted.add(rec.event.event_id)
-                self._note(rec.event)
+                self.note(rec.event)
         self.position = max(self.position, end)
         return accepted
 
@@ -815,7 +818,7 @@ class Run(Owned):
             ev = self._own[off]
             if accept(self.state, ev):
                 accepted.add(ev.event_id)
-                self._note(ev)
+                self.note(ev)
         self._moved_to(end)
         return accepted
 
@@ -832,6 +835,6 @@ def _clear_folded(view: RunState) -> None:
     view.approvals.clear()
 
 
-def _valid_kept(folded: Folded) -> list[Event]:
+def valid_kept(folded: Folded) -> list[Event]:
     fenced = {rec.offset for rec in folded.fenced}
     return [rec.event for rec in folded.kept if rec.offset not in fenced]
