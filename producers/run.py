@@ -534,15 +534,30 @@ class Run(Owned):
             )
 
     def _confirmed_by_tail(self, ev: Event) -> bool:
-        """``ev`` (the last acknowledged record) is valid as far as the process's log tail
-        shows: every record of this run between the confirmed view and ``ev`` is this
-        writer's own, so the log's fold of them is the one below. False when the tail
-        cannot say or shows another writer's record: the caller reads the log."""
-        tail, view, end = self.deps.tail, self._log_view, self.last_offset
-        if tail is None or view is None or end is None:
+        """``ev`` (the last acknowledged record) is valid as far as the process's own
+        acknowledgements or its log tail show: every record of this run between the
+        confirmed view and ``ev`` is this run's own, so the log's fold of them is the one
+        below. False when neither can say or they show another writer's record: the caller
+        reads the log.
+
+        The process's writer knows first: when every offset in the range is one its
+        producer had acknowledged (other runs of this process, the usual case of many runs
+        in one worker), the range holds those records and no other, known without waiting
+        for anything (``EventWriter.own_offsets``). Else the tail answers once it has read
+        past ``ev``: a fetch, shared by every confirmation waiting on the partition."""
+        view, end = self._log_view, self.last_offset
+        if view is None or end is None:
             return False
-        tail.follow(self.partition, self.position)
-        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end)
+        key = self.run_id.encode()
+        found = self.deps.writer.own_offsets(
+            self.deps.settings.events_topic, self.partition, key, self.position, end
+        )
+        if found is None:
+            tail = self.deps.tail
+            if tail is None:
+                return False
+            tail.follow(self.partition, self.position)
+            found = tail.offsets_of(self.partition, key, self.position, end)
         if found is None or any(off not in self._own for off in found):
             return False
         trial, accepted = copy.deepcopy(view), False
@@ -786,11 +801,12 @@ class Run(Owned):
     def _read_back(self, reader: LogReader, end: int) -> set[str]:
         """Fold this run's records up to ``end``; returns the ids of the events accepted.
 
-        When the process's log tail shows that every record of this run in the range is
-        this writer's own, ending with its record at ``end - 1`` (a claim nobody raced),
-        they are folded from what was written, without a read: the log holds exactly
-        those records of the run there, so its fold is this one. Another writer's record,
-        or a tail that cannot say, and the range is read."""
+        When the process's writer (``EventWriter.own_offsets``) or its log tail shows that
+        every record of this run in the range is this writer's own, ending with its record
+        at ``end - 1`` (a claim nobody raced), they are folded from what was written,
+        without a read: the log holds exactly those records of the run there, so its fold
+        is this one. Another writer's record, or neither able to say, and the range is
+        read."""
         by_tail = self._read_back_by_tail(end)
         if by_tail is not None:
             return by_tail
@@ -803,11 +819,18 @@ class Run(Owned):
         return accepted
 
     def _read_back_by_tail(self, end: int) -> set[str] | None:
-        tail = self.deps.tail
-        if tail is None or end <= self.position:
+        if end <= self.position:
             return None
-        tail.follow(self.partition, self.position)
-        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end - 1)
+        key = self.run_id.encode()
+        found = self.deps.writer.own_offsets(
+            self.deps.settings.events_topic, self.partition, key, self.position, end - 1
+        )
+        if found is None:
+            tail = self.deps.tail
+            if tail is None:
+                return None
+            tail.follow(self.partition, self.position)
+            found = tail.offsets_of(self.partition, key, self.position, end - 1)
         if found is None or end - 1 not in found or any(off not in self._own for off in found):
             return None
         accepted: set[str] = set()
