@@ -40,7 +40,7 @@ from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.ops import drive
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
-from runlog.projections.run_state import SETTLEMENT, RunState, accept
+from runlog.projections.run_state import SETTLEMENT, RunState, accept, accepted_in_order
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
@@ -439,9 +439,24 @@ class Run(Owned):
         self._view_last = ev.event_id if accepted else None
 
     def confirmed_locally(self, ev: Event) -> bool:
-        """``ev`` is acknowledged and the log view was extended over it without a read:
-        every reader accepts it (see ``_advance_view``); else ``confirm_in_log`` reads."""
-        return self._view_last == ev.event_id
+        """``ev`` is acknowledged and the log view was extended over it without a read
+        (see ``_advance_view``), or over every record from the view to it, all this
+        process's own (``EventWriter.own_offsets``): every reader accepts it, known at once
+        (no wait, so the caller need not leave its thread or loop for it); else
+        ``confirm_in_log`` asks the log tail or reads."""
+        if self._view_last == ev.event_id:
+            return True
+        end = self.last_offset
+        if self._log_view is None or end is None:
+            return False
+        found = self.deps.writer.own_offsets(
+            self.deps.settings.events_topic,
+            self.partition,
+            self.run_id.encode(),
+            self.position,
+            end,
+        )
+        return self._confirmed_by(ev, found)
 
     def append(
         self,
@@ -558,9 +573,24 @@ class Run(Owned):
                 return False
             tail.follow(self.partition, self.position)
             found = tail.offsets_of(self.partition, key, self.position, end)
-        if found is None or any(off not in self._own for off in found):
+        return self._confirmed_by(ev, found)
+
+    def _confirmed_by(self, ev: Event, found: list[int] | None) -> bool:
+        """Extend the confirmed view over this run's records at the offsets ``found`` (every
+        record of the run from the view to its last acknowledged one), when they are all
+        this writer's own and the fold accepts ``ev`` among them."""
+        view, end = self._log_view, self.last_offset
+        if found is None or view is None or end is None:
             return False
-        trial, accepted = copy.deepcopy(view), False
+        if any(off not in self._own for off in found):
+            return False
+        events = [self._own[off] for off in found]
+        if all(e.event_id != ev.event_id for e in events):
+            return False  # the read gives the verdict and its reason
+        # Folded into the view itself when no fold can refuse (a run's own next records,
+        # the usual case); else into a copy, so a refusal leaves the view as it was.
+        trial = view if accepted_in_order(view, events) else copy.deepcopy(view)
+        accepted = False
         for off in found:
             if accept(trial, self._own[off]) and self._own[off].event_id == ev.event_id:
                 accepted = True
