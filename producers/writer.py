@@ -120,8 +120,9 @@ REPLACE_INTERVAL_S = 1.0
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
-OWN_WINDOW = 100_000
-"""Acknowledged offsets a writer keeps per partition (``EventWriter.own_offsets``)."""
+OWN_WINDOW = 16_384
+"""Acknowledged offsets a writer keeps per partition (``EventWriter.own_offsets``), at least;
+twice as many before the oldest are dropped (~130 bytes each: a few MB per busy partition)."""
 OWN_SPAN = 4096
 """The widest range ``own_offsets`` answers; a wider one is left to the log tail or a read."""
 

@@ -187,3 +187,30 @@ def test_a_confirmation_needs_no_tail_when_the_writer_acknowledged_every_record_
     b.finish("succeeded")
     state = assert_log_sound([rec.event for rec in read_log(fast, a.run_id)])
     assert len(state.completed_calls) == 4 and sorted(ledger.per_key().values()) == [1] * 4
+
+
+def test_the_writer_vouches_only_for_ranges_it_wrote_whole(fast: Settings) -> None:
+    """``EventWriter.own_offsets``: the offsets of one key in a range every record of which
+    this producer had acknowledged; None once another producer's record stands in it, or the
+    range reaches past what was acknowledged."""
+    mine, theirs = EventWriter(fast), EventWriter(fast)
+    topic, part = fast.events_topic, 0
+    try:
+        sent = [
+            mine.send(topic, key, b"v", [], partition=part) for key in (b"a", b"b", b"a", b"c")
+        ]
+        offs = [f.result(timeout=10).offset for f in sent]
+        first, last = offs[0], offs[-1]
+        assert offs == list(range(first, first + 4)), "the broker gave them consecutive offsets"
+        assert mine.own_offsets(topic, part, b"a", first, last) == [first, first + 2]
+        assert mine.own_offsets(topic, part, b"z", first, last) == []
+        assert mine.own_offsets(topic, part, b"a", first, last + 1) is None, "not written yet"
+        foreign = theirs.send(topic, b"a", b"v", [], partition=part).result(timeout=10).offset
+        after = mine.send(topic, b"a", b"v", [], partition=part).result(timeout=10).offset
+        assert after > foreign > last
+        assert mine.own_offsets(topic, part, b"a", first, after) is None, "another's record"
+        assert mine.own_offsets(topic, part, b"a", after, after) == [after]
+        assert theirs.own_offsets(topic, part, b"a", foreign, foreign) == [foreign]
+    finally:
+        mine.close(timeout=5)
+        theirs.close(timeout=5)
