@@ -196,9 +196,7 @@ def test_the_writer_vouches_only_for_ranges_it_wrote_whole(fast: Settings) -> No
     mine, theirs = EventWriter(fast), EventWriter(fast)
     topic, part = fast.events_topic, 0
     try:
-        sent = [
-            mine.send(topic, key, b"v", [], partition=part) for key in (b"a", b"b", b"a", b"c")
-        ]
+        sent = [mine.send(topic, key, b"v", [], partition=part) for key in (b"a", b"b", b"a", b"c")]
         offs = [f.result(timeout=10).offset for f in sent]
         first, last = offs[0], offs[-1]
         assert offs == list(range(first, first + 4)), "the broker gave them consecutive offsets"
