@@ -43,7 +43,7 @@ from runlog.producers.lease import Lease, LeaseManager
 from runlog.producers.ops import drive
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
-from runlog.projections.run_state import SETTLEMENT, RunState, accept
+from runlog.projections.run_state import SETTLEMENT, RunState, accept, accepted_in_order
 from runlog.schemas import codec
 from runlog.schemas.canonical import canonical_json
 from runlog.schemas.keys import (
@@ -442,9 +442,24 @@ class Engine(Owned):
         self._view_last = ev.event_id if accepted else None
 
     def confirmed_locally(self, ev: Event) -> bool:
-        """``ev`` is acknowledged and the log view was extended over it without a read:
-        every reader accepts it (see ``_advance_view``); else ``confirm_in_log`` reads."""
-        return self._view_last == ev.event_id
+        """``ev`` is acknowledged and the log view was extended over it without a read
+        (see ``_advance_view``), or over every record from the view to it, all this
+        process's own (``EventWriter.own_offsets``): every reader accepts it, known at once
+        (no wait, so the caller need not leave its thread or loop for it); else
+        ``confirm_in_log`` asks the log tail or reads."""
+        if self._view_last == ev.event_id:
+            return True
+        end = self.last_offset
+        if self._log_view is None or end is None:
+            return False
+        found = self.deps.writer.own_offsets(
+            self.deps.settings.events_topic,
+            self.partition,
+            self.run_id.encode(),
+            self.position,
+            end,
+        )
+        return self._confirmed_by(ev, found)
 
     def append(
         self,
@@ -537,18 +552,48 @@ class Engine(Owned):
             )
 
     def _confirmed_by_tail(self, ev: Event) -> bool:
-        """``ev`` (the last acknowledged record) is valid as far as the process's log tail
-        shows: every record of this run between the confirmed view and ``ev`` is this
-        writer's own, so the log's fold of them is the one below. False when the tail
-        cannot say or shows another writer's record: the caller reads the log."""
-        tail, view, end = self.deps.tail, self._log_view, self.last_offset
-        if tail is None or view is None or end is None:
+        """``ev`` (the last acknowledged record) is valid as far as the process's own
+        acknowledgements or its log tail show: every record of this run between the
+        confirmed view and ``ev`` is this run's own, so the log's fold of them is the one
+        below. False when neither can say or they show another writer's record: the caller
+        reads the log.
+
+        The process's writer knows first: when every offset in the range is one its
+        producer had acknowledged (other runs of this process, the usual case of many runs
+        in one worker), the range holds those records and no other, known without waiting
+        for anything (``EventWriter.own_offsets``). Else the tail answers once it has read
+        past ``ev``: a fetch, shared by every confirmation waiting on the partition."""
+        view, end = self._log_view, self.last_offset
+        if view is None or end is None:
             return False
-        tail.follow(self.partition, self.position)
-        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end)
-        if found is None or any(off not in self._own for off in found):
+        key = self.run_id.encode()
+        found = self.deps.writer.own_offsets(
+            self.deps.settings.events_topic, self.partition, key, self.position, end
+        )
+        if found is None:
+            tail = self.deps.tail
+            if tail is None:
+                return False
+            tail.follow(self.partition, self.position)
+            found = tail.offsets_of(self.partition, key, self.position, end)
+        return self._confirmed_by(ev, found)
+
+    def _confirmed_by(self, ev: Event, found: list[int] | None) -> bool:
+        """Extend the confirmed view over this run's records at the offsets ``found`` (every
+        record of the run from the view to its last acknowledged one), when they are all
+        this writer's own and the fold accepts ``ev`` among them."""
+        view, end = self._log_view, self.last_offset
+        if found is None or view is None or end is None:
             return False
-        trial, accepted = copy.deepcopy(view), False
+        if any(off not in self._own for off in found):
+            return False
+        events = [self._own[off] for off in found]
+        if all(e.event_id != ev.event_id for e in events):
+            return False  # the read gives the verdict and its reason
+        # Folded into the view itself when no fold can refuse (a run's own next records,
+        # the usual case); else into a copy, so a refusal leaves the view as it was.
+        trial = view if accepted_in_order(view, events) else copy.deepcopy(view)
+        accepted = False
         for off in found:
             if accept(trial, self._own[off]) and self._own[off].event_id == ev.event_id:
                 accepted = True
@@ -789,11 +834,12 @@ class Engine(Owned):
     def read_back(self, reader: LogReader, end: int) -> set[str]:
         """Fold this run's records up to ``end``; returns the ids of the events accepted.
 
-        When the process's log tail shows that every record of this run in the range is
-        this writer's own, ending with its record at ``end - 1`` (a claim nobody raced),
-        they are folded from what was written, without a read: the log holds exactly
-        those records of the run there, so its fold is this one. Another writer's record,
-        or a tail that cannot say, and the range is read."""
+        When the process's writer (``EventWriter.own_offsets``) or its log tail shows that
+        every record of this run in the range is this writer's own, ending with its record
+        at ``end - 1`` (a claim nobody raced), they are folded from what was written,
+        without a read: the log holds exactly those records of the run there, so its fold
+        is this one. Another writer's record, or neither able to say, and the range is
+        read."""
         by_tail = self._read_back_by_tail(end)
         if by_tail is not None:
             return by_tail
@@ -806,11 +852,18 @@ class Engine(Owned):
         return accepted
 
     def _read_back_by_tail(self, end: int) -> set[str] | None:
-        tail = self.deps.tail
-        if tail is None or end <= self.position:
+        if end <= self.position:
             return None
-        tail.follow(self.partition, self.position)
-        found = tail.offsets_of(self.partition, self.run_id.encode(), self.position, end - 1)
+        key = self.run_id.encode()
+        found = self.deps.writer.own_offsets(
+            self.deps.settings.events_topic, self.partition, key, self.position, end - 1
+        )
+        if found is None:
+            tail = self.deps.tail
+            if tail is None:
+                return None
+            tail.follow(self.partition, self.position)
+            found = tail.offsets_of(self.partition, key, self.position, end - 1)
         if found is None or end - 1 not in found or any(off not in self._own for off in found):
             return None
         accepted: set[str] = set()

@@ -22,6 +22,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -475,6 +476,45 @@ _OPEN_RUNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.
 only when its run is the loop's one (with others, the loop has their work to do meanwhile)."""
 
 
+class _Wakes:
+    """The wake-ups of one loop's barriers, handed to the loop in batches.
+
+    The thread serving delivery reports wakes every barrier whose last report it served;
+    the barriers of many runs come in together (one flush serves them all). Each wake-up
+    through its own ``call_soon_threadsafe`` is a write to the loop's self-pipe and a
+    read of it in the loop; here the first wake-up of a batch makes that one call and the
+    others join it, until the loop runs the batch. The barriers woken together resume in
+    one tick, so their ownership checks go to Redis in one command
+    (``runlog.log.clients.LoopGet``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._due: list[Callable[[], None]] = []
+
+    def add(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the loop (from any thread); RuntimeError if the loop closed."""
+        with self._lock:
+            self._due.append(fn)
+            if len(self._due) > 1:
+                return  # the batch's call is made: it runs this one too
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:
+            with self._lock:
+                self._due.clear()
+            raise
+
+    def _run(self) -> None:
+        with self._lock:
+            due, self._due = self._due, []
+        for fn in due:
+            fn()
+
+
+_WAKES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wakes] = weakref.WeakKeyDictionary()
+
+
 INLINE_S = 0.003
 """The longest a lone asyncio barrier holds its loop serving its own delivery report."""
 
@@ -495,6 +535,9 @@ async def _acknowledged(
     if inline and writer.serve_briefly(group, acks, INLINE_S):
         return
     loop = asyncio.get_running_loop()
+    wakes = _WAKES.get(loop)
+    if wakes is None:
+        wakes = _WAKES[loop] = _Wakes(loop)
     done: asyncio.Future[None] = loop.create_future()
     follower = writer.follow()
 
@@ -504,7 +547,7 @@ async def _acknowledged(
 
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(resolve)
+            wakes.add(resolve)
         follower.leave()  # last: it may end the serving thread's flush
 
     try:

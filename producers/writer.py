@@ -16,6 +16,7 @@ reports of pipelined appends now and then, and the linger batches them.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -118,6 +119,33 @@ REPLACE_INTERVAL_S = 1.0
 """Least time between two replacements of a producer that failed fatally."""
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+OWN_WINDOW = 16_384
+"""Acknowledged offsets a writer keeps per partition (``EventWriter.own_offsets``), at least;
+twice as many before the oldest are dropped (~130 bytes each: a few MB per busy partition)."""
+OWN_SPAN = 4096
+"""The widest range ``own_offsets`` answers; a wider one is left to the log tail or a read."""
+
+
+class _OwnOffsets:
+    """The key of each record this writer's producer had acknowledged in one partition, by
+    offset, in the order the delivery reports came (increasing, per partition)."""
+
+    __slots__ = ("keys", "last")
+
+    def __init__(self) -> None:
+        self.keys: dict[int, bytes] = {}
+        self.last = -1
+
+    def add(self, offset: int, key: bytes) -> None:
+        if offset <= self.last:
+            # The log went back (its topic made again): what was kept says nothing of it.
+            self.keys.clear()
+        self.keys[offset] = key
+        self.last = offset
+        if len(self.keys) > 2 * OWN_WINDOW:
+            for old in list(itertools.islice(self.keys, OWN_WINDOW)):
+                del self.keys[old]
 
 
 def _why_lost(err: KafkaError) -> KafkaError:
@@ -303,6 +331,8 @@ class EventWriter:
         self._inflight: set[Settle] = set()
         self._producer = Producer(self._conf)
         self._partitions: dict[str, int] = {}
+        self._own: dict[tuple[str, int], _OwnOffsets] = {}
+        """What this writer's acknowledged records are, per topic and partition."""
         self.replaced = 0
         """How many times a fatal error made the writer replace its producer."""
         self._closed = threading.Event()
@@ -559,6 +589,10 @@ class EventWriter:
                 APPENDS["ack_seconds"] += time.monotonic() - sent
                 part, off = msg.partition(), msg.offset()
                 assert part is not None and off is not None  # set on every delivered message
+                own = self._own.get((topic, part))
+                if own is None:
+                    own = self._own.setdefault((topic, part), _OwnOffsets())
+                own.add(off, key)
                 settle(Delivered(part, off, msg.timestamp()[1]))
 
         fatal_refusals = 0
@@ -592,6 +626,30 @@ class EventWriter:
                     self._on_error(error)  # replaced at the top of the loop; never sent
                     continue
                 raise KafkaUnavailable(f"produce to {topic} failed: {exc}") from exc
+
+    def own_offsets(
+        self, topic: str, partition: int, key: bytes, since: int, upto: int
+    ) -> list[int] | None:
+        """Offsets in ``[since, upto]`` of records keyed ``key``, when every record there
+        is one this writer's producer had acknowledged (so no other writer's stands among
+        them); None when it cannot say (a record of another writer, or of none: a control
+        record; one not acknowledged yet; a range wider than ``OWN_SPAN``, or forgotten).
+
+        Each offset of a partition holds one record, and the broker acknowledged each of
+        these offsets to this producer: the range holds exactly these records, known
+        without reading it. An offset whose report is not served yet reads as another
+        writer's: the answer is None, never a wrong list."""
+        own = self._own.get((topic, partition))
+        if own is None or upto - since >= OWN_SPAN or since > upto:
+            return None
+        keys, found = own.keys, []
+        for off in range(since, upto + 1):
+            k = keys.get(off)
+            if k is None:
+                return None
+            if k == key:
+                found.append(off)
+        return found
 
     def partition_count(self, topic: str) -> int:
         """Partitions of ``topic`` as the broker reported them at this writer's first ask."""

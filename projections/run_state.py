@@ -863,21 +863,47 @@ def accept(state: RunState, ev: Event, forged: str | None = None) -> bool:
         raise UnknownEventType(f"no fold rule for event type {et!r}")
     # The common case of ``is_valid`` first (the current owner's next event of a running
     # run), without the call; anything else asks ``is_valid`` itself.
-    if not (
-        state.status == "running"
-        and ev.seq == state.seq + 1
+    if not (state.status == "running" and _next_of_owner(state, state.seq, ev)) and not is_valid(
+        state, ev
+    ):
+        state.fenced_writes += 1
+        return False
+    rule(state, ev)
+    state.seq = ev.seq
+    state.last_event_at = ev.occurred_at
+    return True
+
+
+def _next_of_owner(state: RunState, seq: int, ev: Event) -> bool:
+    """``ev`` is the current owner's next event after ``seq``, of a type whose validity
+    needs nothing more (``accept``'s common case, on a running run)."""
+    et = ev.type
+    return (
+        ev.seq == seq + 1
         and ev.epoch == state.epoch
         and et not in OWNERSHIP
         and et is not EventType.APPROVAL_DECIDED
         and et is not EventType.CONTENT_ERASED
         and ev.run_id == state.run_id
         and ev.tenant == state.tenant
-    ) and not is_valid(state, ev):
-        state.fenced_writes += 1
+    )
+
+
+_LEAVES_RUNNING = frozenset({EventType.APPROVAL_REQUESTED, EventType.RUN_FINISHED})
+"""The types of ``accept``'s common case whose rule may change a running run's status."""
+
+
+def accepted_in_order(state: RunState, events: list[Event]) -> bool:
+    """``accept`` would accept every one of ``events`` folded into ``state`` in order, each
+    in its common case (so no fold can refuse one halfway): a caller may fold them into
+    ``state`` itself instead of into a copy it would throw away on a refusal."""
+    if state.status != "running":
         return False
-    rule(state, ev)
-    state.seq = ev.seq
-    state.last_event_at = ev.occurred_at
+    seq, last = state.seq, len(events) - 1
+    for i, ev in enumerate(events):
+        if not _next_of_owner(state, seq, ev) or (i < last and ev.type in _LEAVES_RUNNING):
+            return False
+        seq = ev.seq
     return True
 
 

@@ -11,7 +11,7 @@ import collections
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 import hiredis
@@ -138,12 +138,18 @@ class LoopGet:
     under ``socket_timeout``, the stream parser's awaits) costs 100-150 us of CPU per
     ``GET``, and the asyncio barrier asks once per durable step. This opens its connection
     through the client's own connection class, so TLS, AUTH and SELECT are done exactly as
-    the client does them, then takes the transport over: a ``GET`` is written at once and
-    its reply is matched by order (Redis answers one connection's commands in order), so
-    the runs of one loop share the connection without waiting for each other's replies.
+    the client does them, then takes the transport over: a command is written and its
+    reply is matched by order (Redis answers one connection's commands in order), so the
+    runs of one loop share the connection without waiting for each other's replies.
+
+    Group commit: what the loop's runs ask for in one tick (the ownership checks of every
+    barrier whose acknowledgements came in together, their steps' cancel checks) is read
+    in one ``MGET`` written at the next tick, one command and one reply for all of them,
+    each run comparing its own lease token (``AsyncRun``): a fenced run among them is
+    refused, the others go on. A lone key is one ``GET``.
 
     One per asyncio client (``loop_get``), used from that client's event loop only. A
-    dropped connection is replaced and the ``GET`` sent once more, as ``ThreadGet`` does;
+    dropped connection is replaced and the command sent once more, as ``ThreadGet`` does;
     no reply within the client's ``socket_timeout`` drops the connection and raises
     ``redis.TimeoutError``.
     """
@@ -153,43 +159,103 @@ class LoopGet:
         self._timeout = float(self._pool.connection_kwargs.get("socket_timeout") or 5.0)
         self._replies: _Replies | None = None
         self._lock: asyncio.Lock | None = None
-        self._packed: dict[str | tuple[str, ...], bytes] = {}
+        self._packed: dict[str, bytes] = {}
+        self._batch: _Batch | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+        self.sent = 0
+        """Commands written (telemetry: one per batch)."""
 
     async def many(self, keys: tuple[str, ...]) -> list[Any]:
-        """``MGET keys`` pipelined the same way (keys of one hash slot: one run's)."""
-        packed = self._packed.get(keys)
-        if packed is None:
-            if len(self._packed) >= PACKED_KEPT:
-                self._packed.clear()
-            packed = self._packed[keys] = _pack(("MGET", *keys))
-        try:
-            return list(await self._get(packed))
-        except redis.ConnectionError:
-            return list(await self._get(packed))
+        """``MGET keys``, in the tick's batch."""
+        return await self._ask(keys)
 
     async def __call__(self, key: str) -> Any:
+        return (await self._ask((key,)))[0]
+
+    async def _ask(self, keys: tuple[str, ...]) -> list[Any]:
+        """The values of ``keys``, read in one ``MGET`` with every other key asked for in
+        this tick of the loop (group commit: the barriers of many runs that reach their
+        ownership check together cost one command and one reply). Each caller gets its own
+        keys' values; a failure of the batch's command is every caller's."""
+        batch = self._batch
+        if batch is None:
+            loop = asyncio.get_running_loop()
+            batch = self._batch = _Batch(loop.create_future())
+            loop.call_soon(self._send, batch)
+        at = len(batch.keys)
+        batch.keys.extend(keys)
+        # Shielded: one caller's cancellation must not fail the others' batch.
+        got = await asyncio.shield(batch.reply)
+        return got[at : at + len(keys)]
+
+    def _send(self, batch: _Batch) -> None:
+        """Write the batch's ``MGET`` (the tick after its first key was asked for)."""
+        if self._batch is batch:
+            self._batch = None
+        replies = self._replies
+        if replies is None or replies.lost is not None:
+            self._in_task(self._send_connected(batch, retry=True))
+        else:
+            self._send_on(replies, batch, retry=True)
+
+    def _in_task(self, send: Coroutine[Any, Any, None]) -> None:
+        """Connect and send in a task of its own, held until it is done."""
+        task = asyncio.ensure_future(send)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_connected(self, batch: _Batch, *, retry: bool) -> None:
+        try:
+            replies = await self._connect()
+        except BaseException as exc:
+            if not batch.reply.done():
+                batch.reply.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._send_on(replies, batch, retry=retry)
+
+    def _send_on(self, replies: _Replies, batch: _Batch, *, retry: bool) -> None:
+        words = [self._arg(k) for k in batch.keys]
+        one = len(words) == 1  # a lone key: GET (a key of another type is an error reply)
+        command = "GET" if one else "MGET"
+        reply = replies.send(
+            b"*2\r\n$3\r\nGET\r\n%b" % words[0]
+            if one
+            else b"*%d\r\n$4\r\nMGET\r\n%b" % (len(words) + 1, b"".join(words))
+        )
+        self.sent += 1
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self._timeout, self._expire, replies, reply, command)
+
+        def done(r: asyncio.Future[Any]) -> None:
+            timer.cancel()
+            if batch.reply.done():
+                return
+            exc = r.exception()
+            if exc is None:
+                batch.reply.set_result([r.result()] if one else list(r.result()))
+            elif retry and isinstance(exc, redis.ConnectionError):
+                # A dropped connection: once more on a fresh one, as ``ThreadGet`` does.
+                self._in_task(self._send_connected(batch, retry=False))
+            else:
+                batch.reply.set_exception(exc)
+
+        reply.add_done_callback(done)
+
+    def _expire(self, replies: _Replies, reply: asyncio.Future[Any], command: str) -> None:
+        if not reply.done():
+            # A late reply must not stay on the connection: it is dropped.
+            replies.fail(redis.TimeoutError(f"no reply to {command} within {self._timeout} s"))
+
+    def _arg(self, key: str) -> bytes:
         packed = self._packed.get(key)
         if packed is None:
             if len(self._packed) >= PACKED_KEPT:
                 self._packed.clear()
-            packed = self._packed[key] = _pack_get(key)
-        try:
-            return await self._get(packed)
-        except redis.ConnectionError:
-            return await self._get(packed)  # on a fresh connection
-
-    async def _get(self, packed: bytes) -> Any:
-        replies = self._replies
-        if replies is None or replies.lost is not None:
-            replies = await self._connect()
-        reply = replies.send(packed)
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await reply
-        except TimeoutError:
-            error = redis.TimeoutError(f"no reply to GET within {self._timeout} s")
-            replies.fail(error)  # a late reply must not stay on the connection
-            raise error from None
+            raw = key.encode()
+            packed = self._packed[key] = b"$%d\r\n%b\r\n" % (len(raw), raw)
+        return packed
 
     async def _connect(self) -> _Replies:
         if self._lock is None:
@@ -211,17 +277,14 @@ class LoopGet:
             self._replies.fail(redis.ConnectionError("closed"))
 
 
-def _pack_get(key: str) -> bytes:
-    raw = key.encode()
-    return b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(raw), raw)
+class _Batch:
+    """The keys asked for in one tick of a loop, and the future of their values."""
 
+    __slots__ = ("keys", "reply")
 
-def _pack(words: tuple[str, ...]) -> bytes:
-    out = [b"*%d\r\n" % len(words)]
-    for w in words:
-        raw = w.encode()
-        out.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
-    return b"".join(out)
+    def __init__(self, reply: asyncio.Future[list[Any]]) -> None:
+        self.keys: list[str] = []
+        self.reply = reply
 
 
 class _Replies(asyncio.Protocol):

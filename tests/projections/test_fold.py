@@ -6,6 +6,7 @@ Pure: events are built in memory (and once through the codec's bytes); no Kafka,
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from codec_support import make_event
 
-from runlog.projections.run_state import RunState, apply, fold, is_valid
+from runlog.projections.run_state import RunState, accept, accepted_in_order, apply, fold, is_valid
 from runlog.schemas import codec
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
@@ -385,3 +386,31 @@ def test_after_a_finish_only_the_settlement_of_an_open_call_counts() -> None:
     done.add(EventType.RUN_FINISHED, outcome="succeeded")
     _settlement(done)
     assert fold(done.events).fenced_writes == 1
+
+
+def test_accepted_in_order_never_promises_what_accept_refuses() -> None:
+    """``accepted_in_order`` lets a writer fold its own records into its confirmed view
+    without a copy: wherever it says yes, ``accept`` accepts every event of the chain, over
+    every stretch of a log with every event type, a takeover, forged writes and a finish."""
+    log = rich_log()
+    log.user("stale", epoch=1)  # a fenced write after the takeover
+    log.user("after")
+    events = log.events
+    said_yes = 0
+    for i in range(len(events)):
+        for j in range(i + 1, min(len(events), i + 6) + 1):
+            st = RunState()
+            for ev in events[:i]:
+                accept(st, ev)
+            chain = events[i:j]
+            if accepted_in_order(copy.deepcopy(st), chain):
+                said_yes += 1
+                assert all(accept(st, ev) for ev in chain), (i, j)
+    assert said_yes > 0
+    plain = Log().start()
+    st = RunState()
+    accept(st, plain.events[0])
+    mine = [plain.user(f"m{k}") for k in range(3)]
+    assert accepted_in_order(st, mine)
+    assert not accepted_in_order(st, [mine[1], mine[0]]), "out of order"
+    assert not accepted_in_order(st, [*mine[:1], plain.user("forged", epoch=7)])

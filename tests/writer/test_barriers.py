@@ -11,6 +11,7 @@ API and on ``runlog.aio``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -25,6 +26,7 @@ from workers.common import ROOT, Ledger, assert_log_sound, read_log, worker_env
 
 import runlog
 from runlog.log.reader import LogReader
+from runlog.producers.writer import EventWriter
 from runlog.schemas.keys import partition_for
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -136,3 +138,77 @@ def test_a_confirmation_reads_nothing_when_the_log_tail_shows_only_its_own_recor
     b.finish("succeeded")
     state = assert_log_sound([rec.event for rec in read_log(fast, a.run_id)])
     assert len(state.completed_calls) == 5 and sorted(ledger.per_key().values()) == [1] * 5
+
+
+def test_a_confirmation_needs_no_tail_when_the_writer_acknowledged_every_record_between(
+    fast: Settings, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run of this process writes between this run's records in the same partition,
+    and the run has no log tail: every offset in between is one this process's producer
+    had acknowledged, so the confirmation reads nothing. A record of another producer in
+    between (another process's) cannot be accounted for that way: that confirmation reads
+    the log back, and the call still runs once."""
+
+    def pay_fn(args: dict[str, Any], *, idempotency_key: str) -> str:
+        ledger.apply(idempotency_key, json.dumps(args, sort_keys=True))
+        return "paid"
+
+    pay = runlog.tool("pay", risk="irreversible")(pay_fn)
+    a = runlog.open_run(settings=fast, tools=[pay])
+    a.deps = dataclasses.replace(a.deps, tail=None)
+    tag = uuid.uuid4().hex[:6]
+    other = next(
+        rid
+        for rid in (f"neighbour-{tag}-{i}" for i in itertools.count())
+        if partition_for(rid, fast.partitions) == a.partition
+    )
+    b = runlog.open_run(other, settings=fast)
+    reads: list[str] = []
+    original = LogReader.read
+
+    def counted(self: LogReader, run_id: str, *args: Any, **kw: Any) -> Any:
+        reads.append(run_id)
+        return original(self, run_id, *args, **kw)
+
+    monkeypatch.setattr(LogReader, "read", counted)
+    for i in range(3):
+        b.append(EventType.USER_MESSAGE, content=f"between {i}")
+        assert a.call_tool("pay", {"i": i}) == "paid"
+    assert reads == [], f"confirmations read the log back: {reads}"
+    foreign = EventWriter(fast)  # another producer: what it writes is not this writer's
+    try:
+        foreign.send(fast.events_topic, b"elsewhere", b"not an event", [], partition=a.partition)
+        assert foreign.flush(10) == 0
+        assert a.call_tool("pay", {"i": 3}) == "paid"
+    finally:
+        foreign.close(timeout=5)
+    assert reads == [a.run_id], "a record of another producer went unread"
+    a.finish("succeeded")
+    b.finish("succeeded")
+    state = assert_log_sound([rec.event for rec in read_log(fast, a.run_id)])
+    assert len(state.completed_calls) == 4 and sorted(ledger.per_key().values()) == [1] * 4
+
+
+def test_the_writer_vouches_only_for_ranges_it_wrote_whole(fast: Settings) -> None:
+    """``EventWriter.own_offsets``: the offsets of one key in a range every record of which
+    this producer had acknowledged; None once another producer's record stands in it, or the
+    range reaches past what was acknowledged."""
+    mine, theirs = EventWriter(fast), EventWriter(fast)
+    topic, part = fast.events_topic, 0
+    try:
+        sent = [mine.send(topic, key, b"v", [], partition=part) for key in (b"a", b"b", b"a", b"c")]
+        offs = [f.result(timeout=10).offset for f in sent]
+        first, last = offs[0], offs[-1]
+        assert offs == list(range(first, first + 4)), "the broker gave them consecutive offsets"
+        assert mine.own_offsets(topic, part, b"a", first, last) == [first, first + 2]
+        assert mine.own_offsets(topic, part, b"z", first, last) == []
+        assert mine.own_offsets(topic, part, b"a", first, last + 1) is None, "not written yet"
+        foreign = theirs.send(topic, b"a", b"v", [], partition=part).result(timeout=10).offset
+        after = mine.send(topic, b"a", b"v", [], partition=part).result(timeout=10).offset
+        assert after > foreign > last
+        assert mine.own_offsets(topic, part, b"a", first, after) is None, "another's record"
+        assert mine.own_offsets(topic, part, b"a", after, after) == [after]
+        assert theirs.own_offsets(topic, part, b"a", foreign, foreign) == [foreign]
+    finally:
+        mine.close(timeout=5)
+        theirs.close(timeout=5)
