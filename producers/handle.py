@@ -85,6 +85,15 @@ class Handle:
         """The key the next ``call_tool(name, args)`` will use (without consuming it)."""
         return self._engine.key_for(name, args, operation_id=operation_id)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A deprecated member set on the handle is set on the engine that reads it (set on
+        # the handle, it would be a new attribute nothing reads: a silent no-op).
+        if name in DEPRECATED:
+            self._deprecated(name, None)
+            setattr(self._engine, name, value)
+            return
+        super().__setattr__(name, value)
+
     def _deprecated(self, name: str, value: Any) -> Any:
         warnings.warn(
             f"{type(self).__name__}.{name} is not part of runlog's API and goes in the next "

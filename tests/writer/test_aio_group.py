@@ -25,6 +25,7 @@ from runlog.errors import AppendOutcomeUnknown
 from runlog.log import clients
 from runlog.log.clients import async_redis_client
 from runlog.producers.async_run import AsyncRun, open_async
+from runlog.producers.handle import engine_of
 from runlog.producers.writer import EventWriter
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
@@ -148,7 +149,8 @@ def test_a_batch_the_broker_never_acknowledges_tells_every_run_the_outcome_is_un
             *(runlog.aio.open_run(tools=tools, settings=fast) for _ in range(4))
         )
         for r in runs:
-            r.sync.deps = dataclasses.replace(r.sync.deps, writer=dead)
+            engine = engine_of(r)
+            engine.deps = dataclasses.replace(engine.deps, writer=dead)
         outcomes = await asyncio.gather(
             *(r.call_tool("pay", {"to": r.run_id}) for r in runs), return_exceptions=True
         )

@@ -26,6 +26,7 @@ from workers.common import ROOT, Ledger, assert_log_sound, read_log, worker_env
 
 import runlog
 from runlog.log.reader import LogReader
+from runlog.producers.handle import engine_of
 from runlog.producers.writer import EventWriter
 from runlog.schemas.keys import partition_for
 from runlog.schemas.vocabulary import EventType
@@ -155,7 +156,7 @@ def test_a_confirmation_needs_no_tail_when_the_writer_acknowledged_every_record_
 
     pay = runlog.tool("pay", risk="irreversible")(pay_fn)
     a = runlog.open_run(settings=fast, tools=[pay])
-    a.deps = dataclasses.replace(a.deps, tail=None)
+    engine_of(a).deps = dataclasses.replace(engine_of(a).deps, tail=None)
     tag = uuid.uuid4().hex[:6]
     other = next(
         rid
