@@ -82,15 +82,26 @@ async def open_async(
     claim = functools.partial(open_run_with, deps, run_id, recover=False, **kw)
     run = await in_thread(claim, pool=_OPENING_POOL)
     arun = AsyncRun(run, aredis)
-    if recover and run.state.status != "finished":
-        try:
-            await arun.poll_decisions()
-            await arun._recover()
-        except BaseException:
-            arun._leave_loop()
-            await in_thread(run.lease.release)
-            raise
+    if recover:
+        await recover_opened(arun)
     return arun
+
+
+async def recover_opened(arun: AsyncRun) -> None:
+    """What an open does once its claim counts (``open_async`` with ``recover``): the
+    decisions people queued meanwhile, then the recovery of open calls. A dispatch that
+    bounds its opens at once does this outside the bound (``runner.execute_async``): the
+    claim is what the bound is for. On failure the lease is released and it raises."""
+    engine = arun._engine
+    if engine.state.status == "finished":
+        return
+    try:
+        await arun.poll_decisions()
+        await arun._recover()
+    except BaseException:
+        arun._leave_loop()
+        await in_thread(engine.lease.release)
+        raise
 
 
 async def _thread_to_its_end(fn: Callable[[], T]) -> T:

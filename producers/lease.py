@@ -120,6 +120,43 @@ end
 return 0
 """
 
+# The leases of many runs of one dead session, taken in one round trip (a worker adopting
+# a dead worker's runs). KEYS[1]: that session's liveness key; then, per run, its lease,
+# epoch counter and handover note (as ``_ACQUIRE``'s). ARGV[1]: the dead session's id;
+# ARGV[2]: '|' .. the taker's session; ARGV[2 + i]: run i's owner. Per run exactly what
+# ``_ACQUIRE`` does with a floor of 0: a lease absent or bound to the dead session is taken
+# at an epoch bumped past the run's counter; any other (a live holder's, one with a TTL
+# of its own, the dead session's taken meanwhile by someone else) refuses that run only.
+# While the session's key exists (alive after all), no run is taken.
+_ACQUIRE_DEAD = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
+local out = {}
+for i = 1, (#KEYS - 1) / 3 do
+  local lk, ek, hk = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+  local cur = redis.call('GET', lk)
+  if cur and string.match(cur, '^[^|]*|[^|]*|([^|]*)$') ~= ARGV[1] then
+    out[i] = {0, cur}
+  else
+    local e = redis.call('INCR', ek)
+    redis.call('SET', lk, ARGV[2 + i] .. '|' .. e .. ARGV[2])
+    local handed = redis.call('GET', hk)
+    if handed then redis.call('DEL', hk) end
+    out[i] = {1, tostring(e), handed or ''}
+  end
+end
+return out
+"""
+
+ACQUIRE_DEAD_BATCH = 256
+"""Runs whose leases one script takes (``acquire_dead``): Redis runs a script alone, so a
+batch is kept to a few milliseconds of it."""
+
+
+def new_owner(writer_id: str) -> str:
+    """A lease's owner: the writer and a suffix of this acquisition's own."""
+    return f"{writer_id}/{uuid.uuid4().hex[:8]}"
+
+
 HANDOVER_NOTE_TTL_MS = 24 * 3600 * 1000
 """How long a handover note waits for the next owner (a run nobody resumes keeps no key)."""
 
@@ -276,6 +313,7 @@ class LeaseManager:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._hand_over = client.register_script(_HAND_OVER)
+        self._acquire_dead = client.register_script(_ACQUIRE_DEAD)
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
         self._leases_lock = threading.Lock()
         self._stop = threading.Event()
@@ -398,6 +436,57 @@ class LeaseManager:
                 self._leases.add(lease)
         self._ensure_renewer()
         return lease
+
+    def acquire_dead(
+        self, session: str, runs: list[tuple[str, str]], writer_id: str, ttl_ms: int
+    ) -> dict[str, Lease]:
+        """Take the leases of ``runs`` (tenant, run id), held by the dead ``session`` or
+        free, ``ACQUIRE_DEAD_BATCH`` runs a round trip (``_ACQUIRE_DEAD``): each run's
+        epoch bumped as ``try_acquire`` bumps it, a run whose lease is anyone else's left
+        out. Returns the leases taken, by run id; the runs left out are opened the usual
+        way (``try_acquire``), which says who holds them. Only for leases bound to this
+        process's session (a liveness TTL), on a Redis that is not a cluster (a script's
+        keys there must share a slot): otherwise nothing is taken here."""
+        if self.liveness_ttl_ms <= 0 or not isinstance(self.redis, redis.Redis) or not runs:
+            return {}
+        mine = self._current_session()
+        live = live_key(self.prefix, session)
+        taken: dict[str, Lease] = {}
+        for at in range(0, len(runs), ACQUIRE_DEAD_BATCH):
+            batch = runs[at : at + ACQUIRE_DEAD_BATCH]
+            owners = [new_owner(writer_id) for _ in batch]
+            keys = [live]
+            for tenant, run_id in batch:
+                keys.extend(self._keys(tenant, run_id))
+            started = time.monotonic()
+            try:
+                answers = self._acquire_dead(keys=keys, args=[session, f"|{mine.id}", *owners])
+            except REDIS_ERRORS as exc:
+                raise RedisUnavailable(f"lease acquire for {len(batch)} runs: {exc}") from exc
+            if not answers:
+                return taken  # the session lives: its runs are not ours to take
+            for (tenant, run_id), owner, answer in zip(batch, owners, answers, strict=True):
+                if not int(answer[0]):
+                    continue
+                handed = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
+                taken[run_id] = Lease(
+                    manager=self,
+                    tenant=tenant,
+                    run_id=run_id,
+                    owner=owner,
+                    epoch=int(answer[1]),
+                    ttl_ms=ttl_ms,
+                    valid_until=started + ttl_ms / 1000 * 0.8,
+                    handed_over_by=handed or None,
+                    session=mine,
+                )
+                METRICS["acquired"] += 1
+                if handed:
+                    METRICS["taken_handed_over"] += 1
+        log.info(
+            "leases of %d of %d runs of dead session %s acquired", len(taken), len(runs), session
+        )
+        return taken
 
     def raise_epoch(self, lease: Lease, floor: int) -> int | None:
         keys = self._keys(lease.tenant, lease.run_id)

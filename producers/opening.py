@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 
@@ -36,7 +35,7 @@ from runlog.producers.approvals import (
     sign_decision,
 )
 from runlog.producers.approvals import conflict as approvals_conflict
-from runlog.producers.lease import METRICS, Held, Lease
+from runlog.producers.lease import METRICS, Held, Lease, new_owner
 from runlog.producers.tools import Tool
 from runlog.producers.writer import Delivered
 from runlog.projections.run_state import RunState, standing_decision
@@ -57,7 +56,7 @@ LEASE_WAIT_REPORT_S = 5.0
 def acquire(
     deps: RunDeps, tenant: str, run_id: str, wait_s: float, *, takeover: bool = False
 ) -> Lease:
-    owner = f"{deps.writer_id}/{uuid.uuid4().hex[:8]}"
+    owner = new_owner(deps.writer_id)
     deadline = time.monotonic() + wait_s
     report_at = 0.0
     while True:
@@ -110,6 +109,7 @@ def open_run_with(
     subject: str | None = None,
     expect_agent: str | None = None,
     prefetch: Prefetch | None = None,
+    lease: Lease | None = None,
 ) -> Engine:
     """Start a new run or resume an existing one: the same call either way.
 
@@ -132,6 +132,9 @@ def open_run_with(
 
     ``prefetch``: a pass over the run's partition made for many runs at once (a worker
     adopting a dead worker's runs); the replay reads from it when it covers the run.
+    ``lease``: the run's lease, taken already (``LeaseManager.acquire_dead``: a worker
+    adopting a dead worker's runs takes their leases in one round trip); released here
+    if the open fails, as a lease this call takes.
     """
 
     start = {"agent": agent, "goal": goal, **(started_with or {})}
@@ -140,8 +143,11 @@ def open_run_with(
     if run_id is None:
         return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
-    wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-    lease = acquire(deps, tenant, rid, wait, takeover=takeover)
+    if lease is None:
+        wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
+        lease = acquire(deps, tenant, rid, wait, takeover=takeover)
+    elif (lease.tenant, lease.run_id) != (tenant, rid):
+        raise ValueError(f"lease of run {lease.run_id} given to open run {rid}")
     try:
         reader = deps.reader_factory()
         try:

@@ -43,16 +43,18 @@ from runlog.log.reader import Prefetch
 from runlog.producers import timers
 from runlog.producers._engine import CANCELLED, Engine, RunDeps
 from runlog.producers.approvals import decisions_key
-from runlog.producers.async_run import AsyncRun, in_thread, open_async
+from runlog.producers.async_run import AsyncRun, in_thread, open_async, recover_opened
 from runlog.producers.bounds import TEXT_BYTES, bound_text
 from runlog.producers.drain import HandingOver
 from runlog.producers.handle import Run, engine_of
+from runlog.producers.lease import Lease
 from runlog.producers.opening import open_run_with
 from runlog.projections.run_state import RunState
 from runlog.schemas import codec
 from runlog.schemas.keys import partition_for
 from runlog.schemas.sealing import ERASED
 from runlog.schemas.vocabulary import EventType
+from runlog.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,11 @@ def _start_fields(agent: Agent, rec: Record) -> dict[str, str]:
 
 
 def _open_args(
-    deps: RunDeps, agent: Agent, rec: Record, prefetch: Prefetch | None = None
+    deps: RunDeps,
+    agent: Agent,
+    rec: Record,
+    prefetch: Prefetch | None = None,
+    lease: Lease | None = None,
 ) -> dict[str, Any]:
     """How a dispatch opens its run (sync and async alike): never waiting for a lease
     another worker holds, the RUN_STARTED fields of the request when the run is new. A
@@ -118,6 +124,7 @@ def _open_args(
         "started_with": _start_fields(agent, rec),
         "create": rec.input_json is not None or rec.input_sealed is not None,
         "prefetch": prefetch,
+        "lease": lease,
     }
 
 
@@ -125,15 +132,21 @@ def _input(run_input: str | None, rec: Record) -> Any:
     return json.loads(run_input or rec.input_json or "null")
 
 
-def _locked(exc: RunLocked, deps: RunDeps) -> Result:
-    ttl = exc.holder_ttl_ms if exc.holder_ttl_ms is not None else deps.settings.lease_ttl_ms
-    if deps.settings.liveness_ttl_ms:
+def locked_retry_s(settings: Settings, holder_ttl_ms: int | None) -> float:
+    """When a dispatch tries again a run whose lease another holder has for
+    ``holder_ttl_ms`` more (None: unknown)."""
+    ttl = holder_ttl_ms if holder_ttl_ms is not None else settings.lease_ttl_ms
+    if settings.liveness_ttl_ms:
         # A holder's session lives as long as its worker: trying again at every liveness
         # TTL would cost each run held elsewhere Redis commands every few seconds. A dead
         # worker's runs are adopted when its session ends, a drained one's are announced
         # (an ``open`` record): only a holder outside the fleet waits this long.
-        ttl = max(ttl, deps.settings.lease_ttl_ms)
-    return Result("locked", retry_s=max(0.02, ttl / 1000 + 0.02), why=str(exc))
+        ttl = max(ttl, settings.lease_ttl_ms)
+    return max(0.02, ttl / 1000 + 0.02)
+
+
+def _locked(exc: RunLocked, deps: RunDeps) -> Result:
+    return Result("locked", retry_s=locked_retry_s(deps.settings, exc.holder_ttl_ms), why=str(exc))
 
 
 def _fenced(deps: RunDeps, exc: BaseException) -> Result:
@@ -380,17 +393,21 @@ def execute(
     agent: Agent,
     opening: threading.Semaphore | None = None,
     prefetch: Prefetch | None = None,
+    lease: Lease | None = None,
 ) -> Result:
     """Dispatch ``run_id`` once in this thread (a sync agent). ``opening``: the worker's
     bound on opens at once (``Worker.OPENING``); ``prefetch``: a pass over the run's
-    partition made for many adopted runs at once (``Prefetch``)."""
+    partition made for many adopted runs at once (``Prefetch``); ``lease``: the run's
+    lease when the worker took it already (``LeaseManager.acquire_dead``)."""
     opened = _opened(deps, lw, run_id, rec)
     if isinstance(opened, Result):
+        if lease is not None:
+            lease.release()
         return opened
     rec = opened
     try:
         with opening or contextlib.nullcontext():
-            run = open_run_with(deps, run_id, **_open_args(deps, agent, rec, prefetch))
+            run = open_run_with(deps, run_id, **_open_args(deps, agent, rec, prefetch, lease))
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return _not_opened(deps, lw, run_id, rec, exc)
     except Escalated:
@@ -478,16 +495,23 @@ async def execute_async(
     agent: Agent,
     opening: asyncio.Semaphore | None = None,
     prefetch: Prefetch | None = None,
+    lease: Lease | None = None,
 ) -> Result:
     """Dispatch ``run_id`` once in this event loop (an ``async def`` agent). ``opening``:
-    the worker's bound on opens at once (``Worker.OPENING``); ``prefetch`` as ``execute``'s."""
+    the worker's bound on opens at once (``Worker.OPENING``); ``prefetch`` and ``lease``
+    as ``execute``'s."""
     opened = rec if rec.input_sealed is None else await in_thread(_opened, deps, lw, run_id, rec)
     if isinstance(opened, Result):
+        if lease is not None:
+            await in_thread(lease.release)
         return opened
     rec = opened
     try:
         async with opening or contextlib.nullcontext():
-            arun = await open_async(deps, aredis, run_id, **_open_args(deps, agent, rec, prefetch))
+            arun = await open_async(
+                deps, aredis, run_id, recover=False, **_open_args(deps, agent, rec, prefetch, lease)
+            )
+        await recover_opened(arun)
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return await in_thread(_not_opened, deps, lw, run_id, rec, exc)
     except Escalated:

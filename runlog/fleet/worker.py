@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from runlog.errors import ConfigError
+from runlog.errors import ConfigError, RedisUnavailable
 from runlog.fleet import handoffs, lifecycle, reconciling
 from runlog.fleet.lifecycle import DISPATCHABLE, LifecycleWriter, Record
 from runlog.fleet.reconciling import ReconcileRequest, Served
@@ -46,12 +46,14 @@ from runlog.fleet.runner import (
     check_unserved,
     execute,
     execute_async,
+    locked_retry_s,
 )
 from runlog.log.clients import REDIS_ERRORS, async_redis_client
+from runlog.log.holders import holders
 from runlog.log.reader import Prefetch
 from runlog.log.tail import WINDOW
 from runlog.producers._engine import RunDeps
-from runlog.producers.lease import sessions_key
+from runlog.producers.lease import Lease, sessions_key
 from runlog.schemas import codec
 from runlog.schemas.keys import live_key, partition_for
 from runlog.schemas.registry import registry
@@ -156,6 +158,10 @@ class Worker:
         self.prefetch: dict[str, Prefetch] = {}
         """An adopted run's pass over its partition, made for all the runs adopted with it
         (``Prefetch``): used by its first dispatch only."""
+        self.claimed: dict[str, Lease] = {}
+        """Leases of adopted runs taken at their adoption (``LeaseManager.acquire_dead``,
+        one round trip for many runs): used by their first dispatch, released if none
+        comes."""
         self._held: dict[str, str | None] = {}
         """Changes to this session's held set not yet written (run id -> value, None: gone)."""
         """The lifecycle offset of the record each active dispatch was launched on."""
@@ -186,6 +192,8 @@ class Worker:
         self.handoffs: queue.Queue[bytes] = queue.Queue()
         """Announcements popped by the listener (``_listen``), taken by the main loop."""
         self._listening = threading.Event()
+        self.announced: set[str] = set()
+        """Runs announced handed over while a dispatch of them was active."""
         # Reconcile requests (``fleet.reconciling``) of the assigned partitions, by record
         # key: served in the agents' pool, apart from the runs' table (they are no run).
         self.requests: dict[str, tuple[int, ReconcileRequest]] = {}
@@ -340,8 +348,42 @@ class Worker:
         self.caught_up.add(partition)
         table = self.tables.get(partition, {})
         log.info("worker %s: partition %s caught up, %s open runs", self.id, partition, len(table))
+        held = self._held_elsewhere(table)
         for rid, entry in table.items():
+            if rid in held:
+                self._later(rid, held[rid])
+                continue
             self._schedule(rid, entry)
+
+    def _held_elsewhere(self, table: dict[str, Entry]) -> dict[str, float]:
+        """The runs of a partition just taken whose lease a live holder has (run id -> when
+        to try again, as a dispatch that finds it locked would): read in one round trip
+        (``holders``), so that a partition moved from a draining worker does not cost an
+        open of each of its runs mid-step, which would only find them held while their
+        handovers come. A handover announces the run (``_take_handoffs``), and its
+        ``open`` record dispatches it: neither waits for the retry."""
+        wanted = [
+            (entry.record.tenant, rid)
+            for rid, entry in table.items()
+            if entry.record is not None
+            and entry.record.state in DISPATCHABLE
+            and rid not in self.active
+            and rid not in self.queued
+        ]
+        if not wanted:
+            return {}
+        try:
+            found = holders(self.deps.redis, self.settings, wanted)
+        except RedisUnavailable as exc:
+            log.warning("worker %s: leases of %d runs: %s", self.id, len(wanted), exc)
+            return {}  # each dispatch asks for itself
+        now = codec.now_utc()
+        out = {}
+        for (_, rid), got in found.items():
+            if got is not None and got.owner and got.alive:
+                ttl_ms = max(0, int((got.expires_at - now).total_seconds() * 1000))
+                out[rid] = locked_retry_s(self.settings, ttl_ms)
+        return out
 
     def _schedule(self, rid: str, entry: Entry) -> None:
         rec = entry.record
@@ -386,13 +428,16 @@ class Worker:
             rid = self.ready.popleft()
             self.queued.discard(rid)
             prefetch = self.prefetch.pop(rid, None)
+            lease = self.claimed.pop(rid, None)
             entry = self._entry(rid)
             if entry is None or entry.record is None or rid in self.active:
+                self._release(lease)
                 continue
             rec = entry.record
             agent = self.agents.get(rec.agent)
             fut: Future[Result]
             if agent is None:
+                self._release(lease)
                 if self.unserved.get(rid) == entry.offset:
                     log.error("run %s names agent %r, not registered here", rid, rec.agent)
                     self._later(rid, UNKNOWN_AGENT_RETRY_S)
@@ -412,6 +457,7 @@ class Worker:
                         agent,
                         self._opening_async if prefetch is None else self._adopting_async,
                         prefetch,
+                        lease,
                     ),
                     loop,
                 )
@@ -425,6 +471,7 @@ class Worker:
                     agent,
                     self._opening if prefetch is None else self._adopting,
                     prefetch,
+                    lease,
                 )
             self.active[rid] = fut
             self.launched[rid] = entry.offset
@@ -432,6 +479,15 @@ class Worker:
                 self._held[rid] = f"{rec.tenant}\t{rec.agent}"
             self.stats["dispatched" if agent is not None else "checked"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
+
+    def _release(self, lease: Lease | None) -> None:
+        """Let go of a lease taken for a dispatch that does not come."""
+        if lease is None:
+            return
+        try:
+            lease.release()
+        except Exception as exc:  # noqa: BLE001 - its session's end frees it too
+            log.warning("worker %s could not release %s: %s", self.id, lease.run_id, exc)
 
     def _check_end(self, rid: str, rec: Record) -> None:
         """A tombstone this worker did not write (its own come back while the dispatch is
@@ -508,6 +564,8 @@ class Worker:
 
     def _settle(self, rid: str, res: Result, launched: int = -1) -> None:
         self.adopted.pop(rid, None)  # its partition's owner acts on what it wrote
+        announced = rid in self.announced  # handed over while this dispatch tried
+        self.announced.discard(rid)
         if res.kind == "handed_over":
             self.stats["handed_over"] += 1  # a drain: the partition is gone already
             return
@@ -531,7 +589,7 @@ class Worker:
         if res.kind in ("locked", "retry"):
             self.stats["locked" if res.kind == "locked" else "retried"] += 1
             entry = table.get(rid)
-            if entry is not None and entry.offset > launched:
+            if entry is not None and (entry.offset > launched or announced):
                 # A record came while this dispatch tried (a drained worker's handover
                 # writes ``open`` once it let the run go): try again now, not at the retry.
                 self._schedule(rid, entry)
@@ -595,6 +653,7 @@ class Worker:
                     rid, value = _text(raw_rid), _text(raw)
                     if self._adopt_run(rid, value):
                         taken[rid] = value.partition("\t")[0]
+                self._claim_dead(s, taken)
                 self._prefetch(taken)
                 pipe = client.pipeline(transaction=False)
                 pipe.hdel(sessions_key(prefix), s)
@@ -603,6 +662,24 @@ class Worker:
                 log.info("worker %s: session %s is dead, %d runs adopted", self.id, s, len(runs))
         except Exception as exc:  # noqa: BLE001 - the partition owner still retries them
             log.warning("worker %s could not look for dead sessions: %s", self.id, exc)
+
+    def _claim_dead(self, session: str, runs: dict[str, str]) -> None:
+        """Take the leases of a dead session's runs just adopted (run id -> tenant) in one
+        round trip per batch, not three per run at each open; a run whose lease someone
+        else holds is left to its open, which finds it so."""
+        try:
+            leases = self.deps.leases.acquire_dead(
+                session,
+                [(tenant, rid) for rid, tenant in runs.items()],
+                self.deps.writer_id,
+                self.settings.lease_ttl_ms,
+            )
+        except RedisUnavailable as exc:
+            log.warning("worker %s: leases of %d runs: %s", self.id, len(runs), exc)
+            return
+        for rid, lease in leases.items():
+            self._release(self.claimed.pop(rid, None))
+            self.claimed[rid] = lease
 
     def _prefetch(self, runs: dict[str, str]) -> None:
         """One pass over each partition for the runs adopted together (run id -> tenant):
@@ -675,7 +752,12 @@ class Worker:
                 continue
             if rec.input_json is not None or rec.input_sealed is not None:
                 continue  # never a start: those come with the partition
-            if rid in self.active or rid in self.queued or rec.agent not in self.agents:
+            if rid in self.active:
+                # A dispatch of it is trying (it may find the lease still held, just before
+                # the handover): tried again the moment that one ends (``_settle``).
+                self.announced.add(rid)
+                continue
+            if rid in self.queued or rec.agent not in self.agents:
                 continue
             entry = self._entry(rid)
             if entry is None or entry.record is None or entry.record.state != rec.state:
@@ -826,6 +908,10 @@ class Worker:
         self.queued.clear()
         self.adopted.clear()
         self.prefetch.clear()
+        self.announced.clear()
+        for lease in list(self.claimed.values()):
+            self._release(lease)
+        self.claimed.clear()
         log.info("worker %s draining %d runs (at most %.1f s)", self.id, len(self.active), drain_s)
         deadline = time.monotonic() + drain_s
         while (self.active or self.serving) and time.monotonic() < deadline:

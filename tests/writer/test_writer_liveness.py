@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -229,3 +230,117 @@ def test_status_names_a_dead_workers_lease_and_a_handover(
     told = run_status(st[handed], holder(redis_client, test_settings, "t", handed))
     assert told.status == "orphaned" and told.handed_over_by == "drainer"
     assert told.to_dict()["handed_over_by"] == "drainer" and "handed over by drainer" in told.text()
+
+
+def _dead(client: redis.Redis, settings: Settings, mgr: LeaseManager) -> str:
+    """End ``mgr``'s session as a SIGKILL does: its liveness key goes, nothing else."""
+    sid = mgr.session_id()
+    client.delete(live_key(settings.redis_key_prefix, sid))
+    return sid
+
+
+def test_a_dead_sessions_runs_are_taken_in_batches_each_as_strictly_as_one_by_one(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """``acquire_dead`` over more runs than one batch: every run the dead session held,
+    or that is free, is taken at an epoch above its counter (one bump each, a handover
+    note read); a run someone else holds (a live session, a lease with a TTL of its own)
+    is left to its holder; the ex-owner is refused on every run; while the session lives
+    nothing at all is taken."""
+    prefix = test_settings.redis_key_prefix
+    dead = LeaseManager(redis_client, key_prefix=prefix, liveness_ttl_ms=60_000)
+    live = LeaseManager(redis_client, key_prefix=prefix, liveness_ttl_ms=60_000)
+    ttl_only = LeaseManager(redis_client, key_prefix=prefix)
+    try:
+        runs = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(lease_mod.ACQUIRE_DEAD_BATCH + 44)]
+        old = {r: dead.try_acquire("t", r, "a", 60_000) for r in runs}
+        assert all(isinstance(x, Lease) for x in old.values())
+        held_live, held_ttl, released, raised, handed = runs[:5]
+        old[released].release()
+        dead.hand_over(old[handed])  # type: ignore[arg-type]
+        redis_client.set(manager.epoch_key("t", raised), 1000)
+        assert manager.acquire_dead(dead.session_id(), [("t", r) for r in runs], "b", 60_000) == {}
+        assert all(x.check() for r, x in old.items() if r not in (released, handed))  # type: ignore[union-attr]
+
+        sid = _dead(redis_client, test_settings, dead)
+        theirs = live.try_acquire("t", held_live, "c", 60_000)
+        assert isinstance(theirs, Lease)
+        redis_client.delete(manager.lease_key("t", held_ttl))
+        ttl_lease = ttl_only.try_acquire("t", held_ttl, "d", 60_000)
+        assert isinstance(ttl_lease, Lease)
+
+        got = manager.acquire_dead(sid, [("t", r) for r in runs], "b", 60_000)
+        assert set(got) == set(runs) - {held_live, held_ttl}
+        for rid, lease in got.items():
+            before = old[rid]
+            assert isinstance(before, Lease)
+            want = 1001 if rid == raised else before.epoch + 1
+            assert lease.epoch == want, rid
+            assert int(redis_client.get(manager.epoch_key("t", rid))) == want
+            assert redis_client.get(manager.lease_key("t", rid)).decode() == lease.token
+            assert session_of(lease.token) == manager.session_id()
+            assert lease.check()
+            assert lease.handed_over_by == (before.token if rid == handed else None)
+            assert not before.check()  # the ex-owner is fenced
+        assert theirs.check() and ttl_lease.check()  # left to their holders, epochs untouched
+        assert int(redis_client.get(manager.epoch_key("t", held_live))) == theirs.epoch
+    finally:
+        for mgr in (dead, live, ttl_only):
+            mgr.close()
+
+
+def test_a_batch_take_raced_against_single_takes_gives_each_run_one_owner(
+    manager: LeaseManager, test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A batch taker and four one-by-one takers (sessions of their own) go at once, from
+    a barrier, for the runs of a dead session: each run has exactly one new owner, its
+    epoch bumped exactly once, and the lease in Redis is that owner's."""
+    prefix = test_settings.redis_key_prefix
+    dead = LeaseManager(redis_client, key_prefix=prefix, liveness_ttl_ms=60_000)
+    singles = [
+        LeaseManager(redis_client, key_prefix=prefix, liveness_ttl_ms=60_000) for _ in range(4)
+    ]
+    try:
+        runs = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(120)]
+        old = {r: dead.try_acquire("t", r, "a", 60_000) for r in runs}
+        sid = _dead(redis_client, test_settings, dead)
+        for mgr in (manager, *singles):
+            mgr.session_id()  # sessions made before the race
+        barrier = threading.Barrier(1 + len(singles))
+        won: dict[str, list[Lease]] = {r: [] for r in runs}
+        lock = threading.Lock()
+
+        def batch() -> None:
+            barrier.wait()
+            got = manager.acquire_dead(sid, [("t", r) for r in runs], "b", 60_000)
+            with lock:
+                for rid, lease in got.items():
+                    won[rid].append(lease)
+
+        def single(mgr: LeaseManager, order: list[str]) -> None:
+            barrier.wait()
+            for rid in order:
+                got = mgr.try_acquire("t", rid, "s", 60_000)
+                if isinstance(got, Lease):
+                    with lock:
+                        won[rid].append(got)
+
+        threads = [threading.Thread(target=batch)]
+        for i, mgr in enumerate(singles):
+            order = runs[i::2] + runs[(i + 1) % 2 :: 2]
+            threads.append(threading.Thread(target=single, args=(mgr, order)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for rid in runs:
+            assert len(won[rid]) == 1, (rid, won[rid])
+            (winner,) = won[rid]
+            before = old[rid]
+            assert isinstance(before, Lease)
+            assert winner.epoch == before.epoch + 1
+            assert int(redis_client.get(manager.epoch_key("t", rid))) == before.epoch + 1
+            assert redis_client.get(manager.lease_key("t", rid)).decode() == winner.token
+    finally:
+        for mgr in (dead, *singles):
+            mgr.close()
