@@ -68,6 +68,12 @@ REFERENCES = {
     "snapshot_vs_replay": "snapshot path never slower than the replay it replaces",
     "opens_p99_ms": "<= 100 ms (issue 45); before: p50 34 ms, p99 989 ms with 50 at once",
     "timers": "all fire once, p99 delay stated (issue 45); Cloudflare: 50,000 live instances",
+    "million": "append cost flat in the run's length, ratio <= 1.2 (issue 45); Temporal: "
+    "a history ends at 51,200 events",
+    "waiting": "100,000 waiting runs, no worker and no lease held (issue 45); Cloudflare "
+    "Workflows: 50,000 live instances an account",
+    "lifecycle": "a worker starting beside 1,000,000 lifecycle records (issue 45)",
+    "stepping": "10,000 runs open at once in one worker process, stepping (issue 45)",
     "temporal_cap": "Temporal: 51,200 events or 50 MB; a 209k-token run ended at call 53 of 100",
 }
 
@@ -517,8 +523,11 @@ def timers(
     waiting: int,
     echo: Callable[[str], None],
     margin_s: float | None = None,
+    fire: bool = True,
 ) -> dict[str, Any]:
-    """``waiting`` runs on durable timers due in one second, through a real worker."""
+    """``waiting`` runs on durable timers due in one second, through a real worker.
+    ``fire`` False: the timers are due a day ahead, and the part ends once the runs wait
+    and a fresh worker has started beside them (what waiting costs, not what firing does)."""
     import asyncio
 
     from runlog import aio
@@ -538,6 +547,8 @@ def timers(
         follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
         # Long enough for every run to start and wait, and for a second worker's start-up.
         due = time.time() + (20 + waiting * 0.01 if margin_s is None else margin_s)
+        if not fire:
+            due = time.time() + 86_400
         order = {"until": due}
 
         async def start_all() -> list[str]:
@@ -553,12 +564,13 @@ def timers(
         rids = asyncio.run(start_all())
         timer = EventType.TIMER_STARTED.value
         want = set(rids)
+        limit = t0 + 120 + waiting * 0.05
         while True:
             follower.poll(0.2)
             waiting_now = sum(follower.counts.get(r, Counter())[timer] >= 1 for r in want)
             if waiting_now == len(want):
                 break
-            if time.time() > due - 8:
+            if time.time() > due - 8 or time.monotonic() > limit:
                 raise RuntimeError(f"only {waiting_now} of {waiting} runs waiting before due")
         res["all_waiting_s"] = time.monotonic() - t0
         time.sleep(1.0)  # the last leases' releases
@@ -582,6 +594,10 @@ def timers(
         workers.spawn("timers-2", 64)
         res["second_worker_startup_s"] = time.monotonic() - t1
         res["second_worker_lifecycle_records"] = lrec
+        if not fire:
+            follower.close()
+            client.close()
+            return res
         # Every timer falls due within the same second; each run finishes right after. A
         # fire is a dispatch of the run after its due time: its RUN_RESUMED then.
         finished: dict[str, float] = {}
@@ -629,7 +645,278 @@ def _redis(settings: Settings) -> Any:
     return redis_client(settings)
 
 
+# --------------------------------------------------------------------------- larger sizes
+
+
+def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> dict[str, Any]:
+    """One run written to ``events`` records without snapshots (a body of a million-event
+    run's state is tens of MB a write): the append cost of its first and last thousand,
+    1,000 appends to it against a new run alternated, and its state's size at the end."""
+    import orjson
+
+    scratch = Scratch.create(base)
+    plain = Services(scratch.settings)
+    try:
+        deps = plain.run_deps()
+        echo(f"scale: a {events}-event run without snapshots ...")
+        t0 = time.perf_counter()
+        rid, samples, _ = _write_loop(deps, events)
+        wrote = time.perf_counter() - t0
+        last = samples[-1][0]
+        first_c = _window_cost(samples, 0, 1000, snapshots=False)
+        last_c = _window_cost(samples, last - 1000, last, snapshots=False)
+        rounds = _append_rounds(deps, rid, 0, 3, snapshots=False)
+        per_round = [a / b for a, b in zip(rounds["long"], rounds["new"], strict=True)]
+        return {
+            "events": last,
+            "write_s": wrote,
+            "events_per_s": last / wrote,
+            "first_1000_us_per_event": first_c * 1e6,
+            "last_1000_us_per_event": last_c * 1e6,
+            "ratio_last_over_first": last_c / first_c,
+            "alternated_ratio_long_over_new": statistics.median(per_round),
+            "alternated_us_per_event_long": [x * 1e6 for x in rounds["long"]],
+            "alternated_us_per_event_new": [x * 1e6 for x in rounds["new"]],
+            "state_bytes": _state_bytes(deps, rid, orjson),
+        }
+    finally:
+        plain.close()
+        scratch.cleanup()
+
+
+def _state_bytes(deps: Any, run_id: str, orjson: Any) -> int:
+    """Bytes of the run's state as a snapshot body would hold it (what bounds a run's
+    length): one full replay, after the figures above."""
+    from runlog.log.fold import read_run
+
+    reader = deps.reader_factory()
+    try:
+        st = read_run(reader, deps.redis, deps.settings, TENANT, run_id).state
+    finally:
+        reader.close()
+    return len(orjson.dumps(st.to_dict()))
+
+
+class _PatientWorkers:
+    """``runlog worker`` processes that may take minutes to catch up (a lifecycle topic of
+    a million records) and run at a concurrency of thousands."""
+
+    def __init__(self, settings: Settings, out: Path) -> None:
+        from runlog.benchmarks.fleet import _Workers
+
+        self.inner = _Workers(settings, out)
+
+    def spawn(self, name: str, concurrency: int, *, deadline_s: float = 600) -> float:
+        """Start a worker; seconds until it says it caught up with the lifecycle topic."""
+        import subprocess
+        import sys
+
+        from runlog.benchmarks.common import worker_env
+
+        w = self.inner
+        log_path = w.out / f"scale-{name}.log"
+        seen = log_path.stat().st_size if log_path.exists() else 0
+        env = worker_env(
+            w.settings, RUNLOG_WORKER_SESSION_TIMEOUT_MS=str(w.settings.worker_session_timeout_ms)
+        )
+        t0 = time.monotonic()
+        w.procs[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runlog.cli",
+                "worker",
+                "--agents",
+                "runlog.benchmarks.fleet_agents",
+                "--concurrency",
+                str(concurrency),
+                "--id",
+                f"{name}-{os.getpid()}",
+                "--drain-s",
+                "1",
+            ],
+            env=env,
+            stdout=log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        while b"caught up" not in log_path.read_bytes()[seen:]:
+            if w.procs[name].poll() is not None or time.monotonic() - t0 > deadline_s:
+                raise RuntimeError(f"worker {name} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        self.inner.stop()
+        self.inner.procs.clear()
+
+
+def lifecycle_startup(
+    base: Settings, out_dir: Path, *, records: int, echo: Callable[[str], None]
+) -> dict[str, Any]:
+    """A worker's start-up beside a lifecycle topic of ``records`` records: the history of
+    ``records / 4`` runs (requested, open, waiting on a timer, then finished: a tombstone),
+    one run in ten left waiting on a timer a day ahead, as compaction has not yet removed
+    anything. Against a worker's start-up beside an empty topic, in the same sitting."""
+    from datetime import timedelta
+
+    from confluent_kafka import Producer
+
+    from runlog.fleet.lifecycle import Record
+    from runlog.producers.writer import producer_config
+    from runlog.schemas.keys import new_run_id, partition_for
+
+    scratch = Scratch.create(base)
+    s = scratch.settings
+    workers = _PatientWorkers(s, out_dir)
+    res: dict[str, Any] = {"lifecycle_records": records}
+    try:
+        res["startup_empty_s"] = workers.spawn("life-empty", 64)
+        workers.stop()
+        echo(f"scale: writing {records} lifecycle records ...")
+        producer = Producer(producer_config(s, {"linger.ms": 20}))
+        topic_name = s.lifecycle_topic
+        now = codec_now()
+        later = now + timedelta(days=1)
+        recs = {
+            st: Record(
+                st, TENANT, "bench.nap", due_at=later if st == "waiting_until" else None
+            ).encode()
+            for st in ("requested", "open", "waiting_until")
+        }
+        t0 = time.perf_counter()
+        written = waiting = 0
+        i = 0
+        while written < records:
+            rid = new_run_id()
+            key = rid.encode()
+            part = partition_for(rid, s.partitions)
+            left_waiting = i % 10 == 9
+            values: list[bytes | None] = [recs["requested"], recs["open"], recs["waiting_until"]]
+            if not left_waiting:
+                values.append(None)
+            for v in values[: records - written]:
+                while True:
+                    try:
+                        producer.produce(topic_name, value=v, key=key, partition=part)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                written += 1
+            waiting += left_waiting
+            i += 1
+            if i % 10_000 == 0:
+                producer.poll(0)
+        if producer.flush(120) != 0:
+            raise RuntimeError("lifecycle records not all acknowledged")
+        res["write_s"] = time.perf_counter() - t0
+        res["runs"] = i
+        res["left_waiting"] = waiting
+        res["startup_s"] = workers.spawn("life-full", 64)
+        pid = workers.inner.procs["life-full"].pid
+        res["worker_rss_mib"] = _rss_kib(pid) / 1024
+    finally:
+        workers.stop()
+        scratch.cleanup()
+    return res
+
+
+def codec_now() -> Any:
+    from runlog.schemas import codec
+
+    return codec.now_utc()
+
+
+def open_stepping(
+    base: Settings,
+    out_dir: Path,
+    *,
+    runs: int,
+    echo: Callable[[str], None],
+    every_s: float = 10,
+    hold_s: float = 60,
+) -> dict[str, Any]:
+    """``runs`` runs open at once in one worker (concurrency ``runs``), each appending every
+    ``every_s`` until a common end: how many were open at the same time, the appends per
+    second the worker kept while they were, its memory per open run."""
+    import asyncio
+
+    from runlog import aio
+    from runlog.benchmarks.fleet import _Follower
+
+    scratch = Scratch.create(base)
+    s = scratch.settings
+    workers = _PatientWorkers(s, out_dir)
+    res: dict[str, Any] = {"runs": runs, "every_s": every_s}
+    tick = EventType.MEMORY_WRITTEN.value
+    try:
+        workers.spawn("stepping", runs)
+        pid = workers.inner.procs["stepping"].pid
+        rss0 = _rss_kib(pid)
+        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED}))
+        # Long enough for every run to start (about 4 ms each here) and hold a while.
+        until = time.time() + 20 + runs * 0.01 + hold_s
+        order = {"steps": 100_000, "every_s": every_s, "until": until}
+
+        async def start_all() -> None:
+            sem = asyncio.Semaphore(200)
+
+            async def one() -> str:
+                async with sem:
+                    return await aio.start("bench.hold", order, tenant=TENANT, settings=s)
+
+            await asyncio.gather(*(one() for _ in range(runs)))
+
+        echo(f"scale: {runs} runs open in one worker ...")
+        t0 = time.monotonic()
+        asyncio.run(start_all())
+        res["start_requests_s"] = time.monotonic() - t0
+        # Sample: runs with at least one tick, and ticks in all, every second until the end.
+        samples: list[tuple[float, int, int]] = []
+        peak_rss = rss0
+        while time.time() < until + 5:
+            follower.poll(0.5)
+            open_now = sum(1 for c in follower.counts.values() if c[tick] >= 1)
+            total = sum(c[tick] for c in follower.counts.values())
+            samples.append((time.monotonic(), open_now, total))
+            peak_rss = max(peak_rss, _rss_kib(pid))
+            if len(follower.events) >= runs:  # every run finished
+                break
+        all_open = [t for t, n, _ in samples if n >= runs]
+        res["all_open_after_s"] = (all_open[0] - t0) if all_open else None
+        res["max_runs_ticking"] = max((n for _, n, _ in samples), default=0)
+        # Appends per second from when every run had ticked to the common end.
+        if all_open:
+            a = next(x for x in samples if x[0] >= all_open[0])
+            b = max(
+                (x for x in samples if time.time() - (time.monotonic() - x[0]) <= until),
+                key=lambda x: x[0],
+                default=a,
+            )
+            if b[0] > a[0]:
+                res["appends_per_s_all_open"] = (b[2] - a[2]) / (b[0] - a[0])
+                res["expected_appends_per_s"] = runs / every_s
+        res["worker_rss_kib_per_open_run"] = (peak_rss - rss0) / runs
+        res["worker_rss_peak_mib"] = peak_rss / 1024
+        deadline = time.monotonic() + 120
+        while len(follower.events) < runs and time.monotonic() < deadline:
+            follower.poll(0.5)
+        res["finished"] = len(follower.events)
+        follower.close()
+    finally:
+        workers.stop()
+        with contextlib.suppress(Exception):
+            from runlog.fleet import lifecycle
+
+            lifecycle.close_writers(s.bootstrap_servers)
+        scratch.cleanup()
+    return res
+
+
 # --------------------------------------------------------------------------- the report
+
+
+PARTS = ("long", "opens", "timers", "waiting", "million", "lifecycle", "stepping")
+"""The parts of ``run``, in order; ``parts`` picks some."""
 
 
 def run(
@@ -640,23 +927,56 @@ def run(
     echo: Callable[[str], None] = print,
     events: int | None = None,
     waiting: int | None = None,
+    waiting_many: int | None = None,
+    million: int | None = None,
+    lifecycle_records: int | None = None,
+    stepping: int | None = None,
+    parts: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     res: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine(base)}
     out.mkdir(parents=True, exist_ok=True)
+    want = frozenset(PARTS) if parts is None else parts
     t0 = time.perf_counter()
-    res["long"] = long_runs(
-        base,
-        events=events or (10_000 if quick else 100_000),
-        repeats=10 if quick else 30,
-        echo=echo,
-    )
-    echo("scale: opens at once ...")
-    res["opens_at_once"] = opens_at_once(base, (50, 500))
-    echo("scale: runs waiting on timers ...")
-    res["timers"] = timers(base, out, waiting=waiting or (300 if quick else 10_000), echo=echo)
+    if "long" in want:
+        res["long"] = long_runs(
+            base,
+            events=events or (10_000 if quick else 100_000),
+            repeats=10 if quick else 30,
+            echo=echo,
+        )
+    if "opens" in want:
+        echo("scale: opens at once ...")
+        res["opens_at_once"] = opens_at_once(base, (50, 500))
+    if "timers" in want:
+        echo("scale: runs waiting on timers ...")
+        res["timers"] = timers(base, out, waiting=waiting or (300 if quick else 10_000), echo=echo)
+    if "waiting" in want:
+        n = waiting_many or (1_000 if quick else 100_000)
+        echo(f"scale: {n} runs waiting on timers a day ahead ...")
+        res["waiting"] = timers(base, out, waiting=n, echo=echo, fire=False)
+    if "million" in want:
+        res["million"] = million_run(
+            base, events=million or (20_000 if quick else 1_000_000), echo=echo
+        )
+    if "lifecycle" in want:
+        res["lifecycle"] = lifecycle_startup(
+            base,
+            out,
+            records=lifecycle_records or (20_000 if quick else 1_000_000),
+            echo=echo,
+        )
+    if "stepping" in want:
+        res["stepping"] = open_stepping(
+            base,
+            out,
+            runs=stepping or (200 if quick else 10_000),
+            echo=echo,
+            hold_s=20 if quick else 60,
+        )
     res["elapsed_s"] = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    name = "scale.json" if parts is None else f"scale-{'-'.join(sorted(want))}.json"
+    (out / name).write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
     return res
 
 
@@ -703,7 +1023,7 @@ def report(res: dict[str, Any]) -> str:
             for why in r.get("failed", []):
                 lines.append(f"    an open failed: {why}")
     opens = res.get("opens_at_once")
-    if opens or res.get("timers"):
+    if opens or any(res.get(k) for k in ("timers", "waiting", "million", "lifecycle", "stepping")):
         lines.append("many runs")
     for n, o in (opens or {}).items():
         errs = sum(o["errors"].values())
@@ -729,6 +1049,53 @@ def report(res: dict[str, Any]) -> str:
             f"{t.get('fire_p50_s', nan):.2f} s, p99 {t.get('fire_p99_s', nan):.2f} s"
             f"   [{ref['timers']}]",
         ]
+    w = res.get("waiting")
+    if w:
+        lines += [
+            f"  {w['waiting_runs']} runs waiting on timers a day ahead: all waiting "
+            f"{w['all_waiting_s']:.0f} s after the first start; leases held "
+            f"{w['leases_held_of_200_sampled']} of {w['leases_sampled']} sampled   "
+            f"[{ref['waiting']}]",
+            f"    per waiting run: Redis {w['redis_bytes_per_waiting_run']:.0f} bytes, lifecycle "
+            f"topic {w['lifecycle_bytes_per_waiting_run']:.0f} bytes, worker "
+            f"{w['worker_rss_kib_per_waiting_run']:.2f} KiB (worker RSS "
+            f"{w['worker_rss_mib']:.0f} MiB); a fresh worker beside "
+            f"{w['second_worker_lifecycle_records']} lifecycle records: "
+            f"{w['second_worker_startup_s']:.1f} s",
+        ]
+    m = res.get("million")
+    if m:
+        lines += [
+            f"  a run of {m['events']} events without snapshots: {m['events_per_s']:.0f} "
+            f"events/s; first 1000 {m['first_1000_us_per_event']:.0f} us/event, last 1000 "
+            f"{m['last_1000_us_per_event']:.0f}, ratio {m['ratio_last_over_first']:.2f}; "
+            f"alternated with a new run {m['alternated_ratio_long_over_new']:.2f}; its state "
+            f"{m['state_bytes'] / 1e6:.1f} MB   [{ref['million']}]",
+        ]
+    lc = res.get("lifecycle")
+    if lc:
+        lines.append(
+            f"  a worker's start-up beside {lc['lifecycle_records']} lifecycle records "
+            f"({lc['runs']} runs, {lc['left_waiting']} left waiting): {lc['startup_s']:.1f} s, "
+            f"against {lc['startup_empty_s']:.1f} s beside none; RSS "
+            f"{lc['worker_rss_mib']:.0f} MiB   [{ref['lifecycle']}]"
+        )
+    st = res.get("stepping")
+    if st:
+        after = st.get("all_open_after_s")
+        lines.append(
+            f"  {st['runs']} runs in one worker, each appending every {st['every_s']:.0f} s: "
+            f"{st['max_runs_ticking']} open and ticking at once"
+            + (f" ({after:.0f} s after the first start)" if after is not None else "")
+            + (
+                f", {st['appends_per_s_all_open']:.0f} appends/s while all were open "
+                f"(their pace: {st['expected_appends_per_s']:.0f})"
+                if "appends_per_s_all_open" in st
+                else ""
+            )
+            + f"; worker {st['worker_rss_kib_per_open_run']:.1f} KiB per open run, "
+            f"{st['finished']} finished   [{ref['stepping']}]"
+        )
     if "elapsed_s" in res:
         lines.append(f"elapsed {res['elapsed_s']:.0f} s")
     return "\n".join(lines)
