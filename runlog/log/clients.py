@@ -55,6 +55,11 @@ SYNC_POOL_WAIT_S = 30.0
 """How long a thread waits for a free connection before ``ConnectionError``."""
 
 
+OWN_AFTER = 8
+"""Asks a thread makes through the client's pool before ``ThreadGet`` gives it a
+connection of its own (a writer's thread asks at every durable step: it soon has one)."""
+
+
 class ThreadGet:
     """``GET`` over a connection of the calling thread's own, for a hot path's one key.
 
@@ -64,7 +69,7 @@ class ThreadGet:
     own retry would. A cluster client routes by key: it keeps its own ``get``.
     """
 
-    def __init__(self, client: redis.Redis, *, own_after: int = 1) -> None:
+    def __init__(self, client: redis.Redis, *, own_after: int = OWN_AFTER) -> None:
         """``own_after``: asks a thread makes over the client's pool before it gets a
         connection of its own (0: at once)."""
         self._client = client
@@ -92,9 +97,9 @@ class ThreadGet:
 
     def _own(self) -> bool:
         """Whether this thread asks over a connection of its own: once it has asked
-        ``own_after`` times. A thread that asks once (a run opened and closed from a
-        thread of its own) borrows a pooled connection instead: connecting and the
-        handshake cost more than the GET, and 500 such threads at once made 500
+        ``own_after`` times. A thread that asks a few times (a run opened and closed from
+        a thread of its own: three asks) borrows a pooled connection instead: connecting
+        and the handshake cost more than the GETs, and 500 such threads at once made 500
         connections."""
         local = self._local
         if getattr(local, "held", None) is not None:
