@@ -946,48 +946,73 @@ def run(
     res: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine(base)}
     out.mkdir(parents=True, exist_ok=True)
     want = frozenset(PARTS) if parts is None else parts
+    name = "scale.json" if parts is None else f"scale-{'-'.join(sorted(want))}.json"
     t0 = time.perf_counter()
+
+    def part(key: str, measure: Callable[[], dict[str, Any]]) -> None:
+        """One part, its figures saved at once: a part that fails (a session lost on an
+        overloaded machine) is reported, and the others still run."""
+        try:
+            res[key] = measure()
+        except Exception as exc:  # noqa: BLE001 - reported beside the other parts' figures
+            res.setdefault("failed", {})[key] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            echo(f"scale: {key} failed: {res['failed'][key]}")
+        (out / name).write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+
     if "long" in want:
-        res["long"] = long_runs(
-            base,
-            events=events or (10_000 if quick else 100_000),
-            repeats=10 if quick else 30,
-            echo=echo,
+        part(
+            "long",
+            lambda: long_runs(
+                base,
+                events=events or (10_000 if quick else 100_000),
+                repeats=10 if quick else 30,
+                echo=echo,
+            ),
         )
     if "opens" in want:
         echo("scale: opens at once ...")
-        res["opens_at_once"] = opens_at_once(base, (50, 500))
+        part("opens_at_once", lambda: opens_at_once(base, (50, 500)))
     if "timers" in want:
         echo("scale: runs waiting on timers ...")
-        res["timers"] = timers(base, out, waiting=waiting or (300 if quick else 10_000), echo=echo)
+        part(
+            "timers",
+            lambda: timers(base, out, waiting=waiting or (300 if quick else 10_000), echo=echo),
+        )
     if "waiting" in want:
         n = waiting_many or (1_000 if quick else 100_000)
         echo(f"scale: {n} runs waiting on timers a day ahead ...")
-        res["waiting"] = timers(base, out, waiting=n, echo=echo, fire=False)
+        part("waiting", lambda: timers(base, out, waiting=n, echo=echo, fire=False))
     if "million" in want:
-        res["million"] = million_run(
-            base, events=million or (20_000 if quick else 1_000_000), echo=echo
+        part(
+            "million",
+            lambda: million_run(
+                base, events=million or (20_000 if quick else 1_000_000), echo=echo
+            ),
         )
     if "lifecycle" in want:
-        res["lifecycle"] = lifecycle_startup(
-            base,
-            out,
-            records=lifecycle_records or (20_000 if quick else 1_000_000),
-            echo=echo,
+        part(
+            "lifecycle",
+            lambda: lifecycle_startup(
+                base,
+                out,
+                records=lifecycle_records or (20_000 if quick else 1_000_000),
+                echo=echo,
+            ),
         )
     if "stepping" in want:
-        res["stepping"] = open_stepping(
-            base,
-            out,
-            runs=stepping or (200 if quick else 10_000),
-            echo=echo,
-            # 10,000 runs every 30 s: 333 appends/s, a pace one worker keeps beside the rest
-            every_s=10 if quick else 30,
-            hold_s=20 if quick else 90,
+        part(
+            "stepping",
+            lambda: open_stepping(
+                base,
+                out,
+                runs=stepping or (200 if quick else 10_000),
+                echo=echo,
+                # 10,000 runs every 30 s: 333 appends/s, a pace one worker keeps.
+                every_s=10 if quick else 30,
+                hold_s=20 if quick else 90,
+            ),
         )
     res["elapsed_s"] = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
-    name = "scale.json" if parts is None else f"scale-{'-'.join(sorted(want))}.json"
     (out / name).write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
     return res
 
@@ -1111,6 +1136,8 @@ def report(res: dict[str, Any]) -> str:
             + f"; worker {st['worker_rss_kib_per_open_run']:.1f} KiB per open run, "
             f"{st['finished']} finished   [{ref['stepping']}]"
         )
+    for key, why in res.get("failed", {}).items():
+        lines.append(f"  {key}: failed: {why}")
     if "elapsed_s" in res:
         lines.append(f"elapsed {res['elapsed_s']:.0f} s")
     return "\n".join(lines)
