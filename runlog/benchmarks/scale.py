@@ -664,7 +664,9 @@ def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> 
     1,000 appends to it against a new run alternated, and its state's size at the end."""
     import orjson
 
-    scratch = Scratch.create(base)
+    # Minutes of one thread writing as fast as it can: on a loaded machine the process's
+    # 2-second liveness key lapsed between renewals and the writer was fenced. 10 s here.
+    scratch = Scratch.create(base, liveness_ttl_ms=max(base.liveness_ttl_ms, 10_000))
     plain = Services(scratch.settings)
     try:
         deps = plain.run_deps()
