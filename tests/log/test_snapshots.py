@@ -385,3 +385,64 @@ def test_a_resume_from_a_snapshot_reads_only_the_tail(test_settings: Settings) -
         assert len(seen) > length
     finally:
         services.close()
+
+
+def test_a_resume_on_a_busy_partition_stops_at_the_runs_last_record(
+    test_settings: Settings,
+) -> None:
+    """Other runs' records after a snapshot are not fetched when the process's log tail,
+    following the partition, says where the run's own records end; without the tail they
+    all are (the measure can fail)."""
+    s = _snap_settings(test_settings, 40)
+    services = Services(s)
+    try:
+        seen: list[int] = []
+        base = services.run_deps()
+
+        def counting() -> object:
+            reader = base.reader_factory()
+            if not isinstance(reader._consumer, _Counting):
+                reader._made = _Counting(reader._consumer, seen)  # type: ignore[assignment]
+            return reader
+
+        deps = dataclasses.replace(base, reader_factory=counting)
+        store = deps.snapshots
+        assert isinstance(store, SnapshotStore)
+        with open_run_with(deps, tenant="acme", recover=False) as run:
+            for i in range(100):
+                run.emit(EventType.USER_MESSAGE, {"content": f"m{i}"})
+                if i % 20 == 19:
+                    run.barrier()
+                    store.maybe_write(run)
+            run.barrier()
+            run_id, part, length = run.run_id, run.partition, run.state.seq
+        while True:  # another run on the same partition, busy after the snapshots
+            other = open_run_with(deps, tenant="acme", recover=False)
+            if other.partition == part:
+                break
+            other.close()
+
+        def busy() -> None:
+            for i in range(300):
+                other.emit(EventType.USER_MESSAGE, {"content": f"o{i}"})
+            other.barrier()
+
+        def resume(snapshot: bool = False) -> int:
+            seen.clear()
+            with open_run_with(deps, run_id, tenant="acme", recover=False) as again:
+                assert again.state.seq >= length + 1
+                read = len(seen)
+                if snapshot:
+                    store.write(again)  # at the head: only the other run's records follow
+            return read
+
+        with other:
+            busy()
+            assert resume(snapshot=True) > 300  # no tail: the partition up to its head
+            busy()
+            assert deps.tail is not None
+            deps.tail.follow_whole(part)
+            read = resume()
+        assert read <= 3, read  # the claim's read-back, not the other run's 300
+    finally:
+        services.close()
