@@ -387,6 +387,14 @@ def long_runs(
         with open_run_with(sdeps, long_id, tenant=TENANT, recover=False) as caught_up:
             store.maybe_write(caught_up)
         echo("scale: resumes ...")
+        # As a worker does: its log tail follows its partitions whole, so a resume from a
+        # snapshot stops reading after the run's last record instead of at the partition's
+        # head (the 4,000-event runs share partitions with the long one written after them).
+        for services in (plain, snap):
+            tail = services.run_deps().tail
+            assert tail is not None
+            for p in range(scratch.settings.partitions):
+                tail.follow_whole(p)
         res: dict[str, Any] = {}
         nan = float("nan")
         for label, plain_id, snap_id in (
@@ -660,8 +668,9 @@ def _redis(settings: Settings) -> Any:
 
 def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> dict[str, Any]:
     """One run written to ``events`` records without snapshots (a body of a million-event
-    run's state is tens of MB a write): the append cost of its first and last thousand,
-    1,000 appends to it against a new run alternated, and its state's size at the end."""
+    run's state is tens of MB a write), held open throughout (a reopen would replay it
+    all): the append cost of its first and last thousand, 1,000 appends to it against
+    1,000 to a new run alternated, and its state's size at the end."""
     import orjson
 
     # Minutes of one thread writing as fast as it can: on a loaded machine the process's
@@ -671,13 +680,32 @@ def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> 
     try:
         deps = plain.run_deps()
         echo(f"scale: a {events}-event run without snapshots ...")
+        samples: list[tuple[int, float, float]] = []
+        rounds: dict[str, list[float]] = {"long": [], "new": []}
         t0 = time.perf_counter()
-        rid, samples, _ = _write_loop(deps, events)
-        wrote = time.perf_counter() - t0
+        with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
+            turn = 0
+            while run.state.seq < events:
+                t1 = time.perf_counter()
+                before = run.state.seq
+                turn = _appends(run, 95, turn)
+                per = (time.perf_counter() - t1) / (run.state.seq - before)
+                samples.append((run.state.seq, per, per))
+            wrote = time.perf_counter() - t0
+            for _ in range(3):
+                with open_run_with(deps, None, tenant=TENANT, recover=False) as new:
+                    t1 = time.perf_counter()
+                    start = new.state.seq
+                    _appends(new, 1_000, 0)
+                    rounds["new"].append((time.perf_counter() - t1) / (new.state.seq - start))
+                t1 = time.perf_counter()
+                start = run.state.seq
+                turn = _appends(run, 1_000, turn)
+                rounds["long"].append((time.perf_counter() - t1) / (run.state.seq - start))
+            state_bytes = len(orjson.dumps(run.state.to_dict()))
         last = samples[-1][0]
         first_c = _window_cost(samples, 0, 1000, snapshots=False)
         last_c = _window_cost(samples, last - 1000, last, snapshots=False)
-        rounds = _append_rounds(deps, rid, 0, 3, snapshots=False)
         per_round = [a / b for a, b in zip(rounds["long"], rounds["new"], strict=True)]
         return {
             "events": last,
@@ -689,24 +717,24 @@ def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> 
             "alternated_ratio_long_over_new": statistics.median(per_round),
             "alternated_us_per_event_long": [x * 1e6 for x in rounds["long"]],
             "alternated_us_per_event_new": [x * 1e6 for x in rounds["new"]],
-            "state_bytes": _state_bytes(deps, rid, orjson),
+            "state_bytes": state_bytes,
         }
     finally:
         plain.close()
         scratch.cleanup()
 
 
-def _state_bytes(deps: Any, run_id: str, orjson: Any) -> int:
-    """Bytes of the run's state as a snapshot body would hold it (what bounds a run's
-    length): one full replay, after the figures above."""
-    from runlog.log.fold import read_run
-
-    reader = deps.reader_factory()
-    try:
-        st = read_run(reader, deps.redis, deps.settings, TENANT, run_id).state
-    finally:
-        reader.close()
-    return len(orjson.dumps(st.to_dict()))
+def _appends(run: Run, n: int, turn: int) -> int:
+    """About ``n`` records of the agent loop, then a barrier (batches of ~100): the next
+    turn's number."""
+    start = run.state.seq
+    while run.state.seq - start < n:
+        before = run.state.seq
+        while run.state.seq - before < 95:
+            _loop_turn(run, turn)
+            turn += 1
+        run.barrier()
+    return turn
 
 
 class _PatientWorkers:
