@@ -298,6 +298,20 @@ def _resumes(deps: Any, run_id: str, n: int, failed: list[str] | None = None) ->
     return out
 
 
+def _caught_up(tail: Any, deps: Any, partitions: int, timeout_s: float = 120) -> None:
+    """Until the log tail has read every partition to its head (a worker's tail, live)."""
+    reader = deps.reader_factory()
+    try:
+        heads = {p: reader.high_watermark(p) for p in range(partitions)}
+    finally:
+        reader.close()
+    deadline = time.monotonic() + timeout_s
+    for p, head in heads.items():
+        while head > 0 and tail.offsets_of(p, b"", head - 1, head - 1, wait_s=1.0) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the log tail did not reach the head of partition {p}")
+
+
 def long_runs(
     base: Settings,
     *,
@@ -395,6 +409,7 @@ def long_runs(
             assert tail is not None
             for p in range(scratch.settings.partitions):
                 tail.follow_whole(p)
+            _caught_up(tail, services.run_deps(), scratch.settings.partitions)
         res: dict[str, Any] = {}
         nan = float("nan")
         for label, plain_id, snap_id in (

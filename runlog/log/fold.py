@@ -197,8 +197,10 @@ def _own_end(tail: LogTail, partition: int, run_id: str, start: int, stop: int) 
     return offsets[-1] + 1 if offsets else start
 
 
-OWN_END_WAIT_S = 0.2
-"""How long a resume waits for the log tail to reach the head before reading it all."""
+OWN_END_WAIT_S = 0.02
+"""How long a resume waits for the log tail to reach the head before reading it all: a
+live tail is a fetch behind, and one still reading its partitions from their beginning (a
+worker just started, adopting runs) must not hold every resume up."""
 
 
 def fold_run(

@@ -442,6 +442,11 @@ def test_a_resume_on_a_busy_partition_stops_at_the_runs_last_record(
             busy()
             assert deps.tail is not None
             deps.tail.follow_whole(part)
+            reader = base.reader_factory()
+            head = reader.high_watermark(part)
+            reader.close()
+            # A worker's tail is live: let this one read the partition to its head first.
+            assert deps.tail.offsets_of(part, b"", head - 1, head - 1, wait_s=10) is not None
             read = resume()
         assert read <= 3, read  # the claim's read-back, not the other run's 300
     finally:
