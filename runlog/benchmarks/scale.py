@@ -1098,7 +1098,9 @@ def report(res: dict[str, Any]) -> str:
             f"open {p['open_fixed_ms']:.1f} ms -> interval "
             f"{p['interval_4k_50ms']} for 50 ms, {p['interval_long_100ms']} for 100 ms",
         ]
-        for i, (n, r) in enumerate(long["resume"].items()):
+        # By length (a report read back from JSON has its keys sorted as strings).
+        resumes = sorted(long["resume"].items(), key=lambda kv: int(kv[0]))
+        for i, (n, r) in enumerate(resumes):
             tag = ref["resume_4k_p99_ms"] if i == 0 else ref["resume_long_p99_ms"]
             lines.append(
                 f"  resume at {n} events: full replay p50 {r['replay_p50_ms']:.1f} p99 "
