@@ -68,6 +68,12 @@ REFERENCES = {
     "snapshot_vs_replay": "snapshot path never slower than the replay it replaces",
     "opens_p99_ms": "<= 100 ms (issue 45); before: p50 34 ms, p99 989 ms with 50 at once",
     "timers": "all fire once, p99 delay stated (issue 45); Cloudflare: 50,000 live instances",
+    "million": "append cost flat in the run's length, ratio <= 1.2 (issue 45); Temporal: "
+    "a history ends at 51,200 events",
+    "waiting": "100,000 waiting runs, no worker and no lease held (issue 45); Cloudflare "
+    "Workflows: 50,000 live instances an account",
+    "lifecycle": "a worker starting beside 1,000,000 lifecycle records (issue 45)",
+    "stepping": "10,000 runs open at once in one worker process, stepping (issue 45)",
     "temporal_cap": "Temporal: 51,200 events or 50 MB; a 209k-token run ended at call 53 of 100",
 }
 
@@ -292,6 +298,20 @@ def _resumes(deps: Any, run_id: str, n: int, failed: list[str] | None = None) ->
     return out
 
 
+def _caught_up(tail: Any, deps: Any, partitions: int, timeout_s: float = 120) -> None:
+    """Until the log tail has read every partition to its head (a worker's tail, live)."""
+    reader = deps.reader_factory()
+    try:
+        heads = {p: reader.high_watermark(p) for p in range(partitions)}
+    finally:
+        reader.close()
+    deadline = time.monotonic() + timeout_s
+    for p, head in heads.items():
+        while head > 0 and tail.offsets_of(p, b"", head - 1, head - 1, wait_s=1.0) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the log tail did not reach the head of partition {p}")
+
+
 def long_runs(
     base: Settings,
     *,
@@ -321,13 +341,18 @@ def long_runs(
             sp.measure(scratch.settings, pdeps.redis, TENANT, rid4k), reader_open_ms=fixed_ms
         )
         plan4k = sp.plan(m4k, events=base_events, recoveries=1, rto_ms=50.0)
-        plan_long = sp.plan(m4k, events=events, recoveries=1, rto_ms=100.0)
+        # A body holds the whole state, which grows with the run: its load at the long run's
+        # length, scaled from the shorter run's (the formula's input is the load it will pay).
+        load_long = m4k.snapshot_load_ms * max(1.0, events / max(1, m4k.events))
+        m_long = dataclasses.replace(m4k, snapshot_load_ms=load_long)
+        plan_long = sp.plan(m_long, events=events, recoveries=1, rto_ms=100.0)
         k4k = int(plan4k.get("interval") or 500)
         k_long = int(plan_long.get("interval") or 500)
         out["plan"] = {
             "measured_on_events": m4k.events,
             "replay_ms_per_event": m4k.replay_ms_per_event,
             "snapshot_load_ms": m4k.snapshot_load_ms,
+            "snapshot_load_ms_long_scaled": load_long,
             "open_fixed_ms": fixed_ms,
             "interval_4k_50ms": k4k,
             "interval_long_100ms": k_long,
@@ -370,7 +395,21 @@ def long_runs(
         out["long_run"]["alternated_ratio_without_snapshot_writes"] = statistics.median(
             [a / b for a, b in zip(bare["long"], bare["new"], strict=True)]
         )
+        # Those rounds appended to the long run without the snapshot writes a writer makes at
+        # its durable points: its tail is now longer than the interval, which no live writer
+        # leaves. The write the next durable point would make, before the resumes time it.
+        with open_run_with(sdeps, long_id, tenant=TENANT, recover=False) as caught_up:
+            store.maybe_write(caught_up)
         echo("scale: resumes ...")
+        # As a worker does: its log tail follows its partitions whole, so a resume from a
+        # snapshot stops reading after the run's last record instead of at the partition's
+        # head (the 4,000-event runs share partitions with the long one written after them).
+        for services in (plain, snap):
+            tail = services.run_deps().tail
+            assert tail is not None
+            for p in range(scratch.settings.partitions):
+                tail.follow_whole(p)
+            _caught_up(tail, services.run_deps(), scratch.settings.partitions)
         res: dict[str, Any] = {}
         nan = float("nan")
         for label, plain_id, snap_id in (
@@ -517,8 +556,11 @@ def timers(
     waiting: int,
     echo: Callable[[str], None],
     margin_s: float | None = None,
+    fire: bool = True,
 ) -> dict[str, Any]:
-    """``waiting`` runs on durable timers due in one second, through a real worker."""
+    """``waiting`` runs on durable timers due in one second, through a real worker.
+    ``fire`` False: the timers are due a day ahead, and the part ends once the runs wait
+    and a fresh worker has started beside them (what waiting costs, not what firing does)."""
     import asyncio
 
     from runlog import aio
@@ -538,6 +580,8 @@ def timers(
         follower = Follower(s, only=frozenset({EventType.RUN_FINISHED, EventType.RUN_RESUMED}))
         # Long enough for every run to start and wait, and for a second worker's start-up.
         due = time.time() + (20 + waiting * 0.01 if margin_s is None else margin_s)
+        if not fire:
+            due = time.time() + 86_400
         order = {"until": due}
 
         async def start_all() -> list[str]:
@@ -553,12 +597,13 @@ def timers(
         rids = asyncio.run(start_all())
         timer = EventType.TIMER_STARTED.value
         want = set(rids)
+        limit = t0 + 120 + waiting * 0.05
         while True:
             follower.poll(0.2)
             waiting_now = sum(follower.counts.get(r, Counter())[timer] >= 1 for r in want)
             if waiting_now == len(want):
                 break
-            if time.time() > due - 8:
+            if time.time() > due - 8 or time.monotonic() > limit:
                 raise RuntimeError(f"only {waiting_now} of {waiting} runs waiting before due")
         res["all_waiting_s"] = time.monotonic() - t0
         time.sleep(1.0)  # the last leases' releases
@@ -582,6 +627,10 @@ def timers(
         workers.spawn("timers-2", 64)
         res["second_worker_startup_s"] = time.monotonic() - t1
         res["second_worker_lifecycle_records"] = lrec
+        if not fire:
+            follower.close()
+            client.close()
+            return res
         # Every timer falls due within the same second; each run finishes right after. A
         # fire is a dispatch of the run after its due time: its RUN_RESUMED then.
         finished: dict[str, float] = {}
@@ -629,7 +678,300 @@ def _redis(settings: Settings) -> Any:
     return redis_client(settings)
 
 
+# --------------------------------------------------------------------------- larger sizes
+
+
+def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> dict[str, Any]:
+    """One run written to ``events`` records without snapshots (a body of a million-event
+    run's state is tens of MB a write), held open throughout (a reopen would replay it
+    all): the append cost of its first and last thousand, 1,000 appends to it against
+    1,000 to a new run alternated, and its state's size at the end."""
+    import orjson
+
+    # Minutes of one thread writing as fast as it can: on a loaded machine the process's
+    # 2-second liveness key lapsed between renewals and the writer was fenced. 10 s here.
+    scratch = Scratch.create(base, liveness_ttl_ms=max(base.liveness_ttl_ms, 10_000))
+    plain = Services(scratch.settings)
+    try:
+        deps = plain.run_deps()
+        echo(f"scale: a {events}-event run without snapshots ...")
+        samples: list[tuple[int, float, float]] = []
+        rounds: dict[str, list[float]] = {"long": [], "new": []}
+        t0 = time.perf_counter()
+        with open_run_with(deps, None, tenant=TENANT, recover=False) as run:
+            turn = 0
+            while run.state.seq < events:
+                t1 = time.perf_counter()
+                before = run.state.seq
+                turn = _appends(run, 95, turn)
+                per = (time.perf_counter() - t1) / (run.state.seq - before)
+                samples.append((run.state.seq, per, per))
+            wrote = time.perf_counter() - t0
+            for _ in range(3):
+                with open_run_with(deps, None, tenant=TENANT, recover=False) as new:
+                    t1 = time.perf_counter()
+                    start = new.state.seq
+                    _appends(new, 1_000, 0)
+                    rounds["new"].append((time.perf_counter() - t1) / (new.state.seq - start))
+                t1 = time.perf_counter()
+                start = run.state.seq
+                turn = _appends(run, 1_000, turn)
+                rounds["long"].append((time.perf_counter() - t1) / (run.state.seq - start))
+            state_bytes = len(orjson.dumps(run.state.to_dict()))
+        last = samples[-1][0]
+        first_c = _window_cost(samples, 0, 1000, snapshots=False)
+        last_c = _window_cost(samples, last - 1000, last, snapshots=False)
+        per_round = [a / b for a, b in zip(rounds["long"], rounds["new"], strict=True)]
+        return {
+            "events": last,
+            "write_s": wrote,
+            "events_per_s": last / wrote,
+            "first_1000_us_per_event": first_c * 1e6,
+            "last_1000_us_per_event": last_c * 1e6,
+            "ratio_last_over_first": last_c / first_c,
+            "alternated_ratio_long_over_new": statistics.median(per_round),
+            "alternated_us_per_event_long": [x * 1e6 for x in rounds["long"]],
+            "alternated_us_per_event_new": [x * 1e6 for x in rounds["new"]],
+            "state_bytes": state_bytes,
+        }
+    finally:
+        plain.close()
+        scratch.cleanup()
+
+
+def _appends(run: Run, n: int, turn: int) -> int:
+    """About ``n`` records of the agent loop, then a barrier (batches of ~100): the next
+    turn's number."""
+    start = run.state.seq
+    while run.state.seq - start < n:
+        before = run.state.seq
+        while run.state.seq - before < 95:
+            _loop_turn(run, turn)
+            turn += 1
+        run.barrier()
+    return turn
+
+
+class _PatientWorkers:
+    """``runlog worker`` processes that may take minutes to catch up (a lifecycle topic of
+    a million records) and run at a concurrency of thousands."""
+
+    def __init__(self, settings: Settings, out: Path) -> None:
+        from runlog.benchmarks.fleet import _Workers
+
+        self.inner = _Workers(settings, out)
+
+    def spawn(self, name: str, concurrency: int, *, deadline_s: float = 600) -> float:
+        """Start a worker; seconds until it says it caught up with the lifecycle topic."""
+        import subprocess
+        import sys
+
+        from runlog.benchmarks.common import worker_env
+
+        w = self.inner
+        log_path = w.out / f"scale-{name}.log"
+        seen = log_path.stat().st_size if log_path.exists() else 0
+        env = worker_env(
+            w.settings, RUNLOG_WORKER_SESSION_TIMEOUT_MS=str(w.settings.worker_session_timeout_ms)
+        )
+        t0 = time.monotonic()
+        w.procs[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runlog.cli",
+                "worker",
+                "--agents",
+                "runlog.benchmarks.fleet_agents",
+                "--concurrency",
+                str(concurrency),
+                "--id",
+                f"{name}-{os.getpid()}",
+                "--drain-s",
+                "1",
+            ],
+            env=env,
+            stdout=log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        while b"caught up" not in log_path.read_bytes()[seen:]:
+            if w.procs[name].poll() is not None or time.monotonic() - t0 > deadline_s:
+                raise RuntimeError(f"worker {name} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        self.inner.stop()
+        self.inner.procs.clear()
+
+
+def lifecycle_startup(
+    base: Settings, out_dir: Path, *, records: int, echo: Callable[[str], None]
+) -> dict[str, Any]:
+    """A worker's start-up beside a lifecycle topic of ``records`` records: the history of
+    ``records / 4`` runs (requested, open, waiting on a timer, then finished: a tombstone),
+    one run in ten left waiting on a timer a day ahead, as compaction has not yet removed
+    anything. Against a worker's start-up beside an empty topic, in the same sitting."""
+    from datetime import timedelta
+
+    from confluent_kafka import Producer
+
+    from runlog.fleet.lifecycle import Record
+    from runlog.producers.writer import producer_config
+    from runlog.schemas.keys import new_run_id, partition_for
+
+    scratch = Scratch.create(base)
+    s = scratch.settings
+    workers = _PatientWorkers(s, out_dir)
+    res: dict[str, Any] = {"lifecycle_records": records}
+    try:
+        res["startup_empty_s"] = workers.spawn("life-empty", 64)
+        workers.stop()
+        echo(f"scale: writing {records} lifecycle records ...")
+        producer = Producer(producer_config(s, {"linger.ms": 20}))
+        topic_name = s.lifecycle_topic
+        now = codec_now()
+        later = now + timedelta(days=1)
+        recs = {
+            st: Record(
+                st, TENANT, "bench.nap", due_at=later if st == "waiting_until" else None
+            ).encode()
+            for st in ("requested", "open", "waiting_until")
+        }
+        t0 = time.perf_counter()
+        written = waiting = 0
+        i = 0
+        while written < records:
+            rid = new_run_id()
+            key = rid.encode()
+            part = partition_for(rid, s.partitions)
+            left_waiting = i % 10 == 9
+            values: list[bytes | None] = [recs["requested"], recs["open"], recs["waiting_until"]]
+            if not left_waiting:
+                values.append(None)
+            for v in values[: records - written]:
+                while True:
+                    try:
+                        producer.produce(topic_name, value=v, key=key, partition=part)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                written += 1
+            waiting += left_waiting
+            i += 1
+            if i % 10_000 == 0:
+                producer.poll(0)
+        if producer.flush(120) != 0:
+            raise RuntimeError("lifecycle records not all acknowledged")
+        res["write_s"] = time.perf_counter() - t0
+        res["runs"] = i
+        res["left_waiting"] = waiting
+        res["startup_s"] = workers.spawn("life-full", 64)
+        pid = workers.inner.procs["life-full"].pid
+        res["worker_rss_mib"] = _rss_kib(pid) / 1024
+    finally:
+        workers.stop()
+        scratch.cleanup()
+    return res
+
+
+def codec_now() -> Any:
+    from runlog.schemas import codec
+
+    return codec.now_utc()
+
+
+def open_stepping(
+    base: Settings,
+    out_dir: Path,
+    *,
+    runs: int,
+    echo: Callable[[str], None],
+    every_s: float = 10,
+    hold_s: float = 60,
+) -> dict[str, Any]:
+    """``runs`` runs open at once in one worker (concurrency ``runs``), each appending every
+    ``every_s`` until a common end: how many were open at the same time, the appends per
+    second the worker kept while they were, its memory per open run."""
+    import asyncio
+
+    from runlog import aio
+    from runlog.benchmarks.fleet import _Follower
+
+    scratch = Scratch.create(base)
+    s = scratch.settings
+    workers = _PatientWorkers(s, out_dir)
+    res: dict[str, Any] = {"runs": runs, "every_s": every_s}
+    tick = EventType.MEMORY_WRITTEN.value
+    try:
+        workers.spawn("stepping", runs)
+        pid = workers.inner.procs["stepping"].pid
+        rss0 = _rss_kib(pid)
+        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED}))
+        # Long enough for every run to start (about 4 ms each here) and hold a while.
+        until = time.time() + 20 + runs * 0.01 + hold_s
+        order = {"steps": 100_000, "every_s": every_s, "until": until}
+
+        async def start_all() -> None:
+            sem = asyncio.Semaphore(200)
+
+            async def one() -> str:
+                async with sem:
+                    return await aio.start("bench.hold", order, tenant=TENANT, settings=s)
+
+            await asyncio.gather(*(one() for _ in range(runs)))
+
+        echo(f"scale: {runs} runs open in one worker ...")
+        t0 = time.monotonic()
+        asyncio.run(start_all())
+        res["start_requests_s"] = time.monotonic() - t0
+        # Sample: runs with at least one tick, and ticks in all, every second until the end.
+        samples: list[tuple[float, int, int]] = []
+        peak_rss = rss0
+        while time.time() < until + 5:
+            follower.poll(0.5)
+            open_now = sum(1 for c in follower.counts.values() if c[tick] >= 1)
+            total = sum(c[tick] for c in follower.counts.values())
+            samples.append((time.monotonic(), open_now, total))
+            peak_rss = max(peak_rss, _rss_kib(pid))
+            if len(follower.events) >= runs:  # every run finished
+                break
+        all_open = [t for t, n, _ in samples if n >= runs]
+        res["all_open_after_s"] = (all_open[0] - t0) if all_open else None
+        res["max_runs_ticking"] = max((n for _, n, _ in samples), default=0)
+        # Appends per second from when every run had ticked to the common end.
+        if all_open:
+            a = next(x for x in samples if x[0] >= all_open[0])
+            b = max(
+                (x for x in samples if time.time() - (time.monotonic() - x[0]) <= until),
+                key=lambda x: x[0],
+                default=a,
+            )
+            if b[0] > a[0]:
+                res["appends_per_s_all_open"] = (b[2] - a[2]) / (b[0] - a[0])
+                res["expected_appends_per_s"] = runs / every_s
+        res["worker_rss_kib_per_open_run"] = (peak_rss - rss0) / runs
+        res["worker_rss_peak_mib"] = peak_rss / 1024
+        deadline = time.monotonic() + 120
+        while len(follower.events) < runs and time.monotonic() < deadline:
+            follower.poll(0.5)
+        res["finished"] = len(follower.events)
+        follower.close()
+    finally:
+        workers.stop()
+        with contextlib.suppress(Exception):
+            from runlog.fleet import lifecycle
+
+            lifecycle.close_writers(s.bootstrap_servers)
+        scratch.cleanup()
+    return res
+
+
 # --------------------------------------------------------------------------- the report
+
+
+PARTS = ("long", "opens", "timers", "waiting", "million", "lifecycle", "stepping")
+"""The parts of ``run``, in order; ``parts`` picks some."""
 
 
 def run(
@@ -640,29 +982,90 @@ def run(
     echo: Callable[[str], None] = print,
     events: int | None = None,
     waiting: int | None = None,
+    waiting_many: int | None = None,
+    million: int | None = None,
+    lifecycle_records: int | None = None,
+    stepping: int | None = None,
+    parts: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     res: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine(base)}
     out.mkdir(parents=True, exist_ok=True)
+    want = frozenset(PARTS) if parts is None else parts
+    name = "scale.json" if parts is None else f"scale-{'-'.join(sorted(want))}.json"
     t0 = time.perf_counter()
-    res["long"] = long_runs(
-        base,
-        events=events or (10_000 if quick else 100_000),
-        repeats=10 if quick else 30,
-        echo=echo,
-    )
-    echo("scale: opens at once ...")
-    res["opens_at_once"] = opens_at_once(base, (50, 500))
-    echo("scale: runs waiting on timers ...")
-    res["timers"] = timers(base, out, waiting=waiting or (300 if quick else 10_000), echo=echo)
+
+    def part(key: str, measure: Callable[[], dict[str, Any]]) -> None:
+        """One part, its figures saved at once: a part that fails (a session lost on an
+        overloaded machine) is reported, and the others still run."""
+        try:
+            res[key] = measure()
+        except Exception as exc:  # noqa: BLE001 - reported beside the other parts' figures
+            res.setdefault("failed", {})[key] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            echo(f"scale: {key} failed: {res['failed'][key]}")
+        (out / name).write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+
+    if "long" in want:
+        part(
+            "long",
+            lambda: long_runs(
+                base,
+                events=events or (10_000 if quick else 100_000),
+                repeats=10 if quick else 30,
+                echo=echo,
+            ),
+        )
+    if "opens" in want:
+        echo("scale: opens at once ...")
+        part("opens_at_once", lambda: opens_at_once(base, (50, 500)))
+    if "timers" in want:
+        echo("scale: runs waiting on timers ...")
+        part(
+            "timers",
+            lambda: timers(base, out, waiting=waiting or (300 if quick else 10_000), echo=echo),
+        )
+    if "waiting" in want:
+        n = waiting_many or (1_000 if quick else 100_000)
+        echo(f"scale: {n} runs waiting on timers a day ahead ...")
+        part("waiting", lambda: timers(base, out, waiting=n, echo=echo, fire=False))
+    if "million" in want:
+        part(
+            "million",
+            lambda: million_run(
+                base, events=million or (20_000 if quick else 1_000_000), echo=echo
+            ),
+        )
+    if "lifecycle" in want:
+        part(
+            "lifecycle",
+            lambda: lifecycle_startup(
+                base,
+                out,
+                records=lifecycle_records or (20_000 if quick else 1_000_000),
+                echo=echo,
+            ),
+        )
+    if "stepping" in want:
+        part(
+            "stepping",
+            lambda: open_stepping(
+                base,
+                out,
+                runs=stepping or (200 if quick else 10_000),
+                echo=echo,
+                # 10,000 runs every 30 s: 333 appends/s, a pace one worker keeps.
+                every_s=10 if quick else 30,
+                hold_s=20 if quick else 90,
+            ),
+        )
     res["elapsed_s"] = time.perf_counter() - t0
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+    (out / name).write_text(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
     return res
 
 
 def report(res: dict[str, Any]) -> str:
     """Every figure beside its reference; a section not measured is left out."""
     ref = REFERENCES
+    nan = float("nan")
     lines = [f"runlog bench scale ({res['mode']}), {res['machine']['cores']} cores"]
     long = res.get("long")
     if long:
@@ -690,10 +1093,14 @@ def report(res: dict[str, Any]) -> str:
             f"{lr['alternated_ratio_long_over_new']:.2f}; without the snapshot writes "
             f"{lr['alternated_ratio_without_snapshot_writes']:.2f}   [{ref['append_ratio']}]",
             f"  formula inputs: replay {p['replay_ms_per_event'] * 1000:.1f} us/event, snapshot "
-            f"load {p['snapshot_load_ms']:.1f} ms, open {p['open_fixed_ms']:.1f} ms -> interval "
+            f"load {p['snapshot_load_ms']:.1f} ms "
+            f"({p.get('snapshot_load_ms_long_scaled', nan):.1f} ms scaled to the long run), "
+            f"open {p['open_fixed_ms']:.1f} ms -> interval "
             f"{p['interval_4k_50ms']} for 50 ms, {p['interval_long_100ms']} for 100 ms",
         ]
-        for i, (n, r) in enumerate(long["resume"].items()):
+        # By length (a report read back from JSON has its keys sorted as strings).
+        resumes = sorted(long["resume"].items(), key=lambda kv: int(kv[0]))
+        for i, (n, r) in enumerate(resumes):
             tag = ref["resume_4k_p99_ms"] if i == 0 else ref["resume_long_p99_ms"]
             lines.append(
                 f"  resume at {n} events: full replay p50 {r['replay_p50_ms']:.1f} p99 "
@@ -703,7 +1110,7 @@ def report(res: dict[str, Any]) -> str:
             for why in r.get("failed", []):
                 lines.append(f"    an open failed: {why}")
     opens = res.get("opens_at_once")
-    if opens or res.get("timers"):
+    if opens or any(res.get(k) for k in ("timers", "waiting", "million", "lifecycle", "stepping")):
         lines.append("many runs")
     for n, o in (opens or {}).items():
         errs = sum(o["errors"].values())
@@ -711,7 +1118,7 @@ def report(res: dict[str, Any]) -> str:
             f"  open_run of a new run, {n} threads at once: p50 {o['p50_ms']:.0f} ms, p99 "
             f"{o['p99_ms']:.0f} ms, {o['opened']} opened, {errs} failed   [{ref['opens_p99_ms']}]"
         )
-    t, nan = res.get("timers"), float("nan")
+    t = res.get("timers")
     if t:
         lines += [
             f"  {t['waiting_runs']} runs on durable timers: all waiting {t['all_waiting_s']:.1f} s "
@@ -729,6 +1136,55 @@ def report(res: dict[str, Any]) -> str:
             f"{t.get('fire_p50_s', nan):.2f} s, p99 {t.get('fire_p99_s', nan):.2f} s"
             f"   [{ref['timers']}]",
         ]
+    w = res.get("waiting")
+    if w:
+        lines += [
+            f"  {w['waiting_runs']} runs waiting on timers a day ahead: all waiting "
+            f"{w['all_waiting_s']:.0f} s after the first start; leases held "
+            f"{w['leases_held_of_200_sampled']} of {w['leases_sampled']} sampled   "
+            f"[{ref['waiting']}]",
+            f"    per waiting run: Redis {w['redis_bytes_per_waiting_run']:.0f} bytes, lifecycle "
+            f"topic {w['lifecycle_bytes_per_waiting_run']:.0f} bytes, worker "
+            f"{w['worker_rss_kib_per_waiting_run']:.2f} KiB (worker RSS "
+            f"{w['worker_rss_mib']:.0f} MiB); a fresh worker beside "
+            f"{w['second_worker_lifecycle_records']} lifecycle records: "
+            f"{w['second_worker_startup_s']:.1f} s",
+        ]
+    m = res.get("million")
+    if m:
+        lines += [
+            f"  a run of {m['events']} events without snapshots: {m['events_per_s']:.0f} "
+            f"events/s; first 1000 {m['first_1000_us_per_event']:.0f} us/event, last 1000 "
+            f"{m['last_1000_us_per_event']:.0f}, ratio {m['ratio_last_over_first']:.2f}; "
+            f"alternated with a new run {m['alternated_ratio_long_over_new']:.2f}; its state "
+            f"{m['state_bytes'] / 1e6:.1f} MB   [{ref['million']}]",
+        ]
+    lc = res.get("lifecycle")
+    if lc:
+        lines.append(
+            f"  a worker's start-up beside {lc['lifecycle_records']} lifecycle records "
+            f"({lc['runs']} runs, {lc['left_waiting']} left waiting): {lc['startup_s']:.1f} s, "
+            f"against {lc['startup_empty_s']:.1f} s beside none; RSS "
+            f"{lc['worker_rss_mib']:.0f} MiB   [{ref['lifecycle']}]"
+        )
+    st = res.get("stepping")
+    if st:
+        after = st.get("all_open_after_s")
+        lines.append(
+            f"  {st['runs']} runs in one worker, each appending every {st['every_s']:.0f} s: "
+            f"{st['max_runs_ticking']} open and ticking at once"
+            + (f" ({after:.0f} s after the first start)" if after is not None else "")
+            + (
+                f", {st['appends_per_s_all_open']:.0f} appends/s while all were open "
+                f"(their pace: {st['expected_appends_per_s']:.0f})"
+                if "appends_per_s_all_open" in st
+                else ""
+            )
+            + f"; worker {st['worker_rss_kib_per_open_run']:.1f} KiB per open run, "
+            f"{st['finished']} finished   [{ref['stepping']}]"
+        )
+    for key, why in res.get("failed", {}).items():
+        lines.append(f"  {key}: failed: {why}")
     if "elapsed_s" in res:
         lines.append(f"elapsed {res['elapsed_s']:.0f} s")
     return "\n".join(lines)

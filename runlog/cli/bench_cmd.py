@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "against a plain run of the same length; "
             "scale: long runs (bytes per token, append cost at the start and end of a "
             "--long-events run, resume with and without snapshots) and many runs (opens at "
-            "once, --waiting runs on durable timers due in one second), beside references"
+            "once, --waiting runs on durable timers due in one second, --waiting-many runs "
+            "waiting a day, a --million-events run, a worker beside --lifecycle-records, "
+            "--stepping runs open in one worker), beside references"
         ),
     )
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke)")
@@ -70,6 +72,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--waiting", type=int, default=10_000, help="scale: runs waiting on timers at once"
     )
+    p.add_argument(
+        "--waiting-many",
+        type=int,
+        default=100_000,
+        help="scale: runs waiting on timers a day ahead (what waiting costs; never fired)",
+    )
+    p.add_argument(
+        "--million-events", type=int, default=1_000_000, help="scale: events of the longest run"
+    )
+    p.add_argument(
+        "--lifecycle-records",
+        type=int,
+        default=1_000_000,
+        help="scale: lifecycle records a worker starts beside",
+    )
+    p.add_argument(
+        "--stepping", type=int, default=10_000, help="scale: runs open at once in one worker"
+    )
+    p.add_argument(
+        "--parts",
+        default="",
+        help="scale: comma-separated parts to run (long,opens,timers,waiting,million,"
+        "lifecycle,stepping); default all",
+    )
     p.set_defaults(func=_bench)
 
 
@@ -83,6 +109,11 @@ def _bench(args: argparse.Namespace) -> int:
             quick=args.quick,
             events=10_000 if args.quick else args.long_events,
             waiting=300 if args.quick else args.waiting,
+            waiting_many=None if args.quick else args.waiting_many,
+            million=None if args.quick else args.million_events,
+            lifecycle_records=None if args.quick else args.lifecycle_records,
+            stepping=None if args.quick else args.stepping,
+            parts=frozenset(p for p in args.parts.split(",") if p) or None,
         )
         print(scale.report(res))
         return 0

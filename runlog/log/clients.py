@@ -55,6 +55,11 @@ SYNC_POOL_WAIT_S = 30.0
 """How long a thread waits for a free connection before ``ConnectionError``."""
 
 
+OWN_AFTER = 8
+"""Asks a thread makes through the client's pool before ``ThreadGet`` gives it a
+connection of its own (a writer's thread asks at every durable step: it soon has one)."""
+
+
 class ThreadGet:
     """``GET`` over a connection of the calling thread's own, for a hot path's one key.
 
@@ -64,8 +69,11 @@ class ThreadGet:
     own retry would. A cluster client routes by key: it keeps its own ``get``.
     """
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, own_after: int = OWN_AFTER) -> None:
+        """``own_after``: asks a thread makes over the client's pool before it gets a
+        connection of its own (0: at once)."""
         self._client = client
+        self._own_after = own_after
         self._local = threading.local()
         self._lock = threading.Lock()
         # Weak: a thread's connection closes with the thread (redis-py disconnects on
@@ -77,15 +85,30 @@ class ThreadGet:
         same key at every barrier, and packing it anew is a good part of redis-py's cost."""
 
     def __call__(self, key: str) -> Any:
-        if not self._direct:
+        if not self._direct or not self._own():
             return self._client.get(key)
         return self._ask(key, ("GET", key))
 
     def many(self, keys: tuple[str, ...]) -> list[Any]:
         """``MGET keys`` in the same one round trip (keys of one hash slot: one run's)."""
-        if not self._direct:
+        if not self._direct or not self._own():
             return list(self._client.mget(list(keys)))
         return list(self._ask(keys, ("MGET", *keys)))
+
+    def _own(self) -> bool:
+        """Whether this thread asks over a connection of its own: once it has asked
+        ``own_after`` times. A thread that asks a few times (a run opened and closed from
+        a thread of its own: three asks) borrows a pooled connection instead: connecting
+        and the handshake cost more than the GETs, and 500 such threads at once made 500
+        connections."""
+        local = self._local
+        if getattr(local, "held", None) is not None:
+            return True
+        asked = getattr(local, "asked", 0)
+        if asked >= self._own_after:
+            return True
+        local.asked = asked + 1
+        return False
 
     def _ask(self, cache: str | tuple[str, ...], command: tuple[str, ...]) -> Any:
         conn = self._conn()

@@ -19,6 +19,12 @@ What the run may have from that offset on, the claim's read-back finds (it reads
 read's end), as it finds a record written after any read's head. Any record of the run, or
 a tail that cannot say, and the read goes as above.
 
+For the same caller, a read from a snapshot ends after the run's last record that such a
+tail holds, rather than at the partition's head: the tail says which offsets of the range
+are the run's, and the records after its last one are other runs' (a run resumed on a busy
+partition would otherwise fetch every record written since its snapshot). The read's
+``end`` stays the head, where the claim's read-back starts.
+
 An index or a time is a hint, never proof of where the run starts: a read from it that
 finds nothing of the run, or whose first record of the run is not the run's start, is
 read again from the partition's beginning (``fold_run``). A run is "new" only when the
@@ -180,6 +186,23 @@ def fold_range(
     return out
 
 
+def _own_end(tail: LogTail, partition: int, run_id: str, start: int, stop: int) -> int:
+    """Where a read of ``run_id`` from ``start`` may end: after its last record in
+    ``[start, stop)`` that the process's log tail holds, or ``stop`` when it cannot say."""
+    if stop <= start:
+        return stop
+    offsets = tail.offsets_of(partition, run_id.encode(), start, stop - 1, wait_s=OWN_END_WAIT_S)
+    if offsets is None:
+        return stop
+    return offsets[-1] + 1 if offsets else start
+
+
+OWN_END_WAIT_S = 0.02
+"""How long a resume waits for the log tail to reach the head before reading it all: a
+live tail is a fetch behind, and one still reading its partitions from their beginning (a
+worker just started, adopting runs) must not hold every resume up."""
+
+
 def fold_run(
     reader: LogReader,
     client: redis.Redis,
@@ -282,8 +305,13 @@ def read_run(
         if loaded is not None:
             base, start = loaded
             snap_seq = base.seq
+            upto = (
+                stop
+                if tail is None or to_seq is not None
+                else _own_end(tail, partition, run_id, start, stop)
+            )
             folded = fold_range(
-                reader, run_id, partition, start, stop, base=base, to_seq=to_seq, keep=keep
+                reader, run_id, partition, start, upto, base=base, to_seq=to_seq, keep=keep
             )
             if folded is not None:
                 return RunRead(folded, partition, "snapshot", start, stop, snapshot_seq=snap_seq)

@@ -137,16 +137,19 @@ class LogTail:
                 return None
             return part.next
 
-    def offsets_of(self, partition: int, key: bytes, since: int, upto: int) -> list[int] | None:
+    def offsets_of(
+        self, partition: int, key: bytes, since: int, upto: int, *, wait_s: float | None = None
+    ) -> list[int] | None:
         """Offsets in ``[since, upto]`` of records keyed ``key``, once the tail has read
-        past ``upto``; None when it cannot say for sure."""
+        past ``upto`` (waiting ``wait_s``, default the tail's own); None when it cannot say
+        for sure."""
         with self._cond:
             part = self._parts.get(partition)
             if part is None or since < part.start:
                 return None
             ok = self._cond.wait_for(
                 lambda: self._failed is not None or self._closed or part.next > upto,
-                timeout=self._wait_s,
+                timeout=self._wait_s if wait_s is None else wait_s,
             )
             if not ok or self._failed is not None or self._closed or since < part.start:
                 return None

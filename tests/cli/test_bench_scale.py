@@ -39,3 +39,12 @@ def test_scale_long_runs_and_opens_report_positive_figures(test_settings: Settin
     )
     for ref in ("<= 1.2", "<= 50 ms", "<= 100 ms", "Temporal"):
         assert ref in text, ref
+
+
+@pytest.mark.timeout(120)
+def test_scale_long_run_without_snapshots_reports_flatness(test_settings: Settings) -> None:
+    m = scale.million_run(test_settings, events=2_000, echo=lambda _l: None)
+    assert m["events"] >= 2_000 and m["state_bytes"] > 0
+    assert m["ratio_last_over_first"] > 0 and m["alternated_ratio_long_over_new"] > 0
+    text = scale.report({"mode": "test", "machine": machine(test_settings), "million": m})
+    assert "<= 1.2" in text and "51,200" in text

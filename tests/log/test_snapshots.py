@@ -324,3 +324,130 @@ def test_snapshot_plan_leaves_no_scratch_topic_or_key(
     assert json.loads(done.stdout)["verdict"]
     assert scratch_topics() <= before, "scratch topics left behind"
     assert not list(redis_client.scan_iter(match="plan-*", count=1000))
+
+
+class _Counting:
+    """A reader's consumer that counts the records the broker hands it."""
+
+    def __init__(self, inner: object, seen: list[int]) -> None:
+        self._inner, self._seen = inner, seen
+
+    def consume(self, *args: object, **kwargs: object) -> list[object]:
+        batch = self._inner.consume(*args, **kwargs)  # type: ignore[attr-defined]
+        self._seen.extend(m.offset() for m in batch if m.error() is None)
+        return batch  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_a_resume_from_a_snapshot_reads_only_the_tail(test_settings: Settings) -> None:
+    """The records a resume takes from the broker are the snapshot's tail and the claim's
+    read-back, not the run: what grows with a long run's length must not be its reads."""
+    s = _snap_settings(test_settings, 40)
+    services = Services(s)
+    try:
+        seen: list[int] = []
+        base = services.run_deps()
+
+        def counting() -> object:
+            reader = base.reader_factory()
+            if not isinstance(reader._consumer, _Counting):
+                reader._made = _Counting(reader._consumer, seen)  # type: ignore[assignment]
+            return reader
+
+        deps = dataclasses.replace(base, reader_factory=counting)
+        store = deps.snapshots
+        assert isinstance(store, SnapshotStore)
+        with open_run_with(deps, tenant="acme", recover=False) as run:
+            for i in range(300):
+                run.emit(EventType.USER_MESSAGE, {"content": f"m{i}"})
+                if i % 20 == 19:
+                    run.barrier()
+                    store.maybe_write(run)
+            run.barrier()
+            run_id, length = run.run_id, run.state.seq
+        snap = store.candidates("acme", run_id)[0]
+        assert isinstance(snap, Snapshot) and snap.seq > length - 60
+        tail = length - snap.seq
+
+        seen.clear()
+        with open_run_with(deps, run_id, tenant="acme", recover=False) as again:
+            assert again.state.seq == length + 1
+        assert 0 < len(seen) <= tail + 3, (len(seen), tail)  # + the claim's read-back
+        assert min(seen) >= snap.offset
+
+        # The same count without the snapshot is the whole run: the measure can fail.
+        store.delete("acme", run_id)
+        seen.clear()
+        with open_run_with(deps, run_id, tenant="acme", recover=False):
+            pass
+        assert len(seen) > length
+    finally:
+        services.close()
+
+
+def test_a_resume_on_a_busy_partition_stops_at_the_runs_last_record(
+    test_settings: Settings,
+) -> None:
+    """Other runs' records after a snapshot are not fetched when the process's log tail,
+    following the partition, says where the run's own records end; without the tail they
+    all are (the measure can fail)."""
+    s = _snap_settings(test_settings, 40)
+    services = Services(s)
+    try:
+        seen: list[int] = []
+        base = services.run_deps()
+
+        def counting() -> object:
+            reader = base.reader_factory()
+            if not isinstance(reader._consumer, _Counting):
+                reader._made = _Counting(reader._consumer, seen)  # type: ignore[assignment]
+            return reader
+
+        deps = dataclasses.replace(base, reader_factory=counting)
+        store = deps.snapshots
+        assert isinstance(store, SnapshotStore)
+        with open_run_with(deps, tenant="acme", recover=False) as run:
+            for i in range(100):
+                run.emit(EventType.USER_MESSAGE, {"content": f"m{i}"})
+                if i % 20 == 19:
+                    run.barrier()
+                    store.maybe_write(run)
+            run.barrier()
+            run_id, part, length = run.run_id, run.partition, run.state.seq
+        while True:  # another run on the same partition, busy after the snapshots
+            other = open_run_with(deps, tenant="acme", recover=False)
+            if other.partition == part:
+                break
+            other.close()
+
+        def busy() -> None:
+            for i in range(300):
+                other.emit(EventType.USER_MESSAGE, {"content": f"o{i}"})
+            other.barrier()
+
+        def resume(snapshot: bool = False) -> int:
+            seen.clear()
+            with open_run_with(deps, run_id, tenant="acme", recover=False) as again:
+                assert again.state.seq >= length + 1
+                read = len(seen)
+                if snapshot:
+                    store.write(again)  # at the head: only the other run's records follow
+            return read
+
+        with other:
+            busy()
+            assert resume(snapshot=True) > 300  # no tail: the partition up to its head
+            busy()
+            assert deps.tail is not None
+            deps.tail.follow_whole(part)
+            reader = base.reader_factory()
+            head = reader.high_watermark(part)
+            reader.close()
+            # A worker's tail is live: let this one read the partition to its head first.
+            assert deps.tail.offsets_of(part, b"", head - 1, head - 1, wait_s=10) is not None
+            read = resume()
+        assert read <= 3, read  # the claim's read-back, not the other run's 300
+    finally:
+        services.close()

@@ -35,7 +35,7 @@ def keys(redis_client: redis.Redis) -> dict[str, str]:
 @pytest.fixture
 def get(settings: Settings) -> ThreadGet:
     client = redis_client(settings)
-    got = ThreadGet(client)
+    got = ThreadGet(client, own_after=0)  # a connection of its own from the first ask
     yield got
     got.close()
     client.close()
@@ -119,6 +119,39 @@ def test_threads_each_get_their_own_answers(get: ThreadGet, keys: dict[str, str]
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_a_thread_that_asks_once_borrows_a_pooled_connection(
+    settings: Settings, keys: dict[str, str]
+) -> None:
+    """Threads that each ask a few times (a run opened from a thread of its own) make no
+    connection each: they borrow the pool's. A thread that asks more gets its own."""
+    client = redis_client(settings)
+    get = ThreadGet(client, own_after=2)
+    try:
+        names = list(keys)
+        barrier = threading.Barrier(20)
+        answers: list[object] = []
+
+        def once() -> None:
+            barrier.wait()
+            answers.append(get.many(tuple(names[:2])))
+            answers.append(get.many(tuple(names[:2])))
+
+        threads = [threading.Thread(target=once) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answers == [[b"value-0", b"value-1"]] * 40
+        assert len(get._conns) == 0
+        assert get(names[2]) == b"value-2" and get(names[4]) == b"value-4"  # borrowed
+        assert len(get._conns) == 0
+        assert get(names[3]) == b"value-3"  # its third: a connection of its own
+        assert len(get._conns) == 1 and get(names[0]) == b"value-0"
+    finally:
+        get.close()
+        client.close()
 
 
 def test_packed_gets_answer_their_own_key_past_the_cache(
