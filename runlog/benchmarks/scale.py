@@ -739,7 +739,7 @@ def million_run(base: Settings, *, events: int, echo: Callable[[str], None]) -> 
         scratch.cleanup()
 
 
-def _appends(run: Run, n: int, turn: int) -> int:
+def _appends(run: Engine, n: int, turn: int) -> int:
     """About ``n`` records of the agent loop, then a barrier (batches of ~100): the next
     turn's number."""
     start = run.state.seq
@@ -757,9 +757,9 @@ class _PatientWorkers:
     a million records) and run at a concurrency of thousands."""
 
     def __init__(self, settings: Settings, out: Path) -> None:
-        from runlog.benchmarks.fleet import _Workers
+        from runlog.benchmarks.fleet import WorkerProcs
 
-        self.inner = _Workers(settings, out)
+        self.inner = WorkerProcs(settings, out)
 
     def spawn(self, name: str, concurrency: int, *, deadline_s: float = 600) -> float:
         """Start a worker; seconds until it says it caught up with the lifecycle topic."""
@@ -896,7 +896,7 @@ def open_stepping(
     import asyncio
 
     from runlog import aio
-    from runlog.benchmarks.fleet import _Follower
+    from runlog.benchmarks.fleet import Follower
 
     scratch = Scratch.create(base)
     s = scratch.settings
@@ -907,7 +907,7 @@ def open_stepping(
         workers.spawn("stepping", runs)
         pid = workers.inner.procs["stepping"].pid
         rss0 = _rss_kib(pid)
-        follower = _Follower(s, only=frozenset({EventType.RUN_FINISHED}))
+        follower = Follower(s, only=frozenset({EventType.RUN_FINISHED}))
         # Long enough for every run to start (about 4 ms each here) and hold a while.
         until = time.time() + 20 + runs * 0.01 + hold_s
         order = {"steps": 100_000, "every_s": every_s, "until": until}
