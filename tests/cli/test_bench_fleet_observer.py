@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 import runlog
-from runlog.benchmarks.fleet import _finishes, _Follower
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
+from tools.benchmarks.fleet import _finishes, _Follower
 
 
 def _run(settings: Settings, calls: int, outcome: str | None) -> str:
