@@ -502,6 +502,7 @@ TEST_FOLDERS = {
     "fleet",
     "faults",
     "explorer",
+    "tools",
 }
 PACKAGE_WIDE_TESTS = {
     "test_layout.py",
