@@ -25,10 +25,10 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	   $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then \
 	   echo $$p; break; fi; done)
 PACKAGES := runlog producers consumers schemas projections
-LINT_PATHS := $(PACKAGES) tests docs/hooks.py docs/gen_reference.py
+LINT_PATHS := $(PACKAGES) tools tests docs/hooks.py docs/gen_reference.py
 PYTEST_ARGS ?=
 # The demo (README "The demo"): three `runlog worker` processes SIGKILLed at random, no
-# supervisor (runlog.demo). Override DEMO_CMD to run something else on the same stack.
+# supervisor (tools/demo, a clone's). Override DEMO_CMD to run something else on the same stack.
 DEMO_SEED ?= 7
 DEMO_KILLS ?= 5
 DEMO_PAUSES ?= 2

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "runlog"
 
 # Lowest first. A module may import its own layer or a lower one, never a higher one.
-# The CLI registers every command (stack, demo and bench included), so it is the shell
-# around everything and sits with them at the top.
+# The CLI registers every command, so it is the shell around everything and sits at the
+# top. The tooling (tools/: benchmarks, demo, load generator) is outside the package: it
+# imports runlog, runlog never imports it (test_runlog_never_imports_the_tooling).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors and settings", ("runlog.errors", "runlog.settings")),
     ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
@@ -30,10 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("writer and services", ("runlog.producers", "runlog.consumers", "runlog.fleet")),
     ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap", "runlog.testing")),
     ("framework integrations", ("runlog.integrations",)),
-    (
-        "shell: CLI, stack, demo, benchmarks",
-        ("runlog.cli", "runlog.stack", "runlog.demo", "runlog.benchmarks", "runlog.ui"),
-    ),
+    ("shell: CLI, stack, console", ("runlog.cli", "runlog.stack", "runlog.ui")),
 ]
 # Peers in one layer that must not import each other either.
 SEPARATE = {
@@ -352,29 +351,75 @@ def test_the_fold_imports_without_clients_or_codec() -> None:
     assert out.stdout.strip() == "", f"importing the fold loaded {out.stdout.strip()}"
 
 
-def test_install_adds_one_import_name(tmp_path: Path) -> None:
-    # Build from a copy (links kept as links) so setuptools' build/ stays out of the tree.
-    src = tmp_path / "src"
+# What the wheel must never hold: the tooling a clone keeps in tools/.
+TOOLING = ROOT / "tools"
+NOT_IN_WHEEL = ("benchmarks", "demo", "loadgen")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """runlog's wheel, built with this venv's pip from a copy of the tree (links kept as
+    links), so setuptools' build/ and egg-info stay out of the clone."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("runlog", "producers", "consumers", "schemas", "projections"):
+    for name in ("runlog", "producers", "consumers", "schemas", "projections", "tools"):
+        if not (ROOT / name).exists():
+            continue
         shutil.copytree(
             ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
         )
+    out = tmp / "dist"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"),
+            *("-w", str(out), str(src)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("runlog-*.whl")
+    return built
+
+
+def _by_top_folder(names: list[str]) -> dict[str, int]:
+    """Files per top folder of the wheel (``runlog/<folder>``, or the dist-info)."""
+    counts: dict[str, int] = defaultdict(int)
+    for name in names:
+        parts = name.split("/")
+        top = parts[0] if parts[0] != "runlog" or len(parts) < 3 else "/".join(parts[:2])
+        counts[top] += 1
+    return dict(sorted(counts.items()))
+
+
+def test_the_wheel_holds_no_benchmark_demo_or_load_generator(wheel: Path) -> None:
+    """The tooling stays in the clone: no module of the benchmarks, the demo or the load
+    generator is in the wheel, under any folder."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    print(f"{wheel.name}: {len(names)} files")
+    for top, count in _by_top_folder(names).items():
+        print(f"  {top:40} {count:4}")
+    tooling = [
+        n
+        for n in names
+        if Path(n).parts[0] == TOOLING.name
+        or {Path(p).stem for p in Path(n).parts} & {*NOT_IN_WHEEL}
+    ]
+    assert not tooling, f"the wheel holds tooling: {tooling[:20]}"
+    # The check sees the tooling where it is in the tree (it would catch it in the wheel).
+    assert {p.stem for p in TOOLING.rglob("*.py")} & set(NOT_IN_WHEEL) == {"loadgen"}
+    assert (TOOLING / "benchmarks").is_dir() and (TOOLING / "demo").is_dir()
+
+
+def test_install_adds_one_import_name(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(ROOT),
+            *(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"),
+            *("--target", str(target), str(wheel)),
         ],
         check=True,
         capture_output=True,
@@ -386,6 +431,41 @@ def test_install_adds_one_import_name(tmp_path: Path) -> None:
     for sub in ("producers", "consumers", "schemas", "projections"):
         assert (target / "runlog" / sub / "__init__.py").is_file()
     assert list((target / "runlog" / "schemas" / "avro").rglob("v1.avsc"))
+
+
+def _imported_names(path: Path) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import statement in ``path``, wherever it is."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.module, node.lineno))
+    return found
+
+
+def test_runlog_never_imports_the_tooling() -> None:
+    """Tooling imports runlog, never the reverse: no runlog module imports ``tools`` (the
+    clone-only commands load it by name at run time, through runlog.cli.tooling)."""
+    problems = [
+        f"{path}:{line}: {module} imports {name}"
+        for module, path in MODULES.items()
+        for name, line in _imported_names(path)
+        if name == "tools" or name.startswith("tools.")
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_tooling_imports_runlog_modules_that_exist() -> None:
+    """A module renamed in runlog fails here, not on the next `runlog bench`: each runlog
+    module the tooling imports exists."""
+    problems = []
+    for path in sorted(TOOLING.rglob("*.py")):
+        for name, line in _imported_names(path):
+            if name.startswith("runlog.") and name not in MODULES:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: no module {name}")
+    assert not problems, "\n".join(problems)
 
 
 def test_a_projection_is_one_module_registered_once() -> None:
@@ -428,6 +508,7 @@ TEST_FOLDERS = {
     "fleet",
     "faults",
     "explorer",
+    "tools",
 }
 PACKAGE_WIDE_TESTS = {
     "test_layout.py",
@@ -448,7 +529,7 @@ def test_tests_are_grouped_by_what_they_test() -> None:
 
 
 def test_only_the_shell_imports_the_console_renderer() -> None:
-    """rich draws terminals: the CLI and the demo may import it, never a layer a worker or a
+    """rich draws terminals: the CLI (and the tooling) may import it, never a layer a worker or a
     projection service loads (opening a run must not pay for it)."""
     shell = _layer("runlog.cli")
     problems = []
@@ -476,8 +557,8 @@ HOMES = {
     "runlog.log.metrics": "log access",
     "runlog.consumers.stores": "writer and services",
     "runlog.consumers.runner.loop": "writer and services",
-    "runlog.cli.progress": "shell: CLI, stack, demo, benchmarks",
-    "runlog.stack.faults": "shell: CLI, stack, demo, benchmarks",
+    "runlog.cli.progress": "shell: CLI, stack, console",
+    "runlog.stack.faults": "shell: CLI, stack, console",
 }
 
 

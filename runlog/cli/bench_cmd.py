@@ -1,15 +1,16 @@
-"""``runlog bench [--quick] [--out DIR]``: the benchmarks of ``benchmarks.run``.
+"""``runlog bench [--quick] [--out DIR]``: the benchmarks of ``tools.benchmarks.run``.
 
-``benchmarks`` ships in the distribution but is imported only when the command runs.
+A clone-only command: the benchmarks live in ``tools/benchmarks`` of a clone, outside the
+installed package, and are loaded when the command runs (``runlog.cli.tooling``).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from runlog.benchmarks import integrity, steady_lag
-from runlog.benchmarks.run import run_all
+from runlog.cli import tooling
 from runlog.settings import Settings
 
 
@@ -21,7 +22,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Durable append latency, throughput with many runs, replay, recovery, projection "
             "lag and memory, on scratch topics (deleted afterwards) of the stack RUNLOG_* "
             "names. Prints a table (min / median / max over repeats) and writes results.json, "
-            "results.txt and PNG plots (needs the 'bench' extra: matplotlib)."
+            "results.txt and PNG plots (needs the 'bench' extra: matplotlib). Clone-only: "
+            "the benchmarks live in tools/benchmarks of a clone of runlog, not in the "
+            "installed package."
         ),
     )
     p.add_argument(
@@ -100,9 +103,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.what == "scale":
-        from runlog.benchmarks import scale
+    def bench(name: str) -> Any:
+        return tooling.load(f"tools.benchmarks.{name}", "bench")
 
+    if args.what == "scale":
+        scale = bench("scale")
         res = scale.run(
             Settings(),
             out=args.out,
@@ -118,8 +123,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(scale.report(res))
         return 0
     if args.what == "fork":
-        from runlog.benchmarks import fork
-
+        fork = bench("fork")
         quick = args.quick
         res = fork.run(
             Settings(),
@@ -132,8 +136,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(fork.report(res))
         return 0
     if args.what == "handover":
-        from runlog.benchmarks import handover
-
+        handover = bench("handover")
         res = handover.run(
             Settings(),
             out=args.out,
@@ -143,8 +146,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(handover.report(res))
         return 0
     if args.what == "fleet":
-        from runlog.benchmarks import fleet
-
+        fleet = bench("fleet")
         quick = args.quick
         res = fleet.run(
             Settings(),
@@ -158,10 +160,11 @@ def _bench(args: argparse.Namespace) -> int:
         print(fleet.report(res))
         return 0
     if args.what == "integrity":
+        integrity = bench("integrity")
         print(integrity.report(integrity.measure(200 if args.quick else 2000)))
         return 0
     if args.what == "lag":
-        res = steady_lag.run(
+        res = bench("steady_lag").run(
             Settings(),
             rate=args.rate,
             runs=args.runs,
@@ -183,5 +186,5 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
 
     only = {"pydantic-ai": ("pydantic_ai",), "steps": ("steps",)}.get(args.what or "")
-    res = run_all(Settings(), quick=args.quick, out=args.out, only=only)
+    res = bench("run").run_all(Settings(), quick=args.quick, out=args.out, only=only)
     return 1 if res["failed"] else 0

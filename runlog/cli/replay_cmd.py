@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from runlog.benchmarks.synthetic import write_synthetic_run
 from runlog.cli.groups import EXIT_USAGE, print_json
 from runlog.cli.progress import progress_bar
+from runlog.cli.synthetic import write_synthetic_run
 from runlog.consumers import snapshot_plan as sp
 from runlog.consumers.queries import refuse_other_tenant
 from runlog.consumers.redaction import redact_entry, secret_fields

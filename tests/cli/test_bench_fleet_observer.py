@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 import runlog
-from runlog.benchmarks.fleet import Follower, _finishes
+from tools.benchmarks.fleet import Follower, _finishes
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
+from tools.benchmarks.fleet import _finishes, Follower
 
 
 def _run(settings: Settings, calls: int, outcome: str | None) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from runlog.benchmarks import scale
-from runlog.benchmarks.common import machine
 from runlog.settings import Settings
+from tools.benchmarks import scale
+from tools.benchmarks.common import machine
 
 
 @pytest.mark.timeout(120)

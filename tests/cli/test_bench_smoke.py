@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from runlog.benchmarks.run import SECTIONS, run_all
 from runlog.settings import Settings
+from tools.benchmarks.run import SECTIONS, run_all
 
 
 def _numbers(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
@@ -81,7 +81,7 @@ def test_quick_bench_reports_every_section_with_positive_numbers(
 def test_fork_bench_forks_at_the_last_event_and_replays_fork_and_plain_run(
     test_settings: Settings,
 ) -> None:
-    from runlog.benchmarks import fork
+    from tools.benchmarks import fork
 
     res = fork.measure(test_settings, events=400, repeats=2, length=120, replays=2)
     assert res["events"] >= 400 and res["length"] == 120
@@ -93,7 +93,7 @@ def test_fork_bench_forks_at_the_last_event_and_replays_fork_and_plain_run(
 def test_the_restate_row_says_why_when_its_server_cannot_be_had(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from runlog.benchmarks import report, restate_peer
+    from tools.benchmarks import report, restate_peer
 
     # No binary given, none cached, no npm to fetch one with.
     monkeypatch.delenv(restate_peer.SERVER_ENV, raising=False)

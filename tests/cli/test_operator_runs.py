@@ -20,13 +20,13 @@ from projections_support import env_for
 
 import runlog
 from runlog.consumers import index
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
 from runlog.log.reader import LogReader
 from runlog.projections import lifecycle
 from runlog.projections.run_state import RunState
 from runlog.projections.state_view import StateView
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,6 +1,6 @@
 """The demo's run forked at every seq, dispatched by a real `runlog worker`.
 
-The demo's agent (``runlog.demo.agents``: three refunds, a durable timer, the fee) refunds on
+The demo's agent (``tools.demo.agents``: three refunds, a durable timer, the fee) refunds on
 a ledger that deduplicates nothing: each request adds one to its key's count. Its run is
 executed to the end once, then forked after each of its events; the forks are dispatched
 like started runs (``runlog.fork`` wakes them) and executed concurrently by one worker.
@@ -45,7 +45,7 @@ def _events(settings: Settings, rid: str) -> list[runlog.Event]:
 
 
 def _ledger(client: redis.Redis, settings: Settings) -> dict[str, int]:
-    """The demo's ledger: how many times each key was refunded (runlog.demo.agents)."""
+    """The demo's ledger: how many times each key was refunded (tools.demo.agents)."""
     raw = client.hgetall(f"{settings.redis_key_prefix}:demo:effects")
     return {k.decode(): int(v) for k, v in raw.items()}
 
@@ -55,7 +55,7 @@ def test_the_demos_run_forked_at_every_seq_refunds_nothing_twice(
     fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
 ) -> None:
     s = fleet_settings
-    fleet.spawn(concurrency=16, agents="runlog.demo.agents")
+    fleet.spawn(concurrency=16, agents="tools.demo.agents")
     parent = runlog.start(AGENT, ORDER, tenant=TENANT, settings=s)
     (done,) = wait_finished(s, [parent], 90, fleet).values()
     assert done.outcome == "succeeded"

@@ -447,8 +447,8 @@ def test_a_retry_or_approval_a_tool_raised_is_replayed_never_run_again(fast: Set
 def test_many_agent_runs_share_one_event_loop(fast: Settings) -> None:
     from pydantic_ai.usage import UsageLimits
 
-    from runlog.benchmarks.pydantic_ai_steps import _agent
     from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy
+    from tools.benchmarks.pydantic_ai_steps import _agent
 
     durable = RunlogAgent(_agent(4), tools={"lookup": ToolPolicy("irreversible")}, settings=fast)
 
@@ -470,7 +470,7 @@ def test_the_refund_example_killed_in_its_refund_resumes_with_one_refund(
     fast: Settings, tmp_path: Path
 ) -> None:
     bank = tmp_path / "refunds.json"
-    cmd = [sys.executable, "-m", "runlog.demo.pydantic_ai_refund", "--bank", str(bank)]
+    cmd = [sys.executable, "-m", "tools.demo.pydantic_ai_refund", "--bank", str(bank)]
     first = subprocess.Popen(
         [*cmd, "--pause-in-refund", "60"],
         env=worker_env(fast),

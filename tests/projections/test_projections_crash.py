@@ -23,11 +23,11 @@ from projections_support import (
 )
 
 from runlog.consumers import queries
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.projection_metrics import Watermarks
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 
 def _reference(settings: Settings, client: redis.Redis) -> dict:

@@ -18,10 +18,10 @@ from projections_support import (
 )
 
 from runlog.consumers import queries
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 
 def test_projections_import_neither_kafka_nor_redis() -> None:

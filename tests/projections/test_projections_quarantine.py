@@ -11,13 +11,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from projections_support import applied_total, replayed_states, wait_caught_up
 
 from runlog.consumers import queries
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.schemas import codec
 from runlog.schemas.models import Event
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 
 def _event(run_id: str, seq: int = 1) -> Event:

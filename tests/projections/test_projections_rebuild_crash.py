@@ -32,11 +32,11 @@ from projections_support import (
 from workers.common import TESTS
 
 from runlog.consumers import projection_metrics, queries
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, RebuildIncomplete
 from runlog.consumers.store import ProjectionKeys
 from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 pytestmark = pytest.mark.timeout(600)
 

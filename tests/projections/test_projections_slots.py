@@ -13,10 +13,10 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 
 def test_each_projection_transaction_stays_in_one_slot(

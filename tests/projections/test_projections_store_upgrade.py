@@ -8,11 +8,11 @@ import redis
 from projections_support import dump
 
 from runlog.consumers import queries
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.store import APPLIED, ProjectionKeys
 from runlog.schemas.keys import partition_for
 from runlog.settings import Settings
+from tools.loadgen import LoadGenerator
 
 
 def test_a_view_stored_whole_is_split_on_its_next_write(

@@ -81,7 +81,7 @@ def test_every_current_schema_has_a_compiled_decoder() -> None:
 
 def test_decode_matches_the_validating_path() -> None:
     """On valid and hostile records alike: the same event, or the same error class."""
-    from runlog.benchmarks.common import encode_all, make_events
+    from tools.benchmarks.common import encode_all, make_events
 
     rng = random.Random(7)
     values = [r.value for r in encode_all(make_events("compiled-check", 400))]

@@ -20,7 +20,6 @@ from projections_support import dump
 import runlog
 from runlog.consumers import queries
 from runlog.consumers.index import RunIndex
-from runlog.consumers.loadgen import LoadGenerator
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import InvalidTenant
@@ -29,6 +28,7 @@ from runlog.producers.lease import Held, Lease, LeaseManager
 from runlog.schemas.vocabulary import EventType
 from runlog.settings import Settings
 from runlog.stack import StackConfig, redis_cluster
+from tools.loadgen import LoadGenerator
 
 # Outside CI a machine without Debian's redis-server skips these; under CI=true it must
 # not hide a missing service, so the tests run and fail.
