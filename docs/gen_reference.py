@@ -2,7 +2,7 @@
 
 Used by ``docs/hooks.py`` (the MkDocs build) and by ``tests/test_docs.py``; nothing here is
 part of the runlog package. The CLI page is rendered from ``runlog.cli.build_parser()``; the
-settings page from the classes that read ``RUNLOG_*`` variables (``runlog.settings.Settings``
+settings page from the classes that read ``RUNLOG_*`` variables (``runlog._settings.Settings``
 and the console's settings, read from their source so no optional extra is imported), the
 stack's port table, and the ``RUNLOG_*`` names found anywhere in the package's code.
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = ("runlog", "producers", "consumers", "schemas", "projections")
 NAME = re.compile(r"\bRUNLOG_[A-Z0-9_]*[A-Z0-9]\b")
 # Settings classes (pydantic-settings) whose fields are RUNLOG_* variables.
-SETTINGS_SOURCES = (("runlog/settings.py", "Settings"), ("runlog/ui/auth.py", "UiSettings"))
+SETTINGS_SOURCES = (("runlog/_settings.py", "Settings"), ("runlog/ui/_auth.py", "UiSettings"))
 
 # Variables read outside the settings classes, with what they mean. Ports and heaps of the
 # three local stacks are added from runlog.stack's own table (see stack_variables()); a
@@ -189,7 +189,9 @@ def settings_fields(path: str, cls_name: str) -> list[Field]:
 
 def stack_variables() -> dict[str, tuple[str, str]]:
     """Ports and heaps of the local stacks, from runlog.stack's own defaults."""
-    from runlog.stack import config, redis_cluster, registry
+    from runlog.stack import _config as config
+    from runlog.stack import _redis_cluster as redis_cluster
+    from runlog.stack import _registry as registry
 
     out: dict[str, tuple[str, str]] = {}
     ports = config._DEFAULT_PORTS

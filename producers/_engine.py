@@ -1,12 +1,12 @@
 """The engine of a run, private to the package: one owner and the append pipeline.
 
 ``Engine`` is what the handles users hold (``runlog.Run``, ``runlog.aio.AsyncRun``, in
-``runlog.producers.handle``) drive: the lease guard, encoding and sending, acknowledgements
+``runlog.producers._handle``) drive: the lease guard, encoding and sending, acknowledgements
 and the durability barrier, the log confirmation, the cancel flag, the keys, and the entry
-points of the tool-call path (``runlog.producers.calls``) and of approvals
-(``runlog.producers.approvals``). The modules that drive a run use its public members, its
+points of the tool-call path (``runlog.producers._calls``) and of approvals
+(``runlog.producers._approvals``). The modules that drive a run use its public members, its
 interface within the package; users never see it. Opening a run is
-``runlog.producers.opening``.
+``runlog.producers._opening``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import redis
 
+from runlog._settings import Settings
 from runlog.errors import (
     AppendOutcomeUnknown,
     ConfigError,
@@ -32,30 +33,31 @@ from runlog.errors import (
     RunlogError,
     ValidationFailed,
 )
-from runlog.log.authority import tenant_keys_for
-from runlog.log.fold import Folded, SnapshotSource, read_run
-from runlog.log.keys import sealer_for
-from runlog.log.reader import LogReader
-from runlog.log.tail import LogTail
-from runlog.producers import approvals, calls, timers
-from runlog.producers.bounds import BOUNDED_FIELDS, bound_payload
-from runlog.producers.lease import Lease, LeaseManager
-from runlog.producers.ops import drive
-from runlog.producers.tools import Tool
-from runlog.producers.writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
-from runlog.projections.run_state import SETTLEMENT, RunState, accept, accepted_in_order
-from runlog.schemas import codec
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import (
+from runlog.log._authority import tenant_keys_for
+from runlog.log._fold import Folded, SnapshotSource, read_run
+from runlog.log._keys import sealer_for
+from runlog.log._reader import LogReader
+from runlog.log._tail import LogTail
+from runlog.producers import _approvals as approvals
+from runlog.producers import _calls as calls
+from runlog.producers import _timers as timers
+from runlog.producers._bounds import BOUNDED_FIELDS, bound_payload
+from runlog.producers._lease import Lease, LeaseManager
+from runlog.producers._ops import drive
+from runlog.producers._tools import Tool
+from runlog.producers._writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
+from runlog.projections._run_state import SETTLEMENT, RunState, accept, accepted_in_order
+from runlog.schemas import _codec as codec
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._keys import (
     idempotency_key,
     key_scheme_of,
     start_key,
 )
-from runlog.schemas.models import Event, Payload
-from runlog.schemas.sealing import Sealer, subject_of
-from runlog.schemas.signing import Signature
-from runlog.schemas.vocabulary import OWNERSHIP, EventType
-from runlog.settings import Settings
+from runlog.schemas._models import Event, Payload
+from runlog.schemas._sealing import Sealer, subject_of
+from runlog.schemas._signing import Signature
+from runlog.schemas._vocabulary import OWNERSHIP, EventType
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ class Engine(Owned):
     occurrences: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     attempted: set[str] = field(default_factory=set)
     """Keys this owner sent a request for, so under its own token: a fenced receiver's
-    lookup with that token raises no floor above them (``producers.calls``)."""
+    lookup with that token raises no floor above them (``producers._calls``)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     _log_view: RunState | None = None
     """Validity of this run's log up to ``position``, as every reader folds it: status,
@@ -668,7 +670,7 @@ class Engine(Owned):
     @property
     def key_scope(self) -> str:
         """The default scope of this run's keys: the run, or for a fork its lineage's root
-        (so an action is the same logical action in every timeline; ``producers.forks``)."""
+        (so an action is the same logical action in every timeline; ``producers._forks``)."""
         lineage = self.state.lineage
         return self.run_id if lineage is None else lineage.key_scope
 

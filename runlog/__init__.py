@@ -1,7 +1,7 @@
 """runlog: durable, fenced, replayable event logs for AI-agent runs on Kafka and Redis.
 
 Users import ``runlog`` only. Every subpackage lives inside this package, so importing any
-of them (``runlog.projections.run_state``, say) runs this file first: it therefore loads
+of them (``runlog.projections._run_state``, say) runs this file first: it therefore loads
 nothing but the errors, and each public name below loads on first use. That keeps the
 pure fold importable without Kafka, Redis, fastavro or pydantic-settings.
 
@@ -115,38 +115,38 @@ logging.getLogger("runlog").addHandler(logging.NullHandler())
 if TYPE_CHECKING:
     from runlog import aio as aio
     from runlog import testing as testing
-    from runlog.api import append_metrics as append_metrics
-    from runlog.api import cancel as cancel
-    from runlog.api import decide as decide
-    from runlog.api import forget as forget
-    from runlog.api import fork as fork
-    from runlog.api import lease_metrics as lease_metrics
-    from runlog.api import open_run as open_run
-    from runlog.api import question as question
-    from runlog.api import reconcile as reconcile
-    from runlog.api import resume as resume
-    from runlog.api import serve_metrics as serve_metrics
-    from runlog.api import start as start
-    from runlog.api import terminate as terminate
-    from runlog.consumers.question import Question as Question
-    from runlog.fleet.registry import agent as agent
-    from runlog.producers.context import CallContext as CallContext
-    from runlog.producers.context import current_call as current_call
-    from runlog.producers.forks import Fork as Fork
-    from runlog.producers.handle import Run as Run
-    from runlog.producers.reconcile import Reconciliation as Reconciliation
-    from runlog.producers.tools import Absent as Absent
-    from runlog.producers.tools import Conflict as Conflict
-    from runlog.producers.tools import Inconclusive as Inconclusive
-    from runlog.producers.tools import Match as Match
-    from runlog.producers.tools import Tool as Tool
-    from runlog.producers.tools import ToolError as ToolError
-    from runlog.producers.tools import tool as tool
-    from runlog.schemas.codec import decode as decode
-    from runlog.schemas.codec import encode as encode
-    from runlog.schemas.models import Event as Event
-    from runlog.schemas.vocabulary import EventType as EventType
-    from runlog.settings import Settings as Settings
+    from runlog._api import append_metrics as append_metrics
+    from runlog._api import cancel as cancel
+    from runlog._api import decide as decide
+    from runlog._api import forget as forget
+    from runlog._api import fork as fork
+    from runlog._api import lease_metrics as lease_metrics
+    from runlog._api import open_run as open_run
+    from runlog._api import question as question
+    from runlog._api import reconcile as reconcile
+    from runlog._api import resume as resume
+    from runlog._api import serve_metrics as serve_metrics
+    from runlog._api import start as start
+    from runlog._api import terminate as terminate
+    from runlog._settings import Settings as Settings
+    from runlog.consumers._question import Question as Question
+    from runlog.fleet._registry import agent as agent
+    from runlog.producers._context import CallContext as CallContext
+    from runlog.producers._context import current_call as current_call
+    from runlog.producers._forks import Fork as Fork
+    from runlog.producers._handle import Run as Run
+    from runlog.producers._reconcile import Reconciliation as Reconciliation
+    from runlog.producers._tools import Absent as Absent
+    from runlog.producers._tools import Conflict as Conflict
+    from runlog.producers._tools import Inconclusive as Inconclusive
+    from runlog.producers._tools import Match as Match
+    from runlog.producers._tools import Tool as Tool
+    from runlog.producers._tools import ToolError as ToolError
+    from runlog.producers._tools import tool as tool
+    from runlog.schemas._codec import decode as decode
+    from runlog.schemas._codec import encode as encode
+    from runlog.schemas._models import Event as Event
+    from runlog.schemas._vocabulary import EventType as EventType
 
 _ERRORS = "runlog.errors"
 
@@ -154,42 +154,42 @@ _ERRORS = "runlog.errors"
 # listed under its own name (``aio``, ``testing``) is a public submodule.
 _PUBLIC: dict[str, str] = {
     # runs, decisions, the question a person answers
-    "open_run": "runlog.api",
-    "Run": "runlog.producers.handle",
-    "decide": "runlog.api",
-    "cancel": "runlog.api",
-    "terminate": "runlog.api",
-    "reconcile": "runlog.api",
-    "Reconciliation": "runlog.producers.reconcile",
-    "forget": "runlog.api",
-    "fork": "runlog.api",
-    "Fork": "runlog.producers.forks",
-    "question": "runlog.api",
-    "Question": "runlog.consumers.question",
+    "open_run": "runlog._api",
+    "Run": "runlog.producers._handle",
+    "decide": "runlog._api",
+    "cancel": "runlog._api",
+    "terminate": "runlog._api",
+    "reconcile": "runlog._api",
+    "Reconciliation": "runlog.producers._reconcile",
+    "forget": "runlog._api",
+    "fork": "runlog._api",
+    "Fork": "runlog.producers._forks",
+    "question": "runlog._api",
+    "Question": "runlog.consumers._question",
     # the fleet: agents by name, durable start requests, dispatch now
-    "agent": "runlog.fleet.registry",
-    "start": "runlog.api",
-    "resume": "runlog.api",
+    "agent": "runlog.fleet._registry",
+    "start": "runlog._api",
+    "resume": "runlog._api",
     # tools
-    "tool": "runlog.producers.tools",
-    "Tool": "runlog.producers.tools",
-    "ToolError": "runlog.producers.tools",
-    "Match": "runlog.producers.tools",
-    "Absent": "runlog.producers.tools",
-    "Conflict": "runlog.producers.tools",
-    "Inconclusive": "runlog.producers.tools",
-    "current_call": "runlog.producers.context",
-    "CallContext": "runlog.producers.context",
+    "tool": "runlog.producers._tools",
+    "Tool": "runlog.producers._tools",
+    "ToolError": "runlog.producers._tools",
+    "Match": "runlog.producers._tools",
+    "Absent": "runlog.producers._tools",
+    "Conflict": "runlog.producers._tools",
+    "Inconclusive": "runlog.producers._tools",
+    "current_call": "runlog.producers._context",
+    "CallContext": "runlog.producers._context",
     # events and settings
-    "Event": "runlog.schemas.models",
-    "EventType": "runlog.schemas.vocabulary",
-    "encode": "runlog.schemas.codec",
-    "decode": "runlog.schemas.codec",
-    "Settings": "runlog.settings",
+    "Event": "runlog.schemas._models",
+    "EventType": "runlog.schemas._vocabulary",
+    "encode": "runlog.schemas._codec",
+    "decode": "runlog.schemas._codec",
+    "Settings": "runlog._settings",
     # telemetry
-    "lease_metrics": "runlog.api",
-    "append_metrics": "runlog.api",
-    "serve_metrics": "runlog.api",
+    "lease_metrics": "runlog._api",
+    "append_metrics": "runlog._api",
+    "serve_metrics": "runlog._api",
     # public submodules
     "aio": "runlog.aio",
     "testing": "runlog.testing",

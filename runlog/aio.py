@@ -20,13 +20,13 @@ from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 
-from runlog import api
-from runlog.bootstrap import Services
-from runlog.log.clients import async_redis_client
-from runlog.producers.async_run import AsyncRun, in_thread, open_async
-from runlog.producers.handle import Run
-from runlog.schemas.keys import check_run_id
-from runlog.settings import Settings
+from runlog import _api as api
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.log._clients import async_redis_client
+from runlog.producers._async_run import AsyncRun, in_thread, open_async
+from runlog.producers._handle import Run
+from runlog.schemas._keys import check_run_id
 
 __all__ = [
     "AsyncRun",

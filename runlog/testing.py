@@ -10,7 +10,7 @@ restarted with the same run id continues where the log says it stopped. Public, 
 
 from __future__ import annotations
 
-from runlog.producers.agent import (
+from runlog.producers._agent import (
     AgentLoop,
     ApprovalStep,
     Call,

@@ -9,9 +9,9 @@ from typing import Any
 
 import fastavro
 
-from runlog.schemas import codec
-from runlog.schemas.models import Event, Payload
-from runlog.schemas.vocabulary import EventType
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event, Payload
+from runlog.schemas._vocabulary import EventType
 
 
 def make_event(

@@ -32,11 +32,11 @@ import pytest
 import redis
 
 from runlog import stack
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog._topics import delete_topics, ensure_topics
 from runlog.errors import RunlogError
-from runlog.log.clients import redis_client as make_redis
-from runlog.settings import Settings
-from runlog.topics import delete_topics, ensure_topics
+from runlog.log._clients import redis_client as make_redis
 
 DEFAULT_TEST_TIMEOUT = int(os.environ.get("RUNLOG_TEST_TIMEOUT", "300"))
 TEST_PARTITIONS = 3

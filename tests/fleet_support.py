@@ -13,9 +13,9 @@ from pathlib import Path
 import redis
 from workers.common import ROOT, TESTS, worker_env
 
-from runlog.log.reader import LogReader
-from runlog.projections.run_state import RunState, fold
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._reader import LogReader
+from runlog.projections._run_state import RunState, fold
 
 FLEET_ENV = {
     "RUNLOG_WORKER_SESSION_TIMEOUT_MS": "6000",

@@ -12,12 +12,12 @@ from typing import Any
 import redis
 from workers.common import FAST_TAKEOVER, worker_env
 
-from runlog.consumers import queries
-from runlog.consumers.projection_metrics import Watermarks
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
+from runlog.consumers._projection_metrics import Watermarks
 from runlog.consumers.stores import PROJECTIONS
-from runlog.log.reader import LogReader
-from runlog.projections.run_state import fold
-from runlog.settings import Settings
+from runlog.log._reader import LogReader
+from runlog.projections._run_state import fold
 
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:

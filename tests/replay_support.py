@@ -12,11 +12,11 @@ from typing import Any
 
 from codec_support import make_event
 
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.signing import DecisionAuthority, load_authority
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._signing import DecisionAuthority, load_authority
+from runlog.schemas._vocabulary import EventType
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_VERSIONS = sorted(p.name for p in FIXTURES.iterdir() if (p / "log.jsonl").exists())

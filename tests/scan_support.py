@@ -11,9 +11,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from runlog.log.clients import redis_client
-from runlog.log.kafka import partitions_of, reader_config
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._clients import redis_client
+from runlog.log._kafka import partitions_of, reader_config
 
 
 def partition_records(consumer: Consumer, topic: str, partition: int) -> list[Message]:
@@ -115,7 +115,7 @@ def redis_bytes(s: Settings) -> bytes:
 def kafka_dirs() -> list[Path]:
     """The embedded stack's Kafka data (``runlog.stack``: RUNLOG_STACK_DIR, else its default
     state dir), where the segment files of the tests' topics are."""
-    from runlog.stack.config import StackConfig
+    from runlog.stack._config import StackConfig
 
     root = StackConfig.from_env().state_dir / "kafka"
     assert root.is_dir(), f"no Kafka data under {root} (the embedded stack's state dir)"

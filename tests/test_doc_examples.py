@@ -36,8 +36,8 @@ import redis
 from workers.common import worker_env
 
 import runlog
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(300)
 

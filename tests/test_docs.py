@@ -6,7 +6,7 @@
 - the generated settings page names every ``RUNLOG_*`` variable the package's code mentions,
   and documents each (nothing rendered as UNDOCUMENTED);
 - the generated CLI page holds every subcommand of ``runlog.cli.build_parser()``;
-- every source or test file a page names (``consumers/store.py``, ``tests/writer/...``)
+- every source or test file a page names (``consumers/_store.py``, ``tests/writer/...``)
   exists, so a page cannot go on naming a module after it moved;
 - the generated reference pages checked in (CLI, settings) are what the code generates now;
 - every page says whom it is for in its first lines, and the architecture page's layer
@@ -43,7 +43,7 @@ PUBLIC = re.compile("^(" + "|".join(re.escape(m) for m in sorted(PUBLIC_MODULES)
 # ``runlog.integrations.pydantic_ai`` is reached through its package.
 PUBLIC_PACKAGES = frozenset({"runlog.integrations"})
 IMPORT = re.compile(r"^\s*(?:from\s+(runlog[\w.]*)\s+import|import\s+(runlog[\w.]*))", re.M)
-# Internal packages named in an example even without an import (runlog.log.fold.read_run(...)).
+# Internal packages named in an example even without an import (runlog.log._fold.read_run(...)).
 INTERNAL = re.compile(r"\brunlog\.(producers|consumers|schemas|projections|log|stack)\b")
 
 
@@ -60,7 +60,7 @@ def _pages() -> list[Path]:
     return [README, *sorted(DOCS.rglob("*.md"))]
 
 
-# A file of the tree named in a page's text: `consumers/store.py`, `tests/cli/test_x.py`.
+# A file of the tree named in a page's text: `consumers/_store.py`, `tests/cli/test_x.py`.
 NAMED_FILE = re.compile(
     r"`((?:runlog|producers|consumers|schemas|projections|tests|docs)/[\w./-]*\w)`"
 )
@@ -153,7 +153,7 @@ def test_settings_page_names_every_variable() -> None:
     assert "UNDOCUMENTED" not in page, [ln for ln in page.splitlines() if "UNDOCUMENTED" in ln]
     # Independently of the generator: every literal RUNLOG_* name in the package's code,
     # and every stack variable the stack composes from its port table.
-    from runlog.stack import config
+    from runlog.stack import _config as config
 
     names = set(gen.names_in(gen.PACKAGE_DIRS)) | set(gen.names_in(("tests",)))
     for kind, services in config._DEFAULT_PORTS.items():
@@ -163,7 +163,7 @@ def test_settings_page_names_every_variable() -> None:
     assert not missing, f"the settings page does not name: {missing}"
 
 
-@pytest.mark.parametrize("source", ["runlog/settings.py", "runlog/ui/auth.py"])
+@pytest.mark.parametrize("source", ["runlog/_settings.py", "runlog/ui/_auth.py"])
 def test_settings_fields_have_docstrings(source: str) -> None:
     gen = _gen()
     cls = dict(gen.SETTINGS_SOURCES)[source]

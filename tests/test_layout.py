@@ -26,11 +26,11 @@ PACKAGE = ROOT / "runlog"
 # top. The tooling (tools/: benchmarks, demo, load generator) is outside the package: it
 # imports runlog, runlog never imports it (test_runlog_never_imports_the_tooling).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("errors and settings", ("runlog.errors", "runlog.settings")),
+    ("errors and settings", ("runlog.errors", "runlog._settings")),
     ("schemas and the pure fold", ("runlog.schemas", "runlog.projections")),
-    ("log access", ("runlog.log", "runlog.topics", "runlog.security")),
+    ("log access", ("runlog.log", "runlog._topics", "runlog._security")),
     ("writer and services", ("runlog.producers", "runlog.consumers", "runlog.fleet")),
-    ("facade", ("runlog", "runlog.api", "runlog.aio", "runlog.bootstrap", "runlog.testing")),
+    ("facade", ("runlog", "runlog._api", "runlog.aio", "runlog._bootstrap", "runlog.testing")),
     ("framework integrations", ("runlog.integrations",)),
     ("shell: CLI, stack, console", ("runlog.cli", "runlog.stack", "runlog.ui")),
 ]
@@ -169,9 +169,9 @@ def _import_closure(roots: tuple[str, ...]) -> dict[str, str]:
 # The worker facade: what a worker imports to open and use a run.
 WORKER_FACADE = (
     "runlog",
-    "runlog.api",
+    "runlog._api",
     "runlog.aio",
-    "runlog.bootstrap",
+    "runlog._bootstrap",
     "runlog.producers._engine",
 )
 
@@ -185,7 +185,7 @@ def test_the_worker_facade_loads_no_projection_service() -> None:
     )
     assert not services, "the worker facade loads projection services:\n" + "\n".join(services)
     # It does load the log access the writer reads through.
-    assert {"runlog.log.snapshots", "runlog.log.replay", "runlog.log.fold"} <= closure.keys()
+    assert {"runlog.log._snapshots", "runlog.log._replay", "runlog.log._fold"} <= closure.keys()
 
 
 def test_the_facade_check_would_catch_a_service_import(tmp_path: Path) -> None:
@@ -193,14 +193,14 @@ def test_the_facade_check_would_catch_a_service_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "from typing import TYPE_CHECKING\n"
-        "from runlog.consumers import queries\n"
-        "if TYPE_CHECKING:\n    from runlog.consumers.store import RUN_STATE\n"
-        "def later() -> None:\n    from runlog.consumers.timeline import Timeline\n"
+        "from runlog.consumers import _queries as queries\n"
+        "if TYPE_CHECKING:\n    from runlog.consumers._store import RUN_STATE\n"
+        "def later() -> None:\n    from runlog.consumers._timeline import Timeline\n"
     )
     got = _loaded_imports("runlog.bad", bad)
-    assert "runlog.consumers.queries" in got
-    assert "runlog.consumers.store" not in got
-    assert "runlog.consumers.timeline" not in got
+    assert "runlog.consumers._queries" in got
+    assert "runlog.consumers._store" not in got
+    assert "runlog.consumers._timeline" not in got
 
 
 def test_every_import_points_down_and_peers_stay_apart() -> None:
@@ -324,7 +324,7 @@ def test_the_cycle_check_sees_an_import_inside_a_function(tmp_path: Path) -> Non
     mod = tmp_path / "mod.py"
     mod.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from runlog.settings import Settings\n"
+        "if TYPE_CHECKING:\n    from runlog._settings import Settings\n"
         "def later() -> None:\n    from runlog.errors import RunlogError\n"
     )
     assert _runtime_imports("runlog.mod", mod) == {"runlog.errors"}
@@ -342,8 +342,8 @@ def test_a_lower_layer_test_would_catch_an_upward_import(tmp_path: Path) -> None
 
 def test_the_fold_imports_without_clients_or_codec() -> None:
     code = (
-        "import sys, runlog.projections.run_state, runlog.projections.audit, "
-        "runlog.projections.uncertain\n"
+        "import sys, runlog.projections._run_state, runlog.projections._audit, "
+        "runlog.projections._uncertain\n"
         f"bad = [m for m in {NOT_IN_FOLD!r} if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
@@ -447,7 +447,7 @@ def _imported_names(path: Path) -> list[tuple[str, int]]:
 
 def test_runlog_never_imports_the_tooling() -> None:
     """Tooling imports runlog, never the reverse: no runlog module imports ``tools`` (the
-    clone-only commands load it by name at run time, through runlog.cli.tooling)."""
+    clone-only commands load it by name at run time, through runlog.cli._tooling)."""
     problems = [
         f"{path}:{line}: {module} imports {name}"
         for module, path in MODULES.items()
@@ -552,13 +552,13 @@ def test_only_the_shell_imports_the_console_renderer() -> None:
 # Where a module's reason to change puts it (issue 31): the writer's snapshot cache and a
 # run's replay are log access; a projection's store is a module of consumers/stores.
 HOMES = {
-    "runlog.log.snapshots": "log access",
-    "runlog.log.replay": "log access",
-    "runlog.log.metrics": "log access",
+    "runlog.log._snapshots": "log access",
+    "runlog.log._replay": "log access",
+    "runlog.log._metrics": "log access",
     "runlog.consumers.stores": "writer and services",
-    "runlog.consumers.runner.loop": "writer and services",
-    "runlog.cli.progress": "shell: CLI, stack, console",
-    "runlog.stack.faults": "shell: CLI, stack, console",
+    "runlog.consumers.runner._loop": "writer and services",
+    "runlog.cli._progress": "shell: CLI, stack, console",
+    "runlog.stack._faults": "shell: CLI, stack, console",
 }
 
 
@@ -588,6 +588,16 @@ def _private_defined(tree: ast.AST) -> set[str]:
     return {n for n in names if _private(n)}
 
 
+def _import_bases(module: str, node: ast.ImportFrom) -> list[str]:
+    """The modules ``from ... import`` may name in ``module`` (a relative import's base is
+    its package, or the module itself when it is a package's __init__)."""
+    if node.level == 0:
+        return [node.module or ""]
+    parts = module.split(".")
+    tail = [node.module] if node.module else []
+    return [".".join(parts[: len(parts) - k] + tail) for k in (node.level, node.level - 1)]
+
+
 def _foreign_private_uses(sources: dict[str, str]) -> list[str]:
     """Where a module touches another module's ``_``-names: ``from m import _name``, and
     ``x._name`` (x not ``self``, ``cls`` or ``super()``) for a ``_name`` that some runlog
@@ -600,10 +610,13 @@ def _foreign_private_uses(sources: dict[str, str]) -> list[str]:
     for module, tree in trees.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
+                # A private module of a package is the package's to import: only a name
+                # that is not a module counts.
+                bases = _import_bases(module, node)
                 found += [
                     f"{module}:{node.lineno}: from {node.module} import {a.name}"
                     for a in node.names
-                    if _private(a.name)
+                    if _private(a.name) and not any(f"{b}.{a.name}" in sources for b in bases)
                 ]
             elif isinstance(node, ast.Attribute) and _private(node.attr):
                 owner = node.value
@@ -630,10 +643,32 @@ def test_the_private_name_check_sees_both_kinds_of_access() -> None:
     sources = {
         "runlog.a": "class A:\n    def __init__(self):\n        self._x = 1\n"
         "def _helper():\n    return 1\n",
-        "runlog.b": "from runlog.a import _helper\n"
+        "runlog._c": "X = 1\n",
+        "runlog.b": "from runlog.a import _helper\nfrom runlog import _c\n"
         "def f(a):\n    return a._x, a.__class__\n"
         "class B:\n    def __init__(self):\n        self._y = 2\n"
         "    def g(self, other):\n        return self._y + other._y\n",
     }
     found = _foreign_private_uses(sources)
     assert [f.split(": ", 1)[1] for f in found] == ["from runlog.a import _helper", "a._x"]
+
+
+def test_every_internal_module_is_private_by_name() -> None:
+    """From its path alone a reader knows whether a module is public: the modules
+    runlog._PUBLIC_MODULES declares, packages' __init__ and __main__ keep their names, every
+    other module is a ``_`` name (tools/privatize.py renames one that is not)."""
+    import runlog
+
+    public = set(runlog._PUBLIC_MODULES)
+    assert public <= MODULES.keys(), f"declared public but absent: {public - MODULES.keys()}"
+    named_public = sorted(
+        module
+        for module, path in MODULES.items()
+        if module not in public
+        and path.name not in ("__init__.py", "__main__.py")
+        and not module.rsplit(".", 1)[-1].startswith("_")
+    )
+    assert not named_public, (
+        f"{len(named_public)} internal modules are public by name (run tools/privatize.py): "
+        + ", ".join(named_public)
+    )

@@ -270,7 +270,7 @@ def test_the_engine_behind_a_handle_is_private_and_its_old_names_warn() -> None:
     """A handle's old engine members still answer, one release, with a warning; they are
     not members (``dir``), and what is neither a member nor deprecated is refused."""
     from runlog.producers._engine import Engine
-    from runlog.producers.handle import DEPRECATED, engine_of
+    from runlog.producers._handle import DEPRECATED, engine_of
 
     assert DEPRECATED == RUN_DEPRECATED
     assert not RUN_DEPRECATED & _public_names(runlog.Run)
@@ -293,7 +293,7 @@ def test_the_engine_behind_a_handle_is_private_and_its_old_names_warn() -> None:
 
 def test_runlog_and_aio_export_the_same_calls() -> None:
     assert runlog.aio.__all__ == EXPECTED_AIO
-    calls = {n for n, module in runlog._PUBLIC.items() if module == "runlog.api"}
+    calls = {n for n, module in runlog._PUBLIC.items() if module == "runlog._api"}
     assert calls - set(runlog.aio.__all__) == AIO_SYNC_ONLY, "an I/O call has no aio form"
     assert set(runlog.aio.__all__) - calls == {"AsyncRun"}
     for name in calls - AIO_SYNC_ONLY:

@@ -16,11 +16,11 @@ import redis
 import uvicorn
 from pydantic import SecretStr
 
+from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
-from runlog.ui.app import create_app
-from runlog.ui.auth import UiSettings
+from runlog.ui._app import create_app
+from runlog.ui._auth import UiSettings
 
 TOKEN_A = "tok-acme-" + uuid.uuid4().hex
 TOKEN_B = "tok-globex-" + uuid.uuid4().hex

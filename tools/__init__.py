@@ -4,7 +4,7 @@
 
 It lives in a clone only: the wheel installs ``runlog`` alone. Tooling imports runlog,
 never the reverse; ``runlog bench`` and ``runlog demo`` find this folder next to the source
-of an editable install (``runlog.cli.tooling``) and say so when it is absent.
+of an editable install (``runlog.cli._tooling``) and say so when it is absent.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from runlog._settings import Settings
 from runlog.errors import KafkaUnavailable
-from runlog.schemas import codec
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.schemas import _codec as codec
+from runlog.schemas._vocabulary import EventType
 
 
 @dataclass

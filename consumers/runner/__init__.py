@@ -57,10 +57,10 @@ quarantine, fold and commit one partition batch), ``loop`` (the consumer: ``run`
 runners fenced, with the runner it is given: it never names the loop, which names it).
 """
 
-from runlog.consumers.runner.core import RunnerStats, Stopped, default_group, transient_redis_error
-from runlog.consumers.runner.fencing import ProjectionRebuilt, RebuildBusy, RebuildIncomplete
-from runlog.consumers.runner.loop import ProjectionRunner, rebuild, streaming_gc
-from runlog.consumers.runner.rebuilding import delete_projection
+from runlog.consumers.runner._core import RunnerStats, Stopped, default_group, transient_redis_error
+from runlog.consumers.runner._fencing import ProjectionRebuilt, RebuildBusy, RebuildIncomplete
+from runlog.consumers.runner._loop import ProjectionRunner, rebuild, streaming_gc
+from runlog.consumers.runner._rebuilding import delete_projection
 
 __all__ = [
     "ProjectionRebuilt",

@@ -13,10 +13,13 @@ from typing import Any
 
 import redis
 
-from runlog.consumers.store import RUN_STATE, Handler, Projection, ProjectionKeys
-from runlog.consumers.stores import audit, notify, state, uncertain
-from runlog.schemas.signing import NO_AUTHORITY, DecisionAuthority
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._store import RUN_STATE, Handler, Projection, ProjectionKeys
+from runlog.consumers.stores import _audit as audit
+from runlog.consumers.stores import _notify as notify
+from runlog.consumers.stores import _state as state
+from runlog.consumers.stores import _uncertain as uncertain
+from runlog.schemas._signing import NO_AUTHORITY, DecisionAuthority
 
 REGISTRY: dict[str, Projection] = {
     p.name: p

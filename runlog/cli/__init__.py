@@ -9,7 +9,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from runlog.cli.groups import (
+from runlog._settings import Settings
+from runlog.cli._groups import (
     EXIT_BROKEN_PIPE,
     EXIT_CODES,
     EXIT_FAILURE,
@@ -27,27 +28,26 @@ from runlog.errors import (
     UnknownApproval,
     UnknownRun,
 )
-from runlog.log import kafka
-from runlog.settings import Settings
+from runlog.log import _kafka as kafka
 
 # Modules that define ``register(subparsers)``; each owns its subcommands.
 _COMMAND_MODULES = (
-    "runlog.cli.stack_cmd",
-    "runlog.cli.topics_cmd",
-    "runlog.cli.runs_cmd",
-    "runlog.cli.control_cmd",
-    "runlog.cli.erasure_cmd",
-    "runlog.cli.projections_cmd",
-    "runlog.cli.operator_cmd",
-    "runlog.cli.fork_cmd",
-    "runlog.cli.diff_cmd",
-    "runlog.cli.replay_cmd",
-    "runlog.cli.records_cmd",
-    "runlog.cli.schemas_cmd",
-    "runlog.cli.keys_cmd",
-    "runlog.cli.bench_cmd",
-    "runlog.cli.demo_cmd",
-    "runlog.cli.fleet_cmd",
+    "runlog.cli._stack_cmd",
+    "runlog.cli._topics_cmd",
+    "runlog.cli._runs_cmd",
+    "runlog.cli._control_cmd",
+    "runlog.cli._erasure_cmd",
+    "runlog.cli._projections_cmd",
+    "runlog.cli._operator_cmd",
+    "runlog.cli._fork_cmd",
+    "runlog.cli._diff_cmd",
+    "runlog.cli._replay_cmd",
+    "runlog.cli._records_cmd",
+    "runlog.cli._schemas_cmd",
+    "runlog.cli._keys_cmd",
+    "runlog.cli._bench_cmd",
+    "runlog.cli._demo_cmd",
+    "runlog.cli._fleet_cmd",
 )
 
 

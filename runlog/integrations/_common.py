@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from runlog import aio
+from runlog._settings import Settings
 from runlog.errors import MissingExtra
-from runlog.producers.handle import engine_of
-from runlog.producers.tools import (
+from runlog.producers._handle import engine_of
+from runlog.producers._tools import (
     DEFAULT_COMMIT_WINDOW_S,
     Receiver,
     Reconciler,
@@ -23,7 +24,6 @@ from runlog.producers.tools import (
     Tool,
     ToolFn,
 )
-from runlog.settings import Settings
 
 
 def missing_extra(
@@ -106,9 +106,9 @@ def proposal(
 
 def valid_events(settings: Settings | None, tenant: str, run_id: str) -> list[Any]:
     """The run's events that the fold accepts (fenced writes left out), in log order."""
-    from runlog.bootstrap import Services
-    from runlog.log.fold import read_run
-    from runlog.log.reader import LogReader
+    from runlog._bootstrap import Services
+    from runlog.log._fold import read_run
+    from runlog.log._reader import LogReader
 
     services = Services.shared(settings or Settings())
     with LogReader(services.settings) as reader:

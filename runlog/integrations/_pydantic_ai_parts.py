@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from runlog.integrations._common import missing_extra
-from runlog.producers.handle import engine_of
+from runlog.producers._handle import engine_of
 
 try:
     from pydantic_ai import Agent
@@ -54,10 +54,10 @@ from runlog.integrations._common import (
     operation_id,
     proposal,
 )
-from runlog.projections.messages import Message
-from runlog.projections.run_state import fold
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.vocabulary import EventType
+from runlog.projections._messages import Message
+from runlog.projections._run_state import fold
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._vocabulary import EventType
 
 if TYPE_CHECKING:
     pass
@@ -139,7 +139,7 @@ class Execution:
     def scope(self, turn: int, tool_call_id: str) -> str:
         """A fork numbers its turns after its parent's and scopes keys like its root (the
         lineage's key scope), so a call of the parent's last turn that the fork makes is
-        the parent's logical action (``runlog.producers.timelines`` decides what it does);
+        the parent's logical action (``runlog.producers._timelines`` decides what it does);
         outside a fork both are the run's own."""
         offset = 0 if self.base is None else self.base.turns
         return operation_id(engine_of(self.run).key_scope, offset + turn, tool_call_id)

@@ -66,8 +66,9 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, __name__, "langgraph", ("langgraph", "langchain_core")) from exc
 
-from runlog.api import open_run, question
-from runlog.bootstrap import Services
+from runlog._api import open_run, question
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import (
     DecisionConflict,
     Escalated,
@@ -79,18 +80,17 @@ from runlog.errors import (
     ValidationFailed,
 )
 from runlog.integrations._common import SUMMARY_CHARS
-from runlog.log.fold import read_run
-from runlog.log.reader import LogReader
+from runlog.log._fold import read_run
+from runlog.log._reader import LogReader
+from runlog.producers._calls import attempt, execute_logical, retry_key
+from runlog.producers._context import current_call
 from runlog.producers._engine import Engine
-from runlog.producers.calls import attempt, execute_logical, retry_key
-from runlog.producers.context import current_call
-from runlog.producers.handle import Run, engine_of
-from runlog.producers.ops import drive
-from runlog.producers.tools import Reconciler, Risk, Tool, ToolFn, is_async
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.models import UNDO_AND_RETRY, Event, MemoryWritten, ToolCallStarted
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._handle import Run, engine_of
+from runlog.producers._ops import drive
+from runlog.producers._tools import Reconciler, Risk, Tool, ToolFn, is_async
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._models import UNDO_AND_RETRY, Event, MemoryWritten, ToolCallStarted
+from runlog.schemas._vocabulary import EventType
 
 __all__ = ["CHECKPOINT_KEY", "RunlogSaver", "RunlogToolNode"]
 

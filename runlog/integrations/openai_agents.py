@@ -20,7 +20,7 @@ clone of the agent whose model and function tools are runlog's:
   ``runlog approve``/``reject`` or ``runlog.aio.decide``; the decision is applied to the
   SDK's ``RunState`` (``approve``/``reject``) and the runner continues.
 * **Session**: ``RunlogAgents(agent, session=True)`` runs the agent with an SDK ``Session``
-  whose history is the run's log (``runlog.integrations.openai_agents_session``).
+  whose history is the run's log (``runlog.integrations._openai_agents_session``).
 * **Fleet**: ``durable.register("billing")`` registers it with ``@runlog.agent``; the
   worker runs it on the ``AsyncRun`` it opened (``durable.run_on(run, input)``).
 """
@@ -55,8 +55,9 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, __name__, "openai-agents", ("agents", "openai")) from exc
 
+from runlog._settings import Settings
 from runlog.errors import RunlogError, ToolFailed
-from runlog.fleet.registry import agent as register_agent
+from runlog.fleet._registry import agent as register_agent
 from runlog.integrations._approvals import approval_for, await_decision, rejection_note
 from runlog.integrations._common import (
     SUMMARY_CHARS,
@@ -66,13 +67,12 @@ from runlog.integrations._common import (
     proposal,
     recorded_events,
 )
-from runlog.integrations.openai_agents_session import RunlogSession, recorded_ops
-from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Tool
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import check_run_id, new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.integrations._openai_agents_session import RunlogSession, recorded_ops
+from runlog.producers._context import CallContext, current_call
+from runlog.producers._tools import Tool
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._keys import check_run_id, new_run_id
+from runlog.schemas._vocabulary import EventType
 
 __all__ = [
     "CallContext",

@@ -49,6 +49,7 @@ except ModuleNotFoundError as exc:
     raise missing_extra(exc, __name__, "pydantic-ai", ("pydantic_ai",)) from exc
 
 from runlog import aio
+from runlog._settings import Settings
 from runlog.integrations._common import (
     SUMMARY_CHARS,
     ToolPolicy,
@@ -66,9 +67,8 @@ from runlog.integrations._pydantic_ai_parts import (
     fork_base,
 )
 from runlog.integrations.pydantic_ai_capability import RunlogDurability
-from runlog.producers.context import CallContext, current_call
-from runlog.producers.tools import Tool
-from runlog.settings import Settings
+from runlog.producers._context import CallContext, current_call
+from runlog.producers._tools import Tool
 
 __all__ = [
     "CallContext",
@@ -265,7 +265,7 @@ def register(
     for ``RunlogAgent``). Deps are None: what a tool needs comes from the input or the
     process. Call it at import time of the module named by ``runlog worker --agents``.
     """
-    from runlog.fleet.registry import agent as register_agent
+    from runlog.fleet._registry import agent as register_agent
 
     wrapped = agent if isinstance(agent, RunlogAgent) else RunlogAgent(agent, tools=tools)
     # Tools are listed once, here: a FunctionToolset's tools need no I/O to list, and the

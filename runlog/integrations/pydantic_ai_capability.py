@@ -51,6 +51,7 @@ except ModuleNotFoundError as exc:
     raise missing_extra(exc, __name__, "pydantic-ai", ("pydantic_ai",)) from exc
 
 from runlog import aio
+from runlog._settings import Settings
 from runlog.integrations._approvals import await_decision, rejection_note
 from runlog.integrations._common import SUMMARY_CHARS, ToolPolicy, recorded_events
 from runlog.integrations._pydantic_ai_parts import (
@@ -68,9 +69,8 @@ from runlog.integrations._pydantic_ai_parts import (
     fresh_context,
     response_of,
 )
-from runlog.producers.tools import Tool, ToolError
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._tools import Tool, ToolError
+from runlog.schemas._vocabulary import EventType
 
 __all__ = ["RunlogDurability", "ToolPolicy"]
 

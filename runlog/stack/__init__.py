@@ -30,7 +30,7 @@ its Redis is always its own, so restarting it never touches a shared server.
 Secure mode (``runlog stack up --secure``, ``StackConfig.from_env(secure=True)``): one node
 with a SASL_SSL listener (SCRAM-SHA-512), mutual-TLS inter-broker and controller listeners,
 the StandardAuthorizer denying what no ACL allows, and a TLS-only Redis with ACL users; see
-:mod:`runlog.stack.secure`. Its own ports and state dir, beside the plain stack:
+:mod:`runlog.stack._secure`. Its own ports and state dir, beside the plain stack:
 ``RUNLOG_SECURE_DIR`` (default: the plain stack's dir + ``-secure``),
 ``RUNLOG_SECURE_KAFKA_PORT`` (19192), ``RUNLOG_SECURE_CONTROLLER_PORT`` (19193),
 ``RUNLOG_SECURE_INTERNAL_PORT`` (19194), ``RUNLOG_SECURE_REDIS_PORT`` (16479),
@@ -44,8 +44,8 @@ The package, by reason to change: ``config`` (ports, dirs, nodes, status), ``pro
 
 from __future__ import annotations
 
-from runlog.stack.config import KAFKA_VERSION, NodeSpec, ServiceStatus, StackConfig, StackStatus
-from runlog.stack.faults import (
+from runlog.stack._config import KAFKA_VERSION, NodeSpec, ServiceStatus, StackConfig, StackStatus
+from runlog.stack._faults import (
     kill_node,
     kill_redis,
     node_pid,
@@ -54,8 +54,8 @@ from runlog.stack.faults import (
     start_redis,
     stop_node,
 )
-from runlog.stack.jars import resolve_jars
-from runlog.stack.lifecycle import down, env, init_secure, status, up
+from runlog.stack._jars import resolve_jars
+from runlog.stack._lifecycle import down, env, init_secure, status, up
 
 __all__ = [
     "KAFKA_VERSION",

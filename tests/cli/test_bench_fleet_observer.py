@@ -12,10 +12,9 @@ import time
 from typing import Any
 
 import runlog
+from runlog._settings import Settings
+from runlog.schemas._vocabulary import EventType
 from tools.benchmarks.fleet import Follower, _finishes
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from tools.benchmarks.fleet import _finishes, Follower
 
 
 def _run(settings: Settings, calls: int, outcome: str | None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 from tools.benchmarks import scale
 from tools.benchmarks.common import machine
 

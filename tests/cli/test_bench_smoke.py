@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 from tools.benchmarks.run import SECTIONS, run_all
 
 

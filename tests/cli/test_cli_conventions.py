@@ -25,10 +25,10 @@ from projections_support import env_for
 from workers.common import services_for
 
 import runlog
+from runlog._settings import Settings
 from runlog.cli import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_STACK_DOWN, EXIT_USAGE
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import NOTIFY, PROJECTIONS
-from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -21,7 +21,7 @@ import pytest
 from fleet_support import fleet_env
 from workers.common import times_out_first
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 RUNS = 8
 KILLS = 2
@@ -31,7 +31,7 @@ PAUSES = 2
 @pytest.fixture(scope="module")
 def demo(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One demo (8 runs, 2 kills) on the test stack; its JSON report, exit and output."""
-    from runlog.topics import delete_topics, ensure_topics
+    from runlog._topics import delete_topics, ensure_topics
 
     prefix = f"t-demo-{uuid.uuid4().hex[:8]}"
     s = settings.model_copy(

@@ -19,13 +19,13 @@ import redis
 from projections_support import env_for
 
 import runlog
-from runlog.consumers import index
+from runlog._settings import Settings
+from runlog.consumers import _index as index
 from runlog.consumers.runner import ProjectionRunner
-from runlog.log.reader import LogReader
-from runlog.projections import lifecycle
-from runlog.projections.run_state import RunState
-from runlog.projections.state_view import StateView
-from runlog.settings import Settings
+from runlog.log._reader import LogReader
+from runlog.projections import _lifecycle as lifecycle
+from runlog.projections._run_state import RunState
+from runlog.projections._state_view import StateView
 from tools.loadgen import LoadGenerator
 
 pytestmark = pytest.mark.timeout(180)
@@ -91,7 +91,7 @@ EXPECTED = {
     "stopped": "waiting",  # a conflict waits for a person
     "running": "running",
 }
-"""Each scenario's status in the one vocabulary (``runlog.projections.lifecycle``)."""
+"""Each scenario's status in the one vocabulary (``runlog.projections._lifecycle``)."""
 
 
 def test_runs_lists_each_status_from_the_index(
@@ -181,8 +181,8 @@ def _each_status_listed(
 
 
 def _pending(s: Settings, tenant: str, run_id: str) -> list[str]:
-    from runlog.consumers.timeline import run_timeline
-    from runlog.log.clients import redis_client
+    from runlog.consumers._timeline import run_timeline
+    from runlog.log._clients import redis_client
 
     client = redis_client(s)
     try:

@@ -18,11 +18,11 @@ import redis
 from workers.common import worker_env
 
 import runlog
+from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.log.keys import Keks, new_kek
-from runlog.producers import opening
-from runlog.settings import Settings
+from runlog.log._keys import Keks, new_kek
+from runlog.producers import _opening as opening
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,7 +122,7 @@ def test_an_open_waiting_for_a_dead_owners_lease_says_whose_and_until_when(
         holder.wait(10)
         killed_at = datetime.now(UTC)
         monkeypatch.setattr(opening, "LEASE_WAIT_REPORT_S", 1.0)
-        caplog.set_level(logging.WARNING, logger="runlog.producers.opening")
+        caplog.set_level(logging.WARNING, logger="runlog.producers._opening")
         with runlog.open_run(rid, tenant="acme", settings=s, wait_s=30) as resumed:
             assert resumed.state.resumptions == 2  # the dead holder's, then this one
     finally:
@@ -132,7 +132,7 @@ def test_an_open_waiting_for_a_dead_owners_lease_says_whose_and_until_when(
     waits = [
         r
         for r in caplog.records
-        if r.name == "runlog.producers.opening"
+        if r.name == "runlog.producers._opening"
         and isinstance(r.args, tuple)
         and r.args[0] == rid
         and "lease held by" in r.msg

@@ -20,19 +20,19 @@ import pytest
 import redis
 from projections_support import env_for
 
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.cli import main
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, TenantMismatch
-from runlog.log.reader import LogReader
+from runlog.log._reader import LogReader
+from runlog.producers._approvals import decisions_key
 from runlog.producers._engine import RunDeps
-from runlog.producers.approvals import decisions_key
-from runlog.producers.opening import open_run_with
-from runlog.producers.writer import EventWriter, producer_config
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.producers._writer import EventWriter, producer_config
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 OWNER = "owner-acme-7f3"
 """The owning tenant's name: no message shown to another tenant may contain it."""

@@ -26,16 +26,17 @@ from scan_support import redis_bytes
 from workers.common import EXIT_FENCED, read_log, start_worker, verdicts
 
 import runlog
-import runlog.api
-from runlog.consumers import erasure, stores
+import runlog._api
+from runlog._settings import Settings
+from runlog.consumers import _erasure as erasure
+from runlog.consumers import stores
+from runlog.consumers._verify import verify_run
 from runlog.consumers.runner import rebuild
 from runlog.consumers.stores import PROJECTIONS
-from runlog.consumers.verify import verify_run
-from runlog.log.clients import redis_client as make_client
-from runlog.log.snapshots import SnapshotStore
-from runlog.schemas.models import ERASED
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._clients import redis_client as make_client
+from runlog.log._snapshots import SnapshotStore
+from runlog.schemas._models import ERASED
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -198,7 +199,7 @@ def test_forget_leaves_no_plaintext_in_redis_or_its_files(
 
 
 def erased_partition(s: Settings, run_id: str) -> int:
-    from runlog.log.reader import LogReader
+    from runlog.log._reader import LogReader
 
     with LogReader(s) as reader:
         return reader.partition_of(run_id)
@@ -369,12 +370,12 @@ def test_retention_forgets_the_old_ended_runs_only(
         assert json.loads(out)[0]["runs"] == []  # nothing ended 30 days ago
 
         at = mid + timedelta(hours=1)  # the cutoff is ``mid``: only ``old`` ended before it
-        dry = runlog.api.apply_retention(
+        dry = runlog._api.apply_retention(
             tenant=TENANT, finished_older_than="1h", now=at, dry_run=True, settings=s
         )
         assert [j.runs for j in dry] == [[old]] and dry[0].report is None
         assert old_mark.encode() in redis_bytes(s)
-        (job,) = runlog.api.apply_retention(
+        (job,) = runlog._api.apply_retention(
             tenant=TENANT, finished_older_than="1h", now=at, settings=s
         )
         assert job.runs == [old] and job.subjects == [old]
@@ -409,7 +410,7 @@ def test_forget_follows_a_run_into_its_forks(
         wait_caught_up(redis_client, s)
         assert child in redis_bytes(s).decode(errors="replace")
         assert gone.encode() in redis_bytes(s)
-        report = runlog.api.forget(
+        report = runlog._api.forget(
             tenant=TENANT, run_id=parent, reason="art. 17", by="dpo", settings=s
         )
         assert [r.run_id for r in report.runs] == [parent, child]

@@ -18,13 +18,13 @@ import pytest
 from erasure.test_forget_sealed import TENANT, _env, _run
 from pydantic import SecretStr
 
-from runlog.consumers.timeline import run_timeline
-from runlog.log import keys as keys_mod
-from runlog.log.clients import redis_client
-from runlog.log.keys import new_kek
-from runlog.log.reader import LogReader
-from runlog.schemas.models import ERASED
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._timeline import run_timeline
+from runlog.log import _keys as keys_mod
+from runlog.log._clients import redis_client
+from runlog.log._keys import new_kek
+from runlog.log._reader import LogReader
+from runlog.schemas._models import ERASED
 
 pytestmark = pytest.mark.timeout(300)
 

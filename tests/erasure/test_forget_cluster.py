@@ -12,12 +12,13 @@ import pytest
 from ci_support import IN_CI
 from test_forget import TENANT, make_run
 
-import runlog.api
+import runlog._api
+from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.log.clients import redis_client as make_client
-from runlog.settings import Settings
-from runlog.stack import StackConfig, redis_cluster
+from runlog.log._clients import redis_client as make_client
+from runlog.stack import StackConfig
+from runlog.stack import _redis_cluster as redis_cluster
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None and not IN_CI, reason="no redis-server"
@@ -61,10 +62,10 @@ def test_forget_on_a_redis_cluster(on_cluster: Settings) -> None:
     client = make_client(s)
     ProjectionRunner(s, client, PROJECTIONS).catch_up(timeout_s=120)
     assert gone.encode() in _all_bytes(client)
-    report = runlog.api.forget(tenant=TENANT, run_id=forgotten, reason="x", by="dpo", settings=s)
+    report = runlog._api.forget(tenant=TENANT, run_id=forgotten, reason="x", by="dpo", settings=s)
     assert report.copies_deleted >= 2
     ProjectionRunner(s, client, PROJECTIONS).catch_up(timeout_s=120)
-    report = runlog.api.forget(tenant=TENANT, run_id=forgotten, reason="x", by="dpo", settings=s)
+    report = runlog._api.forget(tenant=TENANT, run_id=forgotten, reason="x", by="dpo", settings=s)
     assert report.runs[0].already
     assert report.projections_purged is True and report.persistence_rewritten is True
     scan = _all_bytes(client)

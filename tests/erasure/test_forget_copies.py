@@ -1,5 +1,5 @@
 """``runlog forget`` reaches every copy of a subject's content that runlog keeps outside the
-log (``runlog.log.copies``), with encryption on, on the real stack.
+log (``runlog.log._copies``), with encryption on, on the real stack.
 
 The subject's marker is put into each of them while the runs' owner is busy (this process
 holds both runs): a cancellation queued with its reason (the inbox and the cancel flag), a
@@ -28,16 +28,16 @@ from pydantic import SecretStr
 from scan_support import redis_bytes
 
 import runlog
-from runlog.consumers import erasure
+from runlog._settings import Settings
+from runlog.consumers import _erasure as erasure
 from runlog.consumers.stores import NOTIFY, PROJECTIONS
-from runlog.log import copies
-from runlog.log import keys as keys_mod
-from runlog.log.clients import redis_client as make_client
-from runlog.log.keys import new_kek
-from runlog.log.snapshots import SnapshotStore
-from runlog.producers.lease import Lease, LeaseManager
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log import _copies as copies
+from runlog.log import _keys as keys_mod
+from runlog.log._clients import redis_client as make_client
+from runlog.log._keys import new_kek
+from runlog.log._snapshots import SnapshotStore
+from runlog.producers._lease import Lease, LeaseManager
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -20,11 +20,11 @@ from pydantic import SecretStr
 from scan_support import topic_bytes
 
 import runlog
-import runlog.api
+import runlog._api
+from runlog._settings import Settings
 from runlog.errors import ForkRefused
-from runlog.log import keys as keys_mod
-from runlog.log.keys import new_kek
-from runlog.settings import Settings
+from runlog.log import _keys as keys_mod
+from runlog.log._keys import new_kek
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -82,7 +82,7 @@ def test_forget_of_a_sealed_run_says_nothing_is_kept(test_settings: Settings) ->
     try:
         marker = f"SEALED{uuid.uuid4().hex}"
         rid = make_run(s, marker)
-        report = runlog.api.forget(
+        report = runlog._api.forget(
             tenant=TENANT, run_id=rid, reason="art. 17", by="dpo", wait_s=0.5, settings=s
         )
         assert report.keys_shredded
@@ -100,7 +100,9 @@ def test_an_erased_run_is_not_forked(test_settings: Settings) -> None:
     s = test_settings
     marker = f"FORK{uuid.uuid4().hex}"
     rid = make_run(s, marker)
-    runlog.api.forget(tenant=TENANT, run_id=rid, reason="art. 17", by="dpo", wait_s=0.5, settings=s)
+    runlog._api.forget(
+        tenant=TENANT, run_id=rid, reason="art. 17", by="dpo", wait_s=0.5, settings=s
+    )
     before = topic_bytes(s).count(marker.encode())
     with pytest.raises(ForkRefused):
         runlog.fork(rid, at_seq=2, tenant=TENANT, forked_by="ops", settings=s)

@@ -26,18 +26,18 @@ from pydantic import SecretStr
 from scan_support import events_records, on_disk, redis_bytes
 
 import runlog
-from runlog.consumers import erasure
+from runlog._settings import Settings
+from runlog.consumers import _erasure as erasure
+from runlog.consumers._verify import verify_run
 from runlog.consumers.runner import rebuild
 from runlog.consumers.stores import PROJECTIONS
-from runlog.consumers.verify import verify_run
-from runlog.log import keys as keys_mod
-from runlog.log.keys import keys_for, new_kek
-from runlog.log.replay import replay
-from runlog.schemas import codec
-from runlog.schemas.models import ERASED
-from runlog.schemas.sealing import is_erased
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log import _keys as keys_mod
+from runlog.log._keys import keys_for, new_kek
+from runlog.log._replay import replay
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import ERASED
+from runlog.schemas._sealing import is_erased
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -29,12 +29,12 @@ from projections_support import env_for, stop, wait_assigned, wait_caught_up
 from pydantic import SecretStr
 
 import runlog
+from runlog._settings import Settings
 from runlog.errors import SubjectHasOtherRuns
-from runlog.log import keys as keys_mod
-from runlog.log.keys import keys_for, new_kek
-from runlog.log.replay import replay
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log import _keys as keys_mod
+from runlog.log._keys import keys_for, new_kek
+from runlog.log._replay import replay
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(300)
 

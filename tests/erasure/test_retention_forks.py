@@ -17,9 +17,9 @@ from projections_support import start_runner, stop, wait_assigned, wait_caught_u
 from scan_support import redis_bytes
 
 import runlog
-import runlog.api
-from runlog.consumers.verify import verify_run
-from runlog.settings import Settings
+import runlog._api
+from runlog._settings import Settings
+from runlog.consumers._verify import verify_run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,11 +42,11 @@ def test_retention_forgets_the_forks_of_a_covered_run(
         wait_caught_up(redis_client, s)
         assert gone.encode() in redis_bytes(s)  # the fork's copy of the parent's content too
         at = mid + timedelta(hours=1)  # the cutoff is ``mid``: only ``old`` ended before it
-        (dry,) = runlog.api.apply_retention(
+        (dry,) = runlog._api.apply_retention(
             tenant=TENANT, finished_older_than="1h", now=at, dry_run=True, settings=s
         )
         assert dry.runs == [old, child] and dry.report is None
-        (job,) = runlog.api.apply_retention(
+        (job,) = runlog._api.apply_retention(
             tenant=TENANT, finished_older_than="1h", now=at, settings=s
         )
         assert job.runs == [old, child]

@@ -64,13 +64,13 @@ import redis  # noqa: E402
 from workers.common import FAST_TAKEOVER, worker_env  # noqa: E402
 
 from runlog import stack  # noqa: E402
-from runlog.log.reader import START_SKEW_MS, LogReader  # noqa: E402
-from runlog.projections.run_state import RunState, accept, apply  # noqa: E402
-from runlog.schemas.keys import MAX_RUN_ID_LEN, partition_for, tenant_problem  # noqa: E402
-from runlog.schemas.models import Event  # noqa: E402
-from runlog.schemas.vocabulary import EventType  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
-from runlog.topics import ensure_topics  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog._topics import ensure_topics  # noqa: E402
+from runlog.log._reader import START_SKEW_MS, LogReader  # noqa: E402
+from runlog.projections._run_state import RunState, accept, apply  # noqa: E402
+from runlog.schemas._keys import MAX_RUN_ID_LEN, partition_for, tenant_problem  # noqa: E402
+from runlog.schemas._models import Event  # noqa: E402
+from runlog.schemas._vocabulary import EventType  # noqa: E402
 
 WORKER = HERE / "worker.py"
 SEEDS_FILE = HERE / "seeds.json"
@@ -645,7 +645,7 @@ class RegistryServer:
     ``EXPLORER_REGISTRY_PORT`` (default the cluster's Redis port + 3; management port next)."""
 
     def __init__(self, cfg: stack.StackConfig) -> None:
-        from runlog.stack import registry as stack_registry
+        from runlog.stack import _registry as stack_registry
 
         port = int(os.environ.get("EXPLORER_REGISTRY_PORT") or cfg.redis_port + 3)
         self.paths = stack_registry.RegistryPaths(
@@ -665,8 +665,8 @@ class RegistryServer:
     def up(self) -> str:
         from registry_support import Gate
 
-        from runlog.stack import registry as stack_registry
-        from runlog.stack.jars import java_binary
+        from runlog.stack import _registry as stack_registry
+        from runlog.stack._jars import java_binary
 
         if self.proc is None or self.proc.poll() is not None:
             jar = stack_registry.fetch(self.paths)
@@ -997,7 +997,7 @@ class Explorer:
                 ensure_topics(self.s).raise_for_drift()
                 if self.registry is not None:
                     # This history's subjects (one per event type, named by its topic).
-                    from runlog.log.registry import RegistryIds
+                    from runlog.log._registry import RegistryIds
 
                     self.registry.heal()
                     RegistryIds(
@@ -1329,7 +1329,7 @@ class Explorer:
 
     def wait_lease_free(self, rid: str, timeout: float = 30.0) -> None:
         """Until the run's lease is free: gone, or its owner's session expired."""
-        from runlog.schemas.keys import lease_key, live_key, session_of
+        from runlog.schemas._keys import lease_key, live_key, session_of
 
         key = lease_key(self.s.redis_key_prefix, self.tenants.get(rid, "default"), rid)
         deadline = time.monotonic() + timeout
@@ -1560,7 +1560,7 @@ class Explorer:
             return ""
         from confluent_kafka import Producer
 
-        from runlog.schemas import codec
+        from runlog.schemas import _codec as codec
 
         producer = Producer({**self.s.kafka_common(), "linger.ms": 20})
         for i in range(PAD_RUNS):
@@ -1595,7 +1595,7 @@ class Explorer:
     def set_aside_ghosts(self) -> None:
         """What an operator does with records nobody can decode under a run id: set them
         aside (``runlog records set-aside``), so the run's readers skip them."""
-        from runlog.log.setaside import set_aside
+        from runlog.log._setaside import set_aside
 
         with contextlib.closing(self.r()) as client:
             for part, offset in self.ghosts:
@@ -1614,9 +1614,9 @@ class Explorer:
         (fenced by every reader), in Confluent's framing under an id looked up now."""
         from confluent_kafka import Producer
 
-        from runlog.log.registry import ids_for
-        from runlog.schemas import models as m
-        from runlog.schemas.codec import build_event, encode
+        from runlog.log._registry import ids_for
+        from runlog.schemas import _models as m
+        from runlog.schemas._codec import build_event, encode
 
         valid: list[Event] = []
         for i in range(len(self.runs)):  # the first run from ``a`` on with a valid event
@@ -1650,7 +1650,7 @@ class Explorer:
     def hostile(self, b: int) -> int:
         from confluent_kafka import Producer
 
-        from runlog.schemas.codec import encode, new_event_id
+        from runlog.schemas._codec import encode, new_event_id
 
         if self._producer is None:
             self._producer = Producer({**self.s.kafka_common(), "linger.ms": 5})
@@ -2161,7 +2161,7 @@ class Checker:
                 p.proc.wait(timeout=30)
             self.exits()
             live = dump(client, settings)
-            from runlog.consumers import queries
+            from runlog.consumers import _queries as queries
 
             q = queries.quarantined(client, settings)
             assert ex.out is not None
@@ -2210,7 +2210,7 @@ class Checker:
         return []
 
     def liveness(self, states: dict[str, RunState]) -> list[str]:
-        from runlog.consumers import queries
+        from runlog.consumers import _queries as queries
 
         if self.ex.grown:
             return []

@@ -43,11 +43,11 @@ from workers.common import (  # noqa: E402
     start_worker,
 )
 
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.schemas.keys import lease_key, live_key, new_run_id, session_of  # noqa: E402
-from runlog.schemas.vocabulary import EventType  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
-from runlog.topics import delete_topics, ensure_topics  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog._topics import delete_topics, ensure_topics  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
+from runlog.schemas._keys import lease_key, live_key, new_run_id, session_of  # noqa: E402
+from runlog.schemas._vocabulary import EventType  # noqa: E402
 
 RECEIVERS = ("fenced", "deadline", "dedupes_by_key", "none")
 DEADLINE_WINDOW_S = "6"

@@ -35,7 +35,7 @@ import explorer as ex_mod  # noqa: E402
 from explorer import Checker, Explorer, Outcome, environment  # noqa: E402
 
 from runlog import stack  # noqa: E402
-from runlog.schemas.keys import new_run_id  # noqa: E402
+from runlog.schemas._keys import new_run_id  # noqa: E402
 
 FULL = {
     "kills": 1000,
@@ -152,9 +152,9 @@ def phase_races(settings_src: Any, n: int) -> Row:
     from workers.common import assert_log_sound, read_log
 
     import runlog
-    from runlog.bootstrap import Services
-    from runlog.schemas.vocabulary import EventType
-    from runlog.topics import ensure_topics
+    from runlog._bootstrap import Services
+    from runlog._topics import ensure_topics
+    from runlog.schemas._vocabulary import EventType
 
     row = Row("barrier race")
     t0 = time.monotonic()
@@ -198,7 +198,7 @@ def _supervised(
     """Threads drive runs (faultkit's workload) while ``inject`` runs ``n`` faults."""
     from faultkit import Workload, final_open, verify_effects, verify_run
 
-    from runlog.topics import ensure_topics
+    from runlog._topics import ensure_topics
 
     row = Row(name)
     t0 = time.monotonic()
@@ -287,8 +287,8 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
     with real runs beside them; the projections must equal a rebuild and verify pass."""
     from confluent_kafka import Producer
 
-    from runlog.schemas.codec import encode, new_event_id
-    from runlog.schemas.keys import partition_for
+    from runlog.schemas._codec import encode, new_event_id
+    from runlog.schemas._keys import partition_for
 
     row = Row("hostile records")
     t0 = time.monotonic()

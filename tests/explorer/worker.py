@@ -69,7 +69,8 @@ from workers.common import EXIT_OK, stopped_by  # noqa: E402
 
 import runlog  # noqa: E402
 import runlog.aio  # noqa: E402
-from runlog.bootstrap import Services  # noqa: E402
+from runlog._bootstrap import Services  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
 from runlog.errors import (  # noqa: E402
     AppendOutcomeUnknown,
     ConfigError,
@@ -79,9 +80,8 @@ from runlog.errors import (  # noqa: E402
     RedisUnavailable,
     RegistryUnavailable,
 )
-from runlog.producers.tools import Evidence  # noqa: E402
-from runlog.schemas.canonical import canonical_json  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog.producers._tools import Evidence  # noqa: E402
+from runlog.schemas._canonical import canonical_json  # noqa: E402
 
 # The writer tests' exit codes, and three more for what only the explorer provokes.
 EXIT_UNCLEAR = 1

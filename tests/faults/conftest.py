@@ -24,8 +24,8 @@ from faultkit import FaultReport, wait_full_isr
 from netns import Nemesis, nemesis_or_fail
 
 from runlog import stack
+from runlog._settings import Settings
 from runlog.errors import RunlogError
-from runlog.settings import Settings
 
 FAULT_TEST_TIMEOUT = 240
 LEASE_TTL_MS = 3000

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import (
     AppendOutcomeUnknown,
     Fenced,
@@ -39,14 +40,13 @@ from runlog.errors import (
     RedisUnavailable,
     RunLocked,
 )
-from runlog.log.reader import LogReader, LogRecord
+from runlog.log._reader import LogReader, LogRecord
 from runlog.producers._engine import Engine, RunDeps
-from runlog.producers.opening import open_run_with
-from runlog.producers.tools import Absent, Evidence, Match, Tool, ToolError
-from runlog.projections.run_state import RunState, apply, is_valid
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.producers._tools import Absent, Evidence, Match, Tool, ToolError
+from runlog.projections._run_state import RunState, apply, is_valid
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 CLEAR_ERRORS: tuple[type[BaseException], ...] = (
     AppendOutcomeUnknown,

@@ -30,7 +30,8 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent.parent)]
 
-from runlog.bootstrap import Services  # noqa: E402
+from runlog._bootstrap import Services  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
 from runlog.errors import (  # noqa: E402
     AppendOutcomeUnknown,
     Fenced,
@@ -38,10 +39,9 @@ from runlog.errors import (  # noqa: E402
     RedisUnavailable,
     RunLocked,
 )
-from runlog.producers.opening import open_run_with  # noqa: E402
-from runlog.producers.tools import Absent, Evidence, Match, Tool, ToolError  # noqa: E402
-from runlog.schemas.vocabulary import EventType  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog.producers._opening import open_run_with  # noqa: E402
+from runlog.producers._tools import Absent, Evidence, Match, Tool, ToolError  # noqa: E402
+from runlog.schemas._vocabulary import EventType  # noqa: E402
 
 EXIT_FENCED = 3
 EXIT_CLEAR = 4

@@ -15,11 +15,11 @@ import os
 import sys
 from typing import Any
 
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import AppendOutcomeUnknown, Fenced, KafkaUnavailable, RedisUnavailable
-from runlog.producers.opening import open_run_with
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._vocabulary import EventType
 
 EXIT_FENCED = 3
 EXIT_CLEAR = 4

@@ -15,8 +15,8 @@ from faultkit import (
 )
 
 from runlog import stack
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._keys import partition_for
 
 RUNS = 4
 TARGET = 40

@@ -41,11 +41,11 @@ from netns import Nemesis
 from netns_worker import EXIT_CLEAR, EXIT_FENCED
 from test_network_faults import Episode, _exit, _takeover
 
-from runlog.bootstrap import Services
-from runlog.producers.opening import open_run_with
-from runlog.schemas.keys import new_run_id, partition_for, run_id_time_ms, start_key
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import new_run_id, partition_for, run_id_time_ms, start_key
+from runlog.schemas._vocabulary import EventType
 
 SKEW_S = 30.0
 SEEDS = {"ahead": 4205, "behind": 4206, "timer": 4207}
@@ -55,7 +55,7 @@ SLACK_S = 3.0
 
 def _mint(nemesis: Nemesis, node: str, skew_s: float) -> tuple[str, float]:
     """A run id minted by ``new_run_id`` in a process on the skewed clock; the real time."""
-    code = "from runlog.schemas.keys import new_run_id; print(new_run_id())"
+    code = "from runlog.schemas._keys import new_run_id; print(new_run_id())"
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
     proc = nemesis.popen(
         node,

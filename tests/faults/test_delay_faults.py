@@ -30,8 +30,8 @@ from netns_worker import EXIT_CLEAR
 from test_network_faults import Episode, _exit
 
 from runlog import stack
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._vocabulary import EventType
 
 SEED = 4208
 DELAY_S = 0.6

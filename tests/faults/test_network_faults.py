@@ -30,13 +30,13 @@ from faultkit import Ack, FaultReport, Journal, read_log, verify_effects, verify
 from netns import Nemesis
 from netns_worker import EXIT_CLEAR, EXIT_FENCED, FileLedger
 
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import RunLocked
-from runlog.producers.opening import open_run_with
-from runlog.projections.run_state import RunState
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.projections._run_state import RunState
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 WORKER = Path(__file__).with_name("netns_worker.py")
 SETTING_KEYS = (

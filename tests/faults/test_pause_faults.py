@@ -15,13 +15,13 @@ from codec_support import make_event
 from faultkit import FaultReport, read_log
 from paused_worker import EXIT_FENCED
 
-from runlog.bootstrap import Services
-from runlog.producers.opening import open_run_with
-from runlog.projections.run_state import RunState, apply, is_valid
-from runlog.schemas import codec
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.projections._run_state import RunState, apply, is_valid
+from runlog.schemas import _codec as codec
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 ROUNDS = 3
 WORKER = Path(__file__).with_name("paused_worker.py")

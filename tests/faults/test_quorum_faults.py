@@ -23,8 +23,8 @@ from faultkit import FaultReport, Workload, partition_leaders, wait_full_isr
 from netns import QuorumCut, check_available
 
 from runlog import stack
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._keys import partition_for
 
 SEED = 4209
 RUNS = 4

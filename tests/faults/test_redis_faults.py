@@ -19,7 +19,7 @@ from faultkit import (
 )
 
 from runlog import stack
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 RUNS = 3
 

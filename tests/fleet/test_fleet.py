@@ -18,8 +18,8 @@ import redis
 from fleet_support import Fleet, effects, states, verify_all, wait_finished
 
 import runlog
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._keys import partition_for
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_a_started_run_is_executed_and_finishes_with_the_summary(
 
 
 def _events(settings: Settings, rid: str) -> list[runlog.Event]:
-    from runlog.log.reader import LogReader
+    from runlog.log._reader import LogReader
 
     with LogReader(settings) as reader:
         part = reader.partition_of(rid)
@@ -96,7 +96,7 @@ def test_a_sleeping_run_whose_worker_dies_wakes_on_another(
 def test_a_decision_resumes_its_run_with_no_one_restarting_anything(
     fleet_settings: Settings, fleet: Fleet, redis_client: redis.Redis
 ) -> None:
-    from runlog.fleet.worker import live_workers
+    from runlog.fleet._worker import live_workers
 
     name = fleet.spawn()
     rid = runlog.start("asker", {"to": "p"}, tenant="t1", settings=fleet_settings)
@@ -161,7 +161,7 @@ def test_three_workers_killed_at_random_finish_every_run_with_each_effect_once(
     receiver counts), and `runlog verify --all` passes."""
     import random
 
-    from runlog.fleet.worker import live_workers
+    from runlog.fleet._worker import live_workers
 
     runs, steps = 45, 6
     fleet = Fleet(fleet_settings, tmp_path, FLEET_TEST_STEP_S="0.25")
@@ -309,9 +309,9 @@ def test_opening_a_new_id_on_a_quiet_partition_reads_it_without_waiting_out_a_ti
     start on a quiet partition cost a second (the fleet's start latency, p50 330 ms)."""
     import statistics
 
-    from runlog.bootstrap import Services
-    from runlog.producers.opening import open_run_with
-    from runlog.schemas.keys import new_run_id
+    from runlog._bootstrap import Services
+    from runlog.producers._opening import open_run_with
+    from runlog.schemas._keys import new_run_id
 
     services = Services(test_settings)
     try:
@@ -333,8 +333,8 @@ def test_waiting_runs_hold_no_slot_no_thread_and_no_lease(
 ) -> None:
     """Runs asleep for an hour: the worker holds none of them (no slot, no lease), so more
     runs than its concurrency wait at once, and a short one still gets a slot at once."""
-    from runlog.fleet.worker import live_workers
-    from runlog.producers.lease import LeaseManager
+    from runlog.fleet._worker import live_workers
+    from runlog.producers._lease import LeaseManager
 
     # Leases that would outlive the test: one still there was held, not expired.
     fleet_settings = test_settings.model_copy(update={"lease_ttl_ms": 120_000})
@@ -362,7 +362,7 @@ def test_waiting_runs_hold_no_slot_no_thread_and_no_lease(
 
 
 def test_a_start_without_the_lifecycle_topic_is_refused_at_once(test_settings: Settings) -> None:
-    from runlog.topics import delete_topics
+    from runlog._topics import delete_topics
 
     s = test_settings.model_copy(update={"topic_prefix": f"{test_settings.topic_prefix}-none"})
     delete_topics(s, [s.lifecycle_topic])

@@ -20,10 +20,10 @@ from fleet_support import Fleet, effects, states, wait_finished
 from scan_support import partition_records
 
 import runlog
-from runlog.fleet.worker import live_workers
-from runlog.log.kafka import reader_config
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.fleet._worker import live_workers
+from runlog.log._kafka import reader_config
+from runlog.schemas._keys import partition_for
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import redis
 from fleet_support import Fleet, effects, states, wait_finished
 
 import runlog
-from runlog.log.reader import LogReader
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._reader import LogReader
 
 
 @pytest.fixture

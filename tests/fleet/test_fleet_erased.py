@@ -23,14 +23,14 @@ from projections_support import env_for, stop, wait_assigned, wait_caught_up
 from pydantic import SecretStr
 
 import runlog
-import runlog.api
-from runlog.fleet import lifecycle
-from runlog.fleet.requests import wake
-from runlog.log import keys as keys_mod
-from runlog.log.kafka import reader_config
-from runlog.log.reader import LogReader
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+import runlog._api
+from runlog._settings import Settings
+from runlog.fleet import _lifecycle as lifecycle
+from runlog.fleet._requests import wake
+from runlog.log import _keys as keys_mod
+from runlog.log._kafka import reader_config
+from runlog.log._reader import LogReader
+from runlog.schemas._keys import partition_for
 
 pytestmark = pytest.mark.timeout(300)
 TENANT = "t1"
@@ -109,7 +109,7 @@ def test_an_erased_run_left_with_a_lifecycle_record_is_dropped_not_dispatched(
     try:
         wait_assigned(runner, str(log_path))
         wait_caught_up(redis_client, s)
-        report = runlog.api.forget(
+        report = runlog._api.forget(
             tenant=TENANT, subject=subject, reason="art. 17", by="dpo", wait_s=30, settings=s
         )
     finally:
@@ -155,7 +155,7 @@ def test_a_start_request_of_a_forgotten_subject_is_dropped_with_encryption_off(
     gone = runlog.start(
         "payer", {"to": "gone", "steps": 1}, tenant=TENANT, settings=s, subject=subject
     )
-    report = runlog.api.forget(
+    report = runlog._api.forget(
         tenant=TENANT, subject=subject, reason="art. 17", by="dpo", wait_s=1, settings=s
     )
     assert report.requests_dropped == [gone] and report.runs == []

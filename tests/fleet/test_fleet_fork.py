@@ -16,9 +16,9 @@ import redis
 from fleet_support import Fleet, states, verify_all, wait_finished
 
 import runlog
-from runlog.projections.lineage import fork_key, logical_of
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.projections._lineage import fork_key, logical_of
+from runlog.schemas._vocabulary import EventType
 
 AGENT = "demo.refunds"
 TENANT = "demo"
@@ -38,7 +38,7 @@ def fleet(fleet_settings: Settings, tmp_path: Path) -> Fleet:
 
 
 def _events(settings: Settings, rid: str) -> list[runlog.Event]:
-    from runlog.log.reader import LogReader
+    from runlog.log._reader import LogReader
 
     with LogReader(settings) as reader:
         return [r.event for r in reader.read(rid, partition=reader.partition_of(rid), start=0)]
@@ -107,8 +107,8 @@ def test_a_registered_agent_forked_with_another_input_is_handed_the_parents_conv
     point, the parent's compaction included once the fork point is past it."""
     import json
 
-    from runlog.bootstrap import Services
-    from runlog.log.replay import replay
+    from runlog._bootstrap import Services
+    from runlog.log._replay import replay
 
     s = fleet_settings
     fleet.spawn(agents="workers.fleet_agents")

@@ -12,13 +12,13 @@ from datetime import timedelta
 
 import pytest
 
-from runlog.bootstrap import Services
-from runlog.fleet.handoffs import announce, handoffs_key
-from runlog.fleet.lifecycle import Record
-from runlog.fleet.registry import Agent
-from runlog.fleet.worker import Worker
-from runlog.schemas import codec
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.fleet._handoffs import announce, handoffs_key
+from runlog.fleet._lifecycle import Record
+from runlog.fleet._registry import Agent
+from runlog.fleet._worker import Worker
+from runlog.schemas import _codec as codec
 
 
 def _noop(run: object, order: object) -> None:

@@ -12,7 +12,7 @@ import redis
 from fleet_support import Fleet, effects, wait_finished
 
 import runlog
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 AGENTS = "workers.oai_fleet_agents"
 

@@ -18,9 +18,9 @@ import redis
 from fleet_support import Fleet, effects, verify_all, wait_finished
 
 import runlog
-from runlog.log.reader import LogReader
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._reader import LogReader
+from runlog.schemas._vocabulary import EventType
 
 AGENTS = "workers.pai_fleet_agents"
 RUNS = 6

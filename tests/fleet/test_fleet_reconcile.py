@@ -27,16 +27,16 @@ from scan_support import partition_records
 from ui_support import TOKEN_A, TOKEN_B, console, projecting
 
 import runlog
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.log.kafka import reader_config
-from runlog.log.reader import LogReader
-from runlog.projections.run_state import RunState, accept, rejection
-from runlog.schemas import models as m
-from runlog.schemas.keys import partition_for
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._kafka import reader_config
+from runlog.log._reader import LogReader
+from runlog.projections._run_state import RunState, accept, rejection
+from runlog.schemas import _models as m
+from runlog.schemas._keys import partition_for
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(180)
 AGENTS = "workers.reconcile_agents"

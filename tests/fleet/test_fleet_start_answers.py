@@ -24,13 +24,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from fleet_support import Fleet, effects, fleet_env, states, wait_finished
 
 import runlog
-from runlog.fleet.lifecycle import Latest, Record, read_latest, writer_for
-from runlog.log.kafka import high_watermark, reader_config
-from runlog.log.reader import LogReader
-from runlog.projections.run_state import RunState
-from runlog.schemas.keys import partition_for
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.fleet._lifecycle import Latest, Record, read_latest, writer_for
+from runlog.log._kafka import high_watermark, reader_config
+from runlog.log._reader import LogReader
+from runlog.projections._run_state import RunState
+from runlog.schemas._keys import partition_for
+from runlog.schemas._vocabulary import EventType
 
 
 @pytest.fixture

@@ -27,12 +27,12 @@ from pydantic import SecretStr
 from scan_support import on_disk
 
 import runlog
-from runlog.log import keys as keys_mod
-from runlog.log.reader import LogReader
-from runlog.log.replay import replay
-from runlog.schemas.models import RunStarted
-from runlog.schemas.sealing import ERASED
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log import _keys as keys_mod
+from runlog.log._reader import LogReader
+from runlog.log._replay import replay
+from runlog.schemas._models import RunStarted
+from runlog.schemas._sealing import ERASED
 
 
 @pytest.fixture

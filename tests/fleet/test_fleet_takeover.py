@@ -14,15 +14,15 @@ from concurrent.futures import Future
 
 import pytest
 
-from runlog.bootstrap import Services
-from runlog.fleet.handoffs import announce
-from runlog.fleet.lifecycle import Record
-from runlog.fleet.registry import Agent
-from runlog.fleet.runner import Result
-from runlog.fleet.worker import Entry, Worker, held_key
-from runlog.producers.lease import Lease, LeaseManager, sessions_key
-from runlog.schemas.keys import live_key, partition_for
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.fleet._handoffs import announce
+from runlog.fleet._lifecycle import Record
+from runlog.fleet._registry import Agent
+from runlog.fleet._runner import Result
+from runlog.fleet._worker import Entry, Worker, held_key
+from runlog.producers._lease import Lease, LeaseManager, sessions_key
+from runlog.schemas._keys import live_key, partition_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,10 +19,10 @@ import pytest
 from fleet_support import Fleet, fleet_env
 from ui_support import TOKEN_A, TOKEN_B, console
 
-from runlog.fleet.lifecycle import read_latest
-from runlog.fleet.worker import live_workers
-from runlog.log.clients import redis_client
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.fleet._lifecycle import read_latest
+from runlog.fleet._worker import live_workers
+from runlog.log._clients import redis_client
 
 pytestmark = pytest.mark.timeout(240)
 

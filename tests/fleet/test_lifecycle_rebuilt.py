@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from runlog.fleet.lifecycle import Record, rebuilt
-from runlog.projections.run_state import Approval, Cancellation, Erasure, RunState, Timer
+from runlog.fleet._lifecycle import Record, rebuilt
+from runlog.projections._run_state import Approval, Cancellation, Erasure, RunState, Timer
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

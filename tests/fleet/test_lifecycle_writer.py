@@ -12,9 +12,9 @@ import statistics
 import threading
 import time
 
-from runlog.fleet.lifecycle import LifecycleWriter
-from runlog.schemas.keys import new_run_id
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.fleet._lifecycle import LifecycleWriter
+from runlog.schemas._keys import new_run_id
 
 THREADS = 30
 

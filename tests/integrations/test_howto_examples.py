@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from workers.common import ROOT, worker_env
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 FIRST_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 PAGES = ("openai-agents.md", "pydantic-ai.md")

@@ -15,10 +15,10 @@ from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
 from workers.common import read_log
 
+from runlog._settings import Settings
 from runlog.errors import Fenced
 from runlog.integrations.langgraph import RunlogSaver
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.schemas._vocabulary import EventType
 
 
 def test_conformance_suite_passes(test_settings: Settings) -> None:

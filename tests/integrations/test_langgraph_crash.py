@@ -16,10 +16,10 @@ from workers.common import ROOT, Worker, fold_log, read_log, worker_env
 from workers.lg_worker import AMOUNTS, EXIT_FENCED, effects_key
 
 import runlog
+from runlog._settings import Settings
 from runlog.integrations.langgraph import RunlogSaver
-from runlog.projections.run_state import RunState
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.projections._run_state import RunState
+from runlog.schemas._vocabulary import EventType
 
 LG_WORKER = Path(__file__).resolve().parents[1] / "workers" / "lg_worker.py"
 

@@ -20,11 +20,11 @@ from projections_support import env_for
 from workers.common import fold_log, read_log
 
 import runlog
+from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
-from runlog.producers.approvals import CANCEL_FLAG_FRESH_S
-from runlog.projections.run_state import RunState
-from runlog.settings import Settings
+from runlog.producers._approvals import CANCEL_FLAG_FRESH_S
+from runlog.projections._run_state import RunState
 
 
 def _state(settings: Settings, thread: str) -> RunState:

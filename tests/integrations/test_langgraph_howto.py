@@ -9,7 +9,7 @@ from pathlib import Path
 
 from workers.common import ROOT, worker_env
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 PAGE = ROOT / "docs" / "howto" / "langgraph.md"
 

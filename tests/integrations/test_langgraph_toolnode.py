@@ -15,12 +15,12 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command, interrupt
 
 from runlog import current_call
+from runlog._settings import Settings
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
-from runlog.producers.calls import execute_logical
-from runlog.producers.handle import engine_of
-from runlog.producers.ops import drive
-from runlog.schemas.canonical import canonical_json
-from runlog.settings import Settings
+from runlog.producers._calls import execute_logical
+from runlog.producers._handle import engine_of
+from runlog.producers._ops import drive
+from runlog.schemas._canonical import canonical_json
 
 SCRIPT = [
     AIMessage(

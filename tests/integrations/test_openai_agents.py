@@ -31,9 +31,9 @@ from workers.common import (
 from workers.oai_worker import requests_key
 
 from runlog import aio
-from runlog.schemas.models import Event, ModelTurn, ToolCallStarted
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._models import Event, ModelTurn, ToolCallStarted
+from runlog.schemas._vocabulary import EventType
 
 OAI_WORKER = Path(__file__).resolve().parents[1] / "workers" / "oai_worker.py"
 STEPS = 6

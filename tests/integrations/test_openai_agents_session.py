@@ -26,15 +26,15 @@ from test_openai_agents import (
 from workers.common import EXIT_OK, assert_log_sound, payloads
 
 from runlog import aio
-from runlog.integrations.openai_agents_session import (
+from runlog._settings import Settings
+from runlog.integrations._openai_agents_session import (
     SESSION_KEY_PREFIX,
     RunlogSession,
     _Ops,
     recorded_ops,
 )
-from runlog.schemas.models import MemoryWritten
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.schemas._models import MemoryWritten
+from runlog.schemas._vocabulary import EventType
 
 
 def session_items(events: list[Any], session_id: str) -> list[dict[str, Any]]:
@@ -169,7 +169,7 @@ def test_a_replayed_execution_asking_for_other_items_is_refused_not_appended(
 ) -> None:
     """Replay answers the n-th operation from the log only if it is the recorded one: an
     agent that now adds something else is told so, and the log keeps what it had."""
-    from runlog.integrations.openai_agents_session import SessionDiverged
+    from runlog.integrations._openai_agents_session import SessionDiverged
 
     run_id = new_run_id()
 

@@ -28,9 +28,9 @@ from workers.common import (
 )
 from workers.pai_worker import requests_key
 
-from runlog.schemas.models import Event, ModelTurn, ToolCallStarted
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._models import Event, ModelTurn, ToolCallStarted
+from runlog.schemas._vocabulary import EventType
 
 PAI_WORKER = Path(__file__).resolve().parents[1] / "workers" / "pai_worker.py"
 STEPS = 5

@@ -25,10 +25,10 @@ from workers.common import read_log
 
 import runlog
 from runlog import aio
+from runlog._settings import Settings
 from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy
-from runlog.projections.lineage import logical_of
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.projections._lineage import logical_of
+from runlog.schemas._vocabulary import EventType
 
 PROMPT = "refund orders 7 and 8"
 

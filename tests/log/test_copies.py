@@ -1,12 +1,12 @@
-"""The list of copies outside the log (``runlog.log.copies``) is the one the code uses: a
+"""The list of copies outside the log (``runlog.log._copies``) is the one the code uses: a
 projection registered without its line there, or a run key spelled elsewhere, fails here,
 so ``forget`` (which purges what the list names) cannot miss it."""
 
 from __future__ import annotations
 
 from runlog.consumers.stores import REGISTRY
-from runlog.log import copies
-from runlog.schemas.keys import run_tag
+from runlog.log import _copies as copies
+from runlog.schemas._keys import run_tag
 
 
 def test_every_projection_is_listed_as_a_copy_its_runner_purges() -> None:

@@ -16,10 +16,10 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from runlog.log.reader import LogReader
-from runlog.log.tail import LogTail
-from runlog.settings import Settings
-from runlog.topics import delete_topics, ensure_topics
+from runlog._settings import Settings
+from runlog._topics import delete_topics, ensure_topics
+from runlog.log._reader import LogReader
+from runlog.log._tail import LogTail
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,10 +20,10 @@ from scan_support import events_records
 from workers.common import EXIT_OK, Ledger, assert_log_sound, services_for, start_worker
 
 import runlog
+from runlog._settings import Settings
 from runlog.errors import ConfigError
-from runlog.log.reader import LogReader
-from runlog.schemas.keys import new_run_id, partition_for, start_key
-from runlog.settings import Settings
+from runlog.log._reader import LogReader
+from runlog.schemas._keys import new_run_id, partition_for, start_key
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-import runlog.log.reader as reader_module
-from runlog.bootstrap import Services
-from runlog.log.reader import LogReader
-from runlog.producers.opening import open_run_with
-from runlog.schemas.keys import new_run_id
-from runlog.settings import Settings
+import runlog.log._reader as reader_module
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.log._reader import LogReader
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import new_run_id
 
 
 def test_sequential_opens_share_one_reader(

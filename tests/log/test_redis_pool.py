@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from runlog.log.clients import REDIS_ERRORS, SYNC_CONNECTIONS, redis_client
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._clients import REDIS_ERRORS, SYNC_CONNECTIONS, redis_client
 
 
 def test_threads_beyond_the_pool_wait_for_a_connection_instead_of_failing(

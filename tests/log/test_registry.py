@@ -25,20 +25,20 @@ from workers.common import services_for
 
 import runlog
 from runlog import stack
-from runlog.consumers.queries import get_state
+from runlog._settings import Settings
+from runlog.consumers._queries import get_state
 from runlog.consumers.runner import rebuild
 from runlog.errors import RegistryUnavailable, SchemaError, UnknownSchemaId
-from runlog.log import registry as regmod
-from runlog.log.reader import LogReader
-from runlog.log.registry import RegistryIds, ids_for, subject_for
-from runlog.log.replay import replay
-from runlog.producers.writer import EventWriter
-from runlog.projections.run_state import RunState
-from runlog.schemas import codec
-from runlog.schemas.registry import WriterSchema, registry
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from runlog.stack import registry as stack_registry
+from runlog.log import _registry as regmod
+from runlog.log._reader import LogReader
+from runlog.log._registry import RegistryIds, ids_for, subject_for
+from runlog.log._replay import replay
+from runlog.producers._writer import EventWriter
+from runlog.projections._run_state import RunState
+from runlog.schemas import _codec as codec
+from runlog.schemas._registry import WriterSchema, registry
+from runlog.schemas._vocabulary import EventType
+from runlog.stack import _registry as stack_registry
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -296,7 +296,7 @@ def test_sealed_fields_reach_registry_readers_as_the_documented_envelope(
     structural field in the clear; runlog's readers (replay, the state projection) open it."""
     from pydantic import SecretStr
 
-    from runlog.log import keys as keys_mod
+    from runlog.log import _keys as keys_mod
 
     s = reg.model_copy(update={"encryption": "on", "kek": SecretStr(f"k1:{keys_mod.new_kek()}")})
     try:

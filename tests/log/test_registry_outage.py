@@ -5,7 +5,7 @@ A registry that does not answer says nothing about a record: the runner waits fo
 up once the registry answers again. A registry that answers "no such schema id" has
 spoken: that record is quarantined and the runner keeps going.
 
-The registry is the real one (Apicurio, ``runlog.stack.registry``), stopped and started
+The registry is the real one (Apicurio, ``runlog.stack._registry``), stopped and started
 once. Its storage is in memory, so the test starts it fresh and registers the schemas in
 the same order before and after the restart (the ids come out the same, checked); a
 forwarder in front of it keeps the runner from asking between the restart and the
@@ -31,17 +31,17 @@ from workers.common import services_for
 
 import runlog
 from runlog import stack
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import RegistryUnavailable
-from runlog.log.registry import RegistryIds, ids_for
-from runlog.producers.writer import EventWriter
-from runlog.schemas import codec
-from runlog.schemas.registry import registry
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from runlog.stack import registry as stack_registry
+from runlog.log._registry import RegistryIds, ids_for
+from runlog.producers._writer import EventWriter
+from runlog.schemas import _codec as codec
+from runlog.schemas._registry import registry
+from runlog.schemas._vocabulary import EventType
+from runlog.stack import _registry as stack_registry
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -10,15 +10,15 @@ from confluent_kafka import Producer
 from replay_support import FIXTURE_VERSIONS, Fixture, FixtureRecord, load_fixture
 
 import runlog
+from runlog._settings import Settings
 from runlog.cli import main as cli_main
-from runlog.consumers.verify import check_gaps, verify_events, verify_run
-from runlog.log.replay import replay
-from runlog.producers.tools import tool
-from runlog.projections.run_state import RunState, apply, fold
-from runlog.schemas.models import ApprovalDecided
-from runlog.schemas.signing import generate_key_pair, parse_public_keys
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.consumers._verify import check_gaps, verify_events, verify_run
+from runlog.log._replay import replay
+from runlog.producers._tools import tool
+from runlog.projections._run_state import RunState, apply, fold
+from runlog.schemas._models import ApprovalDecided
+from runlog.schemas._signing import generate_key_pair, parse_public_keys
+from runlog.schemas._vocabulary import EventType
 
 # Fields a resumption legitimately changes; everything else must be carried over exactly.
 RESUME_FIELDS = {"seq", "epoch", "max_epoch_seen", "resumptions", "last_event_at"}

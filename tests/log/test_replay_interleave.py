@@ -12,13 +12,13 @@ import time
 import redis
 from replay_support import OPS, synthetic_log
 
-from runlog.log.replay import replay
-from runlog.producers.writer import EventWriter
-from runlog.schemas import codec
-from runlog.schemas.keys import new_run_id, partition_for, start_key
-from runlog.schemas.models import Event
-from runlog.settings import Settings
-from runlog.topics import ensure_topics
+from runlog._settings import Settings
+from runlog._topics import ensure_topics
+from runlog.log._replay import replay
+from runlog.producers._writer import EventWriter
+from runlog.schemas import _codec as codec
+from runlog.schemas._keys import new_run_id, partition_for, start_key
+from runlog.schemas._models import Event
 
 RUN_OPS = [OPS[i % 10] for i in range(300)]  # no finish, no fenced ops: a long, busy run
 OTHERS = 40

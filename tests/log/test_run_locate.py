@@ -23,12 +23,12 @@ from confluent_kafka import Producer
 from workers.common import assert_log_sound, read_log
 
 import runlog
-from runlog.consumers.verify import verify_run
-from runlog.log.reader import START_SKEW_MS, LogReader
-from runlog.schemas import codec
-from runlog.schemas.keys import partition_for, run_id_time_ms, start_key
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._verify import verify_run
+from runlog.log._reader import START_SKEW_MS, LogReader
+from runlog.schemas import _codec as codec
+from runlog.schemas._keys import partition_for, run_id_time_ms, start_key
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(90)
 

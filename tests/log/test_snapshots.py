@@ -13,22 +13,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replay_support import OPS, synthetic_log
 
-import runlog.log.snapshots as snapshots_mod
-from runlog.bootstrap import Services
-from runlog.consumers.verify import verify_run
-from runlog.log import metrics
-from runlog.log.replay import replay
-from runlog.log.snapshots import (
+import runlog.log._snapshots as snapshots_mod
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.consumers._verify import verify_run
+from runlog.log import _metrics as metrics
+from runlog.log._replay import replay
+from runlog.log._snapshots import (
     Snapshot,
     SnapshotInvalid,
     SnapshotStore,
     decode_body,
     encode_body,
 )
-from runlog.producers.opening import open_run_with
-from runlog.projections.run_state import RunState, fold
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.projections._run_state import RunState, fold
+from runlog.schemas._vocabulary import EventType
 
 # ----------------------------------------------------------------------------- pure
 

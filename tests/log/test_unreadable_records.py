@@ -14,16 +14,16 @@ import redis
 from workers.common import services_for
 
 import runlog
+from runlog._settings import Settings
 from runlog.cli import EXIT_FAILURE, EXIT_OK
 from runlog.cli import main as cli_main
-from runlog.consumers.verify import verify_run
+from runlog.consumers._verify import verify_run
 from runlog.errors import UnreadableRecord
-from runlog.log.replay import replay
-from runlog.log.setaside import list_set_aside
-from runlog.producers.writer import EventWriter
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._replay import replay
+from runlog.log._setaside import list_set_aside
+from runlog.producers._writer import EventWriter
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,9 +14,9 @@ from confluent_kafka import Producer
 from workers.common import services_for
 
 import runlog
-from runlog.consumers.verify import list_runs
-from runlog.log.setaside import set_aside
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._verify import list_runs
+from runlog.log._setaside import set_aside
 
 
 def test_records_keyed_by_no_valid_run_are_not_listed_as_runs(test_settings: Settings) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from codec_support import make_event
 
-from runlog.projections.run_state import RunState, accept, accepted_in_order, apply, fold, is_valid
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.vocabulary import EventType
+from runlog.projections._run_state import RunState, accept, accepted_in_order, apply, fold, is_valid
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._vocabulary import EventType
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -281,7 +281,7 @@ def test_a_takeover_turns_open_calls_uncertain(epoch: int) -> None:
 
 def test_run_state_exposes_the_public_api_names() -> None:
     """The writers issue names Run.state's fields; acceptance tests outside use them."""
-    from runlog.projections.run_state import RunState
+    from runlog.projections._run_state import RunState
 
     st = RunState(cost_usd=0.25, input_tokens=3, output_tokens=4)
     for name in (

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from test_fold import Log, rich_log
 
-from runlog.projections.lineage import fork_key, logical_of, pack_state
-from runlog.projections.run_state import RunState, fold, is_valid
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.vocabulary import EventType
+from runlog.projections._lineage import fork_key, logical_of, pack_state
+from runlog.projections._run_state import RunState, fold, is_valid
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._vocabulary import EventType
 
 
 def _parent() -> tuple[list[Event], RunState]:
@@ -135,7 +135,7 @@ def test_a_forks_own_key_names_its_logical_action() -> None:
 
 
 def test_the_audit_names_the_fork_and_what_the_other_timeline_did() -> None:
-    from runlog.projections.audit import AuditRun, apply_event
+    from runlog.projections._audit import AuditRun, apply_event
 
     _, at = _parent()
     effect = {
@@ -178,7 +178,7 @@ def test_a_carried_decision_on_an_open_call_is_asked_again_under_trusted_decider
     """The parent decided an escalated call but nobody acted on it before the fork point:
     the decision was signed for the parent's run, and the fork does not carry signatures,
     so under trusted deciders the fork asks a person again (without: it is carried)."""
-    from runlog.schemas.signing import generate_key_pair, parse_public_keys
+    from runlog.schemas._signing import generate_key_pair, parse_public_keys
 
     log = Log("parent-1").start()
     s1 = log.add(
@@ -206,7 +206,7 @@ def test_a_carried_decision_on_an_open_call_is_asked_again_under_trusted_decider
 
 
 def test_verify_refuses_a_fork_whose_state_is_not_the_one_its_digest_names() -> None:
-    from runlog.consumers.verify import check_lineage, verify_events
+    from runlog.consumers._verify import check_lineage, verify_events
 
     _, at = _parent()
     good = _fork(at).events

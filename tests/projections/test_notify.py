@@ -26,16 +26,16 @@ from projections_support import env_for, stop
 from ui_support import TOKEN_ADMIN, console, projecting, wait_for
 
 import runlog
+from runlog._settings import Settings
 from runlog.cli import main as cli_main
-from runlog.consumers import queries
-from runlog.consumers.notify import Notifier, Webhook
+from runlog.consumers import _queries as queries
+from runlog.consumers._notify import Notifier, Webhook
+from runlog.consumers._store import ProjectionKeys
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import ProjectionKeys
 from runlog.consumers.stores import NOTIFY
 from runlog.errors import Escalated
-from runlog.projections.notify import identity
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.projections._notify import identity
+from runlog.schemas._vocabulary import EventType
 
 FAST = {
     "notify_backoff_s": 0.05,

@@ -22,11 +22,11 @@ from projections_support import (
     wait_caught_up,
 )
 
-from runlog.consumers import queries
-from runlog.consumers.projection_metrics import Watermarks
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
+from runlog.consumers._projection_metrics import Watermarks
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
 from tools.loadgen import LoadGenerator
 
 

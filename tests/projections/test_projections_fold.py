@@ -17,17 +17,17 @@ from projections_support import (
     wait_caught_up,
 )
 
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
 from tools.loadgen import LoadGenerator
 
 
 def test_projections_import_neither_kafka_nor_redis() -> None:
     code = (
-        "import sys, projections, projections.state_view, projections.uncertain, "
-        "runlog.projections.audit, projections.verdict\n"
+        "import sys, projections, projections._state_view, projections._uncertain, "
+        "runlog.projections._audit, projections._verdict\n"
         "bad = [m for m in ('confluent_kafka', 'redis') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

@@ -20,10 +20,10 @@ import pytest
 import redis
 from projections_support import dump, wait_caught_up
 
+from runlog._settings import Settings
+from runlog.consumers._store import ProjectionKeys
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import ProjectionKeys
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
 from tools.loadgen import LoadGenerator
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}

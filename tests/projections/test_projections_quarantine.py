@@ -10,13 +10,13 @@ from codec_support import encode_unchecked, make_event
 from confluent_kafka import Consumer, Producer, TopicPartition
 from projections_support import applied_total, replayed_states, wait_caught_up
 
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._vocabulary import EventType
 from tools.loadgen import LoadGenerator
 
 

@@ -31,11 +31,12 @@ from projections_support import (
 )
 from workers.common import TESTS
 
-from runlog.consumers import projection_metrics, queries
+from runlog._settings import Settings
+from runlog.consumers import _projection_metrics as projection_metrics
+from runlog.consumers import _queries as queries
+from runlog.consumers._store import ProjectionKeys
 from runlog.consumers.runner import ProjectionRunner, RebuildIncomplete
-from runlog.consumers.store import ProjectionKeys
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
 from tools.loadgen import LoadGenerator
 
 pytestmark = pytest.mark.timeout(600)

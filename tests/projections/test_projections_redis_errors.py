@@ -20,10 +20,10 @@ import pytest
 import redis
 from projections_support import applied_total, replayed_states, wait_caught_up
 
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner, transient_redis_error
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
 from tools.loadgen import LoadGenerator
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
+from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.settings import Settings
 from tools.loadgen import LoadGenerator
 
 

@@ -7,11 +7,11 @@ import json
 import redis
 from projections_support import dump
 
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
+from runlog.consumers._store import APPLIED, ProjectionKeys
 from runlog.consumers.runner import ProjectionRunner
-from runlog.consumers.store import APPLIED, ProjectionKeys
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+from runlog.schemas._keys import partition_for
 from tools.loadgen import LoadGenerator
 
 

@@ -10,12 +10,12 @@ import redis
 from projections_support import replayed_states
 
 import runlog
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.log.reader import LogReader
-from runlog.schemas import models as m
-from runlog.settings import Settings
+from runlog.log._reader import LogReader
+from runlog.schemas import _models as m
 
 pytestmark = pytest.mark.timeout(120)
 

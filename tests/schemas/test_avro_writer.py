@@ -1,6 +1,6 @@
 """The compiled Avro encoders write exactly what fastavro writes, for every released schema.
 
-A writer encodes each event with its type's compiled encoder (``schemas/avro_writer.py``);
+A writer encodes each event with its type's compiled encoder (``schemas/_avro_writer.py``);
 fastavro is the reference. These tests encode the same events both ways: the sample event
 of every type, then events whose payloads and envelopes are drawn from the Avro schema
 itself (any unicode, integers at their range ends, nulls, empty and multi-block
@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from test_codec import sample_event
 
 from runlog.errors import ValidationFailed
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.registry import registry
-from runlog.schemas.sealing import SEALED_FIELDS, Sealed, View, plain_view, seal_payload
-from runlog.schemas.vocabulary import EventType
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._registry import registry
+from runlog.schemas._sealing import SEALED_FIELDS, Sealed, View, plain_view, seal_payload
+from runlog.schemas._vocabulary import EventType
 
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 

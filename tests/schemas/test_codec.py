@@ -14,6 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from workers.common import read_log, services_for
 
 import runlog
+from runlog._settings import Settings
 from runlog.errors import (
     CorruptRecord,
     SchemaError,
@@ -23,23 +24,22 @@ from runlog.errors import (
     UnreadableRecord,
     ValidationFailed,
 )
-from runlog.log.kafka import reader_config
-from runlog.log.reader import LogReader
-from runlog.producers.writer import EventWriter
-from runlog.projections import run_state
-from runlog.projections.lineage import pack_state
-from runlog.schemas import codec
-from runlog.schemas.canonical import MAX_ARGS_BYTES, canonical_json
-from runlog.schemas.keys import idempotency_key, new_run_id, partition_for
-from runlog.schemas.models import PAYLOAD_MODELS, Event
-from runlog.schemas.vocabulary import (
+from runlog.log._kafka import reader_config
+from runlog.log._reader import LogReader
+from runlog.producers._writer import EventWriter
+from runlog.projections import _run_state as run_state
+from runlog.projections._lineage import pack_state
+from runlog.schemas import _codec as codec
+from runlog.schemas._canonical import MAX_ARGS_BYTES, canonical_json
+from runlog.schemas._keys import idempotency_key, new_run_id, partition_for
+from runlog.schemas._models import PAYLOAD_MODELS, Event
+from runlog.schemas._vocabulary import (
     RECORD_ONLY,
     STATE_CHANGING,
     EventType,
     classify,
     parse_event_type,
 )
-from runlog.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)
 

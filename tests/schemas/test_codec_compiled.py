@@ -3,7 +3,7 @@
 (One deliberate difference: a negative union branch, which fastavro reads as an index
 from the end of the branch list, is refused.)
 
-``schemas.compiled`` replaces fastavro on the decode path of current schema versions, so
+``schemas._compiled`` replaces fastavro on the decode path of current schema versions, so
 it must agree with it on every byte string: valid records of every released schema, and
 the same records truncated, bit-flipped or replaced by noise. Then ``codec.decode`` gives
 the same events (or the same error class) either way.
@@ -20,8 +20,9 @@ import fastavro.utils
 import pytest
 
 from runlog.errors import SchemaError
-from runlog.schemas import codec, compiled
-from runlog.schemas.registry import registry
+from runlog.schemas import _codec as codec
+from runlog.schemas import _compiled as compiled
+from runlog.schemas._registry import registry
 
 
 def _fastavro(schema: Any, body: bytes) -> tuple[str, Any]:

@@ -12,9 +12,10 @@ import pytest
 from replay_support import load_fixture, synthetic_log
 
 from runlog.errors import MissingUpcaster, NewerSchemaVersion, UnknownFingerprint
-from runlog.projections.run_state import FOLD_VERSION, RunState, apply
-from runlog.schemas import codec, evolution
-from runlog.schemas.models import (
+from runlog.projections._run_state import FOLD_VERSION, RunState, apply
+from runlog.schemas import _codec as codec
+from runlog.schemas import _evolution as evolution
+from runlog.schemas._models import (
     ApprovalDecided,
     ApprovalRequested,
     ContextCompacted,
@@ -24,9 +25,9 @@ from runlog.schemas.models import (
     ToolCallCompleted,
     ToolCallStarted,
 )
-from runlog.schemas.registry import fingerprint_of, registry
-from runlog.schemas.sealing import SEALED_SINCE
-from runlog.schemas.vocabulary import EventType
+from runlog.schemas._registry import fingerprint_of, registry
+from runlog.schemas._sealing import SEALED_SINCE
+from runlog.schemas._vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
 TCC = EventType.TOOL_CALL_COMPLETED
@@ -53,7 +54,7 @@ def test_released_v1_schemas_never_changed() -> None:
 
 
 def test_current_versions() -> None:
-    # The sealed versions (schemas.sealing): every type with content fields moved one up.
+    # The sealed versions (schemas._sealing): every type with content fields moved one up.
     assert registry().current[CC] == 3
     assert registry().current[TCC] == 3
     assert registry().current[MT] == 3
@@ -126,7 +127,7 @@ def test_an_operators_takeover_is_not_a_resumption_and_a_cancel_is_kept() -> Non
 def test_v1_start_resolves_as_not_started_by_an_agent() -> None:
     """A v1 RUN_STARTED (before the agent registry) reads as v2 with no code version or
     input, and folds to a state without a registered agent, as the v1 fold did."""
-    from runlog.schemas.models import RunStarted
+    from runlog.schemas._models import RunStarted
 
     ev = codec.decode(_v1("run_started"))
     assert (
@@ -181,7 +182,7 @@ def test_the_answer_is_signed_with_the_decision() -> None:
     """A signature of an approval does not cover "undo and retry" of it, nor back."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from runlog.schemas.signing import DecisionAuthority, DecisionSigner, decision_message
+    from runlog.schemas._signing import DecisionAuthority, DecisionSigner, decision_message
 
     signer = DecisionSigner("ops", Ed25519PrivateKey.generate())
     authority = DecisionAuthority({"ops": signer.public_bytes()})
@@ -383,7 +384,7 @@ def test_content_erased_is_valid_only_after_the_finish_and_erases_the_content() 
     """CONTENT_ERASED (v1) counts only on a finished run, at the next seq, above the
     current epoch; the state then reads ``ERASED`` in every content field, keeps its
     structure and the erasure record, and survives a snapshot's round trip."""
-    from runlog.schemas.models import ERASED
+    from runlog.schemas._models import ERASED
 
     events = list(load_fixture("v1").events())
     state = RunState()

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from runlog.errors import NoKeys
-from runlog.log.keys import FileKeyStore, Keks
-from runlog.projections.run_state import RunState, apply
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.sealing import ERASED, SEALED_FIELDS, erased_fields
+from runlog.log._keys import FileKeyStore, Keks
+from runlog.projections._run_state import RunState, apply
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._sealing import ERASED, SEALED_FIELDS, erased_fields
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sealed-v1"
 

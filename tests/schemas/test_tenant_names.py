@@ -20,11 +20,11 @@ import redis
 from pydantic import SecretStr
 
 import runlog
+from runlog._settings import Settings
 from runlog.errors import ConfigError, InvalidTenant, RunlogError
-from runlog.log.reader import LogReader
-from runlog.schemas.keys import check_tenant
-from runlog.settings import Settings
-from runlog.ui.auth import ALL_TENANTS, parse_grants
+from runlog.log._reader import LogReader
+from runlog.schemas._keys import check_tenant
+from runlog.ui._auth import ALL_TENANTS, parse_grants
 
 INVISIBLE = [
     "acme\u202e",  # RIGHT-TO-LEFT OVERRIDE

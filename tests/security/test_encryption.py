@@ -28,13 +28,13 @@ from projections_support import env_for
 from scan_support import on_disk
 
 import runlog
-from runlog.consumers.verify import verify_run
-from runlog.log import keys as keys_mod
-from runlog.log.keys import KafkaKeyStore, keys_for, new_kek
-from runlog.log.replay import replay
-from runlog.schemas.sealing import ERASED
-from runlog.settings import Settings
-from runlog.topics import delete_topics, ensure_topics, topic_specs
+from runlog._settings import Settings
+from runlog._topics import delete_topics, ensure_topics, topic_specs
+from runlog.consumers._verify import verify_run
+from runlog.log import _keys as keys_mod
+from runlog.log._keys import KafkaKeyStore, keys_for, new_kek
+from runlog.log._replay import replay
+from runlog.schemas._sealing import ERASED
 
 
 @pytest.fixture
@@ -194,7 +194,7 @@ def test_compaction_removes_a_shredded_keys_bytes(
 CHILD = """
 import os, sys
 import runlog
-from runlog.settings import Settings
+from runlog._settings import Settings
 s = Settings()
 run = runlog.open_run(tenant="acme", settings=s, subject=sys.argv[1])
 run.append("user_message", content=sys.argv[2])
@@ -233,7 +233,7 @@ def test_projections_fold_an_erased_run_without_quarantine(
 ) -> None:
     """A projection rebuilt after a shred folds the run's structure with its content erased:
     nothing is quarantined, the run's status and seq are what they were."""
-    from runlog.consumers.queries import get_state, quarantined
+    from runlog.consumers._queries import get_state, quarantined
     from runlog.consumers.runner import rebuild
 
     s = sealed
@@ -277,8 +277,8 @@ def test_kek_rotation_lets_the_old_kek_go(sealed: Settings, redis_client: redis.
 def test_file_store_for_development(sealed: Settings, tmp_path: Path) -> None:
     """The file store: a key made by one process is found by another, shredded by one it
     is gone for the other (at its next refresh), and shredding twice returns []."""
-    from runlog.log.keys import FileKeyStore
-    from runlog.schemas.sealing import aad
+    from runlog.log._keys import FileKeyStore
+    from runlog.schemas._sealing import aad
 
     keks = keys_mod.load_keks(sealed)
     a = FileKeyStore(tmp_path / "keys", keks, refresh_s=0)

@@ -25,16 +25,16 @@ from scan_support import kafka_dirs
 from test_encryption import _contents, _env, _write, sealed  # noqa: F401
 
 import runlog
-from runlog.consumers.queries import get_state, quarantined
+from runlog._settings import Settings
+from runlog.consumers._queries import get_state, quarantined
+from runlog.consumers._verify import verify_run
 from runlog.consumers.runner import rebuild
-from runlog.consumers.verify import verify_run
-from runlog.log import keys as keys_mod
-from runlog.log.keys import keys_for
-from runlog.log.reader import LogReader
-from runlog.log.replay import replay
-from runlog.projections.lineage import pack_state
-from runlog.schemas.sealing import ERASED, erased_fields
-from runlog.settings import Settings
+from runlog.log import _keys as keys_mod
+from runlog.log._keys import keys_for
+from runlog.log._reader import LogReader
+from runlog.log._replay import replay
+from runlog.projections._lineage import pack_state
+from runlog.schemas._sealing import ERASED, erased_fields
 
 B64 = re.compile(rb"[A-Za-z0-9+/]{24,}={0,2}")
 

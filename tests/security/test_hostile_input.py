@@ -26,18 +26,18 @@ from codec_support import make_event
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import SchemaError, ToolArgumentsError, UnknownEventType
-from runlog.log.reader import LogReader
-from runlog.producers.opening import open_run_with
-from runlog.producers.tools import Tool
-from runlog.projections.run_state import RunState, apply, fold, is_valid
-from runlog.schemas import codec
-from runlog.schemas.canonical import MAX_ARGS_BYTES, canonical_json
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.models import Event
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._reader import LogReader
+from runlog.producers._opening import open_run_with
+from runlog.producers._tools import Tool
+from runlog.projections._run_state import RunState, apply, fold, is_valid
+from runlog.schemas import _codec as codec
+from runlog.schemas._canonical import MAX_ARGS_BYTES, canonical_json
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._models import Event
+from runlog.schemas._vocabulary import EventType
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -20,16 +20,17 @@ from confluent_kafka import Producer
 from pydantic import ValidationError
 from replay_support import load_fixture
 
-from runlog.bootstrap import Services
-from runlog.consumers import queries
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.errors import SchemaError, UpcastFailed, ValidationFailed
-from runlog.log.reader import LogReader
-from runlog.producers.opening import open_run_with
-from runlog.schemas import codec, evolution
-from runlog.schemas.models import Event, ModelTurn
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._reader import LogReader
+from runlog.producers._opening import open_run_with
+from runlog.schemas import _codec as codec
+from runlog.schemas import _evolution as evolution
+from runlog.schemas._models import Event, ModelTurn
+from runlog.schemas._vocabulary import EventType
 
 CC = EventType.CONTEXT_COMPACTED
 

@@ -20,21 +20,21 @@ from typing import Any
 import pytest
 from codec_support import make_event
 
-from runlog.consumers.verify import check_decisions
+from runlog._settings import Settings
+from runlog.consumers._verify import check_decisions
 from runlog.errors import ConfigError
-from runlog.log.authority import authority_for, tenant_keys_for
-from runlog.projections.run_state import RunState, accept, fold, rejection
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.signing import (
+from runlog.log._authority import authority_for, tenant_keys_for
+from runlog.projections._run_state import RunState, accept, fold, rejection
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._signing import (
     DecisionSigner,
     generate_key_pair,
     load_signer,
     parse_public_keys,
 )
-from runlog.schemas.tenant_mac import parse_tenant_keys
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.schemas._tenant_mac import parse_tenant_keys
+from runlog.schemas._vocabulary import EventType
 
 RID = "r01a2338824a26c63bda29ea43731"
 
@@ -188,7 +188,7 @@ def test_tenant_key_files_are_checked(tmp_path: Path) -> None:
 def test_a_snapshot_folded_under_other_keys_is_a_cache_miss(tmp_path: Path) -> None:
     """Which decisions and records a state counts depends on the keys it was folded under:
     a snapshot is continued only by a reader that trusts the same ones."""
-    from runlog.log.snapshots import SnapshotInvalid, decode_body, encode_body
+    from runlog.log._snapshots import SnapshotInvalid, decode_body, encode_body
 
     signer, public = _signer(tmp_path)
     keys = parse_public_keys(public)
@@ -208,9 +208,9 @@ def test_a_snapshot_folded_under_other_keys_is_a_cache_miss(tmp_path: Path) -> N
 
 def test_show_says_who_signed_a_decision_and_names_a_forgery(tmp_path: Path) -> None:
     """``runlog show``'s story (``timeline.build``) and the audit entries, from the log."""
-    from runlog.consumers.timeline import build
-    from runlog.log.reader import LogRecord
-    from runlog.projections import audit
+    from runlog.consumers._timeline import build
+    from runlog.log._reader import LogRecord
+    from runlog.projections import _audit as audit
 
     signer, public = _signer(tmp_path)
     keys = parse_public_keys(public)

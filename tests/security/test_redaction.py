@@ -17,8 +17,8 @@ from ui_support import TOKEN_A, console, projecting, wait_for
 from workers.common import services_for
 
 import runlog
-from runlog.producers.bounds import CONTENT_BYTES, CUT_MARK
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.producers._bounds import CONTENT_BYTES, CUT_MARK
 
 pytestmark = pytest.mark.timeout(180)
 

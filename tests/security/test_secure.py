@@ -40,25 +40,25 @@ from workers.secure_worker import note_tool
 
 import runlog
 from runlog import stack
-from runlog.bootstrap import Services
-from runlog.consumers import queries
+from runlog._bootstrap import Services
+from runlog._security import ensure_acls
+from runlog._settings import Settings
+from runlog._topics import ensure_topics
+from runlog.consumers import _queries as queries
+from runlog.consumers._store import ProjectionKeys
 from runlog.consumers.runner import ProjectionRunner, rebuild
-from runlog.consumers.store import ProjectionKeys
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
-from runlog.fleet.reconciling import read_reply, write_reply
-from runlog.fleet.worker import live_workers, workers_key
-from runlog.log.clients import async_redis_client, loop_get, redis_client
-from runlog.log.setaside import set_aside, set_aside_key, set_aside_offsets
-from runlog.producers.lease import Lease, LeaseManager
-from runlog.producers.opening import open_run_with, submit_decision
-from runlog.producers.writer import DeliveryFailed, EventWriter
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.security import ensure_acls
-from runlog.settings import Settings
-from runlog.stack import secure
-from runlog.topics import ensure_topics
+from runlog.fleet._reconciling import read_reply, write_reply
+from runlog.fleet._worker import live_workers, workers_key
+from runlog.log._clients import async_redis_client, loop_get, redis_client
+from runlog.log._setaside import set_aside, set_aside_key, set_aside_offsets
+from runlog.producers._lease import Lease, LeaseManager
+from runlog.producers._opening import open_run_with, submit_decision
+from runlog.producers._writer import DeliveryFailed, EventWriter
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
+from runlog.stack import _secure as secure
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "secure_worker.py"
 PARTITIONS = 3

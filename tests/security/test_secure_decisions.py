@@ -33,23 +33,23 @@ from confluent_kafka.admin import AdminClient
 
 import runlog
 from runlog import stack
-from runlog.bootstrap import Services
-from runlog.consumers import queries
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog._topics import ensure_topics
+from runlog.consumers import _queries as queries
+from runlog.consumers._verify import verify_run
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.consumers.verify import verify_run
 from runlog.errors import NotADecider
-from runlog.log.clients import redis_client
-from runlog.log.fold import read_run
-from runlog.log.reader import LogReader
-from runlog.producers.opening import open_run_with, submit_decision
-from runlog.schemas import codec
-from runlog.schemas import models as m
-from runlog.schemas.signing import DecisionSigner, generate_key_pair
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from runlog.stack import secure
-from runlog.topics import ensure_topics
+from runlog.log._clients import redis_client
+from runlog.log._fold import read_run
+from runlog.log._reader import LogReader
+from runlog.producers._opening import open_run_with, submit_decision
+from runlog.schemas import _codec as codec
+from runlog.schemas import _models as m
+from runlog.schemas._signing import DecisionSigner, generate_key_pair
+from runlog.schemas._vocabulary import EventType
+from runlog.stack import _secure as secure
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -402,7 +402,7 @@ def test_a_worker_of_tenant_a_cannot_write_into_a_run_of_tenant_b(
         with LogReader(operator) as reader, redis_client(operator) as client:
             st = read_run(reader, client, operator, "b", rid).state
         assert st.status == "running" and st.seq == 2 and st.fenced_writes == 0
-        from runlog.log.authority import tenant_keys_for
+        from runlog.log._authority import tenant_keys_for
 
         a_keys = tenant_keys_for(worker_a)
         producer = Producer({**worker_a.kafka_common(), "partitioner": "murmur2_random"})

@@ -24,19 +24,19 @@ import redis
 from scan_support import redis_bytes, topic_bytes
 
 from runlog import stack
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import TenantMismatch
-from runlog.log.clients import redis_client
-from runlog.log.reader import LogReader
-from runlog.producers.approvals import decisions_key
-from runlog.producers.lease import LeaseManager
-from runlog.producers.opening import open_run_with
-from runlog.producers.tools import Tool
-from runlog.projections.run_state import RunState, apply
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import idempotency_key, new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._clients import redis_client
+from runlog.log._reader import LogReader
+from runlog.producers._approvals import decisions_key
+from runlog.producers._lease import LeaseManager
+from runlog.producers._opening import open_run_with
+from runlog.producers._tools import Tool
+from runlog.projections._run_state import RunState, apply
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._keys import idempotency_key, new_run_id
+from runlog.schemas._vocabulary import EventType
 
 SASL_SECRET = "sasl-S3CRET-a94be1"
 TLS_SECRET = "tls-S3CRET-77c0d2"

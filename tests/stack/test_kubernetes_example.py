@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
+from runlog._settings import Settings
 from runlog.cli import build_parser
-from runlog.settings import Settings
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "howto" / "kubernetes.md"
 YAML_FENCE = re.compile(r"^```yaml\n(.*?)^```", re.M | re.S)

@@ -18,16 +18,17 @@ from ci_support import IN_CI
 from projections_support import dump
 
 import runlog
-from runlog.consumers import queries
-from runlog.consumers.index import RunIndex
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
+from runlog.consumers._index import RunIndex
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import InvalidTenant
-from runlog.log.clients import redis_client as make_client
-from runlog.producers.lease import Held, Lease, LeaseManager
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from runlog.stack import StackConfig, redis_cluster
+from runlog.log._clients import redis_client as make_client
+from runlog.producers._lease import Held, Lease, LeaseManager
+from runlog.schemas._vocabulary import EventType
+from runlog.stack import StackConfig
+from runlog.stack import _redis_cluster as redis_cluster
 from tools.loadgen import LoadGenerator
 
 # Outside CI a machine without Debian's redis-server skips these; under CI=true it must
@@ -227,7 +228,7 @@ def test_projections_on_the_cluster_equal_a_single_redis(
 def test_the_asyncio_client_on_the_cluster(on_cluster: Settings) -> None:
     import asyncio
 
-    from runlog.log.clients import async_redis_client
+    from runlog.log._clients import async_redis_client
 
     keys = [f"{on_cluster.redis_key_prefix}:{{async-{i}}}:k" for i in range(12)]
 
@@ -246,7 +247,7 @@ def test_the_asyncio_client_on_the_cluster(on_cluster: Settings) -> None:
 def test_notifications_on_the_cluster(on_cluster: Settings) -> None:
     """The notify projection queues in its position's transaction and the delivery loop
     claims with scripts: every key of one partition in one slot, partitions over masters."""
-    from runlog.consumers.notify import Notifier
+    from runlog.consumers._notify import Notifier
     from runlog.consumers.stores import NOTIFY
 
     client = make_client(on_cluster)

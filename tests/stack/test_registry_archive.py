@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runlog.errors import StackError
-from runlog.stack.registry import _extract
+from runlog.stack._registry import _extract
 
 
 def _archive(path: Path, *members: tarfile.TarInfo, data: bytes = b"jar") -> Path:

@@ -11,11 +11,11 @@ from ci_support import IN_CI
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from runlog import stack
+from runlog._settings import Settings
+from runlog._topics import check_topics, ensure_topics, topic_specs
 from runlog.cli import main
 from runlog.errors import ConfigError, StackError
-from runlog.settings import Settings
-from runlog.stack import registry as stack_registry
-from runlog.topics import check_topics, ensure_topics, topic_specs
+from runlog.stack import _registry as stack_registry
 
 
 @pytest.fixture

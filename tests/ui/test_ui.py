@@ -12,9 +12,9 @@ from ui_support import GRANTS, TOKEN_A, TOKEN_ADMIN, console, projecting, wait_f
 from workers.common import services_for
 
 import runlog
-from runlog.consumers.timeline import run_timeline
-from runlog.log.reader import LogReader
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._timeline import run_timeline
+from runlog.log._reader import LogReader
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -176,7 +176,7 @@ def test_console_tokens_tenants_csrf_and_decisions(
 def test_ui_command_binds_loopback_and_needs_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     from runlog.cli import build_parser
     from runlog.errors import ConfigError
-    from runlog.ui.auth import UiSettings, parse_grants
+    from runlog.ui._auth import UiSettings, parse_grants
 
     args = build_parser().parse_args(["ui"])
     assert args.host == "127.0.0.1"

@@ -24,11 +24,11 @@ from ui_support import TOKEN_A, TOKEN_ADMIN, console, projecting, wait_for
 from workers.common import EXIT_OK, Ledger, services_for, start_worker
 
 import runlog
-from runlog.consumers.index import RunIndex
-from runlog.consumers.timeline import run_timeline
-from runlog.log.reader import LogReader
-from runlog.schemas.keys import new_run_id
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._index import RunIndex
+from runlog.consumers._timeline import run_timeline
+from runlog.log._reader import LogReader
+from runlog.schemas._keys import new_run_id
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -311,7 +311,7 @@ def test_browser_undo_and_retry_of_a_conflicting_booking_then_one_booking_stands
     import test_writer_compensation as wc
     from selenium.webdriver.common.by import By
 
-    from runlog.schemas import models as m
+    from runlog.schemas import _models as m
 
     web = browser
     svc, rid, esc = wc._escalated_booking(fast, ledger, "refuse-once")

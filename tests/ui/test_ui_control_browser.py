@@ -20,7 +20,7 @@ from ui_support import TOKEN_A, TOKEN_B, console, projecting, wait_for
 from workers.common import Ledger, services_for, start_worker
 
 import runlog
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -18,10 +18,10 @@ from workers.common import read_log, services_for
 from workers.fork_worker import charge_tool
 
 import runlog
-from runlog.consumers import queries
-from runlog.consumers.index import RunIndex
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
+from runlog.consumers._index import RunIndex
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(240)
 

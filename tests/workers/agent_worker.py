@@ -27,11 +27,11 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.projections.run_state import RunState  # noqa: E402
-from runlog.schemas.canonical import canonical_json  # noqa: E402
-from runlog.schemas.vocabulary import EventType  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
+from runlog.projections._run_state import RunState  # noqa: E402
+from runlog.schemas._canonical import canonical_json  # noqa: E402
+from runlog.schemas._vocabulary import EventType  # noqa: E402
 from runlog.testing import (  # noqa: E402
     AgentLoop,
     ApprovalStep,

@@ -25,14 +25,14 @@ from typing import Any
 import redis
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.log.reader import LogReader, LogRecord
-from runlog.producers.tools import Receiver, Risk
-from runlog.projections.run_state import RunState, accept, apply
-from runlog.schemas.keys import live_key, session_of
-from runlog.schemas.models import Event
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.log._reader import LogReader, LogRecord
+from runlog.producers._tools import Receiver, Risk
+from runlog.projections._run_state import RunState, accept, apply
+from runlog.schemas._keys import live_key, session_of
+from runlog.schemas._models import Event
+from runlog.schemas._vocabulary import EventType
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent

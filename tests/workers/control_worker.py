@@ -22,9 +22,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.schemas.canonical import canonical_json  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
+from runlog.schemas._canonical import canonical_json  # noqa: E402
 from workers.common import STOPPED_BY, Flags, Ledger, run_worker  # noqa: E402
 
 EXIT_CANCELLED = 9

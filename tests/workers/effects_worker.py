@@ -19,9 +19,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers.handle import engine_of  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
+from runlog.producers._handle import engine_of  # noqa: E402
 from runlog.testing import AgentLoop, FinishStep, ModelStep, ScriptedModel  # noqa: E402
 from workers.common import STOPPED_BY_FINISHING, Flags, Ledger, by_name, run_worker, worker_parser  # noqa: E402
 
@@ -104,7 +104,7 @@ def scenario_refund(run: runlog.Run, opts: argparse.Namespace, flags: Flags) -> 
 def hold_before_escalating(flags: Flags) -> None:
     """Stop (for the test's SIGKILL) after a reconciliation recorded an escalation and
     before its approval request is appended."""
-    from runlog.producers import calls
+    from runlog.producers import _calls as calls
 
     original = calls._escalate
 

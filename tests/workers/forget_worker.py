@@ -19,9 +19,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
-import runlog.api  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+import runlog._api  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
 from workers.common import Flags  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def main() -> int:
                 flags.hold()
             return [f"key-{subject}"] if destroyed else []
 
-    report = runlog.api.forget(
+    report = runlog._api.forget(
         tenant=opts.tenant,
         run_id=opts.run,
         reason="art. 17 request",

@@ -26,9 +26,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers import forks  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
+from runlog.producers import _forks as forks  # noqa: E402
 
 EXIT_ESCALATED = 5
 

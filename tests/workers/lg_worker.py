@@ -48,8 +48,8 @@ from langgraph.prebuilt import tools_condition  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
 
 import runlog  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
 from workers.common import fenced_effect, raise_floor  # noqa: E402
 
 EXIT_ESCALATED = 5

@@ -24,10 +24,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
 from runlog.producers._engine import Engine  # noqa: E402
-from runlog.producers.writer import EventWriter  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog.producers._writer import EventWriter  # noqa: E402
 from workers.common import Ledger  # noqa: E402
 
 ROUNDS = 2

@@ -35,9 +35,9 @@ from openai.types.responses import (  # noqa: E402
 )
 
 import runlog  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
 from runlog.integrations.openai_agents import RunlogAgents, ToolPolicy  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
 from workers.common import (  # noqa: E402
     EXIT_ESCALATED,
     EXIT_FENCED,

@@ -27,10 +27,10 @@ def contender(
     import json
 
     import runlog
-    from runlog.bootstrap import Services
-    from runlog.log.clients import redis_client
-    from runlog.producers.opening import open_run_with
-    from runlog.settings import Settings
+    from runlog._bootstrap import Services
+    from runlog._settings import Settings
+    from runlog.log._clients import redis_client
+    from runlog.producers._opening import open_run_with
     from workers.common import Ledger
 
     settings = Settings(**settings_dump)

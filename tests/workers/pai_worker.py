@@ -29,10 +29,10 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 
 import runlog  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
 from runlog.integrations.pydantic_ai import RunlogAgent, ToolPolicy  # noqa: E402
 from runlog.integrations.pydantic_ai_capability import RunlogDurability  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
 from workers.common import (  # noqa: E402
     EXIT_ESCALATED,
     EXIT_FENCED,

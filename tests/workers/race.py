@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runlog.settings import Settings
+    from runlog._settings import Settings
 
 RESULT_TIMEOUT_S = 60
 
@@ -37,8 +37,8 @@ def contender(
     results: Any,
 ) -> None:
     import runlog
-    from runlog.schemas.vocabulary import EventType
-    from runlog.settings import Settings
+    from runlog._settings import Settings
+    from runlog.schemas._vocabulary import EventType
 
     settings = Settings(**settings_dump)
     name = f"contender-{index}"

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runlog.consumers.runner import core, fencing, rebuilding
-from runlog.consumers.runner import loop as runner
+from runlog.consumers.runner import _core as core
+from runlog.consumers.runner import _fencing as fencing
+from runlog.consumers.runner import _loop as runner
+from runlog.consumers.runner import _rebuilding as rebuilding
 
 POINT = os.environ["RUNLOG_TEST_REBUILD_HALT_AT"]
 FLAG = Path(os.environ["RUNLOG_TEST_REBUILD_FLAG"])

@@ -20,8 +20,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent)]
 
 import runlog  # noqa: E402
-from runlog.schemas.vocabulary import EventType  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.schemas._vocabulary import EventType  # noqa: E402
 
 
 def note_tool(effects: Path) -> runlog.Tool:

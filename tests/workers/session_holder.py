@@ -13,7 +13,7 @@ import sys
 import redis
 
 from runlog.errors import RedisUnavailable
-from runlog.producers.lease import Lease, LeaseManager
+from runlog.producers._lease import Lease, LeaseManager
 
 
 def main() -> None:

@@ -22,10 +22,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]
 
 import runlog  # noqa: E402
-from runlog.log.clients import redis_client  # noqa: E402
-from runlog.producers import calls  # noqa: E402
-from runlog.schemas.canonical import canonical_json  # noqa: E402
-from runlog.settings import Settings  # noqa: E402
+from runlog._settings import Settings  # noqa: E402
+from runlog.log._clients import redis_client  # noqa: E402
+from runlog.producers import _calls as calls  # noqa: E402
+from runlog.schemas._canonical import canonical_json  # noqa: E402
 from workers.common import Ledger  # noqa: E402
 
 

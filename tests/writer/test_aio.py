@@ -20,15 +20,15 @@ import pytest
 from workers.common import Ledger, assert_log_sound, payloads, read_log
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.log.clients import async_redis_client
-from runlog.log.reader import LogReader
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.log._clients import async_redis_client
+from runlog.log._reader import LogReader
+from runlog.producers._async_run import open_async
 from runlog.producers._engine import Engine
-from runlog.producers.async_run import open_async
-from runlog.producers.handle import engine_of
-from runlog.producers.lease import LeaseManager
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._handle import engine_of
+from runlog.producers._lease import LeaseManager
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -282,7 +282,7 @@ def test_a_cancelled_barrier_leaves_its_appends_for_the_next_one(
 ) -> None:
     # No inline budget: a lone barrier would serve its report before the task could be
     # cancelled; this one must be awaiting it.
-    monkeypatch.setattr("runlog.producers.async_run.INLINE_S", 0.0)
+    monkeypatch.setattr("runlog.producers._async_run.INLINE_S", 0.0)
 
     async def main() -> tuple[str, int]:
         async with runlog.aio.open_run(settings=fast) as run:

@@ -16,10 +16,10 @@ import pytest
 from workers.common import Ledger, assert_log_sound, payloads, read_log
 
 import runlog
-from runlog.producers import async_run
-from runlog.producers.writer import EventWriter
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.producers import _async_run as async_run
+from runlog.producers._writer import EventWriter
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,15 +20,15 @@ import pytest
 from workers.common import Ledger, read_log
 
 import runlog
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.errors import AppendOutcomeUnknown
-from runlog.log import clients
-from runlog.log.clients import async_redis_client
-from runlog.producers.async_run import AsyncRun, open_async
-from runlog.producers.handle import engine_of
-from runlog.producers.writer import EventWriter
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log import _clients as clients
+from runlog.log._clients import async_redis_client
+from runlog.producers._async_run import AsyncRun, open_async
+from runlog.producers._handle import engine_of
+from runlog.producers._writer import EventWriter
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,12 +25,12 @@ from workers import mixed_worker
 from workers.common import ROOT, Ledger, assert_log_sound, read_log, worker_env
 
 import runlog
-from runlog.log.reader import LogReader
-from runlog.producers.handle import engine_of
-from runlog.producers.writer import EventWriter
-from runlog.schemas.keys import partition_for
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._reader import LogReader
+from runlog.producers._handle import engine_of
+from runlog.producers._writer import EventWriter
+from runlog.schemas._keys import partition_for
+from runlog.schemas._vocabulary import EventType
 
 WORKER = ROOT / "tests" / "workers" / "mixed_worker.py"
 ROUNDS = 2

@@ -13,9 +13,9 @@ import redis
 from workers.common import read_log
 
 import runlog
-from runlog.producers.approvals import CANCEL_FLAG_FRESH_S
-from runlog.projections.run_state import fold
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.producers._approvals import CANCEL_FLAG_FRESH_S
+from runlog.projections._run_state import fold
 
 CALLS = 40
 

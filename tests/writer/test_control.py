@@ -25,10 +25,10 @@ from workers.common import (
 )
 
 import runlog
-from runlog.consumers.verify import verify_events
-from runlog.producers import timers
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._verify import verify_events
+from runlog.producers import _timers as timers
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -423,7 +423,7 @@ def test_cancel_during_a_call_that_turns_uncertain_leaves_it_to_the_recovery_rul
     """The receiver applies the effect, then the answer is lost (a timeout), while a person
     cancels: the call is uncertain, and without evidence an irreversible call waits for a
     person; the run ends cancelled with the call still open, honest, listed, never closed."""
-    from runlog.consumers import queries
+    from runlog.consumers import _queries as queries
     from runlog.consumers.runner import ProjectionRunner
 
     _env(monkeypatch, fast)

@@ -28,16 +28,16 @@ from ui_support import TOKEN_ADMIN, console
 from workers.common import assert_log_sound, read_log, services_for, verdicts
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.consumers.queries import get_audit
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.consumers._queries import get_audit
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import DecisionConflict
-from runlog.producers.approvals import decisions_key
-from runlog.projections import audit
-from runlog.projections.run_state import RunState, accept
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._approvals import decisions_key
+from runlog.projections import _audit as audit
+from runlog.projections._run_state import RunState, accept
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,14 +27,14 @@ import pytest
 from pydantic import SecretStr
 
 import runlog
-from runlog.log.reader import LogReader
-from runlog.producers.handle import engine_of
-from runlog.producers.writer import BARRIERS, EventWriter, producer_config
-from runlog.projections.run_state import fold
-from runlog.schemas.keys import partition_for
-from runlog.schemas.registry import registry
-from runlog.settings import Settings
-from runlog.topics import ensure_topics
+from runlog._settings import Settings
+from runlog._topics import ensure_topics
+from runlog.log._reader import LogReader
+from runlog.producers._handle import engine_of
+from runlog.producers._writer import BARRIERS, EventWriter, producer_config
+from runlog.projections._run_state import fold
+from runlog.schemas._keys import partition_for
+from runlog.schemas._registry import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -365,7 +365,7 @@ def test_an_async_barrier_not_served_within_its_budget_follows(
     not cost every barrier the budget in vain. Every append completes, in order."""
     from workers.common import services_for
 
-    from runlog.producers import async_run
+    from runlog.producers import _async_run as async_run
 
     async def appends(run: runlog.aio.AsyncRun, names: list[str]) -> tuple[int, int]:
         before = dict(BARRIERS)

@@ -24,14 +24,14 @@ from workers.common import ROOT, read_log, worker_env
 from workers.fork_worker import charge_tool
 
 import runlog
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
+from runlog.consumers._verify import verify_run
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
-from runlog.consumers.verify import verify_run
-from runlog.log.replay import replay
-from runlog.projections.lineage import fork_key
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.log._replay import replay
+from runlog.projections._lineage import fork_key
+from runlog.schemas._vocabulary import EventType
 
 FORK_WORKER = Path(__file__).resolve().parents[1] / "workers" / "fork_worker.py"
 
@@ -247,7 +247,7 @@ def test_a_fork_inside_an_open_call_settles_it_by_the_parents_evidence(
 
 
 def runlog_redis(settings: Settings) -> redis.Redis:
-    from runlog.bootstrap import Services
+    from runlog._bootstrap import Services
 
     return Services.shared(settings).redis
 

@@ -12,7 +12,7 @@ import pytest
 from projections_support import env_for
 
 import runlog
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 

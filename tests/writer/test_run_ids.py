@@ -27,15 +27,15 @@ from confluent_kafka import Producer
 from projections_support import env_for, start_runner, stop, wait_assigned
 
 import runlog
-from runlog.consumers import queries
+from runlog._settings import Settings
+from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import InvalidRecordKey, InvalidRunId
-from runlog.schemas import codec
-from runlog.schemas.keys import MAX_RUN_ID_LEN, check_run_id, decode_key, new_run_id
-from runlog.schemas.models import Event
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.schemas import _codec as codec
+from runlog.schemas._keys import MAX_RUN_ID_LEN, check_run_id, decode_key, new_run_id
+from runlog.schemas._models import Event
+from runlog.schemas._vocabulary import EventType
 
 BAD_IDS = ["", "a\x1fb", "a b", "a\nb", "x" * (MAX_RUN_ID_LEN + 1), "é", "a*", "a{b}", "a/b"]
 

@@ -10,7 +10,7 @@ from projections_support import prometheus_sample
 from workers.common import services_for
 
 import runlog
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 
 def test_worker_exports_lease_and_append_metrics(test_settings: Settings) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from runlog.log.clients import LoopGet, ThreadGet, async_redis_client, loop_get, redis_client
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._clients import LoopGet, ThreadGet, async_redis_client, loop_get, redis_client
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def test_packed_gets_answer_their_own_key_past_the_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each key's packed GET is kept; a full cache is emptied, never answers for another key."""
-    monkeypatch.setattr("runlog.log.clients.PACKED_KEPT", 3)
+    monkeypatch.setattr("runlog.log._clients.PACKED_KEPT", 3)
     odd = f"threadget:{uuid.uuid4().hex[:8]}:é {{tag}} \r\n$3"  # UTF-8, braces, RESP bytes
     redis_client.set(odd, "odd")
     try:

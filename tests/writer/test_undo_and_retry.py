@@ -22,9 +22,9 @@ from workers.common import Ledger, valid_events, worker_env
 from workers.undo_worker import Bookings
 
 import runlog
-from runlog.schemas import models as m
-from runlog.schemas.canonical import canonical_json
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas import _models as m
+from runlog.schemas._canonical import canonical_json
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -144,7 +144,7 @@ def _console_refuses_undo(fast: Settings, rid: str, ap: str) -> None:
     import httpx
     from ui_support import TOKEN_ADMIN, console, projecting, wait_for
 
-    from runlog.log.clients import redis_client
+    from runlog.log._clients import redis_client
 
     client = redis_client(fast)
     try:

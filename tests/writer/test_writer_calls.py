@@ -17,10 +17,10 @@ import redis
 from workers.common import Ledger, read_log, shape, times_out_first, valid_events
 
 import runlog
-from runlog.schemas import models as m
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas import _models as m
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -387,7 +387,7 @@ def test_a_persons_approval_is_honoured_after_the_attempt_cap(
     fast: Settings, ledger: Ledger
 ) -> None:
     """Regression: after MAX_ATTEMPTS an approved retry re-escalated instead of running."""
-    from runlog.producers.calls import MAX_ATTEMPTS
+    from runlog.producers._calls import MAX_ATTEMPTS
 
     flaky, calls = times_out_first("flaky", MAX_ATTEMPTS, "done")
     with runlog.open_run(settings=fast, tools=[flaky]) as run:
@@ -441,7 +441,7 @@ def test_a_conflict_stops_every_other_effect_until_a_person_decides(
 def test_a_malformed_queued_decision_is_set_aside_not_lost_and_never_blocks_the_run(
     fast: Settings, redis_client: redis.Redis
 ) -> None:
-    from runlog.producers.approvals import decisions_key
+    from runlog.producers._approvals import decisions_key
 
     with runlog.open_run(settings=fast) as run:
         rid = run.run_id

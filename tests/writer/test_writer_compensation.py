@@ -18,12 +18,13 @@ import redis
 from workers.common import Ledger, shape, valid_events, worker_env
 
 import runlog
-from runlog.log.clients import redis_client as make_redis
-from runlog.projections import audit, uncertain
-from runlog.schemas import models as m
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._clients import redis_client as make_redis
+from runlog.projections import _audit as audit
+from runlog.projections import _uncertain as uncertain
+from runlog.schemas import _models as m
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -33,13 +33,13 @@ from workers.common import (
 from workers.effects_worker import result_text
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.producers.handle import engine_of
-from runlog.producers.writer import DeliveryFailed
-from runlog.schemas import models as m
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.producers._handle import engine_of
+from runlog.producers._writer import DeliveryFailed
+from runlog.schemas import _models as m
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 

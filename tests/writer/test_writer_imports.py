@@ -13,7 +13,7 @@ import sys
 
 from workers.common import ROOT, worker_env
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 OPEN_AND_RESUME = """
 import json, sys

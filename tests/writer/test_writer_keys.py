@@ -12,10 +12,10 @@ from replay_support import FIXTURE_VERSIONS, Fixture, FixtureRecord, load_fixtur
 from workers.common import services_for
 
 import runlog
-from runlog.projections.run_state import RunState, apply
-from runlog.schemas.canonical import canonical_json
-from runlog.schemas.keys import KEY_SCHEME, idempotency_key, key_scheme_of
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.projections._run_state import RunState, apply
+from runlog.schemas._canonical import canonical_json
+from runlog.schemas._keys import KEY_SCHEME, idempotency_key, key_scheme_of
 
 pytestmark = pytest.mark.timeout(60)
 

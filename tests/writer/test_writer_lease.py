@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import redis
 
-from runlog.producers import lease as lease_mod
-from runlog.producers.lease import Held, Lease, LeaseManager
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.producers import _lease as lease_mod
+from runlog.producers._lease import Held, Lease, LeaseManager
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -72,7 +72,7 @@ def test_ownership_changes_are_counted_not_written_as_events(test_settings: Sett
     with runlog.open_run(rid, settings=test_settings) as second:
         assert second.state.resumptions == 1
     after = runlog.lease_metrics()
-    from runlog.log.reader import LogReader
+    from runlog.log._reader import LogReader
 
     with LogReader(test_settings) as reader:
         logged = [r.event.type.value for r in reader.read(rid)]
@@ -88,8 +88,8 @@ def test_explicit_takeover_fences_a_live_owner_and_readers_agree(test_settings: 
     import time
 
     import runlog
-    from runlog.log.reader import LogReader
-    from runlog.projections.run_state import fold
+    from runlog.log._reader import LogReader
+    from runlog.projections._run_state import fold
 
     s = test_settings.model_copy(update={"lease_ttl_ms": 60_000})  # expiry would take a minute
     old = runlog.open_run(settings=s)

@@ -18,13 +18,13 @@ import pytest
 import redis
 from workers.common import TESTS
 
-from runlog.log.holders import holder
-from runlog.producers import lease as lease_mod
-from runlog.producers.lease import Held, Lease, LeaseManager
-from runlog.projections.lifecycle import run_status
-from runlog.projections.run_state import RunState
-from runlog.schemas.keys import live_key, session_of
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._holders import holder
+from runlog.producers import _lease as lease_mod
+from runlog.producers._lease import Held, Lease, LeaseManager
+from runlog.projections._lifecycle import run_status
+from runlog.projections._run_state import RunState
+from runlog.schemas._keys import live_key, session_of
 
 pytestmark = pytest.mark.timeout(60)
 LIVENESS_MS = 1000

@@ -16,9 +16,9 @@ import pytest
 from workers.common import assert_log_sound, read_log, start_worker
 
 import runlog
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -20,13 +20,13 @@ from workers import open_race
 from workers.common import Ledger, assert_log_sound, delete_prefix, read_log, verdicts
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.log.reader import LogReader
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.log._reader import LogReader
 from runlog.producers._engine import RunDeps
-from runlog.producers.opening import open_run_with
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(180)
 

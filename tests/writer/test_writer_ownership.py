@@ -20,10 +20,10 @@ from workers.common import (
 )
 
 import runlog
-from runlog.schemas import models as m
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.schemas import _models as m
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 

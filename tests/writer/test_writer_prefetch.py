@@ -17,13 +17,13 @@ import pytest
 from workers.common import assert_log_sound, read_log
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.log.reader import LogReader, Prefetch
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.log._reader import LogReader, Prefetch
 from runlog.producers._engine import RunDeps
-from runlog.producers.opening import open_run_with
-from runlog.schemas.keys import new_run_id, partition_for
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import new_run_id, partition_for
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 

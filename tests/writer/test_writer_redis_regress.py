@@ -17,9 +17,9 @@ import redis
 from workers.common import assert_log_sound, read_log, services_for, verdicts
 
 import runlog
-from runlog.bootstrap import Services
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,10 +15,10 @@ import gc
 
 from confluent_kafka import Producer
 
-from runlog.bootstrap import Services
-from runlog.producers.opening import open_run_with
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._vocabulary import EventType
 
 
 def _producers() -> int:

@@ -21,14 +21,14 @@ from importlib import metadata
 from typing import Any
 
 from runlog import stack
-from runlog.log.clients import redis_client
-from runlog.log.kafka import reader_config
-from runlog.producers.opening import open_run_with
-from runlog.producers.writer import producer_config
-from runlog.schemas import codec
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from runlog.topics import ensure_topics, topic_specs
+from runlog._settings import Settings
+from runlog._topics import ensure_topics, topic_specs
+from runlog.log._clients import redis_client
+from runlog.log._kafka import reader_config
+from runlog.producers._opening import open_run_with
+from runlog.producers._writer import producer_config
+from runlog.schemas import _codec as codec
+from runlog.schemas._vocabulary import EventType
 from tools import child_env
 
 TENANT = "bench"

@@ -13,10 +13,10 @@ import sys
 import time
 import uuid
 
+from runlog._settings import Settings
+from runlog._topics import ensure_topics
 from runlog.consumers.runner import ProjectionRunner
-from runlog.log.clients import redis_client
-from runlog.settings import Settings
-from runlog.topics import ensure_topics
+from runlog.log._clients import redis_client
 from tools.loadgen import LoadGenerator
 
 

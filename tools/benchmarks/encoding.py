@@ -21,13 +21,13 @@ import uuid
 from typing import Any
 
 from runlog import stack
-from runlog.log.keys import FileKeyStore, Keks
-from runlog.log.registry import RegistryIds
+from runlog._settings import Settings
+from runlog.log._keys import FileKeyStore, Keks
+from runlog.log._registry import RegistryIds
 from runlog.producers._engine import RunDeps
-from runlog.schemas import codec
-from runlog.schemas.registry import WriterSchema, registry
-from runlog.settings import Settings
-from runlog.stack import registry as stack_registry
+from runlog.schemas import _codec as codec
+from runlog.schemas._registry import WriterSchema, registry
+from runlog.stack import _registry as stack_registry
 from tools.benchmarks.common import make_events, percentile, summary, timed_appends
 
 

@@ -30,18 +30,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from runlog.api import start
-from runlog.fleet import lifecycle
-from runlog.log.kafka import reader_config
-from runlog.log.reader import LogReader
-from runlog.log.registry import ids_for
-from runlog.projections.run_state import RunState, apply, fold
-from runlog.schemas import codec
-from runlog.schemas.codec import decode
-from runlog.schemas.keys import new_run_id
-from runlog.schemas.models import Event, RunFinished
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog._api import start
+from runlog._settings import Settings
+from runlog.fleet import _lifecycle as lifecycle
+from runlog.log._kafka import reader_config
+from runlog.log._reader import LogReader
+from runlog.log._registry import ids_for
+from runlog.projections._run_state import RunState, apply, fold
+from runlog.schemas import _codec as codec
+from runlog.schemas._codec import decode
+from runlog.schemas._keys import new_run_id
+from runlog.schemas._models import Event, RunFinished
+from runlog.schemas._vocabulary import EventType
 from tools.benchmarks.common import Scratch, worker_env
 
 TENANT = "bench"
@@ -353,9 +353,9 @@ def steps(
 
 
 def one_process(settings: Settings, runs: int, per_run: int) -> dict[str, Any]:
-    from runlog.bootstrap import Services
-    from runlog.log.clients import async_redis_client
-    from runlog.producers.async_run import open_async
+    from runlog._bootstrap import Services
+    from runlog.log._clients import async_redis_client
+    from runlog.producers._async_run import open_async
     from tools.benchmarks.fleet_agents import step
 
     services = Services(settings)

@@ -10,8 +10,8 @@ from typing import Any
 import redis
 
 import runlog
-from runlog.producers.async_run import AsyncRun
-from runlog.schemas.vocabulary import EventType
+from runlog.producers._async_run import AsyncRun
+from runlog.schemas._vocabulary import EventType
 
 PREFIX = os.environ.get("RUNLOG_REDIS_KEY_PREFIX", "runlog")
 

@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runlog.bootstrap import Services
-from runlog.cli.synthetic import write_synthetic_run
-from runlog.log.replay import replay
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.cli._synthetic import write_synthetic_run
+from runlog.log._replay import replay
 from runlog.producers._engine import Engine
-from runlog.producers.forks import fork_run_with
-from runlog.producers.opening import open_run_with
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._forks import fork_run_with
+from runlog.producers._opening import open_run_with
+from runlog.schemas._vocabulary import EventType
 from tools.benchmarks.common import Scratch, percentile
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 
 RESULT = "r" * 300
 Loop = Callable[[int], None]

@@ -30,13 +30,12 @@ from typing import Any
 
 import redis
 
-from runlog.api import start
+from runlog._api import start
+from runlog._settings import Settings
+from runlog.schemas._models import TimerStarted
+from runlog.schemas._vocabulary import EventType
 from tools.benchmarks.common import Scratch
 from tools.benchmarks.fleet import TENANT, Follower, WorkerProcs, pct, wait_until
-from runlog.schemas.models import TimerStarted
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
-from tools.benchmarks.fleet import TENANT, Follower, _pct, _wait, WorkerProcs
 
 WINDOW_S = 10.0
 """How long the Redis commands of a worker holding its runs are counted."""

@@ -1,9 +1,9 @@
 """What the integrity checks cost per record (``runlog bench integrity``): CPU only, no stack.
 
-* per-tenant record MAC (``schemas.tenant_mac``): the writer's HMAC-SHA256 per append and
+* per-tenant record MAC (``schemas._tenant_mac``): the writer's HMAC-SHA256 per append and
   each reader's check per record, beside what encoding (writer) and decoding (reader) the
   same record costs anyway;
-* decider signatures (``schemas.signing``): one Ed25519 signature per decision (decider)
+* decider signatures (``schemas._signing``): one Ed25519 signature per decision (decider)
   and one verification per decision per reader (only APPROVAL_DECIDED records pay it).
 
 Prints microseconds per operation (median of repeats) for small and large records.
@@ -20,16 +20,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from runlog.schemas import codec
-from runlog.schemas.models import Event
-from runlog.schemas.signing import (
+from runlog.schemas import _codec as codec
+from runlog.schemas._models import Event
+from runlog.schemas._signing import (
     decision_message,
     generate_key_pair,
     load_signer,
     parse_public_keys,
 )
-from runlog.schemas.tenant_mac import TenantKeys, parse_tenant_keys
-from runlog.schemas.vocabulary import EventType
+from runlog.schemas._tenant_mac import TenantKeys, parse_tenant_keys
+from runlog.schemas._vocabulary import EventType
 
 
 def _per_op_us(fn: Callable[[], object], n: int, repeats: int = 5) -> float:

@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any
 
-from runlog.consumers.store import ProjectionKeys
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.consumers._store import ProjectionKeys
 from tools.benchmarks.common import percentile, summary, worker_env, workload_payload
 from tools.benchmarks.throughput import open_many
 

@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 from tools.benchmarks.common import (
     Encoded,
     encode_all,

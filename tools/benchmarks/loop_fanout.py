@@ -25,11 +25,11 @@ RESULT = "r" * 300
 
 def measure(*, runs: int, calls: int, rounds: int) -> dict[str, Any]:
     import runlog
+    from runlog._bootstrap import Services
+    from runlog._settings import Settings
+    from runlog.log._clients import async_redis_client
+    from runlog.producers._async_run import open_async
     from tools.benchmarks.common import TENANT, Scratch
-    from runlog.bootstrap import Services
-    from runlog.log.clients import async_redis_client
-    from runlog.producers.async_run import open_async
-    from runlog.settings import Settings
 
     scratch = Scratch.create(Settings())
     svc = Services(scratch.settings)

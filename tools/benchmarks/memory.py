@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
-from runlog.settings import Settings
+from runlog._settings import Settings
 from tools.benchmarks.common import summary, worker_env
 
 

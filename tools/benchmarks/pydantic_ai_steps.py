@@ -26,9 +26,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tools.benchmarks.common import TENANT, summary
+from runlog._settings import Settings
 from runlog.producers._engine import RunDeps
-from runlog.settings import Settings
+from tools.benchmarks.common import TENANT, summary
 
 RESULT = "r" * 300
 

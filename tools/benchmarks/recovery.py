@@ -12,7 +12,7 @@ A worker subprocess (``tools.benchmarks.worker append``) owns a run and appends 
 All are timed from the signal to the successor's first acknowledged append.
 
 Then the cost of resuming a long run: ``open_run`` of a closed N-event run (replay from
-its first offset, or from a snapshot plus the tail when ``runlog.log.snapshots`` exists),
+its first offset, or from a snapshot plus the tail when ``runlog.log._snapshots`` exists),
 against ``open_run`` of a new run (the fixed cost every open pays).
 """
 
@@ -25,10 +25,10 @@ import sys
 import time
 from typing import Any
 
-from runlog.bootstrap import Services
-from runlog.producers.opening import open_run_with
-from runlog.schemas.keys import live_key, session_of
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import live_key, session_of
 from tools.benchmarks.common import TENANT, Scratch, summary, worker_env, workload_payload
 
 SNAPSHOT_INTERVAL = 500

@@ -32,14 +32,14 @@ from typing import Any
 
 import fastavro
 
-from runlog.log.kafka import reader_config
-from runlog.log.reader import LogReader
-from runlog.producers.opening import open_run_with
-from runlog.producers.writer import producer_config
-from runlog.projections.run_state import RunState, apply
-from runlog.schemas import codec
-from runlog.schemas.keys import partition_for
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._kafka import reader_config
+from runlog.log._reader import LogReader
+from runlog.producers._opening import open_run_with
+from runlog.producers._writer import producer_config
+from runlog.projections._run_state import RunState, apply
+from runlog.schemas import _codec as codec
+from runlog.schemas._keys import partition_for
 from tools.benchmarks.common import (
     TENANT,
     Encoded,

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import fastavro
 
-from runlog.projections.run_state import RunState, apply
-from runlog.schemas import codec
+from runlog.projections._run_state import RunState, apply
+from runlog.schemas import _codec as codec
 from tools.benchmarks.common import encode_all, make_events
 
 

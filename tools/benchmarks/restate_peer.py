@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runlog.stack.config import StackConfig
-from runlog.stack.processes import locked
+from runlog.stack._config import StackConfig
+from runlog.stack._processes import locked
 from tools import child_env
 from tools.benchmarks.common import summary
 

@@ -20,8 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from runlog.bootstrap import Services
-from runlog.settings import Settings
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from tools.benchmarks import (
     encoding,
     lag,

@@ -42,10 +42,10 @@ def measure(*, steps: int, chunks: int, irreversible: int) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     import runlog
-    from runlog.bootstrap import Services
-    from runlog.producers.opening import open_run_with
-    from runlog.producers.writer import producer_config
-    from runlog.settings import Settings
+    from runlog._bootstrap import Services
+    from runlog._settings import Settings
+    from runlog.producers._opening import open_run_with
+    from runlog.producers._writer import producer_config
     from tools.benchmarks.common import TENANT, Scratch
 
     scratch = Scratch.create(Settings())

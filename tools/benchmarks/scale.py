@@ -47,16 +47,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runlog.bootstrap import Services
-from runlog.consumers import snapshot_plan as sp
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.consumers import _snapshot_plan as sp
 from runlog.errors import RunlogError
-from runlog.log.kafka import reader_config
-from runlog.log.snapshots import SnapshotStore
+from runlog.log._kafka import reader_config
+from runlog.log._snapshots import SnapshotStore
 from runlog.producers._engine import Engine
-from runlog.producers.opening import open_run_with
-from runlog.schemas.keys import lease_key
-from runlog.schemas.vocabulary import EventType
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import lease_key
+from runlog.schemas._vocabulary import EventType
 from tools.benchmarks.common import TENANT, Scratch, machine, percentile
 
 CHARS_PER_TOKEN = 4
@@ -564,8 +564,7 @@ def timers(
     import asyncio
 
     from runlog import aio
-    from tools.benchmarks.fleet import Follower, WorkerProcs
-    from runlog.fleet import lifecycle
+    from runlog.fleet import _lifecycle as lifecycle
     from tools.benchmarks.fleet import Follower, WorkerProcs
 
     scratch = Scratch.create(base)
@@ -674,7 +673,7 @@ def timers(
 
 
 def _redis(settings: Settings) -> Any:
-    from runlog.log.clients import redis_client
+    from runlog.log._clients import redis_client
 
     return redis_client(settings)
 
@@ -817,9 +816,9 @@ def lifecycle_startup(
 
     from confluent_kafka import Producer
 
-    from runlog.fleet.lifecycle import Record
-    from runlog.producers.writer import producer_config
-    from runlog.schemas.keys import new_run_id, partition_for
+    from runlog.fleet._lifecycle import Record
+    from runlog.producers._writer import producer_config
+    from runlog.schemas._keys import new_run_id, partition_for
 
     scratch = Scratch.create(base)
     s = scratch.settings
@@ -877,7 +876,7 @@ def lifecycle_startup(
 
 
 def codec_now() -> Any:
-    from runlog.schemas import codec
+    from runlog.schemas import _codec as codec
 
     return codec.now_utc()
 
@@ -961,7 +960,7 @@ def open_stepping(
     finally:
         workers.stop()
         with contextlib.suppress(Exception):
-            from runlog.fleet import lifecycle
+            from runlog.fleet import _lifecycle as lifecycle
 
             lifecycle.close_writers(s.bootstrap_servers)
         scratch.cleanup()

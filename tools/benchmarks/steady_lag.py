@@ -29,15 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runlog._settings import Settings
+from runlog._topics import ensure_topics
+from runlog.consumers._store import ProjectionKeys
+from runlog.consumers.stores import PROJECTIONS
+from runlog.log._clients import redis_client
 from tools.benchmarks.common import percentile, worker_env
 from tools.benchmarks.drain import drain_rate, fresh_settings
 from tools.benchmarks.lag import Sampler
-from runlog.consumers.store import ProjectionKeys
-from runlog.consumers.stores import PROJECTIONS
-from runlog.log.clients import redis_client
-from runlog.settings import Settings
-from runlog.topics import ensure_topics
-from tools.benchmarks.lag import _Sampler
 
 DRAIN_LENGTHS = (100, 1_000, 10_000)
 BUCKET_S = 0.5

@@ -51,13 +51,13 @@ from typing import Annotated, Any, TypedDict
 from confluent_kafka import Producer
 
 import runlog
-from runlog.log.clients import async_redis_client, redis_client
+from runlog._settings import Settings
+from runlog.log._clients import async_redis_client, redis_client
+from runlog.producers._async_run import open_async
 from runlog.producers._engine import RunDeps
-from runlog.producers.async_run import open_async
-from runlog.producers.opening import open_run_with
-from runlog.producers.tools import Risk
-from runlog.producers.writer import producer_config
-from runlog.settings import Settings
+from runlog.producers._opening import open_run_with
+from runlog.producers._tools import Risk
+from runlog.producers._writer import producer_config
 from tools.benchmarks import frameworks, restate_peer
 from tools.benchmarks.common import TENANT, summary
 

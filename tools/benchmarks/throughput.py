@@ -13,8 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runlog.producers.opening import open_run_with
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.producers._opening import open_run_with
 from tools.benchmarks.common import (
     TENANT,
     Encoded,

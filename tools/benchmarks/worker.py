@@ -20,11 +20,11 @@ import threading
 import time
 from typing import Any
 
-from runlog.bootstrap import Services
+from runlog._bootstrap import Services
+from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner, streaming_gc
-from runlog.log.clients import redis_client
-from runlog.producers.opening import open_run_with
-from runlog.settings import Settings
+from runlog.log._clients import redis_client
+from runlog.producers._opening import open_run_with
 from tools.benchmarks.common import TENANT, workload_payload
 from tools.benchmarks.throughput import open_many
 

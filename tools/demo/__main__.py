@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from runlog.cli.demo_cmd import add_arguments
+from runlog.cli._demo_cmd import add_arguments
 from tools.demo import run
 
 

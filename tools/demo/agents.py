@@ -18,8 +18,8 @@ from typing import Any
 import redis
 
 import runlog
-from runlog.log.clients import redis_client
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._clients import redis_client
 
 STEP_S = 0.3
 """How long a refund is in flight: long enough for kills to land mid-call."""

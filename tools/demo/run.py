@@ -24,13 +24,13 @@ import time
 import uuid
 from typing import Any
 
-from runlog.api import start
-from runlog.consumers.verify import verify_run
-from runlog.log.clients import redis_client
-from runlog.log.reader import LogReader
-from runlog.projections.run_state import fold
-from runlog.schemas.models import Event
-from runlog.settings import Settings
+from runlog._api import start
+from runlog._settings import Settings
+from runlog.consumers._verify import verify_run
+from runlog.log._clients import redis_client
+from runlog.log._reader import LogReader
+from runlog.projections._run_state import fold
+from runlog.schemas._models import Event
 from tools import child_env
 
 DEMO_LEASE_TTL_MS = "3000"

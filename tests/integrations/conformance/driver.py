@@ -47,9 +47,9 @@ from workers.common import assert_log_sound, read_log
 
 import runlog
 from runlog import aio
-from runlog.log.clients import redis_client
-from runlog.projections.run_state import RunState
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.log._clients import redis_client
+from runlog.projections._run_state import RunState
 
 ADAPTERS = ("oai", "pai", "lg")
 Ids = Literal["random", "fresh", "repeated", "missing"]

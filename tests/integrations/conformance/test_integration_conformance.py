@@ -13,8 +13,8 @@ import pytest
 import redis
 from workers.common import read_log, verdicts
 
-from runlog.integrations.openai_agents_session import recorded_ops
-from runlog.settings import Settings
+from runlog._settings import Settings
+from runlog.integrations._openai_agents_session import recorded_ops
 
 from .driver import ADAPTERS, Script, harness, stop_server, total_kills
 

@@ -1,0 +1,410 @@
+"""The batch commit: decode a partition's records, quarantine what cannot be folded, fold
+the rest into every projection and write effects and positions in one MULTI/EXEC.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+from typing import Any
+
+import redis
+from confluent_kafka import KafkaError, Producer
+
+from runlog.consumers import _erasure as erasure
+from runlog.consumers._store import Batch, Decoded, Handler, Rejected, Writes, dumps
+from runlog.consumers.runner._fencing import FencedRunner
+from runlog.errors import KafkaUnavailable, SchemaError
+from runlog.log._authority import tenant_keys_for
+from runlog.log._clients import REDIS_ERRORS
+from runlog.log._keys import learn
+from runlog.projections._run_state import advance
+from runlog.schemas._codec import SchemaIds, decode
+from runlog.schemas._keys import decode_key
+from runlog.schemas._sealing import NoKeyOpener, Opener
+from runlog.schemas._tenant_mac import NO_TENANT_KEYS, TenantKeys
+
+log = logging.getLogger(__name__)
+
+
+class KeyMismatch(SchemaError):
+    """A record's Kafka key is not the run id inside its event: it violates the layout."""
+
+
+class _PositionRegressed(Exception):
+    """The stored position is below what this runner applied: refetch from it."""
+
+
+class _GenerationMoved(Exception):
+    """A rebuild fenced this runner: it must not write the batch."""
+
+
+_KEYS: dict[bytes, str] = {}
+"""Record keys already checked (``decode_key``) -> their run ids: a run's key repeats on
+every record of the run, its check need not."""
+
+_MAX_KEYS = 100_000
+
+
+def _run_key(raw: Any) -> str:
+    if type(raw) is bytes:
+        known = _KEYS.get(raw)
+        if known is not None:
+            return known
+    run_id = decode_key(raw)
+    if type(raw) is bytes:
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        _KEYS[raw] = run_id
+    return run_id
+
+
+def _record_of(
+    msg: Any,
+    ids: SchemaIds | None,
+    tenants: TenantKeys = NO_TENANT_KEYS,
+    keys: Opener | None = None,
+) -> Decoded | Rejected:
+    partition, offset = msg.partition(), msg.offset()
+    try:
+        run_key: str | None = _run_key(msg.key())
+    except SchemaError as exc:
+        # A key that names no run: quarantined, never folded under some run.
+        return Rejected(None, partition, offset, type(exc).__name__, str(exc))
+    unkeyed = NoKeyOpener() if keys is None else None
+    try:
+        ev = decode(msg.value(), ids, keys if unkeyed is None else unkeyed)
+        learn(keys, ev)
+        if run_key != ev.run_id:
+            raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
+    except SchemaError as exc:
+        return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
+    value = msg.value() or b""
+    forged = tenants.check(ev.tenant, msg.key(), value, msg.headers())
+    return Decoded(ev, partition, offset, forged, unkeyed is not None and unkeyed.asked)
+
+
+def _run_of(rec: Decoded | Rejected) -> str | None:
+    return rec.event.run_id if isinstance(rec, Decoded) else rec.run_id
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+class BatchRunner(FencedRunner):
+    """Applies one partition batch for all the runner's projections at once."""
+
+    rewrite_owed = False
+    """A batch purged an erased run's content since Redis last rewrote its files."""
+
+    def settle_erasures(self) -> None:
+        """Rewrite Redis's AOF and RDB if a purge is owed one (``consumers._erasure``). Tried
+        once: on a timeout it is logged and left to ``runlog forget``, which waits for the
+        purge and rewrites them itself (and reports it), so the runner never stalls on it."""
+        if self.rewrite_owed:
+            self.rewrite_owed = False
+            try:
+                erasure.rewrite_persistence(self.redis)
+            except REDIS_ERRORS as exc:  # never the runner's end: forget retries it
+                log.warning("could not rewrite Redis's files after a purge: %s", exc)
+
+    # Quarantine -------------------------------------------------------------------
+    def _quarantine_producer(self) -> Any:
+        if self._producer is None:
+            self._producer = Producer(self.settings.durable_producer_config(), logger=log)
+        return self._producer
+
+    def _produce_quarantined(self, msgs: list[Any], errors: dict[int, Rejected]) -> None:
+        """Copy the records to the quarantine topic and wait for every acknowledgement."""
+        producer = self._quarantine_producer()
+        failures: list[KafkaError] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
+        def send() -> None:
+            failures.clear()
+            for msg in msgs:
+                rej = errors[msg.offset()]
+                headers = list(msg.headers() or [])
+                headers += [
+                    ("runlog.quarantine.topic", self.topic.encode()),
+                    ("runlog.quarantine.partition", str(msg.partition()).encode()),
+                    ("runlog.quarantine.offset", str(msg.offset()).encode()),
+                    ("runlog.quarantine.error", rej.error.encode()),
+                    ("runlog.quarantine.group", self.group.encode()),
+                ]
+                producer.produce(
+                    self.settings.quarantine_topic,
+                    key=msg.key(),
+                    value=msg.value(),
+                    headers=headers,
+                    on_delivery=on_delivery,
+                )
+            remaining = producer.flush(30)
+            if remaining or failures:
+                raise KafkaUnavailable(
+                    f"quarantine topic {self.settings.quarantine_topic}: "
+                    f"{remaining} unacknowledged, errors {[str(f) for f in failures]}"
+                )
+
+        self._retry("producing to the quarantine topic", send)
+
+    # Applying ---------------------------------------------------------------------
+    def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
+        """Apply one partition's batch; False if it was not written and must be refetched
+        (the stored position went back) or held back (a rebuild fenced this runner)."""
+        tenants = tenant_keys_for(self.settings)
+        if self._ids is None:
+            recs = [_record_of(m, None, tenants, self._keys) for m in msgs]
+        else:
+            # Decoding may ask the schema registry for an id this process has not seen;
+            # while it does not answer, the batch waits (capped backoff), never skipped.
+            recs = self._retry(
+                f"decoding {self.topic}[{partition}] (schema registry {self._ids.url})",
+                functools.partial(self._decode_all, msgs, tenants),
+            )
+        rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
+        if rejected:
+            low = self.positions([partition])[partition]
+            todo = [m for m in msgs if m.offset() in rejected and m.offset() > low]
+            if todo:
+                self._produce_quarantined(todo, rejected)
+        raw = {m.offset(): m for m in msgs}
+        try:
+            self._retry(
+                f"applying {'+'.join(h.name for h in self.handlers)} to {self.topic}[{partition}]",
+                functools.partial(self._commit, partition, recs, raw),
+            )
+        except _PositionRegressed:
+            self._rewind(partition)
+            return False
+        except _GenerationMoved:
+            self._fenced(partition)
+            return False
+        return True
+
+    def _decode_all(self, msgs: list[Any], tenants: TenantKeys) -> list[Decoded | Rejected]:
+        return [_record_of(m, self._ids, tenants, self._keys) for m in msgs]
+
+    def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
+        """Every projection's effects and position for one partition batch, in one
+        MULTI/EXEC: one round of WATCH, reads and EXEC per partition, not per projection.
+        Every key it touches carries the partition's hash tag (one Redis Cluster slot)."""
+        watched = [k for h in self.handlers for k in (h.keys.pos(partition), h.keys.gen(partition))]
+        while True:
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(*watched)  # type: ignore[no-untyped-call]
+                    values = iter(pipe.execute_command("MGET", *watched))  # type: ignore[no-untyped-call]
+                    plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]] = []
+                    for handler in self.handlers:
+                        me = (handler.name, partition)
+                        stored, gen_raw = next(values), next(values)
+                        pos = int(stored) if stored is not None else -1
+                        if (int(gen_raw) if gen_raw is not None else 0) != self._gens.get(me, 0):
+                            raise _GenerationMoved
+                        if pos < self._expected.get(me, -1):
+                            # Writing on top would skip the records between pos and what
+                            # we applied, for good: refetch from pos instead.
+                            raise _PositionRegressed
+                        if pos != self._expected.get(me, -1):
+                            # Another writer moved the position: the cached states are stale.
+                            handler.forget(partition)
+                        todo = [r for r in recs if r.offset > pos]
+                        plans.append((handler, todo, pos))
+                    writes = self._fold_all(pipe, partition, plans)
+                    shared = Writes()
+                    pipe.multi()
+                    for (handler, todo, _), (batch, took) in zip(plans, writes, strict=True):
+                        if todo:
+                            self._queue_writes(
+                                pipe, partition, handler, batch, took, todo, raw, shared
+                            )
+                    if any(todo for _, todo, _ in plans):
+                        pipe.execute()
+                except redis.WatchError:
+                    # Someone else (a zombie, a rebuild) moved a position: recompute.
+                    self.stats.watch_conflicts += 1
+                    self._forget(partition)
+                    continue
+                except BaseException:
+                    # The folds mutated cached states, and the EXEC may or may not have
+                    # happened: only Redis knows now.
+                    self._forget(partition)
+                    raise
+            for (handler, todo, pos), (batch, took) in zip(plans, writes, strict=True):
+                me = (handler.name, partition)
+                self.stats.skipped += len(recs) - len(todo)
+                if not todo:
+                    self._expected[me] = pos
+                    continue
+                if batch is not None:
+                    handler.committed(batch)
+                self._expected[me] = todo[-1].offset
+                self.stats.applied[handler.name] += sum(1 for r in took if isinstance(r, Decoded))
+                self.stats.quarantined += sum(1 for r in took if isinstance(r, Rejected))
+                self.stats.skipped += len(todo) - len(took)
+            if any(batch is not None and batch.erased for batch, _ in writes):
+                # A run's content was purged: Redis's AOF and RDB still hold the values the
+                # purge overwrote. Rewritten once the backlog is folded (``settle_erasures``):
+                # a rebuild that meets a thousand erasures rewrites the files once.
+                self.rewrite_owed = True
+            return
+
+    def _fold_all(
+        self,
+        pipe: Any,
+        partition: int,
+        plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]],
+    ) -> list[tuple[Batch[Any] | None, list[Decoded | Rejected]]]:
+        """Fold every projection's ``todo`` into its runs; per projection, the batch and
+        the records it took.
+
+        Each run's state is folded once per record: the projections whose copies of it
+        are at the same record (always, unless one was rebuilt or reset alone) share one
+        copy, and each gets the same ``Step``. Others fold their own copy.
+        """
+        batches: list[Batch[Any] | None] = []
+        for handler, todo, _ in plans:
+            if not todo:
+                batches.append(None)
+                continue
+            run_ids = sorted({rid for r in todo if (rid := _run_of(r)) is not None})
+            batches.append(handler.begin(self.redis, partition, run_ids))
+        active = [
+            (h, todo, b) for (h, todo, _), b in zip(plans, batches, strict=True) if b is not None
+        ]
+        shared: set[str] = set()
+        if len(active) > 1:
+            # The copy to share: the one with the conversation, if a projection keeps it.
+            order = sorted(active, key=lambda a: not a[0].full)
+            for rid in order[0][2].states:
+                holders = [(h, b) for h, _, b in order if rid in b.states]
+                if len(holders) != len(order) or len({b.offsets[rid] for _, b in holders}) != 1:
+                    continue
+                first = holders[0][0].validator(holders[0][1].states[rid])
+                for h, b in holders[1:]:
+                    h.share(b.states[rid], first)
+                shared.add(rid)
+        # A record that names no run leaves no trace in any run's state; its quarantine
+        # entry (keyed by offset) is what says it was applied.
+        recorded: dict[int, set[int]] = {}
+        for i, (handler, todo, _) in enumerate(active):
+            orphans = [r for r in todo if isinstance(r, Rejected) and r.run_id is None]
+            if orphans:
+                present = pipe.hmget(
+                    handler.keys.quarantine(partition), [str(r.offset) for r in orphans]
+                )
+                recorded[i] = {
+                    r.offset for r, v in zip(orphans, present, strict=True) if v is not None
+                }
+        took: list[list[Decoded | Rejected]] = [[] for _ in active]
+        # Usually every projection is at the same position: then they all have the same
+        # records to do, and a shared run's record is taken by all of them or by none.
+        uniform = len({pos for (_, todo, pos) in plans if todo}) == 1
+        todos = [{r.offset for r in todo} for _, todo, _ in active]
+        records = sorted({r.offset: r for _, todo, _ in active for r in todo}.items())
+        for offset, rec in records:
+            if uniform and isinstance(rec, Decoded) and rec.event.run_id in shared:
+                ev = rec.event
+                h0, _, b0 = active[0]
+                if offset <= b0.offsets.get(ev.run_id, -1):
+                    continue
+                step = advance(h0.validator(b0.states[ev.run_id]), ev, rec.forged)
+                for i, (h, _, b) in enumerate(active):
+                    h.step(b, rec, step)
+                    took[i].append(rec)
+                continue
+            takers = [
+                i for i, (h, _, b) in enumerate(active) if offset in todos[i] and h.takes(b, rec)
+            ]
+            if isinstance(rec, Rejected):
+                for i, (h, _, b) in enumerate(active):
+                    if i in takers:
+                        h.reject(b, rec)
+                        took[i].append(rec)
+                    elif (
+                        rec.run_id is None
+                        and offset in todos[i]
+                        and offset not in recorded.get(i, ())
+                    ):
+                        took[i].append(rec)
+                continue
+            if not takers:
+                continue
+            ev = rec.event
+            if ev.run_id in shared:
+                if len(takers) != len(active):  # pragma: no cover - equal offsets, same records
+                    raise RuntimeError(f"projections sharing run {ev.run_id} disagree at {offset}")
+                h0, _, b0 = active[takers[0]]
+                step = advance(h0.validator(b0.states[ev.run_id]), ev, rec.forged)
+                for i in takers:
+                    h, _, b = active[i]
+                    h.step(b, rec, step)
+                    took[i].append(rec)
+            else:
+                for i in takers:
+                    h, _, b = active[i]
+                    h.step(b, rec, advance(h.validator(b.states[ev.run_id]), ev, rec.forged))
+                    took[i].append(rec)
+        out: list[tuple[Batch[Any] | None, list[Decoded | Rejected]]] = []
+        it = iter(took)
+        for maybe in batches:
+            out.append((None, []) if maybe is None else (maybe, next(it)))
+        return out
+
+    def _queue_writes(
+        self,
+        pipe: Any,
+        partition: int,
+        handler: Handler[Any],
+        batch: Batch[Any] | None,
+        took: list[Decoded | Rejected],
+        todo: list[Decoded | Rejected],
+        raw: dict[int, Any],
+        shared: Writes,
+    ) -> None:
+        """One projection's effects and its position (inside the partition's MULTI)."""
+        keys = handler.keys
+        if batch is not None:
+            handler.write(pipe, batch, shared)
+        applied = sum(1 for r in took if isinstance(r, Decoded))
+        bad = [r for r in took if isinstance(r, Rejected)]
+        for r in bad:
+            msg = raw[r.offset]
+            pipe.hset(
+                keys.quarantine(partition),
+                str(r.offset),
+                dumps(
+                    {
+                        "topic": self.topic,
+                        "partition": partition,
+                        "offset": r.offset,
+                        "run_id": r.run_id,
+                        "key_b64": _b64(msg.key()),
+                        "value_b64": _b64(msg.value()),
+                        "headers": [[k, _b64(v)] for k, v in (msg.headers() or [])],
+                        "timestamp_ms": msg.timestamp()[1],
+                        "error": r.error,
+                        "message": r.message,
+                    }
+                ),
+            )
+        sealed: dict[str, int] = {}
+        unopened = [d for d in took if isinstance(d, Decoded) and d.sealed_no_key]
+        for d in unopened:
+            sealed.setdefault(d.event.run_id, d.offset)
+        if unopened:
+            # HSETNX: the run is marked where it was first met, whatever batch it was in.
+            for rid, offset in sealed.items():
+                pipe.hsetnx(keys.sealed(partition), rid, offset)
+            pipe.hincrby(keys.stats(partition), "sealed_no_key", len(unopened))
+        if applied:
+            pipe.hincrby(keys.stats(partition), "applied", applied)
+        if bad:
+            pipe.hincrby(keys.stats(partition), "quarantined", len(bad))
+        pipe.set(keys.pos(partition), todo[-1].offset)

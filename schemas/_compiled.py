@@ -1,0 +1,427 @@
+"""Per-schema compiled decoders: Avro binary straight into the event models.
+
+``codec.decode`` spends most of a record's time outside the fold: fastavro reads the body
+through a file object (a Python call per field), and pydantic then validates every value
+of the resulting dicts again, although the schema has already proven most of them. This
+module compiles, once per released writer schema, a Python function that reads the Avro
+binary body from the bytes themselves, and a builder that turns the decoded values into
+the pydantic models with ``model_construct``, checking only what the Avro schema cannot
+prove:
+
+* ``Literal`` fields (Avro carries them as plain strings): membership;
+* floats: finite (NaN and infinity are refused everywhere, as the models say);
+* numeric bounds declared on a field (``Field(ge=0)``): the bound.
+
+A model (or a nested one) with anything else on it (a model or field validator, a
+constraint or type this module does not recognise, a field whose Avro type does not
+exactly prove its annotation, fields that differ from the schema's) gets no builder, and
+its records go through pydantic as before. The reader is held to fastavro's behaviour on
+every byte string, valid or hostile, by ``tests/schemas/test_codec_compiled.py``: the same value,
+or both refuse.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import types
+import typing
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import annotated_types
+from pydantic import BaseModel
+
+from runlog.schemas._sealing import SEALED_NAME, SEALED_SCHEMA
+
+Reader = Callable[[bytes, int], tuple[Any, int]]
+"""``read(data, start) -> (value, end)``; raises on bytes the schema cannot read."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_DOUBLE = struct.Struct("<d")
+_FLOAT = struct.Struct("<f")
+
+
+class Unreadable(ValueError):
+    """The bytes do not follow the schema (a length below zero, a bad union branch...)."""
+
+
+class _Gen:
+    """Emits the body of one reader function, one statement per line."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+
+    def var(self) -> str:
+        self.n += 1
+        return f"v{self.n}"
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def long(self, d: int, out: str) -> None:
+        # Inline, loop included: a call per varint costs as much as reading it.
+        self.emit(d, "x = data[i]")
+        self.emit(d, "i += 1")
+        self.emit(d, "if x & 0x80:")
+        self.emit(d + 1, "x &= 0x7F")
+        self.emit(d + 1, "s = 7")
+        self.emit(d + 1, "while True:")
+        self.emit(d + 2, "b = data[i]")
+        self.emit(d + 2, "i += 1")
+        self.emit(d + 2, "x |= (b & 0x7F) << s")
+        self.emit(d + 2, "if b < 0x80:")
+        self.emit(d + 3, "x &= 0xFFFFFFFFFFFFFFFF")  # 64 bits, as fastavro keeps
+        self.emit(d + 3, "break")
+        self.emit(d + 2, "s += 7")
+        self.emit(d + 2, "if s > 63:")
+        self.emit(d + 3, "raise _Unreadable('varint longer than 10 bytes')")
+        self.emit(d, f"{out} = (x >> 1) ^ -(x & 1)")
+
+    def value(self, schema: Any, d: int, out: str) -> None:
+        if schema == SEALED_NAME:  # the envelope, named again after its first definition
+            schema = SEALED_SCHEMA
+        if isinstance(schema, list):
+            self._union(schema, d, out)
+            return
+        kind = schema if isinstance(schema, str) else schema["type"]
+        logical = schema.get("logicalType") if isinstance(schema, dict) else None
+        if isinstance(kind, dict | list):
+            self.value(kind, d, out)
+        elif kind == "null":
+            self.emit(d, f"{out} = None")
+        elif kind == "boolean":
+            self.emit(d, "x = data[i]")
+            self.emit(d, "i += 1")
+            self.emit(d, f"{out} = x != 0")  # as fastavro: any byte but 0 is true
+        elif kind in ("int", "long") and logical == "timestamp-micros":
+            self.long(d, "n")
+            self.emit(d, f"{out} = _EPOCH + _timedelta(microseconds=n)")
+        elif kind in ("int", "long"):
+            self.long(d, out)
+        elif kind == "double":
+            self.emit(d, f"{out} = _DOUBLE(data, i)[0]")
+            self.emit(d, "i += 8")
+        elif kind == "float":
+            self.emit(d, f"{out} = _FLOAT(data, i)[0]")
+            self.emit(d, "i += 4")
+        elif kind in ("string", "bytes"):
+            self.long(d, "n")
+            self.emit(d, "e = i + n")
+            self.emit(d, "if n < 0 or e > size:")
+            self.emit(d + 1, "raise _Unreadable(f'length {n} at {i} runs past the record')")
+            self.emit(d, f"{out} = data[i:e]" + (".decode()" if kind == "string" else ""))
+            self.emit(d, "i = e")
+        elif kind == "record":
+            fields = [(f["name"], self.var()) for f in schema["fields"]]
+            for (_, v), f in zip(fields, schema["fields"], strict=True):
+                self.value(f["type"], d, v)
+            self.emit(d, f"{out} = {{" + ", ".join(f"{n!r}: {v}" for n, v in fields) + "}")
+        elif kind in ("array", "map"):
+            self._blocks(schema, kind, d, out)
+        else:
+            raise NotImplementedError(f"no compiled reader for Avro type {kind!r}")
+
+    def _union(self, branches: list[Any], d: int, out: str) -> None:
+        b = self.var()
+        self.long(d, b)
+        for k, branch in enumerate(branches):
+            self.emit(d, f"{'if' if k == 0 else 'elif'} {b} == {k}:")
+            self.value(branch, d + 1, out)
+        self.emit(d, "else:")
+        self.emit(d + 1, f"raise _Unreadable(f'union branch {{{b}}} of {len(branches)}')")
+
+    def _blocks(self, schema: Any, kind: str, d: int, out: str) -> None:
+        count, item = self.var(), self.var()
+        self.emit(d, f"{out} = []" if kind == "array" else f"{out} = {{}}")
+        self.emit(d, "while True:")
+        self.long(d + 1, count)
+        self.emit(d + 1, f"if {count} == 0:")
+        self.emit(d + 2, "break")
+        self.emit(d + 1, f"if {count} < 0:")
+        self.emit(d + 2, f"{count} = -{count}")
+        self.long(d + 2, "n")  # the block's size in bytes: not needed to read it
+        self.emit(d + 1, f"for _ in range({count}):")
+        if kind == "array":
+            self.value(schema["items"], d + 2, item)
+            self.emit(d + 2, f"{out}.append({item})")
+        else:
+            key = self.var()
+            self.value("string", d + 2, key)
+            self.value(schema["values"], d + 2, item)
+            self.emit(d + 2, f"{out}[{key}] = {item}")
+
+
+def compile_reader(schema: Any) -> Reader:
+    """A reader of ``schema``'s binary encoding (parsed or plain JSON schema)."""
+    gen = _Gen()
+    gen.value(schema, 1, "out")
+    body = "\n".join(gen.lines)
+    source = f"def read(data, i):\n    size = len(data)\n{body}\n    return out, i\n"
+    scope: dict[str, Any] = {
+        "_EPOCH": _EPOCH,
+        "_timedelta": timedelta,
+        "_DOUBLE": _DOUBLE.unpack_from,
+        "_FLOAT": _FLOAT.unpack_from,
+        "_Unreadable": Unreadable,
+    }
+    # Generated from a released schema, never from a record's bytes.
+    exec(compile(source, f"<avro reader {_name(schema)}>", "exec"), scope)
+    read: Reader = scope["read"]
+    return read
+
+
+def _name(schema: Any) -> str:
+    return str(schema.get("name", "?")) if isinstance(schema, dict) else "?"
+
+
+# ------------------------------------------------------------------------------- builders
+
+Check = Callable[[Any], Any]
+"""Takes the decoded value of one field, returns the model's value; raises ``ValueError``."""
+
+
+def _same(v: Any) -> Any:
+    """The value Avro decoded is the model's value: nothing to check."""
+    return v
+
+
+_SAME: Check = _same
+
+
+def _plain(kind: Any) -> str | None:
+    """The Avro primitive (or logical) type name of a field schema, if it is one."""
+    if isinstance(kind, str):
+        return kind
+    if isinstance(kind, dict) and isinstance(kind.get("type"), str):
+        if kind.get("logicalType"):
+            return f"{kind['type']}/{kind['logicalType']}"
+        if kind["type"] in ("record", "array", "map"):
+            return None
+        return str(kind["type"])
+    return None
+
+
+_PROVES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "long": (int,),
+    "int": (int,),
+    "boolean": (bool,),
+    "double": (float,),
+    "long/timestamp-micros": (datetime,),
+}
+
+
+class _Bound:
+    """A check of numeric bounds; ``compile_checks`` inlines it."""
+
+    def __init__(self, low: tuple[Any, bool] | None, high: tuple[Any, bool] | None, shown: str):
+        self.low, self.high, self.shown = low, high, shown
+
+    def test(self, var: str) -> str:
+        """Python source true when ``var`` (not None) is outside the bounds."""
+        parts = []
+        if self.low is not None:
+            parts.append(f"{var} {'<' if self.low[1] else '<='} {self.low[0]!r}")
+        if self.high is not None:
+            parts.append(f"{var} {'>' if self.high[1] else '>='} {self.high[0]!r}")
+        return " or ".join(parts) or "False"
+
+    def __call__(self, v: Any) -> Any:
+        if v is None:
+            return v
+        low, high = self.low, self.high
+        if low is not None and (v < low[0] if low[1] else v <= low[0]):
+            raise ValueError(f"{v!r} is outside {self.shown}")
+        if high is not None and (v > high[0] if high[1] else v >= high[0]):
+            raise ValueError(f"{v!r} is outside {self.shown}")
+        return v
+
+
+def _bounds(metadata: list[Any]) -> Check | None:
+    """A check of the numeric bounds in ``metadata``; None if it holds anything else."""
+    low: tuple[Any, bool] | None = None  # (bound, inclusive)
+    high: tuple[Any, bool] | None = None
+    for item in metadata:
+        if isinstance(item, annotated_types.Ge) and low is None:
+            low = (item.ge, True)
+        elif isinstance(item, annotated_types.Gt) and low is None:
+            low = (item.gt, False)
+        elif isinstance(item, annotated_types.Le) and high is None:
+            high = (item.le, True)
+        elif isinstance(item, annotated_types.Lt) and high is None:
+            high = (item.lt, False)
+        else:
+            return None
+    if any(b is not None and not isinstance(b[0], int | float) for b in (low, high)):
+        return None
+    return _Bound(low, high, ", ".join(repr(m) for m in metadata))
+
+
+def compile_checks(what: str, checks: list[tuple[str, Check]]) -> Callable[[dict[str, Any]], None]:
+    """Apply ``checks`` to a decoded record's values in place, as one generated function:
+    bounds inline, other checks called; ``ValueError`` naming the field."""
+    lines = ["def run(values):"]
+    scope: dict[str, Any] = {}
+    for i, (name, check) in enumerate(checks):
+        label = f"{what}.{name}"
+        if isinstance(check, _Bound):
+            lines.append(f"    v = values[{name!r}]")
+            lines.append(f"    if v is not None and ({check.test('v')}):")
+            lines.append(f"        raise ValueError(f'{label}: {{v!r}} is outside {check.shown}')")
+        else:
+            scope[f"c{i}"] = check
+            lines.append("    try:")
+            lines.append(f"        values[{name!r}] = c{i}(values[{name!r}])")
+            lines.append("    except ValueError as exc:")
+            lines.append(f"        raise ValueError(f'{label}: {{exc}}') from None")
+    lines.append("    return None")
+    exec(compile("\n".join(lines) + "\n", f"<checks {what}>", "exec"), scope)
+    run: Callable[[dict[str, Any]], None] = scope["run"]
+    return run
+
+
+def _checker(annotation: Any, avro: Any) -> Check | None:
+    """How to turn a value decoded with Avro type ``avro`` into ``annotation``'s value,
+    checking what Avro does not prove; None if this module cannot say."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1 or len(args) != 2:
+            return None
+        if not (isinstance(avro, list) and len(avro) == 2 and "null" in avro):
+            return None
+        inner = _checker(rest[0], next(b for b in avro if b != "null"))
+        if inner is None or inner is _SAME:
+            return inner
+        return lambda v: None if v is None else inner(v)
+    if origin is Literal:
+        if _plain(avro) != "string" or not all(isinstance(a, str) for a in args):
+            return None
+        allowed = frozenset(args)
+        shown = ", ".join(repr(a) for a in args)
+
+        def literal(v: Any) -> Any:
+            if v not in allowed:
+                raise ValueError(f"{v!r} is not one of {shown}")
+            return v
+
+        return literal
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if not (isinstance(avro, dict) and avro.get("type") == "record"):
+            return None
+        return builder(annotation, avro)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not (isinstance(avro, dict) and avro.get("type") == "array"):
+            return None
+        item = _checker(args[0], avro["items"])
+        if item is None:
+            return None
+        return lambda v: tuple(item(x) for x in v)
+    if origin is dict and args == (str, str):
+        if not (isinstance(avro, dict) and avro.get("type") == "map"):
+            return None
+        return _SAME if _plain(avro["values"]) == "string" else None
+    plain = _plain(avro)
+    if plain is None or annotation not in _PROVES.get(plain, ()):
+        return None
+    if annotation is float:
+
+        def finite(v: Any) -> Any:
+            if not math.isfinite(v):
+                raise ValueError(f"{v!r} is not a finite number")
+            return v
+
+        return finite
+    return _SAME
+
+
+def field_checks(
+    model: type[BaseModel], avro_fields: dict[str, Any], *, skip: frozenset[str] = frozenset()
+) -> list[tuple[str, Check]] | None:
+    """Per field of ``model`` (but ``skip``), how to check its decoded value; None if any
+    field is beyond this module (then the model is validated by pydantic)."""
+    decorators = model.__pydantic_decorators__
+    if (
+        decorators.model_validators
+        or decorators.field_validators
+        or decorators.root_validators
+        or decorators.validators
+    ):
+        return None
+    fields = {n: f for n, f in model.model_fields.items() if n not in skip}
+    if set(avro_fields) - skip != set(fields):
+        return None
+    checks: list[tuple[str, Check]] = []
+    for name, info in fields.items():
+        check = _checker(info.annotation, avro_fields[name])
+        if check is None:
+            return None
+        if info.metadata:
+            bound = _bounds(info.metadata)
+            if bound is None:
+                return None
+            check = bound if check is _SAME else (lambda c, b: lambda v: b(c(v)))(check, bound)
+        if check is not _SAME:
+            checks.append((name, check))
+    return checks
+
+
+def constructor(
+    model: type[BaseModel], avro_order: list[str]
+) -> Callable[[dict[str, Any]], Any] | None:
+    """What ``model.model_construct(**values)`` does for a dict holding exactly the model's
+    fields (in ``avro_order``), without its per-field alias and default lookups; None for a
+    model that needs them (aliases, private attributes, post-init, extra fields kept)."""
+    fields = model.model_fields
+    if (
+        any(f.alias is not None or f.validation_alias is not None for f in fields.values())
+        or model.__pydantic_post_init__
+        or model.__private_attributes__
+        or model.__pydantic_root_model__
+        or model.model_config.get("extra") == "allow"
+    ):
+        return None
+    # One set for every instance: it names all the fields, so pydantic's only change to it
+    # (adding an assigned field's name; copies get their own set) leaves it as it is.
+    names = set(fields)
+    order = list(fields)
+    new = model.__new__
+    put = object.__setattr__
+
+    reorder = avro_order != order
+
+    def make(values: dict[str, Any]) -> Any:
+        if reorder:
+            values = {n: values[n] for n in order}
+        m = new(model)
+        put(m, "__dict__", values)
+        put(m, "__pydantic_fields_set__", names)
+        put(m, "__pydantic_extra__", None)
+        put(m, "__pydantic_private__", None)
+        return m
+
+    return make
+
+
+def builder(model: type[BaseModel], record: Any) -> Check | None:
+    """``model`` from a decoded record of Avro schema ``record``, or None (use pydantic).
+
+    The decoded dict is the reader's own fresh value: it is checked in place and becomes
+    the model's field values, without a copy."""
+    checks = field_checks(model, {f["name"]: f["type"] for f in record["fields"]})
+    make = constructor(model, [f["name"] for f in record["fields"]])
+    if checks is None or make is None:
+        return None
+    if not checks:
+        return make
+    run = compile_checks(model.__name__, checks)
+
+    def build(values: Any) -> Any:
+        run(values)
+        return make(values)
+
+    return build

@@ -1,0 +1,86 @@
+"""Every released Avro schema, by fingerprint, plus the evolution rules between versions.
+
+Files live at ``schemas/avro/<event_type>/v<N>.avsc``. A released file never changes:
+its fingerprint is written into every record encoded with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import fastavro
+import fastavro.schema
+
+from runlog.schemas._avro_writer import Encoder, compile_encoder
+from runlog.schemas._vocabulary import EventType
+
+
+@dataclass(frozen=True)
+class WriterSchema:
+    event_type: EventType
+    version: int
+    fingerprint: bytes
+    """CRC-64-AVRO of the parsing canonical form, as the 8 little-endian bytes on the wire."""
+    parsed: Any
+    """The fastavro-parsed schema."""
+    encoder: Encoder | None = field(default=None, compare=False, repr=False)
+    """Its compiled encoder (``avro_writer``), None where fastavro encodes it."""
+
+
+def fingerprint_of(schema: Any) -> bytes:
+    canonical = fastavro.schema.to_parsing_canonical_form(schema)
+    # fastavro renders the 64-bit CRC as the hex of its little-endian bytes, which is
+    # exactly the byte order single-object encoding puts on the wire.
+    return bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))
+
+
+@dataclass(frozen=True)
+class Registry:
+    by_fingerprint: dict[bytes, WriterSchema]
+    by_type_version: dict[tuple[EventType, int], WriterSchema]
+    current: dict[EventType, int]
+
+    def writer(self, event_type: EventType, version: int | None = None) -> WriterSchema:
+        return self.by_type_version[(event_type, version or self.current[event_type])]
+
+
+@cache
+def released() -> list[tuple[EventType, int, Any]]:
+    """Every released ``.avsc`` as ``(type, version, parsed JSON)``, read once."""
+    root = resources.files("runlog.schemas").joinpath("avro")
+    found: list[tuple[EventType, int, Any]] = []
+    for type_dir in root.iterdir():
+        if not type_dir.is_dir():
+            continue
+        et = EventType(type_dir.name)
+        for f in type_dir.iterdir():
+            if f.name.startswith("v") and f.name.endswith(".avsc"):
+                version = int(f.name[1:-5])
+                found.append((et, version, json.loads(f.read_text())))
+    return found
+
+
+@cache
+def registry() -> Registry:
+    """All schemas shipped with this release; loaded once, on first use."""
+    by_fp: dict[bytes, WriterSchema] = {}
+    by_tv: dict[tuple[EventType, int], WriterSchema] = {}
+    current: dict[EventType, int] = {}
+    for et, version, raw in released():
+        parsed = fastavro.parse_schema(raw)
+        ws = WriterSchema(et, version, fingerprint_of(parsed), parsed, compile_encoder(parsed))
+        by_fp[ws.fingerprint] = ws
+        by_tv[(et, version)] = ws
+        current[et] = max(current.get(et, 0), version)
+    missing = set(EventType) - set(current)
+    if missing:  # pragma: no cover - a packaging error, not a runtime condition
+        raise RuntimeError(f"no schema shipped for {sorted(m.value for m in missing)}")
+    for et, top in current.items():
+        for v in range(1, top + 1):
+            if (et, v) not in by_tv:  # pragma: no cover
+                raise RuntimeError(f"{et.value}: version {v} is missing below v{top}")
+    return Registry(by_fp, by_tv, current)
