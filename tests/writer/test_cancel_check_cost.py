@@ -14,6 +14,7 @@ from workers.common import read_log
 
 import runlog
 from runlog._settings import Settings
+from runlog.log._clients import OWN_AFTER
 from runlog.producers._approvals import CANCEL_FLAG_FRESH_S
 from runlog.projections._run_state import fold
 
@@ -83,7 +84,10 @@ def test_pipelined_safe_calls_read_the_cancel_flag_every_other_step(
     own read serves it and the step after (once), never a third."""
     note = runlog.tool("note", risk="safe")(lambda args, *, idempotency_key: "noted")
     with runlog.open_run(tenant="t", settings=test_settings, tools=[note]) as run:
-        run.call_tool("note", {"i": -1})
+        # Enough steps first that the thread has its own connection (its first asks borrow
+        # the pool's): a connection's handshake is no step's round trip.
+        for i in range(2 * OWN_AFTER + 2):
+            run.call_tool("note", {"i": -1 - i})
         trips = RoundTrips(monkeypatch)
         for i in range(CALLS):
             run.call_tool("note", {"i": i})
