@@ -153,7 +153,12 @@ def open_run_with(
         try:
             run = _replay(deps, reader, lease, tools, prefetch)
             if not create and run.state.status == "new":
-                raise UnknownRun(f"run {rid} has no events", run_id=rid)
+                # What the replay read ends where it began (or where the process's log
+                # tail had read to): the run's records may lie above it. The rest is read
+                # before refusing: only the head may say that a run has no events.
+                run.read_back(reader, reader.high_watermark(run.partition))
+                if run.state.status == "new":
+                    raise UnknownRun(f"run {rid} has no events", run_id=rid)
             check_agent(run.state, rid, expect_agent)
             if run.state.status != "finished":
                 _claim(

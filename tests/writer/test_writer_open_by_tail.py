@@ -198,3 +198,33 @@ def test_two_workers_opening_the_same_new_run_at_once_one_acts(
         assert ledger.total() == 1, f"{kind} {rid}: effects {ledger.per_key()}"
         started = [ev for ev in valid if ev.type is EventType.TOOL_CALL_STARTED]
         assert len(started) == 1 and started[0].epoch == outcomes[winners[0]][1]
+
+
+def test_a_dispatch_the_tail_has_not_caught_up_with_opens_the_run_it_names(
+    fast: Settings, whole: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet dispatch opens with ``create=False``: a run with no events is refused. A
+    tail that has not read the run yet (a loaded worker's) answers "no record below" an
+    offset under the run's records; the open must read on to the head before it refuses,
+    or a woken run (a cancel, a timer) is dropped with its history in the log. A run that
+    truly has no events is still refused, and nothing is written for it."""
+    rid = new_run_id()
+    with runlog.open_run(rid, settings=fast) as run:
+        run.append(EventType.USER_MESSAGE, content="before")
+    before = assert_log_sound([r.event for r in read_log(fast, rid)])
+    monkeypatch.setattr(whole.tail, "unseen_below", lambda partition, key: 0)
+    run = open_run_with(whole.run_deps(), rid, agent="a", create=False)
+    try:
+        assert (run.state.status, run.state.seq) == ("running", before.seq + 1)
+        assert run.epoch > before.epoch
+    finally:
+        run.close()
+    events = [r.event for r in read_log(fast, rid)]
+    assert_log_sound(events)
+    assert all(ok for _, ok in verdicts(events)), "the open appended a record the log rejects"
+    assert [ev.type for ev in events].count(EventType.RUN_STARTED) == 1
+
+    nobody = new_run_id()
+    with pytest.raises(runlog.UnknownRun):
+        open_run_with(whole.run_deps(), nobody, agent="a", create=False)
+    assert read_log(fast, nobody) == []
