@@ -101,3 +101,17 @@ async def nap(run: AsyncRun, order: dict[str, Any]) -> str:
     sleep releases the run, and its due time dispatches it again."""
     await run.sleep(max(0.0, float(order["until"]) - time.time()))
     return "woke"
+
+
+@runlog.agent("bench.ask")
+async def ask(run: AsyncRun, order: dict[str, Any]) -> str:
+    """Waits for a person (an action approval), then done: ``runlog bench scale``'s runs
+    waiting on people. Waiting holds no worker: ``Escalated`` releases the run, and the
+    decision dispatches it again."""
+    mine = [a for a in run.state.approvals.values() if a.kind == "action"]
+    if not mine:
+        aid = await run.request_approval(str(order.get("question", "go on?")))
+        raise runlog.Escalated("waiting for a person", approval_id=aid, run_id=run.run_id)
+    if mine[0].approved is None:
+        raise runlog.Escalated("waiting for a person", run_id=run.run_id)
+    return "approved" if mine[0].approved else "rejected"

@@ -557,10 +557,15 @@ def timers(
     echo: Callable[[str], None],
     margin_s: float | None = None,
     fire: bool = True,
+    people: int = 0,
 ) -> dict[str, Any]:
     """``waiting`` runs on durable timers due in one second, through a real worker.
     ``fire`` False: the timers are due a day ahead, and the part ends once the runs wait
-    and a fresh worker has started beside them (what waiting costs, not what firing does)."""
+    and a fresh worker has started beside them (what waiting costs, not what firing does).
+    ``people``: that many of the ``waiting`` runs wait for a person (an approval nobody
+    gives) instead of a timer; only with ``fire`` False."""
+    if people and fire:
+        raise ValueError("runs waiting on people do not fire: people needs fire=False")
     import asyncio
 
     from runlog import aio
@@ -570,7 +575,7 @@ def timers(
     scratch = Scratch.create(base)
     s = scratch.settings
     workers = WorkerProcs(s, out_dir)
-    res: dict[str, Any] = {"waiting_runs": waiting}
+    res: dict[str, Any] = {"waiting_runs": waiting, "waiting_on_people": people}
     try:
         workers.spawn("timers", 64)
         wpid = workers.procs["timers"].pid
@@ -587,20 +592,30 @@ def timers(
         async def start_all() -> list[str]:
             sem = asyncio.Semaphore(200)
 
-            async def one() -> str:
+            async def one(agent: str) -> str:
                 async with sem:
-                    return await aio.start("bench.nap", order, tenant=TENANT, settings=s)
+                    return await aio.start(agent, order, tenant=TENANT, settings=s)
 
-            return list(await asyncio.gather(*(one() for _ in range(waiting))))
+            # ``people`` of them on people, spread evenly among the ones on timers.
+            agents = [
+                "bench.ask"
+                if (i * people) // waiting != ((i + 1) * people) // waiting
+                else "bench.nap"
+                for i in range(waiting)
+            ]
+            return list(await asyncio.gather(*(one(a) for a in agents)))
 
         t0 = time.monotonic()
         rids = asyncio.run(start_all())
-        timer = EventType.TIMER_STARTED.value
+        # A run waits once it recorded its timer or its question to a person.
+        marks = (EventType.TIMER_STARTED.value, EventType.APPROVAL_REQUESTED.value)
         want = set(rids)
         limit = t0 + 120 + waiting * 0.05
         while True:
             follower.poll(0.2)
-            waiting_now = sum(follower.counts.get(r, Counter())[timer] >= 1 for r in want)
+            waiting_now = sum(
+                any(follower.counts.get(r, Counter())[m] >= 1 for m in marks) for r in want
+            )
             if waiting_now == len(want):
                 break
             if time.time() > due - 8 or time.monotonic() > limit:
@@ -1025,8 +1040,11 @@ def run(
         )
     if "waiting" in want:
         n = waiting_many or (1_000 if quick else 100_000)
-        echo(f"scale: {n} runs waiting on timers a day ahead ...")
-        part("waiting", lambda: timers(base, out, waiting=n, echo=echo, fire=False))
+        echo(f"scale: {n} runs waiting, half on timers a day ahead, half on people ...")
+        part(
+            "waiting",
+            lambda: timers(base, out, waiting=n, echo=echo, fire=False, people=n // 2),
+        )
     if "million" in want:
         part(
             "million",
@@ -1139,7 +1157,8 @@ def report(res: dict[str, Any]) -> str:
     w = res.get("waiting")
     if w:
         lines += [
-            f"  {w['waiting_runs']} runs waiting on timers a day ahead: all waiting "
+            f"  {w['waiting_runs']} runs waiting ({w.get('waiting_on_people', 0)} on people, "
+            f"the rest on timers a day ahead): all waiting "
             f"{w['all_waiting_s']:.0f} s after the first start; leases held "
             f"{w['leases_held_of_200_sampled']} of {w['leases_sampled']} sampled   "
             f"[{ref['waiting']}]",
