@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "scale: long runs (bytes per token, append cost at the start and end of a "
             "--long-events run, resume with and without snapshots) and many runs (opens at "
             "once, --waiting runs on durable timers due in one second, --waiting-many runs "
-            "waiting a day, a --million-events run, a worker beside --lifecycle-records, "
+            "waiting (half on timers a day ahead, half on people), a --million-events run, "
+            "a worker beside --lifecycle-records, "
             "--stepping runs open in one worker), beside references"
         ),
     )
@@ -79,7 +80,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--waiting-many",
         type=int,
         default=100_000,
-        help="scale: runs waiting on timers a day ahead (what waiting costs; never fired)",
+        help="scale: runs waiting, half on timers a day ahead and half on people (what "
+        "waiting costs; never fired nor answered)",
     )
     p.add_argument(
         "--million-events", type=int, default=1_000_000, help="scale: events of the longest run"
