@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import redis
 
 from runlog.errors import RedisUnavailable
-from runlog.log._clients import REDIS_ERRORS, ThreadGet
+from runlog.log._clients import REDIS_ERRORS, ThreadGet, own_pool
 from runlog.schemas._keys import lease_key, live_key, run_tag, session_of
 
 log = logging.getLogger(__name__)
@@ -307,6 +307,9 @@ class LeaseManager:
         self._session: Session | None = None
         self._session_lock = threading.Lock()
         self._get = ThreadGet(client)
+        self._renewing = own_pool(client)
+        """The renewer thread's client: renewals never wait for a connection of ``client``'s
+        pool, which a burst of other work on this process may hold all of."""
         self.prefix = key_prefix
         self._acquire = client.register_script(_ACQUIRE)
         self._raise = client.register_script(_RAISE)
@@ -617,7 +620,7 @@ class LeaseManager:
         try:
             # XX: only while the key exists. A key that expired is never made again, so a
             # taker that saw it gone may rely on that for good.
-            ok = self.redis.set(session.key, session.info, px=session.ttl_ms, xx=True)
+            ok = self._renewing.set(session.key, session.info, px=session.ttl_ms, xx=True)
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness renewal of {session.key}: {exc}") from exc
         if ok:
@@ -693,7 +696,7 @@ class LeaseManager:
         live = [lease for lease in leases if not lease.lost and not lease.released]
         if not live:
             return
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self._renewing.pipeline(transaction=False)
         for lease in live:
             self._renew(
                 keys=[self.lease_key(lease.tenant, lease.run_id)],
@@ -739,3 +742,5 @@ class LeaseManager:
             except REDIS_ERRORS as exc:
                 log.warning("session %s not ended (its key expires): %s", session.id, exc)
         self._get.close()
+        if self._renewing is not self.redis:
+            self._renewing.connection_pool.disconnect()

@@ -19,6 +19,8 @@ import redis
 from workers.common import TESTS
 
 from runlog._settings import Settings
+from runlog.log._clients import SYNC_CONNECTIONS
+from runlog.log._clients import redis_client as make_client
 from runlog.log._holders import holder
 from runlog.producers import _lease as lease_mod
 from runlog.producers._lease import Held, Lease, LeaseManager
@@ -344,3 +346,32 @@ def test_a_batch_take_raced_against_single_takes_gives_each_run_one_owner(
     finally:
         for mgr in (dead, *singles):
             mgr.close()
+
+
+def test_the_session_is_renewed_while_every_connection_of_the_process_pool_is_out(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A burst of work (hundreds of threads opening runs) can hold every connection of the
+    process's Redis pool for longer than a liveness TTL. The renewer must not wait behind
+    it: if it did, the liveness key would expire and every lease of the process with it."""
+    client = make_client(test_settings)
+    mgr = LeaseManager(
+        client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=LIVENESS_MS
+    )
+    try:
+        lease = mgr.try_acquire("t", f"busy-pool-{uuid.uuid4().hex[:8]}", "a", 60_000)
+        assert isinstance(lease, Lease)
+        key = live_key(test_settings.redis_key_prefix, mgr.session_id())
+        pool = client.connection_pool
+        held = [pool.get_connection() for _ in range(SYNC_CONNECTIONS)]
+        try:
+            for _ in range(3 * LIVENESS_MS // 100):  # three TTLs with the pool empty
+                assert redis_client.exists(key), "the liveness key expired"
+                time.sleep(0.1)
+        finally:
+            for conn in held:
+                pool.release(conn)
+        assert not lease.lost and mgr.renew(lease), "the lease went with the session"
+    finally:
+        mgr.close()
+        client.close()
