@@ -246,6 +246,11 @@ NETWORK = bool(os.environ.get("EXPLORER_NETWORK"))
 default, so a recorded seed's history is what it was; on, a seed still names one history."""
 NETWORK_STEPS_PER = 15
 """With ``NETWORK``, one ``quorum_cut`` per this many steps (one at least)."""
+SKEW_STEPS_PER = 12
+"""With ``NETWORK``, one ``clock_skew`` per this many steps (one at least)."""
+SKEWS_S = (30.0, -30.0, 0.0)
+"""The wall-clock offsets a ``clock_skew`` step gives the workers started after it (``b``
+picks one): 30 s ahead, 30 s behind, or the real clock again."""
 PAUSE_HOWS = ("break", "expire")
 """How the run is taken over: its lease broken at once (``takeover=True``), or left to
 expire (the frozen worker's session and lease time out) and the run resumed."""
@@ -321,7 +326,7 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
     history = with_registry_outages(seed, through_the_console(seed, out[:steps]))[:steps]
     extra_steps = paused_calls(seed, len(history))
     if NETWORK and cluster:
-        extra_steps += network_faults(seed, len(history))
+        extra_steps += network_faults(seed, len(history)) + clock_skews(seed, len(history))
     return history + extra_steps
 
 
@@ -336,6 +341,22 @@ def network_faults(seed: int, n: int) -> list[Step]:
     return [
         Step("quorum_cut", rng.randrange(2, n), rng.randrange(1000))
         for _ in range(max(1, n // NETWORK_STEPS_PER))
+    ]
+
+
+def clock_skews(seed: int, n: int) -> list[Step]:
+    """The ``clock_skew`` steps of a history of ``n`` steps (``EXPLORER_NETWORK=1``), from a
+    stream of the seed's own (``skew:<seed>``, so the ``quorum_cut`` steps stay as they
+    were), appended and each executed right after step ``a``. ``b`` picks the clock
+    (``SKEWS_S``) of every worker process started after it, until the next one: their
+    real wall clock, under libfaketime, so every timestamp they take (run ids, events'
+    ``occurred_at``, timers' and approvals' deadlines) is the skewed one."""
+    if n < 3:
+        return []
+    rng = random.Random(f"skew:{seed}")
+    return [
+        Step("clock_skew", rng.randrange(2, n), rng.randrange(1000))
+        for _ in range(max(1, n // SKEW_STEPS_PER))
     ]
 
 
@@ -358,7 +379,7 @@ def paused_calls(seed: int, n: int) -> list[Step]:
     ]
 
 
-AFTER_A_STEP = ("pause_call", "quorum_cut")
+AFTER_A_STEP = ("pause_call", "quorum_cut", "clock_skew")
 """Steps appended after a history's own, each executed right after the step ``a`` names."""
 
 
@@ -886,6 +907,8 @@ class Explorer:
         self.rebuilds: list[Proc] = []
         self.padded = 0
         self.console = ConsoleServer(self.env, self.dir / "console.log")
+        self.skew_s = 0.0
+        """The wall-clock offset of the workers started next (``clock_skew`` steps)."""
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -920,8 +943,15 @@ class Explorer:
             cmd.append("--takeover")
         cmd += extra
         log = self.dir / f"{name}.log"
+        env = self.env
+        if self.skew_s:
+            from netns import skewed_env
+
+            env = skewed_env(env, self.skew_s)
+            assert self.out is not None
+            self.out.faults["worker started on a skewed clock"] += 1
         with open(log, "wb") as fh:
-            proc = subprocess.Popen(cmd, env=self.env, cwd=str(ROOT), stdout=fh, stderr=fh)
+            proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=fh, stderr=fh)
         p = Proc(name, proc, run_id, log=log, refusal=run_id in self.refused)
         self.workers.append(p)
         return p
@@ -1189,6 +1219,8 @@ class Explorer:
             return self.pause_call(step)
         if k == "quorum_cut":
             return self.quorum_cut(step.b)
+        if k == "clock_skew":
+            return self.clock_skew(step.b)
         if k == "registry_outage":
             if self.registry is None:
                 return "skip: no registry in this history"
@@ -1231,6 +1263,20 @@ class Explorer:
             self.out.faults["partitions added"] += 1
             return f"events topic grown to {PARTITIONS + 3} partitions"
         raise ValueError(f"unknown step {k}")
+
+    def clock_skew(self, b: int) -> str:
+        """Workers started from now on run on a clock ``SKEWS_S[b % 3]`` off the real one
+        (libfaketime, with the shim that keeps librdkafka's timed waits real: netns.py);
+        those already running keep theirs, so skewed and unskewed owners meet on a run."""
+        assert self.out is not None
+        from netns import skewed_env
+
+        skew = SKEWS_S[b % len(SKEWS_S)]
+        if skew:
+            skewed_env({}, skew)  # the tools it needs are here, or say what is missing
+            self.out.faults[f"workers' clock {skew:+.0f} s"] += 1
+        self.skew_s = skew
+        return f"workers started from now on: clock {skew:+.0f} s"
 
     def quorum_cut(self, b: int) -> str:
         """Cut the leader of partition ``b`` (mod the count) from the controller quorum for

@@ -509,6 +509,19 @@ def faketime_shim() -> str:
     return str(out)
 
 
+LIBFAKETIME = "/usr/$LIB/faketime/libfaketime.so.1"
+"""Debian's libfaketime, as its ``faketime`` wrapper preloads it (the loader expands ``$LIB``)."""
+
+
+def skewed_env(env: Mapping[str, str], skew_s: float) -> dict[str, str]:
+    """``env`` for a process whose wall clock runs ``skew_s`` off the real one: what the
+    ``faketime`` wrapper sets, without the wrapper's own process between the caller and
+    the program (a signal to the child the caller holds then reaches the program)."""
+    check_available(skew=True)
+    preload = " ".join(filter(None, [faketime_shim(), LIBFAKETIME, env.get("LD_PRELOAD")]))
+    return {**env, "LD_PRELOAD": preload, "FAKETIME": f"{skew_s:+.0f}s"}
+
+
 def _sysctl(key: str, value: int, *, netns: str | None = None) -> None:
     prefix = ["ip", "netns", "exec", netns] if netns else []
     _run([*prefix, "sysctl", "-qw", f"{key}={value}"])

@@ -21,11 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "explorer"))
 import explorer
 from explorer import (
     PAUSE_TOOLS,
+    SKEWS_S,
     LedgerServer,
+    clock_skews,
     explore,
     generate,
     in_order,
     load_seeds,
+    network_faults,
     report,
     stop_registry,
 )
@@ -34,6 +37,10 @@ from runlog import stack
 
 FIXED = [(11, 30), (12, 30)]
 """Seeds that found nothing, run every time: new code meets new combinations of faults."""
+FIXED_NETWORK = [(22, 30)]
+"""Seeds run with ``EXPLORER_NETWORK=1``: 22 starts workers 30 s ahead after its step 6 and
+30 s behind after step 8 (seven runs started), and cuts two partition leaders from the
+controller quorum."""
 
 HISTORIES = {
     (2, 30): "94dd5043dda520be",
@@ -69,7 +76,8 @@ def test_pause_calls_leave_every_older_step_where_it_was(
 def test_network_steps_leave_every_other_step_where_it_was(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``EXPLORER_NETWORK=1`` appends ``quorum_cut`` steps and changes no other step."""
+    """``EXPLORER_NETWORK=1`` appends ``quorum_cut`` and ``clock_skew`` steps, each from a
+    stream of its own, and changes no other step."""
     for (seed, steps), digest in HISTORIES.items():
         monkeypatch.setattr(explorer, "NETWORK", False)
         plain = generate(seed, steps)
@@ -78,12 +86,20 @@ def test_network_steps_leave_every_other_step_where_it_was(
         assert full[: len(plain)] == plain, seed
         older = json.dumps([s.text() for s in full[:steps]]).encode()
         assert hashlib.sha256(older).hexdigest()[:16] == digest, seed
-        cuts = full[len(plain) :]
-        assert cuts and all(s.kind == "quorum_cut" for s in cuts), seed
+        added = full[len(plain) :]
+        n = len(generate(seed, steps)) - len(added)
+        assert added == network_faults(seed, n) + clock_skews(seed, n), seed
+        assert {s.kind for s in added} == {"quorum_cut", "clock_skew"}, seed
         assert generate(seed, steps) == full  # a seed still names one history
         order = in_order(full, list(range(len(full))))
-        for i, s in enumerate(cuts, start=len(plain)):
-            assert order.index(i) == order.index(s.a) + 1
+        for i, s in enumerate(added, start=len(plain)):
+            # Right after the step it names, or after another appended step naming it.
+            before = order[order.index(i) - 1]
+            assert before == s.a or (before >= len(plain) and full[before].a == s.a), seed
+    # Over many seeds, every clock is drawn: ahead, behind and the real one again.
+    monkeypatch.setattr(explorer, "NETWORK", True)
+    drawn = {SKEWS_S[s.b % 3] for seed in range(100) for s in generate(seed, 30)[30:]}
+    assert drawn >= set(SKEWS_S)
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +141,28 @@ def test_fixed_seeds(
     cluster: stack.StackConfig, ledger: LedgerServer, seed: int, steps: int
 ) -> None:
     _run(cluster, ledger, seed, steps, None)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("seed", "steps"), FIXED_NETWORK, ids=[f"network-seed-{s}" for s, _ in FIXED_NETWORK]
+)
+def test_fixed_network_seeds(
+    cluster: stack.StackConfig,
+    ledger: LedgerServer,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    steps: int,
+) -> None:
+    """Skewed workers' clocks and brokers cut from the quorum among the other faults: the
+    checker's every property holds (no acknowledged event lost, one owner per epoch, each
+    effect at most once, every timer once, every decision final, every run ended or
+    visibly waiting)."""
+    monkeypatch.setattr(explorer, "NETWORK", True)
+    full = generate(seed, steps)
+    assert {SKEWS_S[s.b % 3] for s in full if s.kind == "clock_skew"} >= {30.0, -30.0}
+    out = explore(cluster, ledger, seed, steps, None, quiet=True)
+    print(report(out))
+    assert not out.failed, report(out)
+    assert out.faults["workers' clock +30 s"] and out.faults["workers' clock -30 s"]
+    assert out.faults["worker started on a skewed clock"]
