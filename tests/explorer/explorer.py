@@ -335,13 +335,7 @@ def network_faults(seed: int, n: int) -> list[Step]:
     a stream of the seed's own (``network:<seed>``), appended after the ``n`` steps and each
     executed right after step ``a`` (``in_order``), as ``pause_call`` is. ``b`` picks the
     partition whose leader is cut and how long (2-10 s)."""
-    if n < 3:
-        return []
-    rng = random.Random(f"network:{seed}")
-    return [
-        Step("quorum_cut", rng.randrange(2, n), rng.randrange(1000))
-        for _ in range(max(1, n // NETWORK_STEPS_PER))
-    ]
+    return _appended(f"network:{seed}", "quorum_cut", n, NETWORK_STEPS_PER)
 
 
 def clock_skews(seed: int, n: int) -> list[Step]:
@@ -351,13 +345,16 @@ def clock_skews(seed: int, n: int) -> list[Step]:
     (``SKEWS_S``) of every worker process started after it, until the next one: their
     real wall clock, under libfaketime, so every timestamp they take (run ids, events'
     ``occurred_at``, timers' and approvals' deadlines) is the skewed one."""
+    return _appended(f"skew:{seed}", "clock_skew", n, SKEW_STEPS_PER)
+
+
+def _appended(stream: str, kind: str, n: int, per: int) -> list[Step]:
+    """One ``kind`` step per ``per`` steps of a history of ``n`` (one at least), each naming
+    the step it follows (``a``) and a choice (``b``), drawn from the random ``stream``."""
     if n < 3:
         return []
-    rng = random.Random(f"skew:{seed}")
-    return [
-        Step("clock_skew", rng.randrange(2, n), rng.randrange(1000))
-        for _ in range(max(1, n // SKEW_STEPS_PER))
-    ]
+    rng = random.Random(stream)
+    return [Step(kind, rng.randrange(2, n), rng.randrange(1000)) for _ in range(max(1, n // per))]
 
 
 def paused_calls(seed: int, n: int) -> list[Step]:
