@@ -322,7 +322,7 @@ def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
     healthy: Settings, nemesis: Nemesis, report: FaultReport, tmp_path: Path
 ) -> None:
     """20-40 % of the packets to Kafka and Redis dropped for 3 s, then the link to Redis
-    flapping for 3 s (cut 1 s, healed 0.5 s).
+    flapping for at least 3 s (cut 1 s, healed 0.5 s) and until a flap has dropped a packet.
 
     Timeouts fire while requests may still land. A worker that stops (a clear error) is
     replaced in the same namespace, as a supervisor would; the run must finish with every
@@ -331,7 +331,7 @@ def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
     t0 = time.monotonic()
     settings = healthy
     ep = Episode(settings, nemesis, "w1", SEEDS["loss"], tmp_path)
-    ep.target = 24
+    ep.target = 36  # >= 10.8 s of paced steps: a live worker spans both phases
     nemesis.add_node("w1")
     rng = random.Random(ep.seed)
     loss = rng.choice([20, 30, 40])
@@ -345,7 +345,7 @@ def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
     while time.monotonic() < deadline:
         generation += 1
         name = f"netns-loss-g{generation}"
-        proc = ep.spawn(name, hold=False, pace_s=0.3)  # >= 7 s: spans both phases
+        proc = ep.spawn(name, hold=False, pace_s=0.3)
         while proc.poll() is None:
             if flapping is None and time.monotonic() > phase_end:
                 lossy = nemesis.dropped("w1")
@@ -353,7 +353,14 @@ def test_loss_and_flapping_links_keep_one_owner_and_effects_once(
                 flapping = nemesis.flap("w1", "redis", down_s=1.0, up_s=0.5)
                 report.faults["flap: worker's link to Redis cut 1 s, healed 0.5 s"] += 1
                 phase_end = time.monotonic() + 3
-            elif flapping is not None and time.monotonic() > phase_end:
+            elif (
+                flapping is not None
+                and not flapping.is_set()
+                and time.monotonic() > phase_end
+                and nemesis.dropped("w1") > lossy
+            ):
+                # The flaps end once they have dropped a packet: a worker that was
+                # starting up through both cuts would otherwise see none of them.
                 flapping.set()
             time.sleep(0.05)
         out = proc.communicate()[0]
