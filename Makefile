@@ -82,7 +82,8 @@ soak: venv
 	$(PY) tests/explorer/soak.py --scale $(SCALE) $(if $(KILLS),--kills $(KILLS)) \
 		$(if $(RACES),--races $(RACES)) $(if $(LEADER_KILLS),--leader-kills $(LEADER_KILLS)) \
 		$(if $(REDIS_RESTARTS),--redis-restarts $(REDIS_RESTARTS)) \
-		$(if $(HOSTILE),--hostile $(HOSTILE)) $(SOAK_ARGS)
+		$(if $(HOSTILE),--hostile $(HOSTILE)) $(if $(PARTITIONS),--partitions $(PARTITIONS)) \
+		$(if $(LOSSY),--lossy $(LOSSY)) $(if $(SKEWS),--skews $(SKEWS)) $(SOAK_ARGS)
 
 # The conformance harness of the agent-framework integrations (tests/integrations/conformance)
 # on the local stack, with the soak's kill count instead of the 50 per integration of make test.

@@ -1,12 +1,15 @@
 """The soak: each fault the reliability goals name, injected at scale on the 3-node cluster.
 
     python tests/explorer/soak.py [--scale 1.0] [--kills N] [--races N] [--leader-kills N]
-                                  [--redis-restarts N] [--hostile N]
+                                  [--redis-restarts N] [--hostile N] [--partitions N]
+                                  [--lossy N] [--skews N]
 
 Full counts (``--scale 1``, about two hours on two cores): 1,000 random SIGKILLs of
 worker processes, 1,000 barrier races, 50 partition-leader kills on RF 3 / min ISR 2,
 50 Redis restarts (half of them losing the data), 1,000,000 hostile records through the
-projection services. ``--scale 0.01`` runs a hundredth of each; an explicit count wins.
+projection services, then (as root) 1,000 partition episodes, 1,000 lossy or delayed
+links and 200 workers on a skewed clock (tests/explorer/soak_network.py, about 7 s each).
+``--scale 0.01`` runs a hundredth of each; an explicit count wins.
 It prints a table: faults injected, acknowledged appends, effects, lost, doubled,
 quarantined, crashes (unclear errors of a worker or runner) and the duration of each phase,
 and exits 1 if anything was lost, doubled or crashed.
@@ -43,7 +46,13 @@ FULL = {
     "leader_kills": 50,
     "redis_restarts": 50,
     "hostile": 1_000_000,
+    "partitions": 1000,
+    "lossy": 1000,
+    "skews": 200,
 }
+
+NETWORK_PHASES = (("partitions", "partition"), ("lossy", "lossy"), ("skews", "skew"))
+"""The soak's network phases and the soak_network.py family each runs."""
 
 
 @dataclass
@@ -369,6 +378,36 @@ def phase_hostile(cfg: stack.StackConfig, ledger: Any, n: int, seed: int) -> Row
 # --------------------------------------------------------------------------- table
 
 
+def phase_network(cfg: stack.StackConfig, family: str, n: int, seed: int, tmp: Path) -> Row:
+    """``n`` episodes of a network family (tests/explorer/soak_network.py), seeds from
+    ``seed``: a worker in a namespace, its link cut, lossy, slowed or its clock skewed."""
+    import soak_network
+
+    verdicts, seconds = soak_network.run_phase(
+        cfg, family, n, seed, tmp, progress=lambda m: print(m, flush=True)
+    )
+    row = Row(f"network: {family}", seconds=seconds)
+    row.faults = len(verdicts)
+    row.acks = sum(v.acks for v in verdicts)
+    row.effects = sum(v.effects for v in verdicts)
+    row.lost = sum(len(v.lost) for v in verdicts)
+    row.doubled = sum(len(v.doubled) for v in verdicts)
+    row.crashes = sum(1 for v in verdicts if v.other or v.stuck)
+    kinds = Counter(
+        " ".join(v.fault.split()[: 1 if v.fault.startswith("delay") else 2]) for v in verdicts
+    )
+    hit = sum(v.hit for v in verdicts)
+    row.notes.append(
+        f"seeds {seed}-{seed + n - 1}; the fault reached traffic in {hit} of {n} episodes; "
+        f"{sum(v.generations for v in verdicts)} worker processes; {dict(kinds)}"
+    )
+    for v in verdicts:
+        if not v.clean:
+            problems = v.lost + v.doubled + v.other + (["stuck"] if v.stuck else [])
+            row.notes.append(f"seed {v.seed} ({v.fault}): {problems[:3]}"[:500])
+    return row
+
+
 def table(rows: list[Row], total_s: float, command: str) -> str:
     head = (
         "| phase | faults injected | acknowledged appends | effects | lost | doubled "
@@ -417,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
             ("leader_kills", lambda: phase_leader_kills(cfg, counts["leader_kills"], tmp)),
             ("redis_restarts", lambda: phase_redis(cfg, counts["redis_restarts"], tmp)),
             ("hostile", lambda: phase_hostile(cfg, ledger, counts["hostile"], opts.seed)),
+            *(
+                (name, lambda f=family, k=name: phase_network(cfg, f, counts[k], opts.seed, tmp))
+                for name, family in NETWORK_PHASES
+            ),
         ]
         for name, fn in phases:
             if counts[name] <= 0:

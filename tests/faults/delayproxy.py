@@ -21,6 +21,8 @@ class DelayProxy:
         self.delay_s = delay_s
         self.port = 0
         self.chunks = 0
+        self.delayed = 0
+        """Chunks passed on late (``delay_s`` above 0 when they arrived)."""
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -85,11 +87,15 @@ class DelayProxy:
         sender = asyncio.create_task(send())
         try:
             while True:
-                data = await reader.read(65536)
+                try:
+                    data = await reader.read(65536)
+                except OSError:  # reset (a worker killed, a link cut): end this way too
+                    data = b""
                 await queue.put((time.monotonic() + self.delay_s, data))
                 if not data:
                     break
                 self.chunks += 1
+                self.delayed += self.delay_s > 0
             await sender
         finally:
             sender.cancel()
