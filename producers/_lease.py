@@ -147,6 +147,20 @@ end
 return out
 """
 
+# A dead process's session declared dead before its key expires (``LeaseManager.bury``):
+# deleted only while the key has less than ARGV[1] ms left and still names the connection
+# ARGV[2] (a session that names none, an older version's, is left to expire).
+_BURY = """
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, -string.len(ARGV[2])) ~= ARGV[2] then return 0 end
+local t = redis.call('PTTL', KEYS[1])
+if t >= 0 and t < tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
 ACQUIRE_DEAD_BATCH = 256
 """Runs whose leases one script takes (``acquire_dead``): Redis runs a script alone, so a
 batch is kept to a few milliseconds of it."""
@@ -185,9 +199,24 @@ class Held:
 
 ACQUIRE_ROUNDS = 3
 """Times an acquisition looks again when the lease changed hands under it."""
-LIVE_RENEWALS = 4
-"""Renewals of a session's liveness key per TTL: a renewal may be late three times over
-before the session dies."""
+LIVE_RENEWALS = 8
+"""Renewals of a session's liveness key per TTL: a renewal may be late seven times over
+before the session dies (one command per process per TTL/8, whatever its runs)."""
+SESSION_TRUST = 0.25
+"""Share of the liveness TTL a renewal vouches for in its own process
+(``Session.valid_until``): two renewal periods, so one late renewal costs no Redis check.
+Far inside the key's own TTL, which is what lets a dead process be found early
+(``BURY_BELOW``)."""
+BURY_BELOW = 0.6
+"""A session whose liveness key has less than this share of its TTL left, and whose
+process holds no connection to Redis any more (``LIVE_CONN``), is dead: its process was
+killed or exited (the kernel closed its sockets) and has missed its renewals for 0.4 of
+the TTL. It is deleted then (``LeaseManager.bury``) instead of at expiry: 0.8 s after the
+last renewal with the default 2 s TTL, not 2 s. Safe whatever the connection says: the
+process's own deadline (``SESSION_TRUST``) ended 0.15 TTL before that, so from then on
+every lease of the session is checked in Redis, where the key is gone."""
+LIVE_CONN = "runlog-live-"
+"""The name (``CLIENT SETNAME``) of the connections that renew a session, plus its id."""
 
 
 @dataclass(eq=False)
@@ -199,6 +228,8 @@ class Session:
     ttl_ms: int
     info: str
     """``worker|host|pid`` of the process: what a wait on one of its leases names."""
+    client: redis.Redis | None = None
+    """The client that renews the key, on connections named ``LIVE_CONN`` + id."""
     valid_until: float = 0.0
     """A local, conservative deadline: the key surely lives until then."""
     dead: bool = False
@@ -206,6 +237,15 @@ class Session:
 
     def locally_alive(self) -> bool:
         return not self.dead and time.monotonic() < self.valid_until
+
+    @property
+    def value(self) -> str:
+        """The liveness key's value: the process, and the connection it renews on."""
+        return f"{self.info}\t{LIVE_CONN}{self.id}"
+
+    def vouch(self, started: float) -> None:
+        """A renewal begun at ``started`` succeeded: the key lives a TTL from then."""
+        self.valid_until = max(self.valid_until, started + self.ttl_ms / 1000 * SESSION_TRUST)
 
 
 def sessions_key(prefix: str) -> str:
@@ -317,6 +357,9 @@ class LeaseManager:
         self._release = client.register_script(_RELEASE)
         self._hand_over = client.register_script(_HAND_OVER)
         self._acquire_dead = client.register_script(_ACQUIRE_DEAD)
+        self._bury = client.register_script(_BURY)
+        self._conns_listed = True
+        """False once ``CLIENT LIST`` was refused (an ACL): sessions then only expire."""
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
         self._leases_lock = threading.Lock()
         self._stop = threading.Event()
@@ -587,15 +630,19 @@ class LeaseManager:
                 return current
             sid = uuid.uuid4().hex[:16]
             made = Session(sid, live_key(self.prefix, sid), self.liveness_ttl_ms, self.info)
+            made.client = own_pool(self.redis, name=f"{LIVE_CONN}{sid}")
             started = time.monotonic()
             try:
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.set(made.key, made.info, px=made.ttl_ms, nx=True)
+                # Made on the session's own connection: it is named before the key exists.
+                pipe = made.client.pipeline(transaction=False)
+                pipe.set(made.key, made.value, px=made.ttl_ms, nx=True)
                 pipe.hset(sessions_key(self.prefix), sid, made.info)
                 pipe.execute()
             except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"liveness key {made.key}: {exc}") from exc
-            made.valid_until = started + made.ttl_ms / 1000 * 0.8
+            made.vouch(started)
+            if current is not None and current.client is not None:
+                current.client.close()
             self._session = made
             METRICS["sessions"] += 1
             log.info("session %s started (liveness TTL %s ms)", sid, made.ttl_ms)
@@ -617,14 +664,15 @@ class LeaseManager:
 
     def _renew_session(self, session: Session) -> bool:
         started = time.monotonic()
+        client = session.client or self._renewing
         try:
             # XX: only while the key exists. A key that expired is never made again, so a
             # taker that saw it gone may rely on that for good.
-            ok = self._renewing.set(session.key, session.info, px=session.ttl_ms, xx=True)
+            ok = client.set(session.key, session.value, px=session.ttl_ms, xx=True)
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness renewal of {session.key}: {exc}") from exc
         if ok:
-            session.valid_until = max(session.valid_until, started + session.ttl_ms / 1000 * 0.8)
+            session.vouch(started)
             METRICS["liveness_renewed"] += 1
             return True
         session.dead = True
@@ -646,9 +694,56 @@ class LeaseManager:
             pttl = int(self.redis.pttl(live_key(self.prefix, sid)))
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness of {sid}: {exc}") from exc
-        if pttl == -2:
+        if pttl == -2 or (0 <= pttl < self.bury_below_ms and self.bury([sid])):
             return seen
         return Held(seen, pttl if pttl >= 0 else self.liveness_ttl_ms)
+
+    @property
+    def bury_below_ms(self) -> int:
+        """A session's key with fewer ms left than this may be buried (``BURY_BELOW``)."""
+        return int(self.liveness_ttl_ms * BURY_BELOW)
+
+    def bury(self, sessions: list[str]) -> list[str]:
+        """Of ``sessions`` (whose keys the caller saw with less than ``bury_below_ms``
+        left), those whose process holds no connection to Redis any more, their keys
+        deleted now (``_BURY``): they are dead. One ``CLIENT LIST`` for all of them. A
+        session still connected (a paused or slow process, cut off from Redis by a network
+        that did not close its sockets) is left to expire; so is every session where
+        ``CLIENT LIST`` is refused (an ACL without it) or means nothing (a cluster), and
+        every session while Redis has been up for less than two TTLs (after a restart, the
+        processes reconnect at their next renewal)."""
+        if not sessions or not self._conns_listed or not isinstance(self.redis, redis.Redis):
+            return []
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.client_list(_type="normal")
+            pipe.info("server")
+            listed, server = pipe.execute()
+        except redis.ResponseError as exc:
+            self._conns_listed = False
+            log.warning("CLIENT LIST refused (%s): dead sessions are found at expiry only", exc)
+            return []
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(f"client list: {exc}") from exc
+        if int(server.get("uptime_in_seconds", 0)) * 1000 < 2 * self.liveness_ttl_ms:
+            return []  # Redis restarted moments ago: its clients are still coming back
+        names = {str(c.get("name") or "") for c in listed}
+        buried: list[str] = []
+        for sid in sessions:
+            conn = f"{LIVE_CONN}{sid}"
+            if conn in names:
+                continue
+            try:
+                done = self._bury(
+                    keys=[live_key(self.prefix, sid)], args=[self.bury_below_ms, f"\t{conn}"]
+                )
+            except REDIS_ERRORS as exc:
+                raise RedisUnavailable(f"bury session {sid}: {exc}") from exc
+            if int(done):
+                METRICS["sessions_buried"] += 1
+                log.info("session %s: its process is gone, its key deleted before expiry", sid)
+                buried.append(sid)
+        return buried
 
     # Renewal ---------------------------------------------------------------------------
     def _ensure_renewer(self) -> None:
@@ -678,7 +773,7 @@ class LeaseManager:
             session = self._session
             if session is not None and not session.dead:
                 period = session.ttl_ms / 1000 / LIVE_RENEWALS
-                due = session.valid_until - session.ttl_ms / 1000 * 0.8 + period
+                due = session.valid_until - session.ttl_ms / 1000 * SESSION_TRUST + period
                 if time.monotonic() >= due:
                     try:
                         self._renew_session(session)

@@ -630,7 +630,8 @@ class Worker:
             log.warning("worker %s could not record the runs it holds: %s", self.id, exc)
 
     def _adopt(self) -> None:
-        """Dispatch the runs of every session whose liveness key is gone (its worker died):
+        """Dispatch the runs of every session whose liveness key is gone (its worker died) or
+        was just buried (its process is gone: ``LeaseManager.bury``):
         at once, not when the group moves the dead worker's partitions (its session timeout)
         and the lease would have expired. The lease decides who runs each: every live
         worker may try, one wins, the others find it held and leave it."""
@@ -646,8 +647,15 @@ class Worker:
                 return
             pipe = client.pipeline(transaction=False)
             for s in others:
-                pipe.exists(live_key(prefix, s))
-            dead = [s for s, alive in zip(others, pipe.execute(), strict=True) if not alive]
+                pipe.pttl(live_key(prefix, s))
+            left = [int(t) for t in pipe.execute()]
+            dead = [s for s, t in zip(others, left, strict=True) if t == -2]
+            # A session that missed its renewals for a while: dead now if its process
+            # holds no connection any more (killed), not at its key's expiry.
+            late = self.deps.leases.bury_below_ms
+            dead += self.deps.leases.bury(
+                [s for s, t in zip(others, left, strict=True) if 0 <= t < late]
+            )
             for s in dead:
                 runs = client.hgetall(held_key(self.settings, s))
                 taken = {}

@@ -44,7 +44,7 @@ def manager(test_settings: Settings, redis_client: redis.Redis) -> Iterator[Leas
 class Holder:
     """``tests/workers/session_holder.py``: a real process holding session-bound leases."""
 
-    def __init__(self, settings: Settings, runs: list[str]) -> None:
+    def __init__(self, settings: Settings, runs: list[str], liveness_ms: int = LIVENESS_MS) -> None:
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
         )
@@ -55,7 +55,7 @@ class Holder:
                 str(TESTS / "workers" / "session_holder.py"),
                 settings.redis_key_prefix,
                 "t",
-                str(LIVENESS_MS),
+                str(liveness_ms),
                 *runs,
             ],
             env=env,
@@ -140,6 +140,82 @@ def test_a_killed_holders_runs_are_free_once_its_session_key_is_gone(
             assert got.handed_over_by is None  # an orphan, not a handover
     finally:
         holder.stop()
+
+
+def test_a_killed_holders_session_is_buried_before_its_key_expires(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A process that died (its sockets closed) holds no connection named for its session:
+    once its key has less than ``BURY_BELOW`` of its TTL left (it missed its renewals, and
+    its own deadline, ``SESSION_TRUST``, ended before), another process deletes the key
+    and takes the runs, epoch bumped, without waiting for the expiry."""
+    liveness = 6000
+    manager = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=liveness
+    )
+    runs = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    holder = Holder(test_settings, runs, liveness)
+    try:
+        sid = session_of(redis_client.get(manager.lease_key("t", runs[0])).decode())
+        assert sid is not None
+        key = live_key(test_settings.redis_key_prefix, sid)
+        conns = {c.get("name") for c in redis_client.client_list(_type="normal")}
+        assert f"{lease_mod.LIVE_CONN}{sid}" in conns  # the holder's renewing connection
+        assert manager.bury([sid]) == []  # alive: its key is fresh
+        holder.proc.kill()
+        holder.proc.wait(10)
+        left = []
+        got: Lease | Held = Held("", 0)
+        while not isinstance(got, Lease):
+            left.append(int(redis_client.pttl(key)))
+            got = manager.try_acquire("t", runs[0], "b", 60_000)
+            assert left[-1] != -2, "the key expired before anyone buried it"
+            time.sleep(0.05)
+        # Buried while its key would still have lived, once under the share it may be.
+        assert 0 < left[-1] < liveness * lease_mod.BURY_BELOW
+        assert not redis_client.exists(key)
+        assert got.epoch == holder.epochs[0] + 1 and got.handed_over_by is None
+        for rid, epoch in zip(runs[1:], holder.epochs[1:], strict=True):
+            other = manager.try_acquire("t", rid, "b", 60_000)
+            assert isinstance(other, Lease) and other.epoch == epoch + 1
+    finally:
+        holder.stop()
+        manager.close()
+
+
+def test_a_paused_or_unnamed_session_is_never_buried(
+    test_settings: Settings, redis_client: redis.Redis
+) -> None:
+    """A process that is paused (or slow, or cut off by a network that did not close its
+    sockets) still holds its connection: it is not buried however late its renewals are,
+    and comes back to its runs if it returns before the key expires. A session that names
+    no connection (an older version's) only expires."""
+    liveness = 4000
+    manager = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=liveness
+    )
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    holder = Holder(test_settings, [run], liveness)
+    try:
+        sid = session_of(redis_client.get(manager.lease_key("t", run)).decode())
+        assert sid is not None
+        key = live_key(test_settings.redis_key_prefix, sid)
+        holder.proc.send_signal(signal.SIGSTOP)
+        while int(redis_client.pttl(key)) > liveness * lease_mod.BURY_BELOW - 500:
+            time.sleep(0.05)
+        for _ in range(5):
+            assert manager.bury([sid]) == []
+            assert isinstance(manager.try_acquire("t", run, "b", 60_000), Held)
+        assert redis_client.exists(key)
+        holder.proc.send_signal(signal.SIGCONT)
+        assert holder.check() == [True]  # back before the expiry: still the owner
+        old = f"{test_settings.redis_key_prefix}:live:old{uuid.uuid4().hex[:8]}"
+        redis_client.set(old, "w|h|1", px=1000)
+        assert manager.bury([old.rsplit(":", 1)[1]]) == []
+        assert redis_client.exists(old)
+    finally:
+        holder.stop()
+        manager.close()
 
 
 def test_a_paused_ex_owner_is_refused_whether_or_not_its_runs_were_taken(
