@@ -24,6 +24,7 @@ renewal traffic is one command per process per period, whatever the number of ru
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -33,6 +34,7 @@ import uuid
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -148,17 +150,17 @@ return out
 """
 
 # A dead process's session declared dead before its key expires (``LeaseManager.bury``):
-# deleted only while the key has less than ARGV[1] ms left and still names the connection
-# ARGV[2] (a session that names none, an older version's, is left to expire).
+# the key (KEYS[1]) is deleted only while it has less than ARGV[1] ms left, says its
+# process watches (ends with ARGV[2]; an older version's session does not, and only
+# expires) and nobody is subscribed to its channel (ARGV[3]) any more.
 _BURY = """
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, -string.len(ARGV[2])) ~= ARGV[2] then return 0 end
 local t = redis.call('PTTL', KEYS[1])
-if t >= 0 and t < tonumber(ARGV[1]) then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
+if t < 0 or t >= tonumber(ARGV[1]) then return 0 end
+if redis.call('PUBSUB', 'NUMSUB', ARGV[3])[2] > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
 """
 
 ACQUIRE_DEAD_BATCH = 256
@@ -209,14 +211,16 @@ Far inside the key's own TTL, which is what lets a dead process be found early
 (``BURY_BELOW``)."""
 BURY_BELOW = 0.6
 """A session whose liveness key has less than this share of its TTL left, and whose
-process holds no connection to Redis any more (``LIVE_CONN``), is dead: its process was
-killed or exited (the kernel closed its sockets) and has missed its renewals for 0.4 of
-the TTL. It is deleted then (``LeaseManager.bury``) instead of at expiry: 0.8 s after the
-last renewal with the default 2 s TTL, not 2 s. Safe whatever the connection says: the
-process's own deadline (``SESSION_TRUST``) ended 0.15 TTL before that, so from then on
-every lease of the session is checked in Redis, where the key is gone."""
-LIVE_CONN = "runlog-live-"
-"""The name (``CLIENT SETNAME``) of the connections that renew a session, plus its id."""
+process is no longer subscribed to the session's channel (``Session.watch``), is dead: its
+process was killed or exited (the kernel closed its sockets, Redis dropped the
+subscription) and has missed its renewals for 0.4 of the TTL. It is deleted then
+(``LeaseManager.bury``) instead of at expiry: 0.8 s after the last renewal with the
+default 2 s TTL, not 2 s. Safe whatever the subscription says: the process's own deadline
+(``SESSION_TRUST``) ended 0.15 TTL before that, so from then on every lease of the session
+is checked in Redis, where the key is gone."""
+WATCHED = "\twatched"
+"""The end of a liveness key's value whose process subscribes to the session's channel
+(a session without it, an older version's, is never buried: it expires)."""
 
 
 @dataclass(eq=False)
@@ -228,8 +232,9 @@ class Session:
     ttl_ms: int
     info: str
     """``worker|host|pid`` of the process: what a wait on one of its leases names."""
-    client: redis.Redis | None = None
-    """The client that renews the key, on connections named ``LIVE_CONN`` + id."""
+    watch: Any = None
+    """A subscription to the session's channel (named as its key), held while the process
+    lives: Redis drops it when the process dies, which ``LeaseManager.bury`` looks for."""
     valid_until: float = 0.0
     """A local, conservative deadline: the key surely lives until then."""
     dead: bool = False
@@ -240,8 +245,8 @@ class Session:
 
     @property
     def value(self) -> str:
-        """The liveness key's value: the process, and the connection it renews on."""
-        return f"{self.info}\t{LIVE_CONN}{self.id}"
+        """The liveness key's value: the process, and that it watches its channel."""
+        return f"{self.info}{WATCHED}"
 
     def vouch(self, started: float) -> None:
         """A renewal begun at ``started`` succeeded: the key lives a TTL from then."""
@@ -358,8 +363,7 @@ class LeaseManager:
         self._hand_over = client.register_script(_HAND_OVER)
         self._acquire_dead = client.register_script(_ACQUIRE_DEAD)
         self._bury = client.register_script(_BURY)
-        self._conns_listed = True
-        """False once ``CLIENT LIST`` was refused (an ACL): sessions then only expire."""
+
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
         self._leases_lock = threading.Lock()
         self._stop = threading.Event()
@@ -630,19 +634,22 @@ class LeaseManager:
                 return current
             sid = uuid.uuid4().hex[:16]
             made = Session(sid, live_key(self.prefix, sid), self.liveness_ttl_ms, self.info)
-            made.client = own_pool(self.redis, name=f"{LIVE_CONN}{sid}")
             started = time.monotonic()
             try:
-                # Made on the session's own connection: it is named before the key exists.
-                pipe = made.client.pipeline(transaction=False)
+                if isinstance(self.redis, redis.Redis):
+                    # Subscribed before the key says so: a key that says it is watched is.
+                    made.watch = self._renewing.pubsub()
+                    made.watch.subscribe(made.key)
+                pipe = self.redis.pipeline(transaction=False)
                 pipe.set(made.key, made.value, px=made.ttl_ms, nx=True)
                 pipe.hset(sessions_key(self.prefix), sid, made.info)
                 pipe.execute()
             except REDIS_ERRORS as exc:
                 raise RedisUnavailable(f"liveness key {made.key}: {exc}") from exc
             made.vouch(started)
-            if current is not None and current.client is not None:
-                current.client.close()
+            if current is not None and current.watch is not None:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    current.watch.close()
             self._session = made
             METRICS["sessions"] += 1
             log.info("session %s started (liveness TTL %s ms)", sid, made.ttl_ms)
@@ -664,11 +671,10 @@ class LeaseManager:
 
     def _renew_session(self, session: Session) -> bool:
         started = time.monotonic()
-        client = session.client or self._renewing
         try:
             # XX: only while the key exists. A key that expired is never made again, so a
             # taker that saw it gone may rely on that for good.
-            ok = client.set(session.key, session.value, px=session.ttl_ms, xx=True)
+            ok = self._renewing.set(session.key, session.value, px=session.ttl_ms, xx=True)
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness renewal of {session.key}: {exc}") from exc
         if ok:
@@ -694,7 +700,7 @@ class LeaseManager:
             pttl = int(self.redis.pttl(live_key(self.prefix, sid)))
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"liveness of {sid}: {exc}") from exc
-        if pttl == -2 or (0 <= pttl < self.bury_below_ms and self.bury([sid])):
+        if pttl == -2:
             return seen
         return Held(seen, pttl if pttl >= 0 else self.liveness_ttl_ms)
 
@@ -705,44 +711,25 @@ class LeaseManager:
 
     def bury(self, sessions: list[str]) -> list[str]:
         """Of ``sessions`` (whose keys the caller saw with less than ``bury_below_ms``
-        left), those whose process holds no connection to Redis any more, their keys
-        deleted now (``_BURY``): they are dead. One ``CLIENT LIST`` for all of them. A
-        session still connected (a paused or slow process, cut off from Redis by a network
-        that did not close its sockets) is left to expire; so is every session where
-        ``CLIENT LIST`` is refused (an ACL without it) or means nothing (a cluster), and
-        every session while Redis has been up for less than two TTLs (after a restart, the
-        processes reconnect at their next renewal)."""
-        if not sessions or not self._conns_listed or not isinstance(self.redis, redis.Redis):
+        left), those whose process no longer watches its channel, their keys deleted now
+        (``_BURY``, one round trip for all): they are dead. A session still watched (a
+        paused or slow process, or one cut off by a network that did not close its
+        sockets) is left to expire; so is every session on a Redis Cluster, where a
+        channel's subscribers are counted per node."""
+        if not sessions or not isinstance(self.redis, redis.Redis):
             return []
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.client_list(_type="normal")
-            pipe.info("server")
-            listed, server = pipe.execute()
-        except redis.ResponseError as exc:
-            self._conns_listed = False
-            log.warning("CLIENT LIST refused (%s): dead sessions are found at expiry only", exc)
-            return []
+            for sid in sessions:
+                key = live_key(self.prefix, sid)
+                self._bury(keys=[key], args=[self.bury_below_ms, WATCHED, key], client=pipe)
+            done = pipe.execute()
         except REDIS_ERRORS as exc:
-            raise RedisUnavailable(f"client list: {exc}") from exc
-        if int(server.get("uptime_in_seconds", 0)) * 1000 < 2 * self.liveness_ttl_ms:
-            return []  # Redis restarted moments ago: its clients are still coming back
-        names = {str(c.get("name") or "") for c in listed}
-        buried: list[str] = []
-        for sid in sessions:
-            conn = f"{LIVE_CONN}{sid}"
-            if conn in names:
-                continue
-            try:
-                done = self._bury(
-                    keys=[live_key(self.prefix, sid)], args=[self.bury_below_ms, f"\t{conn}"]
-                )
-            except REDIS_ERRORS as exc:
-                raise RedisUnavailable(f"bury session {sid}: {exc}") from exc
-            if int(done):
-                METRICS["sessions_buried"] += 1
-                log.info("session %s: its process is gone, its key deleted before expiry", sid)
-                buried.append(sid)
+            raise RedisUnavailable(f"bury {len(sessions)} sessions: {exc}") from exc
+        buried = [sid for sid, d in zip(sessions, done, strict=True) if int(d)]
+        for sid in buried:
+            METRICS["sessions_buried"] += 1
+            log.info("session %s: its process is gone, its key deleted before expiry", sid)
         return buried
 
     # Renewal ---------------------------------------------------------------------------
@@ -780,9 +767,21 @@ class LeaseManager:
                     except RedisUnavailable as exc:
                         # Not dead yet: the local deadline keeps counting down.
                         log.warning("liveness renewal failed: %s", exc)
+                    self._keep_watching(session)
                     due = time.monotonic() + period
                 wait = min(wait, max(0.01, due - time.monotonic()))
             self._stop.wait(wait)
+
+    @staticmethod
+    def _keep_watching(session: Session) -> None:
+        """Read the session's subscription: a dropped connection (Redis restarted) is made
+        again and subscribed again here, at the next renewal."""
+        if session.watch is None or session.dead:
+            return
+        try:
+            session.watch.get_message(timeout=0)
+        except REDIS_ERRORS as exc:
+            log.warning("liveness watch of session %s: %s", session.id, exc)
 
     def renew_many(self, leases: list[Lease]) -> None:
         """Renew ``leases`` in one round trip: a process holding hundreds of runs renews
@@ -836,6 +835,9 @@ class LeaseManager:
                 pipe.execute()
             except REDIS_ERRORS as exc:
                 log.warning("session %s not ended (its key expires): %s", session.id, exc)
+        if session is not None and session.watch is not None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                session.watch.close()
         self._get.close()
         if self._renewing is not self.redis:
             self._renewing.connection_pool.disconnect()

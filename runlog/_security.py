@@ -218,7 +218,12 @@ def redis_acl_rules(key_prefix: str) -> dict[str, str]:
     # A process's session (producers._lease: the liveness key its leases refer to, the
     # hash of sessions) and a worker's held set (the runs another worker adopts when the
     # session dies): every process that takes a lease, or tells who holds one, needs them.
-    sessions = f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:*"
+    # A process also subscribes to its session's channel (named as the liveness key), and
+    # a worker counts a silent session's subscribers (``LeaseManager.bury``).
+    sessions = (
+        f"~{key_prefix}:live:* ~{key_prefix}:sessions ~{key_prefix}:held:* "
+        f"&{key_prefix}:live:* +subscribe +unsubscribe +pubsub|numsub"
+    )
     # The fleet: each worker's presence entry (which agents it serves, read by a start
     # that requires a worker), a reconcile request's reply (the worker writes it, the
     # operator reads it) and the list a draining worker announces its runs on.

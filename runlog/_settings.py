@@ -85,9 +85,10 @@ class Settings(BaseSettings):
 
     liveness_ttl_ms: int = Field(default=2_000, ge=0)
     """How long a process's liveness key lives without renewal (``RUNLOG_LIVENESS_TTL_MS``;
-    renewed four times a TTL, one command per process whatever the number of its runs).
+    renewed eight times a TTL, one command per process whatever the number of its runs).
     A run lease names its owner's session and lasts as long as that key: a dead worker's
-    runs are free this long after its last renewal. The smaller of this and
+    runs are free this long after its last renewal, or 0.4 of it (and 0.3 s) when its
+    process is gone (its subscription to the session dropped). The smaller of this and
     ``lease_ttl_ms`` applies. 0: each lease has its own TTL (``lease_ttl_ms``), renewed
     per run."""
 

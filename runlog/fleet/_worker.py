@@ -79,8 +79,14 @@ consumer, and what bounds it is round trips to Redis and the broker, not readers
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 ADOPT_POLL_S = 0.25
-"""How often a worker looks for dead sessions (one ``HGETALL`` and one ``EXISTS`` per
-session: the fleet's size, never its number of runs)."""
+"""How often a worker looks for dead sessions (one ``HKEYS`` and one ``PTTL`` per session:
+the fleet's size, never its number of runs)."""
+ADOPT_LATE_POLL_S = 0.1
+"""How often while a session is late (its key under ``BURY_BELOW`` of its TTL)."""
+LATE_GRACE_S = 0.3
+"""How long a session is seen late, Redis answering, before it may be buried: more than a
+renewal period (TTL/8), so a process whose subscription dropped with its connection (Redis
+restarted) renews and subscribes again first."""
 HELD_TTL_S = 7 * 24 * 3600
 """How long a session's set of held runs outlives its last change (a dead session's is
 deleted by whoever adopts its runs)."""
@@ -155,6 +161,8 @@ class Worker:
         self.active: dict[str, Future[Result]] = {}
         self.launched: dict[str, int] = {}
         self.adopted: dict[str, Entry] = {}
+        self.late: dict[str, float] = {}
+        """Sessions seen late (``_adopt``), with when they were first seen so."""
         """Runs of a dead worker's session this worker dispatches although their
         partitions are not (yet) its own (``_adopt``)."""
         self.prefetch: dict[str, Prefetch] = {}
@@ -644,18 +652,23 @@ class Worker:
             mine = self.deps.leases.session_id()
             others = [s for s in sessions if s != mine]
             if not others:
+                self.late = {}
                 return
             pipe = client.pipeline(transaction=False)
             for s in others:
                 pipe.pttl(live_key(prefix, s))
             left = [int(t) for t in pipe.execute()]
             dead = [s for s, t in zip(others, left, strict=True) if t == -2]
-            # A session that missed its renewals for a while: dead now if its process
-            # holds no connection any more (killed), not at its key's expiry.
-            late = self.deps.leases.bury_below_ms
-            dead += self.deps.leases.bury(
-                [s for s, t in zip(others, left, strict=True) if 0 <= t < late]
-            )
+            # A session that missed its renewals for a while: dead now if its process no
+            # longer watches it (killed: ``LeaseManager.bury``), not at its key's expiry.
+            below, now = self.deps.leases.bury_below_ms, time.monotonic()
+            self.late = {
+                s: self.late.get(s, now)
+                for s, t in zip(others, left, strict=True)
+                if 0 <= t < below
+            }
+            due = [s for s, seen in self.late.items() if now - seen >= LATE_GRACE_S]
+            dead += self.deps.leases.bury(due)
             for s in dead:
                 runs = client.hgetall(held_key(self.settings, s))
                 taken = {}
@@ -886,7 +899,8 @@ class Worker:
                 self._write_held()
                 if time.monotonic() >= next_adopt:
                     self._adopt()
-                    next_adopt = time.monotonic() + ADOPT_POLL_S
+                    poll = ADOPT_LATE_POLL_S if self.late else ADOPT_POLL_S
+                    next_adopt = time.monotonic() + poll
                 if time.monotonic() >= next_beat:
                     self._heartbeat()
                     next_beat = time.monotonic() + HEARTBEAT_S

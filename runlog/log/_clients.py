@@ -55,20 +55,16 @@ SYNC_POOL_WAIT_S = 30.0
 """How long a thread waits for a free connection before ``ConnectionError``."""
 
 
-def own_pool(client: redis.Redis, *, name: str = "") -> redis.Redis:
+def own_pool(client: redis.Redis) -> redis.Redis:
     """A client of ``client``'s Redis on a connection pool of its own, for one thread that
     must never wait behind the process's pool: the lease renewer. With every connection of
     the shared pool out (a burst of hundreds of opens), a renewal that waited for one could
-    let the process's liveness key expire, and every lease bound to it with it. ``name``:
-    each of its connections says so at connect (``CLIENT SETNAME``). A cluster client (a
-    pool per node, routed by key) is returned as it is."""
+    let the process's liveness key expire, and every lease bound to it with it. A cluster
+    client (a pool per node, routed by key) is returned as it is."""
     if not isinstance(client, redis.Redis):
         return client
     pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    if name:
-        kwargs["client_name"] = name
-    own = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    own = redis.ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
     return redis.Redis(connection_pool=own)
 
 

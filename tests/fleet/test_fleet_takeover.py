@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
+from workers.session_holder import Holder
 
 from runlog._bootstrap import Services
 from runlog._settings import Settings
@@ -20,9 +21,9 @@ from runlog.fleet._handoffs import announce
 from runlog.fleet._lifecycle import Record
 from runlog.fleet._registry import Agent
 from runlog.fleet._runner import Result
-from runlog.fleet._worker import Entry, Worker, held_key
-from runlog.producers._lease import Lease, LeaseManager, sessions_key
-from runlog.schemas._keys import live_key, partition_for
+from runlog.fleet._worker import LATE_GRACE_S, Entry, Worker, held_key
+from runlog.producers._lease import BURY_BELOW, Lease, LeaseManager, sessions_key
+from runlog.schemas._keys import lease_key, live_key, partition_for, session_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -151,3 +152,43 @@ def test_a_dead_workers_runs_are_adopted_with_their_leases_taken_at_once(
     finally:
         dead.close()
         live.close()
+
+
+def test_a_killed_workers_runs_are_adopted_before_its_session_key_expires(
+    worker: Worker, test_settings: Settings
+) -> None:
+    """A process holding runs is SIGKILLed (its subscription to its session ends with its
+    sockets): the worker's looks see the session late, wait ``LATE_GRACE_S``, bury it
+    while its key would still live, and adopt the runs at the next epoch. Without the
+    burial the key would only go at expiry (6 s here), which the loop below fails on."""
+    prefix = test_settings.redis_key_prefix
+    client = worker.deps.redis
+    liveness = 6000
+    runs = _runs(5)
+    holder = Holder(test_settings, runs, liveness)
+    try:
+        value = client.get(lease_key(prefix, "t", runs[0]))
+        sid = session_of(value.decode())
+        assert sid is not None
+        client.hset(held_key(test_settings, sid), mapping={r: "t\tpayer" for r in runs})
+        key = live_key(prefix, sid)
+        worker._adopt()
+        assert not worker.ready and not worker.late  # alive
+        holder.proc.kill()
+        holder.proc.wait(10)
+        seen_late, left = 0.0, -2
+        while not worker.ready:
+            left = int(client.pttl(key))
+            assert left != -2 or worker.ready, "the key expired before anyone buried it"
+            worker._adopt()
+            if worker.late and not seen_late:
+                seen_late = time.monotonic()
+            time.sleep(0.05)
+        assert time.monotonic() - seen_late >= LATE_GRACE_S
+        assert 0 < left < liveness * BURY_BELOW  # buried while it would still have lived
+        assert not client.exists(key)
+        assert set(worker.ready) == set(runs) == set(worker.claimed)
+        for rid, epoch in zip(runs, holder.epochs, strict=True):
+            assert worker.claimed[rid].epoch == epoch + 1
+    finally:
+        holder.stop()

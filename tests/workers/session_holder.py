@@ -8,12 +8,64 @@ Prints ``held <epoch> ...`` once it holds them all, then answers each line of st
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import redis
 
+from runlog._settings import Settings
 from runlog.errors import RedisUnavailable
 from runlog.producers._lease import Lease, LeaseManager
+
+TESTS = Path(__file__).resolve().parent.parent
+LIVENESS_MS = 1000
+
+
+class Holder:
+    """``tests/workers/session_holder.py``: a real process holding session-bound leases."""
+
+    def __init__(self, settings: Settings, runs: list[str], liveness_ms: int = LIVENESS_MS) -> None:
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+        )
+        env["RUNLOG_REDIS_URL"] = settings.redis_url
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(TESTS / "workers" / "session_holder.py"),
+                settings.redis_key_prefix,
+                "t",
+                str(liveness_ms),
+                *runs,
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self._line()
+        assert line[0] == "held", line
+        self.epochs = [int(e) for e in line[1:]]
+
+    def _line(self) -> list[str]:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().split()
+
+    def check(self) -> list[bool]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("check\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        assert line[0] == "check", line
+        return [v == "True" for v in line[1:]]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(10)
 
 
 def main() -> None:

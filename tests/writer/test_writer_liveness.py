@@ -4,10 +4,7 @@ the per-run fencing token is unchanged, and a paused ex-owner is refused."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -16,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from workers.common import TESTS
+from workers.session_holder import LIVENESS_MS, Holder
 
 from runlog._settings import Settings
 from runlog.log._clients import SYNC_CONNECTIONS
@@ -29,7 +26,6 @@ from runlog.projections._run_state import RunState
 from runlog.schemas._keys import live_key, session_of
 
 pytestmark = pytest.mark.timeout(60)
-LIVENESS_MS = 1000
 
 
 @pytest.fixture
@@ -39,51 +35,6 @@ def manager(test_settings: Settings, redis_client: redis.Redis) -> Iterator[Leas
     )
     yield mgr
     mgr.close()
-
-
-class Holder:
-    """``tests/workers/session_holder.py``: a real process holding session-bound leases."""
-
-    def __init__(self, settings: Settings, runs: list[str], liveness_ms: int = LIVENESS_MS) -> None:
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-        )
-        env["RUNLOG_REDIS_URL"] = settings.redis_url
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(TESTS / "workers" / "session_holder.py"),
-                settings.redis_key_prefix,
-                "t",
-                str(liveness_ms),
-                *runs,
-            ],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = self._line()
-        assert line[0] == "held", line
-        self.epochs = [int(e) for e in line[1:]]
-
-    def _line(self) -> list[str]:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.readline().split()
-
-    def check(self) -> list[bool]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("check\n")
-        self.proc.stdin.flush()
-        line = self._line()
-        assert line[0] == "check", line
-        return [v == "True" for v in line[1:]]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(10)
 
 
 def _wait_gone(client: redis.Redis, key: str) -> None:
@@ -145,9 +96,10 @@ def test_a_killed_holders_runs_are_free_once_its_session_key_is_gone(
 def test_a_killed_holders_session_is_buried_before_its_key_expires(
     test_settings: Settings, redis_client: redis.Redis
 ) -> None:
-    """A process that died (its sockets closed) holds no connection named for its session:
+    """A process that died (its sockets closed) no longer subscribes to its session:
     once its key has less than ``BURY_BELOW`` of its TTL left (it missed its renewals, and
-    its own deadline, ``SESSION_TRUST``, ended before), another process deletes the key
+    its own deadline, ``SESSION_TRUST``, ended before) and nobody watches its channel any
+    more, another process deletes the key
     and takes the runs, epoch bumped, without waiting for the expiry."""
     liveness = 6000
     manager = LeaseManager(
@@ -159,8 +111,8 @@ def test_a_killed_holders_session_is_buried_before_its_key_expires(
         sid = session_of(redis_client.get(manager.lease_key("t", runs[0])).decode())
         assert sid is not None
         key = live_key(test_settings.redis_key_prefix, sid)
-        conns = {c.get("name") for c in redis_client.client_list(_type="normal")}
-        assert f"{lease_mod.LIVE_CONN}{sid}" in conns  # the holder's renewing connection
+        channel = live_key(test_settings.redis_key_prefix, sid)
+        assert redis_client.pubsub_numsub(channel) == [(channel.encode(), 1)]  # watched
         assert manager.bury([sid]) == []  # alive: its key is fresh
         holder.proc.kill()
         holder.proc.wait(10)
@@ -168,8 +120,10 @@ def test_a_killed_holders_session_is_buried_before_its_key_expires(
         got: Lease | Held = Held("", 0)
         while not isinstance(got, Lease):
             left.append(int(redis_client.pttl(key)))
-            got = manager.try_acquire("t", runs[0], "b", 60_000)
             assert left[-1] != -2, "the key expired before anyone buried it"
+            if manager.bury([sid]):
+                got = manager.try_acquire("t", runs[0], "b", 60_000)
+                assert isinstance(got, Lease), got
             time.sleep(0.05)
         # Buried while its key would still have lived, once under the share it may be.
         assert 0 < left[-1] < liveness * lease_mod.BURY_BELOW
@@ -183,13 +137,13 @@ def test_a_killed_holders_session_is_buried_before_its_key_expires(
         manager.close()
 
 
-def test_a_paused_or_unnamed_session_is_never_buried(
+def test_a_paused_or_unwatched_session_is_never_buried(
     test_settings: Settings, redis_client: redis.Redis
 ) -> None:
     """A process that is paused (or slow, or cut off by a network that did not close its
-    sockets) still holds its connection: it is not buried however late its renewals are,
-    and comes back to its runs if it returns before the key expires. A session that names
-    no connection (an older version's) only expires."""
+    sockets) still holds its subscription: it is not buried however late its renewals are,
+    and comes back to its runs if it returns before the key expires. A session whose key does
+    not say it is watched (an older version's) only expires."""
     liveness = 4000
     manager = LeaseManager(
         redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=liveness
