@@ -248,6 +248,11 @@ NETWORK_STEPS_PER = 15
 """With ``NETWORK``, one ``quorum_cut`` per this many steps (one at least)."""
 SKEW_STEPS_PER = 12
 """With ``NETWORK``, one ``clock_skew`` per this many steps (one at least)."""
+CUT_STEPS_PER = 10
+"""With ``NETWORK``, one ``worker_cut`` per this many steps (one at least)."""
+CUT_SERVICES = ("redis", "kafka")
+CUT_DIRECTIONS = ("both", "out", "in")
+"""A ``worker_cut``'s link (``b``): to Redis or to the brokers, both ways or one way."""
 SKEWS_S = (30.0, -30.0, 0.0)
 """The wall-clock offsets a ``clock_skew`` step gives the workers started after it (``b``
 picks one): 30 s ahead, 30 s behind, or the real clock again."""
@@ -326,7 +331,8 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
     history = with_registry_outages(seed, through_the_console(seed, out[:steps]))[:steps]
     extra_steps = paused_calls(seed, len(history))
     if NETWORK and cluster:
-        extra_steps += network_faults(seed, len(history)) + clock_skews(seed, len(history))
+        n = len(history)
+        extra_steps += network_faults(seed, n) + clock_skews(seed, n) + worker_cuts(seed, n)
     return history + extra_steps
 
 
@@ -346,6 +352,17 @@ def clock_skews(seed: int, n: int) -> list[Step]:
     real wall clock, under libfaketime, so every timestamp they take (run ids, events'
     ``occurred_at``, timers' and approvals' deadlines) is the skewed one."""
     return _appended(f"skew:{seed}", "clock_skew", n, SKEW_STEPS_PER)
+
+
+def worker_cuts(seed: int, n: int) -> list[Step]:
+    """The ``worker_cut`` steps of a history of ``n`` steps (``EXPLORER_NETWORK=1``), from a
+    stream of the seed's own (``cut:<seed>``), appended and each executed right after step
+    ``a``. ``b`` picks a live worker, its link (Redis or the brokers, both ways, its
+    requests only or the replies only: ``CUT_SERVICES``, ``CUT_DIRECTIONS``) and how long
+    the link stays cut (1-6 s, while the next steps run: a worker that reaches Kafka but
+    not Redis renews nothing while its appends could land; one that reaches Redis but not
+    Kafka keeps its lease while its deliveries time out)."""
+    return _appended(f"cut:{seed}", "worker_cut", n, CUT_STEPS_PER)
 
 
 def _appended(stream: str, kind: str, n: int, per: int) -> list[Step]:
@@ -376,7 +393,7 @@ def paused_calls(seed: int, n: int) -> list[Step]:
     ]
 
 
-AFTER_A_STEP = ("pause_call", "quorum_cut", "clock_skew")
+AFTER_A_STEP = ("pause_call", "quorum_cut", "clock_skew", "worker_cut")
 """Steps appended after a history's own, each executed right after the step ``a`` names."""
 
 
@@ -906,6 +923,9 @@ class Explorer:
         self.console = ConsoleServer(self.env, self.dir / "console.log")
         self.skew_s = 0.0
         """The wall-clock offset of the workers started next (``clock_skew`` steps)."""
+        self.n_cuts = 0
+        self.cuts: list[tuple[float, Any]] = []
+        """(monotonic time to heal, ``ProcessCut``) of the ``worker_cut`` steps still cut."""
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -997,6 +1017,10 @@ class Explorer:
             assert self.registry is not None
             self.registry.heal()
             self.registry_until = 0.0
+        for due, cut in list(self.cuts):
+            if all_of_them or now >= due:
+                cut.heal()
+                self.cuts.remove((due, cut))
         for p in self.workers + self.runners:
             if p.paused_until and (all_of_them or now >= p.paused_until):
                 with contextlib.suppress(ProcessLookupError):
@@ -1218,6 +1242,8 @@ class Explorer:
             return self.quorum_cut(step.b)
         if k == "clock_skew":
             return self.clock_skew(step.b)
+        if k == "worker_cut":
+            return self.worker_cut(step.b)
         if k == "registry_outage":
             if self.registry is None:
                 return "skip: no registry in this history"
@@ -1274,6 +1300,34 @@ class Explorer:
             self.out.faults[f"workers' clock {skew:+.0f} s"] += 1
         self.skew_s = skew
         return f"workers started from now on: clock {skew:+.0f} s"
+
+    def worker_cut(self, b: int) -> str:
+        """Cut a live worker's link to Redis or to the brokers (both ways, its requests or
+        the replies only) for 1-6 s (tests/faults/netns.py, ``ProcessCut``); the next steps
+        run meanwhile, and it is healed when due (``cont_paused``)."""
+        assert self.out is not None
+        from netns import ProcessCut
+
+        live = sorted(
+            (w for w in self.alive(self.workers) if not w.paused_until), key=lambda p: p.name
+        )
+        if not live:
+            return "skip: no live worker"
+        p = live[(b // 36) % len(live)]
+        service = CUT_SERVICES[b % 2]
+        direction = CUT_DIRECTIONS[(b // 2) % 3]
+        hold_s = 1 + (b // 6) % 6
+        if service == "redis":
+            ports = [self.cfg.redis_port]
+        else:
+            ports = [n.kafka_port for n in self.cfg.nodes()]
+        self.n_cuts += 1
+        name = f"{self.ns.rsplit('-', 1)[1]}x{self.n_cuts}"
+        cut = ProcessCut(name, [p.proc.pid], ports, direction)
+        cut.cut()
+        self.cuts.append((time.monotonic() + hold_s, cut))
+        self.out.faults[f"worker cut from {service} ({direction})"] += 1
+        return f"cut {p.name} ({p.run_id}) from {service} ({direction}) for {hold_s} s"
 
     def quorum_cut(self, b: int) -> str:
         """Cut the leader of partition ``b`` (mod the count) from the controller quorum for

@@ -443,6 +443,144 @@ class QuorumCut:
         cleanup_quorum()
 
 
+CUT_PREFIX = f"{PREFIX}-cut-"
+"""Cgroups (``rlnem-cut-NAME``) and tables (``inet rlnem_cut_NAME``) of :class:`ProcessCut`."""
+
+
+class ProcessCut:
+    """Processes of this namespace cut from a service's ports on loopback, one way or both.
+
+    The explorer's workers run beside the cluster on 127.0.0.1, so their connections are
+    told apart by process, as :class:`QuorumCut` tells a broker's: the processes move into
+    a cgroup v2 of their own (``rlnem-cut-NAME``) and an nftables table in the root
+    namespace (``inet rlnem_cut_NAME``, ``output`` hook, which loopback traffic of both
+    ends passes) drops
+
+    * ``out`` (or ``both``): what they send to ``ports``, on the connections they hold (by
+      their local ports, read from ``/proc``) and on any they open (``socket cgroupv2``:
+      the handshake itself is lost);
+    * ``in`` (or ``both``): what ``ports`` send back to them, on the connections they hold
+      and on any they open (those get a connection mark of the cut's own at their first
+      packet; the replies carrying it are dropped).
+
+    Nothing is reset: a cut is silence, and clients find out by their timeouts. Other
+    processes' connections to the same ports are untouched. :meth:`heal` removes the table
+    and moves the processes back (those still alive); :func:`cleanup_cuts` removes what a
+    killed run left.
+    """
+
+    def __init__(
+        self, name: str, pids: Sequence[int], ports: Sequence[int], direction: str = "both"
+    ) -> None:
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction {direction!r} not in {DIRECTIONS}")
+        if not pids or not ports:
+            raise ValueError("a cut needs processes and ports")
+        if not re.fullmatch(r"[a-z0-9]+", name):
+            raise ValueError(f"cut name {name!r}: lowercase letters and digits only")
+        self.name = name
+        self.pids = list(pids)
+        self.ports = sorted(int(p) for p in ports)
+        self.direction = direction
+        self.root = _cgroup2_root()
+        self.group = f"{CUT_PREFIX}{name}"
+        self.table = f"{PREFIX}_cut_{name}"
+        self.mark = int.from_bytes(os.urandom(4), "big") | 1
+        """A connection mark of this cut alone: marks outlive a healed cut in conntrack."""
+        self.origins: dict[int, str] = {}
+        self.held: list[int] = []
+        """Local ports of the processes' connections to ``ports`` when the cut began."""
+        self.dropped = 0
+
+    def cut(self) -> None:
+        group = self.root / self.group
+        group.mkdir(exist_ok=True)
+        for pid in self.pids:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                    if line.startswith("0::"):
+                        self.origins[pid] = line[3:]
+                (group / "cgroup.procs").write_text(f"{pid}\n")
+        self.held = _local_ports(self.pids, self.ports)
+        ports = ", ".join(map(str, self.ports))
+        cgroup = f'socket cgroupv2 level 1 "{self.group}"'
+        rules = [f"{cgroup} tcp dport {{ {ports} }} ct state new ct mark set {self.mark}"]
+        held = ", ".join(map(str, self.held))
+        if self.direction in ("both", "out"):
+            rules.append(f"{cgroup} tcp dport {{ {ports} }} counter drop")
+            if held:
+                rules.append(f"tcp sport {{ {held} }} tcp dport {{ {ports} }} counter drop")
+        if self.direction in ("both", "in"):
+            rules.append(f"ct mark {self.mark} ct direction reply counter drop")
+            if held:
+                rules.append(f"tcp sport {{ {ports} }} tcp dport {{ {held} }} counter drop")
+        _nft_with_cgroup2(
+            self.root,
+            f"table inet {self.table} {{\n"
+            "  chain out { type filter hook output priority 0;\n"
+            + "".join(f"    {r}\n" for r in rules)
+            + "  }\n}\n",
+        )
+
+    def counted(self) -> int:
+        listing = _run(["nft", "list", "table", "inet", self.table], check=False)
+        return sum(int(m) for m in re.findall(r"counter packets (\d+)", listing))
+
+    def heal(self) -> None:
+        self.dropped += self.counted()
+        _run(["nft", "delete", "table", "inet", self.table], check=False)
+        for pid, origin in self.origins.items():
+            with contextlib.suppress(OSError):
+                (self.root / origin.lstrip("/") / "cgroup.procs").write_text(f"{pid}\n")
+        _remove_cgroup(self.root, self.root / self.group)
+
+
+def _local_ports(pids: Sequence[int], ports: Sequence[int]) -> list[int]:
+    """The local ports of ``pids``' TCP connections to ``ports`` (from ``/proc``)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    wanted = set(ports)
+    out: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if len(cols) > 9 and cols[9] in inodes:
+                    local, remote = cols[1], cols[2]
+                    if int(remote.rsplit(":", 1)[1], 16) in wanted:
+                        out.add(int(local.rsplit(":", 1)[1], 16))
+    return sorted(out)
+
+
+def _remove_cgroup(root: Path, group: Path) -> None:
+    """Move what is left in ``group`` to the root group, and remove it."""
+    with contextlib.suppress(OSError):
+        if group.exists():
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (root / "cgroup.procs").write_text(pid + "\n")
+            group.rmdir()
+
+
+def cleanup_cuts() -> None:
+    """Remove every :class:`ProcessCut` table and cgroup a killed run left."""
+    if shutil.which("nft"):
+        for line in _run(["nft", "list", "tables"], check=False).splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[2].startswith(f"{PREFIX}_cut_"):
+                _run(["nft", "delete", "table", parts[1], parts[2]], check=False)
+    with contextlib.suppress(NemesisUnavailable, OSError):
+        root = _cgroup2_root()
+        for group in root.glob(f"{CUT_PREFIX}*"):
+            _remove_cgroup(root, group)
+
+
 def _cgroup2_root() -> Path:
     for line in Path("/proc/self/mounts").read_text().splitlines():
         parts = line.split()
@@ -549,3 +687,4 @@ def cleanup_stale() -> None:
         _run(["nft", "delete", "table", "ip", NAT_TABLE], check=False)
         _run(["nft", "delete", "table", "ip", PROXY_TABLE], check=False)
     cleanup_quorum()
+    cleanup_cuts()

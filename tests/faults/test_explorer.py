@@ -20,6 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "explorer"))
 
 import explorer
 from explorer import (
+    AFTER_A_STEP,
+    CUT_DIRECTIONS,
+    CUT_SERVICES,
     PAUSE_TOOLS,
     SKEWS_S,
     LedgerServer,
@@ -31,16 +34,19 @@ from explorer import (
     network_faults,
     report,
     stop_registry,
+    worker_cuts,
 )
 
 from runlog import stack
 
 FIXED = [(11, 30), (12, 30)]
 """Seeds that found nothing, run every time: new code meets new combinations of faults."""
-FIXED_NETWORK = [(22, 30)]
+FIXED_NETWORK = [(22, 30), (28, 30)]
 """Seeds run with ``EXPLORER_NETWORK=1``: 22 starts workers 30 s ahead after its step 6 and
-30 s behind after step 8 (seven runs started), and cuts two partition leaders from the
-controller quorum."""
+30 s behind after step 8 (seven runs started), cuts two partition leaders from the
+controller quorum and a worker's requests to Redis; 28 cuts a worker's requests to the
+brokers, then the same worker from Redis both ways (it is SIGKILLed while cut), among
+skewed clocks, Redis restarts and quorum cuts."""
 
 HISTORIES = {
     (2, 30): "94dd5043dda520be",
@@ -76,8 +82,8 @@ def test_pause_calls_leave_every_older_step_where_it_was(
 def test_network_steps_leave_every_other_step_where_it_was(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``EXPLORER_NETWORK=1`` appends ``quorum_cut`` and ``clock_skew`` steps, each from a
-    stream of its own, and changes no other step."""
+    """``EXPLORER_NETWORK=1`` appends ``quorum_cut``, ``clock_skew`` and ``worker_cut``
+    steps, each from a stream of its own, and changes no other step."""
     for (seed, steps), digest in HISTORIES.items():
         monkeypatch.setattr(explorer, "NETWORK", False)
         plain = generate(seed, steps)
@@ -88,18 +94,27 @@ def test_network_steps_leave_every_other_step_where_it_was(
         assert hashlib.sha256(older).hexdigest()[:16] == digest, seed
         added = full[len(plain) :]
         n = len(generate(seed, steps)) - len(added)
-        assert added == network_faults(seed, n) + clock_skews(seed, n), seed
-        assert {s.kind for s in added} == {"quorum_cut", "clock_skew"}, seed
+        assert added == network_faults(seed, n) + clock_skews(seed, n) + worker_cuts(seed, n)
+        assert {s.kind for s in added} == {"quorum_cut", "clock_skew", "worker_cut"}, seed
         assert generate(seed, steps) == full  # a seed still names one history
         order = in_order(full, list(range(len(full))))
         for i, s in enumerate(added, start=len(plain)):
             # Right after the step it names, or after another appended step naming it.
             before = order[order.index(i) - 1]
-            assert before == s.a or (before >= len(plain) and full[before].a == s.a), seed
+            appended = full[before].kind in AFTER_A_STEP and full[before].a == s.a
+            assert before == s.a or appended, seed
     # Over many seeds, every clock is drawn: ahead, behind and the real one again.
     monkeypatch.setattr(explorer, "NETWORK", True)
     drawn = {SKEWS_S[s.b % 3] for seed in range(100) for s in generate(seed, 30)[30:]}
     assert drawn >= set(SKEWS_S)
+    # And every link of a worker cut: to Redis and to the brokers, each way and both.
+    links = {
+        (CUT_SERVICES[s.b % 2], CUT_DIRECTIONS[(s.b // 2) % 3])
+        for seed in range(100)
+        for s in generate(seed, 30)[30:]
+        if s.kind == "worker_cut"
+    }
+    assert links == {(svc, d) for svc in CUT_SERVICES for d in CUT_DIRECTIONS}
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +169,10 @@ def test_fixed_network_seeds(
     seed: int,
     steps: int,
 ) -> None:
-    """Skewed workers' clocks and brokers cut from the quorum among the other faults: the
-    checker's every property holds (no acknowledged event lost, one owner per epoch, each
-    effect at most once, every timer once, every decision final, every run ended or
-    visibly waiting)."""
+    """Skewed workers' clocks, brokers cut from the quorum and workers cut from Redis or the
+    brokers among the other faults: the checker's every property holds (no acknowledged
+    event lost, one owner per epoch, each effect at most once, every timer once, every
+    decision final, every run ended or visibly waiting)."""
     monkeypatch.setattr(explorer, "NETWORK", True)
     full = generate(seed, steps)
     assert {SKEWS_S[s.b % 3] for s in full if s.kind == "clock_skew"} >= {30.0, -30.0}
@@ -166,3 +181,4 @@ def test_fixed_network_seeds(
     assert not out.failed, report(out)
     assert out.faults["workers' clock +30 s"] and out.faults["workers' clock -30 s"]
     assert out.faults["worker started on a skewed clock"]
+    assert any(k.startswith("worker cut from") for k in out.faults), out.faults
