@@ -140,7 +140,12 @@ def test_two_resumers_released_together_refund_once(
     go.write_text("")  # the barrier: both resume now
     outcomes = [r.finish(timeout=120) for r in resumers]
     codes = sorted(rc for rc, _ in outcomes)
-    assert codes == [0, EXIT_FENCED], [o[1]["_stderr"][-3000:] for o in outcomes]
+    began = {(tmp_path / f"r{i}.read").read_text() for i in range(2)}
+    # Both began from one checkpoint: the second writer is fenced. On a loaded machine one
+    # may begin only after the other finished (it reads the final checkpoint and has
+    # nothing to do): then both end well, and the effects below must still be once.
+    want = [0, EXIT_FENCED] if len(began) == 1 else [0, 0]
+    assert codes == want, (began, [o[1]["_stderr"][-3000:] for o in outcomes])
     for amount in AMOUNTS:
         assert redis_client.get(effects_key(test_settings.redis_key_prefix, amount)) == b"1"
     with RunlogSaver(settings=test_settings) as reader:
