@@ -20,7 +20,8 @@ from netns import NemesisUnavailable, ProcessCut, check_available, nemesis_or_fa
 
 CLIENT = r"""
 import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 s.settimeout(1.5)
 print("ready", flush=True)
@@ -34,6 +35,12 @@ for line in sys.stdin:
             print("got " + s.recv(100).decode(), flush=True)
         except TimeoutError:
             print("timeout", flush=True)
+    elif cmd == "connect":  # a new connection, beside the held one
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.5).close()
+            print("connected", flush=True)
+        except OSError:
+            print("refused", flush=True)
 """
 
 
@@ -99,32 +106,6 @@ def test_network_cut_drops_the_directions_it_names(
             client.kill()
 
 
-CONNECTOR = r"""
-import socket, sys
-port = int(sys.argv[1])
-s = socket.create_connection(("127.0.0.1", port), timeout=5)
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-s.settimeout(1.5)
-print("ready", flush=True)
-for line in sys.stdin:
-    cmd, _, arg = line.strip().partition(" ")
-    if cmd == "send":
-        s.sendall(arg.encode())
-        print("sent", flush=True)
-    elif cmd == "recv":
-        try:
-            print("got " + s.recv(100).decode(), flush=True)
-        except TimeoutError:
-            print("timeout", flush=True)
-    elif cmd == "connect":
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1.5).close()
-            print("connected", flush=True)
-        except OSError:
-            print("refused", flush=True)
-"""
-
-
 @pytest.mark.parametrize(
     ("direction", "process_to_service", "service_to_process"),
     [("out", False, True), ("in", True, False), ("both", False, False)],
@@ -149,7 +130,7 @@ def test_a_process_cut_drops_its_directions_and_nobody_elses(
         try:
             for _ in range(2):  # one at a time: each accepted connection is its process's
                 proc = subprocess.Popen(
-                    [sys.executable, "-c", CONNECTOR, str(port)],
+                    [sys.executable, "-c", CLIENT, str(port)],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,
