@@ -250,6 +250,11 @@ SKEW_STEPS_PER = 12
 """With ``NETWORK``, one ``clock_skew`` per this many steps (one at least)."""
 CUT_STEPS_PER = 10
 """With ``NETWORK``, one ``worker_cut`` per this many steps (one at least)."""
+LINK_STEPS_PER = 10
+"""With ``NETWORK``, one ``worker_link`` per this many steps (one at least)."""
+LINK_FAULTS = ("loss", "flap", "delay")
+"""A ``worker_link``'s fault (``b``): 20-40 % of packets lost, cut and healed in turn every
+half second, or every byte held 100-500 ms each way."""
 CUT_SERVICES = ("redis", "kafka")
 CUT_DIRECTIONS = ("both", "out", "in")
 """A ``worker_cut``'s link (``b``): to Redis or to the brokers, both ways or one way."""
@@ -333,6 +338,7 @@ def generate(seed: int, steps: int, *, cluster: bool = True) -> list[Step]:
     if NETWORK and cluster:
         n = len(history)
         extra_steps += network_faults(seed, n) + clock_skews(seed, n) + worker_cuts(seed, n)
+        extra_steps += worker_links(seed, n)
     return history + extra_steps
 
 
@@ -365,6 +371,16 @@ def worker_cuts(seed: int, n: int) -> list[Step]:
     return _appended(f"cut:{seed}", "worker_cut", n, CUT_STEPS_PER)
 
 
+def worker_links(seed: int, n: int) -> list[Step]:
+    """The ``worker_link`` steps of a history of ``n`` steps (``EXPLORER_NETWORK=1``), from
+    a stream of the seed's own (``link:<seed>``), appended and each executed right after
+    step ``a``. ``b`` picks a live worker, its link (Redis or the brokers) and how that link
+    degrades for 2-7 s while the next steps run (``LINK_FAULTS``): lost packets (TCP
+    retransmits, so requests land late, some after their client's timeout), a flapping
+    link, or a delay of every byte (a request that lands after its timeout fired)."""
+    return _appended(f"link:{seed}", "worker_link", n, LINK_STEPS_PER)
+
+
 def _appended(stream: str, kind: str, n: int, per: int) -> list[Step]:
     """One ``kind`` step per ``per`` steps of a history of ``n`` (one at least), each naming
     the step it follows (``a``) and a choice (``b``), drawn from the random ``stream``."""
@@ -393,7 +409,7 @@ def paused_calls(seed: int, n: int) -> list[Step]:
     ]
 
 
-AFTER_A_STEP = ("pause_call", "quorum_cut", "clock_skew", "worker_cut")
+AFTER_A_STEP = ("pause_call", "quorum_cut", "clock_skew", "worker_cut", "worker_link")
 """Steps appended after a history's own, each executed right after the step ``a`` names."""
 
 
@@ -925,7 +941,11 @@ class Explorer:
         """The wall-clock offset of the workers started next (``clock_skew`` steps)."""
         self.n_cuts = 0
         self.cuts: list[tuple[float, Any]] = []
-        """(monotonic time to heal, ``ProcessCut``) of the ``worker_cut`` steps still cut."""
+        """(monotonic time to heal, ``ProcessCut`` or ``ProcessDelay``) of the ``worker_cut``
+        and ``worker_link`` steps still in force."""
+        self.delays: list[Any] = []
+        """The ``ProcessDelay`` of every delayed link: their proxies carry the connections
+        made through them until the execution ends."""
 
     # ----------------------------------------------------------------- helpers
     def r(self) -> redis.Redis:
@@ -1021,6 +1041,9 @@ class Explorer:
             if all_of_them or now >= due:
                 cut.heal()
                 self.cuts.remove((due, cut))
+                if self.out is not None:  # evidence the fault took effect
+                    seen = getattr(cut, "dropped", 0) or getattr(cut, "delayed", 0)
+                    self.out.faults["packets dropped or chunks delayed by worker faults"] += seen
         for p in self.workers + self.runners:
             if p.paused_until and (all_of_them or now >= p.paused_until):
                 with contextlib.suppress(ProcessLookupError):
@@ -1244,6 +1267,8 @@ class Explorer:
             return self.clock_skew(step.b)
         if k == "worker_cut":
             return self.worker_cut(step.b)
+        if k == "worker_link":
+            return self.worker_link(step.b)
         if k == "registry_outage":
             if self.registry is None:
                 return "skip: no registry in this history"
@@ -1305,29 +1330,76 @@ class Explorer:
         """Cut a live worker's link to Redis or to the brokers (both ways, its requests or
         the replies only) for 1-6 s (tests/faults/netns.py, ``ProcessCut``); the next steps
         run meanwhile, and it is healed when due (``cont_paused``)."""
-        assert self.out is not None
         from netns import ProcessCut
 
+        picked = self._link_of(b)
+        if picked is None:
+            return "skip: no live worker"
+        p, service, ports, name = picked
+        direction = CUT_DIRECTIONS[(b // 2) % 3]
+        hold_s = 1 + (b // 6) % 6
+        cut = ProcessCut(name, [p.proc.pid], ports, direction)
+        cut.cut()
+        return self._degraded(
+            cut,
+            hold_s,
+            f"worker cut from {service} ({direction})",
+            p,
+            f"cut from {service} ({direction})",
+        )
+
+    def worker_link(self, b: int) -> str:
+        """Degrade a live worker's link to Redis or to the brokers for 2-7 s (``LINK_FAULTS``:
+        tests/faults/netns.py, ``ProcessCut`` with a share of packets or flapping,
+        ``ProcessDelay``); the next steps run meanwhile, and it is healed when due."""
+        from netns import ProcessCut, ProcessDelay
+
+        picked = self._link_of(b)
+        if picked is None:
+            return "skip: no live worker"
+        p, service, ports, name = picked
+        fault = LINK_FAULTS[(b // 2) % 3]
+        hold_s = 2 + (b // 6) % 6
+        if fault == "loss":
+            percent = 20 + 5 * (b % 5)
+            cut = ProcessCut(name, [p.proc.pid], ports, percent=percent)
+            cut.cut()
+            what = f"{percent} % of its packets to and from {service} lost"
+            return self._degraded(cut, hold_s, f"worker link to {service}: loss", p, what)
+        if fault == "flap":
+            cut = ProcessCut(name, [p.proc.pid], ports)
+            cut.flap(down_s=0.5, up_s=0.5)
+            what = f"its link to {service} flapping"
+            return self._degraded(cut, hold_s, f"worker link to {service}: flap", p, what)
+        delay_s = 0.1 * (1 + (b // 36) % 5)
+        delay = ProcessDelay(name, [p.proc.pid], ports, delay_s)
+        self.delays.append(delay)
+        delay.delay()
+        what = f"every byte to and from {service} held {delay_s * 1000:.0f} ms"
+        return self._degraded(delay, hold_s, f"worker link to {service}: delay", p, what)
+
+    def _link_of(self, b: int) -> tuple[Proc, str, list[int], str] | None:
+        """The live worker (by ``b``), the service whose link a step degrades, its ports and
+        a name for the fault."""
         live = sorted(
             (w for w in self.alive(self.workers) if not w.paused_until), key=lambda p: p.name
         )
         if not live:
-            return "skip: no live worker"
+            return None
         p = live[(b // 36) % len(live)]
         service = CUT_SERVICES[b % 2]
-        direction = CUT_DIRECTIONS[(b // 2) % 3]
-        hold_s = 1 + (b // 6) % 6
         if service == "redis":
             ports = [self.cfg.redis_port]
         else:
             ports = [n.kafka_port for n in self.cfg.nodes()]
         self.n_cuts += 1
-        name = f"{self.ns.rsplit('-', 1)[1]}x{self.n_cuts}"
-        cut = ProcessCut(name, [p.proc.pid], ports, direction)
-        cut.cut()
-        self.cuts.append((time.monotonic() + hold_s, cut))
-        self.out.faults[f"worker cut from {service} ({direction})"] += 1
-        return f"cut {p.name} ({p.run_id}) from {service} ({direction}) for {hold_s} s"
+        return p, service, ports, f"{self.ns.rsplit('-', 1)[1]}x{self.n_cuts}"
+
+    def _degraded(self, fault: Any, hold_s: int, counted: str, p: Proc, what: str) -> str:
+        assert self.out is not None
+        self.cuts.append((time.monotonic() + hold_s, fault))
+        self.out.faults[counted] += 1
+        return f"{p.name} ({p.run_id}): {what} for {hold_s} s"
 
     def quorum_cut(self, b: int) -> str:
         """Cut the leader of partition ``b`` (mod the count) from the controller quorum for
@@ -1836,6 +1908,9 @@ class Explorer:
 
     def teardown(self) -> None:
         self.cont_paused(all_of_them=True)
+        for delay in self.delays:
+            delay.close()
+        self.delays.clear()
         for p in self.workers + self.runners + self.rebuilds:
             if p.proc.poll() is None:
                 p.proc.kill()

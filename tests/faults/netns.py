@@ -444,55 +444,31 @@ class QuorumCut:
 
 
 CUT_PREFIX = f"{PREFIX}-cut-"
-"""Cgroups (``rlnem-cut-NAME``) and tables (``inet rlnem_cut_NAME``) of :class:`ProcessCut`."""
+"""Cgroups (``rlnem-cut-NAME``) and tables (``rlnem_cut_NAME``) of :class:`ProcessCut` and
+:class:`ProcessDelay`."""
 
 
-class ProcessCut:
-    """Processes of this namespace cut from a service's ports on loopback, one way or both.
+class _Confined:
+    """Processes of this namespace moved into a cgroup v2 of their own (``rlnem-cut-NAME``),
+    so nftables rules in the root namespace tell their loopback connections apart from
+    everybody else's (``socket cgroupv2``), as :class:`QuorumCut` tells a broker's."""
 
-    The explorer's workers run beside the cluster on 127.0.0.1, so their connections are
-    told apart by process, as :class:`QuorumCut` tells a broker's: the processes move into
-    a cgroup v2 of their own (``rlnem-cut-NAME``) and an nftables table in the root
-    namespace (``inet rlnem_cut_NAME``, ``output`` hook, which loopback traffic of both
-    ends passes) drops
-
-    * ``out`` (or ``both``): what they send to ``ports``, on the connections they hold (by
-      their local ports, read from ``/proc``) and on any they open (``socket cgroupv2``:
-      the handshake itself is lost);
-    * ``in`` (or ``both``): what ``ports`` send back to them, on the connections they hold
-      and on any they open (those get a connection mark of the cut's own at their first
-      packet; the replies carrying it are dropped).
-
-    Nothing is reset: a cut is silence, and clients find out by their timeouts. Other
-    processes' connections to the same ports are untouched. :meth:`heal` removes the table
-    and moves the processes back (those still alive); :func:`cleanup_cuts` removes what a
-    killed run left.
-    """
-
-    def __init__(
-        self, name: str, pids: Sequence[int], ports: Sequence[int], direction: str = "both"
-    ) -> None:
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction {direction!r} not in {DIRECTIONS}")
+    def __init__(self, name: str, pids: Sequence[int], ports: Sequence[int]) -> None:
         if not pids or not ports:
-            raise ValueError("a cut needs processes and ports")
+            raise ValueError("a fault on processes needs processes and ports")
         if not re.fullmatch(r"[a-z0-9]+", name):
-            raise ValueError(f"cut name {name!r}: lowercase letters and digits only")
+            raise ValueError(f"fault name {name!r}: lowercase letters and digits only")
         self.name = name
         self.pids = list(pids)
         self.ports = sorted(int(p) for p in ports)
-        self.direction = direction
         self.root = _cgroup2_root()
         self.group = f"{CUT_PREFIX}{name}"
         self.table = f"{PREFIX}_cut_{name}"
-        self.mark = int.from_bytes(os.urandom(4), "big") | 1
-        """A connection mark of this cut alone: marks outlive a healed cut in conntrack."""
         self.origins: dict[int, str] = {}
         self.held: list[int] = []
-        """Local ports of the processes' connections to ``ports`` when the cut began."""
-        self.dropped = 0
+        """Local ports of the processes' connections to ``ports`` when the fault began."""
 
-    def cut(self) -> None:
+    def _confine(self) -> None:
         group = self.root / self.group
         group.mkdir(exist_ok=True)
         for pid in self.pids:
@@ -502,37 +478,184 @@ class ProcessCut:
                         self.origins[pid] = line[3:]
                 (group / "cgroup.procs").write_text(f"{pid}\n")
         self.held = _local_ports(self.pids, self.ports)
-        ports = ", ".join(map(str, self.ports))
-        cgroup = f'socket cgroupv2 level 1 "{self.group}"'
-        rules = [f"{cgroup} tcp dport {{ {ports} }} ct state new ct mark set {self.mark}"]
-        held = ", ".join(map(str, self.held))
-        if self.direction in ("both", "out"):
-            rules.append(f"{cgroup} tcp dport {{ {ports} }} counter drop")
-            if held:
-                rules.append(f"tcp sport {{ {held} }} tcp dport {{ {ports} }} counter drop")
-        if self.direction in ("both", "in"):
-            rules.append(f"ct mark {self.mark} ct direction reply counter drop")
-            if held:
-                rules.append(f"tcp sport {{ {ports} }} tcp dport {{ {held} }} counter drop")
+
+    def _release(self) -> None:
+        for pid, origin in self.origins.items():
+            with contextlib.suppress(OSError):
+                (self.root / origin.lstrip("/") / "cgroup.procs").write_text(f"{pid}\n")
+        _remove_cgroup(self.root, self.root / self.group)
+
+    def _table(self, family: str, chain: str, rules: Sequence[str]) -> None:
+        """Write the fault's one table (replacing what it held) with one chain of ``rules``."""
         _nft_with_cgroup2(
             self.root,
-            f"table inet {self.table} {{\n"
-            "  chain out { type filter hook output priority 0;\n"
-            + "".join(f"    {r}\n" for r in rules)
-            + "  }\n}\n",
+            f"table {family} {self.table}\n"
+            f"delete table {family} {self.table}\n"
+            f"table {family} {self.table} {{\n"
+            f"  chain out {{ {chain};\n" + "".join(f"    {r}\n" for r in rules) + "  }\n}\n",
         )
+
+
+class ProcessCut(_Confined):
+    """Processes of this namespace cut from a service's ports on loopback, one way or both,
+    wholly or for a share of their packets, steadily or flapping.
+
+    The explorer's workers run beside the cluster on 127.0.0.1, so their connections are
+    told apart by process (:class:`_Confined`): an nftables table in the root namespace
+    (``inet rlnem_cut_NAME``, ``output`` hook, which loopback traffic of both ends passes)
+    drops
+
+    * ``out`` (or ``both``): what they send to ``ports``, on the connections they hold (by
+      their local ports, read from ``/proc``) and on any they open (``socket cgroupv2``:
+      the handshake itself is lost);
+    * ``in`` (or ``both``): what ``ports`` send back to them, on the connections they hold
+      and on any they open (those get a connection mark of the cut's own at their first
+      packet; the replies carrying it are dropped).
+
+    ``percent`` below 100 drops that share of those packets at random (``numgen random``):
+    a lossy link, where TCP retransmits and requests arrive late, some after their
+    client's timeout. :meth:`flap` cuts and heals in turn until :meth:`heal`.
+
+    Nothing is reset: a cut is silence, and clients find out by their timeouts. Other
+    processes' connections to the same ports are untouched. :meth:`heal` removes the table
+    and moves the processes back (those still alive); :func:`cleanup_cuts` removes what a
+    killed run left.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        pids: Sequence[int],
+        ports: Sequence[int],
+        direction: str = "both",
+        *,
+        percent: int = 100,
+    ) -> None:
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction {direction!r} not in {DIRECTIONS}")
+        if not 0 < percent <= 100:
+            raise ValueError(f"percent {percent} not in 1..100")
+        super().__init__(name, pids, ports)
+        self.direction = direction
+        self.percent = percent
+        self.mark = int.from_bytes(os.urandom(4), "big") | 1
+        """A connection mark of this cut alone: marks outlive a healed cut in conntrack."""
+        self.dropped = 0
+        self._flapper: tuple[threading.Thread, threading.Event] | None = None
+
+    def cut(self) -> None:
+        self._confine()
+        self._write(dropping=True)
+
+    def _write(self, *, dropping: bool) -> None:
+        ports = ", ".join(map(str, self.ports))
+        cgroup = f'socket cgroupv2 level 1 "{self.group}"'
+        drop = (f"numgen random mod 100 < {self.percent} " if self.percent < 100 else "") + (
+            "counter drop"
+        )
+        rules = [f"{cgroup} tcp dport {{ {ports} }} ct state new ct mark set {self.mark}"]
+        held = ", ".join(map(str, self.held))
+        if dropping and self.direction in ("both", "out"):
+            rules.append(f"{cgroup} tcp dport {{ {ports} }} {drop}")
+            if held:
+                rules.append(f"tcp sport {{ {held} }} tcp dport {{ {ports} }} {drop}")
+        if dropping and self.direction in ("both", "in"):
+            rules.append(f"ct mark {self.mark} ct direction reply {drop}")
+            if held:
+                rules.append(f"tcp sport {{ {ports} }} tcp dport {{ {held} }} {drop}")
+        if not dropping:
+            self.dropped += self.counted()
+        self._table("inet", "type filter hook output priority 0", rules)
+
+    def flap(self, *, down_s: float, up_s: float) -> None:
+        """Cut (as :meth:`cut`) and let through in turn, ``down_s`` then ``up_s``, until
+        :meth:`heal`: a link that keeps coming back and going again."""
+        self.cut()  # down from the start, not from whenever the thread first runs
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(down_s):
+                self._write(dropping=False)
+                if stop.wait(up_s):
+                    return
+                self._write(dropping=True)
+
+        thread = threading.Thread(target=loop, daemon=True, name=f"flap-{self.name}")
+        self._flapper = (thread, stop)
+        thread.start()
 
     def counted(self) -> int:
         listing = _run(["nft", "list", "table", "inet", self.table], check=False)
         return sum(int(m) for m in re.findall(r"counter packets (\d+)", listing))
 
     def heal(self) -> None:
+        if self._flapper is not None:
+            thread, stop = self._flapper
+            stop.set()
+            thread.join(timeout=10)
+            self._flapper = None
         self.dropped += self.counted()
         _run(["nft", "delete", "table", "inet", self.table], check=False)
-        for pid, origin in self.origins.items():
-            with contextlib.suppress(OSError):
-                (self.root / origin.lstrip("/") / "cgroup.procs").write_text(f"{pid}\n")
-        _remove_cgroup(self.root, self.root / self.group)
+        self._release()
+
+
+class ProcessDelay(_Confined):
+    """Processes of this namespace whose connections to a service's ports go through
+    :class:`delayproxy.DelayProxy` (one per port, in this process), each byte held
+    ``delay_s`` each way: delay without netem, for processes on loopback.
+
+    :meth:`delay` starts the proxies, adds a ``nat output`` rule in the root namespace
+    (``ip rlnem_cut_NAME``) that sends the processes' new connections to each port to its
+    proxy instead, and destroys the connections they held (``ss -K``: the kernel's
+    socket-destroy, as a connection lost on a real network), so their clients reconnect
+    through the proxies at once. :meth:`heal` removes the rule and lifts the delay; the
+    connections made through a proxy stay on it, undelayed, until :meth:`close`.
+    """
+
+    def __init__(self, name: str, pids: Sequence[int], ports: Sequence[int], delay_s: float):
+        super().__init__(name, pids, ports)
+        self.delay_s = delay_s
+        self.proxies: dict[int, Any] = {}
+        self.killed = 0
+        """Connections the processes held when the delay began, destroyed so they reconnect."""
+
+    def delay(self) -> None:
+        from delayproxy import DelayProxy
+
+        for port in self.ports:
+            proxy = DelayProxy(port, self.delay_s)
+            proxy.__enter__()
+            self.proxies[port] = proxy
+        self._confine()
+        cgroup = f'socket cgroupv2 level 1 "{self.group}"'
+        self._table(
+            "ip",
+            "type nat hook output priority -100",
+            [
+                f"{cgroup} tcp dport {port} dnat to 127.0.0.1:{proxy.port}"
+                for port, proxy in self.proxies.items()
+            ],
+        )
+        for local in self.held:
+            ports = " or ".join(f"dport = :{p}" for p in self.ports)
+            _run(["ss", "-K", "-t", f"( sport = :{local} ) and ( {ports} )"], check=False)
+            self.killed += 1
+
+    @property
+    def delayed(self) -> int:
+        """Chunks the proxies passed on late: evidence the delay took effect."""
+        return sum(p.delayed for p in self.proxies.values())
+
+    def heal(self) -> None:
+        _run(["nft", "delete", "table", "ip", self.table], check=False)
+        self._release()
+        for proxy in self.proxies.values():
+            proxy.delay_s = 0.0
+
+    def close(self) -> None:
+        self.heal()
+        for proxy in self.proxies.values():
+            proxy.close()
 
 
 def _local_ports(pids: Sequence[int], ports: Sequence[int]) -> list[int]:

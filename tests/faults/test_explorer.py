@@ -23,6 +23,7 @@ from explorer import (
     AFTER_A_STEP,
     CUT_DIRECTIONS,
     CUT_SERVICES,
+    LINK_FAULTS,
     PAUSE_TOOLS,
     SKEWS_S,
     LedgerServer,
@@ -35,6 +36,7 @@ from explorer import (
     report,
     stop_registry,
     worker_cuts,
+    worker_links,
 )
 
 from runlog import stack
@@ -94,8 +96,11 @@ def test_network_steps_leave_every_other_step_where_it_was(
         assert hashlib.sha256(older).hexdigest()[:16] == digest, seed
         added = full[len(plain) :]
         n = len(generate(seed, steps)) - len(added)
-        assert added == network_faults(seed, n) + clock_skews(seed, n) + worker_cuts(seed, n)
-        assert {s.kind for s in added} == {"quorum_cut", "clock_skew", "worker_cut"}, seed
+        assert added == (
+            network_faults(seed, n) + clock_skews(seed, n) + worker_cuts(seed, n)
+        ) + worker_links(seed, n)
+        kinds = {"quorum_cut", "clock_skew", "worker_cut", "worker_link"}
+        assert {s.kind for s in added} == kinds, seed
         assert generate(seed, steps) == full  # a seed still names one history
         order = in_order(full, list(range(len(full))))
         for i, s in enumerate(added, start=len(plain)):
@@ -115,6 +120,14 @@ def test_network_steps_leave_every_other_step_where_it_was(
         if s.kind == "worker_cut"
     }
     assert links == {(svc, d) for svc in CUT_SERVICES for d in CUT_DIRECTIONS}
+    # And every degraded link: lossy, flapping and delayed, to Redis and to the brokers.
+    degraded = {
+        (CUT_SERVICES[s.b % 2], LINK_FAULTS[(s.b // 2) % 3])
+        for seed in range(100)
+        for s in generate(seed, 30)[30:]
+        if s.kind == "worker_link"
+    }
+    assert degraded == {(svc, f) for svc in CUT_SERVICES for f in LINK_FAULTS}
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +195,4 @@ def test_fixed_network_seeds(
     assert out.faults["workers' clock +30 s"] and out.faults["workers' clock -30 s"]
     assert out.faults["worker started on a skewed clock"]
     assert any(k.startswith("worker cut from") for k in out.faults), out.faults
+    assert any(k.startswith("worker link to") for k in out.faults), out.faults

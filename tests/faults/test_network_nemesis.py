@@ -12,14 +12,21 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from ci_support import IN_CI
-from netns import NemesisUnavailable, ProcessCut, check_available, nemesis_or_fail
+from netns import (
+    NemesisUnavailable,
+    ProcessCut,
+    ProcessDelay,
+    check_available,
+    nemesis_or_fail,
+)
 
 CLIENT = r"""
-import socket, sys
+import socket, sys, time
 port = int(sys.argv[1])
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -28,13 +35,25 @@ print("ready", flush=True)
 for line in sys.stdin:
     cmd, _, arg = line.strip().partition(" ")
     if cmd == "send":
-        s.sendall(arg.encode())
-        print("sent", flush=True)
+        try:
+            s.sendall(arg.encode())
+            print("sent", flush=True)
+        except OSError:  # destroyed (a delay's ``ss -K``)
+            print("lost", flush=True)
     elif cmd == "recv":
         try:
-            print("got " + s.recv(100).decode(), flush=True)
+            got = s.recv(100).decode()
+            print("got " + got if got else "lost", flush=True)
         except TimeoutError:
             print("timeout", flush=True)
+        except OSError:
+            print("lost", flush=True)
+    elif cmd == "echo":  # a new connection: one byte there and back, in milliseconds
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as e:
+            e.sendall(b"e")
+            e.recv(1)
+        print(f"{(time.monotonic() - t0) * 1000:.0f}", flush=True)
     elif cmd == "connect":  # a new connection, beside the held one
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1.5).close()
@@ -116,12 +135,7 @@ def test_a_process_cut_drops_its_directions_and_nobody_elses(
     """``ProcessCut`` (the explorer's worker cuts, on loopback): the cut process's held
     connection loses the directions named, a connection it opens during the cut is never
     made, a bystander's connection to the same port flows, and the heal restores it."""
-    try:
-        check_available()
-    except NemesisUnavailable as exc:
-        if IN_CI:
-            pytest.fail(f"process cuts cannot be made here: {exc}", pytrace=False)
-        pytest.skip(str(exc))
+    _process_faults_or_fail()
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         procs: list[subprocess.Popen[str]] = []
@@ -169,3 +183,123 @@ def test_a_process_cut_drops_its_directions_and_nobody_elses(
             for proc in procs:
                 proc.kill()
                 proc.wait(10)
+
+
+def _process_faults_or_fail() -> None:
+    try:
+        check_available()
+    except NemesisUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"process faults cannot be made here: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+class _EchoServer:
+    """A listener on 127.0.0.1 that sends back every byte it gets, on every connection."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(4096)
+                except OSError:
+                    return
+                if not data:
+                    return
+                conn.sendall(data)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _clients(port: int, n: int) -> list[subprocess.Popen[str]]:
+    procs = []
+    for _ in range(n):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return procs
+
+
+def test_a_process_delay_holds_its_bytes_and_nobody_elses() -> None:
+    """``ProcessDelay`` (the explorer's delayed links): the delayed process's held
+    connection is lost (so its client reconnects), each new one takes the delay twice per
+    round trip, a bystander's is as fast as before, and after the heal new connections are
+    fast again."""
+    _process_faults_or_fail()
+    echo = _EchoServer()
+    procs = _clients(echo.port, 2)
+    delay = ProcessDelay("tdelay", [procs[0].pid], [echo.port], 0.4)
+    try:
+        victim, bystander = procs
+        assert _ask(victim, "send a") == "sent" and _ask(victim, "recv") == "got a"
+        delay.delay()
+        assert delay.killed == 1  # the held connection, found by its local port
+        assert "lost" in (_ask(victim, "send b"), _ask(victim, "recv"))
+        assert int(_ask(victim, "echo")) >= 750  # 400 ms each way
+        assert delay.delayed > 0
+        assert int(_ask(bystander, "echo")) < 300
+        assert _ask(bystander, "send c") == "sent" and _ask(bystander, "recv") == "got c"
+        delay.heal()
+        assert int(_ask(victim, "echo")) < 300
+    finally:
+        delay.close()
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+        echo.close()
+
+
+@pytest.mark.parametrize("fault", ["loss", "flap"])
+def test_a_lossy_or_flapping_process_link_delivers_late_not_never(fault: str) -> None:
+    """``ProcessCut`` with a share of packets (``percent``) or flapping: the process's bytes
+    are dropped (the counters say so) and TCP still delivers every one of them, in order;
+    a bystander loses none."""
+    _process_faults_or_fail()
+    echo = _EchoServer()
+    procs = _clients(echo.port, 2)
+    victim, bystander = procs
+    cut = ProcessCut(f"t{fault}", [victim.pid], [echo.port], percent=30 if fault == "loss" else 100)
+    try:
+        if fault == "loss":
+            cut.cut()
+        else:
+            cut.flap(down_s=0.4, up_s=0.2)
+        got = ""
+        for ch in "abcdefghij":
+            assert _ask(victim, f"send {ch}") == "sent"
+            deadline = time.monotonic() + 30
+            while ch not in got and time.monotonic() < deadline:
+                reply = _ask(victim, "recv")
+                assert reply != "lost"
+                got += reply[4:] if reply.startswith("got ") else ""
+        assert got == "abcdefghij"
+        assert _ask(bystander, "send z") == "sent" and _ask(bystander, "recv") == "got z"
+        cut.heal()
+        assert cut.dropped > 0
+    finally:
+        cut.heal()
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+        echo.close()
