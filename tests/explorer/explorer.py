@@ -841,15 +841,31 @@ SAVE_LUA = """
 local out = {}
 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
   local v = redis.call('DUMP', k)
-  if v then out[#out + 1] = k; out[#out + 1] = v end
+  if v then
+    out[#out + 1] = k
+    out[#out + 1] = v
+    out[#out + 1] = redis.call('PEXPIRETIME', k)
+  end
 end
 return out
 """
+"""A copy of one moment, as an RDB or AOF is: each key, its value and its expiry (absolute
+ms, -1 for none)."""
 RESTORE_LUA = """
 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end
-for i = 2, #ARGV, 2 do redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1], 'REPLACE') end
+for i = 2, #ARGV, 3 do
+  local at = tonumber(ARGV[i + 2])
+  if at > 0 then
+    redis.call('RESTORE', ARGV[i], at, ARGV[i + 1], 'REPLACE', 'ABSTTL')
+  else
+    redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1], 'REPLACE')
+  end
+end
 return #ARGV
 """
+"""The copy back, each key with the expiry it had (a key whose time has passed is not
+restored, as Redis loading an old RDB drops it): restored without its TTL, a killed
+rebuild's marker would fence the runners for ever, which no real rollback does."""
 
 
 @dataclass
@@ -917,7 +933,7 @@ class Explorer:
         self.workers: list[Proc] = []
         self.runners: list[Proc] = []
         self.down_nodes: list[int] = []
-        self.saved: dict[bytes, bytes] | None = None
+        self.saved: dict[bytes, tuple[bytes, int]] | None = None
         self.grown = False
         self.n_workers = 0
         self.decided: set[tuple[str, str]] = set()
@@ -1226,12 +1242,12 @@ class Explorer:
             # key by key while runners write would mix moments no real Redis ever held.
             with contextlib.closing(self.r()) as r:
                 flat = r.eval(SAVE_LUA, 0, f"{self.ns}:*")
-            self.saved = dict(zip(flat[::2], flat[1::2], strict=True))
+            self.saved = {flat[i]: (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
             return f"saved {len(self.saved)} keys"
         if k == "redis_rollback":
             if self.saved is None:
                 return "skip: nothing saved"
-            args = [x for kv in self.saved.items() for x in kv]
+            args = [x for k, (v, at) in self.saved.items() for x in (k, v, at)]
             with contextlib.closing(self.r()) as r:
                 r.eval(RESTORE_LUA, 0, f"{self.ns}:*", *args)
             self.out.faults["Redis rolled back to an older copy"] += 1
