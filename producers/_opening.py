@@ -503,9 +503,9 @@ def open_claimed(
 
 class Batch:
     """Runs adopted together, opened together (``open_claimed``) by ``open`` (the worker
-    that adopted them starts it at once), or by the first of their dispatches that asks
-    (``take``); the others wait for it and take theirs. A run whose dispatch does not
-    come is let go (``drop``). Thread-safe."""
+    that adopted them starts it when the first of them is launched), or by the first of
+    their dispatches that asks (``take``); the others wait for it and take theirs. A run
+    whose dispatch does not come is let go (``drop``). Thread-safe."""
 
     def __init__(
         self, deps: RunDeps, claims: Mapping[str, Claim], prefetch: Prefetch | None
@@ -520,6 +520,13 @@ class Batch:
         self._opened: dict[str, Engine | Exception] = {}
         self._dropped: set[str] = set()
         """Runs dropped while the batch opens: let go once it has."""
+        self.started = False
+        """Set by whoever scheduled ``open`` (a worker, at the first of its runs' launch)."""
+
+    def leases(self) -> dict[str, Lease]:
+        """The leases the batch was made with, by run id (dropped ones left out)."""
+        with self._lock:
+            return {rid: claim.lease for rid, claim in self._claims.items()}
 
     def open(self) -> None:
         """Open the batch's runs unless that is done or under way (then wait for it)."""

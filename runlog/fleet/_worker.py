@@ -83,8 +83,9 @@ ADOPT_BATCH = 256
 (``Batch``): their claims sent in one produce batch and one flush, their ownership checked
 in one round trip. A partition's runs are cut into equal batches."""
 ADOPT_OPENS = 4
-"""Batches opened at once, as soon as their runs are adopted (not when the first of their
-dispatches gets a slot: those wait for ``ADOPTING`` behind the other batches' runs)."""
+"""Batches opened at once, each as soon as the first of its runs is launched (not when
+that dispatch gets its turn to open: it waits for ``ADOPTING`` behind the runs of the
+batches launched before)."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 ADOPT_POLL_S = 0.25
@@ -453,6 +454,9 @@ class Worker:
             prefetch = self.prefetch.pop(rid, None)
             lease = self.claimed.pop(rid, None)
             batch = self.batches.pop(rid, None)
+            if batch is not None and not batch.started:
+                batch.started = True
+                self._batch_pool.submit(batch.open)
             entry = self._entry(rid)
             if entry is None or entry.record is None or rid in self.active:
                 self._release(lease, rid, batch)
@@ -742,7 +746,10 @@ class Worker:
         check, each claim confirmed by reading the log back), not one claim each."""
         groups: dict[int, dict[str, Claim]] = {}
         passes: dict[int, Prefetch] = {}
-        for rid in runs:
+        # Only runs that will have a slot at once: a claim made long before its run can
+        # go on would only hold it (the others are opened one by one, as they launch).
+        free = self.concurrency - len(self.active) - (len(self.ready) - len(runs))
+        for rid in list(runs)[: max(0, free)]:
             lease, shared, entry = self.claimed.get(rid), self.prefetch.get(rid), self._entry(rid)
             if lease is None or shared is None or entry is None or entry.record is None:
                 continue
@@ -764,7 +771,6 @@ class Worker:
                     if old is not None:
                         old.drop(rid)
                     self.batches[rid] = batch
-                self._batch_pool.submit(batch.open)
 
     def _adopt_run(self, rid: str, value: str) -> bool:
         """Schedule a dead session's run; whether it was."""
