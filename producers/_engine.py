@@ -196,6 +196,10 @@ class Engine(Owned):
     (``time.monotonic``), not yet taken by a step's cancel check (None: no such read since
     the last check). ``approvals.check_cancel``."""
     _cancel_flag_key: str | None = None
+    inbox: list[bytes] | None = None
+    """The run's decision inbox as read once its claim counted, by a batch that reads many
+    in one round trip (``opening.open_claimed``): the next ``poll_decisions`` takes it
+    instead of reading (None: it reads)."""
 
     def __enter__(self) -> Engine:
         return self

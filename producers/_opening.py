@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -491,6 +492,7 @@ def open_claimed(
             except Exception as exc:  # noqa: BLE001 - this run's failure, as its open's
                 claim.lease.release()
                 out[run.run_id] = exc
+        _read_inboxes([r for r in out.values() if isinstance(r, Engine)])
     except BaseException:
         for claim in claims.values():  # interrupted: nothing of the batch is handed on
             claim.lease.release()
@@ -498,6 +500,25 @@ def open_claimed(
     finally:
         reader.close()
     return out
+
+
+def _read_inboxes(runs: list[Engine]) -> None:
+    """The decision inboxes of runs just claimed, read in one round trip: each run's first
+    ``poll_decisions`` (its open's recovery) takes its own instead of reading it. Redis
+    failing leaves each to read its own."""
+    runs = [run for run in runs if run.state.status != "finished"]
+    if not runs:
+        return
+    try:
+        pipe = runs[0].deps.redis.pipeline(transaction=False)
+        for run in runs:
+            pipe.lrange(decisions_key(run.deps, run.tenant, run.run_id), 0, -1)
+        inboxes = pipe.execute()
+    except REDIS_ERRORS as exc:
+        log.warning("decision inboxes of %d runs not read at once: %s", len(runs), exc)
+        return
+    for run, entries in zip(runs, inboxes, strict=True):
+        run.inbox = list(entries)
 
 
 class Batch:
@@ -521,6 +542,8 @@ class Batch:
         """Runs dropped while the batch opens: let go once it has."""
         self.started = False
         """Set by whoever scheduled ``open`` (a worker, at the first of its runs' launch)."""
+        self.opened: Future[None] = Future()
+        """Done once ``open`` has opened the runs (an event loop awaits it, no thread)."""
 
     def leases(self) -> dict[str, Lease]:
         """The leases the batch was made with, by run id (dropped ones left out)."""
@@ -536,13 +559,16 @@ class Batch:
                     self._state, claims = "opening", dict(self._claims)
             if claims is None:
                 return
+            opened: dict[str, Engine | Exception] = {}
             try:
                 opened = open_claimed(self.deps, claims, self.prefetch)
             except Exception as exc:  # noqa: BLE001 - every run's failure (leases released)
                 opened = dict.fromkeys(claims, exc)
-            with self._lock:
-                self._opened, self._state = opened, "opened"
-                dropped, self._dropped = self._dropped, set()
+            finally:
+                with self._lock:
+                    self._opened, self._state = opened, "opened"
+                    dropped, self._dropped = self._dropped, set()
+                self.opened.set_result(None)
             for rid in dropped:
                 _let_go(opened.pop(rid, None))
 

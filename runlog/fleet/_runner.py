@@ -525,9 +525,18 @@ async def execute_async(
         return opened
     rec = opened
     try:
-        async with opening or contextlib.nullcontext():
-            args = _open_args(deps, agent, rec, prefetch, lease, batch)
-            arun = await open_async(deps, aredis, run_id, recover=False, **args)
+        claimed = None
+        if batch is not None:
+            # Its batch is opened by the worker's pool (``Worker._batch``): awaited here,
+            # holding no thread and no bound of opens, then taken without blocking.
+            await asyncio.wrap_future(batch.opened)
+            claimed = batch.take(run_id)
+        if claimed is not None:
+            arun = AsyncRun(claimed, aredis)
+        else:
+            async with opening or contextlib.nullcontext():
+                args = _open_args(deps, agent, rec, prefetch, lease)
+                arun = await open_async(deps, aredis, run_id, recover=False, **args)
         await recover_opened(arun)
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return await in_thread(_not_opened, deps, lw, run_id, rec, exc)

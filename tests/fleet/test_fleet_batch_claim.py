@@ -18,6 +18,9 @@ from runlog.errors import Fenced
 from runlog.fleet._registry import Agent
 from runlog.fleet._worker import Worker, held_key
 from runlog.log._fold import read_run
+from runlog.producers._approvals import decisions_key
+from runlog.producers._async_run import AsyncRun
+from runlog.producers._control import request_cancel
 from runlog.producers._engine import Engine, valid_kept
 from runlog.producers._handle import Run
 from runlog.producers._lease import METRICS
@@ -36,7 +39,9 @@ def _effects_key(settings: Settings) -> str:
     return f"{settings.redis_key_prefix}:batch-effects"
 
 
-def _payer(settings: Settings, client: redis.Redis) -> tuple[runlog.Tool, Agent]:
+def _payer(
+    settings: Settings, client: redis.Redis, *, is_async: bool = False
+) -> tuple[runlog.Tool, Agent]:
     """A tool whose receiver counts each key (outside every run), and an agent making two
     calls of it: re-executed after a takeover, the first returns its recorded result."""
 
@@ -50,7 +55,12 @@ def _payer(settings: Settings, client: redis.Redis) -> tuple[runlog.Tool, Agent]
         run.call_tool("pay", {"step": 2})
         return "paid"
 
-    return pay, Agent("payer", payer, (pay,))
+    async def payer_async(run: AsyncRun, order: object) -> str:
+        await run.call_tool("pay", {"step": 1})
+        await run.call_tool("pay", {"step": 2})
+        return "paid"
+
+    return pay, Agent("payer", payer_async if is_async else payer, (pay,))
 
 
 @pytest.fixture
@@ -78,12 +88,15 @@ def _log(settings: Settings, services: Services, rid: str) -> tuple[list[Any], l
     return [rec.event for rec in got.folded.kept], valid_kept(got.folded)
 
 
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 def test_a_dead_workers_runs_are_claimed_in_batches_and_a_lost_claim_is_made_again(
-    test_settings: Settings, dead: Services, services: Services
+    test_settings: Settings, dead: Services, services: Services, is_async: bool
 ) -> None:
+    """A sync agent's dispatch takes its run from the batch in its thread, an async one's
+    awaits the batch in the event loop."""
     settings = test_settings
     client = services.redis
-    pay, agent = _payer(settings, client)
+    pay, agent = _payer(settings, client, is_async=is_async)
     # The dead worker: each run started and its first call made, then the process dies
     # holding every lease (its session's key goes; its runs are in its held set).
     deps = dead.run_deps()
@@ -92,11 +105,18 @@ def test_a_dead_workers_runs_are_claimed_in_batches_and_a_lost_claim_is_made_aga
         run = open_run_with(deps, tenant="t1", tools=[pay], agent="payer", started_with=STARTED)
         Run(run).call_tool("pay", {"step": 1})
         runs[run.run_id] = run
+    stale_rid, cancelled_rid = list(runs)[:2]
+    stale = runs[stale_rid]
+    # A person cancels a run while the dead worker holds it: queued in its inbox, which
+    # the batch reads with its claims; the run must end cancelled, its second call never
+    # made.
+    queued = request_cancel(
+        services.run_deps(), cancelled_rid, tenant="t1", reason="stop", by="alice", wait_s=0
+    )
+    assert queued == "queued"
     sid = deps.leases.session_id()
     client.hset(held_key(settings, sid), mapping={r: "t1\tpayer" for r in runs})
     client.delete(live_key(settings.redis_key_prefix, sid))
-    stale_rid = next(iter(runs))
-    stale = runs[stale_rid]
 
     worker = Worker(settings, services.run_deps(), {"payer": agent}, concurrency=64)
     try:
@@ -132,6 +152,8 @@ def test_a_dead_workers_runs_are_claimed_in_batches_and_a_lost_claim_is_made_aga
             valid_resumed = [e for e in valid if e.type is EventType.RUN_RESUMED]
             assert [e.writer_id for e in valid_resumed] == [mine]  # claimed once, by us
             assert valid[-1].type is EventType.RUN_FINISHED
+            outcome = "cancelled" if rid == cancelled_rid else "succeeded"
+            assert valid[-1].payload.outcome == outcome
             if rid == stale_rid:
                 # The batch's claim lost to the stale append and was made again above it.
                 assert len(resumed) == 2 and resumed[0] not in valid
@@ -154,15 +176,19 @@ def test_a_dead_workers_runs_are_claimed_in_batches_and_a_lost_claim_is_made_aga
         for offsets in first_claims.values():
             assert max(offsets) - min(offsets) + 1 == len(offsets)
         # Every effect once: the first calls were made by the dead worker and returned
-        # their recorded results here; the second ones were made here, once each.
+        # their recorded results here; the second ones were made here, once each (but
+        # the cancelled run's).
         counts = {k.decode(): int(v) for k, v in client.hgetall(_effects_key(settings)).items()}
-        assert len(counts) == 2 * RUNS and set(counts.values()) == {1}
+        assert len(counts) == 2 * RUNS - 1 and set(counts.values()) == {1}
+        assert not client.exists(decisions_key(worker.deps, "t1", cancelled_rid))
     finally:
         worker._listening.clear()
         for batch in set(worker.batches.values()):
             for rid in batch.leases():
                 batch.drop(rid)
         worker.pool.shutdown(wait=True)
+        if worker.loop is not None:
+            worker.loop.call_soon_threadsafe(worker.loop.stop)
 
 
 def test_a_batch_run_whose_dispatch_never_comes_is_let_go(
