@@ -741,9 +741,10 @@ class Worker:
 
     def _batch(self, runs: dict[str, str]) -> None:
         """Group the runs just adopted whose leases were taken (``_claim_dead``) by their
-        pass over the partition, ``ADOPT_BATCH`` a batch (``Batch``): the first dispatch of
-        a batch claims all of them together (one produce batch and flush, one ownership
-        check, each claim confirmed by reading the log back), not one claim each."""
+        pass over the partition, ``ADOPT_BATCH`` a batch (``Batch``), opened in
+        ``_batch_pool`` when the first of its runs launches: all claimed together (one
+        produce batch and flush, one ownership check, each claim confirmed by reading the
+        log back), not one claim each; each dispatch takes its run opened."""
         groups: dict[int, dict[str, Claim]] = {}
         passes: dict[int, Prefetch] = {}
         # Only runs that will have a slot at once: a claim made long before its run can
@@ -1012,7 +1013,9 @@ class Worker:
         with contextlib.suppress(*REDIS_ERRORS):
             self.deps.redis.delete(workers_key(self.settings, self.id))
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self._batch_pool.shutdown(wait=False, cancel_futures=True)
+        # Not cancelled: a batch whose runs were launched opens, and its dispatches (an
+        # async one awaits it) take their runs and hand them over at their first step.
+        self._batch_pool.shutdown(wait=False)
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
