@@ -253,7 +253,9 @@ def poll_decisions(run: Engine, decide: Callable[..., Steps[None]]) -> Steps[int
     already decided (the first valid decision stands) and drops it.
     """
     key = inbox_key(run)
-    entries = yield from blocking(functools.partial(_entries, run, key))
+    entries, run.inbox = run.inbox, None
+    if entries is None:
+        entries = yield from blocking(functools.partial(_entries, run, key))
     recorded = 0
     for raw in entries:
         cancel = cancel_of(raw)

@@ -11,6 +11,7 @@ interface within the package; users never see it. Opening a run is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
@@ -195,6 +196,10 @@ class Engine(Owned):
     (``time.monotonic``), not yet taken by a step's cancel check (None: no such read since
     the last check). ``approvals.check_cancel``."""
     _cancel_flag_key: str | None = None
+    inbox: list[bytes] | None = None
+    """The run's decision inbox as read once its claim counted, by a batch that reads many
+    in one round trip (``opening.open_claimed``): the next ``poll_decisions`` takes it
+    instead of reading (None: it reads)."""
 
     def __enter__(self) -> Engine:
         return self
@@ -360,21 +365,37 @@ class Engine(Owned):
     def barrier(self) -> list[Delivered]:
         """Wait until every emitted event is acknowledged, then re-check ownership."""
         with self.lock:
-            pending = self.take_pending()
-            try:
-                self.deps.writer.wait(self.acks, [p.ack for p in pending], self.delivery_wait_s)
-            except BaseException:
-                self.interrupted(pending)
-                raise
-            done = [self.delivered(p, p.ack.outcome) for p in pending]
+            done, pending = self.acknowledged()
             if pending:
                 try:
                     ok, flag = self.lease.check_with(self.cancel_flag_key)
                 except RedisUnavailable as exc:
-                    raise self.fenced(f"ownership unconfirmed after append: {exc}") from exc
-                self.still_owned(ok, pending)
-                self.cancel_flag = (flag is not None, time.monotonic())
+                    raise self.unconfirmed(exc) from exc
+                self.owned_after(pending, ok, flag)
             return done
+
+    def acknowledged(self) -> tuple[list[Delivered], list[_Pending]]:
+        """A barrier's first half: every emitted event's acknowledgement waited for and
+        accounted (``delivered``), with the appends it covered; the ownership check after
+        them is the caller's (``owned_after``). Under ``lock``."""
+        pending = self.take_pending()
+        try:
+            self.deps.writer.wait(self.acks, [p.ack for p in pending], self.delivery_wait_s)
+        except BaseException:
+            self.interrupted(pending)
+            raise
+        return [self.delivered(p, p.ack.outcome) for p in pending], pending
+
+    def unconfirmed(self, exc: RedisUnavailable) -> Fenced:
+        """The barrier's ownership check could not be asked: the run is fenced."""
+        return self.fenced(f"ownership unconfirmed after append: {exc}")
+
+    def owned_after(self, pending: list[_Pending], ok: bool, flag: bytes | None) -> None:
+        """A barrier's second half: the verdict of the ownership check made after the
+        acknowledgements (``Lease.check_with``: the lease and the cancel flag), which
+        raises ``Fenced`` when the lease is no longer this owner's."""
+        self.still_owned(ok, pending)
+        self.cancel_flag = (flag is not None, time.monotonic())
 
     # The barrier's steps, shared with the asyncio driver (which awaits where this waits).
     @property
@@ -876,6 +897,46 @@ class Engine(Owned):
                 self.note(ev)
         self._moved_to(end)
         return accepted
+
+
+def barrier_all(runs: list[Engine]) -> dict[str, list[Delivered] | Exception]:
+    """``barrier`` of many runs at once (claims of runs adopted together): the first wait
+    sends every run's queued appends in one go (the others find theirs acknowledged by
+    the same flush), then every run's ownership is checked in one Redis round trip
+    (``LeaseManager.check_many``), each after its own acknowledgements, as ``barrier``
+    checks. A run's failure (fenced, an append refused or unknown) is its own: returned
+    in its place, the other runs go on. Run ids must be distinct."""
+    out: dict[str, list[Delivered] | Exception] = {}
+    with contextlib.ExitStack() as held:
+        checked: list[tuple[Engine, list[Delivered], list[_Pending]]] = []
+        for run in runs:
+            held.enter_context(run.lock)
+            try:
+                done, pending = run.acknowledged()
+            except Exception as exc:  # noqa: BLE001 - this run's alone, as its barrier's
+                out[run.run_id] = exc
+                continue
+            if pending:
+                checked.append((run, done, pending))
+            else:
+                out[run.run_id] = done
+        if not checked:
+            return out
+        leases = [(run.lease, run.cancel_flag_key) for run, _, _ in checked]
+        try:
+            verdicts = checked[0][0].deps.leases.check_many(leases)
+        except RedisUnavailable as exc:
+            for run, _, _ in checked:
+                out[run.run_id] = run.unconfirmed(exc)
+            return out
+        for (run, done, pending), (ok, flag) in zip(checked, verdicts, strict=True):
+            try:
+                run.owned_after(pending, ok, flag)
+            except Exception as exc:  # noqa: BLE001 - this run's alone
+                out[run.run_id] = exc
+                continue
+            out[run.run_id] = done
+    return out
 
 
 def _clear_folded(view: RunState) -> None:

@@ -301,7 +301,12 @@ class Lease:
         the barrier's ownership check also brings the run's cancel flag."""
         if self.released:
             return False, None
-        current, other = self.manager.current_with(self.tenant, self.run_id, key)
+        return self.verdict(*self.manager.current_with(self.tenant, self.run_id, key))
+
+    def verdict(self, current: str | None, other: bytes | None) -> tuple[bool, bytes | None]:
+        """``check_with``'s answer from what Redis said: the lease value and the other key."""
+        if self.released:
+            return False, None
         return self.confirm(current), other
 
     def confirm(self, current: str | None) -> bool:
@@ -415,6 +420,22 @@ class LeaseManager:
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return (raw.decode() if isinstance(raw, bytes) else raw), other
+
+    def check_many(self, leases: list[tuple[Lease, str]]) -> list[tuple[bool, bytes | None]]:
+        """``Lease.check_with`` of many leases (each with another key of its run's), in one
+        round trip: one ``MGET`` per run (its keys share a hash slot), pipelined."""
+        pipe = self.redis.pipeline(transaction=False)
+        for lease, key in leases:
+            pipe.mget([self.lease_key(lease.tenant, lease.run_id), key])
+        try:
+            answers = pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise RedisUnavailable(f"lease check for {len(leases)} runs: {exc}") from exc
+        out = []
+        for (lease, _), (raw, other) in zip(leases, answers, strict=True):
+            current = raw.decode() if isinstance(raw, bytes) else raw
+            out.append(lease.verdict(current, other))
+        return out
 
     def try_acquire(
         self,

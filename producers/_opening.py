@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from runlog.errors import (
     AgentMismatch,
@@ -34,13 +38,14 @@ from runlog.producers._approvals import (
     sign_decision,
 )
 from runlog.producers._approvals import conflict as approvals_conflict
-from runlog.producers._engine import Engine, RunDeps, valid_kept
+from runlog.producers._engine import Engine, RunDeps, barrier_all, valid_kept
 from runlog.producers._lease import METRICS, Held, Lease, new_owner
 from runlog.producers._tools import Tool
 from runlog.producers._writer import Delivered
 from runlog.projections._run_state import RunState, standing_decision
 from runlog.schemas import _codec as codec
 from runlog.schemas._keys import check_run_id, new_run_id, partition_for
+from runlog.schemas._models import Event
 from runlog.schemas._vocabulary import EventType
 
 log = logging.getLogger(__name__)
@@ -110,6 +115,7 @@ def open_run_with(
     expect_agent: str | None = None,
     prefetch: Prefetch | None = None,
     lease: Lease | None = None,
+    batch: Batch | None = None,
 ) -> Engine:
     """Start a new run or resume an existing one: the same call either way.
 
@@ -135,46 +141,100 @@ def open_run_with(
     ``lease``: the run's lease, taken already (``LeaseManager.acquire_dead``: a worker
     adopting a dead worker's runs takes their leases in one round trip); released here
     if the open fails, as a lease this call takes.
+    ``batch``: the run was claimed with others (``Batch``, a dead worker's runs adopted
+    together): the run as that claim left it (or its failure, raised here); a run the
+    batch does not hold is opened here as usual.
     """
 
-    start = {"agent": agent, "goal": goal, **(started_with or {})}
-    if subject:
-        start["subject"] = subject
+    start = start_fields(agent, goal, started_with, subject)
     if run_id is None:
         return _start_fresh(deps, tenant, tools, start)
     rid = check_run_id(run_id)  # every caller, not only the facade: it spells Redis keys
-    if lease is None:
-        wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
-        lease = acquire(deps, tenant, rid, wait, takeover=takeover)
-    elif (lease.tenant, lease.run_id) != (tenant, rid):
-        raise ValueError(f"lease of run {lease.run_id} given to open run {rid}")
-    try:
-        reader = deps.reader_factory()
+    run = None if batch is None else batch.take(rid)
+    if run is None:
+        if lease is None:
+            wait = deps.settings.lease_ttl_ms / 1000 + 1 if wait_s is None else wait_s
+            lease = acquire(deps, tenant, rid, wait, takeover=takeover)
+        elif (lease.tenant, lease.run_id) != (tenant, rid):
+            raise ValueError(f"lease of run {lease.run_id} given to open run {rid}")
+        claim = claim_of(
+            lease,
+            tools=tools,
+            agent=agent,
+            goal=goal,
+            reason=reason,
+            operator=operator,
+            started_with=started_with,
+            subject=subject,
+            create=create,
+            expect_agent=expect_agent,
+        )
         try:
-            run = _replay(deps, reader, lease, tools, prefetch)
-            if not create and run.state.status == "new":
-                # What the replay read ends where it began (or where the process's log
-                # tail had read to): the run's records may lie above it. The rest is read
-                # before refusing: only the head may say that a run has no events.
-                run.read_back(reader, reader.high_watermark(run.partition))
-                if run.state.status == "new":
-                    raise UnknownRun(f"run {rid} has no events", run_id=rid)
-            check_agent(run.state, rid, expect_agent)
-            if run.state.status != "finished":
-                _claim(
-                    run, reader, start, reason=reason, operator=operator, expect_agent=expect_agent
-                )
-        finally:
-            reader.close()
-        if recover and run.state.status != "finished":
+            reader = deps.reader_factory()
+            try:
+                run = _replayed(deps, reader, claim, prefetch)
+                if run.state.status != "finished":
+                    _claim(run, reader, claim)
+            finally:
+                reader.close()
+        except BaseException:
+            lease.release()
+            raise
+    if recover and run.state.status != "finished":
+        try:
             # Decisions people queued while another worker held the run settle its
             # escalated calls; without this only an action-approval wait ever read them.
             run.poll_decisions()
             run.recover()
-        return run
-    except BaseException:
-        lease.release()
-        raise
+        except BaseException:
+            run.lease.release()
+            raise
+    return run
+
+
+def start_fields(
+    agent: str, goal: str, started_with: Mapping[str, str] | None, subject: str | None
+) -> dict[str, str]:
+    """The fields of the RUN_STARTED an open appends to a run with no events."""
+    start = {"agent": agent, "goal": goal, **(started_with or {})}
+    if subject:
+        start["subject"] = subject
+    return start
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What an open claims a run with: its lease (taken) and ``open_run_with``'s
+    arguments that decide the claim."""
+
+    lease: Lease
+    tools: tuple[Tool, ...]
+    start: Mapping[str, str]
+    """The RUN_STARTED fields, for a run with no events (``create``)."""
+    reason: str = ""
+    operator: str | None = None
+    create: bool = True
+    expect_agent: str | None = None
+
+
+def claim_of(
+    taken: Lease,
+    *,
+    tools: Iterable[Tool] = (),
+    agent: str = "",
+    goal: str = "",
+    reason: str = "",
+    operator: str | None = None,
+    started_with: Mapping[str, str] | None = None,
+    subject: str | None = None,
+    create: bool = True,
+    expect_agent: str | None = None,
+    **_: Any,
+) -> Claim:
+    """The claim ``open_run_with`` would make with these arguments (the others ignored)
+    under the lease ``taken``: for a batch (``Batch``) of runs opened together."""
+    start = start_fields(agent, goal, started_with, subject)
+    return Claim(taken, tuple(tools), start, reason, operator, create, expect_agent)
 
 
 def _start_fresh(
@@ -274,6 +334,22 @@ def _replay(
     return run
 
 
+def _replayed(deps: RunDeps, reader: LogReader, claim: Claim, prefetch: Prefetch | None) -> Engine:
+    """The run replayed under ``claim``'s lease, refused before anything is appended when
+    it has no events and may not be created (``UnknownRun``) or runs another agent than
+    the one expected (``AgentMismatch``)."""
+    run = _replay(deps, reader, claim.lease, claim.tools, prefetch)
+    if not claim.create and run.state.status == "new":
+        # What the replay read ends where it began (or where the process's log
+        # tail had read to): the run's records may lie above it. The rest is read
+        # before refusing: only the head may say that a run has no events.
+        run.read_back(reader, reader.high_watermark(run.partition))
+        if run.state.status == "new":
+            raise UnknownRun(f"run {run.run_id} has no events", run_id=run.run_id)
+    check_agent(run.state, run.run_id, claim.expect_agent)
+    return run
+
+
 def check_agent(state: RunState, run_id: str, expect_agent: str | None) -> None:
     """Refuse (``AgentMismatch``) a run whose log recorded another agent than
     ``expect_agent``; a run with no events, or no expectation, passes."""
@@ -299,71 +375,230 @@ def _with_handover(reason: str, lease: Lease) -> str:
     return f"{reason} (handed over by {lease.handed_over_by})"
 
 
-def _claim(
-    run: Engine,
-    reader: LogReader,
-    start: Mapping[str, str],
-    *,
-    reason: str,
-    operator: str | None,
-    expect_agent: str | None = None,
-) -> None:
+def _claim(run: Engine, reader: LogReader, claim: Claim, attempts: int = CLAIM_ATTEMPTS) -> None:
     """Append the ownership event and confirm, by reading the log back, that it counts.
 
     A previous owner's append can land between our replay and our claim; the log then
     rejects our claim (wrong expected seq) and we claim again above what we now know.
     The claim is not folded locally: the state comes from reading the log back.
+    ``attempts``: the claims left to make (a batch made the first: ``open_claimed``).
     """
-    for _ in range(CLAIM_ATTEMPTS):
-        st = run.state
-        if st.status == "new":
-            ev = run.send(EventType.RUN_STARTED, dict(start), local=False)
-        else:
-            gap = None
-            if st.last_event_at is not None:
-                gap = int((codec.now_utc() - st.last_event_at).total_seconds() * 1000)
-            payload = {
-                "previous_epoch": st.epoch,
-                "expected_prev_seq": st.seq,
-                "gap_ms": gap,
-                "reason": _with_handover(reason or "resumed by a new owner", run.lease),
-                "operator": operator,
-            }
-            ev = run.send(EventType.RUN_RESUMED, payload, local=False)
+    for _ in range(attempts):
+        ev = _send_claim(run, claim)
         (delivered,) = run.barrier()
-        accepted = run.read_back(reader, delivered.offset + 1)
-        # Our own event must be the one the log accepted: after Redis lost its data, a
-        # writer holding the same epoch number could otherwise confirm our claim for us.
-        if ev.event_id in accepted:
-            run.mark_log_view()
-            if ev.type is EventType.RUN_STARTED:
-                index_start(run, delivered)
-            else:
-                METRICS["takeovers"] += 1
-            log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
+        if _claim_counts(run, reader, claim, ev, delivered):
             return
-        METRICS["claims_lost"] += 1
-        if run.state.tenant and run.state.tenant != run.tenant:
-            raise TenantMismatch(
-                f"run id {run.run_id} was started by another tenant meanwhile",
-                run_id=run.run_id,
-            )
-        # A start of the same id by another request may have landed first: its agent, not
-        # the one this opening was asked for, is the run's.
-        check_agent(run.state, run.run_id, expect_agent)
-        if run.state.status == "finished":
-            # The previous owner's RUN_FINISHED landed first: nothing left to own.
-            log.info("run %s finished before our claim; returning it as finished", run.run_id)
-            return
-        log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
-        if run.state.max_epoch_seen > run.epoch:
-            raise run.fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
-        if run.state.epoch >= run.epoch:
-            # Same epoch number in the log (Redis forgot it): move above it, then claim.
-            run.lease.raise_floor(run.state.max_epoch_seen)
-            if run.lease.lost:
-                raise run.fenced("lease lost while moving above a colliding epoch")
     raise run.fenced(f"could not claim the run after {CLAIM_ATTEMPTS} attempts")
+
+
+def _send_claim(run: Engine, claim: Claim) -> Event:
+    """Emit the claim: RUN_STARTED on a run with no events, else RUN_RESUMED above what
+    the run's state says (not folded locally: the read-back decides)."""
+    st = run.state
+    if st.status == "new":
+        return run.send(EventType.RUN_STARTED, dict(claim.start), local=False)
+    gap = None
+    if st.last_event_at is not None:
+        gap = int((codec.now_utc() - st.last_event_at).total_seconds() * 1000)
+    payload = {
+        "previous_epoch": st.epoch,
+        "expected_prev_seq": st.seq,
+        "gap_ms": gap,
+        "reason": _with_handover(claim.reason or "resumed by a new owner", run.lease),
+        "operator": claim.operator,
+    }
+    return run.send(EventType.RUN_RESUMED, payload, local=False)
+
+
+def _claim_counts(
+    run: Engine, reader: LogReader, claim: Claim, ev: Event, delivered: Delivered
+) -> bool:
+    """Read the run back past its claim ``ev`` (acknowledged at ``delivered``, ownership
+    re-checked): True when the claim counts, or when the run finished before it (nothing
+    left to own); False when it lost a race and must be made again above what the read
+    folded. Raises when the run turned out another tenant's or agent's, or a newer owner
+    claimed it (fenced)."""
+    accepted = run.read_back(reader, delivered.offset + 1)
+    # Our own event must be the one the log accepted: after Redis lost its data, a
+    # writer holding the same epoch number could otherwise confirm our claim for us.
+    if ev.event_id in accepted:
+        run.mark_log_view()
+        if ev.type is EventType.RUN_STARTED:
+            index_start(run, delivered)
+        else:
+            METRICS["takeovers"] += 1
+        log.info("run %s claimed at epoch %s seq %s", run.run_id, run.epoch, ev.seq)
+        return True
+    METRICS["claims_lost"] += 1
+    if run.state.tenant and run.state.tenant != run.tenant:
+        raise TenantMismatch(
+            f"run id {run.run_id} was started by another tenant meanwhile",
+            run_id=run.run_id,
+        )
+    # A start of the same id by another request may have landed first: its agent, not
+    # the one this opening was asked for, is the run's.
+    check_agent(run.state, run.run_id, claim.expect_agent)
+    if run.state.status == "finished":
+        # The previous owner's RUN_FINISHED landed first: nothing left to own.
+        log.info("run %s finished before our claim; returning it as finished", run.run_id)
+        return True
+    log.warning("claim of %s at seq %s lost a race; claiming again", run.run_id, ev.seq)
+    if run.state.max_epoch_seen > run.epoch:
+        raise run.fenced(f"a newer owner (epoch {run.state.max_epoch_seen}) claimed the run")
+    if run.state.epoch >= run.epoch:
+        # Same epoch number in the log (Redis forgot it): move above it, then claim.
+        run.lease.raise_floor(run.state.max_epoch_seen)
+        if run.lease.lost:
+            raise run.fenced("lease lost while moving above a colliding epoch")
+    return False
+
+
+def open_claimed(
+    deps: RunDeps, claims: Mapping[str, Claim], prefetch: Prefetch | None
+) -> dict[str, Engine | Exception]:
+    """Open many runs whose leases are taken (``claims``, by run id: a dead worker's runs
+    of one partition, adopted together) as ``open_run_with`` opens each, without
+    recovery: each replayed (from ``prefetch``, the pass over their partition), then the
+    claims of all of them sent together, acknowledged by one flush and checked against
+    their leases in one Redis round trip (``barrier_all``), then each run read back past
+    its claim, which counts only if the log accepted it (``_claim_counts``, the rule of
+    every claim). A claim that lost a race is made again on its own (``_claim``), as an
+    open does after its first claim. Returns each run (claimed, or found finished) or its
+    failure, its lease then released."""
+    out: dict[str, Engine | Exception] = {}
+    sent: list[tuple[Claim, Engine, Event]] = []
+    reader = deps.reader_factory()
+    try:
+        for rid, claim in claims.items():
+            try:
+                run = _replayed(deps, reader, claim, prefetch)
+                if run.state.status == "finished":
+                    out[rid] = run
+                    continue
+                sent.append((claim, run, _send_claim(run, claim)))
+            except Exception as exc:  # noqa: BLE001 - this run's failure, as its open's
+                claim.lease.release()
+                out[rid] = exc
+        acknowledged = barrier_all([run for _, run, _ in sent])
+        for claim, run, ev in sent:
+            try:
+                got = acknowledged[run.run_id]
+                if isinstance(got, Exception):
+                    raise got
+                (delivered,) = got
+                if not _claim_counts(run, reader, claim, ev, delivered):
+                    _claim(run, reader, claim, CLAIM_ATTEMPTS - 1)
+                out[run.run_id] = run
+            except Exception as exc:  # noqa: BLE001 - this run's failure, as its open's
+                claim.lease.release()
+                out[run.run_id] = exc
+        _read_inboxes([r for r in out.values() if isinstance(r, Engine)])
+    except BaseException:
+        for claim in claims.values():  # interrupted: nothing of the batch is handed on
+            claim.lease.release()
+        raise
+    finally:
+        reader.close()
+    return out
+
+
+def _read_inboxes(runs: list[Engine]) -> None:
+    """The decision inboxes of runs just claimed, read in one round trip: each run's first
+    ``poll_decisions`` (its open's recovery) takes its own instead of reading it. Redis
+    failing leaves each to read its own."""
+    runs = [run for run in runs if run.state.status != "finished"]
+    if not runs:
+        return
+    try:
+        pipe = runs[0].deps.redis.pipeline(transaction=False)
+        for run in runs:
+            pipe.lrange(decisions_key(run.deps, run.tenant, run.run_id), 0, -1)
+        inboxes = pipe.execute()
+    except REDIS_ERRORS as exc:
+        log.warning("decision inboxes of %d runs not read at once: %s", len(runs), exc)
+        return
+    for run, entries in zip(runs, inboxes, strict=True):
+        run.inbox = list(entries)
+
+
+class Batch:
+    """Runs adopted together, opened together (``open_claimed``) by ``open`` (the worker
+    that adopted them starts it when the first of them is launched), or by the first of
+    their dispatches that asks (``take``); the others wait for it and take theirs. A run
+    whose dispatch does not come is let go (``drop``). Thread-safe."""
+
+    def __init__(
+        self, deps: RunDeps, claims: Mapping[str, Claim], prefetch: Prefetch | None
+    ) -> None:
+        self.deps = deps
+        self.prefetch = prefetch
+        self._claims = dict(claims)
+        self._opening = threading.Lock()
+        """Held while the batch opens: the dispatches that ask meanwhile wait for it."""
+        self._lock = threading.Lock()
+        self._state = "new"
+        self._opened: dict[str, Engine | Exception] = {}
+        self._dropped: set[str] = set()
+        """Runs dropped while the batch opens: let go once it has."""
+        self.started = False
+        """Set by whoever scheduled ``open`` (a worker, at the first of its runs' launch)."""
+        self.opened: Future[None] = Future()
+        """Done once ``open`` has opened the runs (an event loop awaits it, no thread)."""
+
+    def leases(self) -> dict[str, Lease]:
+        """The leases the batch was made with, by run id (dropped ones left out)."""
+        with self._lock:
+            return {rid: claim.lease for rid, claim in self._claims.items()}
+
+    def open(self) -> None:
+        """Open the batch's runs unless that is done or under way (then wait for it)."""
+        with self._opening:
+            with self._lock:
+                claims = None
+                if self._state == "new":
+                    self._state, claims = "opening", dict(self._claims)
+            if claims is None:
+                return
+            opened: dict[str, Engine | Exception] = {}
+            try:
+                opened = open_claimed(self.deps, claims, self.prefetch)
+            except Exception as exc:  # noqa: BLE001 - every run's failure (leases released)
+                opened = dict.fromkeys(claims, exc)
+            finally:
+                with self._lock:
+                    self._opened, self._state = opened, "opened"
+                    dropped, self._dropped = self._dropped, set()
+                self.opened.set_result(None)
+            for rid in dropped:
+                _let_go(opened.pop(rid, None))
+
+    def take(self, run_id: str) -> Engine | None:
+        """The run as the batch's claim left it (the batch opens first if no one has);
+        raises its failure (its lease released); None if the batch does not hold it."""
+        self.open()
+        with self._lock:
+            got = self._opened.pop(run_id, None)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def drop(self, run_id: str) -> None:
+        """The run's dispatch does not come: its lease is let go (once the batch has
+        opened, if it is opening). Never waits for the batch."""
+        with self._lock:
+            if self._state == "opening":
+                self._dropped.add(run_id)
+                return
+            claim = self._claims.pop(run_id, None) if self._state == "new" else None
+            got = self._opened.pop(run_id, None)
+        if claim is not None:
+            claim.lease.release()
+        _let_go(got)
+
+
+def _let_go(got: Engine | Exception | None) -> None:
+    if isinstance(got, Engine):
+        got.close()
 
 
 def claim_settlement(run: Engine, by: str) -> None:

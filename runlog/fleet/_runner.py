@@ -49,7 +49,7 @@ from runlog.producers._drain import HandingOver
 from runlog.producers._engine import CANCELLED, Engine, RunDeps
 from runlog.producers._handle import Run, engine_of
 from runlog.producers._lease import Lease
-from runlog.producers._opening import open_run_with
+from runlog.producers._opening import Batch, Claim, claim_of, open_run_with
 from runlog.projections._run_state import RunState
 from runlog.schemas import _codec as codec
 from runlog.schemas._keys import partition_for
@@ -109,6 +109,7 @@ def _open_args(
     rec: Record,
     prefetch: Prefetch | None = None,
     lease: Lease | None = None,
+    batch: Batch | None = None,
 ) -> dict[str, Any]:
     """How a dispatch opens its run (sync and async alike): never waiting for a lease
     another worker holds, the RUN_STARTED fields of the request when the run is new. A
@@ -125,7 +126,14 @@ def _open_args(
         "create": rec.input_json is not None or rec.input_sealed is not None,
         "prefetch": prefetch,
         "lease": lease,
+        "batch": batch,
     }
+
+
+def batch_claim(deps: RunDeps, agent: Agent, rec: Record, lease: Lease) -> Claim:
+    """The claim a dispatch of ``rec`` makes (``_open_args``), under ``lease`` taken
+    already: what a worker opens a batch of adopted runs with (``Batch``)."""
+    return claim_of(lease, **_open_args(deps, agent, rec))
 
 
 def _input(run_input: str | None, rec: Record) -> Any:
@@ -385,6 +393,14 @@ def _opened(deps: RunDeps, lw: LifecycleWriter, run_id: str, rec: Record) -> Rec
     return replace(rec, input_json=text, input_sealed=None)
 
 
+def _not_dispatched(run_id: str, lease: Lease | None, batch: Batch | None) -> None:
+    """The dispatch ends before opening its run: the lease taken for it is let go."""
+    if lease is not None:
+        lease.release()
+    if batch is not None:
+        batch.drop(run_id)
+
+
 def execute(
     deps: RunDeps,
     lw: LifecycleWriter,
@@ -394,20 +410,22 @@ def execute(
     opening: threading.Semaphore | None = None,
     prefetch: Prefetch | None = None,
     lease: Lease | None = None,
+    batch: Batch | None = None,
 ) -> Result:
     """Dispatch ``run_id`` once in this thread (a sync agent). ``opening``: the worker's
     bound on opens at once (``Worker.OPENING``); ``prefetch``: a pass over the run's
     partition made for many adopted runs at once (``Prefetch``); ``lease``: the run's
-    lease when the worker took it already (``LeaseManager.acquire_dead``)."""
+    lease when the worker took it already (``LeaseManager.acquire_dead``); ``batch``: the
+    runs adopted with it, claimed together (``Batch``)."""
     opened = _opened(deps, lw, run_id, rec)
     if isinstance(opened, Result):
-        if lease is not None:
-            lease.release()
+        _not_dispatched(run_id, lease, batch)
         return opened
     rec = opened
     try:
         with opening or contextlib.nullcontext():
-            run = open_run_with(deps, run_id, **_open_args(deps, agent, rec, prefetch, lease))
+            args = _open_args(deps, agent, rec, prefetch, lease, batch)
+            run = open_run_with(deps, run_id, **args)
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return _not_opened(deps, lw, run_id, rec, exc)
     except Escalated:
@@ -496,21 +514,29 @@ async def execute_async(
     opening: asyncio.Semaphore | None = None,
     prefetch: Prefetch | None = None,
     lease: Lease | None = None,
+    batch: Batch | None = None,
 ) -> Result:
     """Dispatch ``run_id`` once in this event loop (an ``async def`` agent). ``opening``:
-    the worker's bound on opens at once (``Worker.OPENING``); ``prefetch`` and ``lease``
-    as ``execute``'s."""
+    the worker's bound on opens at once (``Worker.OPENING``); ``prefetch``, ``lease`` and
+    ``batch`` as ``execute``'s."""
     opened = rec if rec.input_sealed is None else await in_thread(_opened, deps, lw, run_id, rec)
     if isinstance(opened, Result):
-        if lease is not None:
-            await in_thread(lease.release)
+        await in_thread(_not_dispatched, run_id, lease, batch)
         return opened
     rec = opened
     try:
-        async with opening or contextlib.nullcontext():
-            arun = await open_async(
-                deps, aredis, run_id, recover=False, **_open_args(deps, agent, rec, prefetch, lease)
-            )
+        claimed = None
+        if batch is not None:
+            # Its batch is opened by the worker's pool (``Worker._batch``): awaited here,
+            # holding no thread and no bound of opens, then taken without blocking.
+            await asyncio.wrap_future(batch.opened)
+            claimed = batch.take(run_id)
+        if claimed is not None:
+            arun = AsyncRun(claimed, aredis)
+        else:
+            async with opening or contextlib.nullcontext():
+                args = _open_args(deps, agent, rec, prefetch, lease)
+                arun = await open_async(deps, aredis, run_id, recover=False, **args)
         await recover_opened(arun)
     except (RunLocked, TenantMismatch, AgentMismatch, UnknownRun, Fenced, *INFRA) as exc:
         return await in_thread(_not_opened, deps, lw, run_id, rec, exc)

@@ -45,6 +45,7 @@ from runlog.fleet._registry import Agent
 from runlog.fleet._runner import (
     UNKNOWN_AGENT_RETRY_S,
     Result,
+    batch_claim,
     check_end,
     check_unserved,
     execute,
@@ -57,6 +58,7 @@ from runlog.log._reader import Prefetch
 from runlog.log._tail import WINDOW
 from runlog.producers._engine import RunDeps
 from runlog.producers._lease import Lease, sessions_key
+from runlog.producers._opening import Batch, Claim
 from runlog.schemas import _codec as codec
 from runlog.schemas._keys import live_key, partition_for
 from runlog.schemas._registry import registry
@@ -76,6 +78,14 @@ worker's) and their partition is read once for all of them (``Prefetch``, at mos
 ``OPENING`` passes at once): such an open reads nothing of its own (its replay comes from
 the pass, its claim is read back from the process's log tail), so it borrows no reader's
 consumer, and what bounds it is round trips to Redis and the broker, not readers."""
+ADOPT_BATCH = 256
+"""At most this many of a dead session's runs of one partition are claimed together
+(``Batch``): their claims sent in one produce batch and one flush, their ownership checked
+in one round trip. A partition's runs are cut into equal batches."""
+ADOPT_OPENS = 4
+"""Batches opened at once, each as soon as the first of its runs is launched (not when
+that dispatch gets its turn to open: it waits for ``ADOPTING`` behind the runs of the
+batches launched before)."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 ADOPT_POLL_S = 0.25
@@ -172,11 +182,15 @@ class Worker:
         """Leases of adopted runs taken at their adoption (``LeaseManager.acquire_dead``,
         one round trip for many runs): used by their first dispatch, released if none
         comes."""
+        self.batches: dict[str, Batch] = {}
+        """Adopted runs claimed together (``Batch``): used by their first dispatch,
+        dropped (their leases let go) if none comes."""
         self._held: dict[str, str | None] = {}
         """Changes to this session's held set not yet written (run id -> value, None: gone)."""
         """The lifecycle offset of the record each active dispatch was launched on."""
         self.results: queue.Queue[tuple[str, Future[Result]]] = queue.Queue()
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="runlog-agent")
+        self._batch_pool = ThreadPoolExecutor(ADOPT_OPENS, thread_name_prefix="runlog-adopt")
         self.loop: asyncio.AbstractEventLoop | None = None
         self._opening = threading.BoundedSemaphore(OPENING)
         self._opening_async: asyncio.Semaphore | None = None
@@ -439,15 +453,19 @@ class Worker:
             self.queued.discard(rid)
             prefetch = self.prefetch.pop(rid, None)
             lease = self.claimed.pop(rid, None)
+            batch = self.batches.pop(rid, None)
+            if batch is not None and not batch.started:
+                batch.started = True
+                self._batch_pool.submit(batch.open)
             entry = self._entry(rid)
             if entry is None or entry.record is None or rid in self.active:
-                self._release(lease)
+                self._release(lease, rid, batch)
                 continue
             rec = entry.record
             agent = self.agents.get(rec.agent)
             fut: Future[Result]
             if agent is None:
-                self._release(lease)
+                self._release(lease, rid, batch)
                 if self.unserved.get(rid) == entry.offset:
                     log.error("run %s names agent %r, not registered here", rid, rec.agent)
                     self._later(rid, UNKNOWN_AGENT_RETRY_S)
@@ -468,6 +486,7 @@ class Worker:
                         self._opening_async if prefetch is None else self._adopting_async,
                         prefetch,
                         lease,
+                        batch,
                     ),
                     loop,
                 )
@@ -482,6 +501,7 @@ class Worker:
                     self._opening if prefetch is None else self._adopting,
                     prefetch,
                     lease,
+                    batch,
                 )
             self.active[rid] = fut
             self.launched[rid] = entry.offset
@@ -490,14 +510,16 @@ class Worker:
             self.stats["dispatched" if agent is not None else "checked"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
 
-    def _release(self, lease: Lease | None) -> None:
-        """Let go of a lease taken for a dispatch that does not come."""
-        if lease is None:
-            return
+    def _release(self, lease: Lease | None, rid: str = "", batch: Batch | None = None) -> None:
+        """Let go of a lease taken for a dispatch that does not come (or of run ``rid``'s
+        in ``batch``)."""
         try:
-            lease.release()
+            if lease is not None:
+                lease.release()
+            if batch is not None:
+                batch.drop(rid)
         except Exception as exc:  # noqa: BLE001 - its session's end frees it too
-            log.warning("worker %s could not release %s: %s", self.id, lease.run_id, exc)
+            log.warning("worker %s could not release %s: %s", self.id, rid or "a lease", exc)
 
     def _check_end(self, rid: str, rec: Record) -> None:
         """A tombstone this worker did not write (its own come back while the dispatch is
@@ -678,6 +700,7 @@ class Worker:
                         taken[rid] = value.partition("\t")[0]
                 self._claim_dead(s, taken)
                 self._prefetch(taken)
+                self._batch(taken)
                 pipe = client.pipeline(transaction=False)
                 pipe.hdel(sessions_key(prefix), s)
                 pipe.delete(held_key(self.settings, s))
@@ -715,6 +738,40 @@ class Worker:
             shared = Prefetch(p, group, self._reads)
             for rid in group:
                 self.prefetch[rid] = shared
+
+    def _batch(self, runs: dict[str, str]) -> None:
+        """Group the runs just adopted whose leases were taken (``_claim_dead``) by their
+        pass over the partition, ``ADOPT_BATCH`` a batch (``Batch``), opened in
+        ``_batch_pool`` when the first of its runs launches: all claimed together (one
+        produce batch and flush, one ownership check, each claim confirmed by reading the
+        log back), not one claim each; each dispatch takes its run opened."""
+        groups: dict[int, dict[str, Claim]] = {}
+        passes: dict[int, Prefetch] = {}
+        # Only runs that will have a slot at once: a claim made long before its run can
+        # go on would only hold it (the others are opened one by one, as they launch).
+        free = self.concurrency - len(self.active) - (len(self.ready) - len(runs))
+        for rid in list(runs)[: max(0, free)]:
+            lease, shared, entry = self.claimed.get(rid), self.prefetch.get(rid), self._entry(rid)
+            if lease is None or shared is None or entry is None or entry.record is None:
+                continue
+            rec = entry.record
+            agent = self.agents.get(rec.agent)
+            if agent is None or rec.input_sealed is not None:
+                continue  # a sealed input is opened by its dispatch before its claim
+            passes[shared.partition] = shared
+            groups.setdefault(shared.partition, {})[rid] = batch_claim(self.deps, agent, rec, lease)
+        for p, claims in groups.items():
+            ids = list(claims)
+            cuts = -(-len(ids) // ADOPT_BATCH)
+            for i in range(cuts):
+                chunk = {rid: claims[rid] for rid in ids[i::cuts]}
+                batch = Batch(self.deps, chunk, passes[p])
+                for rid in chunk:
+                    del self.claimed[rid]
+                    old = self.batches.pop(rid, None)
+                    if old is not None:
+                        old.drop(rid)
+                    self.batches[rid] = batch
 
     def _adopt_run(self, rid: str, value: str) -> bool:
         """Schedule a dead session's run; whether it was."""
@@ -936,6 +993,9 @@ class Worker:
         for lease in list(self.claimed.values()):
             self._release(lease)
         self.claimed.clear()
+        for rid, batch in list(self.batches.items()):
+            self._release(None, rid, batch)
+        self.batches.clear()
         log.info("worker %s draining %d runs (at most %.1f s)", self.id, len(self.active), drain_s)
         deadline = time.monotonic() + drain_s
         while (self.active or self.serving) and time.monotonic() < deadline:
@@ -953,6 +1013,9 @@ class Worker:
         with contextlib.suppress(*REDIS_ERRORS):
             self.deps.redis.delete(workers_key(self.settings, self.id))
         self.pool.shutdown(wait=False, cancel_futures=True)
+        # Not cancelled: a batch whose runs were launched opens, and its dispatches (an
+        # async one awaits it) take their runs and hand them over at their first step.
+        self._batch_pool.shutdown(wait=False)
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
 

@@ -42,6 +42,8 @@ def worker(test_settings: Settings) -> Iterator[Worker]:
         w._listening.clear()
         for lease in w.claimed.values():
             lease.release()
+        for rid, batch in w.batches.items():
+            batch.drop(rid)
         svc.close()
 
 
@@ -67,6 +69,11 @@ def _table(w: Worker, rids: list[str], offset: int = 5) -> set[int]:
         w.tables.setdefault(p, {})[rid] = Entry(Record("open", "t1", "payer"), offset)
         parts.add(p)
     return parts
+
+
+def _taken(w: Worker) -> dict[str, Lease]:
+    """The leases the worker took for adopted runs: alone, or in a batch of runs."""
+    return {**w.claimed, **{rid: b.leases()[rid] for rid, b in w.batches.items()}}
 
 
 def _pop_handoffs(w: Worker) -> None:
@@ -141,8 +148,12 @@ def test_a_dead_workers_runs_are_adopted_with_their_leases_taken_at_once(
         assert isinstance(taken_meanwhile, Lease)
         worker._adopt()
         assert set(worker.ready) == set(runs)
-        assert set(worker.claimed) == set(runs[1:])
-        for rid, lease in worker.claimed.items():
+        # The runs with a slot at once (concurrency 8) are claimed together (``Batch``),
+        # the others one by one as they launch: every lease is taken now.
+        first = set(list(worker.ready)[: worker.concurrency])
+        assert set(worker.batches) == first - {runs[0]}  # runs[0] is held: no lease taken
+        assert set(_taken(worker)) == set(runs[1:])
+        for rid, lease in _taken(worker).items():
             before = old[rid]
             assert isinstance(before, Lease)
             assert lease.epoch == before.epoch + 1 and lease.check() and not before.check()
@@ -187,8 +198,8 @@ def test_a_killed_workers_runs_are_adopted_before_its_session_key_expires(
         assert time.monotonic() - seen_late >= LATE_GRACE_S
         assert 0 < left < liveness * BURY_BELOW  # buried while it would still have lived
         assert not client.exists(key)
-        assert set(worker.ready) == set(runs) == set(worker.claimed)
+        assert set(worker.ready) == set(runs) == set(_taken(worker))
         for rid, epoch in zip(runs, holder.epochs, strict=True):
-            assert worker.claimed[rid].epoch == epoch + 1
+            assert _taken(worker)[rid].epoch == epoch + 1
     finally:
         holder.stop()
