@@ -125,6 +125,32 @@ def test_network_cut_drops_the_directions_it_names(
             client.kill()
 
 
+def _clients(
+    port: int,
+    n: int,
+    *,
+    accept: socket.socket | None = None,
+    conns: list[socket.socket] | None = None,
+) -> list[subprocess.Popen[str]]:
+    """``n`` client processes connected to ``port``; with ``accept``, each connection is
+    accepted (into ``conns``) before the next process starts, so the i-th is the i-th's."""
+    procs = []
+    for _ in range(n):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        if accept is not None and conns is not None:
+            conn, _ = accept.accept()
+            conn.settimeout(1.5)
+            conns.append(conn)
+    return procs
+
+
 @pytest.mark.parametrize(
     ("direction", "process_to_service", "service_to_process"),
     [("out", False, True), ("in", True, False), ("both", False, False)],
@@ -138,22 +164,10 @@ def test_a_process_cut_drops_its_directions_and_nobody_elses(
     _process_faults_or_fail()
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        procs: list[subprocess.Popen[str]] = []
         conns: list[socket.socket] = []
+        procs = _clients(port, 2, accept=server, conns=conns)
         cut: ProcessCut | None = None
         try:
-            for _ in range(2):  # one at a time: each accepted connection is its process's
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", CLIENT, str(port)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-                procs.append(proc)
-                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-                conn, _ = server.accept()
-                conn.settimeout(1.5)
-                conns.append(conn)
             victim, bystander = procs
             cut = ProcessCut(f"t{direction}", [victim.pid], [port], direction)
             cut.cut()
@@ -225,20 +239,6 @@ class _EchoServer:
 
     def close(self) -> None:
         self.server.close()
-
-
-def _clients(port: int, n: int) -> list[subprocess.Popen[str]]:
-    procs = []
-    for _ in range(n):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, str(port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    return procs
 
 
 def test_a_process_delay_holds_its_bytes_and_nobody_elses() -> None:
