@@ -152,8 +152,8 @@ def _run(
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("seed", "steps", "keep"),
-    [(s["seed"], s["steps"], s["keep"]) for s in load_seeds()],
-    ids=[f"found-seed-{s['seed']}" for s in load_seeds()],
+    [(s["seed"], s["steps"], s["keep"]) for s in load_seeds() if not s.get("network")],
+    ids=[f"found-seed-{s['seed']}" for s in load_seeds() if not s.get("network")],
 )
 def test_seeds_the_explorer_found(
     cluster: stack.StackConfig, ledger: LedgerServer, seed: int, steps: int, keep: list[int] | None
@@ -161,6 +161,26 @@ def test_seeds_the_explorer_found(
     # The history that found it, without the kinds appended since (``pause_call``): the
     # fixed seeds below meet those.
     _run(cluster, ledger, seed, steps, keep if keep is not None else list(range(steps)))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("seed", "steps", "keep"),
+    [(s["seed"], s["steps"], s["keep"]) for s in load_seeds() if s.get("network")],
+    ids=[f"found-network-seed-{s['seed']}" for s in load_seeds() if s.get("network")],
+)
+def test_network_seeds_the_explorer_found(
+    cluster: stack.StackConfig,
+    ledger: LedgerServer,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    steps: int,
+    keep: list[int] | None,
+) -> None:
+    """Seeds found with ``EXPLORER_NETWORK=1``, replayed with it: the whole history, every
+    appended kind included (its network steps are what found them)."""
+    monkeypatch.setattr(explorer, "NETWORK", True)
+    _run(cluster, ledger, seed, steps, keep)
 
 
 @pytest.mark.timeout(240)
