@@ -672,3 +672,102 @@ def test_every_internal_module_is_private_by_name() -> None:
         f"{len(named_public)} internal modules are public by name (run tools/privatize.py): "
         + ", ".join(named_public)
     )
+
+
+# The projection runner is composed, not inherited: the loop owns its collaborators
+# (positions, the rebuild fence, the batch applier, retrying), each used through its
+# public interface. The error tree is the one hierarchy it may extend.
+RUNNER = "runlog.consumers.runner"
+
+
+def _runlog_bases(classes: list[type]) -> list[str]:
+    """``class: base`` for every class whose ancestry holds another runlog class (an
+    exception's ``RunlogError`` ancestry excepted: that is the error tree)."""
+    found = []
+    for cls in classes:
+        if issubclass(cls, BaseException):
+            continue
+        found += [
+            f"{cls.__module__}.{cls.__qualname__}: {base.__module__}.{base.__qualname__}"
+            for base in cls.__mro__[1:]
+            if base.__module__ == "runlog" or base.__module__.startswith("runlog.")
+        ]
+    return found
+
+
+def test_the_runner_is_composed_not_inherited() -> None:
+    classes = []
+    for module in sorted(m for m in MODULES if m == RUNNER or m.startswith(RUNNER + ".")):
+        mod = importlib.import_module(module)
+        classes += [
+            obj for obj in vars(mod).values() if isinstance(obj, type) and obj.__module__ == module
+        ]
+    assert {c.__name__ for c in classes} >= {"ProjectionRunner", "BatchApplier", "RebuildFence"}
+    found = _runlog_bases(classes)
+    assert not found, "runner classes inheriting runlog classes:\n" + "\n".join(found)
+
+
+def test_the_inheritance_check_sees_a_runlog_base() -> None:
+    """The checker itself: a runlog base counts, also two levels up; an error does not."""
+    from runlog.errors import RunlogError
+
+    base = type("Base", (), {"__module__": "runlog.a"})
+    mid = type("Mid", (base,), {"__module__": "runlog.b"})
+    leaf = type("Leaf", (mid,), {"__module__": "runlog.c"})
+    error = type("Oops", (RunlogError,), {"__module__": "runlog.c"})
+    plain = type("Plain", (), {"__module__": "runlog.c"})
+    assert _runlog_bases([leaf, error, plain]) == [
+        "runlog.c.Leaf: runlog.b.Mid",
+        "runlog.c.Leaf: runlog.a.Base",
+    ]
+
+
+def _function_level_imports(module: str, path: Path) -> list[str]:
+    """``path:line: target`` for every import of a runlog module inside a function or a
+    class of ``path`` (one there would only ever hide a cycle: the runner has no optional
+    dependency to load late)."""
+    tree = ast.parse(path.read_text(), str(path))
+    inner = {
+        id(node): node
+        for outer in ast.walk(tree)
+        if isinstance(outer, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for node in ast.walk(outer)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    }
+    nested = sorted(inner.values(), key=lambda node: node.lineno)
+    found = []
+    for node in nested:
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if not node.level
+            else [module]  # a relative import is the package's own
+        )
+        found += [
+            f"{path}:{node.lineno}: {n}" for n in names if n == "runlog" or n.startswith("runlog.")
+        ]
+    return found
+
+
+def test_the_runner_has_no_function_level_import_of_runlog() -> None:
+    found = [
+        hit
+        for module, path in MODULES.items()
+        if module == RUNNER or module.startswith(RUNNER + ".")
+        for hit in _function_level_imports(module, path)
+    ]
+    assert not found, "function-level imports in the runner:\n" + "\n".join(found)
+
+
+def test_the_function_level_import_check_sees_one(tmp_path: Path) -> None:
+    """The checker itself: an import in a function or a method counts, a top-level one and
+    a third party's do not."""
+    mod = tmp_path / "mod.py"
+    mod.write_text(
+        "import json\nfrom runlog.errors import RunlogError\n"
+        "def f() -> None:\n    import json\n    from runlog import _settings\n"
+        "class C:\n    def g(self) -> None:\n        import runlog.log\n"
+    )
+    found = _function_level_imports("runlog.mod", mod)
+    assert [f.split(": ", 1)[1] for f in found] == ["runlog", "runlog.log"]

@@ -50,11 +50,15 @@ cannot take writes now: READONLY (a replica, or a primary demoted by failover), 
 (``maxmemory`` reached under ``noeviction``), BUSY (a long script), LOADING, MASTERDOWN,
 TRYAGAIN.
 
-The package, by reason to change: ``core`` (the runner's state, positions, retries),
-``fencing`` (rebuild markers and how a live runner yields to a rebuild), ``batch`` (decode,
-quarantine, fold and commit one partition batch), ``loop`` (the consumer: ``run`` and
-``catch_up``, and ``rebuild`` with it) and ``rebuilding`` (a projection from zero, live
-runners fenced, with the runner it is given: it never names the loop, which names it).
+The runner is composed, not inherited. ``ProjectionRunner`` (``loop``: the consumer,
+``run`` and ``catch_up``, and ``rebuild`` with it) owns one of each collaborator and is
+the only one that touches the consumer: a ``Retrier`` and the ``PositionStore`` (``core``:
+retries; positions, generations and the one verdict of whether a stored position may be
+written on), the ``RebuildFence`` (``fencing``: rebuild markers, completing a rebuild that
+died through the refold the loop hands it) and the ``BatchApplier`` (``batch``: decode,
+quarantine, fold and commit one partition batch; it reports a refused batch and the loop
+refetches or pauses). ``rebuilding`` deletes and refolds a projection, live runners
+fenced, with the runner it is given: it never names the loop, which names it.
 """
 
 from runlog.consumers.runner._core import RunnerStats, Stopped, default_group, transient_redis_error

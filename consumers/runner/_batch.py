@@ -1,4 +1,4 @@
-"""The batch commit: decode a partition's records, quarantine what cannot be folded, fold
+"""The batch applier: decode a partition's records, quarantine what cannot be folded, fold
 the rest into every projection and write effects and positions in one MULTI/EXEC.
 """
 
@@ -12,13 +12,15 @@ from typing import Any
 import redis
 from confluent_kafka import KafkaError, Producer
 
+from runlog._settings import Settings
 from runlog.consumers import _erasure as erasure
 from runlog.consumers._store import Batch, Decoded, Handler, Rejected, Writes, dumps
-from runlog.consumers.runner._fencing import FencedRunner
-from runlog.errors import KafkaUnavailable, SchemaError
+from runlog.consumers.runner._core import PositionStore, Retrier, RunnerStats, Verdict
+from runlog.errors import KafkaUnavailable, NoKeys, SchemaError
 from runlog.log._authority import tenant_keys_for
 from runlog.log._clients import REDIS_ERRORS
-from runlog.log._keys import learn
+from runlog.log._keys import KeyStore, keys_for, learn
+from runlog.log._registry import ids_for
 from runlog.projections._run_state import advance
 from runlog.schemas._codec import SchemaIds, decode
 from runlog.schemas._keys import decode_key
@@ -32,12 +34,35 @@ class KeyMismatch(SchemaError):
     """A record's Kafka key is not the run id inside its event: it violates the layout."""
 
 
-class _PositionRegressed(Exception):
-    """The stored position is below what this runner applied: refetch from it."""
+class _Refused(Exception):
+    """The stored position refuses this batch (``Verdict.REGRESSED`` or ``FENCED``)."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.value)
+        self.verdict = verdict
 
 
-class _GenerationMoved(Exception):
-    """A rebuild fenced this runner: it must not write the batch."""
+def _keys_or_none(settings: Settings) -> KeyStore | None:
+    """The runner's key store, or None: a runner without keys folds a sealed record's
+    structure with its content erased and marks the run ``sealed: no key`` (it never stops
+    on one: every other run of its partitions would stop with it). Said at start when
+    encryption is on, where every new record is sealed."""
+    try:
+        store = keys_for(settings)
+    except NoKeys as exc:
+        log.warning(
+            "encryption is on but this projection service has no key store (%s): sealed "
+            "records are folded with their content erased and their runs marked "
+            "'sealed: no key' (runlog project status counts them)",
+            exc,
+        )
+        return None
+    if store is None:
+        log.info(
+            "no key store (RUNLOG_KEK unset): a sealed record is folded with its content "
+            "erased and its run marked 'sealed: no key'"
+        )
+    return store
 
 
 _KEYS: dict[bytes, str] = {}
@@ -93,11 +118,49 @@ def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
 
 
-class BatchRunner(FencedRunner):
-    """Applies one partition batch for all the runner's projections at once."""
+class BatchApplier:
+    """Applies one partition batch for all the runner's projections at once: decodes it,
+    quarantines what cannot be folded, folds the rest and commits effects and positions.
 
-    rewrite_owed = False
-    """A batch purged an erased run's content since Redis last rewrote its files."""
+    It never touches the consumer: a batch the stored position refuses is reported to the
+    loop (``apply``), which refetches or pauses.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        handlers: list[Handler[Any]],
+        *,
+        positions: PositionStore,
+        retrier: Retrier,
+        stats: RunnerStats,
+        group: str,
+    ) -> None:
+        self.settings = settings
+        self.topic = settings.events_topic
+        self.redis = client
+        self.handlers = handlers
+        self.positions = positions
+        self.retrier = retrier
+        self.stats = stats
+        self.group = group
+        self._ids = ids_for(settings)
+        self._keys = _keys_or_none(settings)
+        self._producer: Any = None
+        self.rewrite_owed = False
+        """A batch purged an erased run's content since Redis last rewrote its files."""
+
+    def forget(self, partition: int) -> None:
+        """This runner may no longer be the partition's only writer: drop cached states."""
+        for h in self.handlers:
+            h.forget(partition)
+
+    def close(self) -> None:
+        """Flush the quarantine producer, if one was made."""
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
 
     def settle_erasures(self) -> None:
         """Rewrite Redis's AOF and RDB if a purge is owed one (``consumers._erasure``). Tried
@@ -151,41 +214,37 @@ class BatchRunner(FencedRunner):
                     f"{remaining} unacknowledged, errors {[str(f) for f in failures]}"
                 )
 
-        self._retry("producing to the quarantine topic", send)
+        self.retrier.retry("producing to the quarantine topic", send)
 
     # Applying ---------------------------------------------------------------------
-    def _apply_partition(self, partition: int, msgs: list[Any]) -> bool:
-        """Apply one partition's batch; False if it was not written and must be refetched
-        (the stored position went back) or held back (a rebuild fenced this runner)."""
+    def apply(self, partition: int, msgs: list[Any]) -> Verdict:
+        """Apply one partition's batch: ``CURRENT`` once written; ``REGRESSED`` (refetch
+        from the stored position) or ``FENCED`` (a rebuild holds it) if it was not."""
         tenants = tenant_keys_for(self.settings)
         if self._ids is None:
             recs = [_record_of(m, None, tenants, self._keys) for m in msgs]
         else:
             # Decoding may ask the schema registry for an id this process has not seen;
             # while it does not answer, the batch waits (capped backoff), never skipped.
-            recs = self._retry(
+            recs = self.retrier.retry(
                 f"decoding {self.topic}[{partition}] (schema registry {self._ids.url})",
                 functools.partial(self._decode_all, msgs, tenants),
             )
         rejected = {r.offset: r for r in recs if isinstance(r, Rejected)}
         if rejected:
-            low = self.positions([partition])[partition]
+            low = self.positions.lowest([partition])[partition]
             todo = [m for m in msgs if m.offset() in rejected and m.offset() > low]
             if todo:
                 self._produce_quarantined(todo, rejected)
         raw = {m.offset(): m for m in msgs}
         try:
-            self._retry(
+            self.retrier.retry(
                 f"applying {'+'.join(h.name for h in self.handlers)} to {self.topic}[{partition}]",
                 functools.partial(self._commit, partition, recs, raw),
             )
-        except _PositionRegressed:
-            self._rewind(partition)
-            return False
-        except _GenerationMoved:
-            self._fenced(partition)
-            return False
-        return True
+        except _Refused as refused:
+            return refused.verdict
+        return Verdict.CURRENT
 
     def _decode_all(self, msgs: list[Any], tenants: TenantKeys) -> list[Decoded | Rejected]:
         return [_record_of(m, self._ids, tenants, self._keys) for m in msgs]
@@ -202,16 +261,13 @@ class BatchRunner(FencedRunner):
                     values = iter(pipe.execute_command("MGET", *watched))  # type: ignore[no-untyped-call]
                     plans: list[tuple[Handler[Any], list[Decoded | Rejected], int]] = []
                     for handler in self.handlers:
-                        me = (handler.name, partition)
                         stored, gen_raw = next(values), next(values)
                         pos = int(stored) if stored is not None else -1
-                        if (int(gen_raw) if gen_raw is not None else 0) != self._gens.get(me, 0):
-                            raise _GenerationMoved
-                        if pos < self._expected.get(me, -1):
-                            # Writing on top would skip the records between pos and what
-                            # we applied, for good: refetch from pos instead.
-                            raise _PositionRegressed
-                        if pos != self._expected.get(me, -1):
+                        gen = int(gen_raw) if gen_raw is not None else 0
+                        verdict = self.positions.verdict(handler.name, partition, pos, gen)
+                        if verdict in (Verdict.FENCED, Verdict.REGRESSED):
+                            raise _Refused(verdict)
+                        if verdict is Verdict.MOVED:
                             # Another writer moved the position: the cached states are stale.
                             handler.forget(partition)
                         todo = [r for r in recs if r.offset > pos]
@@ -229,22 +285,21 @@ class BatchRunner(FencedRunner):
                 except redis.WatchError:
                     # Someone else (a zombie, a rebuild) moved a position: recompute.
                     self.stats.watch_conflicts += 1
-                    self._forget(partition)
+                    self.forget(partition)
                     continue
                 except BaseException:
                     # The folds mutated cached states, and the EXEC may or may not have
                     # happened: only Redis knows now.
-                    self._forget(partition)
+                    self.forget(partition)
                     raise
             for (handler, todo, pos), (batch, took) in zip(plans, writes, strict=True):
-                me = (handler.name, partition)
                 self.stats.skipped += len(recs) - len(todo)
                 if not todo:
-                    self._expected[me] = pos
+                    self.positions.wrote(handler.name, partition, pos)
                     continue
                 if batch is not None:
                     handler.committed(batch)
-                self._expected[me] = todo[-1].offset
+                self.positions.wrote(handler.name, partition, todo[-1].offset)
                 self.stats.applied[handler.name] += sum(1 for r in took if isinstance(r, Decoded))
                 self.stats.quarantined += sum(1 for r in took if isinstance(r, Rejected))
                 self.stats.skipped += len(todo) - len(took)

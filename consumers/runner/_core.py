@@ -1,9 +1,11 @@
-"""What every part of the projection runner stands on: its settings, clients and
-projections' handlers, the positions it read and wrote, and retrying transient failures.
+"""What every collaborator of the projection runner stands on: its counters, retrying
+transient failures (``Retrier``) and the positions and generations it read and wrote
+(``PositionStore``, with the one rule of whether a stored position may be written on).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections import Counter
@@ -12,49 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 
 from runlog._settings import Settings
-from runlog.consumers._notify import Hook, Notifier
 from runlog.consumers._store import Handler
-from runlog.consumers.stores import NOTIFY, make_handler
-from runlog.errors import KafkaUnavailable, NoKeys, RegistryUnavailable, RunlogError
-from runlog.log._authority import authority_for
+from runlog.errors import KafkaUnavailable, RegistryUnavailable, RunlogError
 from runlog.log._clients import REDIS_ERRORS
-from runlog.log._keys import KeyStore, keys_for
-from runlog.log._registry import ids_for
 
 log = logging.getLogger(__name__)
-
-
-def _keys_or_none(settings: Settings) -> KeyStore | None:
-    """The runner's key store, or None: a runner without keys folds a sealed record's
-    structure with its content erased and marks the run ``sealed: no key`` (it never stops
-    on one: every other run of its partitions would stop with it). Said at start when
-    encryption is on, where every new record is sealed."""
-    try:
-        store = keys_for(settings)
-    except NoKeys as exc:
-        log.warning(
-            "encryption is on but this projection service has no key store (%s): sealed "
-            "records are folded with their content erased and their runs marked "
-            "'sealed: no key' (runlog project status counts them)",
-            exc,
-        )
-        return None
-    if store is None:
-        log.info(
-            "no key store (RUNLOG_KEK unset): a sealed record is folded with its content "
-            "erased and its run marked 'sealed: no key'"
-        )
-    return store
-
 
 T = TypeVar("T")
 
 BATCH_SIZE = 500
-CATCH_UP_BATCH = 5000
 BACKOFF_START_S = 0.05
 BACKOFF_CAP_S = 5.0
 
@@ -104,76 +75,15 @@ class RunnerStats:
     """Partition -> high watermark minus next offset, as of the last batch."""
 
 
-class RunnerBase:
-    """A runner's state and the positions it owns (``ProjectionRunner`` is the whole)."""
+class Retrier:
+    """Calls that wait out transient failures: capped exponential backoff, counted in
+    ``stats.retries``, given up only when ``stop`` is set (``Stopped``)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        client: redis.Redis,
-        projections: Sequence[str],
-        *,
-        group: str | None = None,
-        batch_size: int = BATCH_SIZE,
-        consumer_extra: dict[str, Any] | None = None,
-        notify: Hook | None = None,
-    ) -> None:
-        """``notify``: a hook (a Python callable, or ``notify.Webhook``) that ``run`` hands
-        each notification the notify projection queues (``consumers._notify``)."""
-        if not projections:
-            raise ValueError("at least one projection")
-        if notify is not None and NOTIFY not in projections:
-            raise ValueError(f"a notification hook needs the {NOTIFY!r} projection")
-        self.settings = settings
-        self.topic = settings.events_topic
-        self._ids = ids_for(settings)
-        self._keys = _keys_or_none(settings)
-        self.redis = client
-        self.handlers: list[Handler[Any]] = [
-            make_handler(n, settings.redis_key_prefix, self.topic, authority_for(settings))
-            for n in projections
-        ]
-        self.group = group or default_group(settings, projections)
-        self.batch_size = batch_size
-        self.catch_up_batch = max(batch_size, CATCH_UP_BATCH)
-        """Records per batch when behind (and in ``catch_up``): fewer transactions each."""
-        self.stats = RunnerStats()
-        self._stop = threading.Event()
-        self._consumer_extra = dict(consumer_extra or {})
-        self._consumer: Any = None
-        self._producer: Any = None
-        self._assigned: set[int] = set()
-        self._next: dict[int, int] = {}
-        """Partition -> offset the consumer fetches next (lag, progress)."""
-        self._expected: dict[tuple[str, int], int] = {}
-        """(projection, partition) -> the position this runner read or wrote last: the
-        stored position may only be at or above it."""
-        self._gens: dict[tuple[str, int], int] = {}
-        """(projection, partition) -> the generation this runner writes under."""
-        self._catching_up = False
-        self._waiting = False
-        """A rebuild fenced this runner: its partitions are paused until it ends."""
-        self._checked_at = 0.0
-        self._finisher: threading.Thread | None = None
-        """Completing a rebuild that died (``_while_waiting``), beside the paused consumer."""
-        self._finish_after = 0.0
-        self.notify = notify
-        self.notifier: Notifier | None = None
-        """Delivers the notifications while ``run`` runs (with a ``notify`` hook)."""
-        self.deliverable: frozenset[int] = frozenset()
-        """Partitions whose notifications this runner's notifier delivers: those assigned
-        to it and folded to within a batch of the end of the log. While a partition
-        catches up, a decision further on drops its notification instead of racing it."""
+    def __init__(self, stop: threading.Event, stats: RunnerStats) -> None:
+        self.stop = stop
+        self.stats = stats
 
-    # Control ----------------------------------------------------------------------
-    def stop(self) -> None:
-        self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+    def retry(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` until it succeeds; transient errors back off, capped. Others propagate."""
         delay = BACKOFF_START_S
         while True:
@@ -190,16 +100,38 @@ class RunnerBase:
                 err = exc
             self.stats.retries += 1
             log.warning("%s failed (%s); retrying in %.2fs", what, err, delay)
-            if self._stop.wait(delay):
+            if self.stop.wait(delay):
                 raise Stopped(f"stopped while retrying {what}") from err
             delay = min(delay * 2, BACKOFF_CAP_S)
 
-    def _forget(self, partition: int) -> None:
-        """This runner may no longer be the partition's only writer: drop cached states."""
-        for h in self.handlers:
-            h.forget(partition)
 
-    # Positions --------------------------------------------------------------------
+class Verdict(enum.Enum):
+    """What a stored (position, generation) means for this runner's next write."""
+
+    CURRENT = "current"
+    """The position this runner read or wrote last, under its generation: write on it."""
+    MOVED = "moved"
+    """Another writer moved the position forward: this runner's cached states are stale."""
+    REGRESSED = "regressed"
+    """Below what this runner applied (Redis lost writes, a key deleted): writing on top
+    would skip the records in between for good, so refetch from it instead."""
+    FENCED = "fenced"
+    """A rebuild moved the generation: this runner must not write until it ends."""
+
+
+class PositionStore:
+    """Each projection's position and generation per partition: what Redis holds, and what
+    this runner read or wrote last (the stored position may only be at or above it)."""
+
+    def __init__(self, client: redis.Redis, handlers: list[Handler[Any]], retrier: Retrier):
+        self.redis = client
+        self.handlers = handlers
+        self.retrier = retrier
+        self._expected: dict[tuple[str, int], int] = {}
+        """(projection, partition) -> the position this runner read or wrote last."""
+        self._gens: dict[tuple[str, int], int] = {}
+        """(projection, partition) -> the generation this runner writes under."""
+
     def stored(self, partitions: Iterable[int]) -> dict[tuple[str, int], tuple[int, int]]:
         """(projection, partition) -> (stored position or -1, generation or 0)."""
         parts = sorted(partitions)
@@ -217,7 +149,7 @@ class RunnerBase:
                     pipe.execute_command("MGET", *keys)  # type: ignore[no-untyped-call]
                 return [v for values in pipe.execute() for v in values]
 
-        raws = iter(self._retry("reading positions", read))
+        raws = iter(self.retrier.retry("reading positions", read))
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for p in parts:
             for h in self.handlers:
@@ -228,46 +160,40 @@ class RunnerBase:
                 )
         return out
 
-    def positions(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Lowest stored position over this runner's projections, per partition (-1: none)."""
+    def lowest(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Lowest stored position over the projections, per partition (-1: none)."""
         parts = sorted(partitions)
-        got = self.stored(parts)
-        return {p: min(got[(h.name, p)][0] for h in self.handlers) for p in parts}
+        return self._lowest(parts, self.stored(parts))
 
-    def _adopt(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Read positions and generations, take them as this runner's; min position each."""
+    def adopt(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Read positions and generations, take them as this runner's; lowest each."""
         parts = sorted(partitions)
         got = self.stored(parts)
         for key, (pos, gen) in got.items():
             self._expected[key] = pos
             self._gens[key] = gen
+        return self._lowest(parts, got)
+
+    def _lowest(
+        self, parts: list[int], got: dict[tuple[str, int], tuple[int, int]]
+    ) -> dict[int, int]:
         return {p: min(got[(h.name, p)][0] for h in self.handlers) for p in parts}
 
-    def _seek(self, partition: int, pos: int) -> None:
-        """Make the consumer fetch ``partition`` from ``pos + 1`` (its beginning if -1)."""
-        offset = pos + 1 if pos >= 0 else OFFSET_BEGINNING
+    def write_under(self, generations: dict[tuple[str, int], int]) -> None:
+        """Write under these generations (a rebuild's, which it fenced live runners with)."""
+        self._gens.update(generations)
 
-        def seek() -> None:
-            try:
-                self._consumer.seek(TopicPartition(self.topic, partition, offset))
-            except KafkaException as exc:
-                raise KafkaUnavailable(
-                    f"seek {self.topic}[{partition}] to {offset}: {exc}"
-                ) from exc
+    def verdict(self, name: str, partition: int, pos: int, gen: int) -> Verdict:
+        """Whether this runner may write projection ``name``'s ``partition`` on the stored
+        ``pos`` and ``gen``: the one check of the batch commit and of the idle check."""
+        me = (name, partition)
+        if gen != self._gens.get(me, 0):
+            return Verdict.FENCED
+        expected = self._expected.get(me, -1)
+        if pos < expected:
+            return Verdict.REGRESSED
+        return Verdict.CURRENT if pos == expected else Verdict.MOVED
 
-        self._retry(f"seeking {self.topic}[{partition}]", seek)
-        self._next[partition] = max(pos + 1, 0)
-
-    def _rewind(self, partition: int) -> None:
-        """The stored position went back: refetch the partition from it."""
-        self.stats.regressions += 1
-        self._forget(partition)
-        pos = self._adopt([partition])[partition]
-        log.warning(
-            "stored position of %s[%s] went back to %s (Redis lost writes, or a key was "
-            "deleted): refetching from there",
-            self.topic,
-            partition,
-            pos,
-        )
-        self._seek(partition, pos)
+    def wrote(self, name: str, partition: int, pos: int) -> None:
+        """Projection ``name``'s ``partition`` is at ``pos`` now (written or read so)."""
+        self._expected[(name, partition)] = pos

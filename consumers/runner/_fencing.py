@@ -1,5 +1,5 @@
-"""Rebuild fencing: the markers a rebuild sets and renews, and how a live runner pauses
-for a rebuild, resumes after it, or completes one that died (``rebuild``).
+"""Rebuild fencing: the markers a rebuild sets and renews, and the runner's fence, which
+reads them (may this runner write?) and completes a rebuild that died (``rebuild``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
-from confluent_kafka import TopicPartition
 
-from runlog.consumers.runner._core import RunnerBase, Stopped
+from runlog.consumers._store import Handler
+from runlog.consumers.runner._core import Retrier, Stopped
 from runlog.errors import RunlogError
 from runlog.log._clients import REDIS_ERRORS
 
@@ -141,10 +142,30 @@ class RebuildMarker:
             delete_if_ours(self.client, key, self.value)
 
 
-class FencedRunner(RunnerBase):
-    """The runner's side of a rebuild: wait while one runs, finish one that died."""
+class RebuildFence:
+    """The runner's side of a rebuild: whether one holds its projections (its marker, or
+    the incomplete marker of one that died), and completing one that died.
 
-    def _rebuild_status(self) -> tuple[bool, list[str]]:
+    It reads markers and starts the completion; pausing and resuming the consumer is the
+    loop's, and so is the refold itself (``refold``: a takeover ``rebuild`` of the names).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        handlers: list[Handler[Any]],
+        retrier: Retrier,
+        refold: Callable[[list[str]], None],
+    ) -> None:
+        self.redis = client
+        self.handlers = handlers
+        self.retrier = retrier
+        self.refold = refold
+        self._finisher: threading.Thread | None = None
+        """Completing a rebuild that died (``over``), beside the paused consumer."""
+        self._finish_after = 0.0
+
+    def status(self) -> tuple[bool, list[str]]:
         """(a rebuild's marker is present, the projections a dead rebuild left incomplete)."""
         running = [h.keys.rebuild_marker() for h in self.handlers]
         left = [h.keys.incomplete_marker() for h in self.handlers]
@@ -156,16 +177,16 @@ class FencedRunner(RunnerBase):
                     pipe.exists(key)
                 return [int(n) for n in pipe.execute()]
 
-        found = self._retry("reading rebuild markers", read)
+        found = self.retrier.retry("reading rebuild markers", read)
         names = [h.name for h, n in zip(self.handlers, found[len(running) :], strict=True) if n]
         return any(found[: len(running)]), names
 
-    def _rebuild_blocks(self) -> bool:
-        running, left = self._rebuild_status()
+    def blocks(self) -> bool:
+        running, left = self.status()
         return running or bool(left)
 
-    def _while_waiting(self) -> None:
-        """Paused for a rebuild: resume once it is over and complete, or complete it.
+    def over(self) -> bool:
+        """Asked while paused for a rebuild: True once it is over and complete (resume).
 
         A rebuild that died leaves its incomplete marker (``rebuild``): once its own marker
         has expired, this runner refolds those projections from zero (in a thread, so the
@@ -173,16 +194,15 @@ class FencedRunner(RunnerBase):
         """
         if self._finisher is not None:
             if self._finisher.is_alive():
-                return
+                return False
             self._finisher = None
-        running, left = self._rebuild_status()
+        running, left = self.status()
         if running:
-            return
+            return False
         if not left:
-            self._resume_after_rebuild()
-            return
+            return True
         if time.monotonic() < self._finish_after:
-            return
+            return False
         self._finish_after = time.monotonic() + TAKEOVER_RETRY_S
         log.warning(
             "a rebuild of %s died before it finished: completing it from offset zero",
@@ -192,15 +212,11 @@ class FencedRunner(RunnerBase):
             target=self._finish_rebuild, args=(left,), name="runlog-finish-rebuild", daemon=True
         )
         self._finisher.start()
-
-    def _refold(self, names: list[str]) -> None:
-        """Rebuild ``names`` from zero as a takeover (``rebuild``): the runner that folds
-        them is the concrete runner's to make, so this layer does not name it."""
-        raise NotImplementedError
+        return False
 
     def _finish_rebuild(self, names: list[str]) -> None:
         try:
-            self._refold(names)
+            self.refold(names)
             log.info("completed the rebuild of %s", "+".join(names))
         except (RebuildBusy, ProjectionRebuilt):
             log.info("another process is rebuilding %s: waiting for it", "+".join(names))
@@ -214,35 +230,8 @@ class FencedRunner(RunnerBase):
                 TAKEOVER_RETRY_S,
             )
 
-    def _fenced(self, partition: int) -> None:
-        """A rebuild moved the generation of ``partition``: stop writing until it ends."""
-        self.stats.fenced += 1
-        if self._catching_up:
-            raise ProjectionRebuilt(
-                f"a rebuild of {'+'.join(h.name for h in self.handlers)} started while this "
-                f"catch-up was writing {self.topic}[{partition}]; it stopped without writing"
-            )
-        log.warning(
-            "a rebuild fenced this runner at %s[%s]: pausing until it finishes",
-            self.topic,
-            partition,
-        )
-        self._wait_for_rebuild(self._consumer)
-
-    def _wait_for_rebuild(self, consumer: Any) -> None:
-        self._waiting = True
-        tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
-        if tps:
-            consumer.pause(tps)
-
-    def _resume_after_rebuild(self) -> None:
-        """The rebuild is over: continue from the positions it wrote, under its generation."""
-        parts = sorted(self._assigned)
-        pos = self._adopt(parts)
-        for p in parts:
-            self._forget(p)
-            self._seek(p, pos[p])
-        if parts:
-            self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
-        self._waiting = False
-        log.info("rebuild finished: continuing from %s", {p: pos[p] + 1 for p in parts})
+    def join(self, timeout: float) -> None:
+        """Wait for a completion in progress (it sees the runner's stop; what it had not
+        refolded stays marked incomplete)."""
+        if self._finisher is not None:
+            self._finisher.join(timeout=timeout)

@@ -1,5 +1,7 @@
-"""The consumer loop: a group member (``run``) or a catch-up to today's watermarks
-(``catch_up``) that feeds partition batches to the batch commit.
+"""The consumer loop: ``ProjectionRunner``, a group member (``run``) or a catch-up to
+today's watermarks (``catch_up``) that owns the consumer and the runner's collaborators
+(positions, the rebuild fence, the batch applier) and feeds partition batches to the
+applier; and ``rebuild``, which folds with a runner of its own.
 """
 
 from __future__ import annotations
@@ -16,20 +18,32 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from runlog._settings import Settings
-from runlog.consumers._notify import Notifier
+from runlog.consumers._notify import Hook, Notifier
 from runlog.consumers._queries import incomplete
-from runlog.consumers.runner._batch import BatchRunner
-from runlog.consumers.runner._core import Stopped
-from runlog.consumers.runner._fencing import RebuildIncomplete
+from runlog.consumers._store import Handler
+from runlog.consumers.runner._batch import BatchApplier
+from runlog.consumers.runner._core import (
+    BATCH_SIZE,
+    PositionStore,
+    Retrier,
+    RunnerStats,
+    Stopped,
+    Verdict,
+    default_group,
+)
+from runlog.consumers.runner._fencing import ProjectionRebuilt, RebuildFence, RebuildIncomplete
 from runlog.consumers.runner._rebuilding import rebuild_with
+from runlog.consumers.stores import NOTIFY, make_handler
 from runlog.errors import KafkaUnavailable
+from runlog.log._authority import authority_for
 from runlog.log._kafka import group_config, high_watermark, partitions_of
 
 log = logging.getLogger(__name__)
 
+CATCH_UP_BATCH = 5000
 POLL_TIMEOUT_S = 0.05
 POSITION_CHECK_S = 2.0
 """How often a live runner compares the stored positions with what it applied."""
@@ -52,53 +66,191 @@ def streaming_gc() -> None:
     gc.set_threshold(*STREAMING_GC_THRESHOLDS)
 
 
-class ProjectionRunner(BatchRunner):
+class ProjectionRunner:
     """Runs one or more projections off one consumer (fan-out, one position each).
+
+    The consumer loop, composed of collaborators it owns, each with one job: a
+    ``Retrier`` (transient failures), the ``PositionStore`` (positions and generations,
+    and whether one may be written on), the ``RebuildFence`` (rebuild markers, completing
+    a dead rebuild) and the ``BatchApplier`` (decode, quarantine, fold, commit). The loop
+    alone touches the consumer: it assigns, seeks, pauses and resumes.
 
     Not thread-safe; ``stop()`` may be called from any thread or a signal handler.
     """
 
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        projections: Sequence[str],
+        *,
+        group: str | None = None,
+        batch_size: int = BATCH_SIZE,
+        consumer_extra: dict[str, Any] | None = None,
+        notify: Hook | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """``notify``: a hook (a Python callable, or ``notify.Webhook``) that ``run`` hands
+        each notification the notify projection queues (``consumers._notify``). ``stop``:
+        an event that stops this runner when set (``rebuild``'s caller's), else its own."""
+        if not projections:
+            raise ValueError("at least one projection")
+        if notify is not None and NOTIFY not in projections:
+            raise ValueError(f"a notification hook needs the {NOTIFY!r} projection")
+        self.settings = settings
+        self.topic = settings.events_topic
+        self.redis = client
+        self.handlers: list[Handler[Any]] = [
+            make_handler(n, settings.redis_key_prefix, self.topic, authority_for(settings))
+            for n in projections
+        ]
+        self.group = group or default_group(settings, projections)
+        self.batch_size = batch_size
+        self.catch_up_batch = max(batch_size, CATCH_UP_BATCH)
+        """Records per batch when behind (and in ``catch_up``): fewer transactions each."""
+        self.stats = RunnerStats()
+        self._stop = stop if stop is not None else threading.Event()
+        self.retrier = Retrier(self._stop, self.stats)
+        self.positions = PositionStore(client, self.handlers, self.retrier)
+        self.fence = RebuildFence(client, self.handlers, self.retrier, refold=self._refold)
+        self.applier = BatchApplier(
+            settings,
+            client,
+            self.handlers,
+            positions=self.positions,
+            retrier=self.retrier,
+            stats=self.stats,
+            group=self.group,
+        )
+        self._consumer_extra = dict(consumer_extra or {})
+        self._consumer: Any = None
+        self._assigned: set[int] = set()
+        self._next: dict[int, int] = {}
+        """Partition -> offset the consumer fetches next (lag, progress)."""
+        self._catching_up = False
+        self._waiting = False
+        """A rebuild fenced this runner: its partitions are paused until it ends."""
+        self._checked_at = 0.0
+        self.notify = notify
+        self.notifier: Notifier | None = None
+        """Delivers the notifications while ``run`` runs (with a ``notify`` hook)."""
+        self.deliverable: frozenset[int] = frozenset()
+        """Partitions whose notifications this runner's notifier delivers: those assigned
+        to it and folded to within a batch of the end of the log. While a partition
+        catches up, a decision further on drops its notification instead of racing it."""
+
+    # Control ----------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def _refold(self, names: list[str]) -> None:
+        """Complete a rebuild that died (the fence's ``refold``)."""
         rebuild(self.redis, self.settings, names, takeover=True, stop=self._stop)
 
     # Positions --------------------------------------------------------------------
+    def _seek(self, partition: int, pos: int) -> None:
+        """Make the consumer fetch ``partition`` from ``pos + 1`` (its beginning if -1)."""
+        offset = pos + 1 if pos >= 0 else OFFSET_BEGINNING
+
+        def seek() -> None:
+            try:
+                self._consumer.seek(TopicPartition(self.topic, partition, offset))
+            except KafkaException as exc:
+                raise KafkaUnavailable(
+                    f"seek {self.topic}[{partition}] to {offset}: {exc}"
+                ) from exc
+
+        self.retrier.retry(f"seeking {self.topic}[{partition}]", seek)
+        self._next[partition] = max(pos + 1, 0)
+
+    def _rewind(self, partition: int) -> None:
+        """The stored position went back: refetch the partition from it."""
+        self.stats.regressions += 1
+        self.applier.forget(partition)
+        pos = self.positions.adopt([partition])[partition]
+        log.warning(
+            "stored position of %s[%s] went back to %s (Redis lost writes, or a key was "
+            "deleted): refetching from there",
+            self.topic,
+            partition,
+            pos,
+        )
+        self._seek(partition, pos)
+
     def _check_positions(self) -> None:
         """Between batches: a position that went back is refetched even with no traffic."""
         parts = sorted(self._assigned)
         if not parts or self._waiting:
             return
-        got = self.stored(parts)
-        if incomplete_left := self._rebuild_status()[1]:
+        got = self.positions.stored(parts)
+        if incomplete_left := self.fence.status()[1]:
             # A rebuild died before its generations moved: nothing deleted yet, but what
             # the next rebuild or runner refolds must not be written meanwhile.
             log.warning("%s marked incomplete by a dead rebuild: pausing", incomplete_left)
-            self._wait_for_rebuild(self._consumer)
+            self._pause(self._consumer)
             return
         for p in parts:
             for h in self.handlers:
-                key = (h.name, p)
-                pos, gen = got[key]
-                if gen != self._gens.get(key, 0):
+                verdict = self.positions.verdict(h.name, p, *got[(h.name, p)])
+                if verdict is Verdict.FENCED:
                     self._fenced(p)
                     return
-                if pos < self._expected.get(key, -1):
+                if verdict is Verdict.REGRESSED:
                     self._rewind(p)
                     break
+
+    # Rebuilds ---------------------------------------------------------------------
+    def _fenced(self, partition: int) -> None:
+        """A rebuild moved the generation of ``partition``: stop writing until it ends."""
+        self.stats.fenced += 1
+        if self._catching_up:
+            raise ProjectionRebuilt(
+                f"a rebuild of {'+'.join(h.name for h in self.handlers)} started while this "
+                f"catch-up was writing {self.topic}[{partition}]; it stopped without writing"
+            )
+        log.warning(
+            "a rebuild fenced this runner at %s[%s]: pausing until it finishes",
+            self.topic,
+            partition,
+        )
+        self._pause(self._consumer)
+
+    def _pause(self, consumer: Any) -> None:
+        self._waiting = True
+        tps = [TopicPartition(self.topic, p) for p in sorted(self._assigned)]
+        if tps:
+            consumer.pause(tps)
+
+    def _resume_after_rebuild(self) -> None:
+        """The rebuild is over: continue from the positions it wrote, under its generation."""
+        parts = sorted(self._assigned)
+        pos = self.positions.adopt(parts)
+        for p in parts:
+            self.applier.forget(p)
+            self._seek(p, pos[p])
+        if parts:
+            self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
+        self._waiting = False
+        log.info("rebuild finished: continuing from %s", {p: pos[p] + 1 for p in parts})
 
     # Assignment -------------------------------------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         # Generations before the markers: a rebuild sets its marker before it moves them.
-        pos = self._adopt(tp.partition for tp in partitions)
+        pos = self.positions.adopt(tp.partition for tp in partitions)
         for tp in partitions:
-            self._forget(tp.partition)
+            self.applier.forget(tp.partition)
             p = pos[tp.partition]
             tp.offset = p + 1 if p >= 0 else OFFSET_BEGINNING
             self._next[tp.partition] = max(p + 1, 0)
         consumer.assign(partitions)
         self._assigned |= {tp.partition for tp in partitions}
         log.info("assigned %s", {tp.partition: tp.offset for tp in partitions})
-        if self._waiting or self._rebuild_blocks():
-            self._wait_for_rebuild(consumer)
+        if self._waiting or self.fence.blocks():
+            self._pause(consumer)
 
     def _caught_up(self) -> None:
         """``deliverable`` from the lag measured after the last batch (or poll)."""
@@ -116,7 +268,7 @@ class ProjectionRunner(BatchRunner):
         self.deliverable -= {tp.partition for tp in partitions}
         for tp in partitions:
             self.stats.lag.pop(tp.partition, None)
-            self._forget(tp.partition)
+            self.applier.forget(tp.partition)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     # Kafka ------------------------------------------------------------------------
@@ -143,9 +295,14 @@ class ProjectionRunner(BatchRunner):
         for partition, part_msgs in sorted(by_part.items()):
             if self._waiting:
                 return  # fenced by a rebuild: nothing more is written until it ends
-            if self._apply_partition(partition, part_msgs):
+            verdict = self.applier.apply(partition, part_msgs)
+            if verdict is Verdict.CURRENT:
                 self._next[partition] = part_msgs[-1].offset() + 1
                 self.stats.batches += 1
+            elif verdict is Verdict.REGRESSED:
+                self._rewind(partition)
+            else:
+                self._fenced(partition)
 
     def _update_lag(self) -> None:
         for p in self._assigned:
@@ -199,7 +356,8 @@ class ProjectionRunner(BatchRunner):
                 if self._waiting:
                     # Paused partitions return nothing; polling keeps the group membership.
                     self._consumer.consume(self.batch_size, timeout=0.2)
-                    self._while_waiting()
+                    if self.fence.over():
+                        self._resume_after_rebuild()
                     continue
                 # A full batch means a backlog: then take catch-up sized ones, fewer
                 # transactions each.
@@ -213,7 +371,7 @@ class ProjectionRunner(BatchRunner):
                 elif self._assigned:
                     self._update_lag()
                 if not behind:
-                    self.settle_erasures()
+                    self.applier.settle_erasures()
                 if time.monotonic() - self._checked_at > POSITION_CHECK_S:
                     self._checked_at = time.monotonic()
                     self._check_positions()
@@ -223,9 +381,9 @@ class ProjectionRunner(BatchRunner):
         except Stopped:
             log.info("stopped while retrying; the unfinished batch was not applied")
         finally:
-            if self._finisher is not None:
-                # It sees the same stop; what it had not refolded stays marked incomplete.
-                self._finisher.join(timeout=30)
+            # A dead rebuild being completed sees the same stop; what it had not refolded
+            # stays marked incomplete.
+            self.fence.join(timeout=30)
             if self.notifier is not None:
                 self.notifier.stop()
             self.close()
@@ -252,7 +410,7 @@ class ProjectionRunner(BatchRunner):
             broken = (
                 []
                 if generations is not None
-                else self._retry(
+                else self.retrier.retry(
                     "reading rebuild markers",
                     functools.partial(incomplete, self.redis, self.settings, names),
                 )
@@ -262,14 +420,16 @@ class ProjectionRunner(BatchRunner):
                     f"a rebuild of {'+'.join(broken)} died before it finished: the projection is "
                     f"half deleted or half refolded; run `runlog rebuild` (or start a runner)"
                 )
-            md = self._retry("reading topic metadata", self._metadata)
+            md = self.retrier.retry("reading topic metadata", self._metadata)
             parts = sorted(md)
             targets: dict[int, int] = {}
             for p in parts:
-                targets[p] = self._retry(f"watermarks of {p}", functools.partial(self._high, p))
-            start = self._adopt(parts)
+                targets[p] = self.retrier.retry(
+                    f"watermarks of {p}", functools.partial(self._high, p)
+                )
+            start = self.positions.adopt(parts)
             if generations is not None:
-                self._gens.update(generations)
+                self.positions.write_under(generations)
             self._next = {p: start[p] + 1 for p in parts}
             begin = dict(self._next)
             total = sum(max(0, targets[p] - begin[p]) for p in parts)
@@ -308,7 +468,7 @@ class ProjectionRunner(BatchRunner):
                 if progress is not None:
                     done = sum(max(0, min(self._next[p], targets[p]) - begin[p]) for p in todo)
                     progress(done, total)
-            self.settle_erasures()
+            self.applier.settle_erasures()
             return targets
         finally:
             self.close()
@@ -324,9 +484,7 @@ class ProjectionRunner(BatchRunner):
             with contextlib.suppress(RuntimeError):  # already closed
                 self._consumer.close()
             self._consumer = None
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        self.applier.close()
         self._assigned = set()
 
 
@@ -342,11 +500,10 @@ def rebuild(
     """Rebuild projections ``names`` from offset zero, live runners fenced, not raced
     (``rebuilding.rebuild_with``, which says how a rebuild that dies is completed)."""
     return rebuild_with(
-        lambda: ProjectionRunner(settings, client, names),
+        lambda: ProjectionRunner(settings, client, names, stop=stop),
         client,
         settings,
         names,
         progress=progress,
         takeover=takeover,
-        stop=stop,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -48,8 +47,6 @@ def _delete(client: redis.Redis, keys: list[Any]) -> int:
 class Refolder(Protocol):
     """A runner that folds projections from zero (``ProjectionRunner``)."""
 
-    _stop: threading.Event
-
     def catch_up(
         self,
         *,
@@ -66,10 +63,10 @@ def rebuild_with(
     *,
     progress: Callable[[int, int], None] | None = None,
     takeover: bool = False,
-    stop: threading.Event | None = None,
 ) -> dict[int, int]:
     """Delete the projections and fold the log from offset zero up to today's watermarks,
-    with the runner ``new_runner`` makes (``runner.rebuild``: a ``ProjectionRunner``).
+    with the runner ``new_runner`` makes (``runner.rebuild``: a ``ProjectionRunner``, which
+    stops with the rebuild's caller).
 
     Live runners of these projections are fenced, not raced: the rebuild first marks the
     projections as rebuilding, then increments every partition's generation (a live
@@ -121,8 +118,6 @@ def rebuild_with(
             for name in names:
                 delete_projection(client, settings, name)
             runner = new_runner()
-            if stop is not None:
-                runner._stop = stop
             targets = runner.catch_up(progress=progress, generations=generations)
             # Complete: only now may runners trust and write the projection again. Only
             # our own mark: one set by a rebuild that started since is that one's to clear.

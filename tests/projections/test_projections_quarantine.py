@@ -133,11 +133,11 @@ def test_transient_redis_errors_are_retried_not_skipped(
             raise redis.ConnectionError("connection reset")
         return "done"
 
-    assert runner._retry("flaky", flaky) == "done"
+    assert runner.retrier.retry("flaky", flaky) == "done"
     assert calls["n"] == 4 and runner.stats.retries == 3
 
     def broken() -> None:
         raise ValueError("a bug is not transient")
 
     with pytest.raises(ValueError):
-        runner._retry("broken", broken)
+        runner.retrier.retry("broken", broken)

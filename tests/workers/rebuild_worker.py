@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runlog.consumers.runner import _core as core
+from runlog.consumers.runner import _batch as batch
 from runlog.consumers.runner import _fencing as fencing
 from runlog.consumers.runner import _loop as runner
 from runlog.consumers.runner import _rebuilding as rebuilding
@@ -27,7 +27,7 @@ from runlog.consumers.runner import _rebuilding as rebuilding
 POINT = os.environ["RUNLOG_TEST_REBUILD_HALT_AT"]
 FLAG = Path(os.environ["RUNLOG_TEST_REBUILD_FLAG"])
 fencing.REBUILD_MARKER_TTL_S = 2
-core.CATCH_UP_BATCH = 200  # many refold transactions, so one can be the middle
+runner.CATCH_UP_BATCH = 200  # many refold transactions, so one can be the middle
 # ^C as at a terminal: a parent started in the background (a CI job under `&`) passes
 # SIGINT on ignored, and Python then keeps it ignored, so the test's ^C would never land.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -48,16 +48,16 @@ if POINT == "after-first-delete":
 
     rebuilding._delete = _delete
 elif POINT == "mid-replay":
-    real_commit = runner.ProjectionRunner._commit
+    real_commit = batch.BatchApplier._commit
     commits = [0]
 
-    def _commit(self: runner.ProjectionRunner, *args: Any, **kwargs: Any) -> None:
+    def _commit(self: batch.BatchApplier, *args: Any, **kwargs: Any) -> None:
         real_commit(self, *args, **kwargs)
         commits[0] += 1
         if commits[0] == 4:
             halt()
 
-    runner.ProjectionRunner._commit = _commit  # type: ignore[method-assign]
+    batch.BatchApplier._commit = _commit  # type: ignore[method-assign]
 elif POINT == "before-end":
     real_catch_up = runner.ProjectionRunner.catch_up
 
