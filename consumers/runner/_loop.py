@@ -251,6 +251,11 @@ class ProjectionRunner:
         log.info("assigned %s", {tp.partition: tp.offset for tp in partitions})
         if self._waiting or self.fence.blocks():
             self._pause(consumer)
+        else:
+            # librdkafka keeps a partition's pause across its revocation and a later
+            # assignment: one paused for a rebuild that ended while it was revoked (its
+            # resume then named no partition) would stay paused for ever.
+            consumer.resume([TopicPartition(self.topic, tp.partition) for tp in partitions])
 
     def _caught_up(self) -> None:
         """``deliverable`` from the lag measured after the last batch (or poll)."""

@@ -202,3 +202,50 @@ def test_a_rebuild_that_dies_frees_the_live_runners(
     gen.generate(runs=2, events_per_run=10)
     _same_as_a_rebuild(redis_client, test_settings, live)
     assert live.runner.stats.fenced >= 1
+
+
+def test_a_partition_revoked_while_paused_for_a_rebuild_is_read_again_when_reassigned(
+    test_settings: Settings, redis_client: redis.Redis, unique_group: Callable[..., str]
+) -> None:
+    """A runner paused for a rebuild loses its partitions (a rebalance) before the rebuild
+    ends, so its resume names none; when they come back they must be read. librdkafka
+    keeps a partition's pause across the revocation and the new assignment: before the
+    fix, the runner's partitions stayed paused for ever (the explorer's seed 306: a broker
+    restart's session timeout during a dead rebuild's completion)."""
+    from confluent_kafka import TopicPartition
+
+    LoadGenerator(test_settings, seed=43).generate(runs=3, events_per_run=5)
+    runner = ProjectionRunner(
+        test_settings,
+        redis_client,
+        PROJECTIONS,
+        group=unique_group("paused"),
+        consumer_extra=FAST_GROUP,
+    )
+    marker = ProjectionKeys(
+        test_settings.redis_key_prefix, PROJECTIONS[0], test_settings.events_topic
+    ).rebuild_marker()
+    consumer = runner._consumer = runner._make_consumer()
+    parts = [TopicPartition(test_settings.events_topic, p) for p in range(test_settings.partitions)]
+    try:
+        redis_client.set(marker, "a rebuild", ex=60)
+        runner._on_assign(consumer, parts)  # paused: a rebuild holds the projections
+        assert runner._waiting
+        assert consumer.consume(100, timeout=1.0) == []  # polled while paused, as it waits
+        runner._on_revoke(consumer, parts)
+        consumer.unassign()
+        redis_client.delete(marker)
+        assert runner.fence.over()
+        runner._resume_after_rebuild()  # over while revoked: resumes no partition
+        assert not runner._waiting
+        runner._on_assign(
+            consumer, [TopicPartition(test_settings.events_topic, p) for p in range(len(parts))]
+        )
+        got = 0
+        deadline = time.monotonic() + 20
+        while got == 0 and time.monotonic() < deadline:
+            got += len(consumer.consume(100, timeout=0.5))
+        assert got > 0, "the reassigned partitions stayed paused"
+    finally:
+        redis_client.delete(marker)
+        runner.close()
