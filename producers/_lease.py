@@ -129,14 +129,16 @@ return 0
 # ``_ACQUIRE`` does with a floor of 0: a lease absent or bound to the dead session is taken
 # at an epoch bumped past the run's counter; any other (a live holder's, one with a TTL
 # of its own, the dead session's taken meanwhile by someone else) refuses that run only.
-# While the session's key exists (alive after all), no run is taken.
+# While the session's key exists (alive after all), no run is taken. ARGV[1] = '': no
+# session is dead (runs handed over, ``acquire_free``): only absent leases are taken, any
+# present one refuses its run, and KEYS[1] is not read.
 _ACQUIRE_DEAD = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {} end
+if ARGV[1] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then return {} end
 local out = {}
 for i = 1, (#KEYS - 1) / 3 do
   local lk, ek, hk = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
   local cur = redis.call('GET', lk)
-  if cur and string.match(cur, '^[^|]*|[^|]*|([^|]*)$') ~= ARGV[1] then
+  if cur and (ARGV[1] == '' or string.match(cur, '^[^|]*|[^|]*|([^|]*)$') ~= ARGV[1]) then
     out[i] = {0, cur}
   else
     local e = redis.call('INCR', ek)
@@ -518,6 +520,23 @@ class LeaseManager:
         way (``try_acquire``), which says who holds them. Only for leases bound to this
         process's session (a liveness TTL), on a Redis that is not a cluster (a script's
         keys there must share a slot): otherwise nothing is taken here."""
+        if not session:
+            raise ValueError("acquire_dead needs the dead session's id")
+        return self._acquire_many(session, runs, writer_id, ttl_ms)
+
+    def acquire_free(
+        self, runs: list[tuple[str, str]], writer_id: str, ttl_ms: int
+    ) -> dict[str, Lease]:
+        """``acquire_dead`` for runs no session is known dead for (runs handed over by a
+        draining worker: ``LeaseManager.hand_over`` freed each lease and left its note):
+        only the leases nobody holds are taken, each with its handover note; a run whose
+        lease is present (its drainer has not let go yet, a live or dead session took it)
+        is left out, for its open to find so."""
+        return self._acquire_many("", runs, writer_id, ttl_ms)
+
+    def _acquire_many(
+        self, session: str, runs: list[tuple[str, str]], writer_id: str, ttl_ms: int
+    ) -> dict[str, Lease]:
         if self.liveness_ttl_ms <= 0 or not isinstance(self.redis, redis.Redis) or not runs:
             return {}
         mine = self._current_session()
@@ -555,7 +574,10 @@ class LeaseManager:
                 if handed:
                     METRICS["taken_handed_over"] += 1
         log.info(
-            "leases of %d of %d runs of dead session %s acquired", len(taken), len(runs), session
+            "leases of %d of %d runs of %s acquired",
+            len(taken),
+            len(runs),
+            f"dead session {session}" if session else "handed-over runs",
         )
         return taken
 

@@ -82,10 +82,12 @@ ADOPT_BATCH = 256
 """At most this many of a dead session's runs of one partition are claimed together
 (``Batch``): their claims sent in one produce batch and one flush, their ownership checked
 in one round trip. A partition's runs are cut into equal batches."""
-ADOPT_OPENS = 4
+ADOPT_OPENS = 12
 """Batches opened at once, each as soon as the first of its runs is launched (not when
 that dispatch gets its turn to open: it waits for ``ADOPTING`` behind the runs of the
-batches launched before)."""
+batches launched before). A drain's handovers come as many small batches (those of each
+partition announced together), mostly waiting on round trips: at 4 at once, 200 runs
+handed over within half a second waited up to 0.4 s for a turn."""
 HEARTBEAT_S = 2.0
 """How often a worker refreshes its entry in ``runlog workers`` (which expires after 3)."""
 ADOPT_POLL_S = 0.25
@@ -179,9 +181,9 @@ class Worker:
         """An adopted run's pass over its partition, made for all the runs adopted with it
         (``Prefetch``): used by its first dispatch only."""
         self.claimed: dict[str, Lease] = {}
-        """Leases of adopted runs taken at their adoption (``LeaseManager.acquire_dead``,
-        one round trip for many runs): used by their first dispatch, released if none
-        comes."""
+        """Leases of adopted or handed-over runs taken when they were scheduled
+        (``LeaseManager.acquire_dead`` / ``acquire_free``, one round trip for many runs):
+        used by their first dispatch, released if none comes."""
         self.batches: dict[str, Batch] = {}
         """Adopted runs claimed together (``Batch``): used by their first dispatch,
         dropped (their leases let go) if none comes."""
@@ -709,21 +711,27 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the partition owner still retries them
             log.warning("worker %s could not look for dead sessions: %s", self.id, exc)
 
-    def _claim_dead(self, session: str, runs: dict[str, str]) -> None:
-        """Take the leases of a dead session's runs just adopted (run id -> tenant) in one
-        round trip per batch, not three per run at each open; a run whose lease someone
-        else holds is left to its open, which finds it so."""
+    def _claim_dead(self, session: str | None, runs: dict[str, str]) -> None:
+        """Take the leases of a dead session's runs just adopted (run id -> tenant), or with
+        ``session`` None of runs just handed over (``_take_handoffs``: only free leases,
+        ``LeaseManager.acquire_free``), in one round trip per batch, not three per run at
+        each open; a run whose lease someone else holds is left to its open, which finds
+        it so."""
+        if not runs:
+            return
+        wanted = [(tenant, rid) for rid, tenant in runs.items()]
+        leases = self.deps.leases
         try:
-            leases = self.deps.leases.acquire_dead(
-                session,
-                [(tenant, rid) for rid, tenant in runs.items()],
-                self.deps.writer_id,
-                self.settings.lease_ttl_ms,
-            )
+            if session is None:
+                got = leases.acquire_free(wanted, self.deps.writer_id, self.settings.lease_ttl_ms)
+            else:
+                got = leases.acquire_dead(
+                    session, wanted, self.deps.writer_id, self.settings.lease_ttl_ms
+                )
         except RedisUnavailable as exc:
             log.warning("worker %s: leases of %d runs: %s", self.id, len(runs), exc)
             return
-        for rid, lease in leases.items():
+        for rid, lease in got.items():
             self._release(self.claimed.pop(rid, None))
             self.claimed[rid] = lease
 
@@ -740,7 +748,8 @@ class Worker:
                 self.prefetch[rid] = shared
 
     def _batch(self, runs: dict[str, str]) -> None:
-        """Group the runs just adopted whose leases were taken (``_claim_dead``) by their
+        """Group the runs just adopted or handed over whose leases were taken
+        (``_claim_dead``) by their
         pass over the partition, ``ADOPT_BATCH`` a batch (``Batch``), opened in
         ``_batch_pool`` when the first of its runs launches: all claimed together (one
         produce batch and flush, one ownership check, each claim confirmed by reading the
@@ -813,11 +822,17 @@ class Worker:
                 self.handoffs.put(value if isinstance(value, bytes) else str(value).encode())
 
     def _take_handoffs(self) -> None:
+        """Schedule the runs announced handed over, and take them as ``_adopt`` takes a
+        dead session's: their (now free) leases in one round trip, one pass over each
+        partition, then claimed in batches (``_batch``). A run whose lease is still held
+        (its drainer has not let go yet, someone else took it) is opened the usual way."""
         taken: dict[str, str] = {}
         try:
             self._take_handoffs_into(taken)
         finally:
-            self._prefetch(taken)  # the runs taken now: one pass over each partition
+            self._claim_dead(None, taken)
+            self._prefetch(taken)
+            self._batch(taken)
 
     def _take_handoffs_into(self, taken: dict[str, str]) -> None:
         while True:
@@ -837,7 +852,14 @@ class Worker:
                 # the handover): tried again the moment that one ends (``_settle``).
                 self.announced.add(rid)
                 continue
-            if rid in self.queued or rec.agent not in self.agents:
+            if rid in self.queued:
+                # Scheduled already (its ``open`` record, which follows the announcement,
+                # came first) and not launched: taken with the others, unless it has its
+                # pass or lease already.
+                if rid not in self.prefetch and rid not in self.claimed and rid not in self.batches:
+                    taken[rid] = rec.tenant
+                continue
+            if rec.agent not in self.agents:
                 continue
             entry = self._entry(rid)
             if entry is None or entry.record is None or entry.record.state != rec.state:

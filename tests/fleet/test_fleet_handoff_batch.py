@@ -1,0 +1,170 @@
+"""Runs a draining worker hands over together are taken by the receiver as a dead
+worker's are (``Worker._take_handoffs``): their free leases in one round trip
+(``LeaseManager.acquire_free``, each with its handover note), then claimed in batches
+(``producers._opening.Batch``); a run whose lease someone else took meanwhile is left to
+the per-run open, which finds it held. Real Kafka and Redis; the worker is driven by hand
+(no group)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import runlog
+from runlog._bootstrap import Services
+from runlog._settings import Settings
+from runlog.fleet._handoffs import announce, handoffs_key
+from runlog.fleet._lifecycle import Record
+from runlog.fleet._registry import Agent
+from runlog.fleet._worker import Worker
+from runlog.log._fold import read_run
+from runlog.producers._engine import Engine, valid_kept
+from runlog.producers._handle import Run
+from runlog.producers._lease import Lease
+from runlog.producers._opening import open_run_with
+from runlog.schemas._keys import partition_for
+from runlog.schemas._vocabulary import EventType
+
+pytestmark = pytest.mark.timeout(120)
+
+RUNS = 16
+STARTED = {"code_version": "v1", "input_json": "null"}
+
+
+def _effects_key(settings: Settings) -> str:
+    return f"{settings.redis_key_prefix}:handoff-effects"
+
+
+def _payer(settings: Settings, client: redis.Redis) -> tuple[runlog.Tool, Agent]:
+    """A tool whose receiver counts each key, and an agent making two calls of it."""
+
+    @runlog.tool("pay", risk="safe")
+    def pay(args: dict[str, Any], *, idempotency_key: str) -> str:
+        client.hincrby(_effects_key(settings), idempotency_key, 1)
+        return f"paid {args['step']}"
+
+    def payer(run: Run, order: object) -> str:
+        run.call_tool("pay", {"step": 1})
+        run.call_tool("pay", {"step": 2})
+        return "paid"
+
+    return pay, Agent("payer", payer, (pay,))
+
+
+@pytest.fixture
+def services(test_settings: Settings) -> Iterator[list[Services]]:
+    """The drainer, the receiver, and someone else who takes a lease meanwhile."""
+    made = [Services(test_settings, writer_id=name) for name in ("drainer", "receiver", "intruder")]
+    try:
+        yield made
+    finally:
+        for svc in made:
+            svc.close()
+
+
+def _take(worker: Worker, settings: Settings, runs: list[str]) -> None:
+    """What the receiver's listener pops (``_listen``), then its main loop's take."""
+    client = worker.deps.redis
+    raws = client.lrange(handoffs_key(settings), 0, -1)
+    client.delete(handoffs_key(settings))
+    assert len(raws) == len(runs)
+    for raw in raws:
+        worker.handoffs.put(raw)
+    worker._take_handoffs()
+
+
+def _finish(worker: Worker) -> dict[str, str]:
+    """Launch what is ready; each dispatch's result kind, by run id."""
+    worker._launch()
+    kinds = {rid: fut.result(timeout=60).kind for rid, fut in list(worker.active.items())}
+    worker.active.clear()
+    return kinds
+
+
+def test_runs_handed_over_together_are_claimed_in_batches_and_a_held_one_is_opened_alone(
+    test_settings: Settings, services: list[Services]
+) -> None:
+    settings = test_settings
+    drainer, receiver, intruder = services
+    client = receiver.redis
+    pay, agent = _payer(settings, client)
+    deps = drainer.run_deps()
+    runs: dict[str, Engine] = {}
+    for _ in range(RUNS):
+        run = open_run_with(deps, tenant="t1", tools=[pay], agent="payer", started_with=STARTED)
+        Run(run).call_tool("pay", {"step": 1})
+        runs[run.run_id] = run
+    # The drainer lets every run go at its step's boundary and announces them together.
+    tokens = {rid: run.lease.token for rid, run in runs.items()}
+    for run in runs.values():
+        run.hand_over()
+    announce(deps.redis, settings, [(rid, Record("open", "t1", "payer")) for rid in runs])
+    # Meanwhile someone else (a live session) takes one of the free leases.
+    held_rid = next(iter(runs))
+    other = intruder.run_deps().leases.try_acquire("t1", held_rid, "intruder", 60_000)
+    assert isinstance(other, Lease)
+
+    worker = Worker(settings, receiver.run_deps(), {"payer": agent}, concurrency=64)
+    try:
+        _take(worker, settings, list(runs))
+        assert set(worker.ready) == set(runs)
+        # Every free lease taken in one go, with its handover note, and its run in a
+        # batch; the held one has neither: its open finds it held.
+        handed = set(runs) - {held_rid}
+        assert set(worker.batches) == handed and not worker.claimed
+        for rid in handed:
+            lease = worker.batches[rid].leases()[rid]
+            assert lease.handed_over_by == tokens[rid] and lease.check()
+            assert lease.epoch == runs[rid].epoch + 1
+        kinds = _finish(worker)
+        assert kinds == {**dict.fromkeys(handed, "finished"), held_rid: "locked"}
+        assert not worker.batches
+
+        # The other holder lets its run go as a handover too; announced, it is taken the
+        # same way.
+        intruder.run_deps().leases.hand_over(other)
+        announce(deps.redis, settings, [(held_rid, Record("open", "t1", "payer"))])
+        _take(worker, settings, [held_rid])
+        assert set(worker.batches) == {held_rid}
+        assert worker.batches[held_rid].leases()[held_rid].handed_over_by == other.token
+        assert _finish(worker) == {held_rid: "finished"}
+
+        mine = worker.deps.writer_id
+        first_claims: dict[int, list[int]] = {}
+        reader = receiver.run_deps().reader_factory()
+        try:
+            for rid in runs:
+                got = read_run(reader, client, settings, "t1", rid, keep=True)
+                valid = valid_kept(got.folded)
+                resumed = [e for e in valid if e.type is EventType.RUN_RESUMED]
+                # Claimed once, by the receiver, naming who handed the run over.
+                assert [e.writer_id for e in resumed] == [mine]
+                by = other.token if rid == held_rid else tokens[rid]
+                assert f"(handed over by {by})" in resumed[0].payload.reason
+                assert valid[-1].type is EventType.RUN_FINISHED
+                assert valid[-1].payload.outcome == "succeeded"
+                if rid == held_rid:
+                    continue
+                p = partition_for(rid, settings.partitions)
+                for rec in reader.read(rid, partition=p, start=0, end=None):
+                    if rec.event.type is EventType.RUN_RESUMED:
+                        first_claims.setdefault(p, []).append(rec.offset)
+                        break
+        finally:
+            reader.close()
+        # The batch's claims went out together: adjacent offsets in each partition.
+        for offsets in first_claims.values():
+            assert max(offsets) - min(offsets) + 1 == len(offsets)
+        # Every effect once: the first calls by the drainer, the second ones here.
+        counts = {k.decode(): int(v) for k, v in client.hgetall(_effects_key(settings)).items()}
+        assert len(counts) == 2 * RUNS and set(counts.values()) == {1}
+    finally:
+        for batch in set(worker.batches.values()):
+            for rid in batch.leases():
+                batch.drop(rid)
+        for lease in worker.claimed.values():
+            lease.release()
+        worker.pool.shutdown(wait=True)
