@@ -35,6 +35,7 @@ from runlog.consumers.runner import rebuild
 from runlog.consumers.stores import PROJECTIONS
 from runlog.log._clients import redis_client as make_client
 from runlog.log._snapshots import SnapshotStore
+from runlog.producers._handle import engine_of
 from runlog.schemas._models import ERASED
 from runlog.schemas._vocabulary import EventType
 
@@ -93,7 +94,7 @@ def make_run(s: Settings, marker: str, *, snapshot: bool = False) -> str:
         run.append(EventType.USER_MESSAGE, content=f"my name is {marker}-user")
         run.call_tool("lookup", {"q": f"{marker}-args"})
         if snapshot:
-            SnapshotStore(make_client(s), s).write(run)
+            SnapshotStore(make_client(s), s).write(engine_of(run))
         run.finish("succeeded", f"told {marker}-summary")
         return run.run_id
 

@@ -36,6 +36,7 @@ from runlog.log import _keys as keys_mod
 from runlog.log._clients import redis_client as make_client
 from runlog.log._keys import new_kek
 from runlog.log._snapshots import SnapshotStore
+from runlog.producers._handle import engine_of
 from runlog.producers._lease import Lease, LeaseManager
 from runlog.schemas._vocabulary import EventType
 
@@ -94,7 +95,7 @@ def test_forget_leaves_no_copy_of_a_queued_item_in_redis_or_its_files(
         busy = held.enter_context(runlog.open_run(tenant=TENANT, settings=s, subject=subject))
         asking = held.enter_context(runlog.open_run(tenant=TENANT, settings=s, subject=subject))
         busy.append(EventType.USER_MESSAGE, content=f"{marker}-user")
-        SnapshotStore(make_client(s), s).write(busy)
+        SnapshotStore(make_client(s), s).write(engine_of(busy))
         approval = asking.request_approval(f"refund to {marker}-question")
         inbox = copies.inbox_key(s.redis_key_prefix, TENANT, asking.run_id)
         redis_client.rpush(inbox, f"not a decision {marker}-malformed")

@@ -26,6 +26,7 @@ from runlog.log._snapshots import (
     decode_body,
     encode_body,
 )
+from runlog.producers._handle import engine_of
 from runlog.producers._opening import open_run_with
 from runlog.projections._run_state import RunState, fold
 from runlog.schemas._vocabulary import EventType
@@ -204,7 +205,7 @@ def test_a_bad_snapshot_falls_back_to_full_replay(
         store: SnapshotStore = deps.snapshots
         with open_run_with(deps, tenant="acme") as run:
             _work(run, 3)
-            mid = store.write(run)
+            mid = store.write(engine_of(run))
             _work(run, 3)
             run_id = run.run_id
 
@@ -364,7 +365,7 @@ def test_a_resume_from_a_snapshot_reads_only_the_tail(test_settings: Settings) -
                 run.emit(EventType.USER_MESSAGE, {"content": f"m{i}"})
                 if i % 20 == 19:
                     run.barrier()
-                    store.maybe_write(run)
+                    store.maybe_write(engine_of(run))
             run.barrier()
             run_id, length = run.run_id, run.state.seq
         snap = store.candidates("acme", run_id)[0]
@@ -413,7 +414,7 @@ def test_a_resume_on_a_busy_partition_stops_at_the_runs_last_record(
                 run.emit(EventType.USER_MESSAGE, {"content": f"m{i}"})
                 if i % 20 == 19:
                     run.barrier()
-                    store.maybe_write(run)
+                    store.maybe_write(engine_of(run))
             run.barrier()
             run_id, part, length = run.run_id, run.partition, run.state.seq
         while True:  # another run on the same partition, busy after the snapshots

@@ -27,6 +27,7 @@ from typing import Any
 
 from runlog._bootstrap import Services
 from runlog._settings import Settings
+from runlog.producers._handle import engine_of
 from runlog.producers._opening import open_run_with
 from runlog.schemas._keys import live_key, session_of
 from tools.benchmarks.common import TENANT, Scratch, summary, worker_env, workload_payload
@@ -125,7 +126,7 @@ def _write_long_run(deps: Any, n: int, store: Any) -> tuple[str, list[float], in
             run.barrier()
             if store is not None:
                 t0 = time.perf_counter()
-                if store.maybe_write(run):
+                if store.maybe_write(engine_of(run)):
                     snap_times.append(time.perf_counter() - t0)
                     last_snap = run.state.seq
         return str(run.run_id), snap_times, last_snap

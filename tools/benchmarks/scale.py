@@ -54,6 +54,7 @@ from runlog.errors import RunlogError
 from runlog.log._kafka import reader_config
 from runlog.log._snapshots import SnapshotStore
 from runlog.producers._engine import Engine
+from runlog.producers._handle import engine_of
 from runlog.producers._opening import open_run_with
 from runlog.schemas._keys import lease_key
 from runlog.schemas._vocabulary import EventType
@@ -145,7 +146,7 @@ def _write_loop(
             appended = time.perf_counter() - t0
             if deps.snapshots is not None:  # as ``append`` does after each durable append
                 t1 = time.perf_counter()
-                if deps.snapshots.maybe_write(run):
+                if deps.snapshots.maybe_write(engine_of(run)):
                     snap_s += time.perf_counter() - t1
                     writes += 1
             n = run.state.seq - before
@@ -178,7 +179,7 @@ def _append_rounds(
                         turn += 1
                     run.barrier()
                     if deps.snapshots is not None and snapshots:
-                        deps.snapshots.maybe_write(run)
+                        deps.snapshots.maybe_write(engine_of(run))
                 out[which].append((time.perf_counter() - t0) / (run.state.seq - start))
     return out
 
@@ -399,7 +400,7 @@ def long_runs(
         # its durable points: its tail is now longer than the interval, which no live writer
         # leaves. The write the next durable point would make, before the resumes time it.
         with open_run_with(sdeps, long_id, tenant=TENANT, recover=False) as caught_up:
-            store.maybe_write(caught_up)
+            store.maybe_write(engine_of(caught_up))
         echo("scale: resumes ...")
         # As a worker does: its log tail follows its partitions whole, so a resume from a
         # snapshot stops reading after the run's last record instead of at the partition's
