@@ -1,7 +1,7 @@
 # runlog developer entry points. Everything runs from the project's own virtualenv (.venv).
 #   make venv   create .venv (python3.11+ from PATH) and install runlog with dev extras
 #   make stack  start the local Kafka (KRaft, one node) + Redis stack and create topics
-#   make test   stack, then: .venv/bin/python -m pytest -q
+#   make test   stack, then the suite (pytest -q) in two lanes side by side: tools/test_lanes.sh
 #   make faults fault tests on their own 3-node cluster + Redis (minutes; tests/faults)
 #   make explore  the fault explorer: SEED=7 STEPS=40 [KEEP=0,3,9] one history; no SEED: seeds until one fails
 #   make soak   every fault at the reliability goals' counts (~2 h; SCALE=0.01 or KILLS=.. RACES=.. etc.)
@@ -62,7 +62,7 @@ topics: venv
 	$(RUNLOG) topics create
 
 test: stack
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	tools/test_lanes.sh $(PY) $(PYTEST_ARGS)
 
 # The fault suite starts (and stops) its own cluster: `runlog stack up --nodes 3`.
 faults: venv

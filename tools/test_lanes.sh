@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `make test`: the suite in two pytest processes against the one stack, side by side.
+#   tools/test_lanes.sh PYTHON [pytest args...]
+# The tests isolate themselves (a topic and Redis key prefix per test) and mostly wait on the
+# broker, Redis and the worker processes they start, so two lanes take about half the time
+# of one. The second lane holds the integrations' kill loops and the CLI; the first lane,
+# everything else (with the session-wide stacks: secure, registry, Redis Cluster), so no
+# session fixture is started twice. The second lane's output follows the first one's.
+# For a subset, run pytest directly: .venv/bin/python -m pytest -q tests/cli
+set -uo pipefail
+
+py=$1
+shift
+second=(tests/integrations tests/cli tests/test_doc_examples.py)
+ignore=()
+for p in "${second[@]}"; do ignore+=("--ignore=$p"); done
+
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+"$py" -m pytest -q "$@" "${second[@]}" >"$out" 2>&1 &
+pid=$!
+rc1=0
+"$py" -m pytest -q "$@" "${ignore[@]}" || rc1=$?
+rc2=0
+wait "$pid" || rc2=$?
+echo "=== second lane: ${second[*]} (ran beside; exit ${rc2}) ==="
+cat "$out"
+echo "=== test lanes: first exit ${rc1}, second exit ${rc2} ==="
+[[ $rc1 -eq 0 && $rc2 -eq 0 ]]
