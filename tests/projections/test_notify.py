@@ -333,6 +333,12 @@ def test_loops_sharing_the_queue_deliver_each_notification_once(
     assert sorted(got) == sorted(asked)
 
 
+def _log_since(log_path: Path, offset: int) -> str:
+    with log_path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 def _runner(settings: Settings, group: str, url: str, log_path: Path) -> subprocess.Popen[bytes]:
     out = log_path.open("ab")
     return subprocess.Popen(
@@ -423,8 +429,12 @@ def test_one_notification_per_request_through_sigkill_redelivery_and_rebuild(
             stored_before = queries.dump_projection(redis_client, s, NOTIFY)
             rebuild(redis_client, s, [NOTIFY])
             assert queries.dump_projection(redis_client, s, NOTIFY) == stored_before
+            seen = log_path.stat().st_size
             proc = _runner(s, group, url, log_path)
-            time.sleep(2.0)  # long enough for several delivery passes
+            # Its partitions assigned (a loaded machine may take seconds to get there),
+            # then long enough for several delivery passes.
+            _wait("the runner assigned", lambda: "assigned" in _log_since(log_path, seen))
+            time.sleep(2.0)
             assert stop(proc) == 0
             assert sorted(rec.keys()) == sorted([*asked, fresh])
             assert queries.approvals_report(redis_client, s, now=now).pending == pending_before

@@ -3,8 +3,9 @@
 READONLY (a replica, or a primary demoted by a failover), OOM (``maxmemory`` reached under
 ``noeviction``) and BUSY (a long script) are replies, not connection errors: the runner
 backs off (capped) and retries the batch, and once Redis takes writes again the
-projection ends exactly as if nothing had happened. Each fault is made on this session's
-own Redis and undone in ``finally``.
+projection ends exactly as if nothing had happened. Each fault is made on a
+``redis-server`` of the test's own (``tools.redis_server``), never on the session's shared
+one, whose other clients (tests running beside this one) would meet it too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from runlog.consumers import _queries as queries
 from runlog.consumers.runner import ProjectionRunner, transient_redis_error
 from runlog.consumers.stores import PROJECTIONS
 from tools.loadgen import LoadGenerator
+from tools.redis_server import PrivateRedis
 
 
 @contextmanager
@@ -118,11 +120,24 @@ def test_the_replies_are_recognised_as_transient() -> None:
     assert not transient_redis_error(redis.ResponseError("WRONGTYPE Operation against a key"))
 
 
+@pytest.fixture
+def own_redis(test_settings: Settings) -> Iterator[tuple[Settings, redis.Redis]]:
+    """This test's settings on a Redis of its own, and a client of it."""
+    server = PrivateRedis()
+    client = redis.Redis.from_url(server.url)
+    try:
+        yield test_settings.model_copy(update={"redis_url": server.url}), client
+    finally:
+        client.close()
+        server.stop()
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 @pytest.mark.timeout(180)
 def test_the_runner_backs_off_and_applies_everything_once_redis_heals(
-    test_settings: Settings, redis_client: redis.Redis, fault: str
+    own_redis: tuple[Settings, redis.Redis], fault: str
 ) -> None:
+    test_settings, redis_client = own_redis
     runs = LoadGenerator(test_settings, seed=51).generate(runs=6, events_per_run=12)
     runner_client = redis.Redis.from_url(test_settings.redis_url)
     runner = ProjectionRunner(test_settings, runner_client, PROJECTIONS)

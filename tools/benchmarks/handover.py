@@ -18,11 +18,7 @@ private ``redis-server`` of the bench's own, so the command counts are the fleet
 
 from __future__ import annotations
 
-import shutil
-import socket
 import statistics
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,47 +32,10 @@ from runlog.schemas._models import TimerStarted
 from runlog.schemas._vocabulary import EventType
 from tools.benchmarks.common import Scratch
 from tools.benchmarks.fleet import TENANT, Follower, WorkerProcs, pct, wait_until
+from tools.redis_server import PrivateRedis
 
 WINDOW_S = 10.0
 """How long the Redis commands of a worker holding its runs are counted."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PrivateRedis:
-    """A ``redis-server`` of the bench's own (no persistence), stopped by ``stop``."""
-
-    def __init__(self) -> None:
-        server = shutil.which("redis-server")
-        if server is None:
-            raise RuntimeError("redis-server is not on PATH: the bench counts its commands")
-        self.port = _free_port()
-        self.dir = tempfile.mkdtemp(prefix="runlog-bench-redis-")
-        self.proc = subprocess.Popen(
-            [server, "--port", str(self.port), "--save", "", "--appendonly", "no"],
-            cwd=self.dir,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _commandstats(client: redis.Redis) -> dict[str, int]:
