@@ -542,6 +542,8 @@ class Batch:
         """Runs dropped while the batch opens: let go once it has."""
         self.started = False
         """Set by whoever scheduled ``open`` (a worker, at the first of its runs' launch)."""
+        self._made = time.monotonic()
+        """When the batch was made: its leases were taken before."""
         self.opened: Future[None] = Future()
         """Done once ``open`` has opened the runs (an event loop awaits it, no thread)."""
 
@@ -560,6 +562,10 @@ class Batch:
             if claims is None:
                 return
             opened: dict[str, Engine | Exception] = {}
+            if self.prefetch is not None:
+                # A pass read before the leases were taken (a drain's runs, read while
+                # their last steps ran) is read on to what their previous owner wrote.
+                self.prefetch.top_up(self._made, self.deps.reader_factory)
             try:
                 opened = open_claimed(self.deps, claims, self.prefetch)
             except Exception as exc:  # noqa: BLE001 - every run's failure (leases released)

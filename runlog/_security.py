@@ -226,8 +226,12 @@ def redis_acl_rules(key_prefix: str) -> dict[str, str]:
     )
     # The fleet: each worker's presence entry (which agents it serves, read by a start
     # that requires a worker), a reconcile request's reply (the worker writes it, the
-    # operator reads it) and the list a draining worker announces its runs on.
-    fleet = f"~{key_prefix}:workers:* ~{key_prefix}:reconcile:* ~{key_prefix}:handoffs"
+    # operator reads it), the list a draining worker announces its runs on, and the one it
+    # says which runs are coming on (``fleet.handoffs``).
+    fleet = (
+        f"~{key_prefix}:workers:* ~{key_prefix}:reconcile:* ~{key_prefix}:handoffs "
+        f"~{key_prefix}:handoffs:coming"
+    )
     # Records an operator set aside (runlog.log._setaside): every reader of runs skips them,
     # so every role that reads runs reads the list; only the operator writes it.
     set_aside = f"{key_prefix}:setaside:*"

@@ -434,6 +434,16 @@ def _compiled(ws: WriterSchema) -> _Compiled | None:
     return out
 
 
+def warm_decoders() -> None:
+    """Compile the decoder of every current schema now (tens of milliseconds, once a
+    process), not at the first record of each type the process reads: a worker's first
+    takeover of many runs would otherwise compile them on the threads opening those runs,
+    holding the interpreter while the handovers wait."""
+    reg = registry()
+    for event_type in reg.current:
+        _compiled(reg.writer(event_type))
+
+
 def decode(data: bytes, ids: SchemaIds | None = None, opener: Opener | None = None) -> Event:
     """Decode one record into the current version of its event; ``SchemaError`` on failure.
 

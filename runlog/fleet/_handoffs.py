@@ -7,6 +7,12 @@ run the drainer lets go (and each durable sleep of its partitions about to end) 
 on ``handoffs_key`` the moment its lease is free; every live worker blocks on that list
 (``BLPOP``, one command a second when idle) and dispatches what it pops. The lease still
 decides who runs each: an announcement only says "try now".
+
+When its drain begins, the worker also says which runs are coming (``announce_coming``, one
+entry per partition on ``coming_key``): the worker that pops it reads each partition once
+for them while their last steps run (``Prefetch``), so that when the handovers come in a
+burst their claims replay from that pass, read on to the partition's end, and not from a
+pass of their own each.
 """
 
 from __future__ import annotations
@@ -46,6 +52,47 @@ def announce(client: redis.Redis, settings: Settings, runs: list[tuple[str, Reco
         pipe.execute()
     except REDIS_ERRORS as exc:
         log.warning("could not announce %d runs handed over: %s", len(runs), exc)
+
+
+def coming_key(settings: Settings) -> str:
+    return f"{settings.redis_key_prefix}:handoffs:coming"
+
+
+def announce_coming(
+    client: redis.Redis, settings: Settings, runs: dict[int, dict[str, str]]
+) -> None:
+    """Push the runs a drain is about to hand over (partition -> run id -> tenant), one
+    entry per partition. Best effort: without it, each handover's claim reads for itself."""
+    entries = [
+        str(p).encode() + b"\0" + "\n".join(f"{rid}\t{t}" for rid, t in group.items()).encode()
+        for p, group in runs.items()
+        if group
+    ]
+    if not entries:
+        return
+    key = coming_key(settings)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(key, *entries)
+        pipe.pexpire(key, TTL_MS)
+        pipe.execute()
+    except REDIS_ERRORS as exc:
+        log.warning("could not announce %d runs about to be handed over: %s", len(runs), exc)
+
+
+def parse_coming(raw: bytes) -> tuple[int, dict[str, str]]:
+    """An ``announce_coming`` entry's partition and runs (run id -> tenant); ``ValueError``
+    if it is not one."""
+    part, sep, body = raw.partition(b"\0")
+    if not sep:
+        raise ValueError("not an announcement of runs coming")
+    runs: dict[str, str] = {}
+    for line in body.decode().split("\n"):
+        rid, tab, tenant = line.partition("\t")
+        if not tab or not rid:
+            raise ValueError("not an announcement of runs coming")
+        runs[rid] = tenant
+    return int(part), runs
 
 
 def parse(raw: bytes) -> tuple[str, Record]:

@@ -108,6 +108,9 @@ idle worker, whatever the number of runs)."""
 HANDOFF_BATCH = 64
 """Announcements a worker pops in one round trip (the runs it then takes are replayed
 from one pass over each partition)."""
+WARM_PASS_S = 30.0
+"""How long a pass read for a drain's runs before they come (``_warm_coming``) is kept for
+their claims."""
 HANDOFF_HORIZON_S = 10.0
 """A draining worker announces its partitions' durable sleeps that end within this much
 (the rest are due after the group has moved the partitions)."""
@@ -172,6 +175,8 @@ class Worker:
         self._seq = 0
         self.active: dict[str, Future[Result]] = {}
         self.launched: dict[str, int] = {}
+        self.tenant_of: dict[str, str] = {}
+        """The tenant of each active dispatch's run (what a drain announces: ``_shutdown``)."""
         self.adopted: dict[str, Entry] = {}
         self.late: dict[str, float] = {}
         """Sessions seen late (``_adopt``), with when they were first seen so."""
@@ -218,6 +223,11 @@ class Worker:
         self.handoffs: queue.Queue[bytes] = queue.Queue()
         """Announcements popped by the listener (``_listen``), taken by the main loop."""
         self._listening = threading.Event()
+        self.coming: queue.Queue[bytes] = queue.Queue()
+        """Announcements of a drain's runs about to come (``handoffs.announce_coming``),
+        popped by the listener, taken by the main loop (``_warm_coming``)."""
+        self.warm: dict[int, tuple[Prefetch, float]] = {}
+        """By partition: the pass read for a drain's runs before they came, and when."""
         self.announced: set[str] = set()
         """Runs announced handed over while a dispatch of them was active."""
         # Reconcile requests (``fleet.reconciling``) of the assigned partitions, by record
@@ -509,6 +519,7 @@ class Worker:
             self.launched[rid] = entry.offset
             if agent is not None:  # a check of the log takes no lease: nothing to adopt
                 self._held[rid] = f"{rec.tenant}\t{rec.agent}"
+                self.tenant_of[rid] = rec.tenant
             self.stats["dispatched" if agent is not None else "checked"] += 1
             fut.add_done_callback(functools.partial(self._done, rid))
 
@@ -582,6 +593,7 @@ class Worker:
                 return
             self.active.pop(rid, None)
             launched = self.launched.pop(rid, -1)
+            self.tenant_of.pop(rid, None)
             self._held[rid] = None
             try:
                 res = fut.result()
@@ -743,7 +755,11 @@ class Worker:
             p = partition_for(rid, self.settings.partitions)
             by_partition.setdefault(p, {})[rid] = tenant
         for p, group in by_partition.items():
-            shared = Prefetch(p, group, self._reads)
+            warm, _ = self.warm.get(p, (None, 0.0))
+            if warm is not None and all(warm.runs.get(r) == t for r, t in group.items()):
+                shared = warm  # read for them already: their batch reads on from its end
+            else:
+                shared = Prefetch(p, group, self._reads)
             for rid in group:
                 self.prefetch[rid] = shared
 
@@ -802,10 +818,11 @@ class Worker:
         idle; a burst is taken ``HANDOFF_BATCH`` at a time, one round trip each). What is
         popped after the drain began is pushed back for another worker."""
         client = self.deps.redis
-        key = handoffs.handoffs_key(self.settings)
+        keys = [handoffs.handoffs_key(self.settings), handoffs.coming_key(self.settings)]
         while self._listening.is_set():
             try:
-                got = client.blpop([key], timeout=HANDOFF_WAIT_S)
+                got = client.blpop(keys, timeout=HANDOFF_WAIT_S)
+                key = "" if got is None else _text(got[0])
                 more = client.lpop(key, HANDOFF_BATCH - 1) if got is not None else None
             except REDIS_ERRORS as exc:
                 log.warning("worker %s: handoffs: %s", self.id, exc)
@@ -818,8 +835,34 @@ class Worker:
                 with contextlib.suppress(*REDIS_ERRORS):
                     client.lpush(key, *reversed(values))  # back at the head, in order
                 return
+            into = self.handoffs if key == keys[0] else self.coming
             for value in values:
-                self.handoffs.put(value if isinstance(value, bytes) else str(value).encode())
+                into.put(value if isinstance(value, bytes) else str(value).encode())
+
+    def _warm_coming(self) -> None:
+        """Read each partition once for the runs a drain announced as coming, now, while
+        their last steps run (in ``_batch_pool``): when their handovers come, in a burst,
+        the batches that claim them replay from that pass read on to the partition's end
+        (``Prefetch.top_up``), not from a pass of their own each."""
+        now = time.monotonic()
+        for p in [p for p, (_, at) in self.warm.items() if now - at > WARM_PASS_S]:
+            del self.warm[p]
+        while True:
+            try:
+                raw = self.coming.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                p, runs = handoffs.parse_coming(raw)
+            except Exception as exc:  # noqa: BLE001 - one bad announcement must not stop dispatch
+                log.error("announcement of runs coming: %s", exc)
+                continue
+            if not 0 <= p < self.settings.partitions:
+                continue
+            shared = Prefetch(p, runs, self._reads)
+            self.warm[p] = (shared, now)
+            deps = self.deps
+            self._batch_pool.submit(shared.load, deps.settings, deps.redis, deps.reader_factory)
 
     def _take_handoffs(self) -> None:
         """Schedule the runs announced handed over, and take them as ``_adopt`` takes a
@@ -891,15 +934,16 @@ class Worker:
 
     # The loop ----------------------------------------------------------------------------
     def _warm(self) -> None:
-        """Make what a dispatch needs before the first one waits for it: the schemas' encoders,
-        the agents' event loop and ``OPENING`` readers of the pool, each connected to the
-        partitions' leaders, and the process's log tail following every partition that
-        fits its window from the beginning (``LogTail.follow_whole``).
+        """Make what a dispatch needs before the first one waits for it: the schemas' encoders
+        and decoders, the agents' event loop and ``OPENING`` readers of the pool, each
+        connected to the partitions' leaders, and the process's log tail following every
+        partition that fits its window from the beginning (``LogTail.follow_whole``).
         A cold reader's first read costs a connection, metadata and a fetch session (some
         hundred milliseconds, the whole of an idle fleet's first dispatch); a warm one's is
         a fetch. Best effort: a reader that cannot be made now is made by the open that
         needs it, which reports why."""
         registry()  # every schema and its compiled encoder (tens of ms, once a process)
+        codec.warm_decoders()  # and decoder: a first takeover decodes every type at once
         if any(agent.is_async for agent in self.agents.values()):
             self._event_loop()
         readers = []
@@ -971,6 +1015,7 @@ class Worker:
                             self._catch_up(tp.partition)
                 self._reap()
                 self._reap_requests()
+                self._warm_coming()
                 self._take_handoffs()
                 self._fire_due()
                 self._launch()
@@ -999,11 +1044,16 @@ class Worker:
         # by its dispatch, the moment its lease is free: ``runner._handed_over``.) Read
         # before the consumer closes: its revocation drops the partitions' tables.
         soon = self._soon_due()
+        coming: dict[int, dict[str, str]] = {}
+        for rid, tenant in self.tenant_of.items():
+            coming.setdefault(partition_for(rid, self.settings.partitions), {})[rid] = tenant
         try:
             consumer.close()  # leaves the group: its partitions move at once
         except Exception as exc:  # noqa: BLE001
             log.warning("closing the lifecycle consumer: %s", exc)
         handoffs.announce(self.deps.redis, self.settings, soon)
+        # The runs in a step now: another worker reads their partitions while they finish.
+        handoffs.announce_coming(self.deps.redis, self.settings, coming)
         self.tables.clear()
         self.caught_up.clear()
         self.heap.clear()
@@ -1011,6 +1061,7 @@ class Worker:
         self.queued.clear()
         self.adopted.clear()
         self.prefetch.clear()
+        self.warm.clear()
         self.announced.clear()
         for lease in list(self.claimed.values()):
             self._release(lease)

@@ -406,6 +406,9 @@ class Prefetch:
         self._records: dict[str, list[LogRecord]] = {}
         self._lock = threading.Lock()
         self._state = "new"
+        self._asked = 0.0
+        """When ``end`` was asked of the broker (monotonic): what was acknowledged before
+        that lies below it."""
 
     def load(self, settings: Settings, client: redis.Redis, factory: Any) -> bool:
         """Read the partition once (``factory()``: a reader), from the earliest of the
@@ -453,6 +456,7 @@ class Prefetch:
         reader = factory()
         try:
             self.partitions = reader.partition_count()
+            self._asked = time.monotonic()
             self.end = reader.high_watermark(self.partition)
             self.start = min(starts.values())
             self._starts = starts
@@ -464,6 +468,41 @@ class Prefetch:
             self._records = got
         finally:
             reader.close()
+
+    def top_up(self, since: float, factory: Any) -> None:
+        """Read on from ``end`` to the high watermark now, unless ``end`` was asked after
+        ``since`` (monotonic): a pass read before the runs' leases were taken (a drain's
+        runs, read while their last steps ran: ``Worker._warm_coming``) then holds what
+        their previous owner wrote up to its release, and a claim made from it does not
+        lose its race to those records. Best effort: a pass left short is still right,
+        as every claim reads the run back from where its replay stopped."""
+        with self._lock:
+            if self._state != "loaded" or self._asked >= since:
+                return
+            try:
+                reader = factory()
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("partition %s pass not read on: %s", self.partition, exc)
+                return
+            try:
+                asked = time.monotonic()
+                end = reader.high_watermark(self.partition)
+                more: dict[str, list[LogRecord]] = {}
+                if end > self.end:
+                    for rid, rec in reader.read_keys(
+                        set(self._records), partition=self.partition, start=self.end, end=end
+                    ):
+                        more.setdefault(rid, []).append(rec)
+                # Each run's list replaced whole, then ``end`` moved: a replay reading the
+                # pass meanwhile sees the old records up to the old end, or all of them.
+                for rid, recs in more.items():
+                    self._records[rid] = [*self._records.get(rid, []), *recs]
+                self.end = max(self.end, end)
+                self._asked = asked
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("partition %s pass not read on: %s", self.partition, exc)
+            finally:
+                reader.close()
 
     def start_of(self, tenant: str, run_id: str) -> int | None:
         """The run's start index (of ``tenant``'s) as the pass read it, or None."""

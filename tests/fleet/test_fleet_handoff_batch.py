@@ -2,8 +2,10 @@
 worker's are (``Worker._take_handoffs``): their free leases in one round trip
 (``LeaseManager.acquire_free``, each with its handover note), then claimed in batches
 (``producers._opening.Batch``); a run whose lease someone else took meanwhile is left to
-the per-run open, which finds it held. Real Kafka and Redis; the worker is driven by hand
-(no group)."""
+the per-run open, which finds it held. Runs a drain announced as coming are read once while
+their last steps run (``Worker._warm_coming``), and their claims replay from that pass read
+on to what the drainer wrote last (``Prefetch.top_up``). Real Kafka and Redis; the worker is
+driven by hand (no group)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import redis
 import runlog
 from runlog._bootstrap import Services
 from runlog._settings import Settings
-from runlog.fleet._handoffs import announce, handoffs_key
+from runlog.fleet._handoffs import announce, announce_coming, coming_key, handoffs_key
 from runlog.fleet._lifecycle import Record
 from runlog.fleet._registry import Agent
 from runlog.fleet._worker import Worker
@@ -168,3 +170,106 @@ def test_runs_handed_over_together_are_claimed_in_batches_and_a_held_one_is_open
         for lease in worker.claimed.values():
             lease.release()
         worker.pool.shutdown(wait=True)
+
+
+def test_runs_announced_coming_are_read_once_before_and_claimed_past_their_last_steps(
+    test_settings: Settings, services: list[Services]
+) -> None:
+    settings = test_settings
+    drainer, receiver, _ = services
+    client = receiver.redis
+    pay, agent = _payer(settings, client)
+    deps = drainer.run_deps()
+    runs: dict[str, Engine] = {}
+    for _ in range(RUNS):
+        run = open_run_with(deps, tenant="t1", tools=[pay], agent="payer", started_with=STARTED)
+        Run(run).call_tool("pay", {"step": 1})
+        runs[run.run_id] = run
+    # The drain begins: its runs are announced as coming while their steps run.
+    coming: dict[int, dict[str, str]] = {}
+    for rid in runs:
+        coming.setdefault(partition_for(rid, settings.partitions), {})[rid] = "t1"
+    announce_coming(deps.redis, settings, coming)
+
+    worker = Worker(settings, receiver.run_deps(), {"payer": agent}, concurrency=64)
+    try:
+        raws = client.lrange(coming_key(settings), 0, -1)
+        client.delete(coming_key(settings))
+        assert len(raws) == len(coming)  # one entry per partition
+        for raw in raws:
+            worker.coming.put(raw)
+        worker._warm_coming()
+        assert set(worker.warm) == set(coming)
+        rdeps = worker.deps
+        passes = {p: warm for p, (warm, _) in worker.warm.items()}
+        for warm in passes.values():  # read in the pool now; waited for here
+            assert warm.load(settings, rdeps.redis, rdeps.reader_factory)
+        ends = {p: warm.end for p, warm in passes.items()}
+
+        # Each run's last step, written after the pass was read, then the handover.
+        for run in runs.values():
+            Run(run).call_tool("pay", {"step": 2})
+            run.hand_over()
+        announce(deps.redis, settings, [(rid, Record("open", "t1", "payer")) for rid in runs])
+        _take(worker, settings, list(runs))
+        assert set(worker.batches) == set(runs)
+        for rid, batch in worker.batches.items():
+            # The batch replays from the pass read before, not from one of its own.
+            assert batch.prefetch is passes[partition_for(rid, settings.partitions)]
+        kinds = _finish(worker)
+        assert kinds == dict.fromkeys(runs, "finished")
+        for p, warm in passes.items():
+            assert warm.end > ends[p]  # read on to what the drainer wrote last
+
+        mine = worker.deps.writer_id
+        reader = receiver.run_deps().reader_factory()
+        try:
+            for rid in runs:
+                p = partition_for(rid, settings.partitions)
+                claims = [
+                    rec.event
+                    for rec in reader.read(rid, partition=p, start=0, end=None)
+                    if rec.event.type is EventType.RUN_RESUMED
+                ]
+                # One claim each, the first one made: none lost its race to the drainer's
+                # last step, which a pass that was not read on would have missed.
+                assert [e.writer_id for e in claims] == [mine]
+                got = read_run(reader, client, settings, "t1", rid, keep=True)
+                valid = valid_kept(got.folded)
+                assert valid[-1].type is EventType.RUN_FINISHED
+                assert valid[-1].payload.outcome == "succeeded"
+        finally:
+            reader.close()
+        # Every effect once, both by the drainer.
+        counts = {k.decode(): int(v) for k, v in client.hgetall(_effects_key(settings)).items()}
+        assert len(counts) == 2 * RUNS and set(counts.values()) == {1}
+    finally:
+        for batch in set(worker.batches.values()):
+            for rid in batch.leases():
+                batch.drop(rid)
+        worker.pool.shutdown(wait=True)
+        worker._batch_pool.shutdown(wait=True)
+
+
+def test_an_announcement_of_runs_coming_reads_back_and_a_bad_one_is_refused(
+    test_settings: Settings, services: list[Services]
+) -> None:
+    from runlog.fleet._handoffs import parse_coming
+
+    client = services[1].redis
+    announce_coming(client, test_settings, {2: {"r-a": "t1", "r-b": "t2"}, 0: {}})
+    raws = client.lrange(coming_key(test_settings), 0, -1)
+    assert [parse_coming(raw) for raw in raws] == [(2, {"r-a": "t1", "r-b": "t2"})]
+    for bad in (b"no separator", b"1\0no tab", b"x\0r\tt"):
+        with pytest.raises(ValueError):
+            parse_coming(bad)
+    # A worker given a bad one reports it and goes on with the good ones.
+    worker = Worker(test_settings, services[1].run_deps(), {}, concurrency=4)
+    try:
+        worker.coming.put(b"no separator")
+        worker.coming.put(raws[0])
+        worker._warm_coming()
+        assert set(worker.warm) == {2} and set(worker.warm[2][0].runs) == {"r-a", "r-b"}
+    finally:
+        worker.pool.shutdown(wait=True)
+        worker._batch_pool.shutdown(wait=True)

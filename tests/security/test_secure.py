@@ -49,6 +49,8 @@ from runlog.consumers._store import ProjectionKeys
 from runlog.consumers.runner import ProjectionRunner, rebuild
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import ConfigError, RedisUnavailable
+from runlog.fleet._handoffs import announce, announce_coming, coming_key, handoffs_key
+from runlog.fleet._lifecycle import Record
 from runlog.fleet._reconciling import read_reply, write_reply
 from runlog.fleet._worker import live_workers, workers_key
 from runlog.log._clients import async_redis_client, loop_get, redis_client
@@ -510,9 +512,11 @@ def test_operator_cannot_change_topics_or_permissions(
 def test_each_role_reaches_the_fleet_keys_it_needs_and_no_more(
     secure_stack: stack.StackConfig, prefix: str
 ) -> None:
-    """A secure worker announces itself (the agents it serves) and answers reconcile
-    requests; the operator lists workers, reads the answers and sets records aside; every
-    role that reads runs reads the set-aside list, and only the operator writes it."""
+    """A secure worker announces itself (the agents it serves), answers reconcile requests,
+    and announces the runs it hands over and those about to come, which another worker pops
+    from both lists at once (its listener's ``BLPOP``); the operator lists workers, reads
+    the answers and sets records aside; every role that reads runs reads the set-aside
+    list, and only the operator writes it."""
     worker = _settings(secure_stack, "worker", prefix)
     operator = _settings(secure_stack, "operator", prefix)
     projections = _settings(secure_stack, "projections", prefix)
@@ -537,6 +541,15 @@ def test_each_role_reaches_the_fleet_keys_it_needs_and_no_more(
             p.hgetall(workers_key(projections, me))
         o.hdel(set_aside_key(operator), f"0:{10**9}")
         w.delete(workers_key(worker, me))
+
+        lists = [handoffs_key(worker), coming_key(worker)]
+        announce_coming(w, worker, {0: {"r-acl": "t1"}})
+        announce(w, worker, [("r-acl", Record("open", "t1", "payer"))])
+        assert w.llen(lists[0]) == 1 and w.llen(lists[1]) == 1  # best effort: checked here
+        popped = {w.blpop(lists, timeout=1)[0], w.blpop(lists, timeout=1)[0]}
+        assert {k.decode() if isinstance(k, bytes) else k for k in popped} == set(lists)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            p.blpop(lists, timeout=1)
 
 
 # ------------------------------------------------------------------------------ secrets
