@@ -27,10 +27,10 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -64,6 +64,7 @@ from runlog.schemas._keys import live_key, partition_for
 from runlog.schemas._registry import registry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OPENING = 16
 """Runs a worker opens at once. Opening is reads of the log (replay, the claim's read-back)
@@ -141,6 +142,22 @@ def held_key(settings: Settings, session: str) -> str:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _parsed(got: queue.Queue[bytes], parse: Callable[[bytes], T], what: str) -> Iterator[T]:
+    """The announcements ``got`` holds now, each parsed; one that does not parse is
+    reported and skipped (one bad announcement must not stop dispatch)."""
+    while True:
+        try:
+            raw = got.get_nowait()
+        except queue.Empty:
+            return
+        try:
+            item = parse(raw)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.error("%s announcement: %s", what, exc)
+            continue
+        yield item
 
 
 @dataclass
@@ -847,16 +864,7 @@ class Worker:
         now = time.monotonic()
         for p in [p for p, (_, at) in self.warm.items() if now - at > WARM_PASS_S]:
             del self.warm[p]
-        while True:
-            try:
-                raw = self.coming.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                p, runs = handoffs.parse_coming(raw)
-            except Exception as exc:  # noqa: BLE001 - one bad announcement must not stop dispatch
-                log.error("announcement of runs coming: %s", exc)
-                continue
+        for p, runs in _parsed(self.coming, handoffs.parse_coming, "runs coming"):
             if not 0 <= p < self.settings.partitions:
                 continue
             shared = Prefetch(p, runs, self._reads)
@@ -878,16 +886,7 @@ class Worker:
             self._batch(taken)
 
     def _take_handoffs_into(self, taken: dict[str, str]) -> None:
-        while True:
-            try:
-                raw = self.handoffs.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                rid, rec = handoffs.parse(raw)
-            except Exception as exc:  # noqa: BLE001 - one bad announcement must not stop dispatch
-                log.error("handoff announcement: %s", exc)
-                continue
+        for rid, rec in _parsed(self.handoffs, handoffs.parse, "handoff"):
             if rec.input_json is not None or rec.input_sealed is not None:
                 continue  # never a start: those come with the partition
             if rid in self.active:

@@ -23,7 +23,7 @@ from runlog.fleet._lifecycle import Record
 from runlog.fleet._registry import Agent
 from runlog.fleet._worker import Worker
 from runlog.log._fold import read_run
-from runlog.producers._engine import Engine, valid_kept
+from runlog.producers._engine import Engine, RunDeps, valid_kept
 from runlog.producers._handle import Run
 from runlog.producers._lease import Lease
 from runlog.producers._opening import open_run_with
@@ -67,6 +67,16 @@ def services(test_settings: Settings) -> Iterator[list[Services]]:
             svc.close()
 
 
+def _first_steps(deps: RunDeps, pay: runlog.Tool) -> dict[str, Engine]:
+    """``RUNS`` runs of the drainer, each past its first call."""
+    runs: dict[str, Engine] = {}
+    for _ in range(RUNS):
+        run = open_run_with(deps, tenant="t1", tools=[pay], agent="payer", started_with=STARTED)
+        Run(run).call_tool("pay", {"step": 1})
+        runs[run.run_id] = run
+    return runs
+
+
 def _take(worker: Worker, settings: Settings, runs: list[str]) -> None:
     """What the receiver's listener pops (``_listen``), then its main loop's take."""
     client = worker.deps.redis
@@ -94,11 +104,7 @@ def test_runs_handed_over_together_are_claimed_in_batches_and_a_held_one_is_open
     client = receiver.redis
     pay, agent = _payer(settings, client)
     deps = drainer.run_deps()
-    runs: dict[str, Engine] = {}
-    for _ in range(RUNS):
-        run = open_run_with(deps, tenant="t1", tools=[pay], agent="payer", started_with=STARTED)
-        Run(run).call_tool("pay", {"step": 1})
-        runs[run.run_id] = run
+    runs = _first_steps(deps, pay)
     # The drainer lets every run go at its step's boundary and announces them together.
     tokens = {rid: run.lease.token for rid, run in runs.items()}
     for run in runs.values():
@@ -180,11 +186,7 @@ def test_runs_announced_coming_are_read_once_before_and_claimed_past_their_last_
     client = receiver.redis
     pay, agent = _payer(settings, client)
     deps = drainer.run_deps()
-    runs: dict[str, Engine] = {}
-    for _ in range(RUNS):
-        run = open_run_with(deps, tenant="t1", tools=[pay], agent="payer", started_with=STARTED)
-        Run(run).call_tool("pay", {"step": 1})
-        runs[run.run_id] = run
+    runs = _first_steps(deps, pay)
     # The drain begins: its runs are announced as coming while their steps run.
     coming: dict[int, dict[str, str]] = {}
     for rid in runs:
