@@ -6,11 +6,17 @@
 # of one. The second lane holds the integrations' kill loops and the CLI; the first lane,
 # everything else (with the session-wide stacks: secure, registry, Redis Cluster), so no
 # session fixture is started twice. The second lane's output follows the first one's.
-# For a subset, run pytest directly: .venv/bin/python -m pytest -q tests/cli
+# PYTEST_ARGS that name tests (tests/cli, tests/x.py::test_y) run them in one lane.
 set -uo pipefail
 
 py=$1
 shift
+# Arguments that name tests (a path: PYTEST_ARGS=tests/writer) choose the tests: one lane.
+for arg in "$@"; do
+  if [[ $arg != -* && -e ${arg%%::*} ]]; then
+    exec "$py" -m pytest -q "$@"
+  fi
+done
 second=(tests/integrations tests/cli tests/test_doc_examples.py)
 ignore=()
 for p in "${second[@]}"; do ignore+=("--ignore=$p"); done
