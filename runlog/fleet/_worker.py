@@ -773,7 +773,11 @@ class Worker:
             by_partition.setdefault(p, {})[rid] = tenant
         for p, group in by_partition.items():
             warm, _ = self.warm.get(p, (None, 0.0))
-            if warm is not None and all(warm.runs.get(r) == t for r, t in group.items()):
+            if (
+                warm is not None
+                and not warm.failed  # else one pass of their own, not a read each
+                and all(warm.runs.get(r) == t for r, t in group.items())
+            ):
                 shared = warm  # read for them already: their batch reads on from its end
             else:
                 shared = Prefetch(p, group, self._reads)

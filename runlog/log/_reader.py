@@ -469,6 +469,11 @@ class Prefetch:
         finally:
             reader.close()
 
+    @property
+    def failed(self) -> bool:
+        """Its read failed: each of its runs reads for itself."""
+        return self._state == "failed"
+
     def top_up(self, since: float, factory: Any) -> None:
         """Read on from ``end`` to the high watermark now, unless ``end`` was asked after
         ``since`` (monotonic): a pass read before the runs' leases were taken (a drain's

@@ -272,6 +272,17 @@ def test_an_announcement_of_runs_coming_reads_back_and_a_bad_one_is_refused(
         worker.coming.put(raws[0])
         worker._warm_coming()
         assert set(worker.warm) == {2} and set(worker.warm[2][0].runs) == {"r-a", "r-b"}
+        # Neither run has a start index: the pass fails, and runs of that partition taken
+        # later get a pass of their own, not this failed one (which leaves each to read
+        # alone).
+        warm = worker.warm[2][0]
+        deps = worker.deps
+        assert not warm.load(test_settings, deps.redis, deps.reader_factory) and warm.failed
+        rid = next(r for r in (f"r-{i}" for i in range(1000)) if partition_for(r, 3) == 2)
+        assert test_settings.partitions == 3
+        warm.runs[rid] = "t1"  # covered by the failed pass
+        worker._prefetch({rid: "t1"})
+        assert worker.prefetch[rid] is not warm and not worker.prefetch[rid].failed
     finally:
         worker.pool.shutdown(wait=True)
         worker._batch_pool.shutdown(wait=True)
