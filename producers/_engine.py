@@ -103,6 +103,11 @@ class RunDeps:
     """The process's follower of the events topic (confirmations without a read-back)."""
     draining: threading.Event = field(default_factory=threading.Event)
     """Set by a worker that drains: its dispatched runs hand over at their next step."""
+    topic: str = field(init=False)
+    """``settings.events_topic``, read once: every append names it."""
+
+    def __post_init__(self) -> None:
+        self.topic = self.settings.events_topic
 
     def start_key(self, tenant: str, run_id: str) -> str:
         return start_key(self.settings.redis_key_prefix, tenant, run_id)
@@ -336,11 +341,12 @@ class Engine(Owned):
             self._guard()
         ack = self.acks.new()
         headers = codec.headers(ev)
-        mac = tenant_keys_for(self.deps.settings).header(ev.tenant, self.run_id.encode(), value)
-        if mac is not None:
-            headers.append(mac)
+        if self.deps.settings.tenant_keys:  # unset: no tenant is keyed, no header
+            mac = tenant_keys_for(self.deps.settings).header(ev.tenant, self.run_id.encode(), value)
+            if mac is not None:
+                headers.append(mac)
         self.deps.writer.submit(
-            self.deps.settings.events_topic,
+            self.deps.topic,
             self.run_id.encode(),
             value,
             headers,

@@ -279,6 +279,11 @@ class Lease:
     session: Session | None = None
     """The process session this lease is bound to (no TTL of its own), or None."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    key: str = field(init=False, repr=False)
+    """The lease's Redis key, spelled once: every ownership check reads it."""
+
+    def __post_init__(self) -> None:
+        self.key = self.manager.lease_key(self.tenant, self.run_id)
 
     @property
     def token(self) -> str:
@@ -303,7 +308,7 @@ class Lease:
         the barrier's ownership check also brings the run's cancel flag."""
         if self.released:
             return False, None
-        return self.verdict(*self.manager.current_with(self.tenant, self.run_id, key))
+        return self.verdict(*self.manager.current_with(self.key, self.run_id, key))
 
     def verdict(self, current: str | None, other: bytes | None) -> tuple[bool, bytes | None]:
         """``check_with``'s answer from what Redis said: the lease value and the other key."""
@@ -414,11 +419,13 @@ class LeaseManager:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return raw.decode() if isinstance(raw, bytes) else raw
 
-    def current_with(self, tenant: str, run_id: str, key: str) -> tuple[str | None, bytes | None]:
-        """``current`` and the raw value of ``key`` (a key of the same run: one hash slot),
-        in one ``MGET``."""
+    def current_with(
+        self, lease_key: str, run_id: str, key: str
+    ) -> tuple[str | None, bytes | None]:
+        """``current`` of the lease at ``lease_key`` (``Lease.key``) and the raw value of
+        ``key`` (a key of the same run: one hash slot), in one ``MGET``."""
         try:
-            raw, other = self._get.many((self.lease_key(tenant, run_id), key))
+            raw, other = self._get.many((lease_key, key))
         except REDIS_ERRORS as exc:
             raise RedisUnavailable(f"lease check for {run_id}: {exc}") from exc
         return (raw.decode() if isinstance(raw, bytes) else raw), other
@@ -428,7 +435,7 @@ class LeaseManager:
         round trip: one ``MGET`` per run (its keys share a hash slot), pipelined."""
         pipe = self.redis.pipeline(transaction=False)
         for lease, key in leases:
-            pipe.mget([self.lease_key(lease.tenant, lease.run_id), key])
+            pipe.mget([lease.key, key])
         try:
             answers = pipe.execute()
         except REDIS_ERRORS as exc:
@@ -616,7 +623,7 @@ class LeaseManager:
                 return False
             try:
                 ok = self._renew(
-                    keys=[self.lease_key(lease.tenant, lease.run_id)],
+                    keys=[lease.key],
                     args=[lease.token, lease.ttl_ms],
                 )
             except REDIS_ERRORS as exc:
@@ -638,7 +645,7 @@ class LeaseManager:
                 return
             lease.released = True
             try:
-                self._release(keys=[self.lease_key(lease.tenant, lease.run_id)], args=[lease.token])
+                self._release(keys=[lease.key], args=[lease.token])
             except REDIS_ERRORS as exc:
                 # The lease will expire by itself; nothing else to do.
                 log.warning("lease release failed run=%s: %s", lease.run_id, exc)
@@ -653,7 +660,7 @@ class LeaseManager:
             if lease.released:
                 return
             lease.released = True
-            keys = [self.lease_key(lease.tenant, lease.run_id)]
+            keys = [lease.key]
             keys.append(self.handover_key(lease.tenant, lease.run_id))
             try:
                 self._hand_over(keys=keys, args=[lease.token, HANDOVER_NOTE_TTL_MS])
@@ -836,7 +843,7 @@ class LeaseManager:
         pipe = self._renewing.pipeline(transaction=False)
         for lease in live:
             self._renew(
-                keys=[self.lease_key(lease.tenant, lease.run_id)],
+                keys=[lease.key],
                 args=[lease.token, lease.ttl_ms],
                 client=pipe,
             )

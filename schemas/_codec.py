@@ -190,8 +190,8 @@ def encode(event: Event, ids: SchemaIds | None = None, sealer: Sealer | None = N
     with the registry's schema id when ``ids`` is given. With a ``sealer``, its content
     fields (``sealing.SEALED_FIELDS``) are written sealed; without, as plaintext.
 
-    The type's compiled encoder (``avro_writer``) writes it; a value that encoder does not
-    take goes through fastavro, which writes it or names what does not fit."""
+    The type's compiled encoder (``compiled.compile_encoder``) writes it; a value that
+    encoder does not take goes through fastavro, which writes it or names what does not fit."""
     ws, header = _framing(event, ids)
     paths = SEALED_FIELDS.get(event.type) if sealer is not None else None
     if ws.encoder is not None:
@@ -217,7 +217,7 @@ def encode_with_fastavro(
 
 
 def _framing(event: Event, ids: SchemaIds | None) -> tuple[WriterSchema, bytes]:
-    ws = registry().writer(event.type)
+    ws = registry().writers[event.type]
     if event.schema_version != ws.version:
         raise ValidationFailed(
             f"{event.type.value}: writers emit only the current version v{ws.version}, "
@@ -263,7 +263,7 @@ def _with_fastavro(
 
 def headers(event: Event) -> list[tuple[str, str | bytes | None]]:
     """Kafka headers: consumers can route or skip without decoding the value."""
-    ws = registry().writer(event.type)
+    ws = registry().writers[event.type]
     return [
         (H_TYPE, event.type.value.encode()),
         (H_FINGERPRINT, ws.fingerprint),

@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 import fastavro.schema
 
-from runlog.schemas._avro_writer import Encoder, compile_encoder
+from runlog.schemas._compiled import Encoder, compile_encoder
 from runlog.schemas._vocabulary import EventType
 
 
@@ -28,7 +28,7 @@ class WriterSchema:
     parsed: Any
     """The fastavro-parsed schema."""
     encoder: Encoder | None = field(default=None, compare=False, repr=False)
-    """Its compiled encoder (``avro_writer``), None where fastavro encodes it."""
+    """Its compiled encoder (``compiled.compile_encoder``), None where fastavro encodes it."""
 
 
 def fingerprint_of(schema: Any) -> bytes:
@@ -43,9 +43,16 @@ class Registry:
     by_fingerprint: dict[bytes, WriterSchema]
     by_type_version: dict[tuple[EventType, int], WriterSchema]
     current: dict[EventType, int]
+    writers: dict[EventType, WriterSchema] = field(default_factory=dict)
+    """Each type's current schema: the one writers emit (a lookup on every append)."""
+
+    def __post_init__(self) -> None:
+        self.writers.update((et, self.by_type_version[(et, v)]) for et, v in self.current.items())
 
     def writer(self, event_type: EventType, version: int | None = None) -> WriterSchema:
-        return self.by_type_version[(event_type, version or self.current[event_type])]
+        if not version:
+            return self.writers[event_type]
+        return self.by_type_version[(event_type, version)]
 
 
 @cache

@@ -515,6 +515,7 @@ PACKAGE_WIDE_TESTS = {
     "test_public_api.py",
     "test_docs.py",
     "test_doc_examples.py",
+    "test_trace.py",
 }
 
 

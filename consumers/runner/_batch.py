@@ -26,6 +26,7 @@ from runlog.schemas._codec import SchemaIds, decode
 from runlog.schemas._keys import decode_key
 from runlog.schemas._sealing import NoKeyOpener, Opener
 from runlog.schemas._tenant_mac import NO_TENANT_KEYS, TenantKeys
+from runlog.schemas._vocabulary import EventType
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +101,14 @@ def _record_of(
     unkeyed = NoKeyOpener() if keys is None else None
     try:
         ev = decode(msg.value(), ids, keys if unkeyed is None else unkeyed)
-        learn(keys, ev)
+        if ev.type is EventType.CONTENT_ERASED:  # the one type a key store learns from
+            learn(keys, ev)
         if run_key != ev.run_id:
             raise KeyMismatch(f"record key {run_key!r} is not its event's run id {ev.run_id!r}")
     except SchemaError as exc:
         return Rejected(run_key, partition, offset, type(exc).__name__, str(exc))
     value = msg.value() or b""
-    forged = tenants.check(ev.tenant, msg.key(), value, msg.headers())
+    forged = tenants.check(ev.tenant, msg.key(), value, msg.headers()) if tenants.keys else None
     return Decoded(ev, partition, offset, forged, unkeyed is not None and unkeyed.asked)
 
 
@@ -220,7 +222,8 @@ class BatchApplier:
     def apply(self, partition: int, msgs: list[Any]) -> Verdict:
         """Apply one partition's batch: ``CURRENT`` once written; ``REGRESSED`` (refetch
         from the stored position) or ``FENCED`` (a rebuild holds it) if it was not."""
-        tenants = tenant_keys_for(self.settings)
+        # Unset RUNLOG_TENANT_KEYS: no tenant is checked (what tenant_keys_for returns).
+        tenants = tenant_keys_for(self.settings) if self.settings.tenant_keys else NO_TENANT_KEYS
         if self._ids is None:
             recs = [_record_of(m, None, tenants, self._keys) for m in msgs]
         else:

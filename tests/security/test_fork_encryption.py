@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import re
 import subprocess
 import sys
 import uuid
 import zlib
+from pathlib import Path
 
 import redis
 from scan_support import kafka_dirs
@@ -59,8 +61,11 @@ def _readable(data: bytes) -> bytes:
 def _readable_on_disk(topic: str, needle: bytes) -> bool:
     found_dir = False
     for root in kafka_dirs():
-        for d in root.rglob(f"{topic}-*"):
-            if not d.is_dir() or not d.name[len(topic) + 1 :].isdigit():
+        # os.walk, not Path.rglob: a test beside this one deletes its topics meanwhile, and
+        # a directory vanishing under rglob raises; os.walk skips it.
+        dirs = [Path(top) / name for top, names, _ in os.walk(root) for name in names]
+        for d in dirs:
+            if not d.name.startswith(f"{topic}-") or not d.name[len(topic) + 1 :].isdigit():
                 continue
             found_dir = True
             for f in d.iterdir():

@@ -1,6 +1,6 @@
 """The compiled Avro encoders write exactly what fastavro writes, for every released schema.
 
-A writer encodes each event with its type's compiled encoder (``schemas/_avro_writer.py``);
+A writer encodes each event with its type's compiled encoder (``schemas/_compiled.py``);
 fastavro is the reference. These tests encode the same events both ways: the sample event
 of every type, then events whose payloads and envelopes are drawn from the Avro schema
 itself (any unicode, integers at their range ends, nulls, empty and multi-block
