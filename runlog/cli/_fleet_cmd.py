@@ -17,6 +17,7 @@ from runlog import _api as api
 from runlog._bootstrap import Services
 from runlog._settings import Settings
 from runlog.cli._groups import EXIT_OK, EXIT_USAGE, print_json
+from runlog.consumers.runner import streaming_gc
 from runlog.errors import NoLiveWorker
 from runlog.fleet import _registry as registry
 from runlog.fleet._requests import request_start, serving
@@ -161,6 +162,7 @@ def _worker(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("runlog.fleet").setLevel(logging.INFO)
+    streaming_gc()  # its agents' frameworks are loaded: full collections would walk them
     print(
         f"worker {wid} agents={','.join(sorted(agents))} concurrency={args.concurrency}",
         flush=True,

@@ -200,6 +200,8 @@ def table(res: dict[str, Any]) -> str:
             for how, what in (
                 ("event_loop_safe", "safe calls, event loop"),
                 ("event_loop", "irreversible calls, event loop"),
+                ("event_loop_safe_worker_gc", "safe calls, event loop, a worker's GC"),
+                ("event_loop_worker_gc", "irreversible calls, event loop, a worker's GC"),
                 ("threads", "irreversible calls, threads"),
             ):
                 v = fan.get(how)

@@ -30,13 +30,16 @@ Per system: wall time per step (median over repeats) and process CPU per step.
 
 ``fanout``: 100 runs making irreversible calls at once, driven from one event loop
 (``runlog.aio``) and from 100 threads (the sync API), and safe calls from one event loop:
-events and steps per second, process CPU per event and per step.
+events and steps per second, process CPU per event and per step. The event loop's shapes
+run twice: at Python's collector defaults (a library in its host's process) and with the
+thresholds a worker process sets (``runlog worker``: ``streaming_gc``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import operator
 import os
@@ -52,6 +55,7 @@ from confluent_kafka import Producer
 
 import runlog
 from runlog._settings import Settings
+from runlog.consumers.runner import streaming_gc
 from runlog.log._clients import async_redis_client, redis_client
 from runlog.producers._async_run import open_async
 from runlog.producers._engine import RunDeps
@@ -197,6 +201,16 @@ def fanout(deps: RunDeps, settings: Settings, *, runs: int, calls: int) -> dict[
 
     out["event_loop"] = figures(*asyncio.run(main("irreversible")))
     out["event_loop_safe"] = figures(*asyncio.run(main("safe")))
+    # A worker process (``runlog worker``) runs with the collector thresholds of a runlog
+    # process (``streaming_gc``); this one holds the peers measured before (their modules,
+    # their state), which a full collection at Python's defaults walks at every step's cost.
+    was = gc.get_threshold()
+    streaming_gc()
+    try:
+        out["event_loop_worker_gc"] = figures(*asyncio.run(main("irreversible")))
+        out["event_loop_safe_worker_gc"] = figures(*asyncio.run(main("safe")))
+    finally:
+        gc.set_threshold(*was)
     return out
 
 
