@@ -41,6 +41,8 @@ from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(120)
 
+NEW_OWNER_TTL_MS = 8000
+
 
 def _events(settings: Settings, run_id: str) -> list[m.Event]:
     return [rec.event for rec in read_log(settings, run_id)]
@@ -59,7 +61,19 @@ def _pause_in_flight_then_take_over(
     old.kill(signal.SIGSTOP)  # its lease renewer stops with it
     try:
         wait_lease_gone(client, fast)
-        new = start_worker(fast, tmp, "new", "--run-id", rid, "--reconcile", "ledger", *receiver)
+        # The new owner keeps a longer lease: it may wait out a commit window, and one
+        # stall of 1.5 s on a loaded machine would fence it (correctly, but off the point).
+        new = start_worker(
+            fast,
+            tmp,
+            "new",
+            "--run-id",
+            rid,
+            "--reconcile",
+            "ledger",
+            *receiver,
+            RUNLOG_LEASE_TTL_MS=str(NEW_OWNER_TTL_MS),
+        )
         code, result = new.finish()
     finally:
         old.kill(signal.SIGCONT)
