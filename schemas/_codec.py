@@ -49,6 +49,7 @@ from runlog.schemas._sealing import (
     plain_view,
     seal_payload,
     seal_record,
+    top_level,
 )
 
 __all__ = ["decode", "encode", "headers", "make_payload", "registry"]
@@ -383,6 +384,20 @@ class _Compiled:
     schema: WriterSchema
     sealed: tuple[str, ...]
     """The content fields that may hold sealed values (empty: none)."""
+    plain_unless: tuple[str, ...] | None
+    """When every sealed field is a top-level one: those fields, a record whose values
+    there are all strings (or null) holding nothing sealed; None: a nested one may."""
+
+    def holds_sealed(self, payload: dict[str, Any]) -> bool:
+        """Whether ``payload`` may hold a sealed value (a plaintext record need not visit
+        the sealing code: a sealed value is the one kind of dict these fields take)."""
+        top = self.plain_unless
+        if top is None:
+            return bool(self.sealed)
+        for name in top:  # noqa: SIM110 - a loop: any() adds a generator per record
+            if isinstance(payload.get(name), dict):
+                return True
+        return False
 
 
 def _paths(ws: WriterSchema) -> tuple[str, ...]:
@@ -429,7 +444,9 @@ def _compiled(ws: WriterSchema) -> _Compiled | None:
             # Sealed values are opened before the payload is built: it reads plaintext.
             payload = compiled.builder(model, plain_view(fields["payload"]))
             checks = compiled.compile_checks("Event", envelope)
-            out = _Compiled(read, payload, checks, event, ws.event_type.value, ws, _paths(ws))
+            paths = _paths(ws)
+            top = paths if top_level(paths) else None
+            out = _Compiled(read, payload, checks, event, ws.event_type.value, ws, paths, top)
     _COMPILED[ws.fingerprint] = out
     return out
 
@@ -466,7 +483,7 @@ def decode(data: bytes, ids: SchemaIds | None = None, opener: Opener | None = No
     except Exception as exc:  # any failure of the bytes is this record's problem
         raise CorruptRecord(f"Avro body does not decode: {type(exc).__name__}: {exc}") from exc
     et = ws.event_type
-    if fast.sealed:
+    if fast.sealed and fast.holds_sealed(record["payload"]):
         _open(et, fast.sealed, record, opener)
     if record["type"] != fast.type_name:
         raise CorruptRecord(f"record says type {record['type']!r} but its schema is {et.value}")

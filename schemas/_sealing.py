@@ -151,6 +151,11 @@ def aad(run_id: str, seq: int, path: str) -> bytes:
     return f"{run_id}\x00{seq}\x00{path}".encode()
 
 
+def top_level(paths: tuple[str, ...]) -> bool:
+    """Whether every one of ``paths`` names a payload field itself (no ``list[].name``)."""
+    return all(_split(path)[1] is None for path in paths)
+
+
 def _split(path: str) -> tuple[str, str | None]:
     if "[]." in path:
         outer, inner = path.split("[].", 1)

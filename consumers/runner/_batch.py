@@ -91,14 +91,22 @@ def _record_of(
     ids: SchemaIds | None,
     tenants: TenantKeys = NO_TENANT_KEYS,
     keys: Opener | None = None,
+    unkeyed: NoKeyOpener | None = None,
 ) -> Decoded | Rejected:
+    """One record decoded and checked, or why it cannot be folded. Without ``keys``,
+    ``unkeyed`` (one per applier, reset here) reads sealed content as erased and tells
+    whether the record held any."""
     partition, offset = msg.partition(), msg.offset()
     try:
         run_key: str | None = _run_key(msg.key())
     except SchemaError as exc:
         # A key that names no run: quarantined, never folded under some run.
         return Rejected(None, partition, offset, type(exc).__name__, str(exc))
-    unkeyed = NoKeyOpener() if keys is None else None
+    if keys is None:
+        unkeyed = unkeyed if unkeyed is not None else NoKeyOpener()
+        unkeyed.asked = False
+    else:
+        unkeyed = None
     try:
         ev = decode(msg.value(), ids, keys if unkeyed is None else unkeyed)
         if ev.type is EventType.CONTENT_ERASED:  # the one type a key store learns from
@@ -149,6 +157,7 @@ class BatchApplier:
         self.group = group
         self._ids = ids_for(settings)
         self._keys = _keys_or_none(settings)
+        self._unkeyed = NoKeyOpener()  # this applier's thread alone decodes with it
         self._producer: Any = None
         self.rewrite_owed = False
         """A batch purged an erased run's content since Redis last rewrote its files."""
@@ -225,7 +234,7 @@ class BatchApplier:
         # Unset RUNLOG_TENANT_KEYS: no tenant is checked (what tenant_keys_for returns).
         tenants = tenant_keys_for(self.settings) if self.settings.tenant_keys else NO_TENANT_KEYS
         if self._ids is None:
-            recs = [_record_of(m, None, tenants, self._keys) for m in msgs]
+            recs = [_record_of(m, None, tenants, self._keys, self._unkeyed) for m in msgs]
         else:
             # Decoding may ask the schema registry for an id this process has not seen;
             # while it does not answer, the batch waits (capped backoff), never skipped.
@@ -250,7 +259,7 @@ class BatchApplier:
         return Verdict.CURRENT
 
     def _decode_all(self, msgs: list[Any], tenants: TenantKeys) -> list[Decoded | Rejected]:
-        return [_record_of(m, self._ids, tenants, self._keys) for m in msgs]
+        return [_record_of(m, self._ids, tenants, self._keys, self._unkeyed) for m in msgs]
 
     def _commit(self, partition: int, recs: list[Decoded | Rejected], raw: dict[int, Any]) -> None:
         """Every projection's effects and position for one partition batch, in one
