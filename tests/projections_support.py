@@ -1,4 +1,5 @@
-"""Helpers shared by tests/projections/ (real Kafka, real Redis, real processes)."""
+"""Helpers for the tests that run projection services (tests/consumers/, and the tests
+elsewhere that run a runner beside their own subject): real Kafka, Redis and processes."""
 
 from __future__ import annotations
 

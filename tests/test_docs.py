@@ -6,7 +6,7 @@
 - the generated settings page names every ``RUNLOG_*`` variable the package's code mentions,
   and documents each (nothing rendered as UNDOCUMENTED);
 - the generated CLI page holds every subcommand of ``runlog.cli.build_parser()``;
-- every source or test file a page names (``consumers/_store.py``, ``tests/writer/...``)
+- every source or test file a page names (``consumers/_store.py``, ``tests/producers/...``)
   exists, so a page cannot go on naming a module after it moved;
 - the generated reference pages checked in (CLI, settings) are what the code generates now;
 - every page says whom it is for in its first lines, and the architecture page's layer

@@ -491,25 +491,36 @@ def test_a_projection_is_one_module_registered_once() -> None:
     assert set(stores.PROJECTIONS) | {stores.NOTIFY} == set(stores.KNOWN)
 
 
-# The tests of each part of runlog live in one folder (docs/development.md, "The tests are
-# grouped"); only the checks of the package as a whole stay at the top.
+# The tests mirror the package (docs/development.md, "The tests are grouped as the package
+# is"): the tests of runlog.<X...>._<m> are tests/<X...>/test_<m>.py or test_<m>_<topic>.py,
+# and a file about a subpackage as a whole is named after it in its parent's folder
+# (tests/consumers/test_runner_crash.py). tests/tools mirrors the repository's tools/ (not
+# part of the package) the same way.
 TESTS = ROOT / "tests"
-TEST_FOLDERS = {
-    "writer",
-    "erasure",
-    "projections",
-    "log",
-    "schemas",
-    "security",
-    "cli",
-    "stack",
-    "ui",
-    "integrations",
-    "fleet",
-    "faults",
-    "explorer",
-    "tools",
+# Folders of tests/ (relative, posix) -> the package whose modules their files are named after.
+MIRROR_FOLDERS = {
+    "producers": "runlog.producers",
+    "consumers": "runlog.consumers",
+    "consumers/runner": "runlog.consumers.runner",
+    "consumers/stores": "runlog.consumers.stores",
+    "projections": "runlog.projections",
+    "log": "runlog.log",
+    "schemas": "runlog.schemas",
+    "fleet": "runlog.fleet",
+    "stack": "runlog.stack",
+    "cli": "runlog.cli",
+    "ui": "runlog.ui",
+    "integrations": "runlog.integrations",
+    "tools": "tools",
+    "tools/benchmarks": "tools.benchmarks",
 }
+# Scenarios, not modules: folders of their own, any names (unique all the same).
+SCENARIO_FOLDERS = {"faults", "security", "erasure", "explorer", "integrations/conformance"}
+# What tests import or read, holding no tests: the worker processes, the permanent logs.
+SUPPORT_FOLDERS = {"workers", "fixtures"}
+TEST_FOLDERS = set(MIRROR_FOLDERS) | SCENARIO_FOLDERS
+# The checks of the package as a whole, at the top beside files named after a top-level
+# module or subpackage of runlog (tests/test_topics.py, tests/test_cli_conventions.py).
 PACKAGE_WIDE_TESTS = {
     "test_layout.py",
     "test_public_api.py",
@@ -517,16 +528,127 @@ PACKAGE_WIDE_TESTS = {
     "test_doc_examples.py",
     "test_trace.py",
 }
+# A ratchet: how many of the package's modules (packages named as a whole included, the
+# root and __main__ not) have a test file at the path their name gives. Today's count; raise
+# it when you add one, never lower it (a test file moved off its module's name fails here).
+MIRRORED_AT_LEAST = 58
 
 
-def test_tests_are_grouped_by_what_they_test() -> None:
-    top = {p.name for p in TESTS.glob("test_*.py")}
-    assert top == PACKAGE_WIDE_TESTS, f"put {sorted(top - PACKAGE_WIDE_TESTS)} in a folder"
-    folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
-    assert folders <= TEST_FOLDERS, f"a test folder not in TEST_FOLDERS: {folders - TEST_FOLDERS}"
+def _tooling_modules() -> dict[str, Path]:
+    """tools/'s modules by dotted name (``tools.benchmarks.scale``), as MODULES is runlog's."""
+    out: dict[str, Path] = {}
+    for path in sorted(TOOLING.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _test_names(package: str, modules: dict[str, Path]) -> dict[str, str]:
+    """``<m>`` -> module, for the modules and subpackages directly inside ``package``: the
+    names a test file in the folder mirroring ``package`` may start with (``test_<m>``)."""
+    names = {}
+    for module in modules:
+        parent, _, last = module.rpartition(".")
+        if parent == package and not last.startswith("__"):
+            names[last.removeprefix("_")] = module
+    return names
+
+
+def _named_after(stem: str, names: dict[str, str]) -> str | None:
+    """The module ``test_<m>`` or ``test_<m>_<topic>`` names (the longest ``<m>`` that fits:
+    test_pydantic_ai_capability is pydantic_ai_capability's, not pydantic_ai's)."""
+    fits = [m for m in names if stem == f"test_{m}" or stem.startswith(f"test_{m}_")]
+    return names[max(fits, key=len)] if fits else None
+
+
+def _folder(path: Path) -> str:
+    """``path``'s folder relative to tests/, posix ("" for tests/ itself)."""
+    rel = path.parent.relative_to(TESTS).as_posix()
+    return "" if rel == "." else rel
+
+
+def _inside(folder: str, tops: set[str]) -> bool:
+    return any(folder == t or folder.startswith(t + "/") for t in tops)
+
+
+def test_a_modules_tests_are_found_from_its_name() -> None:
+    """Every test file in a mirroring folder is named after a module (or a subpackage) of
+    the package that folder mirrors; the mirroring folders are exactly the packages that
+    have tests; every basename is unique; and no fewer modules than MIRRORED_AT_LEAST have a
+    test file at the path their name gives."""
+    modules = {**MODULES, **_tooling_modules()}
+    files = sorted(
+        p for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.relative_to(TESTS).parts
+    )
+    problems = []
+
+    # (a) a file's name names a module of the package its folder mirrors.
+    owner: dict[Path, str] = {}
+    for path in files:
+        folder = _folder(path)
+        if _inside(folder, SCENARIO_FOLDERS) or (not folder and path.name in PACKAGE_WIDE_TESTS):
+            continue
+        package = "runlog" if not folder else MIRROR_FOLDERS.get(folder)
+        if package is None:
+            continue  # (b) names the folder
+        names = _test_names(package, modules)
+        module = _named_after(path.stem, names)
+        if module is None:
+            allowed = ", ".join(f"test_{m}[_<topic>].py" for m in sorted(names))
+            problems.append(
+                f"{path.relative_to(ROOT)}: named after no module of {package}; a test file "
+                f"of tests/{folder or ''} is one of: {allowed}"
+                + (f", or one of {sorted(PACKAGE_WIDE_TESTS)}" if not folder else "")
+            )
+        else:
+            owner[path] = module
+
+    # (b) the folders: each mirrors a package, is a scenario, or holds support files.
+    for folder in sorted({_folder(p) for p in files} - {""}):
+        if _inside(folder, SCENARIO_FOLDERS) or folder in MIRROR_FOLDERS:
+            continue
+        dotted = "runlog." + folder.replace("/", ".")
+        hint = (
+            f"add it to MIRROR_FOLDERS ({dotted} is a package)"
+            if dotted in MODULES
+            else (
+                f"it mirrors no package ({dotted} is none) and is no scenario folder "
+                f"({sorted(SCENARIO_FOLDERS)}): move its files to tests/<package>/test_<module>*.py"
+            )
+        )
+        problems.append(f"tests/{folder}: {hint}")
+    for folder, package in sorted(MIRROR_FOLDERS.items()):
+        if package not in modules or modules[package].name != "__init__.py":
+            problems.append(f"MIRROR_FOLDERS: tests/{folder} mirrors {package}, no package")
+        elif not any(_folder(p) == folder for p in files):
+            problems.append(f"MIRROR_FOLDERS: tests/{folder} holds no test file: drop it")
+    for d in sorted(TESTS.rglob("*")):
+        rel = d.relative_to(TESTS)
+        if not d.is_dir() or any(part.startswith(("__", ".")) for part in rel.parts):
+            continue
+        held = rel.as_posix() in {_folder(p) for p in files}  # told above if it is wrong
+        if not held and not _inside(rel.as_posix(), TEST_FOLDERS | SUPPORT_FOLDERS):
+            problems.append(f"tests/{rel}: a folder that is no mirror, scenario or support folder")
+
     # pytest imports test files by basename (no __init__.py): two equal names would clash.
-    names = [p.name for p in TESTS.rglob("test_*.py")]
-    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    names = [p.name for p in files]
+    problems += [
+        f"{n}: {names.count(n)} test files of this name"
+        for n in sorted(set(names))
+        if names.count(n) > 1
+    ]
+    assert not problems, "the tests do not mirror the package:\n" + "\n".join(problems)
+
+    # (c) the ratchet: modules with a test file at their name.
+    mirrored = {m for m in owner.values() if m in MODULES}
+    counted = {m for m in MODULES if m != "runlog" and not m.endswith(".__main__")}
+    assert len(mirrored) >= MIRRORED_AT_LEAST, (
+        f"{len(mirrored)} of {len(counted)} modules have a test file at their name, fewer than "
+        f"MIRRORED_AT_LEAST = {MIRRORED_AT_LEAST}: a test file moved off its module's name? "
+        f"without one: {sorted(counted - mirrored)}"
+    )
 
 
 def test_only_the_shell_imports_the_console_renderer() -> None:

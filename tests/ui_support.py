@@ -1,5 +1,5 @@
 """The console on a real uvicorn (127.0.0.1, a free port) and live projection services,
-shared by tests/ui/test_ui.py (HTTP) and tests/ui/test_ui_browser.py (Chromium)."""
+shared by tests/ui/test_app.py (HTTP) and tests/ui/test_app_browser.py (Chromium)."""
 
 from __future__ import annotations
 

@@ -11,13 +11,21 @@ set -uo pipefail
 
 py=$1
 shift
-# Arguments that name tests (a path: PYTEST_ARGS=tests/writer) choose the tests: one lane.
+# Arguments that name tests (a path: PYTEST_ARGS=tests/producers) choose the tests: one lane.
 for arg in "$@"; do
   if [[ $arg != -* && -e ${arg%%::*} ]]; then
     exec "$py" -m pytest -q "$@"
   fi
 done
-second=(tests/integrations tests/cli tests/test_doc_examples.py)
+# The CLI's tests whose files went where their module's tests are (tests/<package>/
+# test_<module>*.py: the benchmarks' under tests/tools/benchmarks, the CLI as a whole's and
+# the tenancy and lease-wait items' beside their modules) stay in the lane they ran in.
+second=(
+  tests/integrations tests/cli tests/test_doc_examples.py
+  tests/tools/benchmarks tests/test_cli_conventions.py tests/test_cli_tenancy.py
+  tests/producers/test_opening_tenancy.py tests/producers/test_opening_lease_wait.py
+  tests/producers/test_writer_kafka_extra.py
+)
 ignore=()
 for p in "${second[@]}"; do ignore+=("--ignore=$p"); done
 

@@ -5,7 +5,7 @@
 
 Runs on any stack (the one ``RUNLOG_BOOTSTRAP_SERVERS`` and ``RUNLOG_REDIS_URL`` name), with
 topics and a Redis key prefix of its own, removed at the end. Each pause is the sequence of
-``tests/writer/test_receiver_fence.py``: a worker (``workers/agent_worker.py``) holds its
+``tests/producers/test_calls_receiver_fence.py``: a worker (``workers/agent_worker.py``) holds its
 ``charge`` request before the receiver commits it and is SIGSTOPped; another worker takes
 the run over once the lease expired and settles the call by the recovery rules; the first
 one is SIGCONTed and its request goes on. The receiver (``workers.common.Ledger``) honours

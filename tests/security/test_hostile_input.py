@@ -9,7 +9,7 @@
   ``ToolArgumentsError`` before anything reaches the log.
 
 The projection runner's quarantine of undecodable records on a real topic is covered by
-``tests/projections/test_projections_quarantine.py`` (corrupt, truncated, unknown fingerprint, newer
+``tests/consumers/runner/test_batch_quarantine.py`` (corrupt, truncated, unknown fingerprint, newer
 version, invalid envelope, wrong type, wrong key), so it is not repeated here.
 """
 

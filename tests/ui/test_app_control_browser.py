@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from test_ui_browser import _login, _shot, _text, browser  # noqa: F401 - the fixture
+from test_app_browser import _login, _shot, _text, browser  # noqa: F401 - the fixture
 from ui_support import TOKEN_A, TOKEN_B, console, projecting, wait_for
 from workers.common import Ledger, services_for, start_worker
 

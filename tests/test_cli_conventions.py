@@ -32,7 +32,7 @@ from runlog.consumers.stores import NOTIFY, PROJECTIONS
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 OWNER = "acme-owner"
 INTRUDER = "intruder"
 SECRET = "the owner's secret plan"

@@ -1,6 +1,6 @@
 """``runlog bench scale`` at toy sizes: every figure it prints is measured and positive.
 
-The smoke of ``runlog bench --quick`` (test_bench_smoke.py) leaves this one out: its quick
+The smoke of ``runlog bench --quick`` (test_run_smoke.py) leaves this one out: its quick
 form takes minutes. Here its long-run and opens-at-once parts run on a few hundred events
 and five threads (seconds); its timers part, which needs a worker process and a due time
 ahead, is the benchmark's alone. No speed is asserted.

@@ -162,7 +162,7 @@ def rich_log() -> Log:
 
 
 def test_the_rich_log_uses_every_event_type() -> None:
-    # A fork's two records need a fork (tests/test_fork_fold.py folds them).
+    # A fork's two records need a fork (tests/projections/test_lineage.py folds them).
     forks = {EventType.RUN_FORKED, EventType.FORK_EFFECT_RESOLVED}
     # An erasure rewrites the content this log's tests read (tests/schemas/test_evolution.py
     # and tests/erasure fold it).

@@ -3,7 +3,7 @@ FORK_EFFECT_RESOLVED completes an inherited action; no stack needed."""
 
 from __future__ import annotations
 
-from test_fold import Log, rich_log
+from test_run_state import Log, rich_log
 
 from runlog.projections._lineage import fork_key, logical_of, pack_state
 from runlog.projections._run_state import RunState, fold, is_valid

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from test_ui_browser import _login, _shot, _text, browser  # noqa: F401 - the fixture
+from test_app_browser import _login, _shot, _text, browser  # noqa: F401 - the fixture
 from ui_support import TOKEN_A, console, projecting, wait_for
 from workers.common import read_log, services_for
 from workers.fork_worker import charge_tool
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_browser_forks_a_run_from_a_timeline_event(
     test_settings: Settings,
     redis_client: redis.Redis,
-    browser: Any,  # noqa: F811 - the fixture of test_ui_browser
+    browser: Any,  # noqa: F811 - the fixture of test_app_browser
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select

@@ -3,7 +3,7 @@
 Printed (run with ``-s``), never asserted: they depend on the machine. What is asserted is
 that the measured operations did what they claim (durable, valid, one owner).
 
-    .venv/bin/python -m pytest tests/writer/test_writer_measure.py -s -q
+    .venv/bin/python -m pytest tests/producers/test_writer_measure.py -s -q
 """
 
 from __future__ import annotations

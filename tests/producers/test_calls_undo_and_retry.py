@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_writer_compensation as wc
+import test_calls_compensation as wc
 from workers.common import Ledger, valid_events, worker_env
 from workers.undo_worker import Bookings
 

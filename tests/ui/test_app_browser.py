@@ -304,11 +304,11 @@ def test_browser_undo_and_retry_of_a_conflicting_booking_then_one_booking_stands
     answer, "undo and retry", says what it does, and asks to confirm that restated; the
     decision is recorded as such, and the next owner with the tools undoes the wrong
     booking and books once under a fresh key."""
-    writer_tests = str(Path(__file__).resolve().parents[1] / "writer")
-    if writer_tests not in sys.path:  # their scenario helpers, when tests/ui runs alone
-        sys.path.insert(0, writer_tests)
-    import test_undo_and_retry as ur
-    import test_writer_compensation as wc
+    producers_tests = str(Path(__file__).resolve().parents[1] / "producers")
+    if producers_tests not in sys.path:  # their scenario helpers, when tests/ui runs alone
+        sys.path.insert(0, producers_tests)
+    import test_calls_compensation as wc
+    import test_calls_undo_and_retry as ur
     from selenium.webdriver.common.by import By
 
     from runlog.schemas import _models as m
