@@ -105,7 +105,7 @@ def _forget_frames(exc: BaseException) -> None:
     flushed and with it the producer, and the exception stays referenced from outside
     Python's collector (the producer's C handle, it appears: a cycle the collector cannot
     break). Every writer's producer outlived its ``close`` that way, its connections
-    dialling on (tests/writer/test_writer_release.py)."""
+    dialling on (tests/producers/test_writer_release.py)."""
     exc.__traceback__ = None
 
 

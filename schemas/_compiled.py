@@ -17,7 +17,7 @@ A model (or a nested one) with anything else on it (a model or field validator, 
 constraint or type this module does not recognise, a field whose Avro type does not
 exactly prove its annotation, fields that differ from the schema's) gets no builder, and
 its records go through pydantic as before. The reader is held to fastavro's behaviour on
-every byte string, valid or hostile, by ``tests/schemas/test_codec_compiled.py``: the same value,
+every byte string, valid or hostile, by ``tests/schemas/test_compiled_decoder.py``: the same value,
 or both refuse.
 """
 
