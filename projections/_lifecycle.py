@@ -198,14 +198,17 @@ def status_from(
     ``until``: a sleeping run's due time."""
     owner = None if holder is None else holder.owner
     expires = None if holder is None else holder.expires_at
+    alive = holder is None or holder.alive  # a dead session's lease is nobody's to renew
     if phase in ("finished", "failed", "cancelled", "terminated"):
         return RunStatus(phase, since)  # type: ignore[arg-type]
     if phase == "cancelling":
-        return RunStatus("cancelling", since, owner, expires)
+        return RunStatus("cancelling", since, owner, expires, owner_alive=alive)
     if phase == "waiting":
-        return RunStatus("waiting", since, owner, expires, waiting_for="person")
+        return RunStatus("waiting", since, owner, expires, owner_alive=alive, waiting_for="person")
     if phase == "sleeping":
-        return RunStatus("waiting", since, owner, expires, waiting_for="time", until=until)
+        return RunStatus(
+            "waiting", since, owner, expires, owner_alive=alive, waiting_for="time", until=until
+        )
     if holder is not None and holder.handed_over_by is not None:
         return RunStatus("orphaned", since, handed_over_by=holder.handed_over_by)
     if holder is not None and not holder.alive:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -300,6 +300,19 @@ def _dt(value: Any) -> Any:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
+def durable_fields(value: Any) -> Iterator[tuple[str, Any]]:
+    """The fields of a dataclass instance that its JSON form holds: none marked
+    ``transient`` (a reader's, such as the state's authority), and none marked
+    ``omit_default`` while at its default."""
+    for f in dataclasses.fields(value):
+        if f.metadata.get("transient"):
+            continue
+        v = getattr(value, f.name)
+        if f.metadata.get("omit_default") and v == f.default:
+            continue
+        yield f.name, v
+
+
 def jsonable(value: Any) -> Any:
     """JSON-ready copy of a state: dataclasses -> dicts, tuples -> lists, datetimes -> ISO.
 
@@ -307,12 +320,7 @@ def jsonable(value: Any) -> Any:
     dominated snapshot and projection writes.
     """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: jsonable(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if not f.metadata.get("transient")
-            and not (f.metadata.get("omit_default") and getattr(value, f.name) == f.default)
-        }
+        return {name: jsonable(v) for name, v in durable_fields(value)}
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -615,8 +623,12 @@ def _reconciliation_attempted(st: RunState, ev: Event) -> None:
 
 
 def _approval_requested(st: RunState, ev: Event) -> None:
+    """A new request. The first request of an id stands: a repeat (``Run.append`` can
+    write one) changes nothing, so it never reopens a request a person decided."""
     p = ev.payload
     assert isinstance(p, m.ApprovalRequested)
+    if p.approval_id in st.approvals:
+        return
     st.approvals[p.approval_id] = Approval(
         approval_id=p.approval_id,
         kind=p.kind,

@@ -9,20 +9,19 @@ the open calls and approvals these projections read.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from runlog.projections._run_state import RunState, jsonable
+from runlog.projections._run_state import RunState, durable_fields, jsonable
 
 
 def slim_dict(state: RunState) -> dict[str, Any]:
     """``state.to_dict()`` without the conversation and stored results."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(state):
-        if f.name == "messages":
-            out[f.name] = []
-        elif f.name == "completed_calls":
-            out[f.name] = {}
+    for name, value in durable_fields(state):
+        if name == "messages":
+            out[name] = []
+        elif name == "completed_calls":
+            out[name] = {}
         else:
-            out[f.name] = jsonable(getattr(state, f.name))
+            out[name] = jsonable(value)
     return out
