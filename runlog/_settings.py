@@ -9,8 +9,8 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from runlog.errors import ConfigError
 
@@ -50,10 +50,33 @@ def _guarantee_broken(name: str, value: Any) -> str | None:
     return None
 
 
+def _invalid(cls: type[BaseSettings], exc: ValidationError) -> str:
+    """One line per wrong setting: its variable, what is wrong, and the value given unless
+    it is a secret."""
+    lines = []
+    for err in exc.errors():
+        name = str(err["loc"][0]) if err["loc"] else "?"
+        field = cls.model_fields.get(name)
+        secret = field is not None and "SecretStr" in str(field.annotation)
+        given = "" if secret else f" (given {str(err.get('input'))[:80]!r})"
+        lines.append(f"RUNLOG_{name.upper()}: {err['msg']}{given}")
+    return "invalid settings: " + "; ".join(lines)
+
+
 class Settings(BaseSettings):
     """Where runlog finds Kafka and Redis, and how it uses them."""
 
     model_config = SettingsConfigDict(env_prefix="RUNLOG_", frozen=True, extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        """Read from ``values`` and the ``RUNLOG_*`` environment; ``ConfigError`` naming
+        each variable that is wrong, and why (a secret's value is never repeated)."""
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_invalid(type(self), exc)) from None
+        except SettingsError as exc:  # a RUNLOG_* value that must be JSON and is not
+            raise ConfigError(f"a RUNLOG_* setting does not parse: {exc}") from None
 
     bootstrap_servers: str = "127.0.0.1:19092"
     """Kafka bootstrap servers (``RUNLOG_BOOTSTRAP_SERVERS``)."""

@@ -25,11 +25,16 @@ __all__ = [
     "InvalidTenant",
     "InvalidToolDeclaration",
     "KafkaUnavailable",
+    "KeyUnavailable",
     "MissingExtra",
     "MissingUpcaster",
     "NewerSchemaVersion",
+    "NoKeys",
     "NoLiveWorker",
     "NotADecider",
+    "NotReconcilable",
+    "NotSettledYet",
+    "NotUndoable",
     "NotificationFailed",
     "RedisUnavailable",
     "RegistryUnavailable",
@@ -40,6 +45,7 @@ __all__ = [
     "SchemaError",
     "StackError",
     "StartRefused",
+    "SubjectHasOtherRuns",
     "TenantMismatch",
     "ToolArgumentsError",
     "ToolFailed",
@@ -111,6 +117,8 @@ class UnknownSchemaId(SchemaError):
 
 class RegistryUnavailable(RunlogError):
     """The schema registry did not answer; appends stop rather than change encoding."""
+
+    retryable = True
 
 
 class CorruptRecord(SchemaError):

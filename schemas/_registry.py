@@ -50,9 +50,17 @@ class Registry:
         self.writers.update((et, self.by_type_version[(et, v)]) for et, v in self.current.items())
 
     def writer(self, event_type: EventType, version: int | None = None) -> WriterSchema:
-        if not version:
+        """The writer schema of ``event_type`` at ``version`` (None: its current one);
+        ``KeyError`` naming both for a version that was never released."""
+        if version is None:
             return self.writers[event_type]
-        return self.by_type_version[(event_type, version)]
+        found = self.by_type_version.get((event_type, version))
+        if found is None:
+            raise KeyError(
+                f"{event_type.value} has no released schema v{version} "
+                f"(released: v1 to v{self.current[event_type]})"
+            )
+        return found
 
 
 @cache

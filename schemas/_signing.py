@@ -172,10 +172,18 @@ class Signature:
 
     @classmethod
     def from_fields(cls, d: Mapping[str, object]) -> Signature | None:
-        """From an inbox entry; None when it carries no signature (raises if half of one)."""
+        """From an inbox entry; None when it carries no signature. Half of one (a field
+        missing, null or not text) raises ``ValueError`` naming the field: such an entry is
+        malformed, never an unsigned decision."""
         if d.get("signature") is None and d.get("key_id") is None:
             return None
-        return cls(str(d["decided_at"]), str(d["key_id"]), str(d["signature"]))
+        values = []
+        for name in ("decided_at", "key_id", "signature"):
+            value = d.get(name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"a signed decision's {name} is {value!r}, not text")
+            values.append(value)
+        return cls(*values)
 
 
 @dataclass(frozen=True)
