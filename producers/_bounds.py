@@ -93,9 +93,27 @@ def bound_text(text: str, limit: int, *, reference: str | None = None) -> str:
         f"sha256 {hashlib.sha256(whole).hexdigest()} of the whole text{kept_at}]"
     )
     room = max(0, limit - len(marker.encode("utf-8")) - 16)
-    head = encoded[:room].decode("utf-8", "ignore")  # never half a character
-    cut = len(encoded) - len(head.encode("utf-8"))
+    if clean is text:  # no lone surrogate: the whole text's bytes are the ones kept
+        head = encoded[:room].decode("utf-8", "ignore")  # never half a character
+        cut = len(encoded) - len(head.encode("utf-8"))
+    else:
+        head, kept = _escaped_head(text, room)
+        cut = len(whole) - kept
     return head + marker.replace("{cut}", str(cut))
+
+
+def _escaped_head(text: str, room: int) -> tuple[str, int]:
+    """The longest prefix of ``text`` whose sanitised UTF-8 form fits ``room`` bytes, cut
+    between characters (never inside a surrogate's escape), sanitised; and that prefix's
+    length in the marker's unit (``_whole_bytes``), so N and M count the same bytes."""
+    lo, hi = 0, len(text)  # prefixes of lo characters fit; of more than hi, none do
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(sanitise(text[:mid]).encode("utf-8")) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return sanitise(text[:lo]), len(_whole_bytes(text[:lo]))
 
 
 def bound_payload(et: EventType, payload: dict[str, Any]) -> dict[str, Any]:

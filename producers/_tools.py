@@ -128,6 +128,7 @@ class Tool:
     )
 
     def __post_init__(self) -> None:
+        _check_risk(self.name, self.risk, self.compensate)
         declared = _declared(self.receiver)
         if not declared <= set(RECEIVERS):
             raise InvalidToolDeclaration(
@@ -299,6 +300,24 @@ def _traced(name: str, reconcile: Reconciler) -> Reconciler:
     return lookup
 
 
+def _check_risk(name: str, risk: object, compensate: object) -> None:
+    """The risk a tool declares, and the inverse only a reversible tool may have."""
+    if risk not in ("safe", "reversible", "irreversible"):
+        raise InvalidToolDeclaration(
+            f"tool {name}: risk must be safe, reversible or irreversible, not {risk!r}",
+            tool=name,
+            field="risk",
+            value=risk,
+        )
+    if compensate is not None and risk != "reversible":
+        raise InvalidToolDeclaration(
+            f"tool {name}: only a reversible tool can declare compensate, not a {risk} one",
+            tool=name,
+            field="compensate",
+            value=risk,
+        )
+
+
 def tool(
     name: str | None = None,
     *,
@@ -328,15 +347,17 @@ def tool(
     the question a person answers about an uncertain call says what a retry does from it
     (docs/concepts/approvals.md). ``commit_window_s`` sets each request's deadline.
     """
-    if risk not in ("safe", "reversible", "irreversible"):
-        raise ValueError(f"risk must be safe, reversible or irreversible, not {risk!r}")
-    if compensate is not None and risk != "reversible":
-        raise ValueError("only a reversible tool can declare compensate")
+    _check_risk(name or "(the function's name)", risk, compensate)  # refused at once
 
     def wrap(fn: ToolFn) -> Tool:
         tool_name = name or fn.__name__
         if compensated_tool(tool_name) is not None:
-            raise ValueError(f"tool names ending in {COMPENSATION_SUFFIX!r} are runlog's")
+            raise InvalidToolDeclaration(
+                f"tool {tool_name}: names ending in {COMPENSATION_SUFFIX!r} are runlog's",
+                tool=tool_name,
+                field="name",
+                value=tool_name,
+            )
         traced = None
         if reconcile is not None:  # spans only while a tracer provider is configured
             traced = _traced(tool_name, reconcile)
