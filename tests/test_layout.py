@@ -531,7 +531,7 @@ PACKAGE_WIDE_TESTS = {
 # A ratchet: how many of the package's modules (packages named as a whole included, the
 # root and __main__ not) have a test file at the path their name gives. Today's count; raise
 # it when you add one, never lower it (a test file moved off its module's name fails here).
-MIRRORED_AT_LEAST = 58
+MIRRORED_AT_LEAST = 79
 
 
 def _tooling_modules() -> dict[str, Path]:

@@ -76,6 +76,43 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _ports_checked(cfg: StackConfig) -> StackConfig:
+    """``cfg`` when every port its nodes and Redis use is a port and no two are the same
+    (a cluster's node i takes its kind's base ports + 2i); else ``StackError`` naming the
+    variables that set them."""
+    kafka_var, controller_var, redis_var = cfg.port_vars
+    internal_var = kafka_var.replace("_KAFKA_PORT", "_INTERNAL_PORT")
+    named = [
+        (f"node {n.node_id}'s {what} port", port, var)
+        for n in cfg.nodes()
+        for what, port, var in (
+            ("Kafka", n.kafka_port, kafka_var),
+            ("controller", n.controller_port, controller_var),
+            ("internal", n.internal_port, internal_var),
+        )
+        if port
+    ]
+    named.append(("Redis's port", cfg.redis_port, redis_var))
+    seen: dict[int, tuple[str, str]] = {}
+    for what, port, var in named:
+        if port > 65535:
+            raise StackError(f"{what} would be {port}, past 65535: lower {var}")
+        if port in seen:
+            other, other_var = seen[port]
+            raise StackError(
+                f"{other} and {what} would both be {port}: set {other_var} and {var} apart"
+            )
+        seen[port] = (what, var)
+    return cfg
+
+
+def _home_path(raw: str, home: Path) -> Path:
+    """``raw`` as an absolute path, ``~`` being ``home`` (the environment's HOME)."""
+    if raw == "~" or raw.startswith("~/"):
+        raw = str(home) + raw[1:]
+    return Path(raw).expanduser().absolute()
+
+
 def _external_redis(url: str | None, redis_port: int) -> str | None:
     """``RUNLOG_REDIS_URL`` unless it names the stack's own Redis.
 
@@ -178,26 +215,29 @@ class StackConfig:
             return _env_int(e, f"RUNLOG_{kind}_{service}_PORT", _DEFAULT_PORTS[kind][service])
 
         base = cls(
-            state_dir=Path(state).expanduser().absolute(),
-            cache_dir=Path(cache).expanduser().absolute(),
+            state_dir=_home_path(state, home),
+            cache_dir=_home_path(cache, home),
             kafka_port=port("KAFKA"),
             controller_port=port("CONTROLLER"),
             redis_port=port("REDIS"),
             kafka_heap=e.get(f"RUNLOG_{kind}_KAFKA_HEAP") or heap,
-            allow_install=not e.get("RUNLOG_STACK_NO_INSTALL"),
+            allow_install=e.get("RUNLOG_STACK_NO_INSTALL", "").strip().lower()
+            in ("", "0", "false", "no"),
         )
         if secure:
-            return replace(
-                base,
-                internal_port=port("INTERNAL"),
-                secure=True,
-                redis_key_prefix=e.get("RUNLOG_REDIS_KEY_PREFIX") or "runlog",
+            return _ports_checked(
+                replace(
+                    base,
+                    internal_port=port("INTERNAL"),
+                    secure=True,
+                    redis_key_prefix=e.get("RUNLOG_REDIS_KEY_PREFIX") or "runlog",
+                )
             )
         if nodes > 1:
-            return replace(base, node_count=nodes)
+            return _ports_checked(replace(base, node_count=nodes))
         # Only the plain stack may use an external Redis instead of its own.
         external = _external_redis(e.get("RUNLOG_REDIS_URL"), base.redis_port)
-        return replace(base, external_redis_url=external)
+        return _ports_checked(replace(base, external_redis_url=external))
 
     # Layout -------------------------------------------------------------------------
     @property
