@@ -1,42 +1,15 @@
-"""The OpenAI Agents SDK how-to page (docs/howto/openai-agents.md) opens with a complete example
-that runs as written: its first ``python`` block, run as a script against the real stack (this
-test's topics), with the framework's own test model. It must refund once and, run again on the
-same run id, ask the model for nothing."""
+"""The OpenAI Agents SDK how-to page (docs/howto/openai-agents.md) opens with a complete
+example that runs as written (``howto_support``): it refunds once and, run again on the
+same run id, asks the model for nothing."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
-from workers.common import ROOT, worker_env
+from howto_support import opening_example_refunds_once
 
 from runlog._settings import Settings
 
-FIRST_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
-PAGE = ROOT / "docs" / "howto" / "openai-agents.md"
-
 
 def test_a_how_to_pages_opening_example_runs_as_written(fast: Settings, tmp_path: Path) -> None:
-    found = FIRST_BLOCK.search(PAGE.read_text())
-    assert found, f"{PAGE.name} has no python example"
-    script = tmp_path / "example.py"
-    script.write_text(found.group(1))
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        env=worker_env(fast),
-        cwd=str(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("run r"), done.stdout  # the run's id, known before its end
-    first, again = lines[1], lines[2]
-    assert first.endswith("| turns asked 2"), done.stdout
-    assert "| turns asked 0 |" in again, done.stdout  # the resumption replayed every turn
-    refunds = again.split("| refunds ")[1]
-    assert refunds.count(": 700") == 1, done.stdout  # one refund, under one key
+    opening_example_refunds_once("openai-agents.md", fast, tmp_path)
