@@ -47,7 +47,13 @@ from runlog.producers._lease import Lease, LeaseManager
 from runlog.producers._ops import drive
 from runlog.producers._tools import Tool
 from runlog.producers._writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
-from runlog.projections._run_state import SETTLEMENT, RunState, accept, accepted_in_order
+from runlog.projections._run_state import (
+    SETTLEMENT,
+    RunState,
+    accept,
+    accepted_in_order,
+    requested_before,
+)
 from runlog.schemas import _codec as codec
 from runlog.schemas._canonical import canonical_json
 from runlog.schemas._keys import (
@@ -332,6 +338,13 @@ class Engine(Owned):
             raw = payload.model_dump() if isinstance(payload, Payload) else payload
             payload = bound_payload(et, raw)
         ev = self._build(et, payload)
+        if et is EventType.APPROVAL_REQUESTED:
+            first = requested_before(self.state, ev)
+            if first is not None:
+                raise ValueError(
+                    f"approval {first.approval_id} of run {self.run_id} was requested at seq "
+                    f"{first.requested_seq}; its first request stands: ask under a new id"
+                )
         value = codec.encode(ev, self.deps.ids, self._sealer(ev))
         if len(value) > MAX_EVENT_BYTES:
             raise ValidationFailed(

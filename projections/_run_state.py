@@ -622,12 +622,19 @@ def _reconciliation_attempted(st: RunState, ev: Event) -> None:
         call.status = "uncertain"
 
 
-def _approval_requested(st: RunState, ev: Event) -> None:
-    """A new request. The first request of an id stands: a repeat (``Run.append`` can
-    write one) changes nothing, so it never reopens a request a person decided."""
+def requested_before(st: RunState, ev: Event) -> Approval | None:
+    """The standing request of the id ``ev`` (an APPROVAL_REQUESTED) asks again, if any.
+    The first request of an id stands: a repeat changes nothing (the fold ignores it, the
+    writer refuses it), so it never reopens a request a person decided."""
     p = ev.payload
     assert isinstance(p, m.ApprovalRequested)
-    if p.approval_id in st.approvals:
+    return st.approvals.get(p.approval_id)
+
+
+def _approval_requested(st: RunState, ev: Event) -> None:
+    p = ev.payload
+    assert isinstance(p, m.ApprovalRequested)
+    if requested_before(st, ev) is not None:
         return
     st.approvals[p.approval_id] = Approval(
         approval_id=p.approval_id,

@@ -186,6 +186,24 @@ def test_a_decision_after_the_standing_one_is_superseded_everywhere(
     assert "ops-2" in row and f"superseded: approval {ap} already decided by ops-1 at" in row
 
 
+def test_a_request_under_a_decided_id_is_refused_and_the_decision_stands(s: Settings) -> None:
+    """The first request of an approval id stands: a writer refuses a repeat (naming the
+    first's seq) before anything reaches the log, so a decided request is never reopened;
+    a repeat written anyway is ignored by every reader (tests/projections/test_notify_rules)."""
+    rid, ap = _waiting(s)
+    assert runlog.decide(rid, ap, approved=False, decided_by="ops-1", settings=s) == "recorded"
+    with runlog.open_run(rid, settings=s, recover=False) as run:
+        before = run.state.seq
+        with pytest.raises(ValueError, match=ap) as err:
+            run.append(
+                EventType.APPROVAL_REQUESTED, approval_id=ap, kind="action", reason="once more"
+            )
+        assert "first request stands" in str(err.value)
+        assert run.state.seq == before and run.state.approvals[ap].approved is False
+    events = [r.event for r in read_log(s, rid)]
+    assert [e.type for e in events].count(EventType.APPROVAL_REQUESTED) == 1
+
+
 @pytest.fixture
 def slow_lease(test_settings: Settings) -> Iterator[Settings]:
     """A long TTL: no renewal runs during the test, so only the restored keys speak."""
