@@ -6,7 +6,8 @@ reads before it acts (``open_run`` and the agent loop's waits).
 
 A person's cancellation (``runlog cancel``) travels the same way, through the same inbox:
 an entry of kind ``cancel``, plus a flag key the owner reads at each step (one GET), so it
-learns of the request before its next model turn or tool call (``check_cancel``).
+learns of the request before its next model turn or tool call (the engine's step check,
+``Engine.cancel_check``, which comes here only when the flag is set: ``poll_cancel``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import functools
 import json
 import logging
 import math
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from runlog.errors import (
     CallUncertain,
-    Cancelled,
     DecisionConflict,
     Escalated,
     NotADecider,
@@ -33,8 +32,7 @@ from runlog.errors import (
 from runlog.log import _copies as copies
 from runlog.log._authority import signer_for
 from runlog.log._clients import REDIS_ERRORS
-from runlog.producers._drain import HandingOver
-from runlog.producers._ops import Steps, append, blocking, peek
+from runlog.producers._ops import Steps, append, blocking
 from runlog.projections._run_state import Approval, decision_text, standing_decision
 from runlog.schemas._codec import now_utc
 from runlog.schemas._models import ANSWERS
@@ -353,67 +351,6 @@ def record_cancel(run: Engine, requested_by: str, reason: str) -> Steps[bool]:
         yield from blocking(functools.partial(run.confirm_in_log, ev))
     log.info("run %s: cancellation by %s recorded (%s)", run.run_id, requested_by, reason)
     return True
-
-
-CANCEL_FLAG_FRESH_S = 0.05
-"""How old a read of the cancel flag (a barrier's, or the last step's own) may be for a
-step's check to use it."""
-
-
-def check_cancel(run: Engine) -> Steps[None]:
-    """A step's check (before a model turn or a tool call): raise ``Cancelled`` into the
-    agent, once, when a person cancelled the run; raise ``HandingOver`` when the worker
-    that dispatched the run drains (``producers._drain``).
-
-    The run's cancel flag is read while no cancellation is in the state: from the last
-    barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
-    append durably cost no round trip of their own) when that read is at most
-    ``CANCEL_FLAG_FRESH_S`` old and no step took it yet, else by a ``GET`` here (a pipelined
-    safe call, an owner that paused), which the next step may take on the same terms (a
-    read made during one step serves at most that step and the next). So the owner sees a
-    cancellation by its next step, or by the one after when it came less than
-    ``CANCEL_FLAG_FRESH_S`` before the step. When
-    the flag is set, the inbox's cancellation is recorded first (``record_cancel``). After
-    ``Cancelled`` was raised the agent's steps run again (its clean-up), and the run ends
-    cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
-    """
-    st = run.state
-    if run.dispatched and run.deps.draining.is_set() and st.status != "finished":
-        raise HandingOver(run.run_id)
-    if st.status == "finished" or run.cancel_raised:
-        return
-    if st.cancel is None:
-        read, run.cancel_flag = run.cancel_flag, None
-        seen = None
-        if read is not None and time.monotonic() - read[1] <= CANCEL_FLAG_FRESH_S:
-            seen = read[0]
-        if seen is None:
-            asked = time.monotonic()
-            try:
-                seen = (yield from peek(run.cancel_flag_key)) is not None
-            except RedisUnavailable:
-                # Not a reason to stop: the ownership check after the step's next append
-                # asks Redis too, and fences the run if it cannot. The request waits in the
-                # inbox.
-                return
-            if not seen:
-                # Read during this step, so it may serve the next one too (once, while
-                # fresh): a pipelined step pays one round trip every other step.
-                run.cancel_flag = (False, asked)
-        if not seen:
-            return
-        yield from poll_cancel(run)
-    cancel = run.state.cancel
-    if cancel is None:
-        return
-    run.cancel_raised = True
-    raise Cancelled(
-        f"run {run.run_id} was cancelled by {cancel.requested_by}: {cancel.reason}",
-        requested_by=cancel.requested_by,
-        reason=cancel.reason,
-        run_id=run.run_id,
-        seq=cancel.requested_seq,
-    )
 
 
 def poll_cancel(run: Engine) -> Steps[None]:

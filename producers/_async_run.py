@@ -329,12 +329,12 @@ class AsyncRun(Handle):
         once), as at ``call_tool``."""
         async with self._turn():
             if EventType(event_type) is not EventType.RUN_FINISHED:
-                await self._drive(approvals.check_cancel(self._engine))
+                await self._drive(self._engine.cancel_check())
             return await self._append(event_type, payload, **kw)
 
     async def check_cancelled(self) -> None:
         """``Run.check_cancelled``: raise ``Cancelled`` (once) if a person cancelled the run."""
-        await self._drive(approvals.check_cancel(self._engine))
+        await self._drive(self._engine.cancel_check())
 
     async def _append(
         self,
@@ -432,7 +432,7 @@ class AsyncRun(Handle):
         of the fleet, a timer not yet due releases the run instead)."""
         run = self._engine
         async with self._turn():
-            await self._drive(approvals.check_cancel(run))  # a step (``Run.sleep``)
+            await self._drive(run.cancel_check())  # a step (``Run.sleep``)
             nxt = timers.next_timer(run.state, run.sleeps)
             run.sleeps += 1
             if nxt.recorded is not None:

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from runlog.errors import CallUncertain, Escalated, ToolFailed, UnknownTool
 from runlog.producers import _timelines as timelines
-from runlog.producers._approvals import check_cancel, record_decision, request_approval
+from runlog.producers._approvals import record_decision, request_approval
 from runlog.producers._bounds import bound_result
 from runlog.producers._context import CallContext
 from runlog.producers._ops import Steps, append, blocking, emit, invoke, lookup
@@ -92,7 +92,7 @@ def call_tool(
     tool = run.tools.get(name)
     if tool is None:
         raise UnknownTool(f"run {run.run_id} has no tool {name!r}; pass it to open_run")
-    yield from check_cancel(run)  # a person's cancellation stops the run before this call
+    yield from run.cancel_check()  # a person's cancellation stops the run before this call
     occurrence, args_json, key = run.next_call(name, args, operation_id)  # before STARTED
     call_id = call_id or f"call-{random.getrandbits(48):012x}"
     run.occurrences[occurrence] += 1

@@ -3,7 +3,7 @@
 **Cancel** records a person's request in the run's log (RUN_CANCEL_REQUESTED: who, why,
 when), by the decision path's mechanism: directly when no one holds the run (taking it is
 the person's act, not a resumption), else through the owner's inbox, which the owner reads
-at its next step and records (``approvals.check_cancel``). The owner then raises
+at its next step and records (``Engine.cancel_check``). The owner then raises
 ``Cancelled`` into the agent, which may clean up, and the run ends ``cancelled``. A run
 nobody holds shows as cancelling until it is next opened. Open calls are never closed by a
 cancellation: they stay governed by the recovery rules.

@@ -2,7 +2,7 @@
 
 A worker told to stop (SIGTERM: a node drain, a rolling update) sets its ``draining``
 flag. Each of its runs finishes the step it is in (a tool call in flight completes and is
-recorded), and the next step's check (``approvals.check_cancel``, the same place a
+recorded), and the next step's check (``Engine.cancel_check``, the same place a
 person's cancellation is seen) raises ``HandingOver`` into the agent. The worker then
 releases the run's lease as a handover (``LeaseManager.hand_over``) so another worker
 resumes it at once, instead of waiting for the lease to expire.

@@ -26,6 +26,7 @@ import redis
 from runlog._settings import Settings
 from runlog.errors import (
     AppendOutcomeUnknown,
+    Cancelled,
     ConfigError,
     Fenced,
     KafkaUnavailable,
@@ -43,8 +44,9 @@ from runlog.producers import _approvals as approvals
 from runlog.producers import _calls as calls
 from runlog.producers import _timers as timers
 from runlog.producers._bounds import BOUNDED_FIELDS, bound_payload
+from runlog.producers._drain import HandingOver
 from runlog.producers._lease import Lease, LeaseManager
-from runlog.producers._ops import drive
+from runlog.producers._ops import Steps, drive, peek
 from runlog.producers._tools import Tool
 from runlog.producers._writer import Ack, AckGroup, Delivered, DeliveryFailed, EventWriter, Outcome
 from runlog.projections._run_state import (
@@ -75,6 +77,10 @@ TERMINATED = "terminated"
 
 OWN_KEPT = 10_000
 """Own records kept for a confirmation by the log tail; past it, confirmations read."""
+
+CANCEL_FLAG_FRESH_S = 0.05
+"""How old a read of the cancel flag (a barrier's, or the last step's own) may be for a
+step's check to use it (``Engine.cancel_check``)."""
 
 MAX_EVENT_BYTES = 900_000
 """Below the broker's default ``message.max.bytes`` (1 MiB) with room for headers."""
@@ -205,7 +211,7 @@ class Engine(Owned):
     """The run's cancel flag as the last barrier's ownership check read it (one ``MGET``
     with the lease), or as the last step's own ``GET`` found it unset, and when
     (``time.monotonic``), not yet taken by a step's cancel check (None: no such read since
-    the last check). ``approvals.check_cancel``."""
+    the last check). ``cancel_check``."""
     _cancel_flag_key: str | None = None
     inbox: list[bytes] | None = None
     """The run's decision inbox as read once its claim counted, by a batch that reads many
@@ -852,7 +858,62 @@ class Engine(Owned):
     def check_cancelled(self) -> None:
         """Raise ``Cancelled`` (once) if a person cancelled the run: call before a step of
         your own (``call_tool`` and the agent loop's model turns already check)."""
-        drive(self, approvals.check_cancel(self))
+        drive(self, self.cancel_check())
+
+    def cancel_check(self) -> Steps[None]:
+        """A step's check (before a model turn or a tool call), as the rules' steps: raise
+        ``Cancelled`` into the agent, once, when a person cancelled the run; raise
+        ``HandingOver`` when the worker that dispatched the run drains (``producers._drain``).
+
+        The run's cancel flag is read while no cancellation is in the state: from the last
+        barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
+        append durably cost no round trip of their own) when that read is at most
+        ``CANCEL_FLAG_FRESH_S`` old and no step took it yet, else by a ``GET`` here (a
+        pipelined safe call, an owner that paused), which the next step may take on the same
+        terms (a read made during one step serves at most that step and the next). So the
+        owner sees a cancellation by its next step, or by the one after when it came less
+        than ``CANCEL_FLAG_FRESH_S`` before the step. When the flag is set, the inbox's
+        cancellation is recorded first (``approvals.poll_cancel``). After ``Cancelled`` was
+        raised the agent's steps run again (its clean-up), and the run ends cancelled when
+        it is finished or closed (``Run.finish``, ``Run.close``).
+        """
+        st = self.state
+        if self.dispatched and self.deps.draining.is_set() and st.status != "finished":
+            raise HandingOver(self.run_id)
+        if st.status == "finished" or self.cancel_raised:
+            return
+        if st.cancel is None:
+            read, self.cancel_flag = self.cancel_flag, None
+            seen = None
+            if read is not None and time.monotonic() - read[1] <= CANCEL_FLAG_FRESH_S:
+                seen = read[0]
+            if seen is None:
+                asked = time.monotonic()
+                try:
+                    seen = (yield from peek(self.cancel_flag_key)) is not None
+                except RedisUnavailable:
+                    # Not a reason to stop: the ownership check after the step's next
+                    # append asks Redis too, and fences the run if it cannot. The request
+                    # waits in the inbox.
+                    return
+                if not seen:
+                    # Read during this step, so it may serve the next one too (once, while
+                    # fresh): a pipelined step pays one round trip every other step.
+                    self.cancel_flag = (False, asked)
+            if not seen:
+                return
+            yield from approvals.poll_cancel(self)
+        cancel = self.state.cancel
+        if cancel is None:
+            return
+        self.cancel_raised = True
+        raise Cancelled(
+            f"run {self.run_id} was cancelled by {cancel.requested_by}: {cancel.reason}",
+            requested_by=cancel.requested_by,
+            reason=cancel.reason,
+            run_id=self.run_id,
+            seq=cancel.requested_seq,
+        )
 
     def ends_cancelled(self) -> bool:
         """Closing must end the run cancelled: its agent was told, and it has not ended."""

@@ -23,7 +23,7 @@ import runlog
 from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
-from runlog.producers._approvals import CANCEL_FLAG_FRESH_S
+from runlog.producers._engine import CANCEL_FLAG_FRESH_S
 from runlog.projections._run_state import RunState
 
 

@@ -15,7 +15,7 @@ from workers.common import read_log
 import runlog
 from runlog._settings import Settings
 from runlog.log._clients import OWN_AFTER
-from runlog.producers._approvals import CANCEL_FLAG_FRESH_S
+from runlog.producers._engine import CANCEL_FLAG_FRESH_S
 from runlog.projections._run_state import fold
 
 CALLS = 40
