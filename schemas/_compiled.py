@@ -389,24 +389,29 @@ def constructor(
     ):
         return None
     # One set for every instance: it names all the fields, so pydantic's only change to it
-    # (adding an assigned field's name; copies get their own set) leaves it as it is.
-    names = set(fields)
+    # (adding an assigned field's name; copies get their own set) leaves it as it is. The
+    # function is generated, like the readers and encoders: no call of this module's own
+    # runs per event.
     order = list(fields)
-    new = model.__new__
-    put = object.__setattr__
-
-    reorder = avro_order != order
-
-    def make(values: dict[str, Any]) -> Any:
-        if reorder:
-            values = {n: values[n] for n in order}
-        m = new(model)
-        put(m, "__dict__", values)
-        put(m, "__pydantic_fields_set__", names)
-        put(m, "__pydantic_extra__", None)
-        put(m, "__pydantic_private__", None)
-        return m
-
+    lines = ["def make(values):"]
+    if avro_order != order:
+        lines.append("    values = {" + ", ".join(f"{n!r}: values[{n!r}]" for n in order) + "}")
+    lines += [
+        "    m = new(model)",
+        "    put(m, '__dict__', values)",
+        "    put(m, '__pydantic_fields_set__', names)",
+        "    put(m, '__pydantic_extra__', None)",
+        "    put(m, '__pydantic_private__', None)",
+        "    return m",
+    ]
+    scope: dict[str, Any] = {
+        "new": model.__new__,
+        "put": object.__setattr__,
+        "model": model,
+        "names": set(fields),
+    }
+    exec(compile("\n".join(lines) + "\n", f"<constructor {model.__name__}>", "exec"), scope)
+    make: Callable[[dict[str, Any]], Any] = scope["make"]
     return make
 
 
@@ -461,89 +466,7 @@ class Unsupported(Exception):
     """The schema uses something the compiler does not compile."""
 
 
-def _varint(out: bytearray, n: int) -> None:
-    """A zig-zag varint (Avro's int and long), ``n`` already range-checked."""
-    z = (n << 1) ^ (n >> 63)
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-
-
-def _long(out: bytearray, n: int) -> None:
-    if type(n) is not int or not _LONG_MIN <= n <= _LONG_MAX:
-        raise TypeError(f"not an Avro long: {n!r}")
-    if 0 <= n < 64:  # most counters, lengths and versions: one byte
-        out.append(n << 1)
-    else:
-        _varint(out, n)
-
-
-def _int(out: bytearray, n: int) -> None:
-    if type(n) is not int or not _INT_MIN <= n <= _INT_MAX:
-        raise TypeError(f"not an Avro int: {n!r}")
-    _long(out, n)  # the same zig-zag varint, in a narrower range
-
-
-def _string(out: bytearray, s: str) -> None:
-    if type(s) is str:
-        b = s.encode()
-    elif isinstance(s, str):  # a str enum (EventType): its value
-        b = str.encode(s)
-    else:
-        raise TypeError(f"not an Avro string: {s!r}")
-    n = len(b)
-    if n < 64:
-        out.append(n << 1)
-    else:
-        _varint(out, n)
-    out += b
-
-
-def _bytes(out: bytearray, b: bytes) -> None:
-    if type(b) is not bytes:
-        raise TypeError(f"not Avro bytes: {b!r}")
-    n = len(b)
-    if n < 64:
-        out.append(n << 1)
-    else:
-        _varint(out, n)
-    out += b
-
-
-def _boolean(out: bytearray, v: bool) -> None:
-    if type(v) is not bool:
-        raise TypeError(f"not an Avro boolean: {v!r}")
-    out.append(1 if v else 0)
-
-
-_pack_double = struct.Struct("<d").pack
-
-
-def _double(out: bytearray, v: float) -> None:
-    if type(v) is not float:
-        raise TypeError(f"not an Avro double: {v!r}")
-    out += _pack_double(v)
-
-
-def _timestamp_micros(out: bytearray, v: datetime | int) -> None:
-    if type(v) is datetime and v.tzinfo is not None:
-        d = v - _EPOCH
-        _long(out, (d.days * 86400 + d.seconds) * 1_000_000 + d.microseconds)
-    elif type(v) is int:
-        _long(out, v)
-    else:  # a naive datetime: fastavro reads it in local time; leave that to it
-        raise TypeError(f"not an aware datetime: {v!r}")
-
-
-_PRIMITIVES = {
-    "string": "_string",
-    "bytes": "_bytes",
-    "long": "_long",
-    "int": "_int",
-    "boolean": "_boolean",
-    "double": "_double",
-}
+_PRIMITIVES = frozenset({"string", "bytes", "long", "int", "boolean", "double"})
 
 
 class _Compiler:
@@ -564,7 +487,7 @@ class _Compiler:
         if isinstance(schema, str):
             if schema not in _PRIMITIVES:
                 raise Unsupported(f"type {schema!r}")
-            self.emit(depth, f"{_PRIMITIVES[schema]}(out, {expr})")
+            getattr(self, f"enc_{schema}")(expr, depth)
             return
         if isinstance(schema, list):
             self.union(schema, expr, depth)
@@ -573,7 +496,7 @@ class _Compiler:
         logical = schema.get("logicalType")
         if logical is not None:
             if logical == "timestamp-micros" and kind == "long":
-                self.emit(depth, f"_timestamp_micros(out, {expr})")
+                self.enc_timestamp_micros(expr, depth)
                 return
             raise Unsupported(f"logical type {logical!r}")
         if kind == "record":
@@ -584,6 +507,80 @@ class _Compiler:
             self.value(kind, expr, depth)
         else:
             raise Unsupported(f"type {kind!r}")
+
+    # The primitives, inline: each checks its value's type exactly (and an int's range) and
+    # appends its encoding; a value of another type raises ``TypeError``.
+
+    def _fail(self, depth: int, what: str, expr: str) -> None:
+        self.emit(depth, f"raise TypeError('not an Avro {what}: %r' % ({expr},))")
+
+    def varint(self, expr: str, depth: int) -> None:
+        """A zig-zag varint of the int ``expr`` (a variable), already range-checked: one
+        byte for 0..63 (most counters, lengths and versions)."""
+        z = self.var("z")
+        self.emit(depth, f"if 0 <= {expr} < 64:")
+        self.emit(depth + 1, f"out.append({expr} << 1)")
+        self.emit(depth, "else:")
+        self.emit(depth + 1, f"{z} = ({expr} << 1) ^ ({expr} >> 63)")
+        self.emit(depth + 1, f"while {z} > 0x7F:")
+        self.emit(depth + 2, f"out.append(({z} & 0x7F) | 0x80)")
+        self.emit(depth + 2, f"{z} >>= 7")
+        self.emit(depth + 1, f"out.append({z})")
+
+    def length(self, expr: str, depth: int) -> None:
+        n = self.var("n")
+        self.emit(depth, f"{n} = {expr}")
+        self.varint(n, depth)
+
+    def enc_long(self, expr: str, depth: int, low: int = _LONG_MIN, high: int = _LONG_MAX) -> None:
+        self.emit(depth, f"if type({expr}) is not int or not {low} <= {expr} <= {high}:")
+        self._fail(depth + 1, "long" if low == _LONG_MIN else "int", expr)
+        self.varint(expr, depth)
+
+    def enc_int(self, expr: str, depth: int) -> None:
+        self.enc_long(expr, depth, _INT_MIN, _INT_MAX)  # the same zig-zag varint, narrower
+
+    def enc_string(self, expr: str, depth: int) -> None:
+        b = self.var("b")
+        self.emit(depth, f"if type({expr}) is str:")
+        self.emit(depth + 1, f"{b} = {expr}.encode()")
+        self.emit(depth, f"elif isinstance({expr}, str):")  # a str enum (EventType): its value
+        self.emit(depth + 1, f"{b} = str.encode({expr})")
+        self.emit(depth, "else:")
+        self._fail(depth + 1, "string", expr)
+        self.length(f"len({b})", depth)
+        self.emit(depth, f"out += {b}")
+
+    def enc_bytes(self, expr: str, depth: int) -> None:
+        self.emit(depth, f"if type({expr}) is not bytes:")
+        self._fail(depth + 1, "bytes", expr)
+        self.length(f"len({expr})", depth)
+        self.emit(depth, f"out += {expr}")
+
+    def enc_boolean(self, expr: str, depth: int) -> None:
+        self.emit(depth, f"if type({expr}) is not bool:")
+        self._fail(depth + 1, "boolean", expr)
+        self.emit(depth, f"out.append(1 if {expr} else 0)")
+
+    def enc_double(self, expr: str, depth: int) -> None:
+        self.emit(depth, f"if type({expr}) is not float:")
+        self._fail(depth + 1, "double", expr)
+        self.emit(depth, f"out += pack_double({expr})")
+
+    def enc_timestamp_micros(self, expr: str, depth: int) -> None:
+        """An aware datetime (or an int of microseconds); a naive one raises: fastavro
+        reads it in local time, and is left to."""
+        n, d = self.var("t"), self.var("d")
+        self.emit(depth, f"if type({expr}) is datetime and {expr}.tzinfo is not None:")
+        self.emit(depth + 1, f"{d} = {expr} - EPOCH")
+        self.emit(
+            depth + 1, f"{n} = ({d}.days * 86400 + {d}.seconds) * 1_000_000 + {d}.microseconds"
+        )
+        self.emit(depth, f"elif type({expr}) is int:")
+        self.emit(depth + 1, f"{n} = {expr}")
+        self.emit(depth, "else:")
+        self._fail(depth + 1, "timestamp (an aware datetime)", expr)
+        self.enc_long(n, depth)
 
     def union(self, branches: list[Any], expr: str, depth: int) -> None:
         if any(_is_sealed(b) for b in branches):
@@ -613,7 +610,7 @@ class _Compiler:
             first = False
             self.emit(depth + 1, f"out.append({k << 1})")
             if kind == "string":
-                self.emit(depth + 1, f"_string(out, {expr})")
+                self.enc_string(expr, depth + 1)
         self.emit(depth, "else:")
         self.emit(depth + 1, f"out.append({kinds.index('sealed') << 1})")
         self.record(SEALED_SCHEMA, expr, depth + 1)
@@ -633,12 +630,12 @@ class _Compiler:
         self.emit(depth, f"if {test}:")
         self.emit(depth + 1, f"raise TypeError('not an Avro {schema['type']}')")
         self.emit(depth, f"if {expr}:")
-        self.emit(depth + 1, f"_long(out, len({expr}))")
+        self.length(f"len({expr})", depth + 1)
         item = self.var("i")
         if is_map:
             key = self.var("k")
             self.emit(depth + 1, f"for {key}, {item} in {expr}.items():")
-            self.emit(depth + 2, f"_string(out, {key})")
+            self.enc_string(key, depth + 2)
             self.value(schema["values"], item, depth + 2)
         else:
             self.emit(depth + 1, f"for {item} in {expr}:")
@@ -658,13 +655,9 @@ def compile_encoder(parsed: Any) -> Encoder | None:
         return None
     source = "def encode(record, out):\n" + "\n".join(c.lines) + "\n"
     namespace: dict[str, Any] = {
-        "_string": _string,
-        "_bytes": _bytes,
-        "_long": _long,
-        "_int": _int,
-        "_boolean": _boolean,
-        "_double": _double,
-        "_timestamp_micros": _timestamp_micros,
+        "pack_double": _DOUBLE.pack,
+        "datetime": datetime,
+        "EPOCH": _EPOCH,
     }
     exec(compile(source, f"<avro encoder {parsed.get('name')}>", "exec"), namespace)
     encoder: Encoder = namespace["encode"]
