@@ -1,26 +1,9 @@
-"""The run index: which runs exist, in what condition, most recently active first.
+"""Reading the run index: which runs exist, in what condition, most recently active first.
 
-Kept by the state projection, in the same MULTI/EXEC as its position, so it is exactly
-as current as the state view and a rebuild refolds it byte for byte. Nothing here reads
-the events topic: ``runlog runs`` and the console list runs from these keys alone.
-
-Keys, beside the state projection's own under ``<prefix>:proj:state:{<topic>:<p>}``
-(the partition's hash tag, so they commit with its position in one slot):
-
-=========================  ==============================================================
-``ix:tenants``             set of tenants with a run in the partition
-``ix:t:<tenant>``          sorted set: run id scored by its last valid event (epoch ms)
-``ix:s:<status>:<tenant>`` the same, for the runs currently in ``status``
-``ix:subj:<tenant>:<sub>`` set of the runs of a data subject (RUN_STARTED's ``subject``,
-                           else the run itself): what ``runlog forget --subject`` erases
-``sum:<run>``              the state summary hash, plus ``ix_status``, ``started_at``,
-                           ``last_type``, ``pending_approvals``, ``uncertain_calls``
-=========================  ==============================================================
-
-The tenant is the last part of each key, so no tenant name can spell another key
-(a name with ``:`` is refused by writers anyway). Per changed run and batch the index
-costs two ZADDs, one ZREM when the status changed, one SADD and one HSET of five
-fields: O(log n) in the runs of its tenant and partition, never a rewrite of the index.
+The index is kept by the state projection (``consumers.stores._state``: its keys and how
+they are written), in the same MULTI/EXEC as its position, so it is exactly as current as
+the state view and a rebuild refolds it byte for byte. Nothing here reads the events
+topic: ``runlog runs`` and the console list runs from these keys alone.
 
 Reading merges the per-partition sorted sets of the wanted tenants with a keyset cursor
 (``<score>:<run id>``), so a page costs the same at run 100,000 as at run 1.
@@ -39,153 +22,17 @@ from typing import Any
 import redis
 
 from runlog._settings import Settings
+from runlog.consumers.stores._state import IndexKeys, score_of
 from runlog.errors import ConfigError, RedisUnavailable
 from runlog.log._clients import REDIS_ERRORS
 from runlog.log._holders import holders
-from runlog.projections import _lifecycle as lifecycle
-from runlog.projections._run_state import RunState
-from runlog.projections._state_view import StateView
-from runlog.schemas._models import Event, data_subject
-from runlog.schemas._vocabulary import STARTS
+from runlog.projections import _state_view as state_view
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
-STATUSES = lifecycle.STATUSES
-"""The one status vocabulary (``runlog.projections._lifecycle``): what a row says. The index
+STATUSES = state_view.STATUSES
+"""The one status vocabulary (``runlog.projections._state_view``): what a row says. The index
 stores each run's phase (the log's part of it) and a reader adds who holds the lease."""
-
-# Fields the index adds to the state summary hash. Their names start apart from the
-# summary's own so neither side can overwrite the other.
-FIELDS = (
-    "ix_status",
-    "ix_since",
-    "ix_until",
-    "started_at",
-    "last_type",
-    "pending_approvals",
-    "uncertain_calls",
-)
-LAST_TYPES = "ix_last_types"
-SUBJECTS = "ix_subjects"
-"""``Batch.extra`` entry: run id -> data subject, for a run whose first event the batch folded."""
-"""``Batch.extra`` entry: run id -> type of the last valid event folded in this batch."""
-
-
-def status_of(st: RunState) -> str:
-    """The phase the index keeps a run under (``lifecycle.PHASES``): the log's part of its
-    status, which ``lifecycle.status_from`` completes with the lease's holder."""
-    return lifecycle.phase_of(st)
-
-
-def _score(at: datetime | None) -> float | None:
-    return None if at is None else round(at.timestamp() * 1000, 3)
-
-
-@dataclass(frozen=True)
-class IndexKeys:
-    """The index's keys in one partition of the state projection (``part`` is its root)."""
-
-    part: str
-
-    @property
-    def tenants(self) -> str:
-        return f"{self.part}:ix:tenants"
-
-    def tenant(self, tenant: str) -> str:
-        return f"{self.part}:ix:t:{tenant}"
-
-    def status(self, status: str, tenant: str) -> str:
-        return f"{self.part}:ix:s:{status}:{tenant}"
-
-    def summary(self, run_id: str) -> str:
-        return f"{self.part}:sum:{run_id}"
-
-    def subject(self, tenant: str, subject: str) -> str:
-        """The runs of data subject ``subject`` indexed in this partition (the tenant comes
-        first here: it holds no ``:``, so the key names one tenant and one subject)."""
-        return f"{self.part}:ix:subj:{tenant}:{subject}"
-
-    def children(self, tenant: str, parent: str) -> str:
-        """The forks of ``parent`` indexed in this partition (a fork lives where its own
-        id hashes, so a parent's children are spread over the partitions)."""
-        return f"{self.part}:ix:forks:{tenant}:{parent}"
-
-
-# ------------------------------------------------------------------------ writing (store)
-
-
-def remember(view: StateView) -> str | None:
-    """What the index needs of a run as loaded: its status, to move it between sets."""
-    return status_of(view.state) if view.state.run_id else None
-
-
-def observe(extra: dict[str, Any], view: StateView, ev: Event) -> None:
-    """Called after each folded record: note the type of the run's last *valid* event."""
-    st = view.state
-    if st.seq == ev.seq and st.last_event_at == ev.occurred_at and st.run_id == ev.run_id:
-        extra.setdefault(LAST_TYPES, {})[ev.run_id] = ev.type.value
-        if ev.type in STARTS:
-            # The default subject of a run is the run itself (RUN_STARTED names no other).
-            extra.setdefault(SUBJECTS, {})[ev.run_id] = data_subject(ev.run_id, ev.payload)
-
-
-def write(
-    pipe: Any,
-    keys: IndexKeys,
-    run_id: str,
-    view: StateView,
-    before: str | None,
-    extra: Mapping[str, Any],
-    *,
-    calls_changed: bool = True,
-    fresh: bool = True,
-    summary: Mapping[str, str] | None = None,
-) -> None:
-    """Queue the index writes for one changed run (inside the projection's MULTI).
-
-    ``calls_changed``: whether the batch may have changed the run's open calls or
-    approvals (else their counts are left as stored); ``fresh``: whether the run may be
-    new to the index (else its tenant is already listed); ``summary``: the rest of the
-    run's summary hash, written with the index's fields in one HSET."""
-    st = view.state
-    score = _score(st.last_event_at)
-    if not st.run_id or not st.tenant or score is None:
-        # No valid event yet (only fenced or quarantined records): nothing to list.
-        if summary:
-            pipe.hset(keys.summary(run_id), mapping=dict(summary))
-        return
-    status = status_of(st)
-    subject = extra.get(SUBJECTS, {}).get(run_id)
-    if subject is not None:
-        pipe.sadd(keys.subject(st.tenant, subject), run_id)
-    if fresh:
-        pipe.sadd(keys.tenants, st.tenant)
-        if st.lineage is not None:
-            pipe.sadd(keys.children(st.tenant, st.lineage.parent_run_id), run_id)
-    pipe.zadd(keys.tenant(st.tenant), {run_id: score})
-    if before is not None and before != status:
-        pipe.zrem(keys.status(before, st.tenant), run_id)
-    pipe.zadd(keys.status(status, st.tenant), {run_id: score})
-    since = lifecycle.since_of(st)
-    until = lifecycle.sleeping_until(st)
-    fields = {
-        **(summary or {}),
-        "ix_status": status,
-        "ix_since": since.isoformat() if since else "",
-        "ix_until": until.isoformat() if until else "",
-        "started_at": st.started_at.isoformat() if st.started_at else "",
-    }
-    if calls_changed:
-        # Counting walks every open call and approval of the run: only when they changed.
-        fields["pending_approvals"] = str(len(st.pending_approvals))
-        fields["uncertain_calls"] = str(
-            sum(1 for c in st.open_calls.values() if c.status != "started")
-        )
-    last = extra.get(LAST_TYPES, {}).get(run_id)
-    if last is not None:
-        fields["last_type"] = last
-    pipe.hset(keys.summary(run_id), mapping=fields)
-
 
 # ------------------------------------------------------------------------------ reading
 
@@ -224,7 +71,7 @@ class RunRow:
     tenant: str
     run_id: str
     status: str
-    """The run's status (``lifecycle.STATUSES``), with the lease's holder as read."""
+    """The run's status (``state_view.STATUSES``), with the lease's holder as read."""
     outcome: str
     seq: int
     epoch: int
@@ -237,7 +84,7 @@ class RunRow:
     fenced_writes: int
     quarantined: int
     phase: str = ""
-    """The log's part of the status, as the index stores it (``lifecycle.PHASES``)."""
+    """The log's part of the status, as the index stores it (``state_view.PHASES``)."""
     since: str = ""
     owner: str | None = None
     lease_expires_at: str | None = None
@@ -295,11 +142,11 @@ class RunRow:
             ),
         }
 
-    def live(self, holder: lifecycle.Holder | None) -> RunRow:
+    def live(self, holder: state_view.Holder | None) -> RunRow:
         """This row with its status told by the one rule, given the lease's holder now."""
         since = datetime.fromisoformat(self.since) if self.since else None
         until = datetime.fromisoformat(self.until) if self.until else None
-        told = lifecycle.status_from(self.phase, holder, since, until)
+        told = state_view.status_from(self.phase, holder, since, until)
         d = told.to_dict()
         return dataclasses.replace(
             self,
@@ -398,7 +245,7 @@ class RunIndex:
         """The runs of ``tenant`` that ended (finished, failed, cancelled or terminated)
         with their last valid event before ``before``, whose content is not erased yet."""
         ended = ("finished", "failed", "cancelled", "terminated")
-        top: float | str = _score(before.astimezone(UTC)) or "-inf"
+        top: float | str = score_of(before.astimezone(UTC)) or "-inf"
         try:
             found: list[tuple[str, IndexKeys]] = []
             for keys in self.parts:
@@ -451,10 +298,10 @@ class RunIndex:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         wanted = self.tenants() if tenants is None else sorted(set(tenants))
-        phases = (None,) if status is None else lifecycle.phases_for(status)
+        phases = (None,) if status is None else state_view.phases_for(status)
         sources = [key for ph in phases for key in self._sources(wanted, ph)]
         block = len(self.parts) * len(wanted)
-        low: float | str = "-inf" if since is None else _score(since.astimezone(UTC)) or 0
+        low: float | str = "-inf" if since is None else score_of(since.astimezone(UTC)) or 0
         top: float | str = "+inf"
         after: tuple[float, str] | None = None
         if cursor is not None:
@@ -544,7 +391,7 @@ class RunIndex:
         wanted = self.tenants() if tenants is None else sorted(set(tenants))
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for phase in lifecycle.PHASES:
+            for phase in state_view.PHASES:
                 for key in self._sources(wanted, phase):
                     if phase == "active":
                         pipe.zrange(key, 0, -1)
@@ -555,7 +402,7 @@ class RunIndex:
             raise RedisUnavailable(f"run index: {exc}") from exc
         n = len(self.parts) * len(wanted)
         out: dict[str, int] = {s: 0 for s in STATUSES}
-        for i, phase in enumerate(lifecycle.PHASES):
+        for i, phase in enumerate(state_view.PHASES):
             chunk = replies[i * n : (i + 1) * n]
             if phase != "active":
                 # a sleeping run's status is waiting (for a time)
@@ -575,7 +422,7 @@ class RunIndex:
         return out
 
 
-def _running(held: lifecycle.Holder | None) -> bool:
+def _running(held: state_view.Holder | None) -> bool:
     """A holder that runs the run (alive, not a handover's note)."""
     return held is not None and held.alive and held.handed_over_by is None
 

@@ -40,7 +40,7 @@ import redis
 
 from runlog.errors import RedisUnavailable
 from runlog.log._clients import REDIS_ERRORS, ThreadGet, own_pool
-from runlog.schemas._keys import lease_key, live_key, run_tag, session_of
+from runlog.schemas._keys import handover_key, lease_key, live_key, run_tag, session_of
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class LeaseManager:
         return f"{self.run_tag(tenant, run_id)}:epoch"
 
     def handover_key(self, tenant: str, run_id: str) -> str:
-        return f"{self.run_tag(tenant, run_id)}:handover"
+        return handover_key(self.prefix, tenant, run_id)
 
     def _keys(self, tenant: str, run_id: str) -> list[str]:
         """KEYS of the acquire and raise scripts: the lease, then the epoch counter, then

@@ -162,6 +162,12 @@ def lease_key(key_prefix: str, tenant: str, run_id: str) -> str:
     return f"{run_tag(key_prefix, tenant, run_id)}:lease"
 
 
+def handover_key(key_prefix: str, tenant: str, run_id: str) -> str:
+    """A note a draining owner leaves as it lets the run go (``LeaseManager.hand_over``):
+    who let it go, for a short while (what a run's status shows as ``handed_over_by``)."""
+    return f"{run_tag(key_prefix, tenant, run_id)}:handover"
+
+
 def live_key(key_prefix: str, session: str) -> str:
     """A process session's liveness key (a short TTL its process renews)."""
     return f"{key_prefix}:live:{session}"

@@ -52,13 +52,14 @@ TRYAGAIN.
 
 The runner is composed, not inherited. ``ProjectionRunner`` (``loop``: the consumer,
 ``run`` and ``catch_up``, and ``rebuild`` with it) owns one of each collaborator and is
-the only one that touches the consumer: a ``Retrier`` and the ``PositionStore`` (``core``:
-retries; positions, generations and the one verdict of whether a stored position may be
-written on), the ``RebuildFence`` (``fencing``: rebuild markers, completing a rebuild that
-died through the refold the loop hands it) and the ``BatchApplier`` (``batch``: decode,
-quarantine, fold and commit one partition batch; it reports a refused batch and the loop
-refetches or pauses). ``rebuilding`` deletes and refolds a projection, live runners
-fenced, with the runner it is given: it never names the loop, which names it.
+the only one that touches the consumer: a ``Retrier`` and the ``PositionStore`` (in
+``batch``, beside the commit they guard: retries; positions, generations and the one
+verdict of whether a stored position may be written on), the ``RebuildFence``
+(``fencing``: rebuild markers, completing a rebuild that died through the refold the loop
+hands it) and the ``BatchApplier`` (``batch``: decode, quarantine, fold and commit one
+partition batch; it reports a refused batch and the loop refetches or pauses).
+``rebuilding`` deletes and refolds a projection, live runners fenced, with the runner it is
+given: it never names the loop, which names it.
 """
 
 from runlog.consumers.runner._core import RunnerStats, Stopped, default_group, transient_redis_error

@@ -17,7 +17,8 @@ from typing import Any
 import redis
 
 from runlog.consumers._store import Handler
-from runlog.consumers.runner._core import Retrier, Stopped
+from runlog.consumers.runner._batch import Retrier
+from runlog.consumers.runner._core import Stopped
 from runlog.errors import RunlogError
 from runlog.log._clients import REDIS_ERRORS
 

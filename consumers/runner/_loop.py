@@ -24,16 +24,8 @@ from runlog._settings import Settings
 from runlog.consumers._notify import Hook, Notifier
 from runlog.consumers._queries import incomplete
 from runlog.consumers._store import Handler
-from runlog.consumers.runner._batch import BatchApplier
-from runlog.consumers.runner._core import (
-    BATCH_SIZE,
-    PositionStore,
-    Retrier,
-    RunnerStats,
-    Stopped,
-    Verdict,
-    default_group,
-)
+from runlog.consumers.runner._batch import BatchApplier, PositionStore, Retrier, Verdict
+from runlog.consumers.runner._core import BATCH_SIZE, RunnerStats, Stopped, default_group
 from runlog.consumers.runner._fencing import ProjectionRebuilt, RebuildFence, RebuildIncomplete
 from runlog.consumers.runner._rebuilding import rebuild_with
 from runlog.consumers.stores import NOTIFY, make_handler

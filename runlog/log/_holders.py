@@ -2,7 +2,7 @@
 
 Read straight from the leases in Redis (one pipelined GET + PTTL per run), never from a
 projection: ownership is the lease's, and a projection cannot know that an owner died.
-``runlog.projections._lifecycle`` turns this and the log's part into the one status.
+``runlog.projections._state_view`` turns this and the log's part into the one status.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import redis
 from runlog._settings import Settings
 from runlog.errors import RedisUnavailable
 from runlog.log._clients import REDIS_ERRORS
-from runlog.projections._lifecycle import Holder, RunStatus, run_status
 from runlog.projections._run_state import RunState
-from runlog.schemas._keys import lease_key, live_key, run_tag, session_of
+from runlog.projections._state_view import Holder, RunStatus, run_status
+from runlog.schemas._keys import handover_key, lease_key, live_key, session_of
 
 
 def holders(
@@ -34,7 +34,7 @@ def holders(
             key = lease_key(settings.redis_key_prefix, tenant, run_id)
             pipe.get(key)
             pipe.pttl(key)
-            pipe.get(f"{run_tag(settings.redis_key_prefix, tenant, run_id)}:handover")
+            pipe.get(handover_key(settings.redis_key_prefix, tenant, run_id))
         replies = pipe.execute()
     except REDIS_ERRORS as exc:
         raise RedisUnavailable(f"run leases: {exc}") from exc
@@ -93,7 +93,7 @@ def holder(client: redis.Redis, settings: Settings, tenant: str, run_id: str) ->
 
 
 def status_now(client: redis.Redis, settings: Settings, st: RunState) -> RunStatus:
-    """``lifecycle.run_status`` of the run folded into ``st``, with its lease read now."""
+    """``run_status`` of the run folded into ``st``, with its lease read now."""
     held = None
     if st.status != "finished" and st.run_id:
         held = holder(client, settings, st.tenant, st.run_id)

@@ -22,8 +22,9 @@ import runlog
 from runlog._settings import Settings
 from runlog.consumers import _index as index
 from runlog.consumers.runner import ProjectionRunner
+from runlog.consumers.stores import _state as state_store
 from runlog.log._reader import LogReader
-from runlog.projections import _lifecycle as lifecycle
+from runlog.projections import _state_view as state_view
 from runlog.projections._run_state import RunState
 from runlog.projections._state_view import StateView
 from tools.loadgen import LoadGenerator
@@ -91,7 +92,7 @@ EXPECTED = {
     "stopped": "waiting",  # a conflict waits for a person
     "running": "running",
 }
-"""Each scenario's status in the one vocabulary (``runlog.projections._lifecycle``)."""
+"""Each scenario's status in the one vocabulary (``runlog.projections._state_view``)."""
 
 
 def test_runs_lists_each_status_from_the_index(
@@ -276,7 +277,7 @@ def test_index_pages_100k_runs_at_constant_cost(
     n = 100_000
     base = datetime(2026, 1, 1, tzinfo=UTC)
     root = f"{s.redis_key_prefix}:proj:state"
-    parts = [index.IndexKeys(f"{root}:{{{s.events_topic}:{p}}}") for p in range(s.partitions)]
+    parts = [state_store.IndexKeys(f"{root}:{{{s.events_topic}:{p}}}") for p in range(s.partitions)]
     pipe = redis_client.pipeline(transaction=False)
     for i in range(n):
         st = RunState(
@@ -291,7 +292,9 @@ def test_index_pages_100k_runs_at_constant_cost(
         view = StateView(state=st, partition=i % s.partitions)
         keys = parts[i % s.partitions]
         pipe.hset(keys.summary(st.run_id), mapping=view.summary())
-        index.write(pipe, keys, st.run_id, view, None, {index.LAST_TYPES: {st.run_id: "x"}})
+        state_store.index_write(
+            pipe, keys, st.run_id, view, None, {state_store.LAST_TYPES: {st.run_id: "x"}}
+        )
         if i % 5000 == 4999:
             pipe.execute()
     pipe.execute()
@@ -321,7 +324,7 @@ def test_index_pages_100k_runs_at_constant_cost(
         int(redis_client.memory_usage(k) or 0)
         for keys in parts
         for k in [keys.tenant("acme"), keys.tenant("globex")]
-        + [keys.status(st, t) for st in lifecycle.PHASES for t in ("acme", "globex")]
+        + [keys.status(st, t) for st in state_view.PHASES for t in ("acme", "globex")]
     )
     sample = [parts[i % s.partitions].summary(f"r{i:06d}") for i in range(0, n, 997)]
     per_hash = sum(int(redis_client.memory_usage(k) or 0) for k in sample) / len(sample)

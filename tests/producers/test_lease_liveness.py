@@ -21,8 +21,8 @@ from runlog.log._clients import redis_client as make_client
 from runlog.log._holders import holder
 from runlog.producers import _lease as lease_mod
 from runlog.producers._lease import Held, Lease, LeaseManager
-from runlog.projections._lifecycle import run_status
 from runlog.projections._run_state import RunState
+from runlog.projections._state_view import run_status
 from runlog.schemas._keys import live_key, session_of
 
 pytestmark = pytest.mark.timeout(60)

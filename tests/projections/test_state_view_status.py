@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from codec_support import make_event
 
-from runlog.projections._lifecycle import (
+from runlog.projections._run_state import RunState, fold
+from runlog.projections._state_view import (
     PHASES,
     STATUSES,
     Holder,
@@ -23,7 +24,6 @@ from runlog.projections._lifecycle import (
     sleeping_until,
     status_from,
 )
-from runlog.projections._run_state import RunState, fold
 from runlog.schemas._models import Event
 from runlog.schemas._vocabulary import EventType
 
