@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from runlog.projections._run_state import RunState, accept
 from runlog.projections._verdict import slim_dict
@@ -197,30 +197,12 @@ Status = Literal[
     "cancelled",
     "terminated",
 ]
-STATUSES: tuple[Status, ...] = (
-    "running",
-    "waiting",
-    "orphaned",
-    "cancelling",
-    "finished",
-    "failed",
-    "cancelled",
-    "terminated",
-)
+STATUSES: tuple[Status, ...] = get_args(Status)
 
 Phase = Literal[
     "active", "waiting", "sleeping", "cancelling", "finished", "failed", "cancelled", "terminated"
 ]
-PHASES: tuple[Phase, ...] = (
-    "active",
-    "waiting",
-    "sleeping",
-    "cancelling",
-    "finished",
-    "failed",
-    "cancelled",
-    "terminated",
-)
+PHASES: tuple[Phase, ...] = get_args(Phase)
 """The part of a status the log alone decides (what the run index stores): ``active``
 becomes ``running`` or ``orphaned`` by who holds the lease now; ``sleeping`` is the status
 ``waiting`` for a time."""
