@@ -79,8 +79,9 @@ OWN_KEPT = 10_000
 """Own records kept for a confirmation by the log tail; past it, confirmations read."""
 
 CANCEL_FLAG_FRESH_S = 0.05
-"""How old a read of the cancel flag (a barrier's, or the last step's own) may be for a
-step's check to use it (``Engine.cancel_check``)."""
+"""How old a read of the cancel flag (a barrier's, or an earlier step's own) may be for a
+step's check to use it (``Engine.cancel_check``): the longest a person's cancellation can
+go unseen by a step."""
 
 MAX_EVENT_BYTES = 900_000
 """Below the broker's default ``message.max.bytes`` (1 MiB) with room for headers."""
@@ -208,10 +209,10 @@ class Engine(Owned):
     """``Cancelled`` was raised into this owner's agent (once); its clean-up steps run,
     and the run ends cancelled when finished or closed."""
     cancel_flag: tuple[bool, float] | None = None
-    """The run's cancel flag as the last barrier's ownership check read it (one ``MGET``
-    with the lease), or as the last step's own ``GET`` found it unset, and when
-    (``time.monotonic``), not yet taken by a step's cancel check (None: no such read since
-    the last check). ``cancel_check``."""
+    """The run's cancel flag as the last read found it, and when (``time.monotonic``): the
+    last barrier's ownership check (one ``MGET`` with the lease) or a step's own ``GET``
+    (None: no read yet). A step's check takes it while it is at most
+    ``CANCEL_FLAG_FRESH_S`` old (``cancel_check``)."""
     _cancel_flag_key: str | None = None
     inbox: list[bytes] | None = None
     """The run's decision inbox as read once its claim counted, by a batch that reads many
@@ -865,17 +866,17 @@ class Engine(Owned):
         ``Cancelled`` into the agent, once, when a person cancelled the run; raise
         ``HandingOver`` when the worker that dispatched the run drains (``producers._drain``).
 
-        The run's cancel flag is read while no cancellation is in the state: from the last
-        barrier's ownership check (one ``MGET`` with the lease, so back-to-back steps that
-        append durably cost no round trip of their own) when that read is at most
-        ``CANCEL_FLAG_FRESH_S`` old and no step took it yet, else by a ``GET`` here (a
-        pipelined safe call, an owner that paused), which the next step may take on the same
-        terms (a read made during one step serves at most that step and the next). So the
-        owner sees a cancellation by its next step, or by the one after when it came less
-        than ``CANCEL_FLAG_FRESH_S`` before the step. When the flag is set, the inbox's
-        cancellation is recorded first (``approvals.poll_cancel``). After ``Cancelled`` was
-        raised the agent's steps run again (its clean-up), and the run ends cancelled when
-        it is finished or closed (``Run.finish``, ``Run.close``).
+        The run's cancel flag is read while no cancellation is in the state. A read at most
+        ``CANCEL_FLAG_FRESH_S`` old answers the check: the last barrier's ownership check's
+        (one ``MGET`` with the lease, so steps that append durably cost no round trip of
+        their own) or an earlier step's own ``GET``; an older one, or none, is replaced by a
+        ``GET`` here. So a cancellation is seen by the owner's first step that begins
+        ``CANCEL_FLAG_FRESH_S`` or more after it was requested (an agent whose steps are
+        further apart than that: its next step), and a loop of pipelined steps asks Redis
+        once per ``CANCEL_FLAG_FRESH_S``, however many steps it makes meanwhile. When the
+        flag is set, the inbox's cancellation is recorded first (``approvals.poll_cancel``).
+        After ``Cancelled`` was raised the agent's steps run again (its clean-up), and the
+        run ends cancelled when it is finished or closed (``Run.finish``, ``Run.close``).
         """
         st = self.state
         if self.dispatched and self.deps.draining.is_set() and st.status != "finished":
@@ -883,11 +884,10 @@ class Engine(Owned):
         if st.status == "finished" or self.cancel_raised:
             return
         if st.cancel is None:
-            read, self.cancel_flag = self.cancel_flag, None
-            seen = None
+            read = self.cancel_flag
             if read is not None and time.monotonic() - read[1] <= CANCEL_FLAG_FRESH_S:
                 seen = read[0]
-            if seen is None:
+            else:
                 asked = time.monotonic()
                 try:
                     seen = (yield from peek(self.cancel_flag_key)) is not None
@@ -896,12 +896,10 @@ class Engine(Owned):
                     # append asks Redis too, and fences the run if it cannot. The request
                     # waits in the inbox.
                     return
-                if not seen:
-                    # Read during this step, so it may serve the next one too (once, while
-                    # fresh): a pipelined step pays one round trip every other step.
-                    self.cancel_flag = (False, asked)
+                self.cancel_flag = (seen, asked)
             if not seen:
                 return
+            self.cancel_flag = None  # the inbox is read now and the flag cleared: read again
             yield from approvals.poll_cancel(self)
         cancel = self.state.cancel
         if cancel is None:

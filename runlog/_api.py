@@ -304,9 +304,10 @@ def cancel(
     """Ask ``run_id`` to stop, cooperatively; the request is recorded in its log (who, when,
     why).
 
-    The run's owner sees it by its next step or the one after (before a model turn or tool
-    call; an ``AsyncRun`` at an await of runlog's: the flag it checks comes with the last
-    barrier's ownership check, so it may be one step old) and raises ``runlog.Cancelled``
+    The run's owner sees it at its first step (a model turn or tool call; an ``AsyncRun``
+    at an await of runlog's) that begins 50 ms or more after the request: its next step,
+    unless its steps come faster (the flag a step checks may come from a read of the last
+    50 ms, a barrier's ownership check or an earlier step's) and raises ``runlog.Cancelled``
     into the agent, which may clean up; the run then ends ``cancelled``. A run nobody holds
     is recorded as cancelling and cancelled when next opened; a run of the fleet that
     waits (for a person, or asleep on a durable timer) or that nobody holds is dispatched

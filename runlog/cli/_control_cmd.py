@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "cancelled",
         description=(
             "Records the request in the run's log (who, when, why). The run's owner sees it "
-            "by its next step or the one after (before a model turn or tool call) and "
+            "at its first step (a model turn or tool call) that begins 50 ms or more after "
+            "the request (its next step, unless its steps come faster) and "
             "raises runlog.Cancelled into the agent, which may clean up; the run then ends "
             "`cancelled`. A run no one holds is shown as cancelling and is cancelled when "
             "next opened; a run of the fleet that waits or that no one holds is dispatched "

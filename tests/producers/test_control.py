@@ -7,6 +7,7 @@ termination fences the owner (a higher epoch) and leaves its open calls open.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import threading
@@ -28,6 +29,7 @@ import runlog
 from runlog._settings import Settings
 from runlog.consumers._verify import verify_events
 from runlog.producers import _timers as timers
+from runlog.producers._engine import CANCEL_FLAG_FRESH_S
 from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(180)
@@ -463,8 +465,6 @@ def test_cancel_during_a_call_that_turns_uncertain_leaves_it_to_the_recovery_rul
 def test_an_awaiting_async_run_sees_a_cancel_at_its_next_await(
     fast: Settings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncio
-
     _env(monkeypatch, fast)
     calls: list[int] = []
 
@@ -481,6 +481,9 @@ def test_an_awaiting_async_run_sees_a_cancel_at_its_next_await(
             how = await runlog.aio.cancel(
                 "r-async", reason="enough", by="ann", tenant="acme", settings=fast, wait_s=0
             )
+            # A step that begins a window after the request sees it (an earlier one may use
+            # a read of the window before it).
+            await asyncio.sleep(CANCEL_FLAG_FRESH_S)
             try:
                 await run.call_tool("step", {"n": 2})
             except runlog.Cancelled as exc:
