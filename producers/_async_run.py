@@ -23,7 +23,6 @@ import functools
 import inspect
 import logging
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -305,17 +304,16 @@ class AsyncRun(Handle):
         for p in pending:
             run.delivered(p, p.ack.outcome)
         if pending:
+            flag = None
             if run.lease.released:
                 ok = False
             else:
                 try:
                     raw, flag = await self._get(self._keys)
                 except REDIS_ERRORS as exc:
-                    raise run.fenced(f"ownership unconfirmed after append: {exc}") from exc
+                    raise run.unconfirmed(exc) from exc
                 ok = run.lease.confirm(raw.decode() if isinstance(raw, bytes) else raw)
-            run.still_owned(ok, pending)
-            if ok:
-                run.cancel_flag = (flag is not None, time.monotonic())
+            run.owned_after(pending, ok, flag)  # the sync barrier's verdict, the same rule
 
     async def append(
         self,

@@ -290,6 +290,9 @@ def test_a_safe_call_killed_mid_call_is_retried_by_recovery_before_the_agent_run
     assert_no_recorded_turn_requested_again(redis_client, fast, run_id, events)
 
 
+CONTENDER_TTL_MS = 8000
+
+
 def _contender(
     settings_dump: dict[str, Any], run_id: str, tmp: str, index: int, barrier: Any, out: Any
 ) -> None:
@@ -300,7 +303,10 @@ def _contender(
 
     import runlog
 
-    settings = Settings(**settings_dump)
+    # The race is decided at the open (wait_s=0), whatever the lease's length; the winner
+    # holds a longer lease than the `fast` one so that a stall of the shared CI machine
+    # longer than 1.5 s does not fence it mid-run, which is right but not this test's point.
+    settings = Settings(**settings_dump).model_copy(update={"lease_ttl_ms": CONTENDER_TTL_MS})
     opts = argparse.Namespace(
         dir=tmp,
         name=f"c{index}",
