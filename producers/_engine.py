@@ -412,7 +412,7 @@ class Engine(Owned):
             raise
         return [self.delivered(p, p.ack.outcome) for p in pending], pending
 
-    def unconfirmed(self, exc: RedisUnavailable) -> Fenced:
+    def unconfirmed(self, exc: Exception) -> Fenced:
         """The barrier's ownership check could not be asked: the run is fenced."""
         return self.fenced(f"ownership unconfirmed after append: {exc}")
 

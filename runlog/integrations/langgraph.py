@@ -61,7 +61,7 @@ try:
     )
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.checkpoint.serde.base import SerializerProtocol
-    from langgraph.errors import GraphBubbleUp
+    from langgraph.errors import GraphBubbleUp, GraphInterrupt
     from langgraph.types import interrupt
 except ModuleNotFoundError as exc:
     raise missing_extra(exc, __name__, "langgraph", ("langgraph", "langchain_core")) from exc
@@ -124,7 +124,12 @@ CHECKPOINT_KEY = "langgraph.checkpoint"
 
 PAUSED_KEY = "langgraph.paused"
 """The MEMORY_WRITTEN key of a tool call's attempt that LangGraph paused (``interrupt()``)
-before the tool made any effect: ``{"key": <idempotency key>, "attempt": <n>}``."""
+before the tool made any effect: ``{"key": <idempotency key>, "attempt": <n>}``, and, when
+the pause was the tool's ``interrupt()``, ``"of"`` (the call's key in the tool node, which a
+retry's key differs from), ``"task"`` (the checkpoint namespace of the LangGraph task it paused,
+whose resume values answer it: a task that a killed process ran and LangGraph never saved is
+not the one that runs again) and ``"interrupt"`` (LangGraph's id of the interrupt, so one noted
+twice in one task is counted once)."""
 
 
 def _typed(serde: SerializerProtocol, obj: Any) -> list[str]:
@@ -169,6 +174,10 @@ class _Owned:
     """Idempotency key -> the attempt of it that LangGraph paused before any effect."""
     decided: set[str] = dataclasses.field(default_factory=set)
     """Approvals a ``Command(resume=...)`` answered (``DECIDED_KEY``)."""
+    asked: dict[tuple[str, str], set[str]] = dataclasses.field(default_factory=dict)
+    """(A tool node call's key, its task's namespace) -> the interrupts its tool raised there
+    (``PAUSED_KEY``): each took one of the task's resume values, which the node replays when
+    it no longer runs the tool."""
     built_on: set[str] = dataclasses.field(default_factory=set)
     """Checkpoints this saver put since it opened the run, and their parents: the steps its
     graph ran. Writes on one of them are a late write of this graph's own step (LangGraph
@@ -291,6 +300,9 @@ class RunlogSaver(BaseCheckpointSaver[str]):
             elif isinstance(p, MemoryWritten) and p.key == PAUSED_KEY:
                 paused = json.loads(p.value)
                 owned.paused[paused["key"]] = paused["attempt"]
+                if paused.get("interrupt"):
+                    where = (paused["of"], paused["task"])
+                    owned.asked.setdefault(where, set()).add(paused["interrupt"])
             elif isinstance(p, MemoryWritten) and p.key == DECIDED_KEY:
                 owned.decided.add(json.loads(p.value)["approval_id"])
             elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
@@ -511,11 +523,33 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                 self._refuse(thread_id, str(exc))
                 raise
 
-    def note_paused(self, thread_id: str, key: str, attempt: int) -> None:
-        """Record that LangGraph paused attempt ``attempt`` of the call ``key`` inside its
-        tool (``interrupt()``) before the tool made any effect (``PAUSED_KEY``)."""
-        self._note(thread_id, PAUSED_KEY, {"key": key, "attempt": attempt})
-        self._own(thread_id).paused[key] = attempt
+    def note_paused(
+        self,
+        thread_id: str,
+        key: str,
+        attempt: int,
+        *,
+        of: str,
+        task: str,
+        interrupt_id: str | None,
+    ) -> None:
+        """Record that LangGraph paused attempt ``attempt`` of the call ``key`` (the tool
+        node's call ``of``, in the task ``task``) inside its tool before the tool made any
+        effect (``PAUSED_KEY``); ``interrupt_id`` names the tool's ``interrupt()`` that
+        paused it, if one did."""
+        value: dict[str, Any] = {"key": key, "attempt": attempt}
+        if interrupt_id is not None:
+            value.update({"of": of, "task": task, "interrupt": interrupt_id})
+        self._note(thread_id, PAUSED_KEY, value)
+        owned = self._own(thread_id)
+        owned.paused[key] = attempt
+        if interrupt_id is not None:
+            owned.asked.setdefault((of, task), set()).add(interrupt_id)
+
+    def asked_by_tool(self, thread_id: str, key: str, task: str) -> int:
+        """How many of the task ``task``'s resume values the tool of the tool node's call
+        ``key`` took (its ``interrupt()`` calls that paused the graph there)."""
+        return len(self._own(thread_id).asked.get((key, task), ()))
 
     def note_decided(self, thread_id: str, approval_id: str) -> None:
         """Record that a ``Command(resume=...)`` answered ``approval_id`` (``DECIDED_KEY``)."""
@@ -787,6 +821,8 @@ class RunlogToolNode:
             scope = self.saver.call_scope(config, ai.id, position, call_id)
             key = run.idempotency_key(scope, name, args_json, 0)
             token = _BUBBLE.set([])
+            ran: list[str] = []
+            ran_token = _RAN.set(ran)
             try:
                 # The questions a resume answered, asked again in their order so that
                 # LangGraph hands each interrupt() below the answer that is its own.
@@ -812,9 +848,17 @@ class RunlogToolNode:
             except _Paused as paused:
                 # Recorded by the call path as an interrupted attempt; the marker says it
                 # made no effect, so the node re-executed on resume runs it again.
-                self.saver.note_paused(thread_id, paused.key, paused.attempt)
+                self.saver.note_paused(
+                    thread_id,
+                    paused.key,
+                    paused.attempt,
+                    of=key,
+                    task=_task_ns(config),
+                    interrupt_id=_interrupt_id(paused.bubble),
+                )
                 raise paused.bubble from None
             except ToolFailed as exc:
+                self._replay_asked(thread_id, key, config, ran)
                 out.append(
                     ToolMessage(
                         content=f"Error: {exc}", name=name, tool_call_id=call_id, status="error"
@@ -822,9 +866,24 @@ class RunlogToolNode:
                 )
                 continue
             finally:
+                _RAN.reset(ran_token)
                 _BUBBLE.reset(token)
+            self._replay_asked(thread_id, key, config, ran)
             out.append(ToolMessage(content=content, name=name, tool_call_id=call_id))
         return {self.messages_key: out}
+
+    def _replay_asked(
+        self, thread_id: str, key: str, config: RunnableConfig, ran: builtins.list[str]
+    ) -> None:
+        """A call settled without its tool running in this execution (its result recorded
+        before) lets its tool's interrupts take their resume values again, in its place:
+        LangGraph hands a node's resume values to its ``interrupt()`` calls by their order,
+        so the next call's question gets the answer that is its own. Each returns at once
+        (its answer is among the task's resume values) and the answer is ignored."""
+        if ran:
+            return  # the tool ran and asked again itself
+        for _ in range(self.saver.asked_by_tool(thread_id, key, _task_ns(config))):
+            interrupt({"runlog": "answered", "idempotency_key": key})
 
     def _question(self, run: Engine, approval_id: str) -> dict[str, Any]:
         """runlog's question for ``approval_id`` as the value of a LangGraph interrupt: the
@@ -912,6 +971,12 @@ def _parent_ns(config: RunnableConfig) -> str:
     return ns.rpartition(NS_SEP)[0]
 
 
+def _task_ns(config: RunnableConfig) -> str:
+    """The checkpoint namespace of the task itself (``node:task-id``, under its parents'),
+    which LangGraph's ids of the task's interrupts are made from."""
+    return str(config.get("configurable", {}).get("checkpoint_ns", ""))
+
+
 def _task_checkpoint(config: RunnableConfig) -> str | None:
     """The id of the checkpoint the task was started from."""
     found = config.get("configurable", {}).get("checkpoint_map", {}).get(_parent_ns(config))
@@ -923,6 +988,17 @@ _BUBBLE: ContextVar[list[GraphBubbleUp] | None] = ContextVar(
 )
 """Set while the tool node runs its calls: a tool's pause is the node's to record."""
 
+_RAN: ContextVar[list[str] | None] = ContextVar("runlog_langgraph_ran", default=None)
+"""Set while the tool node runs one call: the keys under which its tool was run."""
+
+
+def _interrupt_id(bubble: GraphBubbleUp) -> str | None:
+    """LangGraph's id of the ``interrupt()`` that raised ``bubble`` (None for a ``Command``
+    bubbling up, which takes no resume value)."""
+    if not isinstance(bubble, GraphInterrupt) or not bubble.args or not bubble.args[0]:
+        return None
+    return str(bubble.args[0][0].id)
+
 
 def _interruptible(fn: ToolFn) -> ToolFn:
     """``fn`` with LangGraph's control flow (``interrupt()``, ``Command`` bubbling up) inside
@@ -932,6 +1008,9 @@ def _interruptible(fn: ToolFn) -> ToolFn:
         return fn  # an async tool's interrupt() is recorded as its exception says
 
     def call(args: dict[str, Any], *, idempotency_key: str, **fence: Any) -> Any:
+        ran = _RAN.get()
+        if ran is not None:
+            ran.append(idempotency_key)
         try:
             return fn(args, idempotency_key=idempotency_key, **fence)
         except GraphBubbleUp as exc:

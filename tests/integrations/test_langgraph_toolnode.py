@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
+import os
+import signal
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,11 +21,12 @@ from langgraph.types import Command, interrupt
 
 from runlog import current_call
 from runlog._settings import Settings
-from runlog.integrations.langgraph import RunlogSaver, RunlogToolNode
+from runlog.integrations.langgraph import PAUSED_KEY, RunlogSaver, RunlogToolNode
 from runlog.producers._calls import execute_logical
 from runlog.producers._handle import engine_of
 from runlog.producers._ops import drive
 from runlog.schemas._canonical import canonical_json
+from runlog.schemas._models import MemoryWritten
 
 SCRIPT = [
     AIMessage(
@@ -155,12 +161,6 @@ def test_a_run_keyed_by_tool_call_id_keeps_its_keys(test_settings: Settings) -> 
     assert [m.content for m in final["messages"] if m.type == "tool"] == ["charge #1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: LangGraph hands a node's resume values to its interrupt() calls by "
-    "order; a call that took its answer and completed is not run again, so the next call's "
-    "interrupt() takes that answer",
-)
 def test_two_calls_that_each_ask_a_person_get_their_own_answers(
     test_settings: Settings,
 ) -> None:
@@ -211,4 +211,125 @@ def test_two_calls_that_each_ask_a_person_get_their_own_answers(
     assert [m.content for m in final["messages"] if m.type == "tool"] == [
         "paid 5 from savings",
         "paid 7 from checking",
+    ]
+
+
+# Three calls of one AI message that ask a person a different number of times ------------
+THREE_CALLS = [
+    AIMessage(
+        content="",
+        tool_calls=[
+            {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
+            {"name": "balance", "args": {"account": "savings"}, "id": "c-b"},
+            {"name": "pay", "args": {"amount": 7}, "id": "c-7"},
+        ],
+    ),
+    AIMessage(content="done"),
+]
+
+
+def _three_calls_graph(saver: RunlogSaver, ledger: Path) -> Any:
+    """The first call asks twice, the second not at all, the third once; each effect is a
+    line of ``ledger`` (shared by the processes of a test)."""
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay, once a person said from which account (and, for 5, with which memo)."""
+        account = interrupt(f"account for {amount}?")
+        memo = interrupt(f"memo for {amount}?") if amount == 5 else "-"
+        with ledger.open("a") as f:
+            f.write(f"{amount} from {account} memo {memo}\n")
+        return f"paid {amount}"
+
+    @tool
+    def balance(account: str) -> str:
+        """Look up a balance."""
+        with ledger.open("a") as f:
+            f.write(f"balance of {account}\n")
+        return "100"
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        return {"messages": [FakeMessagesListChatModel(responses=[THREE_CALLS[turn]]).invoke([])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", RunlogToolNode([pay, balance], saver, risk={"pay": "irreversible"}))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+def _killed_after_noting_the_first_pause(
+    settings_dump: dict[str, Any], thread: str, ledger: str
+) -> None:
+    """A process that starts the thread and is SIGKILLed right after the tool node noted the
+    first pause, before LangGraph saved the interrupt."""
+    original = RunlogSaver.note_paused
+
+    def note_then_die(self: RunlogSaver, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    RunlogSaver.note_paused = note_then_die  # type: ignore[method-assign]
+    saver = RunlogSaver(settings=Settings(**settings_dump))
+    config: Any = {"configurable": {"thread_id": thread}}
+    _three_calls_graph(saver, Path(ledger)).invoke({"messages": [HumanMessage("pay")]}, config)
+
+
+def test_answers_reach_their_own_questions_across_processes_and_a_kill_after_a_pause(
+    test_settings: Settings, tmp_path: Path
+) -> None:
+    """A process is killed right after the node noted the first pause and before LangGraph
+    saved it; the thread is resumed (``invoke(None)``) and each answer is then given to a
+    fresh saver (a new process reading the thread's log). The first pause is noted twice,
+    yet counted once: every answer reaches its own question and each payment is made once."""
+    thread = f"lg-{uuid.uuid4().hex}"
+    config: Any = {"configurable": {"thread_id": thread}}
+    ledger = tmp_path / "ledger"
+    child = mp.get_context("spawn").Process(
+        target=_killed_after_noting_the_first_pause,
+        args=(test_settings.model_dump(), thread, str(ledger)),
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+
+    def saver() -> RunlogSaver:
+        return RunlogSaver(settings=test_settings, wait_s=30)  # the dead owner's lease
+
+    with saver() as s:
+        state = _three_calls_graph(s, ledger).invoke(None, config)
+        notes = [
+            json.loads(ev.payload.value)
+            for ev in s._events(thread)
+            if isinstance(ev.payload, MemoryWritten) and ev.payload.key == PAUSED_KEY
+        ]
+    # Noted by the killed process and again by the node that re-executed the step: the same
+    # interrupt of the same task (counted once), or, where LangGraph had not saved the step
+    # the killed process began, one of a task that never runs again (not counted).
+    assert len(notes) == 2 and notes[0]["of"] == notes[1]["of"], notes
+    first, second = notes
+    assert first["task"] != second["task"] or first["interrupt"] == second["interrupt"], notes
+    answers = {"account for 5?": "savings", "memo for 5?": "rent", "account for 7?": "checking"}
+    questions: list[str] = []
+    while "__interrupt__" in state:
+        (asked,) = state["__interrupt__"]
+        questions.append(asked.value)
+        assert len(questions) <= 3, questions
+        with saver() as s:
+            state = _three_calls_graph(s, ledger).invoke(
+                Command(resume={asked.id: answers[asked.value]}), config
+            )
+    assert questions == ["account for 5?", "memo for 5?", "account for 7?"]
+    assert ledger.read_text().splitlines() == [
+        "5 from savings memo rent",
+        "balance of savings",
+        "7 from checking memo -",
+    ]
+    assert [m.content for m in state["messages"] if m.type == "tool"] == [
+        "paid 5",
+        "100",
+        "paid 7",
     ]
