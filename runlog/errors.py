@@ -7,6 +7,7 @@ never need to import confluent_kafka or redis to handle a runlog failure.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 __all__ = [
     "AgentMismatch",
@@ -61,10 +62,23 @@ __all__ = [
 ]
 
 
+def _rebuilt(cls: type[RunlogError], args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
+    """``cls``'s error with these ``args`` and fields, without its ``__init__`` (whose
+    keyword-only fields pickle's default would not pass): ``RunlogError.__reduce__``."""
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(fields)
+    return err
+
+
 class RunlogError(Exception):
-    """Root of every error runlog raises on purpose."""
+    """Root of every error runlog raises on purpose. Each pickles with its message and
+    fields (a worker pool or a task queue hands it to another process whole)."""
 
     retryable: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
 
 
 class ConfigError(RunlogError):

@@ -224,3 +224,57 @@ def test_every_error_runlog_exports_is_in_the_public_modules_all() -> None:
         if isinstance(value, type) and issubclass(value, errors.RunlogError)
     }
     assert defined <= set(errors.__all__), sorted(defined - set(errors.__all__))
+
+
+def _instances() -> list[RunlogError]:
+    """One instance of every error of the module, each with its fields set: those whose
+    constructor takes more than a message as their docs name it, the rest with a message
+    and, for a run's error, its identity."""
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    made: list[RunlogError] = [
+        AgentMismatch("other agent", run_id="r-1", agent="a", recorded_agent="b"),
+        NoLiveWorker("nobody serves it", agent="a"),
+        UnreadableRecord("cannot decode", topic="runlog.events", partition=2, offset=41),
+        UnknownFingerprint(b"\x01\x02\x03\x04\x05\x06\x07\x08"),
+        DecisionConflict(
+            "already decided",
+            approval_id="ap-1",
+            decided_by="alice",
+            approved=False,
+            decided_at=at,
+            decided_seq=9,
+            run_id="r-1",
+        ),
+        InvalidToolDeclaration("bad window", tool="pay", field="commit_window_s", value=0),
+        MissingExtra(integration="langgraph", extra="langgraph", package="langgraph"),
+        SubjectHasOtherRuns("shared key", run_id="r-1", subject="u-1", others=["r-2"]),
+        NotReconcilable("no lookup", key="k-1", why="no_lookup", run_id="r-1"),
+        NotSettledYet("queued", request_id="q-1", run_id="r-1"),
+        NotificationFailed("400 from the hook", retryable=False, status=400),
+        Cancelled("cancelled", requested_by="ann", reason="wrong customer", run_id="r-1"),
+        Escalated("needs a person", approval_id="ap-1", run_id="r-1", seq=4),
+    ]
+    locked = RunLocked("held", run_id="r-1")
+    locked.holder_ttl_ms = 900  # set where the holder's lease is known
+    made.append(locked)
+    covered = {type(e) for e in made}
+    identity = {"run_id": "r-1", "epoch": 2, "seq": 3}
+    for cls in DEFINED.values():
+        if cls not in covered:
+            takes = inspect.signature(cls.__init__).parameters
+            made.append(cls("why", **{k: v for k, v in identity.items() if k in takes}))
+    return made
+
+
+@pytest.mark.parametrize("err", _instances(), ids=lambda e: type(e).__name__)
+def test_every_error_pickles_with_its_message_and_fields(err: RunlogError) -> None:
+    """A worker pool or a task queue hands an error to another process by pickling it; an
+    error whose constructor takes keyword-only fields must come back whole, not fail with a
+    ``TypeError`` in the receiving process."""
+    import pickle
+
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err)
+    assert str(back) == str(err) and back.args == err.args
+    assert vars(back) == vars(err)
+    assert back.retryable == err.retryable
