@@ -128,8 +128,13 @@ before the tool made any effect: ``{"key": <idempotency key>, "attempt": <n>}``,
 the pause was the tool's ``interrupt()``, ``"of"`` (the call's key in the tool node, which a
 retry's key differs from), ``"task"`` (the checkpoint namespace of the LangGraph task it paused,
 whose resume values answer it: a task that a killed process ran and LangGraph never saved is
-not the one that runs again) and ``"interrupt"`` (LangGraph's id of the interrupt, so one noted
-twice in one task is counted once)."""
+not the one that runs again), ``"interrupt"`` (LangGraph's id of the interrupt, so one noted
+twice in one task is counted once) and ``"slot"`` (how many answers the task held when it
+paused: the place among them its own answer takes, if it is ever given)."""
+
+SCRATCHPAD = "__pregel_scratchpad"
+"""The key of a LangGraph task's scratchpad in its config, whose ``resume`` lists the answers
+the task holds (``langgraph._internal._constants.CONFIG_KEY_SCRATCHPAD``)."""
 
 
 def _typed(serde: SerializerProtocol, obj: Any) -> list[str]:
@@ -174,10 +179,13 @@ class _Owned:
     """Idempotency key -> the attempt of it that LangGraph paused before any effect."""
     decided: set[str] = dataclasses.field(default_factory=set)
     """Approvals a ``Command(resume=...)`` answered (``DECIDED_KEY``)."""
-    asked: dict[tuple[str, str], set[str]] = dataclasses.field(default_factory=dict)
-    """(A tool node call's key, its task's namespace) -> the interrupts its tool raised there
-    (``PAUSED_KEY``): each took one of the task's resume values, which the node replays when
-    it no longer runs the tool."""
+    asked: dict[str, dict[str, tuple[str, int | None]]] = dataclasses.field(default_factory=dict)
+    """A LangGraph task's namespace -> the interrupts tool node calls' tools raised in it
+    (``PAUSED_KEY``), each with the call's key and the slot its answer takes among the
+    task's resume values (None: not noted). An interrupt's id is made from its task and slot,
+    so a later pause with the same id is a later question in an unanswered one's place: the
+    last call noted holds it. The node gives a call's answered ones back when it no longer
+    runs the call's tool."""
     built_on: set[str] = dataclasses.field(default_factory=set)
     """Checkpoints this saver put since it opened the run, and their parents: the steps its
     graph ran. Writes on one of them are a late write of this graph's own step (LangGraph
@@ -301,8 +309,8 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                 paused = json.loads(p.value)
                 owned.paused[paused["key"]] = paused["attempt"]
                 if paused.get("interrupt"):
-                    where = (paused["of"], paused["task"])
-                    owned.asked.setdefault(where, set()).add(paused["interrupt"])
+                    asked = owned.asked.setdefault(paused["task"], {})
+                    asked[paused["interrupt"]] = (paused["of"], paused.get("slot"))
             elif isinstance(p, MemoryWritten) and p.key == DECIDED_KEY:
                 owned.decided.add(json.loads(p.value)["approval_id"])
             elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
@@ -532,24 +540,29 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         of: str,
         task: str,
         interrupt_id: str | None,
+        slot: int | None = None,
     ) -> None:
         """Record that LangGraph paused attempt ``attempt`` of the call ``key`` (the tool
         node's call ``of``, in the task ``task``) inside its tool before the tool made any
         effect (``PAUSED_KEY``); ``interrupt_id`` names the tool's ``interrupt()`` that
-        paused it, if one did."""
+        paused it, if one did, and ``slot`` the place its answer takes among the task's."""
         value: dict[str, Any] = {"key": key, "attempt": attempt}
         if interrupt_id is not None:
-            value.update({"of": of, "task": task, "interrupt": interrupt_id})
+            value.update({"of": of, "task": task, "interrupt": interrupt_id, "slot": slot})
         self._note(thread_id, PAUSED_KEY, value)
         owned = self._own(thread_id)
         owned.paused[key] = attempt
         if interrupt_id is not None:
-            owned.asked.setdefault((of, task), set()).add(interrupt_id)
+            owned.asked.setdefault(task, {})[interrupt_id] = (of, slot)
 
-    def asked_by_tool(self, thread_id: str, key: str, task: str) -> int:
+    def asked_by_tool(self, thread_id: str, key: str, task: str, answers: int | None) -> int:
         """How many of the task ``task``'s resume values the tool of the tool node's call
-        ``key`` took (its ``interrupt()`` calls that paused the graph there)."""
-        return len(self._own(thread_id).asked.get((key, task), ()))
+        ``key`` took: its ``interrupt()`` calls that paused the graph there and were answered
+        (their slot is among the task's ``answers``; all of them where that is not known)."""
+        held = self._own(thread_id).asked.get(task, {}).values()
+        return sum(
+            of == key and (answers is None or slot is None or slot < answers) for of, slot in held
+        )
 
     def note_decided(self, thread_id: str, approval_id: str) -> None:
         """Record that a ``Command(resume=...)`` answered ``approval_id`` (``DECIDED_KEY``)."""
@@ -855,6 +868,7 @@ class RunlogToolNode:
                     of=key,
                     task=_task_ns(config),
                     interrupt_id=_interrupt_id(paused.bubble),
+                    slot=_answers(config),
                 )
                 raise paused.bubble from None
             except ToolFailed as exc:
@@ -876,13 +890,16 @@ class RunlogToolNode:
         self, thread_id: str, key: str, config: RunnableConfig, ran: builtins.list[str]
     ) -> None:
         """A call settled without its tool running in this execution (its result recorded
-        before) lets its tool's interrupts take their resume values again, in its place:
-        LangGraph hands a node's resume values to its ``interrupt()`` calls by their order,
-        so the next call's question gets the answer that is its own. Each returns at once
-        (its answer is among the task's resume values) and the answer is ignored."""
+        before) lets its tool's answered interrupts take their resume values again, in its
+        place: LangGraph hands a node's resume values to its ``interrupt()`` calls by their
+        order, so the next call's question gets the answer that is its own. Each returns at
+        once (its answer is among the task's resume values) and the answer is ignored. A
+        pause nobody answered (the call was settled elsewhere meanwhile, e.g. by
+        ``runlog reconcile``) took no resume value and is not asked again."""
         if ran:
             return  # the tool ran and asked again itself
-        for _ in range(self.saver.asked_by_tool(thread_id, key, _task_ns(config))):
+        asked = self.saver.asked_by_tool(thread_id, key, _task_ns(config), _answers(config))
+        for _ in range(asked):
             interrupt({"runlog": "answered", "idempotency_key": key})
 
     def _question(self, run: Engine, approval_id: str) -> dict[str, Any]:
@@ -969,6 +986,13 @@ def _parent_ns(config: RunnableConfig) -> str:
     (``node:task-id``), which names the task and not the graph."""
     ns = str(config.get("configurable", {}).get("checkpoint_ns", ""))
     return ns.rpartition(NS_SEP)[0]
+
+
+def _answers(config: RunnableConfig) -> int | None:
+    """How many answers (resume values) the task running with ``config`` holds, or None
+    where this LangGraph's scratchpad does not say."""
+    resume = getattr(config.get("configurable", {}).get(SCRATCHPAD), "resume", None)
+    return len(resume) if isinstance(resume, list) else None
 
 
 def _task_ns(config: RunnableConfig) -> str:

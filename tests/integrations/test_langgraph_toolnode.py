@@ -19,6 +19,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command, interrupt
 
+import runlog
 from runlog import current_call
 from runlog._settings import Settings
 from runlog.integrations.langgraph import PAUSED_KEY, RunlogSaver, RunlogToolNode
@@ -332,4 +333,74 @@ def test_answers_reach_their_own_questions_across_processes_and_a_kill_after_a_p
         "paid 5",
         "100",
         "paid 7",
+    ]
+
+
+def test_a_pause_settled_elsewhere_before_its_answer_asks_nothing_again(
+    test_settings: Settings, tmp_path: Path
+) -> None:
+    """The first call's tool asks and nobody answers; the call is settled outside the graph
+    meanwhile (its lookup finds the payment). When the node reaches the call again it returns
+    the settled result, gives back no answer for the unanswered pause and asks nothing in its
+    place: the graph's next question is the second call's own."""
+    ledger = tmp_path / "ledger"
+
+    def found(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        return runlog.Match("paid 5 before") if args["amount"] == 5 else runlog.Absent("no")
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay, once a person said from which account."""
+        account = interrupt(f"account for {amount}?")
+        with ledger.open("a") as f:
+            f.write(f"{amount} from {account}\n")
+        return f"paid {amount} from {account}"
+
+    script = [
+        AIMessage(
+            content="",
+            tool_calls=[
+                {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
+                {"name": "pay", "args": {"amount": 7}, "id": "c-7"},
+            ],
+        ),
+        AIMessage(content="done"),
+    ]
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
+
+    def graph(saver: RunlogSaver) -> Any:
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", agent)
+        node = RunlogToolNode([pay], saver, risk={"pay": "irreversible"}, reconcile={"pay": found})
+        builder.add_node("tools", node)
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition)
+        builder.add_edge("tools", "agent")
+        return builder.compile(checkpointer=saver)
+
+    thread = f"lg-{uuid.uuid4().hex}"
+    config: Any = {"configurable": {"thread_id": thread}}
+    with RunlogSaver(settings=test_settings) as saver:
+        state = graph(saver).invoke({"messages": [HumanMessage("pay")]}, config)
+    assert [i.value for i in state["__interrupt__"]] == ["account for 5?"]
+    settled = runlog.reconcile(
+        thread,
+        by="ops",
+        tools=[runlog.tool("pay", risk="irreversible", reconcile=found)(lambda a, **_: "")],
+        settings=test_settings,
+    )
+    assert settled.settled, settled
+    with RunlogSaver(settings=test_settings) as saver:
+        state = graph(saver).invoke(None, config)
+        (asked,) = state["__interrupt__"]
+        assert asked.value == "account for 7?"
+        state = graph(saver).invoke(Command(resume={asked.id: "checking"}), config)
+    assert "__interrupt__" not in state
+    assert ledger.read_text().splitlines() == ["7 from checking"]
+    assert [m.content for m in state["messages"] if m.type == "tool"] == [
+        "paid 5 before",
+        "paid 7 from checking",
     ]
