@@ -132,6 +132,14 @@ not the one that runs again), ``"interrupt"`` (LangGraph's id of the interrupt, 
 twice in one task is counted once) and ``"slot"`` (how many answers the task held when it
 paused: the place among them its own answer takes, if it is ever given)."""
 
+ASKED_KEY = "langgraph.asked"
+"""The MEMORY_WRITTEN key of runlog's own question asked as a LangGraph interrupt:
+``{"of": "approval:<approval id>", "task": ..., "interrupt": ..., "slot": ...}`` as in
+``PAUSED_KEY``, so the place it takes among the task's questions is known."""
+
+APPROVAL_PLACE = "approval:"
+"""What ``ASKED_KEY`` names runlog's question by (never a call's key, which starts ``k``)."""
+
 SCRATCHPAD = "__pregel_scratchpad"
 """The key of a LangGraph task's scratchpad in its config, whose ``resume`` lists the answers
 the task holds (``langgraph._internal._constants.CONFIG_KEY_SCRATCHPAD``)."""
@@ -181,8 +189,9 @@ class _Owned:
     """Approvals a ``Command(resume=...)`` answered (``DECIDED_KEY``)."""
     asked: dict[str, dict[str, tuple[str, int | None]]] = dataclasses.field(default_factory=dict)
     """A LangGraph task's namespace -> the interrupts tool node calls' tools raised in it
-    (``PAUSED_KEY``), each with the call's key and the slot its answer takes among the
-    task's resume values (None: not noted). An interrupt's id is made from its task and slot,
+    (``PAUSED_KEY``) and runlog's questions asked in it (``ASKED_KEY``), each with the
+    call's key (``APPROVAL_PLACE`` and the approval's id for runlog's) and the slot its answer
+    takes among the task's resume values (None: not noted). An interrupt's id is made from its task and slot,
     so a later pause with the same id is a later question in an unanswered one's place: the
     last call noted holds it. The node gives a call's answered ones back when it no longer
     runs the call's tool."""
@@ -311,6 +320,9 @@ class RunlogSaver(BaseCheckpointSaver[str]):
                 if paused.get("interrupt"):
                     asked = owned.asked.setdefault(paused["task"], {})
                     asked[paused["interrupt"]] = (paused["of"], paused.get("slot"))
+            elif isinstance(p, MemoryWritten) and p.key == ASKED_KEY:
+                q = json.loads(p.value)
+                owned.asked.setdefault(q["task"], {})[q["interrupt"]] = (q["of"], q["slot"])
             elif isinstance(p, MemoryWritten) and p.key == DECIDED_KEY:
                 owned.decided.add(json.loads(p.value)["approval_id"])
             elif isinstance(p, ToolCallStarted) and (p.operation_id or "").startswith(
@@ -554,6 +566,17 @@ class RunlogSaver(BaseCheckpointSaver[str]):
         owned.paused[key] = attempt
         if interrupt_id is not None:
             owned.asked.setdefault(task, {})[interrupt_id] = (of, slot)
+
+    def note_asked(
+        self, thread_id: str, of: str, *, task: str, interrupt_id: str | None, slot: int | None
+    ) -> None:
+        """Record that runlog's question ``of`` was asked as the interrupt ``interrupt_id``
+        of the task ``task`` (``ASKED_KEY``)."""
+        if interrupt_id is None:
+            return
+        value = {"of": of, "task": task, "interrupt": interrupt_id, "slot": slot}
+        self._note(thread_id, ASKED_KEY, value)
+        self._own(thread_id).asked.setdefault(task, {})[interrupt_id] = (of, slot)
 
     def asked_by_tool(self, thread_id: str, key: str, task: str, answers: int | None) -> int:
         """How many of the task ``task``'s resume values the tool of the tool node's call
@@ -854,7 +877,7 @@ class RunlogToolNode:
                     except Escalated as exc:
                         if exc.approval_id is None:
                             raise
-                        self._ask(run, thread_id, exc.approval_id)
+                        self._ask(run, thread_id, exc.approval_id, config)
             except Fenced as exc:
                 self.saver._refuse(thread_id, str(exc))
                 raise
@@ -908,13 +931,25 @@ class RunlogToolNode:
         q = question(run.run_id, approval_id, tenant=run.tenant, settings=self.saver.settings)
         return {"runlog": "approval", "answers": list(ANSWERS), **q.to_dict()}
 
-    def _ask(self, run: Engine, thread_id: str, approval_id: str) -> None:
+    def _ask(self, run: Engine, thread_id: str, approval_id: str, config: RunnableConfig) -> None:
         """Ask a person runlog's question as a LangGraph interrupt (the graph stops with it
         in ``result["__interrupt__"]``); once a ``Command(resume=...)`` answers it, record
         the answer as the person's decision. Signed with this process' decider key where
         deciders are configured; the first decision stands (one made meanwhile, e.g. with
-        ``runlog approve``, is kept and this answer dropped)."""
-        answer = interrupt(self._question(run, approval_id))
+        ``runlog approve``, is kept and this answer dropped). The question's place among
+        the task's is noted (``ASKED_KEY``): a tool's unanswered question it replaces no
+        longer holds that place."""
+        try:
+            answer = interrupt(self._question(run, approval_id))
+        except GraphInterrupt as asked:
+            self.saver.note_asked(
+                thread_id,
+                f"{APPROVAL_PLACE}{approval_id}",
+                task=_task_ns(config),
+                interrupt_id=_interrupt_id(asked),
+                slot=_answers(config),
+            )
+            raise
         approved, by, note, undo = _decision(approval_id, answer)
         # Noted first: deciding goes on to settle the call, whose tool may pause the graph.
         self.saver.note_decided(thread_id, approval_id)

@@ -404,3 +404,80 @@ def test_a_pause_settled_elsewhere_before_its_answer_asks_nothing_again(
         "paid 5 before",
         "paid 7 from checking",
     ]
+
+
+def test_runlog_question_in_an_unanswered_pauses_place_gets_its_own_answer(
+    test_settings: Settings, tmp_path: Path
+) -> None:
+    """The first call's tool asks and nobody answers; the call is settled elsewhere. The
+    second call's outcome is then lost (its tool raised), so runlog asks a person in the
+    place the first call's question had: the person's decision reaches runlog's question, the
+    first call does not take it back, and nothing is asked twice."""
+    ledger = tmp_path / "ledger"
+
+    def found(args: dict[str, Any], *, idempotency_key: str) -> Any:
+        return runlog.Match("paid 5 before")
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay, once a person said from which account."""
+        account = interrupt(f"account for {amount}?")
+        with ledger.open("a") as f:
+            f.write(f"{amount} from {account}\n")
+        return f"paid {amount} from {account}"
+
+    @tool
+    def wire(amount: int) -> str:
+        """Wire money; the bank's answer is lost."""
+        with ledger.open("a") as f:
+            f.write(f"wired {amount}\n")
+        raise RuntimeError("the bank did not answer")
+
+    script = [
+        AIMessage(
+            content="",
+            tool_calls=[
+                {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
+                {"name": "wire", "args": {"amount": 9}, "id": "c-9"},
+            ],
+        ),
+        AIMessage(content="done"),
+    ]
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
+
+    def graph(saver: RunlogSaver) -> Any:
+        builder = StateGraph(MessagesState)
+        builder.add_node("agent", agent)
+        risk: Any = {"pay": "irreversible", "wire": "irreversible"}
+        node = RunlogToolNode([pay, wire], saver, risk=risk, reconcile={"pay": found})
+        builder.add_node("tools", node)
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition)
+        builder.add_edge("tools", "agent")
+        return builder.compile(checkpointer=saver)
+
+    thread = f"lg-{uuid.uuid4().hex}"
+    config: Any = {"configurable": {"thread_id": thread}}
+    with RunlogSaver(settings=test_settings) as saver:
+        state = graph(saver).invoke({"messages": [HumanMessage("pay")]}, config)
+    assert [i.value for i in state["__interrupt__"]] == ["account for 5?"]
+    tools = [runlog.tool("pay", risk="irreversible", reconcile=found)(lambda a, **_: "")]
+    assert runlog.reconcile(thread, by="ops", tools=tools, settings=test_settings).settled
+    asked: list[Any] = []
+    with RunlogSaver(settings=test_settings) as saver:
+        state = graph(saver).invoke(None, config)
+        while "__interrupt__" in state:
+            (question,) = state["__interrupt__"]
+            asked.append(question.value)
+            assert len(asked) <= 2, asked
+            decision = {"answer": "reject", "by": "ann", "note": "the bank says no"}
+            state = graph(saver).invoke(Command(resume={question.id: decision}), config)
+    assert [(q["runlog"], q["tool"]) for q in asked] == [("approval", "wire")]
+    assert ledger.read_text().splitlines() == ["wired 9"]  # not run again
+    with RunlogSaver(settings=test_settings) as saver:
+        approvals = engine_of(saver.run_for(thread)).state.approvals.values()
+        decided = [(a.approved, a.decided_by) for a in approvals if a.approved is not None]
+    assert decided == [(False, "ann")]
