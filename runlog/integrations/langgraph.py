@@ -190,11 +190,11 @@ class _Owned:
     asked: dict[str, dict[str, tuple[str, int | None]]] = dataclasses.field(default_factory=dict)
     """A LangGraph task's namespace -> the interrupts tool node calls' tools raised in it
     (``PAUSED_KEY``) and runlog's questions asked in it (``ASKED_KEY``), each with the
-    call's key (``APPROVAL_PLACE`` and the approval's id for runlog's) and the slot its answer
-    takes among the task's resume values (None: not noted). An interrupt's id is made from its task and slot,
-    so a later pause with the same id is a later question in an unanswered one's place: the
-    last call noted holds it. The node gives a call's answered ones back when it no longer
-    runs the call's tool."""
+    call's key (``APPROVAL_PLACE`` and the approval's id for runlog's) and the slot its
+    answer takes among the task's resume values (None: not noted). An interrupt's id is
+    made from its task and slot, so a later question with the same id is asked in an
+    unanswered one's place: the last one noted holds it. The node gives a call's answered
+    ones back when it no longer runs the call's tool."""
     built_on: set[str] = dataclasses.field(default_factory=set)
     """Checkpoints this saver put since it opened the run, and their parents: the steps its
     graph ran. Writes on one of them are a late write of this graph's own step (LangGraph
