@@ -41,6 +41,44 @@ SCRIPT = [
 ]
 
 
+def _one_message(*calls: tuple[str, dict[str, Any], str]) -> list[AIMessage]:
+    """A model's turns: one AI message with these tool calls (name, arguments, id), then
+    its answer."""
+    asked = [{"name": name, "args": args, "id": call_id} for name, args, call_id in calls]
+    return [AIMessage(content="", tool_calls=asked), AIMessage(content="done")]
+
+
+def _asking_pay(ledger: Path) -> Any:
+    """A tool that pays once a person said from which account (a line of ``ledger``)."""
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay, once a person said from which account."""
+        account = interrupt(f"account for {amount}?")
+        with ledger.open("a") as f:
+            f.write(f"{amount} from {account}\n")
+        return f"paid {amount} from {account}"
+
+    return pay
+
+
+def _tool_loop(saver: RunlogSaver, script: list[AIMessage], tools: list[Any], **node: Any) -> Any:
+    """LangGraph's tool-calling loop, compiled with ``saver``: an agent node answering turn
+    by turn from ``script`` and runlog's tool node with ``tools`` (``node``: its options)."""
+
+    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
+        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", RunlogToolNode(tools, saver, **node))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
 def test_node_reexecuted_after_interrupt_does_not_repeat_the_effect(
     test_settings: Settings,
 ) -> None:
@@ -59,20 +97,8 @@ def test_node_reexecuted_after_interrupt_does_not_repeat_the_effect(
         """Ask a person."""
         return str(interrupt(question))
 
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [FakeMessagesListChatModel(responses=[SCRIPT[turn]]).invoke([])]}
-
     saver = RunlogSaver(settings=test_settings)
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node(
-        "tools", RunlogToolNode([transfer, confirm], saver, risk={"transfer": "irreversible"})
-    )
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    graph = builder.compile(checkpointer=saver)
+    graph = _tool_loop(saver, SCRIPT, [transfer, confirm], risk={"transfer": "irreversible"})
     config: Any = {"configurable": {"thread_id": f"lg-{uuid.uuid4().hex}"}}
     with saver:
         first = graph.invoke({"messages": [HumanMessage("pay 5")]}, config)
@@ -94,17 +120,7 @@ def _charge_graph(saver: RunlogSaver, script: list[AIMessage], received: list[st
         received.append(call.idempotency_key)
         return f"charge #{len(received)}"
 
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", RunlogToolNode([charge], saver, risk={"charge": "irreversible"}))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=saver)
+    return _tool_loop(saver, script, [charge], risk={"charge": "irreversible"})
 
 
 @pytest.mark.parametrize("call_id", ["call_0", None])
@@ -177,29 +193,10 @@ def test_two_calls_that_each_ask_a_person_get_their_own_answers(
         moved.append(f"{amount} from {account}")
         return f"paid {amount} from {account}"
 
-    script = [
-        AIMessage(
-            content="",
-            tool_calls=[
-                {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
-                {"name": "pay", "args": {"amount": 7}, "id": "c-7"},
-            ],
-        ),
-        AIMessage(content="done"),
-    ]
-
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
+    script = _one_message(("pay", {"amount": 5}, "c-5"), ("pay", {"amount": 7}, "c-7"))
 
     saver = RunlogSaver(settings=test_settings)
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", RunlogToolNode([pay], saver, risk={"pay": "irreversible"}))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    graph = builder.compile(checkpointer=saver)
+    graph = _tool_loop(saver, script, [pay], risk={"pay": "irreversible"})
     config: Any = {"configurable": {"thread_id": f"lg-{uuid.uuid4().hex}"}}
     with saver:
         state = graph.invoke({"messages": [HumanMessage("pay 5 and 7")]}, config)
@@ -216,17 +213,11 @@ def test_two_calls_that_each_ask_a_person_get_their_own_answers(
 
 
 # Three calls of one AI message that ask a person a different number of times ------------
-THREE_CALLS = [
-    AIMessage(
-        content="",
-        tool_calls=[
-            {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
-            {"name": "balance", "args": {"account": "savings"}, "id": "c-b"},
-            {"name": "pay", "args": {"amount": 7}, "id": "c-7"},
-        ],
-    ),
-    AIMessage(content="done"),
-]
+THREE_CALLS = _one_message(
+    ("pay", {"amount": 5}, "c-5"),
+    ("balance", {"account": "savings"}, "c-b"),
+    ("pay", {"amount": 7}, "c-7"),
+)
 
 
 def _three_calls_graph(saver: RunlogSaver, ledger: Path) -> Any:
@@ -249,17 +240,7 @@ def _three_calls_graph(saver: RunlogSaver, ledger: Path) -> Any:
             f.write(f"balance of {account}\n")
         return "100"
 
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [FakeMessagesListChatModel(responses=[THREE_CALLS[turn]]).invoke([])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", RunlogToolNode([pay, balance], saver, risk={"pay": "irreversible"}))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=saver)
+    return _tool_loop(saver, THREE_CALLS, [pay, balance], risk={"pay": "irreversible"})
 
 
 def _killed_after_noting_the_first_pause(
@@ -348,38 +329,13 @@ def test_a_pause_settled_elsewhere_before_its_answer_asks_nothing_again(
     def found(args: dict[str, Any], *, idempotency_key: str) -> Any:
         return runlog.Match("paid 5 before") if args["amount"] == 5 else runlog.Absent("no")
 
-    @tool
-    def pay(amount: int) -> str:
-        """Pay, once a person said from which account."""
-        account = interrupt(f"account for {amount}?")
-        with ledger.open("a") as f:
-            f.write(f"{amount} from {account}\n")
-        return f"paid {amount} from {account}"
+    pay = _asking_pay(ledger)
 
-    script = [
-        AIMessage(
-            content="",
-            tool_calls=[
-                {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
-                {"name": "pay", "args": {"amount": 7}, "id": "c-7"},
-            ],
-        ),
-        AIMessage(content="done"),
-    ]
-
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
+    script = _one_message(("pay", {"amount": 5}, "c-5"), ("pay", {"amount": 7}, "c-7"))
 
     def graph(saver: RunlogSaver) -> Any:
-        builder = StateGraph(MessagesState)
-        builder.add_node("agent", agent)
-        node = RunlogToolNode([pay], saver, risk={"pay": "irreversible"}, reconcile={"pay": found})
-        builder.add_node("tools", node)
-        builder.add_edge(START, "agent")
-        builder.add_conditional_edges("agent", tools_condition)
-        builder.add_edge("tools", "agent")
-        return builder.compile(checkpointer=saver)
+        risk: Any = {"pay": "irreversible"}
+        return _tool_loop(saver, script, [pay], risk=risk, reconcile={"pay": found})
 
     thread = f"lg-{uuid.uuid4().hex}"
     config: Any = {"configurable": {"thread_id": thread}}
@@ -418,13 +374,7 @@ def test_runlog_question_in_an_unanswered_pauses_place_gets_its_own_answer(
     def found(args: dict[str, Any], *, idempotency_key: str) -> Any:
         return runlog.Match("paid 5 before")
 
-    @tool
-    def pay(amount: int) -> str:
-        """Pay, once a person said from which account."""
-        account = interrupt(f"account for {amount}?")
-        with ledger.open("a") as f:
-            f.write(f"{amount} from {account}\n")
-        return f"paid {amount} from {account}"
+    pay = _asking_pay(ledger)
 
     @tool
     def wire(amount: int) -> str:
@@ -433,31 +383,11 @@ def test_runlog_question_in_an_unanswered_pauses_place_gets_its_own_answer(
             f.write(f"wired {amount}\n")
         raise RuntimeError("the bank did not answer")
 
-    script = [
-        AIMessage(
-            content="",
-            tool_calls=[
-                {"name": "pay", "args": {"amount": 5}, "id": "c-5"},
-                {"name": "wire", "args": {"amount": 9}, "id": "c-9"},
-            ],
-        ),
-        AIMessage(content="done"),
-    ]
-
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        turn = sum(isinstance(m, AIMessage) for m in state["messages"])
-        return {"messages": [FakeMessagesListChatModel(responses=[script[turn]]).invoke([])]}
+    script = _one_message(("pay", {"amount": 5}, "c-5"), ("wire", {"amount": 9}, "c-9"))
 
     def graph(saver: RunlogSaver) -> Any:
-        builder = StateGraph(MessagesState)
-        builder.add_node("agent", agent)
         risk: Any = {"pay": "irreversible", "wire": "irreversible"}
-        node = RunlogToolNode([pay, wire], saver, risk=risk, reconcile={"pay": found})
-        builder.add_node("tools", node)
-        builder.add_edge(START, "agent")
-        builder.add_conditional_edges("agent", tools_condition)
-        builder.add_edge("tools", "agent")
-        return builder.compile(checkpointer=saver)
+        return _tool_loop(saver, script, [pay, wire], risk=risk, reconcile={"pay": found})
 
     thread = f"lg-{uuid.uuid4().hex}"
     config: Any = {"configurable": {"thread_id": thread}}

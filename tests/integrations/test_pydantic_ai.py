@@ -152,12 +152,14 @@ def test_a_multi_step_agent_killed_at_random_points_finishes_with_every_effect_o
             while not w.flag("live").exists() and w.proc.poll() is None:
                 time.sleep(0.005)
             time.sleep(rng.uniform(0.0, 0.25))
-        if w.proc.poll() is None:
+        # The last worker is let finish: the kills before it are the test, and a slow
+        # machine's workers may each make too little progress to finish between kills.
+        if w.proc.poll() is None and attempt < MAX_ATTEMPTS - 1:
             live_kills += w.flag("live").exists()
             w.kill(signal.SIGKILL)
             kills += 1
             continue
-        code, result = w.finish(timeout=60)
+        code, result = w.finish(timeout=180)
         assert code == EXIT_OK, result
         break
     assert code == EXIT_OK, f"the run did not finish in {MAX_ATTEMPTS} workers"

@@ -17,6 +17,9 @@ from typing import Any
 from runlog._settings import Settings
 from tools.benchmarks.common import summary, worker_env
 
+HOLD_LIVENESS_TTL_MS = 30_000
+"""The holder's session lives this long without a renewal (its runs stay its own)."""
+
 
 def _hold(settings: Settings, runs: int, events: int, threads: int) -> dict[str, Any]:
     done = subprocess.run(
@@ -29,7 +32,9 @@ def _hold(settings: Settings, runs: int, events: int, threads: int) -> dict[str,
             str(events),
             str(threads),
         ],
-        env=worker_env(settings),
+        # What is measured is memory: a stall of a loaded machine longer than the default
+        # liveness TTL (2 s) would fence the holder mid-measurement, so it lives longer.
+        env=worker_env(settings, RUNLOG_LIVENESS_TTL_MS=str(HOLD_LIVENESS_TTL_MS)),
         capture_output=True,
         text=True,
         timeout=600,
