@@ -39,11 +39,14 @@ OAI_WORKER = Path(__file__).resolve().parents[1] / "workers" / "oai_worker.py"
 STEPS = 6
 
 
-def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str) -> Worker:
+NEW_OWNER_TTL = "8000"
+
+
+def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
     cmd = [sys.executable, str(OAI_WORKER), "--dir", str(tmp), "--name", name]
     proc = subprocess.Popen(
         [*cmd, "--run-id", run_id, *args],
-        env=worker_env(settings),
+        env=worker_env(settings, **env),
         cwd=str(ROOT),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -240,7 +243,10 @@ def test_a_worker_fenced_inside_a_tool_call_stops_with_runlogs_fenced_error(
     run_id = new_run_id()
     old = start(fast, tmp_path, "old", run_id, "--scenario", "held")
     old.wait_flag("in_tool", timeout=90)
-    new = start(fast, tmp_path, "new", run_id, "--scenario", "held", "--takeover")
+    # The new owner holds a longer lease and session than `fast`: a stall of the shared CI
+    # machine past 1.5 s fenced it once, which is right but not this test's point.
+    longer = {"RUNLOG_LEASE_TTL_MS": NEW_OWNER_TTL, "RUNLOG_LIVENESS_TTL_MS": NEW_OWNER_TTL}
+    new = start(fast, tmp_path, "new", run_id, "--scenario", "held", "--takeover", **longer)
     code, taken = new.finish(timeout=120)  # irreversible, no evidence: a person must decide
     assert code == EXIT_ESCALATED, taken
     old.go()

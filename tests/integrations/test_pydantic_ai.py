@@ -306,9 +306,12 @@ def _contender(
     import runlog
 
     # The race is decided at the open (wait_s=0), whatever the lease's length; the winner
-    # holds a longer lease than the `fast` one so that a stall of the shared CI machine
-    # longer than 1.5 s does not fence it mid-run, which is right but not this test's point.
-    settings = Settings(**settings_dump).model_copy(update={"lease_ttl_ms": CONTENDER_TTL_MS})
+    # holds a longer lease (and session) than the `fast` one so that a stall of the shared
+    # CI machine longer than 1.5 s does not fence it mid-run, which is right but not this
+    # test's point.
+    settings = Settings(**settings_dump).model_copy(
+        update={"lease_ttl_ms": CONTENDER_TTL_MS, "liveness_ttl_ms": CONTENDER_TTL_MS}
+    )
     opts = argparse.Namespace(
         dir=tmp,
         name=f"c{index}",
