@@ -95,21 +95,25 @@ class Services:
             return svc
 
     @classmethod
-    def close_shared(cls, bootstrap_servers: str | None = None) -> None:
+    def close_shared(
+        cls, bootstrap_servers: str | None = None, *, redis_url: str | None = None
+    ) -> None:
         """Close the process's shared services: all, or those whose settings name
-        ``bootstrap_servers`` (before that cluster goes away, so no client is left retrying
-        it)."""
+        ``bootstrap_servers`` or ``redis_url`` (before that cluster or Redis goes away, so
+        no client, and no lease renewal, is left retrying it)."""
         with cls._shared_lock:
             keys = [
                 k
                 for k, svc in cls._shared.items()
-                if bootstrap_servers is None or svc.settings.bootstrap_servers == bootstrap_servers
+                if bootstrap_servers in (None, svc.settings.bootstrap_servers)
+                and redis_url in (None, svc.settings.redis_url)
             ]
             closing = [cls._shared.pop(k) for k in keys]
         for svc in closing:
             svc.close()
-        close_keys(bootstrap_servers)
-        close_writers(bootstrap_servers)
+        if redis_url is None:  # the key stores and lifecycle writers hold Kafka clients only
+            close_keys(bootstrap_servers)
+            close_writers(bootstrap_servers)
 
     @property
     def redis(self) -> redis.Redis:

@@ -13,6 +13,7 @@ from ci_support import IN_CI
 from test_forget import TENANT, make_run
 
 import runlog._api
+from runlog._bootstrap import Services
 from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
@@ -33,6 +34,7 @@ def on_cluster(test_settings: Settings) -> Iterator[Settings]:
     try:
         yield s
     finally:
+        Services.close_shared(redis_url=url)  # no lease renewal left retrying a gone cluster
         redis_cluster.down(state)
 
 

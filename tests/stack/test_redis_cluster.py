@@ -18,6 +18,7 @@ from ci_support import IN_CI
 from projections_support import dump
 
 import runlog
+from runlog._bootstrap import Services
 from runlog._settings import Settings
 from runlog.consumers import _queries as queries
 from runlog.consumers._index import RunIndex
@@ -43,7 +44,9 @@ pytestmark = pytest.mark.skipif(
 def cluster_url() -> Iterator[str]:
     """Three local masters for this module, stopped afterwards (nothing left running)."""
     state = StackConfig.from_env().state_dir
-    yield redis_cluster.up(state)
+    url = redis_cluster.up(state)
+    yield url
+    Services.close_shared(redis_url=url)  # no lease renewal left retrying a gone cluster
     redis_cluster.down(state)
 
 

@@ -159,7 +159,20 @@ def main() -> int:
         model = FakeMessagesListChatModel(responses=[reply])
         return {"messages": [model.invoke(state["messages"])]}
 
-    saver = RunlogSaver(settings=settings, takeover=a.takeover, wait_s=a.wait_s)
+    class ReadingSaver(RunlogSaver):
+        """Keeps the id of each checkpoint it hands out: the graph's first read, when it
+        resumes, is the checkpoint it began from (the race test compares)."""
+
+        reads: list[str] = []
+
+        def get_tuple(self, config: RunnableConfig) -> Any:
+            got = super().get_tuple(config)
+            self.reads.append(
+                "" if got is None else str(got.config["configurable"]["checkpoint_id"])
+            )
+            return got
+
+    saver = ReadingSaver(settings=settings, takeover=a.takeover, wait_s=a.wait_s)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
 
@@ -188,14 +201,15 @@ def main() -> int:
         while not Path(a.go_file).exists():
             time.sleep(0.005)
     with saver:
-        read = saver.get_tuple(config)
-        started = read is not None
-        if a.go_file:  # which checkpoint this resumer began from (the race test compares)
-            seen = "" if read is None else str(read.config["configurable"].get("checkpoint_id"))
-            (flags / f"{a.name}.read").write_text(seen)
+        started = saver.get_tuple(config) is not None
         first: Any = None if started else {"messages": [HumanMessage("move 1, then 2 and 3")]}
         try:
-            state = graph.invoke(first, config, durability="sync")
+            saver.reads.clear()
+            try:
+                state = graph.invoke(first, config, durability="sync")
+            finally:
+                if a.go_file and saver.reads:  # the checkpoint this resumer's graph began from
+                    (flags / f"{a.name}.read").write_text(saver.reads[0])
             while "__interrupt__" in state and a.answer:
                 answers = {i.id: answer(i.value, a.answer) for i in state["__interrupt__"]}
                 state = graph.invoke(Command(resume=answers), config, durability="sync")
