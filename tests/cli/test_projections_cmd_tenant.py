@@ -16,6 +16,7 @@ import runlog
 from runlog._settings import Settings
 from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
+from runlog.producers._handle import engine_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,7 +43,7 @@ def _orphan_call(settings: Settings, tenant: str) -> str:
     run = runlog.open_run(tenant=tenant, tools=[tool], settings=settings)
     with pytest.raises(Crash):
         run.call_tool("refund", {"order": tenant})
-    run.lease.release()
+    engine_of(run).lease.release()
     key = next(iter(run.state.open_calls))
     # A new owner without the tool: the call is uncertain in the log, and stays open.
     runlog.open_run(run.run_id, tenant=tenant, settings=settings).close()

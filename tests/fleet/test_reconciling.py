@@ -33,6 +33,7 @@ from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.log._kafka import reader_config
 from runlog.log._reader import LogReader
+from runlog.producers._handle import engine_of
 from runlog.projections._run_state import RunState, accept, rejection
 from runlog.schemas import _models as m
 from runlog.schemas._keys import partition_for
@@ -278,7 +279,7 @@ def _race_once(s: Settings, crashing: runlog.Tool, refund: runlog.Tool, attempt:
     rid = run.run_id
     with pytest.raises(Crash):
         run.call_tool("refund", {"to": "jane", "amount": attempt})
-    run.lease.release()  # the owner is gone; its lease with it
+    engine_of(run).lease.release()  # the owner is gone; its lease with it
     key = next(iter(run.state.open_calls))
 
     barrier = threading.Barrier(2)
@@ -338,7 +339,7 @@ def _terminated_during_refund(settings: Settings, dies: Any, lookup: Any) -> tup
     )
     with pytest.raises(Crash):
         run.call_tool("refund", {"to": "jane", "amount": 30})
-    run.lease.release()
+    engine_of(run).lease.release()
     rid, key = run.run_id, next(iter(run.state.open_calls))
     runlog.terminate(rid, reason="runaway", by="ops", tenant="acme", settings=settings)
     return rid, key
@@ -563,7 +564,7 @@ def test_a_live_runs_page_offers_reconcile_on_an_uncertain_call_and_refuses_with
     )
     with pytest.raises(Crash):
         run.call_tool("refund", {"to": "jane", "amount": 30})
-    run.lease.release()
+    engine_of(run).lease.release()
     rid, key = run.run_id, next(iter(run.state.open_calls))
     runlog.open_run(rid, tenant="acme", settings=s).close()  # uncertain now, still running
     seq = states(s, [rid])[rid].seq

@@ -21,6 +21,7 @@ from runlog.consumers._verify import verify_run
 from runlog.errors import UnreadableRecord
 from runlog.log._replay import replay
 from runlog.log._setaside import list_set_aside
+from runlog.producers._handle import engine_of
 from runlog.producers._writer import EventWriter
 from runlog.schemas._keys import new_run_id
 from runlog.schemas._vocabulary import EventType
@@ -49,7 +50,7 @@ def _run_with_garbage(settings: Settings) -> tuple[str, int, int]:
             rid.encode(),
             b"\xc3\x01not avro at all",
             [],
-            partition=run.partition,
+            partition=engine_of(run).partition,
         ).result(timeout=30)
     finally:
         writer.close()

@@ -35,6 +35,7 @@ from runlog.consumers.runner import ProjectionRunner
 from runlog.consumers.stores import PROJECTIONS
 from runlog.errors import DecisionConflict
 from runlog.producers._approvals import decisions_key
+from runlog.producers._handle import engine_of
 from runlog.projections import _audit as audit
 from runlog.projections._run_state import RunState, accept
 from runlog.schemas._vocabulary import EventType
@@ -227,7 +228,7 @@ def test_a_stale_owner_does_not_swallow_a_queued_decision(
     for k, blob, ttl in before:  # Redis forgets the takeover: A's checks pass again
         assert blob is not None
         redis_client.restore(k, max(ttl, 0), blob, replace=True)
-    assert a.lease.check()
+    assert engine_of(a).lease.check()
 
     # The person decides while "A" holds the run: the decision is queued for its owner.
     decided = _cli(s, "approve", rid, ap, "--by", "ops-1", "--note", "ok")

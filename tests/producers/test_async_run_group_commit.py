@@ -61,7 +61,7 @@ async def _at_one_barrier(runs: list[AsyncRun]) -> list[BaseException | None]:
     barrier is released at once (in one tick of the loop)."""
     for i, r in enumerate(runs):
         r.emit(EventType.USER_MESSAGE, content=f"step {i}")
-    runs[0].sync.deps.writer.flush(10)
+    engine_of(runs[0]).deps.writer.flush(10)
     return await asyncio.gather(*(r.barrier() for r in runs), return_exceptions=True)
 
 

@@ -18,6 +18,7 @@ from workers.common import Ledger, read_log, shape, times_out_first, valid_event
 
 import runlog
 from runlog._settings import Settings
+from runlog.producers._handle import engine_of
 from runlog.schemas import _models as m
 from runlog.schemas._canonical import canonical_json
 from runlog.schemas._vocabulary import EventType
@@ -445,7 +446,7 @@ def test_a_malformed_queued_decision_is_set_aside_not_lost_and_never_blocks_the_
 
     with runlog.open_run(settings=fast) as run:
         rid = run.run_id
-        deps = run.deps
+        deps = engine_of(run).deps
     inbox = decisions_key(deps, "default", rid)
     redis_client.rpush(inbox, b"{not json")
     with runlog.open_run(rid, settings=fast) as again:

@@ -119,10 +119,10 @@ def test_a_confirmation_reads_nothing_when_the_log_tail_shows_only_its_own_recor
     other = next(
         rid
         for rid in (f"neighbour-{tag}-{i}" for i in itertools.count())
-        if partition_for(rid, fast.partitions) == a.partition
+        if partition_for(rid, fast.partitions) == engine_of(a).partition
     )
     b = runlog.open_run(other, settings=fast)
-    assert b.partition == a.partition
+    assert engine_of(b).partition == engine_of(a).partition
     reads: list[str] = []
     original = LogReader.read
 
@@ -161,7 +161,7 @@ def test_a_confirmation_needs_no_tail_when_the_writer_acknowledged_every_record_
     other = next(
         rid
         for rid in (f"neighbour-{tag}-{i}" for i in itertools.count())
-        if partition_for(rid, fast.partitions) == a.partition
+        if partition_for(rid, fast.partitions) == engine_of(a).partition
     )
     b = runlog.open_run(other, settings=fast)
     reads: list[str] = []
@@ -178,7 +178,9 @@ def test_a_confirmation_needs_no_tail_when_the_writer_acknowledged_every_record_
     assert reads == [], f"confirmations read the log back: {reads}"
     foreign = EventWriter(fast)  # another producer: what it writes is not this writer's
     try:
-        foreign.send(fast.events_topic, b"elsewhere", b"not an event", [], partition=a.partition)
+        foreign.send(
+            fast.events_topic, b"elsewhere", b"not an event", [], partition=engine_of(a).partition
+        )
         assert foreign.flush(10) == 0
         assert a.call_tool("pay", {"i": 3}) == "paid"
     finally:

@@ -19,6 +19,7 @@ from workers.common import assert_log_sound, read_log, services_for, verdicts
 import runlog
 from runlog._bootstrap import Services
 from runlog._settings import Settings
+from runlog.producers._handle import engine_of
 from runlog.schemas._vocabulary import EventType
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,7 +54,7 @@ def test_a_stale_owner_never_reaches_a_tool_after_redis_lost_the_takeover(
     for k, blob, ttl in before:  # Redis forgets the takeover
         assert blob is not None
         redis_client.restore(k, max(ttl, 0), blob, replace=True)
-    assert a.lease.check(), "Redis should now vouch for the stale owner A"
+    assert engine_of(a).lease.check(), "Redis should now vouch for the stale owner A"
 
     with pytest.raises(runlog.Fenced):
         a.call_tool("pay", {"amount": 7})

@@ -9,6 +9,7 @@ import redis
 
 from runlog._settings import Settings
 from runlog.producers import _lease as lease_mod
+from runlog.producers._handle import engine_of
 from runlog.producers._lease import Held, Lease, LeaseManager
 
 pytestmark = pytest.mark.timeout(30)
@@ -106,7 +107,7 @@ def test_explicit_takeover_fences_a_live_owner_and_readers_agree(test_settings: 
         live = new.state
     finally:
         new.close()
-        old.lease.release()
+        engine_of(old).lease.release()
     with LogReader(s) as reader:
         logged = fold(r.event for r in reader.read(new.run_id))
     contents = [m.content for m in logged.messages]

@@ -178,7 +178,7 @@ def test_an_unacknowledged_started_never_invokes_the_tool(test_settings: Setting
             run.append("user_message", content="after an unknown outcome")
         assert invoked == []
     finally:
-        run.lease.release()
+        engine_of(run).lease.release()
 
 
 def test_a_barrier_does_not_wait_out_the_linger(test_settings: Settings) -> None:
