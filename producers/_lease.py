@@ -363,6 +363,7 @@ class LeaseManager:
         self.info = info or f"{socket.gethostname()}|{socket.gethostname()}|{os.getpid()}"
         self._session: Session | None = None
         self._session_lock = threading.Lock()
+        self._renewer_lock = threading.Lock()
         self._get = ThreadGet(client)
         self._renewing = own_pool(client)
         """The renewer thread's client: renewals never wait for a connection of ``client``'s
@@ -784,12 +785,16 @@ class LeaseManager:
 
     # Renewal ---------------------------------------------------------------------------
     def _ensure_renewer(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._renew_loop, name="runlog-lease", daemon=True
-            )
-            self._thread.start()
+        # Under a lock: a burst of opens calls this from many threads at once, and each that
+        # saw no renewer started one (64 renewer threads, only the last of which close()
+        # stopped).
+        with self._renewer_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._renew_loop, name="runlog-lease", daemon=True
+                )
+                self._thread.start()
 
     def _renew_loop(self) -> None:
         while not self._stop.is_set():
@@ -871,9 +876,11 @@ class LeaseManager:
             )
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        with self._renewer_lock:
+            self._stop.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=2)
         session = self._session
         if session is not None and not session.dead:
             # A clean exit ends the session: any lease still bound to it is free at once.

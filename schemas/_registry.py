@@ -7,6 +7,7 @@ its fingerprint is written into every record encoded with it.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -79,9 +80,27 @@ def released() -> list[tuple[EventType, int, Any]]:
     return found
 
 
-@cache
+_LOADING = threading.Lock()
+_LOADED: list[Registry] = []
+
+
 def registry() -> Registry:
-    """All schemas shipped with this release; loaded once, on first use."""
+    """All schemas shipped with this release; loaded once, on first use, by one thread.
+
+    Not ``functools.cache``: that lets every thread that calls it before the first call
+    returns build the whole registry too, and a burst of opens at a worker's start (64
+    threads) compiled every schema's encoder 64 times over, holding the interpreter's
+    lock in ``compile`` long enough that the process's liveness renewal was late by
+    seconds and its session, with every lease bound to it, was lost."""
+    if _LOADED:
+        return _LOADED[0]
+    with _LOADING:
+        if not _LOADED:
+            _LOADED.append(_load())
+        return _LOADED[0]
+
+
+def _load() -> Registry:
     by_fp: dict[bytes, WriterSchema] = {}
     by_tv: dict[tuple[EventType, int], WriterSchema] = {}
     current: dict[EventType, int] = {}

@@ -405,3 +405,48 @@ def test_the_session_is_renewed_while_every_connection_of_the_process_pool_is_ou
     finally:
         mgr.close()
         client.close()
+
+
+def _renewers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "runlog-lease" and t.is_alive()}
+
+
+class _SlowStart(threading.Thread):
+    """A thread that takes 20 ms to start, as on a loaded machine: the window in which
+    another caller still sees no renewer."""
+
+    def start(self) -> None:
+        time.sleep(0.02)
+        super().start()
+
+
+def test_a_burst_of_first_acquires_starts_one_renewer_and_close_stops_it(
+    test_settings: Settings, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads acquiring runs at once on a manager with no session yet (a worker's start)
+    share one session and one renewer thread: each that saw none started its own, and
+    close() stopped only the last."""
+    monkeypatch.setattr(lease_mod.threading, "Thread", _SlowStart)
+    before = _renewers()
+    mgr = LeaseManager(
+        redis_client, key_prefix=test_settings.redis_key_prefix, liveness_ttl_ms=LIVENESS_MS
+    )
+    threads, gate = 16, threading.Barrier(16)
+    got: list[Any] = []
+
+    def take(i: int) -> None:
+        gate.wait()
+        got.append(mgr.try_acquire("t", f"burst-{uuid.uuid4().hex[:8]}-{i}", "a", 60_000))
+
+    workers = [threading.Thread(target=take, args=(i,)) for i in range(threads)]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert len(got) == threads and all(isinstance(x, Lease) for x in got)
+        assert len({session_of(x.token) for x in got}) == 1  # one session for the process
+        assert len(_renewers() - before) == 1
+    finally:
+        mgr.close()
+    assert not _renewers() - before, "a renewer outlived its manager"

@@ -18,6 +18,7 @@ tests/schemas/test_evolution.py.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import fastavro
 import fastavro.schema
 
 import runlog.schemas
+from runlog.schemas import _registry
 from runlog.schemas._registry import fingerprint_of, registry
 from runlog.schemas._vocabulary import EventType
 
@@ -130,3 +132,32 @@ def test_every_version_of_a_type_keeps_its_record_name() -> None:
         names.setdefault(et, set()).add(f"{raw['namespace']}.{raw['name']}")
     for et, held in names.items():
         assert len(held) == 1, f"{et.value}: record renamed across versions: {sorted(held)}"
+
+
+def test_threads_asking_for_the_registry_at_once_load_it_once(monkeypatch: Any) -> None:
+    """A burst of opens at a worker's start asks for the registry from many threads before
+    it is loaded. One of them loads it (each schema's encoder compiled once) and all get
+    that one registry: a load per thread held the interpreter's lock in ``compile`` for
+    seconds, and the process's liveness renewal with it."""
+    compiled: list[str] = []
+    real = _registry.compile_encoder
+
+    def counting(parsed: Any) -> Any:
+        compiled.append(parsed["name"])
+        return real(parsed)
+
+    monkeypatch.setattr(_registry, "compile_encoder", counting)
+    monkeypatch.setattr(_registry, "_LOADED", [])
+    threads, gate, got = 16, threading.Barrier(16), []
+
+    def ask() -> None:
+        gate.wait()
+        got.append(registry())
+
+    workers = [threading.Thread(target=ask) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(got) == threads and all(r is got[0] for r in got)
+    assert len(compiled) == len(got[0].by_fingerprint)
