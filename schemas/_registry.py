@@ -84,16 +84,16 @@ _LOADING = threading.Lock()
 _LOADED: list[Registry] = []
 
 
+@cache
 def registry() -> Registry:
     """All schemas shipped with this release; loaded once, on first use, by one thread.
 
-    Not ``functools.cache``: that lets every thread that calls it before the first call
-    returns build the whole registry too, and a burst of opens at a worker's start (64
-    threads) compiled every schema's encoder 64 times over, holding the interpreter's
-    lock in ``compile`` long enough that the process's liveness renewal was late by
-    seconds and its session, with every lease bound to it, was lost."""
-    if _LOADED:
-        return _LOADED[0]
+    ``functools.cache`` alone lets every thread that calls it before the first call returns
+    build the whole registry too: a burst of opens at a worker's start (64 threads)
+    compiled every schema's encoder 64 times over, holding the interpreter's lock in
+    ``compile`` long enough that the process's liveness renewal was late by seconds and
+    its session, with every lease bound to it, was lost. Those callers wait for one load
+    here; the cache then answers every later call (an append asks once per event)."""
     with _LOADING:
         if not _LOADED:
             _LOADED.append(_load())
