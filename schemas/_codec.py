@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -420,13 +421,23 @@ _BY_HEADER: dict[bytes, _Compiled] = {}
 
 
 _COMPILED: dict[bytes, _Compiled | None] = {}
+_COMPILING = threading.Lock()
 
 
 def _compiled(ws: WriterSchema) -> _Compiled | None:
     """The compiled decoder of ``ws`` (cached); None for an older version (those are
-    upcast, through fastavro) or a schema the compiler does not cover."""
+    upcast, through fastavro) or a schema the compiler does not cover. Compiled by one
+    thread: a burst of opens that each read a log would otherwise each compile it, holding
+    the interpreter's lock in ``compile`` (see ``registry``)."""
     if ws.fingerprint in _COMPILED:
         return _COMPILED[ws.fingerprint]
+    with _COMPILING:
+        if ws.fingerprint not in _COMPILED:
+            _COMPILED[ws.fingerprint] = _compile_decoder(ws)
+        return _COMPILED[ws.fingerprint]
+
+
+def _compile_decoder(ws: WriterSchema) -> _Compiled | None:
     out: _Compiled | None = None
     if ws.version == registry().current[ws.event_type]:
         fields = {f["name"]: f["type"] for f in ws.parsed["fields"]}
@@ -447,7 +458,6 @@ def _compiled(ws: WriterSchema) -> _Compiled | None:
             paths = _paths(ws)
             top = paths if top_level(paths) else None
             out = _Compiled(read, payload, checks, event, ws.event_type.value, ws, paths, top)
-    _COMPILED[ws.fingerprint] = out
     return out
 
 

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import io
 import random
+import threading
+import time
 from typing import Any
 
 import fastavro
 import fastavro.utils
 import pytest
+from codec_support import make_event
 
 from runlog.errors import SchemaError
 from runlog.schemas import _codec as codec
 from runlog.schemas import _compiled as compiled
 from runlog.schemas._registry import registry
+from runlog.schemas._vocabulary import EventType
 
 
 def _fastavro(schema: Any, body: bytes) -> tuple[str, Any]:
@@ -106,3 +110,38 @@ def test_decode_matches_the_validating_path() -> None:
             except SchemaError as exc:
                 outcomes.append(("error", type(exc).__name__))
         assert outcomes[0] == outcomes[1], v
+
+
+def test_threads_decoding_a_type_for_the_first_time_at_once_compile_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst of opens that each read a run's log decodes each type first on many threads
+    at once. One compiles its decoder and all use it: a compilation per thread held the
+    interpreter's lock for each (as the registry's load did, ``test_registry_writers``)."""
+    data = codec.encode(
+        make_event(EventType.USER_MESSAGE, {"content": "hi"}, run_id="r-burst", seq=1)
+    )
+    calls: list[int] = []
+    real = compiled.compile_reader
+
+    def counting(parsed: Any) -> Any:
+        calls.append(1)
+        time.sleep(0.02)  # a compilation as slow as on a loaded machine: others arrive
+        return real(parsed)
+
+    monkeypatch.setattr(compiled, "compile_reader", counting)
+    monkeypatch.setattr(codec, "_COMPILED", {})
+    monkeypatch.setattr(codec, "_BY_HEADER", {})
+    threads, gate, got = 16, threading.Barrier(16), []
+
+    def decode() -> None:
+        gate.wait()
+        got.append(codec.decode(data))
+
+    workers = [threading.Thread(target=decode) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(got) == threads and all(ev.payload.content == "hi" for ev in got)
+    assert len(calls) == 1
