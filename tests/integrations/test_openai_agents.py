@@ -40,6 +40,11 @@ STEPS = 6
 
 
 NEW_OWNER_TTL = "8000"
+KEEP = {"RUNLOG_LEASE_TTL_MS": NEW_OWNER_TTL, "RUNLOG_LIVENESS_TTL_MS": NEW_OWNER_TTL}
+"""For a worker that is meant to finish the run: the smaller of the lease and liveness TTLs
+applies, and ``fast``'s 1.5 s let a stall of a loaded CI machine fence it (outcome
+``fenced``, not the run's end). Workers a test kills keep ``fast``'s, so the next one takes
+over soon."""
 
 
 def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
@@ -104,7 +109,7 @@ def test_an_agent_killed_at_every_tool_call_resumes_with_every_effect_once(
         w = start(fast, tmp_path, f"w{k}", run_id, *pace)
         w.wait_flag(f"charged-{k}" if k % 2 == 0 else f"in-{k}", timeout=90)
         w.kill(signal.SIGKILL)
-    last = start(fast, tmp_path, "last", run_id, *pace)
+    last = start(fast, tmp_path, "last", run_id, *pace, **KEEP)
     code, result = last.finish(timeout=120)
     assert code == EXIT_OK, result
     assert result["output"].startswith("done")
@@ -126,7 +131,7 @@ def test_an_agent_killed_at_every_tool_call_resumes_with_every_effect_once(
     assert announced == set(keys)  # the keys each turn announced are the keys that ran
 
     # Run again on the finished run: the whole run replays, nothing requested, nothing run.
-    code, again = start(fast, tmp_path, "again", run_id, *pace).finish(timeout=120)
+    code, again = start(fast, tmp_path, "again", run_id, *pace, **KEEP).finish(timeout=120)
     assert code == EXIT_OK, again
     assert again["requested"] == 0 and again["replayed"] == STEPS + 1
     assert again["output"] == result["output"]
@@ -137,13 +142,13 @@ def test_a_tool_needing_approval_waits_for_a_runlog_decision_then_runs_once(
     fast: Settings, ledger: Any, tmp_path: Path
 ) -> None:
     run_id = new_run_id()
-    code, first = start(fast, tmp_path, "a", run_id, "--scenario", "approval").finish(120)
+    code, first = start(fast, tmp_path, "a", run_id, "--scenario", "approval", **KEEP).finish(120)
     assert code == EXIT_ESCALATED, first
     assert ledger.per_key() == {}  # nothing ran before a person decided
     asyncio.run(
         aio.decide(run_id, first["approval_id"], approved=True, decided_by="ops", settings=fast)
     )
-    code, done = start(fast, tmp_path, "b", run_id, "--scenario", "approval").finish(120)
+    code, done = start(fast, tmp_path, "b", run_id, "--scenario", "approval", **KEEP).finish(120)
     assert code == EXIT_OK, done
     events = events_of(fast, run_id)
     state = assert_log_sound(events)
@@ -157,7 +162,7 @@ def test_a_rejected_approval_reaches_the_agent_and_nothing_runs(
     fast: Settings, ledger: Any, tmp_path: Path
 ) -> None:
     run_id = new_run_id()
-    code, first = start(fast, tmp_path, "a", run_id, "--scenario", "approval").finish(120)
+    code, first = start(fast, tmp_path, "a", run_id, "--scenario", "approval", **KEEP).finish(120)
     assert code == EXIT_ESCALATED, first
     asyncio.run(
         aio.decide(
@@ -169,7 +174,7 @@ def test_a_rejected_approval_reaches_the_agent_and_nothing_runs(
             settings=fast,
         )
     )
-    code, done = start(fast, tmp_path, "b", run_id, "--scenario", "approval").finish(120)
+    code, done = start(fast, tmp_path, "b", run_id, "--scenario", "approval", **KEEP).finish(120)
     assert code == EXIT_OK, done
     state = assert_log_sound(events_of(fast, run_id))
     assert state.status == "finished"
@@ -245,8 +250,7 @@ def test_a_worker_fenced_inside_a_tool_call_stops_with_runlogs_fenced_error(
     old.wait_flag("in_tool", timeout=90)
     # The new owner holds a longer lease and session than `fast`: a stall of the shared CI
     # machine past 1.5 s fenced it once, which is right but not this test's point.
-    longer = {"RUNLOG_LEASE_TTL_MS": NEW_OWNER_TTL, "RUNLOG_LIVENESS_TTL_MS": NEW_OWNER_TTL}
-    new = start(fast, tmp_path, "new", run_id, "--scenario", "held", "--takeover", **longer)
+    new = start(fast, tmp_path, "new", run_id, "--scenario", "held", "--takeover", **KEEP)
     code, taken = new.finish(timeout=120)  # irreversible, no evidence: a person must decide
     assert code == EXIT_ESCALATED, taken
     old.go()
@@ -290,7 +294,7 @@ def test_a_worker_killed_while_waiting_for_approval_resumes_with_the_decision_an
     assert done.returncode == 0, done.stderr
 
     code, after = start(
-        fast, tmp_path, "after", run_id, "--scenario", "approval", "--takeover"
+        fast, tmp_path, "after", run_id, "--scenario", "approval", "--takeover", **KEEP
     ).finish(timeout=120)
     assert code == EXIT_OK, after
     events = events_of(fast, run_id)
@@ -315,7 +319,8 @@ def test_a_caller_killed_in_the_first_model_call_resumes_the_run_by_the_handles_
     first.kill(signal.SIGKILL)
     assert not payloads(events_of(fast, run_id), EventType.MODEL_TURN)
 
-    code, done = start(fast, tmp_path, "again", run_id, "--steps", "2", "--takeover").finish(120)
+    again = start(fast, tmp_path, "again", run_id, "--steps", "2", "--takeover", **KEEP)
+    code, done = again.finish(120)
     assert code == EXIT_OK, done
     events = events_of(fast, run_id)
     state = assert_log_sound(events)
