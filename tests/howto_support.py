@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers.common import ROOT, worker_env
+from workers.common import KEEP, ROOT, worker_env
 
 from runlog._settings import Settings
 
@@ -25,7 +25,7 @@ def opening_example_refunds_once(page_name: str, settings: Settings, tmp_path: P
     script.write_text(found.group(1))
     done = subprocess.run(
         [sys.executable, str(script)],
-        env=worker_env(settings),
+        env=worker_env(settings, **KEEP),
         cwd=str(tmp_path),
         capture_output=True,
         text=True,

@@ -21,6 +21,7 @@ import redis
 from workers.common import (
     EXIT_ESCALATED,
     EXIT_OK,
+    KEEP,
     ROOT,
     Worker,
     assert_log_sound,
@@ -37,14 +38,6 @@ from runlog.schemas._vocabulary import EventType
 
 OAI_WORKER = Path(__file__).resolve().parents[1] / "workers" / "oai_worker.py"
 STEPS = 6
-
-
-NEW_OWNER_TTL = "8000"
-KEEP = {"RUNLOG_LEASE_TTL_MS": NEW_OWNER_TTL, "RUNLOG_LIVENESS_TTL_MS": NEW_OWNER_TTL}
-"""For a worker that is meant to finish the run: the smaller of the lease and liveness TTLs
-applies, and ``fast``'s 1.5 s let a stall of a loaded CI machine fence it (outcome
-``fenced``, not the run's end). Workers a test kills keep ``fast``'s, so the next one takes
-over soon."""
 
 
 def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:

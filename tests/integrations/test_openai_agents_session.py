@@ -23,7 +23,7 @@ from test_openai_agents import (
     new_run_id,
     start,
 )
-from workers.common import EXIT_OK, assert_log_sound, payloads
+from workers.common import EXIT_OK, KEEP, assert_log_sound, payloads
 
 from runlog import aio
 from runlog._settings import Settings
@@ -55,7 +55,7 @@ def test_a_session_agent_killed_at_every_tool_call_records_each_item_once(
         w = start(fast, tmp_path, f"w{k}", run_id, *pace)
         w.wait_flag(f"charged-{k}", timeout=90)
         w.kill(signal.SIGKILL)
-    code, result = start(fast, tmp_path, "last", run_id, *pace).finish(timeout=120)
+    code, result = start(fast, tmp_path, "last", run_id, *pace, **KEEP).finish(timeout=120)
     assert code == EXIT_OK, result
     assert result["output"].startswith("done")
 
@@ -75,7 +75,7 @@ def test_a_session_agent_killed_at_every_tool_call_records_each_item_once(
     assert len(assistant) == STEPS + 1
 
     # The finished run once more: the whole loop is answered from the log; nothing appended.
-    code, again = start(fast, tmp_path, "again", run_id, *pace).finish(timeout=120)
+    code, again = start(fast, tmp_path, "again", run_id, *pace, **KEEP).finish(timeout=120)
     assert code == EXIT_OK, again
     assert again["requested"] == 0
     after = events_of(fast, run_id)
@@ -145,14 +145,14 @@ def test_a_session_agent_stopped_for_approval_resumes_with_the_conversation_once
 
     run_id = new_run_id()
     args = ("--scenario", "approval", "--session")
-    code, first = start(fast, tmp_path, "ask", run_id, *args).finish(120)
+    code, first = start(fast, tmp_path, "ask", run_id, *args, **KEEP).finish(120)
     assert code == EXIT_ESCALATED, first
     before = session_items(events_of(fast, run_id), run_id)
     assert before, "the turn before the interruption was saved"
     asyncio.run(
         aio.decide(run_id, first["approval_id"], approved=True, decided_by="ops", settings=fast)
     )
-    code, done = start(fast, tmp_path, "after", run_id, *args).finish(120)
+    code, done = start(fast, tmp_path, "after", run_id, *args, **KEEP).finish(120)
     assert code == EXIT_OK, done
     events = events_of(fast, run_id)
     assert assert_log_sound(events).status == "finished"

@@ -25,6 +25,7 @@ from pydantic_ai import RunContext
 from workers.common import (
     EXIT_ESCALATED,
     EXIT_OK,
+    KEEP,
     ROOT,
     Worker,
     assert_log_sound,
@@ -47,11 +48,11 @@ PACE = ("--steps", str(STEPS), "--think-s", "0.15", "--tool-s", "0.06")
 MAX_ATTEMPTS = 60
 
 
-def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str) -> Worker:
+def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
     cmd = [sys.executable, str(PAI_WORKER), "--dir", str(tmp), "--name", name]
     proc = subprocess.Popen(
         [*cmd, "--run-id", run_id, *args],
-        env=worker_env(settings),
+        env=worker_env(settings, **env),
         cwd=str(ROOT),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -82,8 +83,9 @@ def new_run_id() -> str:
 def finish(
     settings: Settings, tmp: Path, name: str, run_id: str, *args: str, expect: int = EXIT_OK
 ) -> dict[str, Any]:
-    """Start a worker and wait for it to exit with ``expect``; what it reported."""
-    code, result = start(settings, tmp, name, run_id, *args).finish(timeout=120)
+    """Start a worker meant to finish (``KEEP``'s TTLs) and wait for it to exit with
+    ``expect``; what it reported."""
+    code, result = start(settings, tmp, name, run_id, *args, **KEEP).finish(timeout=120)
     assert code == expect, result
     return result
 
@@ -246,7 +248,7 @@ def test_an_irreversible_call_killed_mid_effect_escalates_and_is_never_repeated(
     w.kill(signal.SIGKILL)  # the refund happened; its completion was never recorded
     assert ledger.per_key() == {key: 1}
 
-    w = start(fast, tmp_path, "resumes", run_id, "--scenario", "uncertain", "--takeover")
+    w = start(fast, tmp_path, "resumes", run_id, "--scenario", "uncertain", "--takeover", **KEEP)
     code, result = w.finish(timeout=120)
     assert code == EXIT_ESCALATED, result
     assert not w.flag("in_tool").exists()  # the resumed worker never reached the tool

@@ -19,6 +19,7 @@ import redis
 from workers.common import (
     EXIT_ESCALATED,
     EXIT_OK,
+    KEEP,
     ROOT,
     Worker,
     assert_log_sound,
@@ -36,11 +37,11 @@ PAI_WORKER = Path(__file__).resolve().parents[1] / "workers" / "pai_worker.py"
 STEPS = 5
 
 
-def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str) -> Worker:
+def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
     cmd = [sys.executable, str(PAI_WORKER), "--dir", str(tmp), "--name", name, "--capability"]
     proc = subprocess.Popen(
         [*cmd, "--run-id", run_id, *args],
-        env=worker_env(settings),
+        env=worker_env(settings, **env),
         cwd=str(ROOT),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -72,7 +73,7 @@ def test_a_plain_agent_with_the_capability_killed_at_every_tool_call_repeats_no_
         w = start(fast, tmp_path, f"w{k}", run_id, *pace)
         w.wait_flag(f"charged-{k}", timeout=90)  # the receiver applied it; not yet recorded
         w.kill(signal.SIGKILL)
-    code, result = start(fast, tmp_path, "last", run_id, *pace).finish(timeout=120)
+    code, result = start(fast, tmp_path, "last", run_id, *pace, **KEEP).finish(timeout=120)
     assert code == EXIT_OK, result
     assert result["output"].startswith("done")
 
@@ -89,7 +90,7 @@ def test_a_plain_agent_with_the_capability_killed_at_every_tool_call_repeats_no_
         asked = redis_client.lrange(requests_key(fast.redis_key_prefix, run_id, t), 0, -1)
         assert asked and turn.text.endswith(asked[-1].decode()), f"turn {t} asked again"
 
-    code, again = start(fast, tmp_path, "again", run_id, *pace).finish(timeout=120)
+    code, again = start(fast, tmp_path, "again", run_id, *pace, **KEEP).finish(timeout=120)
     assert code == EXIT_OK, again
     assert again["requested"] == 0 and again["replayed"] == STEPS + 1
     assert_effects_once(ledger, events_of(fast, run_id))
@@ -164,7 +165,7 @@ def test_a_tool_needing_approval_waits_for_runlog_approve_and_survives_kill_9_wh
     import time
 
     run_id = f"pcap-{uuid.uuid4().hex[:16]}"
-    first = start(fast, tmp_path, "ask", run_id, "--scenario", "approval")
+    first = start(fast, tmp_path, "ask", run_id, "--scenario", "approval", **KEEP)
     code, asked = first.finish(timeout=120)
     assert code == EXIT_ESCALATED, asked  # no one decided: the run waits for a person
     approval_id = asked["approval_id"]
@@ -195,7 +196,7 @@ def test_a_tool_needing_approval_waits_for_runlog_approve_and_survives_kill_9_wh
     assert done.returncode == 0, done.stderr
 
     code, after = start(
-        fast, tmp_path, "after", run_id, "--scenario", "approval", "--takeover"
+        fast, tmp_path, "after", run_id, "--scenario", "approval", "--takeover", **KEEP
     ).finish(timeout=120)
     assert code == EXIT_OK, after
     assert after["output"].startswith("done") and after["requested"] == 1

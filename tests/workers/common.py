@@ -430,6 +430,13 @@ def run_worker(
 FAST_TAKEOVER = '{"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}'
 
 
+KEEP = {"RUNLOG_LEASE_TTL_MS": "8000", "RUNLOG_LIVENESS_TTL_MS": "8000"}
+"""Extra environment for a worker that is meant to finish the run: 8 s of lease and liveness
+(the smaller of the two applies). ``fast``'s 1.5 s let one stall of a loaded CI machine fence
+such a worker (outcome ``fenced``, not the run's end). Workers a test kills keep ``fast``'s,
+so the next one takes over soon: a new owner waits out the dead one's TTL, not its own."""
+
+
 def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
     """A child process's environment: this one's, with ``settings`` as RUNLOG_* and ``extra``."""
     env = dict(os.environ)
