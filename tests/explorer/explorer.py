@@ -47,6 +47,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -2504,16 +2505,36 @@ def environment(
     started = not any(sv.running for sv in stack.status(cfg).services)
     if keep_cluster is None:
         keep_cluster = bool(os.environ.get("EXPLORER_KEEP_CLUSTER"))
-    stack.up(cfg, timeout=180)
-    ledger = LedgerServer(cfg)
-    ledger.up()
+    previous = _exit_on_sigterm()
     try:
-        yield cfg, ledger
+        stack.up(cfg, timeout=180)
+        ledger = LedgerServer(cfg)
+        ledger.up()
+        try:
+            yield cfg, ledger
+        finally:
+            ledger.down()
+            stop_registry()
+            if started and not keep_cluster:
+                stack.down(cfg)
     finally:
-        ledger.down()
-        stop_registry()
-        if started and not keep_cluster:
-            stack.down(cfg)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm() -> Any:
+    """Make SIGTERM (``timeout``, a cancelled job) end this process through ``SystemExit``, so
+    the ``finally`` blocks stop what it started: the history's workers, the ledger and the
+    cluster. Python's default is to die without running them, which left the 3-node cluster
+    running. Returns the handler it replaced, or None off the main thread, where no handler can
+    be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def explore(
