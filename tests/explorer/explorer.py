@@ -2517,13 +2517,24 @@ def environment(
             stop_registry()
             if started and not keep_cluster:
                 stack.down(cfg)
+    except _Terminated as exc:
+        # What this process started is stopped now. Leave at once: the interpreter's own
+        # exit would collect the Kafka clients the interrupted history left open, and
+        # destroying a consumer waits for the brokers just stopped (it hung there).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exc.code if isinstance(exc.code, int) else 1)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
+class _Terminated(SystemExit):
+    """SIGTERM, raised in the main thread by ``_exit_on_sigterm``'s handler."""
+
+
 def _exit_on_sigterm() -> Any:
-    """Make SIGTERM (``timeout``, a cancelled job) end this process through ``SystemExit``, so
+    """Make SIGTERM (``timeout``, a cancelled job) end this process through an exception, so
     the ``finally`` blocks stop what it started: the history's workers, the ledger and the
     cluster. Python's default is to die without running them, which left the 3-node cluster
     running. Returns the handler it replaced, or None off the main thread, where no handler can
@@ -2532,7 +2543,7 @@ def _exit_on_sigterm() -> Any:
         return None
 
     def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
+        raise _Terminated(128 + signum)
 
     return signal.signal(signal.SIGTERM, stop)
 
