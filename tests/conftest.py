@@ -273,6 +273,23 @@ def fast(test_settings: Settings) -> Iterator[Settings]:
 
 
 @pytest.fixture
+def steady(test_settings: Settings) -> Iterator[Settings]:
+    """This test's stack with 8 s of lease and liveness, for in-process owners under load that
+    are meant to finish: ``fast``'s 1.5 s let one stall of a loaded CI machine starve the
+    liveness renewal and fence them. A test that needs a lease to run out uses ``fast``."""
+    from workers.common import KEEP, services_for
+
+    s = test_settings.model_copy(
+        update={
+            "lease_ttl_ms": int(KEEP["RUNLOG_LEASE_TTL_MS"]),
+            "liveness_ttl_ms": int(KEEP["RUNLOG_LIVENESS_TTL_MS"]),
+        }
+    )
+    with services_for(s):
+        yield s
+
+
+@pytest.fixture
 def ledger(fast: Settings, redis_client: redis.Redis) -> Any:
     """The effects receivers record, one entry per idempotency key (tests/workers/common)."""
     from workers.common import Ledger

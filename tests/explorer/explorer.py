@@ -2507,10 +2507,12 @@ def environment(
         keep_cluster = bool(os.environ.get("EXPLORER_KEEP_CLUSTER"))
     previous = _exit_on_sigterm()
     try:
-        stack.up(cfg, timeout=180)
         ledger = LedgerServer(cfg)
-        ledger.up()
         try:
+            # Inside the clean-up's reach: a SIGTERM (or a failure) while the cluster or the
+            # ledger is still starting stops the part of it already running.
+            stack.up(cfg, timeout=180)
+            ledger.up()
             yield cfg, ledger
         finally:
             ledger.down()

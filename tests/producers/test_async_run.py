@@ -105,14 +105,14 @@ def _tools(ledger: Ledger, *, fail_first_pay: bool = False) -> list[runlog.Tool]
 
 
 def test_hundreds_of_runs_in_one_event_loop_never_block_it(
-    fast: Settings, ledger: Ledger, loop_thread_calls: list[str]
+    steady: Settings, ledger: Ledger, loop_thread_calls: list[str]
 ) -> None:
     tools = _tools(ledger)
     n = 200
 
     async def one(i: int) -> tuple[str, str, str]:
         async with runlog.aio.open_run(
-            f"aio-{i}-{uuid.uuid4().hex[:6]}", tools=tools, settings=fast
+            f"aio-{i}-{uuid.uuid4().hex[:6]}", tools=tools, settings=steady
         ) as run:
             page = await run.call_tool("lookup", {"i": i})
             paid = await run.call_tool("pay", {"i": i})
@@ -128,7 +128,7 @@ def test_hundreds_of_runs_in_one_event_loop_never_block_it(
     counts = ledger.per_key()
     assert len(counts) == 2 * n and set(counts.values()) == {1}
     for run_id, _, _ in done[:: n // 8]:
-        events = [rec.event for rec in read_log(fast, run_id)]
+        events = [rec.event for rec in read_log(steady, run_id)]
         state = assert_log_sound(events)
         assert state.status == "finished" and not state.open_calls
         assert len(state.completed_calls) == 2
