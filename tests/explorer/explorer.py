@@ -2499,6 +2499,14 @@ def log_problems(events: list[Event]) -> list[str]:
 def environment(
     *, keep_cluster: bool | None = None
 ) -> Iterator[tuple[stack.StackConfig, LedgerServer]]:
+    """The 3-node cluster and the receivers' ledger for the explorer and the soaks, stopped
+    afterwards (the cluster only if this process started it, and not with ``keep_cluster``).
+
+    A SIGTERM stops them too, then ends the process at once (``os._exit``): the caller's code
+    after its ``with`` block does not run. ``soak.py`` prints each phase's row as it ends, so
+    a terminated soak has printed what it found, though not its closing table or ``--json``;
+    ``soak_network.py`` prints its verdicts only after the block, so a terminated one prints
+    none."""
     cfg = stack.StackConfig.from_env(nodes=3)
     # Ours to stop only if nothing of it ran before: a node down (a fault another
     # session left) does not make the cluster ours.

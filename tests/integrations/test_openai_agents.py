@@ -27,6 +27,7 @@ from workers.common import (
     assert_log_sound,
     payloads,
     read_log,
+    start_worker,
     worker_env,
 )
 from workers.oai_worker import requests_key
@@ -41,16 +42,7 @@ STEPS = 6
 
 
 def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
-    cmd = [sys.executable, str(OAI_WORKER), "--dir", str(tmp), "--name", name]
-    proc = subprocess.Popen(
-        [*cmd, "--run-id", run_id, *args],
-        env=worker_env(settings, **env),
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return Worker(proc, tmp, name)
+    return start_worker(settings, tmp, name, "--run-id", run_id, *args, script=OAI_WORKER, **env)
 
 
 def new_run_id() -> str:

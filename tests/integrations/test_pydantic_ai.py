@@ -31,6 +31,7 @@ from workers.common import (
     assert_log_sound,
     payloads,
     read_log,
+    start_worker,
     wait_lease_gone,
     worker_env,
 )
@@ -49,16 +50,7 @@ MAX_ATTEMPTS = 60
 
 
 def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
-    cmd = [sys.executable, str(PAI_WORKER), "--dir", str(tmp), "--name", name]
-    proc = subprocess.Popen(
-        [*cmd, "--run-id", run_id, *args],
-        env=worker_env(settings, **env),
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return Worker(proc, tmp, name)
+    return start_worker(settings, tmp, name, "--run-id", run_id, *args, script=PAI_WORKER, **env)
 
 
 def run_ok(settings: Settings, *argv: str) -> str:

@@ -25,6 +25,7 @@ from workers.common import (
     assert_log_sound,
     payloads,
     read_log,
+    start_worker,
     worker_env,
 )
 from workers.pai_worker import requests_key
@@ -38,16 +39,9 @@ STEPS = 5
 
 
 def start(settings: Settings, tmp: Path, name: str, run_id: str, *args: str, **env: str) -> Worker:
-    cmd = [sys.executable, str(PAI_WORKER), "--dir", str(tmp), "--name", name, "--capability"]
-    proc = subprocess.Popen(
-        [*cmd, "--run-id", run_id, *args],
-        env=worker_env(settings, **env),
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    return start_worker(
+        settings, tmp, name, "--capability", "--run-id", run_id, *args, script=PAI_WORKER, **env
     )
-    return Worker(proc, tmp, name)
 
 
 def events_of(settings: Settings, run_id: str) -> list[Event]:
